@@ -1,0 +1,29 @@
+"""Optimized Kimi-Linear: Triton kernels (torch for plain GEMMs) and the bf16 model.
+
+On a machine without CUDA the kernels run on CPU under the Triton interpreter. The interpreter is
+selected by ``TRITON_INTERPRET=1`` at the time kernels are defined, so it is set here, before any
+kernel module is imported, when no GPU is present; ``optimized.backend_info()`` reports it.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from ._interpreter import install_faithful_bf16_dot, interpreting, interpreter_is_faithful  # noqa: E402
+
+
+def backend_info() -> dict:
+    """What runs the kernels: for reports."""
+    import triton
+
+    return {
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "triton_interpreter": interpreting(),
+        "faithful_bf16_dot": interpreter_is_faithful(),
+    }

@@ -1,0 +1,1 @@
+"""Certifies the optimized Kimi-Linear path against the float64 reference."""
