@@ -1,0 +1,102 @@
+"""Shared benchmark harness: CUDA-event timing through ``triton.testing.do_bench``, physical floors,
+and JSON results that ``render.py`` turns into ``docs/BENCHMARKS.md``.
+
+Timing: ``do_bench`` warms up, flushes the L2 between repetitions and times each call with CUDA
+events; we keep the median and the 20th/80th percentiles. Host overhead is part of what is measured
+(a decode step that waits on Python is slow for real), so nothing is graph-captured unless the
+benchmark says so.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy rate on the H200 (KINDS.md), not the datasheet 4.8
+BF16_FLOPS = 7.9e14  # measured dense bf16 GEMM rate on the H200
+
+
+@dataclass
+class Result:
+    op: str
+    params: dict
+    ours_ms: float | None
+    ours_spread_ms: tuple[float, float] | None = None
+    fla_ms: float | None = None
+    baseline: str | None = None  # what fla_ms / baseline_ms is, when not fla
+    baseline_ms: float | None = None
+    bytes_moved: float | None = None
+    flops: float | None = None
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def floor_ms(self) -> float | None:
+        floors = []
+        if self.bytes_moved:
+            floors.append(self.bytes_moved / HBM_BYTES_PER_S * 1e3)
+        if self.flops:
+            floors.append(self.flops / BF16_FLOPS * 1e3)
+        return max(floors) if floors else None
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["floor_ms"] = self.floor_ms
+        return d
+
+
+def bench(fn, *, warmup_ms: int = 25, rep_ms: int = 200) -> tuple[float, tuple[float, float]]:
+    """Median and (p20, p80) in milliseconds of ``fn()`` on the current CUDA device."""
+    import triton.testing
+
+    p50, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+    return float(p50), (float(p20), float(p80))
+
+
+def wall_per_call(fn, *, iters: int = 200) -> float:
+    """Wall-clock milliseconds per call including the Python call, synchronised at the end."""
+    import torch
+
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters * 1e3
+
+
+def environment() -> dict:
+    import torch
+    import triton
+
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent).stdout.strip() or None
+    except OSError:
+        rev = None
+    env = {
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "git_revision": rev,
+    }
+    try:
+        import fla
+
+        env["fla"] = getattr(fla, "__version__", "unknown")
+    except ImportError:
+        env["fla"] = None
+    return env
+
+
+def save(results: list[Result], path: str | os.PathLike, *, command: str) -> None:
+    payload = {"command": command, "environment": environment(), "results": [r.as_dict() for r in results]}
+    Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path} ({len(results)} results)")
