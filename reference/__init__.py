@@ -1,3 +1,31 @@
 """Float64 NumPy reference of Kimi-Linear: every op and the full model. Imports numpy only
-(plus safetensors/json to read checkpoints); never torch or triton."""
+(plus json/mmap to read safetensors checkpoints); never torch or triton.
+
+``reference.load``, the cache classes and the weight sources are imported lazily on first use, so
+``import reference`` stays cheap and does not pull in the model."""
 from .config import PRESETS, ConfigError, KimiConfig
+
+_LAZY = {
+    "load": "model", "Model": "model", "ModelCache": "model", "KDACache": "model", "MLACache": "model",
+    "open_source": "checkpoint", "save_checkpoint": "checkpoint", "WeightSource": "checkpoint",
+    "CheckpointError": "checkpoint",
+    "SyntheticSource": "synthetic",
+    "expected_tensors": "tensors",
+}
+
+__all__ = ["PRESETS", "ConfigError", "KimiConfig", *_LAZY]
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'reference' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,6 +1,140 @@
-"""`parity golden` (stub: to be implemented)."""
+"""``parity golden record`` / ``parity golden check``: freeze the reference's answer, check against it.
+
+Exit status: record 0 (written), 1 (a step diverged: nothing written); check 0 (no step diverged),
+1 (a step diverged); 2 unusable input. Format: parity/golden.py, docs/cli.md.
+"""
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_STEPS = 32
 
 
 def register(sub):
-    p = sub.add_parser("golden", help="(not implemented yet)")
-    p.set_defaults(func=lambda args: print("parity golden: not implemented yet") or 2)
+    p = sub.add_parser("golden", help="record a golden file of the reference, or check the optimized path against one",
+                       description="Golden files hold the reference's tokens, per-step logit digests, top-k "
+                                   "logits and noise bounds, so CI can check the optimized path without "
+                                   "recomputing the float64 reference.")
+    gsub = p.add_subparsers(dest="golden_command", metavar="{record,check}", parser_class=type(p))
+    gsub.required = True
+
+    r = gsub.add_parser("record", help="decode on both paths and write a golden file of the reference")
+    r.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT",
+                   help="checkpoint directory; default: the bundled fixture")
+    r.add_argument("--out", required=True, metavar="FILE", help="golden file to write (JSON)")
+    prompt = r.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", metavar="TEXT")
+    prompt.add_argument("--prompt-ids", metavar="IDS", help="comma-separated token ids")
+    r.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N", help=f"default {DEFAULT_STEPS}")
+    r.add_argument("--top-k", type=int, default=16, metavar="K", help="logits kept per step (default 16)")
+    r.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    r.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    r.add_argument("--variant", action="append", metavar="NAME=VALUE")
+    r.add_argument("--synthetic", metavar="PRESET")
+    r.add_argument("--seed", type=int, default=0)
+    r.set_defaults(func=run_record)
+
+    c = gsub.add_parser("check", help="run the optimized path and compare it with a golden file")
+    c.add_argument("file", metavar="FILE", help="golden file")
+    c.add_argument("--checkpoint", metavar="DIR",
+                   help="checkpoint directory (default: the one recorded in the golden file)")
+    c.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    c.add_argument("--backend", action="append", metavar="FAMILY=reference")
+    c.add_argument("--json", metavar="PATH", help="write the per-step results as JSON")
+    c.set_defaults(func=run_check)
+
+
+def run_record(args: argparse.Namespace) -> int:
+    from parity import golden
+    from parity.diff import setup
+    from parity.diff.report import environment
+    from parity.errors import InputError
+
+    if args.steps < 1:
+        raise InputError(f"--steps {args.steps}: expected a positive number of steps")
+    if args.top_k < 2:
+        raise InputError(f"--top-k {args.top_k}: expected at least 2")
+    variants = setup.parse_variants(args.variant)
+    device = setup.check_device(args.device)
+    ckpt = setup.open_checkpoint(args.checkpoint, synthetic=args.synthetic, seed=args.seed)
+    ids, text, _ = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
+    ref = setup.load_reference(ckpt, variants)
+    opt = setup.load_optimized(ckpt, device=device, dtype=args.dtype, variants=variants, backends={})
+    try:
+        body, result = golden.record(ref, opt, ids, config=ckpt.source.config, steps=args.steps,
+                                     dtype=args.dtype, top_k=args.top_k)
+    except setup._load_errors()[:2] as exc:
+        raise InputError(setup._one_line(exc)) from None
+    summary = result.summary()
+    print(summary["line"])
+    if result.verdict == "diverged":
+        print(f"not recorded: a golden certifies agreement, and step "
+              f"{next(s.step for s in result.steps if s.verdict == 'diverged')} diverged")
+        return 1
+    g = golden.make_golden(body, checkpoint=_portable(ckpt.info), config=ckpt.source.config,
+                           weights_sha256=golden.weights_fingerprint(ckpt.source),
+                           variants=ref.variants, backends={}, dtype=args.dtype,
+                           environment=environment(device=device, dtype=args.dtype),
+                           prompt={"text": text, "ids": ids}, summary=summary)
+    try:
+        golden.write(args.out, g)
+    except OSError as exc:
+        raise InputError(f"{args.out}: cannot write ({exc.strerror or exc})") from None
+    print(f"wrote {args.out}: {len(body['steps'])} steps, top-{args.top_k} logits, {args.dtype} bounds")
+    return 0
+
+
+def _portable(info: dict) -> dict:
+    """The bundled fixture is recorded by name, not by this machine's absolute path."""
+    if info.get("kind") == "bundled":
+        return {k: v for k, v in info.items() if k != "path"}
+    return info
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from parity import golden
+    from parity.diff import setup
+    from parity.errors import InputError
+
+    try:
+        g = golden.load(args.file)
+    except golden.GoldenError as exc:
+        raise InputError(str(exc)) from None
+    backends = setup.parse_backends(args.backend)
+    device = setup.check_device(args.device)
+    info = g["checkpoint"]
+    if args.checkpoint is not None:
+        ckpt = setup.open_checkpoint(args.checkpoint)
+    elif info.get("kind") == "synthetic":
+        ckpt = setup.open_checkpoint(synthetic=info["preset"], seed=info["seed"])
+    elif info.get("kind") == "bundled":
+        ckpt = setup.open_checkpoint(None)
+    else:
+        ckpt = setup.open_checkpoint(info["path"])
+    if ckpt.source.config.to_hub_dict() != g["config"]:
+        raise InputError(f"{args.file}: recorded for a different config than {ckpt.info['describe']}")
+    if g.get("weights_sha256") and golden.weights_fingerprint(ckpt.source) != g["weights_sha256"]:
+        raise InputError(f"{args.file}: recorded on different weights than {ckpt.info['describe']} "
+                         "(weights_sha256 differs)")
+    vocab = ckpt.source.config.vocab_size
+    bad = [t for t in g["prompt"]["ids"] + [s["token"] for s in g["steps"]] if not 0 <= t < vocab]
+    if bad:
+        raise InputError(f"{args.file}: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    variants = {k: v for k, v in (g.get("variants") or {}).items() if k in setup.VARIANTS}
+    opt = setup.load_optimized(ckpt, device=device, dtype=g["dtype"], variants=variants, backends=backends)
+    result = golden.check(g, opt, vocab_size=vocab)
+    for s in result.steps:
+        if s.verdict != "match":
+            print(f"step {s.step}: {s.verdict}: token {s.opt_token} (golden {s.token}), "
+                  f"max|dlogit| {s.max_abs_diff:.3g}, bound {s.bound:.3g}" + (f"; {s.reason}" if s.reason else ""))
+    print(result.summary_line())
+    if args.json:
+        import json
+
+        from parity.diff.report import atomic_write
+
+        atomic_write(args.json, json.dumps({"golden": str(args.file), "verdict": result.verdict,
+                                            "summary": result.summary_line(),
+                                            "steps": [s.to_dict() for s in result.steps]},
+                                           indent=1, default=float) + "\n")
+    return 1 if result.verdict == "diverged" else 0

@@ -1,0 +1,185 @@
+"""Shared pieces of the KDA kernels: dtype policy, argument checks, varlen chunk plans, and the small
+``@triton.jit`` device functions every KDA kernel uses (gate, sigmoid, l2norm, dot).
+
+Dtype policy (all KDA kernels):
+
+- inputs q, k, v in bf16, fp16, fp32 or fp64 (one dtype for the three);
+- the *compute* dtype ``ACC`` is float32, or float64 for fp64 inputs: every load is widened to it,
+  every ``tl.dot`` accumulates in it, recurrent states live in it;
+- the *dot operand* dtype is the input dtype: bf16 runs feed bf16 tensor cores (fp32 accumulate),
+  fp32 runs use ``input_precision="ieee"`` (never TF32), fp64 runs use fp64 ``tl.dot``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Compute/state dtype for inputs of ``dtype``: float64 for fp64 runs, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_tensor(op: str, name: str, t, ndim: int | None = None, letters: str = "") -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {name}: dtype {t.dtype} not supported (one of {FLOAT_DTYPES})")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{op}: {name}: expected [{letters}] ({ndim} dims), got {tuple(t.shape)}")
+    return t
+
+
+def check_shape(op: str, name: str, t: torch.Tensor, expected, letters: str) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{op}: {name}: expected [{letters}] = {tuple(expected)}, got {tuple(t.shape)}")
+
+
+def check_device(op: str, ref: torch.Tensor, **tensors) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{op}: {name} is on {t.device}, expected {ref.device} (the device of q)")
+
+
+def check_qkv(op: str, q, k, v):
+    """Validate ``q, k [B,T,H,K]``, ``v [B,T,HV,V]``; returns ``(B, T, H, HV, K, V)``."""
+    check_tensor(op, "q", q, 4, "B,T,H,K")
+    check_tensor(op, "k", k, 4, "B,T,H,K")
+    check_tensor(op, "v", v, 4, "B,T,HV,V")
+    B, T, H, K = q.shape
+    check_shape(op, "k", k, q.shape, "B,T,H,K")
+    if tuple(v.shape[:2]) != (B, T) or v.shape[2] == 0 or v.shape[2] % H != 0:
+        raise ValueError(f"{op}: v: expected [B,T,HV,V] with B,T = {(B, T)} and HV a multiple of "
+                         f"H = {H}, got {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{op}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    HV, V = v.shape[2], v.shape[3]
+    if K > 256 or V < 1 or K < 1:
+        raise ValueError(f"{op}: K = {K}, V = {V}: K must be in [1, 256] (one key block per program)")
+    check_device(op, q, k=k, v=v)
+    return B, T, H, HV, K, V
+
+
+def check_gate_params(op: str, A_log, dt_bias, HV: int, K: int, ref: torch.Tensor):
+    """A_log: any shape with HV elements (checkpoint shape [1,1,HV,1] accepted); dt_bias: HV*K."""
+    check_tensor(op, "A_log", A_log)
+    check_tensor(op, "dt_bias", dt_bias)
+    if A_log.numel() != HV:
+        raise ValueError(f"{op}: A_log: expected [HV] = ({HV},), got {tuple(A_log.shape)}")
+    if dt_bias.numel() != HV * K:
+        raise ValueError(f"{op}: dt_bias: expected [HV*K] = ({HV * K},), got {tuple(dt_bias.shape)}")
+    check_device(op, ref, A_log=A_log, dt_bias=dt_bias)
+    return A_log.reshape(HV).contiguous(), dt_bias.reshape(HV * K).contiguous()
+
+
+def prepare_state(op: str, initial_state, N: int, HV: int, K: int, V: int, acc, ref, varlen: bool):
+    """Initial state as a contiguous ``acc``-dtype tensor [N,HV,K,V] (a copy only when needed)."""
+    if initial_state is None:
+        return None
+    check_tensor(op, "initial_state", initial_state)
+    check_shape(op, "initial_state", initial_state, (N, HV, K, V), "N,HV,K,V" if varlen else "B,HV,K,V")
+    check_device(op, ref, initial_state=initial_state)
+    return initial_state.to(acc).contiguous()
+
+
+def prepare_cu_seqlens(op: str, cu_seqlens, B: int, T: int, device):
+    """``cu_seqlens`` as an int32 tensor on ``device``; returns ``(cu, N)``.
+
+    Validated in full (0 .. T, non-decreasing) when given on the host (list or CPU tensor); a device
+    tensor is trusted, because validating it would cost a host sync in the hot path.
+    """
+    if B != 1:
+        raise ValueError(f"{op}: cu_seqlens: requires B == 1, got B = {B}")
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype.is_floating_point:
+            raise ValueError(f"{op}: cu_seqlens: expected a 1-D integer tensor [N+1], got "
+                             f"{tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
+        host = cu_seqlens.device.type == "cpu"
+        cu = cu_seqlens
+    else:
+        host = True
+        cu = torch.as_tensor(list(cu_seqlens), dtype=torch.int64)
+        if cu.dim() != 1 or cu.numel() < 2:
+            raise ValueError(f"{op}: cu_seqlens: expected [N+1] ints, got {cu_seqlens!r}")
+    if host:
+        c = cu.to(torch.int64)
+        if int(c[0]) != 0 or int(c[-1]) != T or bool((c[1:] < c[:-1]).any()):
+            raise ValueError(f"{op}: cu_seqlens: expected non-decreasing ints from 0 to T = {T}, "
+                             f"got {c.tolist()}")
+    return cu.to(device=device, dtype=torch.int32).contiguous(), cu.numel() - 1
+
+
+def varlen_chunk_plan(cu: torch.Tensor, N: int, T: int, BT: int):
+    """Chunk table for ``cu_seqlens`` without a host sync.
+
+    Returns ``(cidx [UB, 2] int32, co [N+1] int32, UB)``: program ``p < UB`` handles chunk ``cidx[p, 1]``
+    of sequence ``cidx[p, 0]`` (``-1``: nothing to do); ``co[n]`` is the global index of sequence
+    ``n``'s first chunk, so program ``p``'s chunk has global index ``p``. ``UB = T // BT + N`` bounds
+    ``sum_n ceil(len_n / BT)`` from above, so the grid size is known on the host.
+    """
+    lens = (cu[1:] - cu[:-1]).to(torch.int64)
+    nch = (lens + BT - 1) // BT
+    co = torch.zeros(N + 1, dtype=torch.int64, device=cu.device)
+    co[1:] = torch.cumsum(nch, 0)
+    UB = T // BT + N
+    pid = torch.arange(UB, dtype=torch.int64, device=cu.device)
+    seq = torch.searchsorted(co[1:].contiguous(), pid, right=True)
+    local = pid - co[seq.clamp(max=N - 1)]
+    seq = torch.where(seq < N, seq, torch.full_like(seq, -1))
+    cidx = torch.stack([seq, local], 1).to(torch.int32).contiguous()
+    return cidx, co.to(torch.int32), UB
+
+
+def block_k(K: int) -> int:
+    return max(16, triton.next_power_of_2(K))
+
+
+# ------------------------------------------------------------------------------------------------
+# device functions (inputs and results in the compute dtype)
+
+
+@triton.jit
+def sigmoid_f(x):
+    """``1/(1+exp(-x))`` without overflow and with relative accuracy for large ``|x|``."""
+    z = tl.exp(-tl.abs(x))
+    r = 1.0 / (1.0 + z)
+    return tl.where(x >= 0, r, z * r)
+
+
+@triton.jit
+def softplus_f(x):
+    """``x`` for ``x > 20`` (torch's threshold) else ``max(x,0) + log1p(exp(-|x|))``.
+
+    log1p by Kahan's trick (``log(w) * z / (w - 1)``, ``w = 1 + z``; ``w - 1`` is exact), portable."""
+    z = tl.exp(-tl.abs(x))
+    w = 1.0 + z
+    d = w - 1.0
+    l1p = tl.where(d == 0.0, z, tl.log(w) * (z / tl.where(d == 0.0, 1.0, d)))
+    return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + l1p)
+
+
+@triton.jit
+def kda_gate_f(x, a, bias):
+    """``g = -a * softplus(x + bias)`` with ``a = exp(A_log)`` (log-space decay, <= 0)."""
+    return -a * softplus_f(x + bias)
+
+
+@triton.jit
+def l2norm_rows(x):
+    """``x / sqrt(sum(x^2) + 1e-6)`` per row of a [R, BK] tile (masked lanes hold 0)."""
+    return x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
+
+
+@triton.jit
+def l2norm_vec(x):
+    return x / tl.sqrt(tl.sum(x * x, axis=0) + 1e-6)
+
+
+@triton.jit
+def dot(a, b, DT: tl.constexpr, ACC: tl.constexpr):
+    """``a @ b`` with both operands cast to ``DT`` (the input dtype) and accumulated in ``ACC``.
+    ``ieee``: fp32 operands are never rounded to TF32 (ignored for bf16/fp16/fp64 operands)."""
+    return tl.dot(a.to(DT), b.to(DT), input_precision="ieee", out_dtype=ACC)

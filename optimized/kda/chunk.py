@@ -1,0 +1,391 @@
+"""Chunked KDA (spec b.9) as a pipeline of four Triton kernels.
+
+Per sequence and value head, chunks of ``BT = chunk_size`` tokens (16, 32 or 64), ``G`` = the inclusive
+prefix sum of the log-decay g within the chunk (g <= 0, so G is non-increasing down the chunk)::
+
+    Akk[i,j] = beta_i sum_d k_i k_j exp(G_i - G_j)   (i > j)     Aqk[i,j] = s sum_d q_i k_j exp(G_i - G_j)  (i >= j)
+    M = (I + Akk)^-1,  w = M (beta k exp(G)),  u = M (beta v)
+    v_new = u - w S,   o = s (q exp(G)) S + Aqk v_new,   S <- diag(exp(G_last)) S + (k exp(G_last - G))^T v_new
+
+Kernels (grid in brackets):
+
+1. ``_gate_cumsum_kernel`` (gate.py) [chunks, B*HV]: G (and, fused, the gate and beta = sigmoid).
+2. ``_intra_kernel`` [chunks, B*HV]: Akk and Aqk, M by an exact triangular inverse, then w, u; writes
+   w, u, Aqk. No exponent of a positive difference is ever formed:
+   - diagonal ``BC x BC`` sub-blocks (BC = 16) pairwise, ``exp(G_i - G_j)`` with the exponent masked to
+     -inf for j > i *before* exp;
+   - off-diagonal sub-blocks (rows in sub-block a, columns before it) through the reference row
+     ``r = a*BC``: ``exp(G_i - G_r) * exp(G_r - G_j)`` with i >= r > j, both factors <= 1, as ``tl.dot``;
+   - ``M``: forward substitution on the BC x BC diagonal blocks (all blocks in lock step, BC - 1
+     rank-1 steps on the BT x BT tile), giving D = blockdiag inverse; then, with N = D Akk_offdiag
+     (strictly block-lower, N^(BT/BC) = 0), ``M = (I + N)^-1 D = (I - N)(I + N^2)... D`` (2 factors for
+     BT = 64), all exact algebra.
+3. ``_state_kernel`` [V/BV, N*HV]: the sequential pass over chunks with S in ACC registers: stores the
+   chunk-start state h and v_new, returns the final state.
+4. ``_output_kernel`` [V/BV, chunks, B*HV]: o = s (q exp(G)) h + Aqk v_new.
+
+Ragged final chunks: rows past the sequence end load k = q = v = beta = 0 and G of the last valid
+row (loads of G clamp the row index), so G stays non-increasing and ``G[BT-1]`` is ``G_last``.
+``fused_chunked`` l2-normalizes q and k on every load (fp32 inside, never written back), applies the
+gate in kernel 1 and the beta sigmoid there too.
+
+Storage dtypes (ACC = float32, float64 for fp64 inputs; DT = the input dtype):
+
+====================  =========================  ===============================================
+tensor                dtype                      why
+====================  =========================  ===============================================
+G (prefix sums)       ACC                        differences of prefix sums feed exp()
+beta (fused)          ACC                        a sigmoid output; tiny
+Akk, M                registers only (ACC)       never stored; the inverse merge runs tl.dot on DT
+                                                 operands (bf16 tensor cores for bf16 runs)
+Aqk                   DT, [B,T,HV,BT]            only ever a DT tl.dot operand (o kernel)
+w, u                  DT                         tl.dot operands of the state pass
+v_new                 DT                         tl.dot operand (state update and output)
+h (chunk states)      DT, [chunks,HV,K,V]        tl.dot operand of the output kernel
+running state S       ACC (registers)            the recurrence accumulates in ACC
+final state           ACC                        contract: float32 (float64 for fp64 runs)
+o                     DT                         contract: input dtype
+====================  =========================  ===============================================
+
+So a bf16 run rounds w, u, v_new, h, Aqk and the dot operands to bf16 (fla rounds the same set); an
+fp32 run rounds nothing below fp32; an fp64 run is fp64 throughout.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _counters
+from ._common import (acc_dtype, block_k, check_gate_params, check_qkv, check_shape, check_tensor,
+                      dot, l2norm_rows, prepare_cu_seqlens, prepare_state, varlen_chunk_plan)
+from .gate import gate_chunk_cumsum
+
+
+@triton.jit
+def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md, ACC: tl.constexpr,
+               L2NORM: tl.constexpr):
+    """Rows ``tok`` of a [*, NH, D] tensor at head ``head``, widened to ACC, optionally l2-normalized."""
+    x = tl.load(ptr + (tok * NH + head)[:, None] * D + dd[None, :],
+                mask=valid[:, None] & md[None, :], other=0.0).to(ACC)
+    if L2NORM:
+        x = l2norm_rows(x)
+    return x
+
+
+@triton.jit
+def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, cu, cidx, scale, T,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BC: tl.constexpr, LOG2_NB: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr):
+    ACC = Gc.dtype.element_ty
+    DT = k.dtype.element_ty
+    NB = BT // BC
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        i_n = tl.load(cidx + 2 * i_c)
+        if i_n < 0:
+            return
+        local = tl.load(cidx + 2 * i_c + 1)
+        bos = tl.load(cu + i_n).to(tl.int64)
+        eos = tl.load(cu + i_n + 1).to(tl.int64)
+    else:
+        local = i_c
+        bos = i_b.to(tl.int64) * T
+        eos = bos + T
+    t0 = bos + local * BT
+    last = eos - 1
+    rows = tl.arange(0, BT)
+    cols = tl.arange(0, BT)
+    tok = t0 + rows
+    valid = tok < eos
+    dk = tl.arange(0, BK)
+    mk = dk < K
+
+    kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
+    qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
+    # G rows clamped to the last valid row: padding rows repeat G_last (non-increasing, finite)
+    Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                 mask=mk[None, :], other=0.0).to(ACC)
+    b = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0).to(ACC)
+
+    # -- diagonal BC x BC sub-blocks, pairwise: step s fills column p(i) = blk0(i) + s of every row
+    blk0 = (rows // BC) * BC
+    A = tl.zeros([BT, BT], dtype=ACC)
+    Qm = tl.zeros([BT, BT], dtype=ACC)
+    for s in range(0, BC):
+        p = blk0 + s
+        tok_p = t0 + p
+        kp = _load_rows(k, tok_p, tok_p < eos, i_h, H, K, dk, mk, ACC, L2NORM)
+        Gp = tl.load(Gc + (tl.minimum(tok_p, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                     mask=mk[None, :], other=0.0).to(ACC)
+        # mask BEFORE exp: for p > i the difference G_i - G_p is >= 0 and may overflow
+        kpe = kp * tl.exp(tl.where((p <= rows)[:, None], Gm - Gp, float("-inf")))
+        a_val = tl.sum(kt * kpe, axis=1)
+        q_val = tl.sum(qt * kpe, axis=1)
+        hit = cols[None, :] == p[:, None]
+        A = tl.where(hit & (p < rows)[:, None], a_val[:, None], A)
+        Qm = tl.where(hit, q_val[:, None], Qm)
+
+    # -- off-diagonal sub-blocks through reference rows: both factors <= 1
+    if NB > 1:
+        Gref = tl.load(Gc + (tl.minimum(t0 + blk0, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                       mask=mk[None, :], other=0.0).to(ACC)
+        left = tl.exp(Gm - Gref)  # row i vs the first row of its sub-block: G_i <= G_blk0(i)
+        kl = kt * left
+        ql = qt * left
+        blk = rows // BC
+        for a in tl.static_range(1, NB):
+            Gr = tl.load(Gc + (tl.minimum(t0 + a * BC, last) * HV + i_hv) * K + dk,
+                         mask=mk, other=0.0).to(ACC)
+            # column factor exp(G_r - G_j) for j < r only (masked before exp)
+            right = kt * tl.exp(tl.where((rows < a * BC)[:, None], Gr[None, :] - Gm, float("-inf")))
+            rt = tl.trans(right)
+            in_a = (blk == a)[:, None]
+            A += dot(tl.where(in_a, kl, 0.0), rt, DT, ACC)
+            Qm += dot(tl.where(in_a, ql, 0.0), rt, DT, ACC)
+
+    A = A * b[:, None]
+    Qm = Qm * scale
+
+    # -- M = (I + A)^-1. Diagonal blocks: right-looking forward substitution, all blocks in lock step:
+    # step s eliminates pivot p = blk0 + s of each block: X[i, :] -= A[i, p] X[p, :] for i > p.
+    same = (rows // BC)[:, None] == (cols // BC)[None, :]
+    X = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0).to(ACC)
+    pc0 = (cols // BC) * BC
+    for s in range(0, BC - 1):
+        a_col = tl.sum(tl.where(cols[None, :] == (blk0 + s)[:, None], A, 0.0), axis=1)  # A[i, p(i)]
+        m_row = tl.sum(tl.where(rows[:, None] == (pc0 + s)[None, :], X, 0.0), axis=0)  # X[p(c), c]
+        X = X - tl.where(same, a_col[:, None] * m_row[None, :], 0.0)
+    if NB > 1:
+        # merge: (I + A)^-1 = (I + N)^-1 D with N = D A_off strictly block-lower (N^NB = 0), and
+        # (I + N)^-1 = (I - N)(I + N^2)(I + N^4)...: LOG2_NB factors
+        P = -dot(X, tl.where(same, 0.0, A), DT, ACC)
+        for m in tl.static_range(LOG2_NB):
+            X = X + dot(P, X, DT, ACC)
+            if m + 1 < LOG2_NB:
+                P = dot(P, P, DT, ACC)
+
+    # -- WY form: w = M (beta k exp(G)), u = M (beta v); exp(G) <= 1
+    wt = dot(X, kt * tl.exp(Gm) * b[:, None], DT, ACC)
+    tl.store(w + (tok * HV + i_hv)[:, None] * K + dk[None, :], wt.to(w.dtype.element_ty),
+             mask=valid[:, None] & mk[None, :])
+    dv = tl.arange(0, BV)
+    for iv in tl.static_range(0, (V + BV - 1) // BV):
+        ov = iv * BV + dv
+        mv = ov < V
+        vt = _load_rows(v, tok, valid, i_hv, HV, V, ov, mv, ACC, False)
+        ut = dot(X, vt * b[:, None], DT, ACC)
+        tl.store(u + (tok * HV + i_hv)[:, None] * V + ov[None, :], ut.to(u.dtype.element_ty),
+                 mask=valid[:, None] & mv[None, :])
+    tl.store(Aq + (tok * HV + i_hv)[:, None] * BT + cols[None, :], Qm.to(Aq.dtype.element_ty),
+             mask=valid[:, None])
+
+
+@triton.jit
+def _state_kernel(k, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+                  HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
+    ACC = ht.dtype.element_ty
+    DT = w.dtype.element_ty
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        bos = tl.load(cu + i_n).to(tl.int64)
+        eos = tl.load(cu + i_n + 1).to(tl.int64)
+        nt = (eos - bos + BT - 1) // BT
+        c0 = tl.load(co + i_n).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+        nt = NT
+        c0 = i_n.to(tl.int64) * NT
+    dk = tl.arange(0, BK)
+    mk = dk < K
+    dv = i_v * BV + tl.arange(0, BV)
+    mv = dv < V
+    mkv = mk[:, None] & mv[None, :]
+    kv_off = dk[:, None] * V + dv[None, :]
+    if HAS_H0:
+        S = tl.load(h0 + i_nh.to(tl.int64) * K * V + kv_off, mask=mkv, other=0.0).to(ACC)
+    else:
+        S = tl.zeros([BK, BV], dtype=ACC)
+    rows = tl.arange(0, BT)
+    for c in range(0, nt):
+        t0 = bos + c * BT
+        tok = t0 + rows
+        valid = tok < eos
+        last = tl.minimum(t0 + BT, eos) - 1
+        tl.store(h + ((c0 + c) * HV + i_hv) * K * V + kv_off, S.to(h.dtype.element_ty), mask=mkv)
+        wt = tl.load(w + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+                     mask=valid[:, None] & mk[None, :], other=0.0)
+        ut = tl.load(u + (tok * HV + i_hv)[:, None] * V + dv[None, :],
+                     mask=valid[:, None] & mv[None, :], other=0.0).to(ACC)
+        vn = (ut - dot(wt, S, DT, ACC)).to(DT)  # rounded once: the same v_new feeds o and S
+        tl.store(vnew + (tok * HV + i_hv)[:, None] * V + dv[None, :], vn,
+                 mask=valid[:, None] & mv[None, :])
+        kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
+        Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                     mask=mk[None, :], other=0.0).to(ACC)
+        Gl = tl.load(Gc + (last * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
+        kg = kt * tl.exp(Gl[None, :] - Gm)  # decay from row i to the chunk's last row, <= 1
+        S = S * tl.exp(Gl)[:, None] + dot(tl.trans(kg), vn, DT, ACC)
+    tl.store(ht + i_nh.to(tl.int64) * K * V + kv_off, S.to(ht.dtype.element_ty), mask=mkv)
+
+
+@triton.jit
+def _output_kernel(q, Gc, h, vnew, Aq, o, cu, cidx, scale, T, NT,
+                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+                   IS_VARLEN: tl.constexpr):
+    ACC = Gc.dtype.element_ty
+    DT = h.dtype.element_ty
+    i_v = tl.program_id(0)
+    i_c = tl.program_id(1)
+    i_bh = tl.program_id(2)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        i_n = tl.load(cidx + 2 * i_c)
+        if i_n < 0:
+            return
+        local = tl.load(cidx + 2 * i_c + 1)
+        bos = tl.load(cu + i_n).to(tl.int64)
+        eos = tl.load(cu + i_n + 1).to(tl.int64)
+        chunk = i_c.to(tl.int64)
+    else:
+        local = i_c
+        bos = i_b.to(tl.int64) * T
+        eos = bos + T
+        chunk = i_b.to(tl.int64) * NT + i_c
+    rows = tl.arange(0, BT)
+    tok = bos + local * BT + rows
+    valid = tok < eos
+    dk = tl.arange(0, BK)
+    mk = dk < K
+    dv = i_v * BV + tl.arange(0, BV)
+    mv = dv < V
+    qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
+    Gm = tl.load(Gc + (tl.minimum(tok, eos - 1) * HV + i_hv)[:, None] * K + dk[None, :],
+                 mask=mk[None, :], other=0.0).to(ACC)
+    hb = tl.load(h + (chunk * HV + i_hv) * K * V + dk[:, None] * V + dv[None, :],
+                 mask=mk[:, None] & mv[None, :], other=0.0)
+    acc = dot(qt * tl.exp(Gm) * scale, hb, DT, ACC)
+    # padding rows of Aq / v_new were never written: mask them to 0 (0 * garbage could be NaN)
+    At = tl.load(Aq + (tok * HV + i_hv)[:, None] * BT + rows[None, :], mask=valid[:, None], other=0.0)
+    vn = tl.load(vnew + (tok * HV + i_hv)[:, None] * V + dv[None, :],
+                 mask=valid[:, None] & mv[None, :], other=0.0)
+    acc += dot(At, vn, DT, ACC)
+    tl.store(o + (tok * HV + i_hv)[:, None] * V + dv[None, :], acc.to(o.dtype.element_ty),
+             mask=valid[:, None] & mv[None, :])
+
+
+def _check_chunk_size(op, chunk_size):
+    if chunk_size not in (16, 32, 64):
+        raise ValueError(f"{op}: chunk_size: expected 16, 32 or 64, got {chunk_size!r}")
+    return int(chunk_size)
+
+
+def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_size, cu_seqlens,
+              fused):
+    B, T, H, HV, K, V = check_qkv(op, q, k, v)
+    BT = _check_chunk_size(op, chunk_size)
+    gname, bname = ("g_raw", "beta_logits") if fused else ("g", "beta")
+    check_tensor(op, gname, g)
+    check_shape(op, gname, g, (B, T, HV, K), "B,T,HV,K")
+    check_tensor(op, bname, beta)
+    check_shape(op, bname, beta, (B, T, HV), "B,T,HV")
+    if fused:
+        A_log, dt_bias = check_gate_params(op, A_log, dt_bias, HV, K, q)
+    dev = q.device
+    dt = q.dtype
+    acc = acc_dtype(dt)
+    scale = K ** -0.5 if scale is None else float(scale)
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+
+    varlen = cu_seqlens is not None
+    if varlen:
+        cu, N = prepare_cu_seqlens(op, cu_seqlens, B, T, dev)
+        cidx, co, n_chunks = varlen_chunk_plan(cu, N, T, BT)
+        NT = 0
+    else:
+        cu = cidx = co = None
+        N = B
+        NT = triton.cdiv(T, BT)
+        n_chunks = NT
+    h0 = prepare_state(op, initial_state, N, HV, K, V, acc, q, varlen)
+    if B * T == 0:
+        o = torch.empty(B, T, HV, V, dtype=dt, device=dev)
+        return o, (h0.clone() if h0 is not None else torch.zeros(N, HV, K, V, dtype=acc, device=dev))
+
+    BK = block_k(K)
+    BV = min(64, max(16, triton.next_power_of_2(V)))
+    BC = min(16, BT)
+    LOG2_NB = (BT // BC).bit_length() - 1
+
+    # 1. gate / prefix sums (fused: the gate and the beta sigmoid too)
+    G, beta_f = gate_chunk_cumsum(g, A_log=A_log if fused else None,
+                                  dt_bias=dt_bias if fused else None,
+                                  beta_logits=beta if fused else None, chunk_size=BT, cumsum=True,
+                                  cu=cu, cidx=cidx, grid_chunks=n_chunks, acc=acc)
+    if fused:
+        beta = beta_f
+    # 2. intra-chunk matrices, inverse, WY
+    w = torch.empty(B, T, HV, K, dtype=dt, device=dev)
+    u = torch.empty(B, T, HV, V, dtype=dt, device=dev)
+    Aq = torch.empty(B, T, HV, BT, dtype=dt, device=dev)
+    _intra_kernel[(n_chunks, B * HV)](
+        q, k, v, G, beta, w, u, Aq, cu, cidx, scale, T,
+        H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV,
+        L2NORM=fused, IS_VARLEN=varlen, num_warps=4 if BK <= 64 else 8)
+    # 3. sequential state pass
+    h = torch.empty((B * NT if not varlen else n_chunks), HV, K, V, dtype=dt, device=dev)
+    vnew = torch.empty_like(u)
+    ht = torch.empty(N, HV, K, V, dtype=acc, device=dev)
+    _state_kernel[(triton.cdiv(V, BV), N * HV)](
+        k, w, u, G, vnew, h, h0, ht, cu, co, T, NT,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, L2NORM=fused, HAS_H0=h0 is not None,
+        IS_VARLEN=varlen, num_warps=4)
+    # 4. output
+    o = torch.empty(B, T, HV, V, dtype=dt, device=dev)
+    _output_kernel[(triton.cdiv(V, BV), n_chunks, B * HV)](
+        q, G, h, vnew, Aq, o, cu, cidx, scale, T, NT,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, L2NORM=fused, IS_VARLEN=varlen, num_warps=4)
+    return o, ht
+
+
+def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_size=64, cu_seqlens=None):
+    """Chunked KDA forward (spec b.9); same result as :func:`optimized.kda.recurrent`.
+
+    q, k: [B,T,H,K] (already l2-normalized); v: [B,T,HV,V] (HV a multiple of H; value head hv reads
+    qk head hv // (HV//H)); g: [B,T,HV,K] log-space decay (<= 0; any float dtype, float32 typical);
+    beta: [B,T,HV]. scale defaults to K**-0.5. initial_state: [B,HV,K,V] K-first (or [N,HV,K,V] with
+    cu_seqlens [N+1] ints, B == 1), any float dtype, or None (zeros). chunk_size: 16, 32 or 64.
+    Returns ``(o [B,T,HV,V] in q.dtype, final_state [N or B,HV,K,V] float32)``; float64 inputs compute
+    and return the state in float64.
+    """
+    _counters.record("kda.chunked")
+    return _pipeline("kda.chunked", q, k, v, g, beta, None, None, scale, initial_state,
+                     chunk_size, cu_seqlens, fused=False)
+
+
+def fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, initial_state=None,
+                  chunk_size=64, cu_seqlens=None):
+    """:func:`chunked` of ``l2norm(q), l2norm(k), gate(g_raw, A_log, dt_bias), sigmoid(beta_logits)``
+    with the prologue fused into the kernels (q, k normalized on load in float32, never rounded).
+
+    g_raw: [B,T,HV,K]; beta_logits: [B,T,HV]; A_log: HV elements; dt_bias: HV*K elements. Other
+    arguments and the result as in :func:`chunked`.
+    """
+    _counters.record("kda.fused_chunked")
+    return _pipeline("kda.fused_chunked", q, k, v, g_raw, beta_logits, A_log, dt_bias, scale,
+                     initial_state, chunk_size, cu_seqlens, fused=True)

@@ -1,0 +1,107 @@
+"""KDA forget gate (spec b.6) and the fused gate + within-chunk prefix sum (spec b.9 step 1).
+
+``g = -exp(A_log[hv]) * softplus(g_raw + dt_bias[hv*K + d])`` (softplus threshold 20), log-space,
+natural base (no ``1/ln 2`` rescaling: the kernels use ``tl.exp``).
+
+Storage dtypes: the gate and its prefix sums are always written in the compute dtype, float32 (float64
+for fp64 inputs), whatever the dtype of ``g_raw``: a bf16 log-decay would lose ``2^-8 |G|`` of
+absolute accuracy in every decay factor, and the chunk kernels take differences of prefix sums. The
+optional ``beta = sigmoid(beta_logits)`` is written in the same dtype.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _counters
+from ._common import (acc_dtype, block_k, check_gate_params, check_tensor, kda_gate_f, sigmoid_f)
+
+
+@triton.jit
+def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T,
+                        HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                        RAW: tl.constexpr, CUMSUM: tl.constexpr, HAS_BETA: tl.constexpr,
+                        IS_VARLEN: tl.constexpr):
+    # One program per (chunk, sequence*value head): a [BT, BK] tile of tokens x key channels.
+    # RAW: g holds g_raw and the gate is applied; CUMSUM: inclusive prefix sum over the chunk's rows
+    # (chunks restart at every sequence start); HAS_BETA: also beta_out = sigmoid(beta_in).
+    ACC = G_out.dtype.element_ty
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    if IS_VARLEN:
+        i_n = tl.load(cidx + 2 * i_c)
+        if i_n < 0:
+            return
+        local = tl.load(cidx + 2 * i_c + 1)
+        bos = tl.load(cu + i_n).to(tl.int64)
+        eos = tl.load(cu + i_n + 1).to(tl.int64)
+    else:
+        local = i_c
+        bos = i_b.to(tl.int64) * T
+        eos = bos + T
+    tok = bos + local * BT + tl.arange(0, BT)
+    valid = tok < eos
+    dk = tl.arange(0, BK)
+    mk = dk < K
+    m2 = valid[:, None] & mk[None, :]
+    off = (tok * HV + i_hv)[:, None] * K + dk[None, :]
+    x = tl.load(g + off, mask=m2, other=0.0).to(ACC)
+    if RAW:
+        a = tl.exp(tl.load(A_log + i_hv).to(ACC))
+        bias = tl.load(dt_bias + i_hv * K + dk, mask=mk, other=0.0).to(ACC)
+        x = tl.where(m2, kda_gate_f(x, a, bias[None, :]), 0.0)
+    if CUMSUM:
+        x = tl.cumsum(x, axis=0)
+    tl.store(G_out + off, x.to(G_out.dtype.element_ty), mask=m2)
+    if HAS_BETA:
+        b = tl.load(beta_in + tok * HV + i_hv, mask=valid, other=0.0).to(ACC)
+        tl.store(beta_out + tok * HV + i_hv, sigmoid_f(b).to(beta_out.dtype.element_ty), mask=valid)
+
+
+def gate_chunk_cumsum(g, *, A_log=None, dt_bias=None, beta_logits=None, chunk_size=64,
+                      cumsum=True, cu=None, cidx=None, grid_chunks=None, acc=None):
+    """Launch the gate kernel (internal; no argument checks, no launch counter).
+
+    g: [B,T,HV,K] (``g_raw`` when ``A_log``/``dt_bias`` are given, else the log-decay). Returns
+    ``(G [B,T,HV,K], beta [B,T,HV] or None)`` in ``acc`` (float32/float64): ``G`` holds the
+    within-chunk inclusive prefix sums when ``cumsum`` (chunks of ``chunk_size``; with ``cu``/``cidx``
+    from :func:`._common.varlen_chunk_plan` they restart at each sequence start), else the gate itself.
+    """
+    B, T, HV, K = g.shape
+    acc = acc or acc_dtype(g.dtype)
+    G = torch.empty(B, T, HV, K, dtype=acc, device=g.device)
+    raw = A_log is not None
+    has_beta = beta_logits is not None
+    beta = torch.empty(B, T, HV, dtype=acc, device=g.device) if has_beta else None
+    BT = chunk_size
+    nchunks = grid_chunks if grid_chunks is not None else triton.cdiv(T, BT)
+    if B * T == 0:
+        return G, beta
+    _gate_cumsum_kernel[(nchunks, B * HV)](
+        g, A_log, dt_bias, beta_logits, G, beta, cu, cidx, T,
+        HV=HV, K=K, BT=BT, BK=block_k(K), RAW=raw, CUMSUM=cumsum, HAS_BETA=has_beta,
+        IS_VARLEN=cidx is not None, num_warps=4)
+    return G, beta
+
+
+def gate(g_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """KDA forget gate: ``g = -exp(A_log[hv]) * softplus(g_raw + dt_bias)`` (threshold 20).
+
+    g_raw: [B,T,HV,K] (any float dtype); A_log: HV elements ([HV] or the checkpoint's [1,1,HV,1]);
+    dt_bias: HV*K elements (flat index ``hv*K + d``). Returns g [B,T,HV,K], the log-space decay
+    (<= 0), in float32 (float64 when ``g_raw`` is float64): the KDA kernels take g in that dtype.
+    """
+    _counters.record("kda.gate")
+    op = "kda.gate"
+    check_tensor(op, "g_raw", g_raw, 4, "B,T,HV,K")
+    B, T, HV, K = g_raw.shape
+    if K > 256:
+        raise ValueError(f"{op}: g_raw: K = {K} > 256 is not supported")
+    A_log, dt_bias = check_gate_params(op, A_log, dt_bias, HV, K, g_raw)
+    g_raw = g_raw.contiguous()
+    BT = min(64, triton.next_power_of_2(max(T, 1)))
+    G, _ = gate_chunk_cumsum(g_raw, A_log=A_log, dt_bias=dt_bias, chunk_size=BT, cumsum=False)
+    return G

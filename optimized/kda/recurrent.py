@@ -1,0 +1,204 @@
+"""Recurrent KDA (spec b.8) as one fused Triton kernel, plus batched decode on a state pool.
+
+One program per (sequence, value head, V-block of ``BV`` columns) walks the tokens in order with its
+``[K, BV]`` slice of the state in registers (the update of column block ``V_b`` only reads that
+block: ``e = beta (v - S~^T k)`` is per column). Per token::
+
+    S~ = diag(exp(g_t)) S;  e = beta_t (v_t - S~^T k_t);  S = S~ + k_t e^T;  o_t = scale S^T q_t
+
+The fused forms compute, in registers, ``l2norm`` of q and k (``x / sqrt(sum x^2 + 1e-6)``), the gate
+``g = -exp(A_log) softplus(g_raw + dt_bias)`` and ``beta = sigmoid(beta_logits)``.
+
+Storage/compute dtypes: every input is widened on load to ACC (float32, or float64 for fp64 inputs;
+for decode, the state pool's dtype); nothing intermediate is stored; o is written once per token in
+the input dtype and the state once per call in ACC. No ``tl.dot`` (matrix-vector work is
+elementwise + reductions), so every float dtype, float64 included, runs.
+
+Determinism: the arithmetic of one (sequence, head, column) never depends on the other sequences in
+the batch or on the batch size (fixed ``BV``/``num_warps``), so a batched decode is bitwise equal to
+decoding each sequence alone.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _counters
+from ._common import (acc_dtype, block_k, check_device, check_gate_params, check_qkv, check_shape,
+                      check_tensor, prepare_cu_seqlens, prepare_state)
+
+_BV = 32  # value columns per program: fixed (bitwise batch invariance), small (decode parallelism)
+
+
+@triton.jit
+def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, scale, T,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr, FUSED: tl.constexpr, HAS_H0: tl.constexpr,
+                      IS_VARLEN: tl.constexpr, USE_SLOTS: tl.constexpr):
+    ACC = ht.dtype.element_ty
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        bos = tl.load(cu + i_n).to(tl.int64)
+        eos = tl.load(cu + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+    dk = tl.arange(0, BK)
+    mk = dk < K
+    dv = i_v * BV + tl.arange(0, BV)
+    mv = dv < V
+    mkv = mk[:, None] & mv[None, :]
+    kv_off = dk[:, None] * V + dv[None, :]
+    if USE_SLOTS:
+        slot = tl.load(slots + i_n).to(tl.int64)
+        if slot < 0:  # padding entry: no state is read or written, the output is 0
+            tl.store(o + (bos * HV + i_hv) * V + dv, tl.zeros([BV], dtype=ACC).to(o.dtype.element_ty),
+                     mask=mv)
+            return
+        s_off = (slot * HV + i_hv) * K * V
+    else:
+        s_off = i_nh.to(tl.int64) * K * V
+    if HAS_H0:
+        S = tl.load(h0 + s_off + kv_off, mask=mkv, other=0.0).to(ACC)
+    else:
+        S = tl.zeros([BK, BV], dtype=ACC)
+    if FUSED:
+        a = tl.exp(tl.load(A_log + i_hv).to(ACC))
+        bias = tl.load(dt_bias + i_hv * K + dk, mask=mk, other=0.0).to(ACC)
+    for t in range(bos, eos):
+        qt = tl.load(q + (t * H + i_h) * K + dk, mask=mk, other=0.0).to(ACC)
+        kt = tl.load(k + (t * H + i_h) * K + dk, mask=mk, other=0.0).to(ACC)
+        vt = tl.load(v + (t * HV + i_hv) * V + dv, mask=mv, other=0.0).to(ACC)
+        gt = tl.load(g + (t * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
+        bt = tl.load(beta + t * HV + i_hv).to(ACC)
+        if FUSED:
+            # the prologue, written out inline (the same math as _common's helpers: a helper call per
+            # token costs the Triton interpreter more than the arithmetic)
+            qt = qt / tl.sqrt(tl.sum(qt * qt, axis=0) + 1e-6)
+            kt = kt / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
+            x = gt + bias
+            z = tl.exp(-tl.abs(x))
+            zw = 1.0 + z
+            zd = zw - 1.0
+            l1p = tl.where(zd == 0.0, z, tl.log(zw) * (z / tl.where(zd == 0.0, 1.0, zd)))
+            gt = -a * tl.where(x > 20.0, x, tl.maximum(x, 0.0) + l1p)
+            zb = tl.exp(-tl.abs(bt))
+            bt = tl.where(bt >= 0, 1.0, zb) / (1.0 + zb)
+        S = S * tl.exp(gt)[:, None]
+        e = bt * (vt - tl.sum(S * kt[:, None], axis=0))
+        S = S + kt[:, None] * e[None, :]
+        ot = tl.sum(S * qt[:, None], axis=0) * scale
+        tl.store(o + (t * HV + i_hv) * V + dv, ot.to(o.dtype.element_ty), mask=mv)
+    tl.store(ht + s_off + kv_off, S.to(ht.dtype.element_ty), mask=mkv)
+
+
+def _launch(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, fused):
+    B, T, H, HV, K, V = check_qkv(op, q, k, v)
+    gname, bname = ("g_raw", "beta_logits") if fused else ("g", "beta")
+    check_tensor(op, gname, g)
+    check_shape(op, gname, g, (B, T, HV, K), "B,T,HV,K")
+    check_tensor(op, bname, beta)
+    check_shape(op, bname, beta, (B, T, HV), "B,T,HV")
+    check_device(op, q, **{gname: g, bname: beta})
+    if fused:
+        A_log, dt_bias = check_gate_params(op, A_log, dt_bias, HV, K, q)
+    acc = acc_dtype(q.dtype)
+    scale = K ** -0.5 if scale is None else float(scale)
+    varlen = cu_seqlens is not None
+    if varlen:
+        cu, N = prepare_cu_seqlens(op, cu_seqlens, B, T, q.device)
+    else:
+        cu, N = None, B
+    h0 = prepare_state(op, initial_state, N, HV, K, V, acc, q, varlen)
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
+    ht = torch.empty(N, HV, K, V, dtype=acc, device=q.device)
+    BV = min(_BV, max(16, triton.next_power_of_2(V)))
+    _recurrent_kernel[(triton.cdiv(V, BV), N * HV)](
+        q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, None, scale, T,
+        H=H, HV=HV, K=K, V=V, BK=block_k(K), BV=BV, FUSED=fused, HAS_H0=h0 is not None,
+        IS_VARLEN=varlen, USE_SLOTS=False, num_warps=4)
+    return o, ht
+
+
+def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
+    """KDA recurrence (spec b.8), token by token in one kernel.
+
+    q, k: [B,T,H,K] (already l2-normalized); v: [B,T,HV,V]; g: [B,T,HV,K] log-space decay; beta:
+    [B,T,HV]; initial_state: [B,HV,K,V] K-first (or [N,HV,K,V] with cu_seqlens [N+1], B == 1) or
+    None. scale defaults to K**-0.5. Returns ``(o [B,T,HV,V] in q.dtype, final_state float32)``
+    (float64 for fp64 inputs).
+    """
+    _counters.record("kda.recurrent")
+    return _launch("kda.recurrent", q, k, v, g, beta, None, None, scale, initial_state, cu_seqlens,
+                   fused=False)
+
+
+def fused_recurrent(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, initial_state=None,
+                    cu_seqlens=None):
+    """:func:`recurrent` of ``l2norm(q), l2norm(k), gate(g_raw, A_log, dt_bias),
+    sigmoid(beta_logits)``, all computed in the kernel (float32 registers).
+
+    g_raw: [B,T,HV,K]; beta_logits: [B,T,HV]; A_log: HV elements; dt_bias: HV*K elements.
+    """
+    _counters.record("kda.fused_recurrent")
+    return _launch("kda.fused_recurrent", q, k, v, g_raw, beta_logits, A_log, dt_bias, scale,
+                   initial_state, cu_seqlens, fused=True)
+
+
+def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *,
+                           scale=None):
+    """One decode step for a batch of sequences, updating their states IN PLACE in a pool.
+
+    q, k: [B,H,K] (raw; l2-normalized in kernel); v: [B,HV,V]; g_raw: [B,HV,K]; beta_logits: [B,HV];
+    A_log: HV elements; dt_bias: HV*K elements; state_pool: [num_slots,HV,K,V], contiguous, float32
+    (float64 for fp64 runs), K-first; slot_ids: [B] ints on the pool's device. Sequence b reads and
+    writes only ``state_pool[slot_ids[b]]``; other slots are never touched. ``slot_ids[b] < 0`` marks a
+    padding entry (output 0, no state access). Slot ids must be distinct and < num_slots (not checked:
+    that would need a host sync). Returns o [B,HV,V] in q.dtype.
+    """
+    _counters.record("kda.fused_recurrent_decode")
+    op = "kda.fused_recurrent_decode"
+    check_tensor(op, "q", q, 3, "B,H,K")
+    check_tensor(op, "k", k, 3, "B,H,K")
+    check_tensor(op, "v", v, 3, "B,HV,V")
+    B, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    check_qkv(op, q[:, None], k[:, None], v[:, None])
+    check_tensor(op, "g_raw", g_raw)
+    check_shape(op, "g_raw", g_raw, (B, HV, K), "B,HV,K")
+    check_tensor(op, "beta_logits", beta_logits)
+    check_shape(op, "beta_logits", beta_logits, (B, HV), "B,HV")
+    A_log, dt_bias = check_gate_params(op, A_log, dt_bias, HV, K, q)
+    if not isinstance(state_pool, torch.Tensor) or state_pool.dim() != 4 \
+            or tuple(state_pool.shape[1:]) != (HV, K, V):
+        raise ValueError(f"{op}: state_pool: expected [num_slots,HV,K,V] with HV,K,V = {(HV, K, V)}, "
+                         f"got {tuple(getattr(state_pool, 'shape', ()))}")
+    if state_pool.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{op}: state_pool: expected float32 (or float64), got {state_pool.dtype}")
+    if not state_pool.is_contiguous():
+        raise ValueError(f"{op}: state_pool: must be contiguous (it is updated in place)")
+    if not isinstance(slot_ids, torch.Tensor) or slot_ids.dim() != 1 or slot_ids.numel() != B \
+            or slot_ids.dtype.is_floating_point:
+        raise ValueError(f"{op}: slot_ids: expected [B] = ({B},) ints, got "
+                         f"{tuple(getattr(slot_ids, 'shape', ()))} {getattr(slot_ids, 'dtype', None)}")
+    check_device(op, q, g_raw=g_raw, beta_logits=beta_logits, state_pool=state_pool,
+                 slot_ids=slot_ids)
+    scale = K ** -0.5 if scale is None else float(scale)
+    q, k, v, g_raw, beta_logits, slot_ids = (x.contiguous() for x in
+                                             (q, k, v, g_raw, beta_logits, slot_ids))
+    o = torch.empty(B, HV, V, dtype=q.dtype, device=q.device)
+    if B == 0:
+        return o
+    BV = min(_BV, max(16, triton.next_power_of_2(V)))
+    _recurrent_kernel[(triton.cdiv(V, BV), B * HV)](
+        q, k, v, g_raw, beta_logits, A_log, dt_bias, o, state_pool, state_pool, None, slot_ids,
+        scale, 1,
+        H=H, HV=HV, K=K, V=V, BK=block_k(K), BV=BV, FUSED=True, HAS_H0=True, IS_VARLEN=False,
+        USE_SLOTS=True, num_warps=4)
+    return o

@@ -1,0 +1,421 @@
+"""The optimized Kimi-Linear model (spec b.10-b.17): weights resident on the device, Triton kernels for
+every op family (torch for the plain projection GEMMs), carried state for serving-style decode.
+
+``load(path_or_source, *, device=None, dtype="bfloat16", moe_combine="unbiased", kv_norm_eps=1e-6,
+backends=None)`` returns a ``Model`` with the reference's API (``forward``, ``prefill``, ``decode``)
+plus ``decode_batch`` and ``new_pool`` for batched decode (``optimized.cache``).
+
+Which kernel runs where:
+
+- ``forward`` / ``prefill`` (T tokens of one sequence): conv ``short_conv`` (carried state in and
+  out), KDA ``fused_chunked`` (chunk 64; gate, beta sigmoid and q/k l2norm fused), MLA ``naive``
+  over the whole sequence, the latents written to the paged cache; MoE ``router`` + ``experts``.
+- ``decode`` / ``decode_batch`` (one token for each of B sequences): conv ``short_conv_step_`` and
+  KDA ``fused_recurrent_decode`` updating their state pools in place by slot id, MLA ``paged_decode``
+  (absorbed form) over the paged latent cache after appending the new latent.
+
+Precision policy (spec b.0; ``dtype`` = the model dtype, bf16 in production):
+
+- Weights resident in ``dtype``; ``A_log``, ``dt_bias``, the router weight and the correction bias
+  in float32 (float64 for a float64 model). The residual stream and every activation between ops
+  are in ``dtype`` (rounded once per op, as HF/vLLM do).
+- Projections: torch GEMMs on ``dtype`` operands with fp32 accumulation (bf16 in, fp32 accumulate,
+  bf16 out); float32 GEMMs refuse TF32. In decode the GEMMs run on fixed tiles of 64 rows (padded)
+  so a row's result never depends on how many sequences share the batch (bitwise batch invariance).
+- RMSNorm, gated RMSNorm, l2norm, the KDA gate and beta sigmoid, short conv: fp32 inside (fp64 for
+  float64), output rounded to ``dtype`` (the gate never leaves the KDA kernel).
+- KDA recurrent state: float32 (float64 for float64 runs), in the pools and in the kernels' registers;
+  the chunked kernels store their per-chunk intermediates in ``dtype`` (as fla).
+- Router: logits ``x.float() @ W_r.float().T`` in fp32 (HF), sigmoid/top-k/combine weights in fp32;
+  routed expert outputs combined with fp32 weights, then the shared expert added in ``dtype``.
+- MLA: ``dtype`` operands, fp32 softmax and accumulation; the latent cache holds ``dtype`` values.
+- Logits: the lm_head GEMM in ``dtype`` (bf16 logits, as HF/vLLM), returned as float32 (float64 for
+  a float64 model).
+
+``trace`` (a dict) receives detached tensors under the keys of docs/ARCHITECTURE.md, ``[T, ...]``
+(in ``decode`` T = 1; in ``decode_batch`` the rows are the B sequences).
+
+``backends`` swaps op families to the float64 reference math (``optimized.backends``);
+``model.variants`` reports the semantic variants, the dtype, the device and the backend per family.
+"""
+from __future__ import annotations
+
+import numbers
+import os
+
+import numpy as np
+import torch
+
+from reference.config import KimiConfig
+
+from . import backends as _backends
+from ._interpreter import interpreting
+from .cache import CachePool, SequenceCache
+from .weights import KDAWeights, ModelWeights, load_weights
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+MOE_COMBINES = ("unbiased", "biased")
+ROW_TILE = 64  # decode GEMMs run on tiles of exactly this many rows (batch invariance)
+
+
+def _dtype_name(dtype) -> str:
+    for name, d in DTYPES.items():
+        if dtype == name or dtype == d:
+            return name
+    raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+
+
+def resolve_device(device) -> torch.device:
+    """``None`` -> cuda when available, else cpu. A CUDA device without CUDA, or a CPU device while
+    the Triton interpreter is off (kernels compiled for the GPU cannot take CPU tensors), is an
+    error that says so."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: {device!r} is not a torch device ({exc})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r}: no CUDA device is available on this machine "
+                         "(torch.cuda.is_available() is False); use device='cpu'")
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"device {str(device)!r}: only 'cuda' and 'cpu' are supported")
+    return dev
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, *, invariant: bool = False) -> torch.Tensor:
+    """``x @ w.T`` (x [M, in], w [out, in]). ``invariant``: run on zero-padded tiles of exactly
+    ``ROW_TILE`` rows, so row m's result is the same whatever M is (the GEMM kernel a library picks
+    depends on the shape; with one shape it is one kernel and rows never mix)."""
+    if not invariant:
+        return x @ w.T
+    M = x.shape[0]
+    out = []
+    for lo in range(0, M, ROW_TILE):
+        tile = x[lo:lo + ROW_TILE]
+        n = tile.shape[0]
+        if n < ROW_TILE:
+            tile = torch.cat([tile, tile.new_zeros((ROW_TILE - n, tile.shape[1]))])
+        out.append((tile @ w.T)[:n])
+    return out[0] if len(out) == 1 else torch.cat(out)
+
+
+class Model:
+    """Kimi-Linear on the device (see the module docstring)."""
+
+    def __init__(self, source, weights: ModelWeights, *, device: torch.device, dtype: str,
+                 moe_combine: str, kv_norm_eps: float, backends: dict[str, str]):
+        self.source = source
+        self.config: KimiConfig = source.config
+        self.weights = weights
+        self.device = device
+        self.dtype = DTYPES[dtype]
+        self.state_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        self.ops = _backends.Ops(backends)
+        self.variants = {"moe_combine": moe_combine, "kv_norm_eps": float(kv_norm_eps),
+                         "dtype": dtype, "device": str(device), "backends": dict(backends)}
+        if any(v == "triton" for v in backends.values()) and device.type == "cpu" and not interpreting():
+            raise ValueError("device 'cpu': the Triton kernels run on CPU only under the Triton "
+                             "interpreter; set TRITON_INTERPRET=1 before importing optimized (it is set "
+                             "automatically when no GPU is present)")
+
+    def __repr__(self) -> str:
+        return f"optimized.Model({self.source.describe()}, variants={self.variants})"
+
+    # -- public API ------------------------------------------------------------------------------
+    def new_pool(self, max_seqs: int = 1, *, block_size: int = 16, num_blocks: int | None = None) -> CachePool:
+        """A state pool for up to ``max_seqs`` sequences decoded together (``decode_batch``): slot-
+        indexed KDA/conv states and a paged MLA latent cache (blocks of ``block_size`` tokens; the
+        block count grows on demand when ``num_blocks`` is None)."""
+        return CachePool(self.config, device=self.device, dtype=self.dtype, state_dtype=self.state_dtype,
+                         max_seqs=max_seqs, block_size=block_size, num_blocks=num_blocks)
+
+    def forward(self, token_ids, *, trace: dict | None = None) -> torch.Tensor:
+        """Logits ``[T, vocab]`` of the whole sequence, recomputed from scratch (the prefill path
+        with a throwaway cache)."""
+        ids = self._check_ids(token_ids)
+        seq = self.new_pool(1).new_sequence()
+        logits = self._prefill(ids, seq, trace)
+        seq.release()
+        return logits
+
+    def prefill(self, token_ids, *, trace: dict | None = None,
+                cache: SequenceCache | None = None) -> tuple[torch.Tensor, SequenceCache]:
+        """``(logits [T, vocab], cache)``. ``cache`` None: a fresh sequence in a private one-slot pool;
+        an empty ``pool.new_sequence()``: a fresh sequence in that pool (to be decoded in a batch with
+        the pool's other sequences); a non-empty cache: continue it (chunked prefill, updated in
+        place)."""
+        ids = self._check_ids(token_ids)
+        if cache is None:
+            cache = self.new_pool(1).new_sequence()
+        else:
+            self._check_caches([cache])
+        return self._prefill(ids, cache, trace), cache
+
+    def decode(self, token_id, cache: SequenceCache, *, trace: dict | None = None) -> tuple[torch.Tensor, SequenceCache]:
+        """``(logits [vocab], cache)`` for one more token; ``cache`` is updated in place."""
+        tid = self._check_token(token_id)
+        logits, caches = self.decode_batch([tid], [cache], trace=trace)
+        return logits[0], caches[0]
+
+    def decode_batch(self, token_ids, caches, *, trace: dict | None = None) -> tuple[torch.Tensor, list]:
+        """One token for each of B sequences: ``token_ids [B]``, ``caches`` B distinct non-empty
+        ``SequenceCache`` of one pool. Returns ``(logits [B, vocab], caches)`` (updated in place).
+        Each sequence's logits are bitwise those of decoding it alone."""
+        caches = list(caches)
+        ids = self._check_ids(token_ids)
+        if len(caches) != ids.shape[0]:
+            raise ValueError(f"decode_batch: {ids.shape[0]} token ids for {len(caches)} caches")
+        self._check_caches(caches, decode=True)
+        return self._decode(ids, caches, trace), caches
+
+    # -- validation ------------------------------------------------------------------------------
+    def _check_ids(self, token_ids, what: str = "token_ids") -> torch.Tensor:
+        if isinstance(token_ids, torch.Tensor):
+            arr = token_ids.detach().cpu().numpy()
+        else:
+            arr = np.asarray(token_ids)
+        if arr.ndim != 1 or arr.size == 0:
+            raise ValueError(f"{what}: expected a non-empty 1-D sequence of token ids, got shape {arr.shape}")
+        if arr.dtype.kind not in "iu":
+            raise ValueError(f"{what}: expected integer token ids, got dtype {arr.dtype}")
+        V = self.config.vocab_size
+        bad = np.flatnonzero((arr < 0) | (arr >= V))
+        if bad.size:
+            pos = int(bad[0])
+            raise ValueError(f"{what}: token id {int(arr[pos])} at position {pos} is outside the "
+                             f"vocabulary [0, {V})")
+        return torch.as_tensor(arr.astype(np.int64), device=self.device)
+
+    def _check_token(self, token_id) -> int:
+        if isinstance(token_id, torch.Tensor):
+            if token_id.numel() != 1 or token_id.dim() > 1:
+                raise ValueError(f"token_id: expected one integer token id, got shape {tuple(token_id.shape)}")
+            token_id = token_id.reshape(()).item()
+        if np.ndim(token_id) != 0 or not isinstance(token_id, (numbers.Integral, np.integer)) \
+                or isinstance(token_id, bool):
+            raise ValueError(f"token_id: expected one integer token id, got {token_id!r}")
+        token_id = int(token_id)
+        if not 0 <= token_id < self.config.vocab_size:
+            raise ValueError(f"token_id: token id {token_id} is outside the vocabulary "
+                             f"[0, {self.config.vocab_size})")
+        return token_id
+
+    def _check_caches(self, caches, *, decode: bool = False) -> None:
+        pool = None
+        for i, c in enumerate(caches):
+            if not isinstance(c, SequenceCache):
+                raise ValueError(f"caches[{i}]: expected an optimized SequenceCache (from prefill or "
+                                 f"pool.new_sequence()), got {type(c).__name__}")
+            if c.released:
+                raise ValueError(f"caches[{i}]: this sequence's cache was released")
+            if c.pool.config != self.config or c.pool.dtype != self.dtype or c.pool.device != self.device:
+                raise ValueError(f"caches[{i}]: the cache belongs to a different model "
+                                 "(config, dtype or device differ)")
+            if decode and c.length == 0:
+                raise ValueError(f"caches[{i}]: decode needs a prefilled sequence (length 0)")
+            if pool is None:
+                pool = c.pool
+            elif c.pool is not pool:
+                raise ValueError("decode_batch: the caches live in different pools; prefill the sequences "
+                                 "into one pool (model.new_pool(B), prefill(ids, cache=pool.new_sequence()))")
+        if len({id(c) for c in caches}) != len(caches):
+            raise ValueError("decode_batch: the same sequence's cache appears twice")
+
+    # -- the stack -------------------------------------------------------------------------------
+    def _stack(self, h: torch.Tensor, mixer, *, invariant: bool, trace: dict | None) -> torch.Tensor:
+        """Embedded ``h [M, D]`` through every layer and the final norm; ``mixer(i, x)`` runs layer
+        i's KDA/MLA block on the normed input. Returns the normed final hidden ``[M, D]``."""
+        c, W, ops = self.config, self.weights, self.ops
+        eps = c.rms_norm_eps
+        for i, lw in enumerate(W.layers):
+            x = ops.rms_norm(h, lw.input_norm, eps=eps)
+            a = mixer(i, x)
+            h = h + a
+            x = ops.rms_norm(h, lw.post_norm, eps=eps)
+            if c.is_moe_layer(i):
+                f = self._moe(i, x, invariant=invariant, trace=trace)
+            else:
+                f = ops.swiglu(x, lw.ffn.gate, lw.ffn.up, lw.ffn.down)
+            h = h + f
+            if trace is not None:
+                trace[f"layers.{i}.mixer"] = a.detach().clone()
+                trace[f"layers.{i}.ffn"] = f.detach().clone()
+                trace[f"layers.{i}.hidden"] = h.detach().clone()
+        h = ops.rms_norm(h, W.norm, eps=eps)
+        if trace is not None:
+            trace["final_norm"] = h.detach().clone()
+        return h
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.ops.lm_head(h, self.weights.lm_head)
+        return logits.to(torch.float64 if self.dtype == torch.float64 else torch.float32)
+
+    def _prefill(self, ids: torch.Tensor, seq: SequenceCache, trace: dict | None) -> torch.Tensor:
+        T = ids.shape[0]
+        h = self.ops.embedding(ids, self.weights.embed)
+
+        def mixer(i, x):
+            lw = self.weights.layers[i]
+            if isinstance(lw.mixer, KDAWeights):
+                return self._kda_prefill(i, lw.mixer, x, seq)
+            return self._mla_prefill(i, lw.mixer, x, seq)
+
+        h = self._stack(h, mixer, invariant=False, trace=trace)
+        seq.length += T
+        return self._logits(h)
+
+    def _decode(self, ids: torch.Tensor, seqs: list[SequenceCache], trace: dict | None) -> torch.Tensor:
+        pool = seqs[0].pool
+        slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64, device=self.device)
+        batch = pool.mla_batch(seqs)  # appends one position per sequence to its block table
+        h = self.ops.embedding(ids, self.weights.embed)
+
+        def mixer(i, x):
+            lw = self.weights.layers[i]
+            if isinstance(lw.mixer, KDAWeights):
+                return self._kda_decode(i, lw.mixer, x, pool, slots)
+            return self._mla_decode(i, lw.mixer, x, pool, batch)
+
+        h = self._stack(h, mixer, invariant=True, trace=trace)
+        for s in seqs:
+            s.length += 1
+        return self._logits(h)
+
+    # -- KDA (b.10) ------------------------------------------------------------------------------
+    def _kda_split(self, kw: KDAWeights, x: torch.Tensor, invariant: bool):
+        c = self.config
+        H, K = c.kda_num_heads, c.kda_head_dim
+        y = _linear(x, kw.w_in, invariant=invariant)
+        qkv, fa, ga, b = torch.split(y, [sum(kw.splits[:3]), *kw.splits[3:]], dim=-1)
+        g_raw = _linear(fa, kw.f_b, invariant=invariant)
+        gate = _linear(ga, kw.g_b, invariant=invariant)
+        return qkv, g_raw, gate, b
+
+    def _kda_out(self, kw: KDAWeights, o: torch.Tensor, gate: torch.Tensor, invariant: bool):
+        M = o.shape[0]
+        HV, V = o.shape[-2], o.shape[-1]
+        o = self.ops.gated_rms_norm(o, gate.reshape(M, HV, V), kw.o_norm, eps=self.config.rms_norm_eps)
+        return _linear(o.reshape(M, HV * V), kw.o_proj, invariant=invariant)
+
+    def _kda_prefill(self, i: int, kw: KDAWeights, x: torch.Tensor, seq: SequenceCache):
+        c, ops = self.config, self.ops
+        T = x.shape[0]
+        H, K = c.kda_num_heads, c.kda_head_dim
+        HV, V = H, K
+        qkv, g_raw, gate, b = self._kda_split(kw, x, False)
+        st = seq.pool.kda[i]
+        fresh = seq.length == 0
+        conv0 = None if fresh else st.conv[seq.slot:seq.slot + 1]
+        y, conv_final = ops.short_conv(qkv[None], kw.conv, initial_state=conv0, state_dtype=st.conv.dtype)
+        q, k, v = torch.split(y[0], kw.splits[:3], dim=-1)
+        s0 = None if fresh else st.state[seq.slot:seq.slot + 1]
+        o, s1 = ops.kda_prefill(q.reshape(1, T, H, K), k.reshape(1, T, H, K), v.reshape(1, T, HV, V),
+                                g_raw.reshape(1, T, HV, K), b.reshape(1, T, HV), kw.A_log, kw.dt_bias,
+                                initial_state=s0)
+        st.conv[seq.slot] = conv_final[0]
+        st.state[seq.slot] = s1[0]
+        return self._kda_out(kw, o[0], gate, False)
+
+    def _kda_decode(self, i: int, kw: KDAWeights, x: torch.Tensor, pool: CachePool, slots: torch.Tensor):
+        c, ops = self.config, self.ops
+        B = x.shape[0]
+        H, K = c.kda_num_heads, c.kda_head_dim
+        HV, V = H, K
+        qkv, g_raw, gate, b = self._kda_split(kw, x, True)
+        st = pool.kda[i]
+        y = ops.short_conv_step_(qkv.contiguous(), kw.conv, st.conv, slots)
+        q, k, v = torch.split(y, kw.splits[:3], dim=-1)
+        o = ops.kda_decode_(q.reshape(B, H, K), k.reshape(B, H, K), v.reshape(B, HV, V),
+                            g_raw.reshape(B, HV, K), b.reshape(B, HV), kw.A_log, kw.dt_bias,
+                            st.state, slots)
+        return self._kda_out(kw, o, gate, True)
+
+    # -- MLA (b.11 / b.12) ------------------------------------------------------------------------
+    def _mla_split(self, mw, x: torch.Tensor, invariant: bool):
+        c = self.config
+        L = c.kv_lora_rank
+        y = _linear(x, mw.w_in, invariant=invariant)
+        q, kv = torch.split(y, mw.splits, dim=-1)
+        latent = self.ops.rms_norm(kv[:, :L], mw.kv_norm, eps=self.variants["kv_norm_eps"])
+        return q, latent, kv[:, L:].contiguous()
+
+    def _mla_prefill(self, i: int, mw, x: torch.Tensor, seq: SequenceCache):
+        c = self.config
+        T = x.shape[0]
+        N, P, R, Vh = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        q, latent, k_pe = self._mla_split(mw, x, False)
+        seq.pool.mla_write(i, seq, latent, k_pe)  # positions seq.length .. seq.length+T-1
+        if seq.length > 0:  # continuing: attend over the cached prefix too
+            latent, k_pe = seq.pool.mla_gather(i, seq, seq.length + T)
+        o = self.ops.mla_prefill(q.reshape(1, T, N, P + R), latent[None], k_pe[None], mw.w_kvb)
+        return _linear(o.reshape(T, N * Vh), mw.o_proj)
+
+    def _mla_decode(self, i: int, mw, x: torch.Tensor, pool: CachePool, batch):
+        c = self.config
+        B = x.shape[0]
+        N, P, R, Vh = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        q, latent, k_pe = self._mla_split(mw, x, True)
+        pool.mla_append(i, batch, latent, k_pe)
+        o = self.ops.mla_decode(q.reshape(B, N, P + R), mw.w_kvb, pool, i, batch)
+        return _linear(o.reshape(B, N * Vh), mw.o_proj, invariant=True)
+
+    # -- MoE (b.13 / b.14) ------------------------------------------------------------------------
+    def _moe(self, i: int, x: torch.Tensor, *, invariant: bool, trace: dict | None) -> torch.Tensor:
+        c, ops = self.config, self.ops
+        mw = self.weights.layers[i].ffn
+        from .elementwise._precision import require_ieee_fp32_matmul
+
+        xr = x.to(mw.router.dtype)
+        require_ieee_fp32_matmul("model.router", xr, mw.router)
+        logits = _linear(xr, mw.router, invariant=invariant)  # [M, E] fp32
+        top_k = c.num_experts_per_token
+        weights, ids = ops.router(logits, mw.bias, top_k=top_k, num_groups=c.num_expert_group,
+                                  topk_groups=c.topk_group,
+                                  renormalize=c.moe_renormalize and top_k > 1,  # HF: only for top_k > 1
+                                  scaling=c.routed_scaling_factor, combine=self.variants["moe_combine"])
+        if trace is not None:
+            scores = torch.sigmoid(logits)
+            trace[f"layers.{i}.router.scores"] = scores.detach().clone()
+            trace[f"layers.{i}.router.selection"] = (scores + mw.bias).detach()
+            trace[f"layers.{i}.router.ids"] = ids.detach().clone()
+        y = ops.experts(x, weights, ids, mw.w1, mw.w2, mw.w3)
+        if mw.shared is not None:
+            y = y + ops.swiglu(x, mw.shared.gate, mw.shared.up, mw.shared.down)
+        return y
+
+
+def load(path_or_source, *, device=None, dtype="bfloat16", moe_combine: str = "unbiased",
+         kv_norm_eps: float = 1e-6, backends: dict | None = None) -> Model:
+    """The optimized model of a checkpoint directory or a ``WeightSource`` (reference
+    ``open_source`` / ``SyntheticSource``), weights resident on ``device`` (None: cuda if available,
+    else cpu) in ``dtype`` ("bfloat16", "float32" or "float64").
+
+    ``moe_combine`` ("unbiased" | "biased") and ``kv_norm_eps`` as ``reference.load``; ``backends``
+    ``{family: "triton" | "reference"}`` (``optimized.backends``). Raises ``ValueError`` for an
+    unknown variant, dtype, backend or an unusable device, ``CheckpointError`` for a broken
+    checkpoint (including non-finite weights, named)."""
+    from reference.checkpoint import WeightSource, open_source
+
+    from .elementwise._precision import check_float  # noqa: F401  (kernels import check)
+
+    if moe_combine not in MOE_COMBINES:
+        raise ValueError(f"moe_combine: expected one of {MOE_COMBINES}, got {moe_combine!r}")
+    if (not isinstance(kv_norm_eps, numbers.Real) or isinstance(kv_norm_eps, bool)
+            or not np.isfinite(kv_norm_eps) or kv_norm_eps <= 0):
+        raise ValueError(f"kv_norm_eps: expected a positive finite number, got {kv_norm_eps!r}")
+    dtype_name = _dtype_name(dtype)
+    choice = _backends.resolve(backends)
+    dev = resolve_device(device)
+    if isinstance(path_or_source, WeightSource):
+        source = path_or_source
+    elif isinstance(path_or_source, (str, os.PathLike)):
+        source = open_source(path_or_source)
+    else:
+        raise TypeError(f"load: expected a checkpoint path or a WeightSource, got {type(path_or_source).__name__}")
+    if dev.type == "cpu" and any(v == "triton" for v in choice.values()) and not interpreting():
+        raise ValueError("device 'cpu': the Triton kernels run on CPU only under the Triton interpreter; "
+                         "set TRITON_INTERPRET=1 before importing optimized")
+    weights = load_weights(source, device=dev, dtype=DTYPES[dtype_name])
+    return Model(source, weights, device=dev, dtype=dtype_name, moe_combine=moe_combine,
+                 kv_norm_eps=kv_norm_eps, backends=choice)

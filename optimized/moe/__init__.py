@@ -1,0 +1,212 @@
+"""Sigmoid-routed MoE (spec b.13/b.14): ``router``, ``swiglu`` and ``experts``.
+
+Compute dtype float32 (float64 for fp64 inputs); outputs in x's dtype, except the router's combine
+weights, which are returned in the compute dtype (float32 for bf16/fp32 logits, as HF and vLLM keep
+them) so that ``experts`` combines with unrounded weights.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from .. import _counters
+from ..elementwise._precision import (check_float, check_same_device, check_shape, compute_dtype,
+                                      require_ieee_fp32_matmul, tl_compute_dtype)
+from .kernels import (_combine_kernel, _gemv_down_combine_kernel, _gemv_gate_up_kernel,
+                      _grouped_down_kernel, _grouped_gate_up_kernel, _router_kernel, _silu_mul_kernel)
+
+__all__ = ["router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
+
+#: ``experts`` uses the GEMV form (no sort, two launches) up to this many (token, expert) pairs and
+#: the grouped tl.dot form above it. The two forms round differently (within the same bound).
+GEMV_MAX_PAIRS = 16
+
+
+def router(logits: torch.Tensor, bias: torch.Tensor, *, top_k: int, num_groups: int = 1,
+           topk_groups: int = 1, renormalize: bool = True, scaling: float = 1.0,
+           combine: str = "unbiased"):
+    """noaux_tc sigmoid router, one Triton kernel per block of tokens.
+
+    logits: [T, E] (any float dtype); bias: [E] (``e_score_correction_bias``).
+    ``s = sigmoid(logits)``; selection score ``s + bias``; with ``num_groups > 1`` the experts form
+    ``num_groups`` equal groups scored by the sum of their two best selection scores, and only the
+    ``topk_groups`` best groups stay selectable; then the ``top_k`` best selection scores win. Every
+    tie (experts or groups) goes to the lower index; ids come out in descending selection score.
+    Combine weights: ``s[id]`` (``combine="unbiased"``, vLLM) or ``s[id] + bias[id]``
+    (``"biased"``, HF remote code), divided by their sum (summed in selection order) if
+    ``renormalize``, then multiplied by ``scaling``. All in fp32 (fp64 for fp64 logits).
+
+    Returns ``(weights [T, top_k] float32 (float64 for fp64 logits), ids [T, top_k] int64)``.
+    """
+    op = "moe.router"
+    _counters.record(op)
+    check_float(op, "logits", logits)
+    check_float(op, "bias", bias)
+    if logits.dim() != 2:
+        raise ValueError(f"{op}: logits: expected [T, E], got {tuple(logits.shape)}")
+    T, E = logits.shape
+    check_shape(op, "bias", bias, (E,), "[E]")
+    check_same_device(op, logits=logits, bias=bias)
+    if combine not in ("unbiased", "biased"):
+        raise ValueError(f"{op}: combine: expected 'unbiased' or 'biased', got {combine!r}")
+    if num_groups < 1 or E % num_groups:
+        raise ValueError(f"{op}: num_groups = {num_groups} must divide E = {E}")
+    EG = E // num_groups
+    if num_groups > 1 and EG < 2:
+        raise ValueError(f"{op}: num_groups = {num_groups}: groups need >= 2 experts (top-2 group score)")
+    if not 1 <= topk_groups <= num_groups:
+        raise ValueError(f"{op}: topk_groups = {topk_groups} must be in [1, num_groups = {num_groups}]")
+    if not 1 <= top_k <= topk_groups * EG:
+        raise ValueError(f"{op}: top_k = {top_k} must be in [1, {topk_groups * EG}] "
+                         f"(experts in the kept groups)")
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    cd = compute_dtype(logits.dtype)
+    weights = torch.empty((T, top_k), dtype=cd, device=logits.device)
+    ids = torch.empty((T, top_k), dtype=torch.int64, device=logits.device)
+    if T == 0:
+        return weights, ids
+    block_e = triton.next_power_of_2(E)
+    block_t = max(1, min(16, 4096 // block_e, triton.next_power_of_2(T)))
+    _router_kernel[(triton.cdiv(T, block_t),)](
+        logits, bias.contiguous(), weights, ids, T, E, EG, logits.stride(0), float(scaling),
+        K=top_k, K_PAD=triton.next_power_of_2(top_k), G=num_groups,
+        G_PAD=triton.next_power_of_2(num_groups), KG=topk_groups, RENORM=bool(renormalize),
+        BIASED=combine == "biased", CD=tl_compute_dtype(logits.dtype), BLOCK_T=block_t,
+        BLOCK_E=block_e, num_warps=4)
+    return weights, ids
+
+
+def _silu_mul(g: torch.Tensor, u: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    n, F = g.shape
+    h = torch.empty((n, F), dtype=out_dtype, device=g.device)
+    if n and F:
+        block_f = min(1024, triton.next_power_of_2(F))
+        rows = max(1, min(16, 4096 // block_f, triton.next_power_of_2(n)))
+        _silu_mul_kernel[(triton.cdiv(n, rows), triton.cdiv(F, block_f))](
+            g, u, h, n, F, g.stride(0), u.stride(0), h.stride(0), CD=tl_compute_dtype(out_dtype),
+            ROWS=rows, BLOCK_F=block_f, num_warps=4)
+    return h
+
+
+def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """Dense SwiGLU MLP ``w_down (silu(w_gate x) * (w_up x))`` (dense MLP, shared expert).
+
+    x: [T, D]; w_gate, w_up: [F, D]; w_down: [D, F]; all one dtype. Returns [T, D] in x's dtype.
+    torch GEMMs (fp32 accumulation for bf16; float32 refuses TF32), a Triton kernel for
+    ``silu(g) * u`` in fp32 (g and u are rounded to x's dtype by the GEMMs, as in HF/vLLM).
+    """
+    op = "moe.swiglu"
+    _counters.record(op)
+    for name, t in (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+        check_float(op, name, t)
+        if t.dtype != x.dtype:
+            raise TypeError(f"{op}: {name}: dtype {t.dtype} differs from x's {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{op}: x: expected [T, D], got {tuple(x.shape)}")
+    T, D = x.shape
+    if w_gate.dim() != 2 or w_gate.shape[1] != D:
+        raise ValueError(f"{op}: w_gate: expected [F, D] with D = {D}, got {tuple(w_gate.shape)}")
+    F = w_gate.shape[0]
+    check_shape(op, "w_up", w_up, (F, D), "[F, D]")
+    check_shape(op, "w_down", w_down, (D, F), "[D, F]")
+    check_same_device(op, x=x, w_gate=w_gate, w_up=w_up, w_down=w_down)
+    require_ieee_fp32_matmul(op, x)
+    h = _silu_mul(x @ w_gate.T, x @ w_up.T, x.dtype)
+    return h @ w_down.T
+
+
+def _check_experts(op, x, weights, ids, w1, w2, w3):
+    check_float(op, "x", x)
+    if x.dim() != 2:
+        raise ValueError(f"{op}: x: expected [T, D], got {tuple(x.shape)}")
+    T, D = x.shape
+    check_float(op, "weights", weights)
+    if weights.dim() != 2 or weights.shape[0] != T:
+        raise ValueError(f"{op}: weights: expected [T, k_e] with T = {T}, got {tuple(weights.shape)}")
+    KE = weights.shape[1]
+    if ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{op}: ids: expected int32/int64, got {ids.dtype}")
+    check_shape(op, "ids", ids, (T, KE), "[T, k_e]")
+    for name, w in (("w1", w1), ("w2", w2), ("w3", w3)):
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"{op}: {name}: expected a stacked [E, ...] tensor, got {type(w).__name__}")
+        check_float(op, name, w)
+        if w.dtype != x.dtype:
+            raise TypeError(f"{op}: {name}: dtype {w.dtype} differs from x's {x.dtype}")
+        if w.dim() != 3 or w.stride(-1) != 1:
+            raise ValueError(f"{op}: {name}: expected a 3-D [E, ...] tensor with a contiguous last dim, "
+                             f"got shape {tuple(w.shape)} strides {w.stride()}")
+    E, F = w1.shape[0], w1.shape[1]
+    check_shape(op, "w1", w1, (E, F, D), "[E, F, D]")
+    check_shape(op, "w3", w3, (E, F, D), "[E, F, D]")
+    check_shape(op, "w2", w2, (E, D, F), "[E, D, F]")
+    check_same_device(op, x=x, weights=weights, ids=ids, w1=w1, w2=w2, w3=w3)
+    return T, D, KE, E, F
+
+
+def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch.Tensor,
+            w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
+    """Routed experts: ``y[t] = sum_k weights[t, k] * swiglu(x[t], w1[e], w3[e], w2[e])``,
+    ``e = ids[t, k]``.
+
+    x: [T, D]; weights: [T, k_e] (float; read in fp32/fp64); ids: [T, k_e] int32/int64, each in
+    [0, E) (not checked on the device); w1 (gate), w3 (up): [E, F, D]; w2 (down): [E, D, F], stacked,
+    x's dtype. Only routed experts' weights are read. Returns [T, D] in x's dtype; the intermediate
+    ``h = silu(w1 x) * (w3 x)`` is rounded to x's dtype, everything else accumulates in fp32 (fp64).
+    """
+    op = "moe.experts"
+    _counters.record(op)
+    return _experts(op, x, weights, ids, w1, w2, w3, form=None)
+
+
+def _experts(op, x, weights, ids, w1, w2, w3, *, form):
+    """``experts`` with the form forced (``"gemv"``, ``"grouped"``) or chosen (None)."""
+    T, D, KE, E, F = _check_experts(op, x, weights, ids, w1, w2, w3)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    weights = weights.contiguous()
+    ids = ids.contiguous()
+    y = torch.empty((T, D), dtype=x.dtype, device=x.device)
+    M = T * KE
+    if M == 0 or D == 0:
+        return y.zero_()
+    cd = tl_compute_dtype(x.dtype)
+    h = torch.empty((M, F), dtype=x.dtype, device=x.device)
+    if form is None:
+        form = "gemv" if M <= GEMV_MAX_PAIRS else "grouped"
+    if form == "gemv":
+        bf, bd = min(32, triton.next_power_of_2(F)), min(128, triton.next_power_of_2(D))
+        _gemv_gate_up_kernel[(M, triton.cdiv(F, bf))](
+            x, ids, w1, w3, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1), w3.stride(0),
+            w3.stride(1), h.stride(0), CD=cd, BLOCK_F=bf, BLOCK_D=bd, num_warps=4)
+        bdo, bf2 = min(16, triton.next_power_of_2(D)), min(256, triton.next_power_of_2(F))
+        _gemv_down_combine_kernel[(T, triton.cdiv(D, bdo))](
+            h, ids, weights, w2, y, D, F, KE, h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
+            CD=cd, BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=4)
+        return y
+    if form != "grouped":
+        raise ValueError(f"{op}: form: expected 'gemv' or 'grouped', got {form!r}")
+    BM = 64 if M >= 64 * E else 16
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # pair indices, grouped by expert, token order inside
+    counts = torch.zeros(E, dtype=torch.int64, device=x.device).scatter_add_(
+        0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int64))  # no host sync (bincount syncs)
+    cum_tiles = torch.cumsum((counts + BM - 1) // BM, 0).to(torch.int32)
+    offs = (torch.cumsum(counts, 0) - counts).to(torch.int32)
+    counts = counts.to(torch.int32)
+    max_tiles = triton.cdiv(M, BM) + min(M, E)
+    block_e = triton.next_power_of_2(E)
+    bf, bd = min(64, max(16, triton.next_power_of_2(F))), min(64, max(16, triton.next_power_of_2(D)))
+    _grouped_gate_up_kernel[(max_tiles, triton.cdiv(F, bf))](
+        x, order, cum_tiles, offs, counts, w1, w3, h, D, F, E, KE, x.stride(0), w1.stride(0),
+        w1.stride(1), w3.stride(0), w3.stride(1), h.stride(0), CD=cd, BLOCK_M=BM, BLOCK_F=bf,
+        BLOCK_D=bd, BLOCK_E=block_e, num_warps=4)
+    out = torch.empty((M, D), dtype=compute_dtype(x.dtype), device=x.device)
+    bdo, bf2 = min(64, max(16, triton.next_power_of_2(D))), min(64, max(16, triton.next_power_of_2(F)))
+    _grouped_down_kernel[(max_tiles, triton.cdiv(D, bdo))](
+        h, order, cum_tiles, offs, counts, w2, out, D, F, E, h.stride(0), w2.stride(0), w2.stride(1),
+        out.stride(0), CD=cd, BLOCK_M=BM, BLOCK_DO=bdo, BLOCK_F=bf2, BLOCK_E=block_e, num_warps=4)
+    bc = min(1024, triton.next_power_of_2(D))
+    _combine_kernel[(T, triton.cdiv(D, bc))](
+        out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, num_warps=4)
+    return y

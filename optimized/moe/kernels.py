@@ -1,0 +1,236 @@
+"""MoE kernels: the sigmoid router, SiLU-gated product, and the routed-expert SwiGLU in two forms.
+
+Expert forms (both accumulate in the compute dtype, round the intermediate ``h`` to x's dtype as the
+bf16 production paths do, and combine the ``k_e`` expert outputs of a token in the fixed order
+k = 0 .. k_e-1 with fp32/fp64 weights):
+
+* GEMV form (decode, few (token, expert) pairs): one program per (pair, F tile) streams only the
+  routed experts' weight rows; the down projection loops over the token's k_e experts and combines
+  in registers. Two launches in all, no sort, no host sync.
+* grouped form (prefill): pairs are sorted by expert on the device; each program takes a tile of up
+  to BLOCK_M rows of *one* expert (an expert's rows never share a tile with another's) and runs
+  ``tl.dot`` GEMMs; per-pair outputs are combined by a third kernel. The tile -> expert map is found
+  in-kernel from the cumulative tile counts, so the grid size is a host-side upper bound
+  (``cdiv(M, BLOCK_M) + min(M, E)``) and nothing waits for the device.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..elementwise.kernels import sigmoid_f, silu_f
+
+
+@triton.jit
+def _router_kernel(logit_ptr, bias_ptr, w_ptr, id_ptr, T, E, EG, stride_l, scaling: tl.float64,
+                   K: tl.constexpr, K_PAD: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+                   KG: tl.constexpr, RENORM: tl.constexpr, BIASED: tl.constexpr, CD: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
+    # One program routes BLOCK_T tokens. Ties in any max go to the lowest index (expert or group).
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    e = tl.arange(0, BLOCK_E)
+    emask = e < E
+    lg = tl.load(logit_ptr + t[:, None].to(tl.int64) * stride_l + e[None, :],
+                 mask=tmask[:, None] & emask[None, :], other=0.0).to(CD)
+    s = sigmoid_f(lg)
+    sel = s + tl.load(bias_ptr + e, mask=emask, other=0.0).to(CD)[None, :]
+    neg = float("-inf")
+    sel = tl.where(emask[None, :], sel, neg)
+    if G > 1:
+        # group score = sum of the group's two largest selection scores; keep the KG best groups
+        gid = e // EG
+        ga = tl.arange(0, G_PAD)
+        gscore = tl.full([BLOCK_T, G_PAD], neg, CD)
+        for g in tl.static_range(G):
+            ing = (gid == g)[None, :] & emask[None, :]
+            v = tl.where(ing, sel, neg)
+            m1 = tl.max(v, axis=1)
+            i1 = tl.min(tl.where(ing & (v == m1[:, None]), e[None, :], BLOCK_E), axis=1)
+            m2 = tl.max(tl.where(e[None, :] == i1[:, None], neg, v), axis=1)
+            gscore = tl.where(ga[None, :] == g, (m1 + m2)[:, None], gscore)
+        keep = tl.zeros([BLOCK_T, BLOCK_E], tl.int1)
+        for _ in tl.static_range(KG):
+            gm = tl.max(gscore, axis=1)
+            gi = tl.min(tl.where(gscore == gm[:, None], ga[None, :], G_PAD), axis=1)
+            keep = keep | (gid[None, :] == gi[:, None])
+            gscore = tl.where(ga[None, :] == gi[:, None], neg, gscore)
+        sel = tl.where(keep, sel, neg)  # experts of dropped groups can never be chosen
+    ka = tl.arange(0, K_PAD)
+    wts = tl.zeros([BLOCK_T, K_PAD], CD)
+    ids = tl.zeros([BLOCK_T, K_PAD], tl.int32)
+    wsum = tl.zeros([BLOCK_T], CD)
+    for k in tl.static_range(K):
+        m = tl.max(sel, axis=1)
+        i = tl.min(tl.where(sel == m[:, None], e[None, :], BLOCK_E), axis=1)
+        hit = e[None, :] == i[:, None]
+        if BIASED:
+            wk = tl.sum(tl.where(hit, sel, 0.0), axis=1)  # exactly one term is non-zero
+        else:
+            wk = tl.sum(tl.where(hit, s, 0.0), axis=1)
+        wsum += wk  # sequential in selection order
+        wts = tl.where(ka[None, :] == k, wk[:, None], wts)
+        ids = tl.where(ka[None, :] == k, i[:, None], ids)
+        sel = tl.where(hit, neg, sel)
+    if RENORM:
+        wts = wts / wsum[:, None]
+    wts = wts * tl.full([BLOCK_T, K_PAD], scaling, CD)
+    omask = tmask[:, None] & (ka[None, :] < K)
+    off = t[:, None].to(tl.int64) * K + ka[None, :]
+    tl.store(w_ptr + off, wts.to(w_ptr.dtype.element_ty), mask=omask)
+    tl.store(id_ptr + off, ids.to(id_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, h_ptr, n_rows, F, sg, su, sh, CD: tl.constexpr,
+                     ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
+    # h = silu(g) * u, per element, in CD; grid (cdiv(n_rows, ROWS), cdiv(F, BLOCK_F))
+    r = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    m = (r < n_rows)[:, None] & (f < F)[None, :]
+    g = tl.load(g_ptr + r[:, None] * sg + f[None, :], mask=m, other=0.0).to(CD)
+    u = tl.load(u_ptr + r[:, None] * su + f[None, :], mask=m, other=0.0).to(CD)
+    tl.store(h_ptr + r[:, None] * sh + f[None, :], (silu_f(g) * u).to(h_ptr.dtype.element_ty), mask=m)
+
+
+# ----------------------------------------------------------------------------------------------
+# GEMV form (decode)
+
+
+@triton.jit
+def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
+                         sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr,
+                         BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
+    # grid (T * k_e pairs, cdiv(F, BLOCK_F)); h[pair, f] = silu(w1[e] x)[f] * (w3[e] x)[f]
+    pair = tl.program_id(0).to(tl.int64)
+    tok = pair // KE
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    fm = f < F
+    d0 = tl.arange(0, BLOCK_D)
+    acc1 = tl.zeros([BLOCK_F, BLOCK_D], CD)
+    acc3 = tl.zeros([BLOCK_F, BLOCK_D], CD)
+    w1row = w1_ptr + e * s1e + f[:, None].to(tl.int64) * s1f
+    w3row = w3_ptr + e * s3e + f[:, None].to(tl.int64) * s3f
+    for k0 in range(0, D, BLOCK_D):
+        d = k0 + d0
+        dm = d < D
+        xv = tl.load(x_ptr + tok * sx + d, mask=dm, other=0.0).to(CD)
+        m = fm[:, None] & dm[None, :]
+        acc1 += tl.load(w1row + d[None, :], mask=m, other=0.0).to(CD) * xv[None, :]
+        acc3 += tl.load(w3row + d[None, :], mask=m, other=0.0).to(CD) * xv[None, :]
+    h = silu_f(tl.sum(acc1, axis=1)) * tl.sum(acc3, axis=1)
+    tl.store(h_ptr + pair * sh + f, h.to(h_ptr.dtype.element_ty), mask=fm)
+
+
+@triton.jit
+def _gemv_down_combine_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, y_ptr, D, F, KE,
+                              sh, s2e, s2d, sy, CD: tl.constexpr,
+                              BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
+    # grid (T, cdiv(D, BLOCK_DO)); y[t, d] = sum_k wts[t, k] * (w2[e_k] h[t, k])[d], k ascending
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
+    dm = d < D
+    f0 = tl.arange(0, BLOCK_F)
+    y = tl.zeros([BLOCK_DO], CD)
+    for k in range(0, KE):
+        pair = t * KE + k
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+        wk = tl.load(wts_ptr + pair).to(CD)
+        acc = tl.zeros([BLOCK_DO, BLOCK_F], CD)
+        w2row = w2_ptr + e * s2e + d[:, None].to(tl.int64) * s2d
+        for k0 in range(0, F, BLOCK_F):
+            f = k0 + f0
+            fm = f < F
+            hv = tl.load(h_ptr + pair * sh + f, mask=fm, other=0.0).to(CD)
+            acc += tl.load(w2row + f[None, :], mask=dm[:, None] & fm[None, :], other=0.0).to(CD) * hv[None, :]
+        y += wk * tl.sum(acc, axis=1)
+    tl.store(y_ptr + t * sy + d, y.to(y_ptr.dtype.element_ty), mask=dm)
+
+
+# ----------------------------------------------------------------------------------------------
+# grouped form (prefill)
+
+
+@triton.jit
+def _tile_expert(tile, cum_ptr, offs_ptr, cnt_ptr, E, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Expert owning ``tile`` (E when the tile is past the last one) and its row range."""
+    ev = tl.arange(0, BLOCK_E)
+    cum = tl.load(cum_ptr + ev, mask=ev < E, other=2147483647)
+    e = tl.sum((cum <= tile).to(tl.int32), axis=0)  # experts whose tiles all precede this tile
+    ec = tl.minimum(e, E - 1)
+    first_tile = tl.load(cum_ptr + ec - 1, mask=ec > 0, other=0)
+    start = tl.load(offs_ptr + ec)
+    row0 = start + (tile - first_tile) * BLOCK_M
+    row_end = start + tl.load(cnt_ptr + ec)
+    return e, ec.to(tl.int64), row0, row_end
+
+
+@triton.jit
+def _grouped_gate_up_kernel(x_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w1_ptr, w3_ptr, h_ptr,
+                            D, F, E, KE, sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr,
+                            BLOCK_E: tl.constexpr):
+    # grid (max tiles, cdiv(F, BLOCK_F)); h rows are in expert-sorted order
+    e, ec, row0, row_end = _tile_expert(tl.program_id(0), cum_ptr, offs_ptr, cnt_ptr, E, BLOCK_M, BLOCK_E)
+    if e < E:
+        r = row0 + tl.arange(0, BLOCK_M)
+        rm = r < row_end
+        tok = tl.load(order_ptr + r, mask=rm, other=0).to(tl.int64) // KE
+        f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+        fm = f < F
+        d0 = tl.arange(0, BLOCK_D)
+        acc1 = tl.zeros([BLOCK_M, BLOCK_F], CD)
+        acc3 = tl.zeros([BLOCK_M, BLOCK_F], CD)
+        for k0 in range(0, D, BLOCK_D):
+            d = k0 + d0
+            dm = d < D
+            a = tl.load(x_ptr + tok[:, None] * sx + d[None, :], mask=rm[:, None] & dm[None, :], other=0.0)
+            bm = dm[:, None] & fm[None, :]
+            b1 = tl.load(w1_ptr + ec * s1e + f[None, :].to(tl.int64) * s1f + d[:, None], mask=bm, other=0.0)
+            b3 = tl.load(w3_ptr + ec * s3e + f[None, :].to(tl.int64) * s3f + d[:, None], mask=bm, other=0.0)
+            acc1 = tl.dot(a, b1, acc1, input_precision="ieee", out_dtype=CD)
+            acc3 = tl.dot(a, b3, acc3, input_precision="ieee", out_dtype=CD)
+        h = silu_f(acc1) * acc3
+        tl.store(h_ptr + r[:, None].to(tl.int64) * sh + f[None, :], h.to(h_ptr.dtype.element_ty),
+                 mask=rm[:, None] & fm[None, :])
+
+
+@triton.jit
+def _grouped_down_kernel(h_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w2_ptr, out_ptr,
+                         D, F, E, sh, s2e, s2d, so, CD: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr,
+                         BLOCK_E: tl.constexpr):
+    # grid (max tiles, cdiv(D, BLOCK_DO)); out[pair, d] (unsorted pair order, compute dtype)
+    e, ec, row0, row_end = _tile_expert(tl.program_id(0), cum_ptr, offs_ptr, cnt_ptr, E, BLOCK_M, BLOCK_E)
+    if e < E:
+        r = row0 + tl.arange(0, BLOCK_M)
+        rm = r < row_end
+        pair = tl.load(order_ptr + r, mask=rm, other=0).to(tl.int64)
+        d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
+        dm = d < D
+        f0 = tl.arange(0, BLOCK_F)
+        acc = tl.zeros([BLOCK_M, BLOCK_DO], CD)
+        for k0 in range(0, F, BLOCK_F):
+            f = k0 + f0
+            fm = f < F
+            a = tl.load(h_ptr + r[:, None].to(tl.int64) * sh + f[None, :], mask=rm[:, None] & fm[None, :],
+                        other=0.0)
+            b = tl.load(w2_ptr + ec * s2e + d[None, :].to(tl.int64) * s2d + f[:, None],
+                        mask=fm[:, None] & dm[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision="ieee", out_dtype=CD)
+        tl.store(out_ptr + pair[:, None] * so + d[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=rm[:, None] & dm[None, :])
+
+
+@triton.jit
+def _combine_kernel(out_ptr, wts_ptr, y_ptr, D, KE, so, sy, CD: tl.constexpr, BLOCK_D: tl.constexpr):
+    # grid (T, cdiv(D, BLOCK_D)); y[t] = sum_k wts[t, k] * out[t * k_e + k], k ascending
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dm = d < D
+    y = tl.zeros([BLOCK_D], CD)
+    for k in range(0, KE):
+        pair = t * KE + k
+        y += tl.load(wts_ptr + pair).to(CD) * tl.load(out_ptr + pair * so + d, mask=dm, other=0.0).to(CD)
+    tl.store(y_ptr + t * sy + d, y.to(y_ptr.dtype.element_ty), mask=dm)

@@ -1,0 +1,213 @@
+"""Loading a ``WeightSource`` onto the device: every tensor of spec §(c), resident, in the model dtype.
+
+Layout on the device (``ModelWeights``), built once by ``load_weights``:
+
+* projection / expert / embedding weights in the model ``dtype`` (bf16 in production; float32 or
+  float64 for lifted runs), row-vector convention (``y = x @ W.T``); the q/k/v and the low-rank
+  gate/beta projections of a KDA layer are concatenated row-wise into one matrix (one GEMM per
+  layer input), likewise MLA ``q_proj`` with ``kv_a_proj_with_mqa``;
+* ``A_log [HV]``, ``dt_bias [HV*K]``, ``e_score_correction_bias [E]`` and the router weight
+  ``[E, D]`` in float32 whatever the model dtype (spec b.0: gate and router run in fp32);
+  with a float64 model they stay float64;
+* conv weights reshaped ``[C, 1, W] -> [C, W]`` and the q/k/v taps stacked into one ``[3C, W]``
+  (the conv is depthwise, so one launch over the concatenated q/k/v projections is exact);
+* routed experts stacked per MoE layer: ``w1, w3 [E, F, D]``, ``w2 [E, D, F]``.
+
+Bits: tensors are read with ``WeightSource.get_raw`` (the storage bits) and widened/rounded by torch
+on the device, so a bf16 checkpoint is resident bit for bit at bf16 and exactly at float32/float64.
+A ``SyntheticSource`` loaded onto CUDA is generated on the device (``optimized.synthetic``): same
+bits, no host round trip (the real 48B model fits on one H200 without a 98 GB file).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from reference.config import KimiConfig
+
+_STORAGE_TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def raw_to_torch(raw: np.ndarray, storage_dtype: str) -> torch.Tensor:
+    """Storage bits from ``WeightSource.get_raw`` -> a CPU tensor of the storage dtype (no rounding)."""
+    raw = np.ascontiguousarray(raw)
+    if storage_dtype == "bfloat16":
+        if raw.dtype != np.uint16:
+            raise TypeError(f"bf16 storage expected as uint16 bits, got {raw.dtype}")
+        return torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16)
+    if storage_dtype not in _STORAGE_TORCH:
+        raise TypeError(f"unsupported storage dtype {storage_dtype!r}")
+    return torch.from_numpy(raw.astype(np.dtype(storage_dtype), copy=False))
+
+
+@dataclass
+class KDAWeights:
+    w_in: torch.Tensor  # [3*H*K + rank_f + rank_g + HV, D]: q, k, v, f_a, g_a, b_proj rows
+    conv: torch.Tensor  # [2*H*K + HV*V, W]: q, k, v conv taps stacked (the conv is depthwise)
+    f_b: torch.Tensor  # [HV*K, rank_f]
+    g_b: torch.Tensor  # [HV*V, rank_g]
+    A_log: torch.Tensor  # [HV] fp32
+    dt_bias: torch.Tensor  # [HV*K] fp32
+    o_norm: torch.Tensor  # [V]
+    o_proj: torch.Tensor  # [D, HV*V]
+    splits: tuple[int, ...]  # row counts of w_in's blocks
+
+
+@dataclass
+class MLAWeights:
+    w_in: torch.Tensor  # [N*(P+R) + L + R, D]: q_proj then kv_a_proj_with_mqa rows
+    kv_norm: torch.Tensor  # [L]
+    w_kvb: torch.Tensor  # [N*(P+Vh), L]
+    o_proj: torch.Tensor  # [D, N*Vh]
+    splits: tuple[int, ...]
+
+
+@dataclass
+class DenseWeights:
+    gate: torch.Tensor  # [F, D]
+    up: torch.Tensor  # [F, D]
+    down: torch.Tensor  # [D, F]
+
+
+@dataclass
+class MoEWeights:
+    router: torch.Tensor  # [E, D] fp32
+    bias: torch.Tensor  # [E] fp32 (e_score_correction_bias)
+    w1: torch.Tensor  # [E, F, D] gate
+    w2: torch.Tensor  # [E, D, F] down
+    w3: torch.Tensor  # [E, F, D] up
+    shared: DenseWeights | None
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    mixer: KDAWeights | MLAWeights
+    ffn: DenseWeights | MoEWeights
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # [vocab, D]
+    layers: list[LayerWeights] = field(default_factory=list)
+    norm: torch.Tensor | None = None
+    lm_head: torch.Tensor | None = None
+
+    def nbytes(self) -> int:
+        seen, total = set(), 0
+
+        def walk(obj):
+            nonlocal total
+            if isinstance(obj, torch.Tensor):
+                if obj.data_ptr() not in seen:
+                    seen.add(obj.data_ptr())
+                    total += obj.numel() * obj.element_size()
+            elif isinstance(obj, (list, tuple)):
+                for o in obj:
+                    walk(o)
+            elif hasattr(obj, "__dataclass_fields__"):
+                for name in obj.__dataclass_fields__:
+                    walk(getattr(obj, name))
+
+        walk(self)
+        return total
+
+
+class _Fetcher:
+    """name -> tensor on the device in the storage dtype, from a source (host read or on-device
+    generation)."""
+
+    def __init__(self, source, device: torch.device):
+        self.source = source
+        self.device = device
+        self.generate = None
+        if device.type == "cuda":
+            from . import synthetic
+
+            if synthetic.is_synthetic(source):
+                self.generate = synthetic.DeviceGenerator(source, device)
+
+    def __call__(self, name: str) -> torch.Tensor:
+        if self.generate is not None:
+            return self.generate(name)
+        storage = self.source.storage_dtype(name)
+        t = raw_to_torch(self.source.get_raw(name), storage).to(self.device)
+        if not bool(torch.isfinite(t).all()):
+            from reference.checkpoint import CheckpointError
+
+            bad = int((~torch.isfinite(t)).sum())
+            raise CheckpointError(f"{self._where(name)}: {name}: {bad} non-finite value(s) (NaN/Inf)")
+        return t
+
+    def _where(self, name: str) -> str:
+        where = getattr(self.source, "_where", None)
+        return where(name) if callable(where) else self.source.describe()
+
+
+def load_weights(source, *, device: torch.device, dtype: torch.dtype) -> ModelWeights:
+    """Read every tensor of ``source`` (a ``WeightSource``) onto ``device``; see the module doc."""
+    cfg: KimiConfig = source.config
+    fetch = _Fetcher(source, device)
+    small = torch.float64 if dtype == torch.float64 else torch.float32
+
+    def w(name, to=dtype):
+        return fetch(name).to(to)
+
+    def conv(name):
+        t = w(name)
+        if t.dim() == 3:
+            t = t.reshape(t.shape[0], t.shape[2])
+        return t.contiguous()
+
+    def cat(names):
+        parts = [w(n) for n in names]
+        return torch.cat(parts, 0).contiguous(), tuple(p.shape[0] for p in parts)
+
+    weights = ModelWeights(embed=w("model.embed_tokens.weight"))
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        if cfg.is_kda_layer(i):
+            w_in, splits = cat([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight",
+                                a + "f_a_proj.weight", a + "g_a_proj.weight", a + "b_proj.weight"])
+            taps = torch.cat([conv(a + f"{x}_conv1d.weight") for x in "qkv"], 0).contiguous()
+            mixer = KDAWeights(
+                w_in=w_in, conv=taps, f_b=w(a + "f_b_proj.weight"),
+                g_b=w(a + "g_b_proj.weight"), A_log=w(a + "A_log", small).reshape(-1).contiguous(),
+                dt_bias=w(a + "dt_bias", small).reshape(-1).contiguous(),
+                o_norm=w(a + "o_norm.weight"), o_proj=w(a + "o_proj.weight"), splits=splits)
+        else:
+            w_in, splits = cat([a + "q_proj.weight", a + "kv_a_proj_with_mqa.weight"])
+            mixer = MLAWeights(w_in=w_in, kv_norm=w(a + "kv_a_layernorm.weight"),
+                               w_kvb=w(a + "kv_b_proj.weight"), o_proj=w(a + "o_proj.weight"),
+                               splits=splits)
+        if cfg.is_moe_layer(i):
+            m = p + "block_sparse_moe."
+            E, F, D = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+            stacked = {k: torch.empty((E, D, F) if k == "w2" else (E, F, D), dtype=dtype, device=device)
+                       for k in ("w1", "w2", "w3")}
+            for e in range(E):
+                for k, t in stacked.items():
+                    t[e].copy_(fetch(f"{m}experts.{e}.{k}.weight"))
+            shared = None
+            if cfg.num_shared_experts > 0:
+                s = m + "shared_experts."
+                shared = DenseWeights(w(s + "gate_proj.weight"), w(s + "up_proj.weight"),
+                                      w(s + "down_proj.weight"))
+            ffn = MoEWeights(router=w(m + "gate.weight", small),
+                             bias=w(m + "gate.e_score_correction_bias", small).reshape(-1).contiguous(),
+                             shared=shared, **stacked)
+        else:
+            f = p + "mlp."
+            ffn = DenseWeights(w(f + "gate_proj.weight"), w(f + "up_proj.weight"),
+                               w(f + "down_proj.weight"))
+        weights.layers.append(LayerWeights(input_norm=w(p + "input_layernorm.weight"),
+                                           post_norm=w(p + "post_attention_layernorm.weight"),
+                                           mixer=mixer, ffn=ffn))
+    weights.norm = w("model.norm.weight")
+    # tied embeddings: the checkpoint holds no lm_head.weight (reference.tensors.expected_tensors)
+    weights.lm_head = weights.embed if cfg.tie_word_embeddings else w("lm_head.weight")
+    return weights

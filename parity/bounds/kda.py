@@ -1,0 +1,214 @@
+"""Bounds of the KDA ops (docs/error-bounds.md, section 4).
+
+The recurrence is linear in the state: an error dS made at step t is carried by
+``dS <- (I - beta k k^T) diag(exp(g)) dS``, whose 2-norm is at most ``max_d exp(g_d) *
+max(1, |1 - beta |k|^2|)`` (<= 1 for unit keys). So per value column j the state error obeys
+
+    E_t^2 = rho_t^2 E_{t-1}^2 + lam_t^2          (independent local errors add in quadrature)
+
+with lam_t the norm bound of what step t rounds (decay, the K-long dot k^T S, the delta, the outer
+product, the add). The chunked kernels round more: intermediates in the run dtype (u, not ua) --
+the key-key matrix A and its inverse M = (I + A)^-1, the WY rows w and u, v_new, the chunk-start
+state h and the query-key matrix Q -- which enter through |M| (|A| + I) (Skeel's bound of the
+triangular solve), |Q| and the decayed keys. Every magnitude is evaluated in float64 from the same
+inputs the candidate saw. The fused ops add the errors of their prologue (l2norm, gate, sigmoid) as
+perturbations of the core inputs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .core import LAMBDA, exp_rel, gamma, sig
+from .elementwise import _rms_rel
+
+
+def gate(x, kw, ref, p):
+    """g = -exp(A_log) softplus(z), z = g_raw + dt_bias: the add (ua |z|) reaches softplus through
+    its slope sigmoid(z); softplus itself (see elementwise.softplus); exp(A_log) and the product."""
+    g_raw, A_log, dt = x["g_raw"], x["A_log"], x["dt_bias"]
+    HV, K = g_raw.shape[2:]
+    return {"g": _gate_err(g_raw, A_log, dt, ref["g"], p, p.uo("g"))}
+
+
+def _gate_err(g_raw, A_log, dt, g, p, uo):
+    HV, K = g_raw.shape[2:]
+    z = g_raw + dt.reshape(HV, K)
+    e = np.exp(A_log)[:, None]
+    zz = np.exp(-np.abs(z))
+    sp = np.maximum(z, 0) + np.log1p(zz)
+    dsp = sig(z) * p.ua * np.abs(z) + p.ua * (exp_rel(z) * zz / (1 + zz) + 4 * sp)
+    return e * dsp + (p.ua * (exp_rel(A_log)[:, None] + 1.0) + uo) * np.abs(g)
+
+
+def _segments(B, T, cu):
+    if cu is None:
+        return [(b, 0, T, b) for b in range(B)]
+    cu = [int(c) for c in np.asarray(cu).ravel()]
+    return [(0, cu[i], cu[i + 1], i) for i in range(len(cu) - 1)]
+
+
+def _norm(a, axis):
+    return np.sqrt(np.sum(a * a, axis=axis))
+
+
+def core_bound(q, k, v, g, beta, h0, scale, cu, p, *, chunk=None, stored=False, extra=None,
+               o_ref=None, s_ref=None, uo_o=None, uo_s=None):
+    """Per-element bounds of (o, final_state) of KDA (recurrent if ``chunk`` is None, else the
+    chunked algorithm with chunk length ``chunk``; ``stored``: intermediates kept in the run dtype).
+
+    ``extra`` (fused ops): per-token perturbation bounds of the core inputs: ``dq, dk`` ([B,T,H]
+    norm bounds of the normalized q, k errors), ``dg`` ([B,T,HV,K] absolute), ``dbeta``
+    ([B,T,HV]).
+    """
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    G_ = HV // H
+    hmap = np.arange(HV) // G_
+    us = p.us(stored)
+    ua = p.ua
+    o_b = np.zeros((B, T, HV, V))
+    segs = _segments(B, T, cu)
+    s_b = np.zeros((len(segs), HV, K, V))
+    gK = gamma(K, ua)
+    for (b, t0, t1, n) in segs:
+        S = np.zeros((HV, K, V)) if h0 is None else h0[n].copy()
+        E2 = np.zeros((HV, V))
+        L = t1 - t0
+        C = L if chunk is None else chunk
+        for c0 in range(t0, t1, C if chunk else max(L, 1)):
+            c1 = min(c0 + C, t1) if chunk else t1
+            S0 = S.copy()
+            Gc = np.zeros((HV, K))
+            rows = []
+            for t in range(c0, c1):
+                gt = g[b, t]
+                a = np.exp(gt)
+                kt, qt = k[b, t, hmap], q[b, t, hmap]
+                vt, bt = v[b, t], beta[b, t]
+                Sp = a[:, :, None] * S
+                kS = np.einsum("hk,hkv->hv", kt, Sp)
+                e = bt[:, None] * (vt - kS)
+                S = Sp + kt[:, :, None] * e[:, None, :]
+                nSp, nS = _norm(Sp, 1), _norm(S, 1)
+                nk, nq = _norm(kt, 1), _norm(qt, 1)
+                lam = ua * (exp_rel(np.max(np.abs(gt), axis=1))[:, None] * nSp
+                            + bt[:, None] * nk[:, None] * (gK * nk[:, None] * nSp)
+                            + nSp + nk[:, None] * (bt[:, None] * (np.abs(vt) + np.abs(kS)) + np.abs(e)) + nS)
+                if extra is not None:
+                    dk = extra["dk"][b, t, hmap][:, None]
+                    dg = np.max(extra["dg"][b, t], axis=1)[:, None]
+                    db = extra["dbeta"][b, t][:, None]
+                    lam = lam + dk * (np.abs(e) + bt[:, None] * nk[:, None] * nSp) + dg * nSp \
+                        + nk[:, None] * db * np.abs(vt - kS)
+                rho = np.max(a, axis=1) * np.maximum(1.0, np.abs(1.0 - bt * nk * nk))
+                E2 = rho[:, None] ** 2 * E2 + lam ** 2
+                Gc = Gc + gt
+                ob = scale * (nq[:, None] * LAMBDA * np.sqrt(E2)
+                              + gK * np.einsum("hk,hkv->hv", np.abs(qt), np.abs(S)))
+                if extra is not None:
+                    ob = ob + scale * extra["dq"][b, t, hmap][:, None] * nS
+                o_b[b, t] = ob
+                rows.append((t, qt, kt, e, bt, Gc.copy()))
+            if chunk and stored:
+                E2 = _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2)
+        s_b[n] = LAMBDA * np.sqrt(E2)[:, None, :]
+    o_b = o_b + (ua + uo_o) * np.abs(o_ref)
+    s_b = s_b + uo_s * np.abs(s_ref)
+    return o_b, s_b
+
+
+def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2):
+    """Add the chunked algorithm's storage roundings of one chunk to the output bounds (in place)
+    and return the state error with the chunk's contribution added."""
+    C = len(rows)
+    ts = [r[0] for r in rows]
+    Q = np.stack([r[1] for r in rows], 1)          # [HV, C, K]
+    Kc = np.stack([r[2] for r in rows], 1)
+    Ev = np.stack([r[3] for r in rows], 1)         # [HV, C, V] = v_new
+    Bt = np.stack([r[4] for r in rows], 1)         # [HV, C]
+    G = np.stack([r[5] for r in rows], 1)          # [HV, C, K]
+    HV, _, K = Q.shape
+    gC, gK = gamma(C, ua), gamma(K, ua)
+    low = np.tril(np.ones((C, C)), -1).astype(bool)
+    lowd = np.tril(np.ones((C, C))).astype(bool)
+    D = G[:, :, None, :] - G[:, None, :, :]         # G_i - G_j
+    Dm = np.where(lowd[None, :, :, None], D, -np.inf)
+    W = np.exp(Dm)                                  # masked decays, <= 1
+    A = np.where(low[None], Bt[:, :, None] * np.einsum("hik,hjk,hijk->hij", Kc, Kc, W), 0.0)
+    Qm = np.where(lowd[None], scale * np.einsum("hik,hjk,hijk->hij", Q, Kc, W), 0.0)
+    Ab = np.einsum("hik,hjk,hijk->hij", np.abs(Kc), np.abs(Kc), W) * Bt[:, :, None]
+    I = np.eye(C)[None]
+    M = np.linalg.inv(I + A)
+    w = np.einsum("hij,hjk->hik", M, Bt[..., None] * Kc * np.exp(G))
+    nS0 = _norm(S0, 1)                              # [HV, V]
+    # u = M (beta v); recover beta v from v_new + w S0 (v_new = u - w S0)
+    uu = Ev + np.einsum("hik,hkv->hiv", w, S0)
+    # triangular solve (Skeel): |dX| <= |M| (us |A| + gamma_C(ua) (I + |A|)) |X|, plus X's storage
+    P = np.einsum("hij,hjl->hil", np.abs(M), us * np.abs(A) + gC * (I + np.where(low[None], Ab, 0)))
+    du = np.einsum("hil,hlv->hiv", P, np.abs(uu)) + us * np.abs(uu)
+    dw = _norm(np.einsum("hil,hlk->hik", P, np.abs(w)) + us * np.abs(w), 2)     # [HV, C]
+    nw = _norm(w, 2)
+    dv = du + (dw + (us + gK) * nw)[..., None] * nS0[:, None, :] + us * np.abs(Ev)  # [HV, C, V]
+    # outputs: h (chunk-start state, stored) times q exp(G); Q and v_new stored; their dots
+    qg = np.abs(Q) * np.exp(G)
+    oh = scale * (us + gK) * np.einsum("hik,hkv->hiv", qg, np.abs(S0))
+    oq = np.einsum("hij,hjv->hiv", np.abs(Qm), (2 * us + gC) * np.abs(Ev) + dv)
+    for i, t in enumerate(ts):
+        o_b[b, t] += oh[:, i] + oq[:, i]
+    # state: kg = k exp(G_last - G) and v_new stored, C-long dot
+    kg = Kc * np.exp(G[:, -1:, :] - G)
+    nkg = _norm(kg, 2)                              # [HV, C]
+    st = np.einsum("hi,hiv->hv", nkg, (2 * us + gC) * np.abs(Ev) + dv) + us * nS0
+    return (np.sqrt(E2) + st) ** 2
+
+
+def recurrent(x, kw, ref, p, *, chunk=None, stored=False):
+    o, s = core_bound(x["q"], x["k"], x["v"], x["g"], x["beta"], x.get("initial_state"),
+                      _scale(kw, x["q"]), x.get("cu_seqlens"), p, chunk=chunk, stored=stored,
+                      o_ref=ref["o"], s_ref=ref["final_state"], uo_o=p.uo("o"), uo_s=p.uo("final_state"))
+    return {"o": o, "final_state": s}
+
+
+def chunked(x, kw, ref, p):
+    return recurrent(x, kw, ref, p, chunk=int(kw.get("chunk_size", 64)), stored=True)
+
+
+def _scale(kw, q):
+    s = kw.get("scale")
+    return q.shape[-1] ** -0.5 if s is None else float(s)
+
+
+def _l2(x, eps=1e-6):
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def fused(x, kw, ref, p, *, chunk=None, stored=False):
+    """Fused ops: the core bound evaluated at the composed inputs, with the prologue's errors
+    (l2norm in ua, then stored in the run dtype by the chunked path; the gate; sigmoid(beta)) added
+    as perturbations of q, k, g, beta."""
+    q, k = _l2(x["q"]), _l2(x["k"])
+    K = q.shape[-1]
+    us = p.us(stored)
+    relqk = _rms_rel(K, p) + p.ua + us
+    dq = relqk * np.linalg.norm(q, axis=-1)
+    dk = relqk * np.linalg.norm(k, axis=-1)
+    HV, Kk = x["g_raw"].shape[2:]
+    z = x["g_raw"] + x["dt_bias"].reshape(HV, Kk)
+    g = -np.exp(x["A_log"])[:, None] * (np.maximum(z, 0) + np.log1p(np.exp(-np.abs(z))))
+    dg = _gate_err(x["g_raw"], x["A_log"], x["dt_bias"], g, p, p.ua)
+    bl = x["beta_logits"]
+    beta = sig(bl)
+    db = p.ua * (exp_rel(bl) + 3.0) * beta
+    o, s = core_bound(q, k, x["v"], g, beta, x.get("initial_state"), _scale(kw, q),
+                      x.get("cu_seqlens"), p, chunk=chunk, stored=stored,
+                      extra={"dq": dq, "dk": dk, "dg": dg, "dbeta": db},
+                      o_ref=ref["o"], s_ref=ref["final_state"], uo_o=p.uo("o"), uo_s=p.uo("final_state"))
+    return {"o": o, "final_state": s}
+
+
+def fused_recurrent(x, kw, ref, p):
+    return fused(x, kw, ref, p)
+
+
+def fused_chunked(x, kw, ref, p):
+    return fused(x, kw, ref, p, chunk=int(kw.get("chunk_size", 64)), stored=True)

@@ -1,0 +1,17 @@
+"""``parity diff`` as a library: decode on both paths and explain every difference.
+
+    from parity.diff import run_diff
+    result = run_diff(ref_model, opt_model, prompt_ids, config=config, steps=32)
+    result.summary()["line"]   # '32/32 tokens match, 0 near-ties, 0 diverged'
+
+Modules: ``runner`` (the decode loop, verdicts, summary), ``router`` (router flips and their noise
+bound), ``localize`` (first layer and op past its bound, first NaN/Inf), ``report`` (JSON report,
+atomic writes), ``render`` (rich table), ``plot`` (PNG).
+"""
+from .localize import Localization, localize
+from .report import atomic_write, build_report, write_json
+from .router import RouterFlip
+from .runner import MODES, DiffResult, StepRecord, run_diff, summary_line
+
+__all__ = ["MODES", "DiffResult", "Localization", "RouterFlip", "StepRecord", "atomic_write",
+           "build_report", "localize", "run_diff", "summary_line", "write_json"]

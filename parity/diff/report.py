@@ -1,0 +1,94 @@
+"""The JSON report of ``parity diff`` (schema: ``docs/diff-report-schema.json``) and atomic writes."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPORT_FORMAT = "kimi-parity/diff-report"
+REPORT_VERSION = 1
+
+
+def atomic_write(path: str | Path, data: bytes | str | None = None, *, writer=None) -> Path:
+    """Write ``data`` (or call ``writer(file)``) to a temporary file beside ``path``, then rename it
+    over ``path``: a reader sees the old file or the whole new one, never half of it, and a failure
+    leaves no partial file behind."""
+    path = Path(path)
+    if path.parent and not path.parent.is_dir():
+        raise FileNotFoundError(f"{path}: folder {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if writer is not None:
+                writer(f)
+            else:
+                f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def git_revision() -> str | None:
+    """The git commit of this source tree (None outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(*, device: str, dtype: str) -> dict:
+    """What ran: versions, the device, the optimized dtype, and how Triton ran."""
+    import numpy
+
+    import optimized
+
+    env = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "numpy": numpy.__version__,
+        "device": device,
+        "dtype": dtype,
+        "git_revision": git_revision(),
+        "argv": sys.argv[1:],
+    }
+    env.update(optimized.backend_info())
+    return env
+
+
+def build_report(result, *, checkpoint: dict, config, variants: dict, env: dict, prompt: dict,
+                 backends: dict, optimized_checkpoint: dict | None = None) -> dict:
+    """The report dict of one ``run_diff`` result (see docs/diff-report-schema.json)."""
+    loc = result.localization
+    return {
+        "format": REPORT_FORMAT,
+        "version": REPORT_VERSION,
+        "checkpoint": checkpoint,
+        "optimized_checkpoint": optimized_checkpoint,
+        "config": config.to_hub_dict(),
+        "variants": variants,
+        "backends": backends,
+        "environment": env,
+        "prompt": prompt,
+        "mode": result.mode,
+        "steps": [s.to_dict() for s in result.steps],
+        "splits": result.splits,
+        "localization": loc.to_dict() if loc is not None else None,
+        "summary": result.summary(),
+    }
+
+
+def write_json(path: str | Path, report: dict) -> Path:
+    return atomic_write(path, json.dumps(report, indent=1, allow_nan=False) + "\n")

@@ -1,0 +1,224 @@
+"""The decode loop of ``parity diff``: both paths, step by step, with verdicts.
+
+Step 0 compares the logits of the last prompt position after ``prefill``; every later step feeds
+one token to both paths' ``decode`` and compares the new logits. ``steps`` steps generate
+``steps`` tokens. Each step records the reference and optimized greedy tokens, the verdict of
+``parity.classify_step`` (refined by localization, below), max |logit difference|,
+KL(ref || opt), the reference margin between the two tokens, the step's noise bound and every router
+decision that differed in that call (for step 0: at every prompt position).
+
+Modes:
+
+* ``forced``: both paths consume the reference's greedy token at every step.
+* ``free``: each path consumes its own greedy token. While they agree this is the same run; at a
+  split the optimized path is re-anchored to the reference token (it consumes ``ref_token``, not
+  its own; without this every later step would compare logits of two different contexts) and the
+  run goes on. Each split reports whether the paths re-converged: the first later step whose tokens
+  agree again, or ``None`` when every step after it split too.
+
+A step that ``classify_step`` calls ``diverged`` is localized (``localize.py``): both paths run
+``forward`` over the sequence so far with traces. If the first entry past its bound is a MoE FFN
+whose excess is entirely at positions where the router flipped within noise, the divergence is a
+near-tie one level down and the step becomes ``near-tie`` with that explanation. Localization stops
+after the first divergence it cannot explain (the run fails anyway; one localization is enough).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from parity.bounds.core import unit_roundoff
+
+from .localize import Localization, first_nonfinite, localize
+from .numerics import finite_or_none, kl_divergence, max_abs_diff, to_f64
+from .router import RouterFlip, trace_router_flips
+
+MODES = ("forced", "free")
+VERDICTS = ("match", "near-tie", "diverged")
+
+
+@dataclass
+class StepRecord:
+    step: int
+    position: int            # sequence index whose logits are compared
+    input_token: int | None  # token both paths consumed before this step (None: step 0, the prompt)
+    ref_token: int
+    opt_token: int
+    verdict: str             # match | near-tie | diverged (after router explanation)
+    classified: str          # classify_step's own verdict
+    max_abs_diff: float
+    kl: float
+    ref_margin: float
+    bound: float
+    ratio: float
+    router: list[RouterFlip] = field(default_factory=list)
+    explanation: str | None = None
+    nonfinite: dict | None = None
+    anchored: bool = False   # free mode: the optimized path was re-anchored after this step
+
+    def to_dict(self) -> dict:
+        return {
+            "step": self.step, "position": self.position, "input_token": self.input_token,
+            "ref_token": self.ref_token, "opt_token": self.opt_token, "verdict": self.verdict,
+            "classified": self.classified, "max_abs_diff": finite_or_none(self.max_abs_diff),
+            "kl": finite_or_none(self.kl), "ref_margin": finite_or_none(self.ref_margin),
+            "bound": finite_or_none(self.bound), "ratio": finite_or_none(self.ratio),
+            "router": [f.to_dict() for f in self.router], "explanation": self.explanation,
+            "nonfinite": self.nonfinite, "anchored": self.anchored,
+        }
+
+
+@dataclass
+class DiffResult:
+    mode: str
+    dtype: str
+    prompt_ids: list[int]
+    steps: list[StepRecord]
+    localizations: list[Localization]
+    splits: list[dict]  # free mode: {"step", "verdict", "reconverged_at"}
+
+    @property
+    def counts(self) -> dict:
+        return {v: sum(s.verdict == v for s in self.steps) for v in VERDICTS}
+
+    @property
+    def verdict(self) -> str:
+        c = self.counts
+        return "diverged" if c["diverged"] else ("near-tie" if c["near-tie"] else "match")
+
+    @property
+    def localization(self) -> Localization | None:
+        """The localization of the first step that stayed ``diverged``, else of the first explained one."""
+        bad = [l for l in self.localizations if not l.explained_by_router]
+        return (bad or self.localizations or [None])[0]
+
+    def summary(self) -> dict:
+        c = self.counts
+        return {"steps": len(self.steps), "match": c["match"], "near_tie": c["near-tie"],
+                "diverged": c["diverged"], "verdict": self.verdict, "line": summary_line(self)}
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}" if x is not None and np.isfinite(x) else str(x)
+
+
+def summary_line(result: DiffResult) -> str:
+    """``122/128 tokens match, 1 near-tie (step 7, margin 0.004 < bound 0.011), 0 diverged``."""
+    c, n = result.counts, len(result.steps)
+    parts = [f"{c['match']}/{n} tokens match"]
+    ties = [s for s in result.steps if s.verdict == "near-tie"]
+    word = "near-tie" if len(ties) == 1 else "near-ties"
+    if ties:
+        s = max(ties, key=lambda s: s.ratio if np.isfinite(s.ratio) else np.inf)
+        where = f"step {s.step}" if len(ties) == 1 else "steps " + ", ".join(str(t.step) for t in ties[:6]) \
+            + (", ..." if len(ties) > 6 else "") + f"; worst step {s.step}"
+        if s.explanation:
+            parts.append(f"{len(ties)} {word} ({where}, {s.explanation})")
+        else:
+            parts.append(f"{len(ties)} {word} ({where}, margin {_fmt(s.ref_margin)} <= bound {_fmt(s.bound)})")
+    else:
+        parts.append(f"0 {word}")
+    bad = [s for s in result.steps if s.verdict == "diverged"]
+    if bad:
+        s = bad[0]
+        text = f"{len(bad)} diverged (first: step {s.step}, margin {_fmt(s.ref_margin)} > bound {_fmt(s.bound)}"
+        loc = result.localization
+        if loc is not None and not loc.explained_by_router:
+            text += f"; {loc.describe()}"
+        parts.append(text + ")")
+    else:
+        parts.append("0 diverged")
+    line = ", ".join(parts)
+    if result.mode == "free" and result.splits:
+        conv = sum(sp["reconverged_at"] is not None for sp in result.splits)
+        line += f"; free mode: {len(result.splits)} split(s), {conv} re-converged"
+    return line
+
+
+def _classify(ref_logits: np.ndarray, opt_logits: np.ndarray):
+    from parity import classify_step
+
+    return classify_step(ref_logits, opt_logits)
+
+
+def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int, mode: str = "forced",
+             dtype: str = "bfloat16", on_step: Callable[[StepRecord], None] | None = None,
+             on_logits: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
+             localize_diverged: bool = True) -> DiffResult:
+    """Decode ``steps`` tokens on both paths and compare them step by step (module docstring).
+
+    ``ref_model`` / ``opt_model``: loaded reference and optimized models (same checkpoint, or a
+    checkpoint and a deliberately different one); ``prompt_ids``: at least one token id below
+    ``config.vocab_size``; ``dtype``: the optimized compute dtype (sets ``u`` of the bounds).
+    ``on_step(record)`` is called after each step, ``on_logits(step, ref, opt)`` with both float64
+    logit vectors (golden files keep digests of them).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    if steps < 1:
+        raise ValueError(f"steps: expected a positive number, got {steps}")
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("prompt: no tokens")
+    bad = [t for t in prompt if not 0 <= t < config.vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids outside the vocabulary [0, {config.vocab_size}): {bad[:5]}")
+    u = unit_roundoff(dtype)
+
+    seq = list(prompt)      # what both paths have consumed (the optimized path is always re-anchored)
+    records: list[StepRecord] = []
+    localizations: list[Localization] = []
+    splits: list[dict] = []
+    ref_cache = opt_cache = None
+    localizing = localize_diverged
+    for step in range(steps):
+        rt, ot = {}, {}
+        if step == 0:
+            ref_logits, ref_cache = ref_model.prefill(list(seq), trace=rt)
+            opt_logits, opt_cache = opt_model.prefill(list(seq), trace=ot)
+            first_pos, input_token = 0, None
+        else:
+            input_token = seq[-1]
+            ref_logits, ref_cache = ref_model.decode(input_token, ref_cache, trace=rt)
+            opt_logits, opt_cache = opt_model.decode(input_token, opt_cache, trace=ot)
+            first_pos = len(seq) - 1
+        r = to_f64(ref_logits).reshape(-1, config.vocab_size)[-1]
+        o = to_f64(opt_logits).reshape(-1, config.vocab_size)[-1]
+        if on_logits is not None:
+            on_logits(step, r, o)
+        v = _classify(r, o)
+        rec = StepRecord(
+            step=step, position=len(seq) - 1, input_token=input_token,
+            ref_token=int(v.ref_token), opt_token=int(v.opt_token), verdict=v.verdict,
+            classified=v.verdict, max_abs_diff=max_abs_diff(r, o), kl=kl_divergence(r, o),
+            ref_margin=float(v.margin), bound=float(v.bound), ratio=float(v.ratio),
+            router=trace_router_flips(rt, ot, config, first_pos, unit_roundoff=u),
+            nonfinite=first_nonfinite(ot, config),
+        )
+        if rec.nonfinite is None and not np.all(np.isfinite(o)):
+            rec.nonfinite = {"name": "logits", "layer": None, "position": rec.position,
+                             "nan": int(np.isnan(o).sum()), "inf": int(np.isinf(o).sum())}
+        if rec.verdict == "diverged" and localizing:
+            loc = localize(step, ref_model, opt_model, seq, config, unit_roundoff=u)
+            localizations.append(loc)
+            if loc.explained_by_router:
+                rec.verdict = "near-tie"
+                rec.explanation = "router flip in noise: " + loc.explained_by_router[0].describe()
+            else:
+                localizing = False  # one unexplained divergence is localized; the run fails anyway
+        if rec.ref_token != rec.opt_token:
+            if mode == "free":
+                rec.anchored = True
+                splits.append({"step": step, "verdict": rec.verdict, "reconverged_at": None})
+        elif splits and splits[-1]["reconverged_at"] is None:
+            for sp in splits:
+                if sp["reconverged_at"] is None:
+                    sp["reconverged_at"] = step
+        records.append(rec)
+        if on_step is not None:
+            on_step(rec)
+        seq.append(rec.ref_token)
+    return DiffResult(mode=mode, dtype=dtype, prompt_ids=prompt, steps=records,
+                      localizations=localizations, splits=splits)

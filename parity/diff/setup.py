@@ -1,0 +1,192 @@
+"""What the ``diff`` and ``golden`` commands share: resolving the checkpoint, parsing variants and
+backends, loading both models, encoding the prompt. Every unusable input raises ``InputError`` with
+one line that names it (the CLI prints it as ``error: ...`` and exits 2)."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from parity.errors import InputError
+
+BUILTIN_PROMPT = "The quick brown fox jumps over the lazy dog. "
+VARIANTS = {  # name -> parser of its value (spec §(e): the semantic variants both paths expose)
+    "moe_combine": lambda v: _choice("moe_combine", v, ("unbiased", "biased")),
+    "kv_norm_eps": lambda v: _positive_float("kv_norm_eps", v),
+}
+
+
+def _choice(name, value, allowed):
+    if value not in allowed:
+        raise InputError(f"--variant {name}={value}: expected one of {', '.join(allowed)}")
+    return value
+
+
+def _positive_float(name, value):
+    try:
+        x = float(value)
+    except ValueError:
+        x = float("nan")
+    if not x > 0 or x == float("inf"):
+        raise InputError(f"--variant {name}={value}: expected a positive number")
+    return x
+
+
+def _pairs(items, flag) -> list[tuple[str, str]]:
+    out = []
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise InputError(f"{flag} {item!r}: expected NAME=VALUE")
+        out.append((name.strip(), value.strip()))
+    return out
+
+
+def parse_variants(items: list[str] | None) -> dict:
+    """``["moe_combine=biased", ...]`` -> keyword arguments of ``reference.load`` / ``optimized.load``."""
+    out = {}
+    for name, value in _pairs(items, "--variant"):
+        if name not in VARIANTS:
+            raise InputError(f"--variant {name}: unknown variant; known: {', '.join(VARIANTS)}")
+        out[name] = VARIANTS[name](value)
+    return out
+
+
+def parse_backends(items: list[str] | None) -> dict:
+    """``["kda=reference", ...]`` -> the ``backends`` argument of ``optimized.load`` (validated by
+    ``optimized.backends.resolve``: its message names the unknown family or value)."""
+    from optimized.backends import resolve
+
+    out = dict(_pairs(items, "--backend"))
+    try:
+        resolve(out)
+    except ValueError as exc:
+        raise InputError(f"--backend: {_one_line(exc)}") from None
+    return out
+
+
+def check_device(device: str | None) -> str:
+    """``None`` -> cuda when there is a GPU, else cpu; ``cuda`` without one is an input error. On
+    CPU the Triton kernels run under the interpreter, made faithful for bf16 ``tl.dot`` here."""
+    import torch
+
+    import optimized
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device is available on this machine")
+    if device == "cpu" and optimized.interpreting():
+        optimized.install_faithful_bf16_dot()
+    return device
+
+
+@dataclass
+class Checkpoint:
+    source: object          # a reference WeightSource
+    info: dict              # for reports: {"kind", "path" | "preset"+"seed", "describe"}
+
+
+def _load_errors():
+    from reference.checkpoint import CheckpointError
+    from reference.config import ConfigError
+
+    return (CheckpointError, ConfigError, ValueError, KeyError, FileNotFoundError)
+
+
+def open_checkpoint(path: str | None = None, *, synthetic: str | None = None, seed: int = 0) -> Checkpoint:
+    """A checkpoint directory, a synthetic preset, or (neither) the bundled default fixture."""
+    from reference.checkpoint import open_source
+
+    if synthetic is not None:
+        if path is not None:
+            raise InputError("give either a CHECKPOINT or --synthetic PRESET, not both")
+        from reference.config import KimiConfig
+        from reference.synthetic import SyntheticSource
+
+        try:
+            source = SyntheticSource(KimiConfig.from_name(synthetic), seed)
+        except _load_errors() as exc:
+            raise InputError(_one_line(exc)) from None
+        return Checkpoint(source, {"kind": "synthetic", "preset": synthetic, "seed": seed,
+                                   "describe": source.describe()})
+    kind = "directory"
+    if path is None:
+        from reference.fixtures import default_checkpoint_path
+
+        path, kind = default_checkpoint_path(), "bundled"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # unknown extra tensors: listed by describe(), not fatal
+            source = open_source(path)
+    except _load_errors() as exc:
+        raise InputError(_one_line(exc)) from None
+    return Checkpoint(source, {"kind": kind, "path": str(Path(path)), "describe": source.describe()})
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    return " ".join(text.split()) or type(exc).__name__
+
+
+def load_reference(ckpt: Checkpoint, variants: dict):
+    import reference
+
+    try:
+        return reference.load(ckpt.source, **variants)
+    except _load_errors() as exc:
+        raise InputError(_one_line(exc)) from None
+
+
+def load_optimized(ckpt: Checkpoint, *, device: str, dtype: str, variants: dict, backends: dict):
+    import optimized
+
+    try:
+        return optimized.load(ckpt.source, device=device, dtype=dtype, backends=backends or None, **variants)
+    except _load_errors() as exc:
+        raise InputError(_one_line(exc)) from None
+
+
+def same_model(a: Checkpoint, b: Checkpoint) -> None:
+    """``--optimized-from`` must describe the same architecture as the checkpoint."""
+    if a.source.config != b.source.config:
+        raise InputError(f"{b.info.get('path', b.info['describe'])}: its config differs from "
+                         f"{a.info.get('path', a.info['describe'])}; --optimized-from needs the same model")
+
+
+def tokenizer_for(ckpt: Checkpoint):
+    """The checkpoint's tokenizer (its tiktoken model when it ships one), else byte-level."""
+    from reference import tokenizer
+
+    path = ckpt.info.get("path")
+    if path is None:  # synthetic weights: no tokenizer files
+        return tokenizer.ByteTokenizer(ckpt.source.config)
+    return tokenizer.load_tokenizer(path, ckpt.source.config)
+
+
+def prompt_ids(ckpt: Checkpoint, *, text: str | None, ids: str | None) -> tuple[list[int], str | None, object]:
+    """(token ids, prompt text or None, tokenizer or None) from ``--prompt`` / ``--prompt-ids``,
+    or the built-in prompt. Ids must lie in ``[0, vocab_size)``."""
+    vocab = ckpt.source.config.vocab_size
+    tok = None
+    try:
+        tok = tokenizer_for(ckpt)
+    except Exception as exc:  # no tokenizer: fine for --prompt-ids, fatal for text
+        if ids is None:
+            raise InputError(f"--prompt needs a tokenizer: {_one_line(exc)}") from None
+    if ids is not None:
+        try:
+            out = [int(x) for x in ids.replace(" ", "").split(",") if x != ""]
+        except ValueError:
+            raise InputError(f"--prompt-ids {ids!r}: expected comma-separated integers, e.g. 1,2,3") from None
+        text = None
+    else:
+        text = BUILTIN_PROMPT if text is None else text
+        out = [int(t) for t in tok.encode(text)]
+    if not out:
+        raise InputError("the prompt has no tokens")
+    bad = [t for t in out if not 0 <= t < vocab]
+    if bad:
+        raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})"
+                         + (f" ({len(bad)} such ids)" if len(bad) > 1 else ""))
+    return out, text, tok

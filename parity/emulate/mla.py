@@ -1,0 +1,50 @@
+"""MLA attention (absorbed form) in torch at float32 arithmetic (see parity.emulate).
+
+Mutations: ``causal_off_by_one`` (each query also sees the next position), ``values_from_keys``
+(W_UV read from the W_UK rows: the per-head split of w_kvb off by P rows).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import cdt, check_mutation
+
+
+def _attend(q, latent, k_pe, w_kvb, scale, mask, mutation):
+    B, T, N, PR = q.shape
+    R = k_pe.shape[-1]
+    P = PR - R
+    L = latent.shape[-1]
+    cd = cdt(q.dtype)
+    W = w_kvb.to(cd).reshape(N, -1, L)
+    Vh = W.shape[1] - P
+    Wuk = W[:, :P]
+    Wuv = W[:, :Vh] if mutation == "values_from_keys" else W[:, P:]
+    qc = q.to(cd)
+    scale = (P + R) ** -0.5 if scale is None else scale
+    ql = torch.einsum("btnp,npl->btnl", qc[..., :P], Wuk)
+    c, kp = latent.to(cd), k_pe.to(cd)
+    s = scale * (torch.einsum("btnl,bsl->btns", ql, c) + torch.einsum("btnr,bsr->btns", qc[..., P:], kp))
+    s = s.masked_fill(~mask, -float("inf"))
+    p = torch.softmax(s, dim=-1)
+    ot = torch.einsum("btns,bsl->btnl", p, c)
+    return torch.einsum("nvl,btnl->btnv", Wuv, ot).to(q.dtype)
+
+
+def absorbed(q, latent, k_pe, w_kvb, *, scale=None, mutation=None):
+    check_mutation("absorbed", mutation, ("causal_off_by_one", "values_from_keys"))
+    B, T = q.shape[:2]
+    S = latent.shape[1]
+    shift = 1 if mutation == "causal_off_by_one" else 0
+    last = S - T + torch.arange(T, device=q.device) + shift
+    mask = torch.arange(S, device=q.device)[None, :] <= last[:, None]
+    return _attend(q, latent, k_pe, w_kvb, scale, mask[None, :, None, :], mutation)
+
+
+def paged_decode(q, latent, k_pe, w_kvb, lengths, *, scale=None, mutation=None):
+    """One query per sequence (``q [B, 1, N, P+R]``) over its first ``lengths[b]`` cached positions."""
+    check_mutation("paged_decode", mutation, ("stale_last_token", "values_from_keys"))
+    S = latent.shape[1]
+    ln = lengths.to(latent.device) - (1 if mutation == "stale_last_token" else 0)
+    mask = torch.arange(S, device=q.device)[None, :] < ln[:, None]
+    return _attend(q, latent, k_pe, w_kvb, scale, mask[:, None, None, :], mutation)

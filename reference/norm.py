@@ -1,0 +1,54 @@
+"""Normalizations over the last dim (spec b.2-b.4), float64.
+
+Conventions: ``x [..., D]``; ``weight [D]``; statistics over the last axis only. No intermediate
+cast (the bf16 round trips of the torch implementations are the optimized side's business).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .elementwise import sigmoid
+
+
+def _check_weight(fn, x, weight):
+    if x.ndim < 1:
+        raise ValueError(f"{fn}: x: expected [..., D], got a scalar")
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"{fn}: weight: expected [D] = ({x.shape[-1]},), got {weight.shape}")
+
+
+def rms_norm(x, weight, *, eps):
+    """T5-style RMSNorm: ``weight * x / sqrt(mean(x^2) + eps)``.
+
+    x: [..., D]; weight: [D]; eps: required (1e-5 for the residual norms, 1e-6 or 1e-5 for MLA's
+    ``kv_a_layernorm``, spec b.2). Returns [..., D] float64.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    weight = np.asarray(weight, dtype=np.float64)
+    _check_weight("rms_norm", x, weight)
+    inv_rms = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return x * inv_rms * weight
+
+
+def gated_rms_norm(x, gate, weight, *, eps):
+    """Gated RMSNorm with a sigmoid gate (KDA ``o_norm``, spec b.3):
+    ``rms_norm(x, weight, eps=eps) * sigmoid(gate)``.
+
+    x, gate: [..., V] (same shape); weight: [V] (shared by all heads); eps required (1e-5 in
+    the model). Returns [..., V] float64.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    gate = np.asarray(gate, dtype=np.float64)
+    if gate.shape != x.shape:
+        raise ValueError(f"gated_rms_norm: gate: expected the shape of x {x.shape}, got {gate.shape}")
+    return rms_norm(x, weight, eps=eps) * sigmoid(gate)
+
+
+def l2norm(x, *, eps=1e-6):
+    """``x / sqrt(sum(x^2) + eps)`` over the last dim (KDA q/k normalization, spec b.4).
+
+    x: [..., K]. The ``+eps`` form is the kernels' (not ``F.normalize``'s max-with-eps), so a zero
+    vector maps to zero. Returns [..., K] float64.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)

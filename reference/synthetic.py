@@ -1,0 +1,190 @@
+"""Synthetic weights: every tensor a pure function of ``(seed, tensor name, element index)``.
+
+``SyntheticSource(config, seed)`` is a ``WeightSource`` (see ``checkpoint.py``) that generates each
+tensor on demand, nothing cached, so any preset up to kimi-linear-48b can be used without a
+checkpoint on disk. ``synthetic_values`` is the generator itself and ``synthetic_init`` the per-tensor
+(mean, std); together with the recipe below they are all the optimized side needs to generate the
+same weights on a GPU, bit for bit.
+
+Scales are chosen so that a forward pass looks like a real model's: RMSNorm weights around 1,
+projections ``~1/sqrt(fan_in)``, O(1) final logits, KDA decays per step between ~0.4 and ~0.999,
+and a router correction bias comparable to the spread of the sigmoid scores.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from .checkpoint import CheckpointError, WeightSource, raw_to_float64, to_storage
+from .config import PRESETS, KimiConfig
+from .tensors import expected_tensors, storage_dtype
+
+MASK32 = 0xFFFFFFFF
+MUL1 = 0x7FEB352D  # both multipliers < 2**31: a 32-bit value times one fits in int64
+MUL2 = 0x5BD1E995
+GOLDEN = 0x9E3779B9
+_BLOCK = 1 << 22  # elements generated per NumPy pass (bounds the temporaries)
+
+
+def mix32(x: int) -> int:
+    """The 32-bit mixing function on a Python int in ``[0, 2**32)`` (see ``synthetic_values``)."""
+    x ^= x >> 16
+    x = (x * MUL1) & MASK32
+    x ^= x >> 15
+    x = (x * MUL2) & MASK32
+    x ^= x >> 16
+    return x
+
+
+def tensor_keys(seed: int, name: str) -> tuple[int, int]:
+    """The two per-tensor keys ``(k1, k2)`` of ``synthetic_values``."""
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed <= MASK32:
+        raise ValueError(f"seed: expected an integer in [0, 2**32), got {seed!r}")
+    k1 = mix32(mix32(int(seed)) ^ zlib.crc32(name.encode("utf-8")))
+    k2 = mix32(k1 ^ GOLDEN)
+    return k1, k2
+
+
+def _mix32_array(x: np.ndarray) -> np.ndarray:
+    # uint32 arithmetic wraps modulo 2**32: the same as the int64-and-mask recipe
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(MUL1)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(MUL2)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+def _values_at(k1: int, k2: int, index: np.ndarray, mean: float, std: float) -> np.ndarray:
+    h = index.astype(np.uint32) + np.uint32(k1)
+    h = _mix32_array(_mix32_array(h) ^ np.uint32(k2))
+    z = ((h >> np.uint32(9)).astype(np.int64) * 2 + (1 - (1 << 23))).astype(np.float64) * 2.0 ** -23
+    half = std * math.sqrt(3.0)
+    return (z * half + mean).astype(np.float32)
+
+
+def synthetic_values(seed: int, name: str, count: int, *, start: int = 0, mean: float = 0.0,
+                     std: float = 1.0) -> np.ndarray:
+    """Elements ``start .. start+count-1`` (flat, row-major) of tensor ``name``: float32 ``[count]``.
+
+    The exact recipe (integers are unsigned 32-bit values held in int64, ``& M`` with
+    ``M = 0xFFFFFFFF``; every product is of a value < 2**32 and a constant < 2**31, so it fits in int64
+    and torch computes the same with int64 tensors):
+
+        mix32(x):  x ^= x >> 16;  x = (x * 0x7FEB352D) & M;  x ^= x >> 15;
+                   x = (x * 0x5BD1E995) & M;  x ^= x >> 16
+        k1 = mix32(mix32(seed) ^ crc32(name))      # crc32 = zlib.crc32 of the UTF-8 name, unsigned
+        k2 = mix32(k1 ^ 0x9E3779B9)
+        h  = mix32(mix32((i + k1) & M) ^ k2)       # i = flat element index, 0 <= i < 2**32
+        z  = (2 * (h >> 9) + 1 - 2**23) * 2**-23   # odd multiples of 2**-23 in (-1, 1), exact
+        value = float32( z * (std * sqrt(3)) + mean )
+
+    where ``std * sqrt(3)`` is computed in Python float (IEEE double), the product and the sum are
+    two separately rounded float64 operations (no fused multiply-add), and the cast to float32 rounds
+    to nearest even. ``value`` is uniform with the given mean and standard deviation.
+    ``SyntheticSource`` then rounds it to the storage dtype (bf16: round to nearest even)."""
+    if not isinstance(count, (int, np.integer)) or count < 0 or start < 0 or start + count > 1 << 32:
+        raise ValueError(f"synthetic_values: need 0 <= start, 0 <= count, start + count <= 2**32; "
+                         f"got start={start}, count={count}")
+    k1, k2 = tensor_keys(seed, name)
+    out = np.empty(count, dtype=np.float32)
+    for lo in range(0, count, _BLOCK):
+        hi = min(count, lo + _BLOCK)
+        out[lo:hi] = _values_at(k1, k2, np.arange(start + lo, start + hi, dtype=np.int64), mean, std)
+    return out
+
+
+# The decay parameters: exp(A_log) uniform in log space over [1/16, 1] ("log U(1,16)" scaled down by
+# 16) and softplus(dt_bias) in [0.01, 0.97], so alpha = exp(-exp(A_log) * softplus(dt_bias + g_raw))
+# lies between ~0.4 and ~0.999 per step (~0.6 to ~0.99 for most heads).
+_A_LOG_RANGE = (-math.log(16.0), 0.0)
+_DT_BIAS_RANGE = (-4.6, 0.5)
+
+
+def _uniform(lo: float, hi: float) -> tuple[float, float]:
+    return (lo + hi) / 2, (hi - lo) / 2 / math.sqrt(3.0)
+
+
+def synthetic_init(config: KimiConfig, name: str) -> tuple[float, float]:
+    """(mean, std) of tensor ``name`` in a synthetic model of ``config``."""
+    shape = expected_tensors_cached(config)[name]
+    if name.endswith("norm.weight"):  # every RMSNorm / gated norm / kv_a_layernorm weight
+        return 1.0, 0.05
+    if name == "model.embed_tokens.weight":
+        return 0.0, 1.0
+    if name.endswith(".A_log"):
+        return _uniform(*_A_LOG_RANGE)
+    if name.endswith(".dt_bias"):
+        return _uniform(*_DT_BIAS_RANGE)
+    if name.endswith(".e_score_correction_bias"):
+        return 0.0, 0.1  # the sigmoid scores spread by ~0.2 (router logits ~N(0, 1))
+    if name.endswith(".f_b_proj.weight"):
+        return 0.0, 0.5 / math.sqrt(shape[-1])  # g_raw ~0.5: the decay is set mostly by dt_bias
+    return 0.0, 1.0 / math.sqrt(shape[-1])  # projections (fan_in = last dim) and conv taps (W)
+
+
+_TABLES: dict[KimiConfig, dict[str, tuple[int, ...]]] = {}
+
+
+def expected_tensors_cached(config: KimiConfig) -> dict[str, tuple[int, ...]]:
+    table = _TABLES.get(config)
+    if table is None:
+        table = _TABLES[config] = expected_tensors(config)
+    return table
+
+
+class SyntheticSource(WeightSource):
+    """A ``WeightSource`` whose tensors are generated from ``(seed, name)`` on demand, rounded to the
+    storage dtype of ``tensors.storage_dtype`` (bf16; float32 for A_log, dt_bias and the router bias),
+    exactly as they would be after a round trip through a checkpoint written from it."""
+
+    def __init__(self, config: KimiConfig, seed: int = 0):
+        tensor_keys(seed, "")  # validates the seed
+        self.config, self.seed = config, int(seed)
+        self._shapes = expected_tensors_cached(config)
+
+    def names(self) -> list[str]:
+        return list(self._shapes)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._shapes
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        try:
+            return self._shapes[name]
+        except KeyError:
+            raise KeyError(f"{name}: no such tensor in {self.describe()}") from None
+
+    def storage_dtype(self, name: str) -> str:
+        self.shape(name)
+        return storage_dtype(name)
+
+    def describe(self) -> str:
+        preset = next((k for k, v in PRESETS.items() if v == self.config), "custom config")
+        return f"synthetic {preset}, seed {self.seed}"
+
+    def get_raw(self, name: str) -> np.ndarray:
+        shape = self.shape(name)
+        mean, std = synthetic_init(self.config, name)
+        values = synthetic_values(self.seed, name, math.prod(shape), mean=mean, std=std)
+        return to_storage(values, storage_dtype(name)).reshape(shape)
+
+    def get_rows(self, name: str, rows) -> np.ndarray:
+        shape = self.shape(name)
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.ndim != 1 or (rows.size and (rows.min() < 0 or rows.max() >= shape[0])):
+            raise IndexError(f"{name}: rows must be 1-D indices in [0, {shape[0]})")
+        width = math.prod(shape[1:])
+        mean, std = synthetic_init(self.config, name)
+        k1, k2 = tensor_keys(self.seed, name)
+        index = (rows[:, None] * width + np.arange(width, dtype=np.int64)).reshape(-1)
+        values = _values_at(k1, k2, index, mean, std)
+        dtype = storage_dtype(name)
+        out = raw_to_float64(to_storage(values, dtype), dtype).reshape((rows.size, *shape[1:]))
+        return self._check_finite(name, out)
+
+
+__all__ = ["SyntheticSource", "synthetic_values", "synthetic_init", "tensor_keys", "mix32",
+           "CheckpointError"]

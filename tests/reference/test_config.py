@@ -1,0 +1,79 @@
+"""KimiConfig: presets, hub round trip, validation; the §(c) tensor table built from it."""
+import json
+
+import pytest
+
+from reference.config import PRESETS, ConfigError, KimiConfig
+from reference.tensors import alternative_shapes, expected_tensors, num_parameters, storage_dtype
+
+
+def test_the_48b_preset_matches_the_released_config():
+    c = KimiConfig.from_name("kimi-linear-48b")
+    assert [i for i in range(27) if not c.is_kda_layer(i)] == [3, 7, 11, 15, 19, 23, 26]
+    assert c.layer_kind(0) == ("kda", "dense") and c.layer_kind(3) == ("mla", "moe")
+    assert all(c.is_moe_layer(i) for i in range(1, 27))
+    assert (c.kda_dim, c.qk_head_dim) == (4096, 192)
+
+
+def test_the_48b_tensor_table_has_the_hub_count_and_parameter_count():
+    c = KimiConfig.from_name("kimi-linear-48b")
+    table = expected_tensors(c)
+    assert len(table) == 20493  # spec §(a): the hub index's tensor count
+    assert num_parameters(c) == 49_122_681_728
+    assert table["model.layers.0.self_attn.A_log"] == (1, 1, 32, 1)
+    assert table["model.layers.0.self_attn.q_conv1d.weight"] == (4096, 1, 4)
+    assert table["model.layers.3.self_attn.kv_b_proj.weight"] == (8192, 512)
+    assert table["model.layers.26.block_sparse_moe.experts.255.w2.weight"] == (2304, 1024)
+    assert list(table)[0] == "model.embed_tokens.weight" and list(table)[-1] == "lm_head.weight"
+
+
+def test_conv_weights_also_accept_the_two_dimensional_layout():
+    assert alternative_shapes("model.layers.0.self_attn.k_conv1d.weight", (64, 1, 4)) == ((64, 4),)
+    assert alternative_shapes("model.layers.0.self_attn.k_proj.weight", (64, 64)) == ()
+
+
+def test_storage_policy_keeps_decay_and_router_bias_parameters_in_float32():
+    assert storage_dtype("model.layers.0.self_attn.A_log") == "float32"
+    assert storage_dtype("model.layers.0.self_attn.dt_bias") == "float32"
+    assert storage_dtype("model.layers.1.block_sparse_moe.gate.e_score_correction_bias") == "float32"
+    assert storage_dtype("model.layers.0.self_attn.q_conv1d.weight") == "bfloat16"
+    assert storage_dtype("lm_head.weight") == "bfloat16"
+
+
+def test_tied_embeddings_have_no_lm_head_tensor():
+    import dataclasses
+
+    c = dataclasses.replace(PRESETS["tiny"], tie_word_embeddings=True)
+    assert "lm_head.weight" not in expected_tensors(c)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_survives_a_hub_json_round_trip(name, tmp_path):
+    c = PRESETS[name]
+    c.to_json(tmp_path / "config.json")
+    assert KimiConfig.from_json(tmp_path / "config.json") == c
+
+
+def test_config_errors_name_the_file_and_the_key(tmp_path):
+    d = PRESETS["tiny"].to_hub_dict()
+    del d["hidden_size"]
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match=r"config\.json.*hidden_size"):
+        KimiConfig.from_json(tmp_path / "config.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        KimiConfig.from_json(tmp_path / "bad.json")
+    with pytest.raises(ConfigError, match="not found"):
+        KimiConfig.from_json(tmp_path / "missing.json")
+
+
+def test_a_layer_map_that_does_not_cover_every_layer_is_rejected():
+    d = PRESETS["tiny"].to_hub_dict()
+    d["linear_attn_config"]["kda_layers"] = [1, 2]
+    with pytest.raises(ConfigError, match="cover"):
+        KimiConfig.from_hub_dict(d)
+
+
+def test_unknown_presets_are_named():
+    with pytest.raises(ConfigError, match="unknown preset 'huge'"):
+        KimiConfig.from_name("huge")
