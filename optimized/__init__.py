@@ -16,6 +16,13 @@ if not torch.cuda.is_available():
 from ._interpreter import install_faithful_bf16_dot, interpreting, interpreter_is_faithful  # noqa: E402
 
 
+def load(path_or_source, **kwargs):
+    """The optimized model (``optimized.model.load``; imported on first use, it pulls in every kernel)."""
+    from .model import load as _load
+
+    return _load(path_or_source, **kwargs)
+
+
 def backend_info() -> dict:
     """What runs the kernels: for reports."""
     import triton

@@ -148,10 +148,14 @@ class Ops:
     def short_conv_step_(self, x, weight, state_pool, slot_ids):
         """x [B,C], pool [slots,C,W-1] updated in place at ``slot_ids``; returns y [B,C]."""
         if self._is_ref("conv"):
-            state = state_pool[slot_ids]
-            y, new = self._r("conv", "short_conv_step")(_np(x), _np(weight), _np(state))
-            state_pool[slot_ids] = _back(new, state_pool)
-            return _back(y, x)
+            y = torch.zeros_like(x)
+            real = slot_ids >= 0  # negative slot id: a padding row (output 0, no state touched)
+            if bool(real.any()):
+                slots = slot_ids[real]
+                out, new = self._r("conv", "short_conv_step")(_np(x[real]), _np(weight), _np(state_pool[slots]))
+                state_pool[slots] = _back(new, state_pool)
+                y[real] = _back(out, x)
+            return y
         return self._opt["conv"].short_conv_step_(x, weight, state_pool, slot_ids)
 
     # -- kda ------------------------------------------------------------------------------------
@@ -169,12 +173,17 @@ class Ops:
         """One recurrent step for B sequences (q, k [B,H,K], v [B,HV,V], g_raw [B,HV,K],
         beta_logits [B,HV]); states in ``state_pool`` at ``slot_ids`` updated in place; -> o [B,HV,V]."""
         if self._is_ref("kda"):
-            s0 = _np(state_pool[slot_ids])
-            o, st = self._r("kda", "fused_recurrent")(
-                _np(q)[:, None], _np(k)[:, None], _np(v)[:, None], _np(g_raw)[:, None],
-                _np(beta_logits)[:, None], _np(A_log), _np(dt_bias), initial_state=s0)
-            state_pool[slot_ids] = _back(st, state_pool)
-            return _back(o[:, 0], q)
+            o = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+            real = slot_ids >= 0  # negative slot id: a padding row (output 0, no state touched)
+            if bool(real.any()):
+                slots = slot_ids[real]
+                out, st = self._r("kda", "fused_recurrent")(
+                    _np(q[real])[:, None], _np(k[real])[:, None], _np(v[real])[:, None],
+                    _np(g_raw[real])[:, None], _np(beta_logits[real])[:, None], _np(A_log),
+                    _np(dt_bias), initial_state=_np(state_pool[slots]))
+                state_pool[slots] = _back(st, state_pool)
+                o[real] = _back(out[:, 0], q)
+            return o
         return self._opt["kda"].fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias,
                                                        state_pool, slot_ids)
 
@@ -185,18 +194,34 @@ class Ops:
             return _back(self._r("mla", "naive")(_np(q), _np(latent), _np(k_pe), _np(w_kvb)), q)
         return self._opt["mla"].naive(q, latent, k_pe, w_kvb)
 
-    def mla_decode(self, q, w_kvb, paged, layer: int, seqs):
-        """q [B,N,P+R] for one new token per sequence, attending over each sequence's cached
-        positions in ``paged`` (an ``optimized.cache.PagedMLA``); -> o [B,N,Vh]."""
+    def mla_write(self, cache, latent, k_pe, slot_mapping):
+        """Store ``latent [n, L]``, ``k_pe [n, R]`` in the paged ``cache`` at ``slot_mapping [n]``
+        (negative: padding, not written). Reference backend: a plain torch scatter (data movement)."""
         if self._is_ref("mla"):
-            outs = []
-            for b in range(q.shape[0]):
-                latent, k_pe = paged.gather(layer, seqs, b)  # [S, L], [S, R]
-                o = self._r("mla", "absorbed")(_np(q[b])[None, None], _np(latent)[None], _np(k_pe)[None],
-                                              _np(w_kvb))
-                outs.append(o[0, 0])
-            return _back(np.stack(outs), q)
-        return paged.decode(self._opt["mla"], layer, q, w_kvb, seqs)
+            real = slot_mapping >= 0
+            kv = cache.kv.view(-1, cache.L + cache.R)
+            kv[slot_mapping[real]] = torch.cat([latent, k_pe], dim=-1)[real].to(kv.dtype)
+            return
+        cache.write(latent, k_pe, slot_mapping)
+
+    def mla_decode(self, q, w_kvb, cache, batch, *, num_splits):
+        """q [B,N,P+R], one new token per row, over the paged ``cache`` described by ``batch``
+        (``optimized.cache.DecodeBatch``: block tables, lengths including this token, slot mapping
+        (negative = padding row)); -> o [B,N,Vh]. ``num_splits`` fixed by the model, never from B."""
+        if self._is_ref("mla"):
+            o = torch.zeros(q.shape[:2] + (w_kvb.shape[0] // q.shape[1] - (q.shape[2] - cache.R),),
+                            dtype=q.dtype, device=q.device)
+            real = (batch.slot_mapping >= 0).tolist()
+            for b, is_real in enumerate(real):
+                if not is_real:
+                    continue
+                latent, k_pe = cache.gather(batch.block_tables[b], int(batch.seq_lens[b]))
+                out = self._r("mla", "absorbed")(_np(q[b])[None, None], _np(latent)[None],
+                                                 _np(k_pe)[None], _np(w_kvb))
+                o[b] = _back(out[0, 0], q)
+            return o
+        return self._opt["mla"].paged_decode(q, cache, batch.block_tables, batch.seq_lens, w_kvb,
+                                             num_splits=num_splits)
 
     # -- moe ------------------------------------------------------------------------------------
     def router(self, logits, bias, **kw):
@@ -206,12 +231,20 @@ class Ops:
             return _back(w, logits), torch.from_numpy(np.asarray(ids, dtype=np.int64)).to(logits.device)
         return self._opt["moe"].router(logits, bias, **kw)
 
-    def experts(self, x, weights, ids, w1, w2, w3):
+    def experts(self, x, weights, ids, w1, w2, w3, *, decode: bool = False):
+        """Routed experts. ``decode``: the per-(token, expert) GEMV form whatever the number of
+        rows (``optimized.moe`` picks GEMV or grouped by the pair count, and the two forms round
+        differently: a sequence's decode must not depend on its batch)."""
         if self._is_ref("moe"):
             y = self._r("moe", "experts")(_np(x), _np(weights), ids.detach().cpu().numpy(),
-                                         _LazyRows(w1), _LazyRows(w2), _LazyRows(w3))
+                                          _LazyRows(w1), _LazyRows(w2), _LazyRows(w3))
             return _back(y, x)
-        return self._opt["moe"].experts(x, weights, ids, w1, w2, w3)
+        moe = self._opt["moe"]
+        if decode and hasattr(moe, "_experts"):
+            # no public switch for the form yet: the module's own entry point with the form forced
+            _counters.record("moe.experts")
+            return moe._experts("moe.experts", x, weights, ids, w1, w2, w3, form="gemv")
+        return moe.experts(x, weights, ids, w1, w2, w3)
 
     def swiglu(self, x, w_gate, w_up, w_down):
         if self._is_ref("moe"):

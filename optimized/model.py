@@ -51,11 +51,12 @@ from reference.config import KimiConfig
 from . import backends as _backends
 from ._interpreter import interpreting
 from .cache import CachePool, SequenceCache
+from .elementwise._precision import require_ieee_fp32_matmul
 from .weights import KDAWeights, ModelWeights, load_weights
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 MOE_COMBINES = ("unbiased", "biased")
-ROW_TILE = 64  # decode GEMMs run on tiles of exactly this many rows (batch invariance)
+DECODE_TILE = 64  # a decode step always runs on this many rows (padded): batch invariance
 
 
 def _dtype_name(dtype) -> str:
@@ -83,21 +84,9 @@ def resolve_device(device) -> torch.device:
     return dev
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor, *, invariant: bool = False) -> torch.Tensor:
-    """``x @ w.T`` (x [M, in], w [out, in]). ``invariant``: run on zero-padded tiles of exactly
-    ``ROW_TILE`` rows, so row m's result is the same whatever M is (the GEMM kernel a library picks
-    depends on the shape; with one shape it is one kernel and rows never mix)."""
-    if not invariant:
-        return x @ w.T
-    M = x.shape[0]
-    out = []
-    for lo in range(0, M, ROW_TILE):
-        tile = x[lo:lo + ROW_TILE]
-        n = tile.shape[0]
-        if n < ROW_TILE:
-            tile = torch.cat([tile, tile.new_zeros((ROW_TILE - n, tile.shape[1]))])
-        out.append((tile @ w.T)[:n])
-    return out[0] if len(out) == 1 else torch.cat(out)
+def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w.T`` (x [M, in], w [out, in]): torch GEMM, fp32 accumulation for bf16 operands."""
+    return x @ w.T
 
 
 class Model:
@@ -112,6 +101,9 @@ class Model:
         self.dtype = DTYPES[dtype]
         self.state_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         self.ops = _backends.Ops(backends)
+        self.decode_tile = DECODE_TILE
+        # MLA decode splits the key range in a fixed number of slices (never chosen from the batch)
+        self.mla_decode_splits = 1 if device.type == "cpu" else 8
         self.variants = {"moe_combine": moe_combine, "kv_norm_eps": float(kv_norm_eps),
                          "dtype": dtype, "device": str(device), "backends": dict(backends)}
         if any(v == "triton" for v in backends.values()) and device.type == "cpu" and not interpreting():
@@ -223,9 +215,10 @@ class Model:
             raise ValueError("decode_batch: the same sequence's cache appears twice")
 
     # -- the stack -------------------------------------------------------------------------------
-    def _stack(self, h: torch.Tensor, mixer, *, invariant: bool, trace: dict | None) -> torch.Tensor:
+    def _stack(self, h: torch.Tensor, mixer, *, rows: int | None = None, trace: dict | None) -> torch.Tensor:
         """Embedded ``h [M, D]`` through every layer and the final norm; ``mixer(i, x)`` runs layer
-        i's KDA/MLA block on the normed input. Returns the normed final hidden ``[M, D]``."""
+        i's KDA/MLA block on the normed input. ``rows``: decode, only the first ``rows`` rows are
+        sequences (the rest is padding). Returns the normed final hidden ``[M, D]``."""
         c, W, ops = self.config, self.weights, self.ops
         eps = c.rms_norm_eps
         for i, lw in enumerate(W.layers):
@@ -234,7 +227,7 @@ class Model:
             h = h + a
             x = ops.rms_norm(h, lw.post_norm, eps=eps)
             if c.is_moe_layer(i):
-                f = self._moe(i, x, invariant=invariant, trace=trace)
+                f = self._moe(i, x, rows=rows, trace=trace)
             else:
                 f = ops.swiglu(x, lw.ffn.gate, lw.ffn.up, lw.ffn.down)
             h = h + f
@@ -261,14 +254,29 @@ class Model:
                 return self._kda_prefill(i, lw.mixer, x, seq)
             return self._mla_prefill(i, lw.mixer, x, seq)
 
-        h = self._stack(h, mixer, invariant=False, trace=trace)
+        h = self._stack(h, mixer, trace=trace)
         seq.length += T
         return self._logits(h)
 
     def _decode(self, ids: torch.Tensor, seqs: list[SequenceCache], trace: dict | None) -> torch.Tensor:
-        pool = seqs[0].pool
-        slots = torch.tensor([s.slot for s in seqs], dtype=torch.int64, device=self.device)
-        batch = pool.mla_batch(seqs)  # appends one position per sequence to its block table
+        """Sequences in groups of ``decode_tile``, each group one step of exactly ``decode_tile``
+        rows (padding rows: token 0, slot -1, write nothing): every kernel and GEMM of a decode step
+        sees one shape, so a sequence's logits do not depend on its batch."""
+        tile = self.decode_tile
+        if len(seqs) > tile:
+            parts = []
+            for lo in range(0, len(seqs), tile):
+                part_trace = None if trace is None else {}
+                parts.append(self._decode(ids[lo:lo + tile], seqs[lo:lo + tile], part_trace))
+                if trace is not None:
+                    for key, val in part_trace.items():
+                        trace[key] = val if key not in trace else torch.cat([trace[key], val])
+            return torch.cat(parts)
+        B, pool = len(seqs), seqs[0].pool
+        pad = tile - B
+        ids = torch.cat([ids, ids.new_zeros(pad)])
+        slots = torch.tensor([s.slot for s in seqs] + [-1] * pad, dtype=torch.int64, device=self.device)
+        batch = pool.decode_batch(seqs, tile)
         h = self.ops.embedding(ids, self.weights.embed)
 
         def mixer(i, x):
@@ -277,33 +285,36 @@ class Model:
                 return self._kda_decode(i, lw.mixer, x, pool, slots)
             return self._mla_decode(i, lw.mixer, x, pool, batch)
 
-        h = self._stack(h, mixer, invariant=True, trace=trace)
+        sub = None if trace is None else {}
+        h = self._stack(h, mixer, rows=B, trace=sub)
+        if trace is not None:
+            trace.update({k: v[:B] for k, v in sub.items()})
         for s in seqs:
             s.length += 1
-        return self._logits(h)
+        return self._logits(h)[:B]
 
     # -- KDA (b.10) ------------------------------------------------------------------------------
-    def _kda_split(self, kw: KDAWeights, x: torch.Tensor, invariant: bool):
+    def _kda_split(self, kw: KDAWeights, x: torch.Tensor):
         c = self.config
         H, K = c.kda_num_heads, c.kda_head_dim
-        y = _linear(x, kw.w_in, invariant=invariant)
+        y = _linear(x, kw.w_in)
         qkv, fa, ga, b = torch.split(y, [sum(kw.splits[:3]), *kw.splits[3:]], dim=-1)
-        g_raw = _linear(fa, kw.f_b, invariant=invariant)
-        gate = _linear(ga, kw.g_b, invariant=invariant)
+        g_raw = _linear(fa, kw.f_b)
+        gate = _linear(ga, kw.g_b)
         return qkv, g_raw, gate, b
 
-    def _kda_out(self, kw: KDAWeights, o: torch.Tensor, gate: torch.Tensor, invariant: bool):
+    def _kda_out(self, kw: KDAWeights, o: torch.Tensor, gate: torch.Tensor):
         M = o.shape[0]
         HV, V = o.shape[-2], o.shape[-1]
         o = self.ops.gated_rms_norm(o, gate.reshape(M, HV, V), kw.o_norm, eps=self.config.rms_norm_eps)
-        return _linear(o.reshape(M, HV * V), kw.o_proj, invariant=invariant)
+        return _linear(o.reshape(M, HV * V), kw.o_proj)
 
     def _kda_prefill(self, i: int, kw: KDAWeights, x: torch.Tensor, seq: SequenceCache):
         c, ops = self.config, self.ops
         T = x.shape[0]
         H, K = c.kda_num_heads, c.kda_head_dim
         HV, V = H, K
-        qkv, g_raw, gate, b = self._kda_split(kw, x, False)
+        qkv, g_raw, gate, b = self._kda_split(kw, x)
         st = seq.pool.kda[i]
         fresh = seq.length == 0
         conv0 = None if fresh else st.conv[seq.slot:seq.slot + 1]
@@ -315,27 +326,27 @@ class Model:
                                 initial_state=s0)
         st.conv[seq.slot] = conv_final[0]
         st.state[seq.slot] = s1[0]
-        return self._kda_out(kw, o[0], gate, False)
+        return self._kda_out(kw, o[0], gate)
 
     def _kda_decode(self, i: int, kw: KDAWeights, x: torch.Tensor, pool: CachePool, slots: torch.Tensor):
         c, ops = self.config, self.ops
         B = x.shape[0]
         H, K = c.kda_num_heads, c.kda_head_dim
         HV, V = H, K
-        qkv, g_raw, gate, b = self._kda_split(kw, x, True)
+        qkv, g_raw, gate, b = self._kda_split(kw, x)
         st = pool.kda[i]
         y = ops.short_conv_step_(qkv.contiguous(), kw.conv, st.conv, slots)
         q, k, v = torch.split(y, kw.splits[:3], dim=-1)
         o = ops.kda_decode_(q.reshape(B, H, K), k.reshape(B, H, K), v.reshape(B, HV, V),
                             g_raw.reshape(B, HV, K), b.reshape(B, HV), kw.A_log, kw.dt_bias,
                             st.state, slots)
-        return self._kda_out(kw, o, gate, True)
+        return self._kda_out(kw, o, gate)
 
     # -- MLA (b.11 / b.12) ------------------------------------------------------------------------
-    def _mla_split(self, mw, x: torch.Tensor, invariant: bool):
+    def _mla_split(self, mw, x: torch.Tensor):
         c = self.config
         L = c.kv_lora_rank
-        y = _linear(x, mw.w_in, invariant=invariant)
+        y = _linear(x, mw.w_in)
         q, kv = torch.split(y, mw.splits, dim=-1)
         latent = self.ops.rms_norm(kv[:, :L], mw.kv_norm, eps=self.variants["kv_norm_eps"])
         return q, latent, kv[:, L:].contiguous()
@@ -344,8 +355,9 @@ class Model:
         c = self.config
         T = x.shape[0]
         N, P, R, Vh = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
-        q, latent, k_pe = self._mla_split(mw, x, False)
-        seq.pool.mla_write(i, seq, latent, k_pe)  # positions seq.length .. seq.length+T-1
+        q, latent, k_pe = self._mla_split(mw, x)
+        # positions seq.length .. seq.length+T-1 of the paged cache
+        self.ops.mla_write(seq.pool.mla[i], latent, k_pe, seq.pool.mla_slots(seq, T))
         if seq.length > 0:  # continuing: attend over the cached prefix too
             latent, k_pe = seq.pool.mla_gather(i, seq, seq.length + T)
         o = self.ops.mla_prefill(q.reshape(1, T, N, P + R), latent[None], k_pe[None], mw.w_kvb)
@@ -355,20 +367,21 @@ class Model:
         c = self.config
         B = x.shape[0]
         N, P, R, Vh = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
-        q, latent, k_pe = self._mla_split(mw, x, True)
-        pool.mla_append(i, batch, latent, k_pe)
-        o = self.ops.mla_decode(q.reshape(B, N, P + R), mw.w_kvb, pool, i, batch)
-        return _linear(o.reshape(B, N * Vh), mw.o_proj, invariant=True)
+        q, latent, k_pe = self._mla_split(mw, x)
+        self.ops.mla_write(pool.mla[i], latent, k_pe, batch.slot_mapping)
+        o = self.ops.mla_decode(q.reshape(B, N, P + R), mw.w_kvb, pool.mla[i], batch,
+                                num_splits=self.mla_decode_splits)
+        return _linear(o.reshape(B, N * Vh), mw.o_proj)
 
     # -- MoE (b.13 / b.14) ------------------------------------------------------------------------
-    def _moe(self, i: int, x: torch.Tensor, *, invariant: bool, trace: dict | None) -> torch.Tensor:
+    def _moe(self, i: int, x: torch.Tensor, *, rows: int | None, trace: dict | None) -> torch.Tensor:
+        """Router in fp32, routed experts, shared expert. In decode (``rows`` set) only the real rows
+        go through the experts, in the per-(token, expert) GEMV form whatever their number."""
         c, ops = self.config, self.ops
         mw = self.weights.layers[i].ffn
-        from .elementwise._precision import require_ieee_fp32_matmul
-
         xr = x.to(mw.router.dtype)
         require_ieee_fp32_matmul("model.router", xr, mw.router)
-        logits = _linear(xr, mw.router, invariant=invariant)  # [M, E] fp32
+        logits = _linear(xr, mw.router)  # [M, E] fp32
         top_k = c.num_experts_per_token
         weights, ids = ops.router(logits, mw.bias, top_k=top_k, num_groups=c.num_expert_group,
                                   topk_groups=c.topk_group,
@@ -379,7 +392,11 @@ class Model:
             trace[f"layers.{i}.router.scores"] = scores.detach().clone()
             trace[f"layers.{i}.router.selection"] = (scores + mw.bias).detach()
             trace[f"layers.{i}.router.ids"] = ids.detach().clone()
-        y = ops.experts(x, weights, ids, mw.w1, mw.w2, mw.w3)
+        if rows is None:
+            y = ops.experts(x, weights, ids, mw.w1, mw.w2, mw.w3)
+        else:
+            y = x.new_zeros(x.shape)
+            y[:rows] = ops.experts(x[:rows], weights[:rows], ids[:rows], mw.w1, mw.w2, mw.w3, decode=True)
         if mw.shared is not None:
             y = y + ops.swiglu(x, mw.shared.gate, mw.shared.up, mw.shared.down)
         return y

@@ -42,7 +42,7 @@ from .tensors import expert_name, layer_prefix
 
 MOE_COMBINES = ("unbiased", "biased")
 WEIGHT_CACHE_BYTES = 64 << 20  # LRU of float64 weights: all of tiny/small, a few tensors of 48b
-LM_HEAD_BLOCK_ROWS = 16384  # lm_head / embedding read in row blocks when larger than this
+LM_HEAD_BLOCK_ROWS = 4096  # a large lm_head is read in blocks of rows (75 MB float64 at 48b)
 
 
 # -- caches ------------------------------------------------------------------------------------------
@@ -340,7 +340,7 @@ class Model:
         top_k = c.num_experts_per_token
         weights, ids = moe.router(logits, bias, top_k=top_k, num_groups=c.num_expert_group,
                                   topk_groups=c.topk_group,
-                                  renormalize=c.moe_renormalize and top_k > 1,  # HF: only for top_k > 1
+                                  renormalize=c.moe_renormalize,
                                   scaling=c.routed_scaling_factor, combine=self.variants["moe_combine"])
         if trace is not None:
             scores = sigmoid(logits)

@@ -58,11 +58,19 @@ def _mix32_array(x: np.ndarray) -> np.ndarray:
 
 
 def _values_at(k1: int, k2: int, index: np.ndarray, mean: float, std: float) -> np.ndarray:
-    h = index.astype(np.uint32) + np.uint32(k1)
-    h = _mix32_array(_mix32_array(h) ^ np.uint32(k2))
-    z = ((h >> np.uint32(9)).astype(np.int64) * 2 + (1 - (1 << 23))).astype(np.float64) * 2.0 ** -23
-    half = std * math.sqrt(3.0)
-    return (z * half + mean).astype(np.float32)
+    h = index.astype(np.uint32)
+    h += np.uint32(k1)
+    h = _mix32_array(h)
+    h ^= np.uint32(k2)
+    h = _mix32_array(h)
+    h >>= np.uint32(9)
+    # z = (2u + 1 - 2**23) * 2**-23 = u * 2**-22 + (2**-23 - 1): both steps exact in float64
+    z = h.astype(np.float64)
+    z *= 2.0 ** -22
+    z += 2.0 ** -23 - 1.0
+    z *= std * math.sqrt(3.0)  # the two rounded operations of the recipe: multiply, then add
+    z += mean
+    return z.astype(np.float32)
 
 
 def synthetic_values(seed: int, name: str, count: int, *, start: int = 0, mean: float = 0.0,
@@ -179,8 +187,12 @@ class SyntheticSource(WeightSource):
         width = math.prod(shape[1:])
         mean, std = synthetic_init(self.config, name)
         k1, k2 = tensor_keys(self.seed, name)
-        index = (rows[:, None] * width + np.arange(width, dtype=np.int64)).reshape(-1)
-        values = _values_at(k1, k2, index, mean, std)
+        values = np.empty((rows.size, width), dtype=np.float32)
+        step = max(1, _BLOCK // max(width, 1))  # rows per pass: bounds the temporaries
+        for lo in range(0, rows.size, step):
+            r = rows[lo:lo + step]
+            index = (r[:, None] * width + np.arange(width, dtype=np.int64)).reshape(-1)
+            values[lo:lo + step] = _values_at(k1, k2, index, mean, std).reshape(len(r), width)
         dtype = storage_dtype(name)
         out = raw_to_float64(to_storage(values, dtype), dtype).reshape((rows.size, *shape[1:]))
         return self._check_finite(name, out)

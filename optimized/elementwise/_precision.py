@@ -57,15 +57,12 @@ def require_ieee_fp32_matmul(op: str, *tensors: torch.Tensor) -> None:
     """
     if not any(t.dtype == torch.float32 for t in tensors):
         return
-    if torch.backends.cuda.matmul.allow_tf32:
+    tf32, precision = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
+    if tf32 or precision != "highest":
         raise RuntimeError(
-            f"{op}: float32 GEMM with torch.backends.cuda.matmul.allow_tf32 = True would run in TF32; "
-            "set it to False (the default) for float32 (lifted) runs")
-    precision = torch.get_float32_matmul_precision()
-    if precision != "highest":
-        raise RuntimeError(
-            f"{op}: float32 GEMM with torch.get_float32_matmul_precision() = {precision!r} may run in "
-            "TF32/bf16; call torch.set_float32_matmul_precision('highest') (the default) for float32 runs")
+            f"{op}: a float32 GEMM would run in TF32: torch.backends.cuda.matmul.allow_tf32 = {tf32}, "
+            f"torch.get_float32_matmul_precision() = {precision!r}; float32 (lifted) runs need the "
+            "defaults (False, 'highest')")
 
 
 _ROUNDS_TO_NEAREST: dict[str, bool] = {}

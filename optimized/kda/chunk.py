@@ -58,7 +58,8 @@ import triton.language as tl
 
 from .. import _counters
 from ._common import (acc_dtype, block_k, check_gate_params, check_qkv, check_shape, check_tensor,
-                      dot, l2norm_rows, prepare_cu_seqlens, prepare_state, varlen_chunk_plan)
+                      dot, l2norm_rows, prepare_cu_seqlens, prepare_state, varlen_chunk_plan,
+                      SUM)
 from .gate import gate_chunk_cumsum
 
 
@@ -120,13 +121,17 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, cu, cidx, scale, T,
     for s in range(0, BC):
         p = blk0 + s
         tok_p = t0 + p
-        kp = _load_rows(k, tok_p, tok_p < eos, i_h, H, K, dk, mk, ACC, L2NORM)
+        # gathered rows p(i) (loads, not helper calls: see _common.SUM on interpreter cost)
+        kp = tl.load(k + (tok_p * H + i_h)[:, None] * K + dk[None, :],
+                     mask=(tok_p < eos)[:, None] & mk[None, :], other=0.0).to(ACC)
+        if L2NORM:
+            kp = kp / tl.sqrt(tl.reduce(kp * kp, 1, SUM) + 1e-6)[:, None]
         Gp = tl.load(Gc + (tl.minimum(tok_p, last) * HV + i_hv)[:, None] * K + dk[None, :],
                      mask=mk[None, :], other=0.0).to(ACC)
         # mask BEFORE exp: for p > i the difference G_i - G_p is >= 0 and may overflow
         kpe = kp * tl.exp(tl.where((p <= rows)[:, None], Gm - Gp, float("-inf")))
-        a_val = tl.sum(kt * kpe, axis=1)
-        q_val = tl.sum(qt * kpe, axis=1)
+        a_val = tl.reduce(kt * kpe, 1, SUM)
+        q_val = tl.reduce(qt * kpe, 1, SUM)
         hit = cols[None, :] == p[:, None]
         A = tl.where(hit & (p < rows)[:, None], a_val[:, None], A)
         Qm = tl.where(hit, q_val[:, None], Qm)
@@ -158,8 +163,8 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, cu, cidx, scale, T,
     X = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0).to(ACC)
     pc0 = (cols // BC) * BC
     for s in range(0, BC - 1):
-        a_col = tl.sum(tl.where(cols[None, :] == (blk0 + s)[:, None], A, 0.0), axis=1)  # A[i, p(i)]
-        m_row = tl.sum(tl.where(rows[:, None] == (pc0 + s)[None, :], X, 0.0), axis=0)  # X[p(c), c]
+        a_col = tl.reduce(tl.where(cols[None, :] == (blk0 + s)[:, None], A, 0.0), 1, SUM)  # A[i, p(i)]
+        m_row = tl.reduce(tl.where(rows[:, None] == (pc0 + s)[None, :], X, 0.0), 0, SUM)  # X[p(c), c]
         X = X - tl.where(same, a_col[:, None] * m_row[None, :], 0.0)
     if NB > 1:
         # merge: (I + A)^-1 = (I + N)^-1 D with N = D A_off strictly block-lower (N^NB = 0), and

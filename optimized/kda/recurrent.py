@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .. import _counters
 from ._common import (acc_dtype, block_k, check_device, check_gate_params, check_qkv, check_shape,
-                      check_tensor, prepare_cu_seqlens, prepare_state)
+                      check_tensor, prepare_cu_seqlens, prepare_state, SUM)
 
 _BV = 32  # value columns per program: fixed (bitwise batch invariance), small (decode parallelism)
 
@@ -70,17 +70,24 @@ def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, sc
     if FUSED:
         a = tl.exp(tl.load(A_log + i_hv).to(ACC))
         bias = tl.load(dt_bias + i_hv * K + dk, mask=mk, other=0.0).to(ACC)
-    for t in range(bos, eos):
-        qt = tl.load(q + (t * H + i_h) * K + dk, mask=mk, other=0.0).to(ACC)
-        kt = tl.load(k + (t * H + i_h) * K + dk, mask=mk, other=0.0).to(ACC)
-        vt = tl.load(v + (t * HV + i_hv) * V + dv, mask=mv, other=0.0).to(ACC)
-        gt = tl.load(g + (t * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
-        bt = tl.load(beta + t * HV + i_hv).to(ACC)
+    # per-token pointers, advanced by one token each step
+    p_q = q + (bos * H + i_h) * K + dk
+    p_k = k + (bos * H + i_h) * K + dk
+    p_v = v + (bos * HV + i_hv) * V + dv
+    p_g = g + (bos * HV + i_hv) * K + dk
+    p_b = beta + bos * HV + i_hv
+    p_o = o + (bos * HV + i_hv) * V + dv
+    for _ in range(bos, eos):
+        qt = tl.load(p_q, mask=mk, other=0.0).to(ACC)
+        kt = tl.load(p_k, mask=mk, other=0.0).to(ACC)
+        vt = tl.load(p_v, mask=mv, other=0.0).to(ACC)
+        gt = tl.load(p_g, mask=mk, other=0.0).to(ACC)
+        bt = tl.load(p_b).to(ACC)
         if FUSED:
             # the prologue, written out inline (the same math as _common's helpers: a helper call per
             # token costs the Triton interpreter more than the arithmetic)
-            qt = qt / tl.sqrt(tl.sum(qt * qt, axis=0) + 1e-6)
-            kt = kt / tl.sqrt(tl.sum(kt * kt, axis=0) + 1e-6)
+            qt = qt / tl.sqrt(tl.reduce(qt * qt, 0, SUM) + 1e-6)
+            kt = kt / tl.sqrt(tl.reduce(kt * kt, 0, SUM) + 1e-6)
             x = gt + bias
             z = tl.exp(-tl.abs(x))
             zw = 1.0 + z
@@ -90,10 +97,16 @@ def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, sc
             zb = tl.exp(-tl.abs(bt))
             bt = tl.where(bt >= 0, 1.0, zb) / (1.0 + zb)
         S = S * tl.exp(gt)[:, None]
-        e = bt * (vt - tl.sum(S * kt[:, None], axis=0))
+        e = bt * (vt - tl.reduce(S * kt[:, None], 0, SUM))
         S = S + kt[:, None] * e[None, :]
-        ot = tl.sum(S * qt[:, None], axis=0) * scale
-        tl.store(o + (t * HV + i_hv) * V + dv, ot.to(o.dtype.element_ty), mask=mv)
+        ot = tl.reduce(S * qt[:, None], 0, SUM) * scale
+        tl.store(p_o, ot.to(o.dtype.element_ty), mask=mv)
+        p_q += H * K
+        p_k += H * K
+        p_v += HV * V
+        p_g += HV * K
+        p_b += HV
+        p_o += HV * V
     tl.store(ht + s_off + kv_off, S.to(ht.dtype.element_ty), mask=mkv)
 
 

@@ -29,12 +29,14 @@ def router(logits: torch.Tensor, bias: torch.Tensor, *, top_k: int, num_groups: 
 
     logits: [T, E] (any float dtype); bias: [E] (``e_score_correction_bias``).
     ``s = sigmoid(logits)``; selection score ``s + bias``; with ``num_groups > 1`` the experts form
-    ``num_groups`` equal groups scored by the sum of their two best selection scores, and only the
+    ``num_groups`` contiguous equal groups scored by the sum of their two best selection scores (the
+    best one for groups of one expert), and only the
     ``topk_groups`` best groups stay selectable; then the ``top_k`` best selection scores win. Every
     tie (experts or groups) goes to the lower index; ids come out in descending selection score.
     Combine weights: ``s[id]`` (``combine="unbiased"``, vLLM) or ``s[id] + bias[id]``
     (``"biased"``, HF remote code), divided by their sum (summed in selection order) if
-    ``renormalize``, then multiplied by ``scaling``. All in fp32 (fp64 for fp64 logits).
+    ``renormalize`` and ``top_k > 1`` (HF's rule; with one expert the weight stays ``s[id]``), then
+    multiplied by ``scaling``. All in fp32 (fp64 for fp64 logits).
 
     Returns ``(weights [T, top_k] float32 (float64 for fp64 logits), ids [T, top_k] int64)``.
     """
@@ -52,8 +54,6 @@ def router(logits: torch.Tensor, bias: torch.Tensor, *, top_k: int, num_groups: 
     if num_groups < 1 or E % num_groups:
         raise ValueError(f"{op}: num_groups = {num_groups} must divide E = {E}")
     EG = E // num_groups
-    if num_groups > 1 and EG < 2:
-        raise ValueError(f"{op}: num_groups = {num_groups}: groups need >= 2 experts (top-2 group score)")
     if not 1 <= topk_groups <= num_groups:
         raise ValueError(f"{op}: topk_groups = {topk_groups} must be in [1, num_groups = {num_groups}]")
     if not 1 <= top_k <= topk_groups * EG:
@@ -71,7 +71,7 @@ def router(logits: torch.Tensor, bias: torch.Tensor, *, top_k: int, num_groups: 
     _router_kernel[(triton.cdiv(T, block_t),)](
         logits, bias.contiguous(), weights, ids, T, E, EG, logits.stride(0), float(scaling),
         K=top_k, K_PAD=triton.next_power_of_2(top_k), G=num_groups,
-        G_PAD=triton.next_power_of_2(num_groups), KG=topk_groups, RENORM=bool(renormalize),
+        G_PAD=triton.next_power_of_2(num_groups), KG=topk_groups, RENORM=bool(renormalize) and top_k > 1,
         BIASED=combine == "biased", CD=tl_compute_dtype(logits.dtype), BLOCK_T=block_t,
         BLOCK_E=block_e, num_warps=4)
     return weights, ids

@@ -48,6 +48,7 @@ def _router_kernel(logit_ptr, bias_ptr, w_ptr, id_ptr, T, E, EG, stride_l, scali
             m1 = tl.max(v, axis=1)
             i1 = tl.min(tl.where(ing & (v == m1[:, None]), e[None, :], BLOCK_E), axis=1)
             m2 = tl.max(tl.where(e[None, :] == i1[:, None], neg, v), axis=1)
+            m2 = tl.where(m2 == neg, 0.0, m2)  # a group of one expert scores its top-1
             gscore = tl.where(ga[None, :] == g, (m1 + m2)[:, None], gscore)
         keep = tl.zeros([BLOCK_T, BLOCK_E], tl.int1)
         for _ in tl.static_range(KG):

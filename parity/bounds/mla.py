@@ -66,4 +66,6 @@ def absorbed(x, kw, ref, p):
 
 
 def paged_decode(x, kw, ref, p):
-    return {"o": attention_bound(x, kw, ref["o"], p, p.uo("o"), lengths=x["lengths"])}
+    """One query per sequence (q [B, N, P+R]) over its first lengths[b] positions."""
+    x = dict(x, q=x["q"][:, None])
+    return {"o": attention_bound(x, kw, ref["o"][:, None], p, p.uo("o"), lengths=x["lengths"])[:, 0]}

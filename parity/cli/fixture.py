@@ -13,7 +13,8 @@ from parity.errors import InputError
 
 def register(sub):
     p = sub.add_parser("fixture", help="write a synthetic checkpoint (hub layout) for a preset",
-                       description=__doc__.splitlines()[0].strip("`"))
+                       description="Write SyntheticSource(PRESET, SEED) as a hub-layout checkpoint "
+                                   "(config.json + model.safetensors, or N shards + index).")
     p.add_argument("preset", help="config preset: tiny, small, medium or kimi-linear-48b")
     p.add_argument("out_dir", type=Path, help="checkpoint directory to create")
     p.add_argument("--seed", type=int, default=0, help="weight seed, 0 <= S < 2**32 (default 0)")

@@ -1,0 +1,333 @@
+"""MLA attention, NoPE variant (spec b.11/b.12): ``naive`` and ``absorbed`` over a contiguous cache,
+and ``paged_decode`` over a :class:`PagedLatentCache` as serving engines keep it.
+
+Shapes (ARCHITECTURE.md): ``q [B, T, N, P+R]`` (per head ``[nope ; pe]``), ``latent [B, S, L]``
+(normed ``c``), ``k_pe [B, S, R]`` (shared by heads, un-rotated), ``w_kvb [N*(P+Vh), L]`` (rows per
+head: P of W_UK then Vh of W_UV), ``o [B, T, N, Vh]``; queries are the last T of the S positions,
+causal; ``scale`` defaults to ``(P+R)**-0.5``.
+
+Absorbed form: ``q_lat[h] = W_UK[h]^T q_nope[h]`` (a torch batched GEMM over heads), then the Triton
+attention kernel (:mod:`.kernels`) over the 576-wide keys ``[c ; k_pe]`` with value ``c`` (online
+softmax in fp32, flash-decoding split over S for long contexts), then ``o[h] = W_UV[h] o_lat[h]``
+(torch batched GEMM). In bf16 ``q_lat`` and the attention output ``o_lat`` are rounded to bf16 before
+their GEMMs, as vLLM's MLA backends do. float32 runs refuse TF32 (torch) and use ``ieee`` tl.dot.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from .. import _counters
+from ..elementwise._precision import (check_float, check_same_device, compute_dtype,
+                                      require_ieee_fp32_matmul, tl_compute_dtype)
+from .kernels import _mla_attn_kernel, _mla_combine_kernel, _paged_write_kernel
+
+__all__ = ["naive", "absorbed", "paged_decode", "PagedLatentCache"]
+
+BLOCK_N = 32  # keys per inner step; part of the reduction order (paged == contiguous bitwise)
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(n))
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _default_splits(device: torch.device, programs: int, S: int) -> int:
+    """Slices of the key range: enough programs to fill the GPU (about 2 waves), at least 4 key
+    blocks per slice; 1 on CPU (the interpreter gains nothing from splitting)."""
+    if device.type != "cuda":
+        return 1
+    want = triton.cdiv(2 * _sm_count(device), max(programs, 1))
+    return max(1, min(want, triton.cdiv(S, 4 * BLOCK_N), 64))
+
+
+def _dims(op: str, q: torch.Tensor, latent_dim: int, R: int, w_kvb: torch.Tensor):
+    """(N, P, Vh) from q [..., N, P+R] and w_kvb [N*(P+Vh), L]."""
+    N, PR = q.shape[-2], q.shape[-1]
+    P = PR - R
+    if P < 1:
+        raise ValueError(f"{op}: q: last dim P+R = {PR} must exceed R = {R} (k_pe)")
+    if w_kvb.dim() != 2 or w_kvb.shape[1] != latent_dim or w_kvb.shape[0] % N:
+        raise ValueError(f"{op}: w_kvb: expected [N*(P+Vh), L] with N = {N}, L = {latent_dim}, "
+                         f"got {tuple(w_kvb.shape)}")
+    Vh = w_kvb.shape[0] // N - P
+    if Vh < 1:
+        raise ValueError(f"{op}: w_kvb: {w_kvb.shape[0]} rows leave no value rows for N = {N}, P = {P}")
+    return N, P, Vh
+
+
+def _check_dtypes(op: str, **tensors):
+    first = None
+    for name, t in tensors.items():
+        check_float(op, name, t)
+        if first is None:
+            first = (name, t.dtype)
+        elif t.dtype != first[1]:
+            raise TypeError(f"{op}: {name}: dtype {t.dtype} differs from {first[0]}'s {first[1]}")
+    check_same_device(op, **tensors)
+
+
+def _check_contiguous(op, q, latent, k_pe, w_kvb):
+    _check_dtypes(op, q=q, latent=latent, k_pe=k_pe, w_kvb=w_kvb)
+    if q.dim() != 4:
+        raise ValueError(f"{op}: q: expected [B, T, N, P+R], got {tuple(q.shape)}")
+    B, T = q.shape[:2]
+    if latent.dim() != 3 or latent.shape[0] != B:
+        raise ValueError(f"{op}: latent: expected [B, S, L] with B = {B}, got {tuple(latent.shape)}")
+    S, L = latent.shape[1:]
+    if k_pe.dim() != 3 or k_pe.shape[:2] != (B, S):
+        raise ValueError(f"{op}: k_pe: expected [B, S, R] with B, S = {B}, {S}, got {tuple(k_pe.shape)}")
+    R = k_pe.shape[2]
+    if S < T:
+        raise ValueError(f"{op}: latent: S = {S} positions cannot hold the T = {T} queries")
+    N, P, Vh = _dims(op, q, L, R, w_kvb)
+    return B, T, S, L, R, N, P, Vh
+
+
+def _last_contig(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, num_splits,
+            paged=None, seq_lens=None):
+    """Launch the attention kernel (and the split combiner). q1/q2/out: [B, T, N, *] views;
+    k1/k2/v: [B, S, (N,) *] views (or the paged buffers with ``paged = (block_tables, block_size)``)."""
+    B = q1.shape[0]
+    HP = N if shared_kv else 1
+    dt = k1.dtype
+    BM = 16 if T * HP <= 16 else (32 if D1 > 256 else 64)
+    grid = (B, (N // HP) * triton.cdiv(T * HP, BM), num_splits)
+    cd = compute_dtype(dt)
+    if num_splits > 1:
+        pacc = torch.empty((B, num_splits, T, N, DV), dtype=cd, device=q1.device)
+        pml = torch.empty((B, num_splits, T, N, 2), dtype=cd, device=q1.device)
+    else:
+        pacc = pml = out  # unused
+    if paged is not None:
+        block_tables, block_size = paged
+        kst = (0, k1.stride(0), 0)
+        k2st = (0, k2.stride(0))
+        vst = (0, k1.stride(0), 0)
+        bt, sbt = block_tables, block_tables.stride(0)
+    else:
+        block_size, bt, sbt = 1, q1, 0
+        kst = (k1.stride(0), k1.stride(1), k1.stride(2) if k1.dim() == 4 else 0)
+        k2st = (k2.stride(0), k2.stride(1))
+        vst = (v.stride(0), v.stride(1), v.stride(2) if v.dim() == 4 else 0)
+    big = D1 > 256
+    _mla_attn_kernel[grid](
+        q1, q2, k1, k2, v, out, pacc, pml, bt, seq_lens if seq_lens is not None else q1,
+        T, S, N, D1, R, DV, block_size, float(scale),
+        q1.stride(0), q1.stride(1), q1.stride(2), q2.stride(0), q2.stride(1), q2.stride(2),
+        *kst, *k2st, *vst, out.stride(0), out.stride(1), out.stride(2), sbt,
+        HP=HP, SHARED_KV=shared_kv, PAGED=paged is not None, VAR_LEN=seq_lens is not None,
+        NUM_SPLITS=num_splits, CD=tl_compute_dtype(dt), BLOCK_M=BM, BLOCK_N=BLOCK_N,
+        BLOCK_D1=_pow2(D1), BLOCK_R=_pow2(R), BLOCK_DV=_pow2(DV),
+        num_warps=8 if big else 4, num_stages=2)
+    if num_splits > 1:
+        bdv = min(512, _pow2(DV))
+        _mla_combine_kernel[(B * T * N, triton.cdiv(DV, bdv))](
+            pacc, pml, out, T, N, DV, out.stride(0), out.stride(1), out.stride(2),
+            NUM_SPLITS=num_splits, CD=tl_compute_dtype(dt), BLOCK_DV=bdv, num_warps=4)
+    return out
+
+
+def _w_views(w_kvb: torch.Tensor, N: int, P: int, Vh: int):
+    """W_UK [N, P, L] and W_UV [N, Vh, L] as views of w_kvb (no copy)."""
+    w = w_kvb.view(N, P + Vh, w_kvb.shape[1])
+    return w[:, :P, :], w[:, P:, :]
+
+
+def _q_lat(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+    """q_nope [B, T, N, P] -> q_lat [B, T, N, L] (a strided view of an [N, B*T, L] GEMM output)."""
+    B, T, N, P = q_nope.shape
+    qn = q_nope.permute(2, 0, 1, 3).reshape(N, B * T, P)
+    q_lat = torch.bmm(qn, w_uk)  # [N, B*T, L]
+    return q_lat.view(N, B, T, -1).permute(1, 2, 0, 3)
+
+
+def _uv(o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
+    """o_lat [B, T, N, L] -> o [B, T, N, Vh] = W_UV[h] o_lat[h]."""
+    B, T, N, L = o_lat.shape
+    ol = o_lat.permute(2, 0, 1, 3).reshape(N, B * T, L)
+    o = torch.bmm(ol, w_uv.transpose(1, 2))  # [N, B*T, Vh]
+    return o.view(N, B, T, -1).permute(1, 2, 0, 3).contiguous()
+
+
+def absorbed(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: torch.Tensor, *,
+             scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
+    """Absorbed ("data-movement-friendly") MLA over a contiguous latent cache.
+
+    q: [B, T, N, P+R]; latent: [B, S, L]; k_pe: [B, S, R]; w_kvb: [N*(P+Vh), L]; one dtype.
+    Returns o [B, T, N, Vh] in q's dtype. ``num_splits`` (tuning; default: chosen from the GPU size)
+    slices the key range for flash-decoding; it changes the reduction order, not the math.
+    """
+    op = "mla.absorbed"
+    _counters.record(op)
+    B, T, S, L, R, N, P, Vh = _check_contiguous(op, q, latent, k_pe, w_kvb)
+    require_ieee_fp32_matmul(op, q)
+    scale = (P + R) ** -0.5 if scale is None else scale
+    w_uk, w_uv = _w_views(w_kvb, N, P, Vh)
+    q_lat = _q_lat(q[..., :P], w_uk)
+    latent, k_pe = _last_contig(latent), _last_contig(k_pe)
+    BM = 16 if T * N <= 16 else 32
+    if num_splits is None:
+        num_splits = _default_splits(q.device, B * triton.cdiv(T * N, BM), S)
+    o_lat = torch.empty((B, T, N, L), dtype=q.dtype, device=q.device)
+    _attend(q_lat, q[..., P:], latent, k_pe, latent, o_lat, T=T, S=S, N=N, D1=L, R=R, DV=L,
+            scale=scale, shared_kv=True, num_splits=num_splits)
+    return _uv(o_lat, w_uv)
+
+
+def naive(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: torch.Tensor, *,
+          scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
+    """Naive ("compute-friendly") MLA: expand ``kv = latent @ w_kvb^T`` into per-head keys
+    ``[k_nope_h ; k_pe]`` (P+R) and values ``v_h`` (Vh) with one torch GEMM (rounded to the input
+    dtype, as HF does), then per-head causal flash attention in Triton.
+
+    Same arguments and result as :func:`absorbed`: q [B, T, N, P+R], latent [B, S, L],
+    k_pe [B, S, R], w_kvb [N*(P+Vh), L] -> o [B, T, N, Vh].
+    """
+    op = "mla.naive"
+    _counters.record(op)
+    B, T, S, L, R, N, P, Vh = _check_contiguous(op, q, latent, k_pe, w_kvb)
+    require_ieee_fp32_matmul(op, q)
+    scale = (P + R) ** -0.5 if scale is None else scale
+    kv = (latent @ w_kvb.T).view(B, S, N, P + Vh)
+    k_pe = _last_contig(k_pe)
+    q = _last_contig(q)
+    if num_splits is None:
+        num_splits = _default_splits(q.device, B * N * triton.cdiv(T, 16), S)
+    o = torch.empty((B, T, N, Vh), dtype=q.dtype, device=q.device)
+    _attend(q[..., :P], q[..., P:], kv[..., :P], k_pe, kv[..., P:], o, T=T, S=S, N=N, D1=P, R=R,
+            DV=Vh, scale=scale, shared_kv=False, num_splits=num_splits)
+    return o
+
+
+class PagedLatentCache:
+    """The MLA latent cache as a serving engine pages it.
+
+    Storage ``kv [num_blocks, block_size, L+R]``: each position is one 576-wide row ``[c ; k_pe]``
+    (vLLM's MLA layout). A sequence owns a list of blocks (its row of ``block_tables``, chosen by the
+    caller's allocator); position ``p`` of sequence ``b`` lives at slot
+    ``block_tables[b, p // block_size] * block_size + p % block_size``. Writes go through a slot
+    mapping; rows not written stay bit-identical.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, L: int, R: int, dtype: torch.dtype,
+                 device: torch.device | str):
+        if num_blocks < 1 or block_size < 1 or L < 1 or R < 1:
+            raise ValueError(f"PagedLatentCache: num_blocks, block_size, L, R must be >= 1, got "
+                             f"{num_blocks}, {block_size}, {L}, {R}")
+        self.num_blocks, self.block_size, self.L, self.R = num_blocks, block_size, L, R
+        self.kv = torch.zeros((num_blocks, block_size, L + R), dtype=dtype, device=device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.kv.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv.device
+
+    @property
+    def latent(self) -> torch.Tensor:
+        """[num_blocks, block_size, L] view."""
+        return self.kv[..., : self.L]
+
+    @property
+    def k_pe(self) -> torch.Tensor:
+        """[num_blocks, block_size, R] view."""
+        return self.kv[..., self.L:]
+
+    @staticmethod
+    def slot_mapping(block_tables: torch.Tensor, seq_idx: torch.Tensor, positions: torch.Tensor,
+                     block_size: int) -> torch.Tensor:
+        """Slots of positions ``positions[i]`` of sequences ``seq_idx[i]`` (torch, on the device)."""
+        blk = block_tables[seq_idx.long(), positions.long() // block_size].long()
+        return blk * block_size + positions.long() % block_size
+
+    def write(self, latent: torch.Tensor, k_pe: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Store ``latent [n, L]`` and ``k_pe [n, R]`` at ``slot_mapping [n]`` (int; a negative slot
+        is padding and writes nothing). Slots must be distinct and < num_blocks * block_size."""
+        op = "mla.PagedLatentCache.write"
+        _counters.record(op)
+        _check_dtypes(op, latent=latent, k_pe=k_pe)
+        n = latent.shape[0]
+        if latent.dim() != 2 or latent.shape[1] != self.L:
+            raise ValueError(f"{op}: latent: expected [n, L] with L = {self.L}, got {tuple(latent.shape)}")
+        if k_pe.shape != (n, self.R):
+            raise ValueError(f"{op}: k_pe: expected [n, R] = {(n, self.R)}, got {tuple(k_pe.shape)}")
+        if slot_mapping.dtype not in (torch.int32, torch.int64) or slot_mapping.shape != (n,):
+            raise ValueError(f"{op}: slot_mapping: expected [n] = ({n},) int32/int64, got "
+                             f"{tuple(slot_mapping.shape)} {slot_mapping.dtype}")
+        if latent.dtype != self.dtype:
+            raise TypeError(f"{op}: latent: dtype {latent.dtype} differs from the cache's {self.dtype}")
+        check_same_device(op, latent=latent, k_pe=k_pe, slot_mapping=slot_mapping, cache=self.kv)
+        if n == 0:
+            return
+        latent, k_pe = _last_contig(latent), _last_contig(k_pe)
+        kv = self.kv.view(-1, self.L + self.R)
+        _paged_write_kernel[(n,)](
+            latent, k_pe, slot_mapping.contiguous(), kv, self.L, self.R, latent.stride(0),
+            k_pe.stride(0), kv.stride(0), BLOCK_L=triton.next_power_of_2(self.L),
+            BLOCK_R=triton.next_power_of_2(self.R), num_warps=4)
+
+    def gather(self, block_table: torch.Tensor, length: int):
+        """(latent [length, L], k_pe [length, R]) of one sequence, in position order (a copy)."""
+        pos = torch.arange(length, device=self.device)
+        rows = block_table[pos // self.block_size].long() * self.block_size + pos % self.block_size
+        flat = self.kv.view(-1, self.L + self.R)[rows]
+        return flat[:, : self.L], flat[:, self.L:]
+
+
+def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.Tensor,
+                 seq_lens: torch.Tensor, w_kvb: torch.Tensor, *, scale: float | None = None,
+                 num_splits: int | None = None) -> torch.Tensor:
+    """Absorbed MLA decode over a paged cache: one query token per sequence.
+
+    q: [B, N, P+R] (the token at position ``seq_lens[b] - 1``, already written to the cache);
+    block_tables: [B, max_blocks] int32/int64; seq_lens: [B] int32/int64 (each in
+    ``[1, max_blocks * block_size]``, not checked on the device); w_kvb: [N*(P+Vh), L].
+    Returns o [B, N, Vh] in q's dtype. With the same ``num_splits`` the key reduction runs in the
+    order of :func:`absorbed` on the contiguous cache, so the results are bitwise equal.
+    ``num_splits`` defaults to a GPU-size heuristic on the capacity ``max_blocks * block_size`` (no
+    host sync on ``seq_lens``).
+    """
+    op = "mla.paged_decode"
+    _counters.record(op)
+    if not isinstance(cache, PagedLatentCache):
+        raise TypeError(f"{op}: cache: expected a PagedLatentCache, got {type(cache).__name__}")
+    _check_dtypes(op, q=q, cache=cache.kv, w_kvb=w_kvb)
+    if q.dim() != 3:
+        raise ValueError(f"{op}: q: expected [B, N, P+R], got {tuple(q.shape)}")
+    B = q.shape[0]
+    L, R = cache.L, cache.R
+    N, P, Vh = _dims(op, q, L, R, w_kvb)
+    if block_tables.dtype not in (torch.int32, torch.int64) or block_tables.dim() != 2 \
+            or block_tables.shape[0] != B:
+        raise ValueError(f"{op}: block_tables: expected [B, max_blocks] int with B = {B}, got "
+                         f"{tuple(block_tables.shape)} {block_tables.dtype}")
+    if seq_lens.dtype not in (torch.int32, torch.int64) or seq_lens.shape != (B,):
+        raise ValueError(f"{op}: seq_lens: expected [B] = ({B},) int32/int64, got "
+                         f"{tuple(seq_lens.shape)} {seq_lens.dtype}")
+    check_same_device(op, q=q, block_tables=block_tables, seq_lens=seq_lens, cache=cache.kv)
+    require_ieee_fp32_matmul(op, q)
+    scale = (P + R) ** -0.5 if scale is None else scale
+    capacity = block_tables.shape[1] * cache.block_size
+    if num_splits is None:
+        num_splits = _default_splits(q.device, B * triton.cdiv(N, 16 if N <= 16 else 32), capacity)
+    w_uk, w_uv = _w_views(w_kvb, N, P, Vh)
+    q4 = q[:, None]  # [B, 1, N, P+R]
+    q_lat = _q_lat(q4[..., :P], w_uk)
+    o_lat = torch.empty((B, 1, N, L), dtype=q.dtype, device=q.device)
+    kv = cache.kv.view(-1, L + R)
+    _attend(q_lat, q4[..., P:], kv, kv[:, L:], kv, o_lat, T=1, S=capacity, N=N, D1=L, R=R, DV=L,
+            scale=scale, shared_kv=True, num_splits=num_splits,
+            paged=(block_tables.contiguous(), cache.block_size), seq_lens=seq_lens.contiguous())
+    return _uv(o_lat, w_uv)[:, 0]

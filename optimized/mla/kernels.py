@@ -1,0 +1,161 @@
+"""MLA attention kernels: one flash-attention kernel for both MLA forms, plus a split combiner and
+the paged-cache writer.
+
+``_mla_attn_kernel`` computes, for each query row (b, t, h) at position ``S_b - T + t``,
+``softmax_s(scale * (q1 . k1_s + q2 . k2_s)) @ v`` over keys ``s <= S_b - T + t`` (and ``s < S_b``):
+
+* absorbed form (``SHARED_KV``): q1 = ``q_lat`` [L], k1 = v = the latent ``c_s`` [L], q2 = ``q_pe``,
+  k2 = ``k_pe_s``: MQA with one 576-wide key and the latent as value, shared by every head. All
+  ``T * N`` query rows of a sequence share each loaded latent tile, which serves as key *and* value
+  (the cache is read once per row block).
+* naive form: per-head keys ``[k_nope_h ; k_pe]`` and values ``v_h`` (one head per program).
+
+Online softmax in the compute dtype (fp32, fp64 for fp64 runs); probabilities are cast to the value
+dtype for the PV product (bf16 in production, as FlashAttention does). Flash-decoding: the key range
+of a sequence is cut into ``NUM_SPLITS`` slices of ``cdiv(cdiv(S_b, NUM_SPLITS), BLOCK_N) * BLOCK_N``
+keys; with more than one slice each program writes its unnormalized partial ``(acc, m, l)`` and
+``_mla_combine_kernel`` merges the slices in ascending order. Slice boundaries depend only on
+``S_b``, ``NUM_SPLITS`` and ``BLOCK_N``, never on the memory layout, so the paged cache
+(``PAGED``: key position -> block table -> physical row) reduces in exactly the contiguous order.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _mla_attn_kernel(
+        q1_ptr, q2_ptr, k1_ptr, k2_ptr, v_ptr, o_ptr, pacc_ptr, pml_ptr, bt_ptr, slen_ptr,
+        T, S, N, D1, R, DV, block_size, scale: tl.float64,
+        sq1b, sq1t, sq1h, sq2b, sq2t, sq2h,
+        sk1b, sk1s, sk1h, sk2b, sk2s, svb, svs, svh,
+        sob, sot, soh, sbtb,
+        HP: tl.constexpr, SHARED_KV: tl.constexpr, PAGED: tl.constexpr, VAR_LEN: tl.constexpr,
+        NUM_SPLITS: tl.constexpr, CD: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_R: tl.constexpr,
+        BLOCK_DV: tl.constexpr):
+    # grid (B, (N // HP) * cdiv(T * HP, BLOCK_M), NUM_SPLITS). Rows of a program: r -> t = r // HP,
+    # h = hg * HP + r % HP. HP = N (absorbed: all heads share K/V) or 1 (naive: per-head K/V).
+    b = tl.program_id(0).to(tl.int64)
+    n_rb = tl.cdiv(T * HP, BLOCK_M)
+    hg = tl.program_id(1) // n_rb
+    rb = tl.program_id(1) % n_rb
+    split = tl.program_id(2)
+    if VAR_LEN:
+        S_b = tl.load(slen_ptr + b)
+    else:
+        S_b = S
+    r = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = r < T * HP
+    t = r // HP
+    h = (hg * HP + r % HP).to(tl.int64)
+    t64 = t.to(tl.int64)
+    pos = S_b - T + t  # query position; key s is visible iff s <= pos
+
+    d1 = tl.arange(0, BLOCK_D1)
+    dr = tl.arange(0, BLOCK_R)
+    q1 = tl.load(q1_ptr + b * sq1b + t64[:, None] * sq1t + h[:, None] * sq1h + d1[None, :],
+                 mask=rmask[:, None] & (d1 < D1)[None, :], other=0.0)
+    q2 = tl.load(q2_ptr + b * sq2b + t64[:, None] * sq2t + h[:, None] * sq2h + dr[None, :],
+                 mask=rmask[:, None] & (dr < R)[None, :], other=0.0)
+    hoff = hg.to(tl.int64) * (1 - SHARED_KV)  # per-head K/V offset (0 in the shared form)
+
+    split_len = tl.cdiv(tl.cdiv(S_b, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    last_pos = S_b - T + tl.minimum(rb * BLOCK_M + BLOCK_M - 1, T * HP - 1) // HP
+    end = tl.minimum(tl.minimum(start + split_len, S_b), last_pos + 1)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), CD)
+    l_i = tl.zeros([BLOCK_M], CD)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], CD)
+    sc = tl.full([BLOCK_M, BLOCK_N], scale, CD)
+    dv = tl.arange(0, BLOCK_DV)
+    for s0 in range(start, end, BLOCK_N):
+        s = s0 + tl.arange(0, BLOCK_N)
+        smask = s < end
+        if PAGED:
+            blk = tl.load(bt_ptr + b * sbtb + s // block_size, mask=smask, other=0).to(tl.int64)
+            row = blk * block_size + s % block_size
+            k1row = k1_ptr + row * sk1s
+            k2row = k2_ptr + row * sk2s
+            vrow = v_ptr + row * svs
+        else:
+            s64 = s.to(tl.int64)
+            k1row = k1_ptr + b * sk1b + s64 * sk1s + hoff * sk1h
+            k2row = k2_ptr + b * sk2b + s64 * sk2s
+            vrow = v_ptr + b * svb + s64 * svs + hoff * svh
+        k1 = tl.load(k1row[:, None] + d1[None, :], mask=smask[:, None] & (d1 < D1)[None, :], other=0.0)
+        k2 = tl.load(k2row[:, None] + dr[None, :], mask=smask[:, None] & (dr < R)[None, :], other=0.0)
+        qk = tl.dot(q1, tl.trans(k1), input_precision="ieee", out_dtype=CD)
+        qk = tl.dot(q2, tl.trans(k2), qk, input_precision="ieee", out_dtype=CD)
+        visible = smask[None, :] & (s[None, :] <= pos[:, None])
+        qk = tl.where(visible, qk * sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+        p = tl.exp(qk - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if SHARED_KV:
+            vt = k1  # the latent is the value: same tile
+        else:
+            vt = tl.load(vrow[:, None] + dv[None, :], mask=smask[:, None] & (dv < DV)[None, :], other=0.0)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(vt.dtype), vt, acc, input_precision="ieee", out_dtype=CD)
+        m_i = m_new
+
+    omask = rmask[:, None] & (dv < DV)[None, :]
+    if NUM_SPLITS == 1:
+        o = acc / l_i[:, None]
+        tl.store(o_ptr + b * sob + t64[:, None] * sot + h[:, None] * soh + dv[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=omask)
+    else:
+        # partials [B, NUM_SPLITS, T, N, DV] and [B, NUM_SPLITS, T, N, 2], contiguous
+        prow = ((b * NUM_SPLITS + split) * T + t64) * N + h
+        tl.store(pacc_ptr + prow[:, None] * DV + dv[None, :], acc, mask=omask)
+        tl.store(pml_ptr + prow * 2, m_i, mask=rmask)
+        tl.store(pml_ptr + prow * 2 + 1, l_i, mask=rmask)
+
+
+@triton.jit
+def _mla_combine_kernel(pacc_ptr, pml_ptr, o_ptr, T, N, DV, sob, sot, soh,
+                        NUM_SPLITS: tl.constexpr, CD: tl.constexpr, BLOCK_DV: tl.constexpr):
+    # grid (B * T * N, cdiv(DV, BLOCK_DV)); o = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s
+    row = tl.program_id(0).to(tl.int64)  # (b * T + t) * N + h
+    h = row % N
+    bt = row // N
+    b = bt // T
+    t = bt % T
+    dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    dmask = dv < DV
+    stride_split = T * N
+    base = b * NUM_SPLITS * stride_split + t * N + h
+    m_max = tl.load(pml_ptr + base * 2)
+    for sp in range(1, NUM_SPLITS):
+        m_max = tl.maximum(m_max, tl.load(pml_ptr + (base + sp * stride_split) * 2))
+    num = tl.zeros([BLOCK_DV], CD)
+    den = tl.sum(tl.zeros([1], CD), axis=0)
+    for sp in range(0, NUM_SPLITS):
+        prow = base + sp * stride_split
+        wsp = tl.exp(tl.load(pml_ptr + prow * 2) - m_max)  # 0 for an empty slice (m = -inf)
+        num += wsp * tl.load(pacc_ptr + prow * DV + dv, mask=dmask, other=0.0)
+        den += wsp * tl.load(pml_ptr + prow * 2 + 1)
+    o = num / den
+    tl.store(o_ptr + b * sob + t * sot + h * soh + dv, o.to(o_ptr.dtype.element_ty), mask=dmask)
+
+
+@triton.jit
+def _paged_write_kernel(lat_ptr, kpe_ptr, slot_ptr, kv_ptr, L, R, slat, skpe, skv,
+                        BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr):
+    # grid (n,): kv[slot[i], :L] = latent[i]; kv[slot[i], L:L+R] = k_pe[i]; slot < 0 = padding
+    i = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + i).to(tl.int64)
+    dl = tl.arange(0, BLOCK_L)
+    dr = tl.arange(0, BLOCK_R)
+    ok_l = (dl < L) & ((tl.zeros([BLOCK_L], tl.int64) + slot) >= 0)
+    ok_r = (dr < R) & ((tl.zeros([BLOCK_R], tl.int64) + slot) >= 0)
+    slot = tl.maximum(slot, 0)
+    lat = tl.load(lat_ptr + i * slat + dl, mask=ok_l, other=0.0)
+    tl.store(kv_ptr + slot * skv + dl, lat.to(kv_ptr.dtype.element_ty), mask=ok_l)
+    kpe = tl.load(kpe_ptr + i * skpe + dr, mask=ok_r, other=0.0)
+    tl.store(kv_ptr + slot * skv + L + dr, kpe.to(kv_ptr.dtype.element_ty), mask=ok_r)

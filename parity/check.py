@@ -1,0 +1,204 @@
+"""Running one op on one input: round the inputs to the candidate's dtype, evaluate the float64
+reference on the SAME rounded values, run a candidate, and judge every output against the bound.
+
+This is the one place where dtype and device conversion happens (the parity boundary).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import metrics
+from .bounds.core import dtype_name, precision_for
+from .registry import Case, OpRecord
+
+_TORCH = {}
+
+
+def torch_dtype(name: str):
+    import torch
+
+    if not _TORCH:
+        _TORCH.update({"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                       "float64": torch.float64})
+    return _TORCH[dtype_name(name)]
+
+
+def strength_of(dtype: str) -> str:
+    """lifted for float32/float64 runs, production for bfloat16/float16 runs."""
+    return "production" if dtype_name(dtype) in ("bfloat16", "float16") else "lifted"
+
+
+def _policy_dtype(policy: str, dtype: str) -> str:
+    if policy == "fp32" and dtype in ("bfloat16", "float16"):
+        return "float32"
+    return dtype
+
+
+def _to_torch(arr, policy, dtype, device):
+    import torch
+
+    if arr is None:
+        return None, None
+    if isinstance(arr, (int, float)):
+        return arr, arr
+    arr = np.asarray(arr)
+    if policy == "int" or arr.dtype.kind in "iub":
+        t = torch.from_numpy(np.ascontiguousarray(arr)).to(device)
+        return t, arr
+    t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64)).to(
+        device=device, dtype=torch_dtype(_policy_dtype(policy, dtype)))
+    return t, t.detach().to("cpu", torch.float64).numpy()
+
+
+@dataclass
+class Prepared:
+    """A case at one dtype: the candidate's tensors, the float64 values the reference saw, and the
+    reference outputs on them."""
+
+    record: OpRecord
+    case: Case
+    dtype: str
+    device: str
+    tensors: dict
+    f64: dict
+    ref: dict
+    _bounds: dict = field(default_factory=dict)
+
+    def inputs(self) -> dict:
+        """Fresh copies of the input tensors (a candidate may write its inputs)."""
+        return {k: (v.clone() if hasattr(v, "clone") else v) for k, v in self.tensors.items()}
+
+    def bound(self, out_dtypes: dict) -> dict:
+        key = tuple(sorted(out_dtypes.items()))
+        if key not in self._bounds:
+            p = precision_for(self.dtype, out_dtypes)
+            inputs = {k: v for k, v in self.f64.items() if not k.startswith("_")}
+            b = self.record.bound(inputs, self.case.kwargs, self.ref, p)
+            for name in self.record.exact:
+                b[name] = np.zeros(np.shape(self.ref[name]))
+            self._bounds[key] = b
+        return self._bounds[key]
+
+
+def prepare(record: OpRecord, case: Case, dtype: str, device: str = "cpu") -> Prepared:
+    dtype = dtype_name(dtype)
+    tensors, f64 = {}, {}
+    for name, arr in case.arrays.items():
+        tensors[name], f64[name] = _to_torch(arr, record.policy.get(name, "io"), dtype, device)
+    for name, arr in case.aux.items():
+        tensors["_" + name], f64["_" + name] = _to_torch(arr, record.policy.get(name, "io"), dtype, device)
+    ref_inputs = {k: v for k, v in f64.items() if not k.startswith("_")}
+    ref = record.run_reference(ref_inputs, case.kwargs)
+    return Prepared(record, case, dtype, device, tensors, f64, ref)
+
+
+@dataclass
+class Judgement:
+    """The verdict of one candidate on one prepared case."""
+
+    passed: bool
+    ratio: float                              # worst error in bound units over all outputs
+    outputs: dict = field(default_factory=dict)   # name -> metrics.Comparison
+    error: str | None = None                  # the candidate raised
+    seconds: float = 0.0
+    kernel_ran: bool | None = None
+
+    def report(self) -> str:
+        if self.error:
+            return f"candidate raised: {self.error}"
+        return "\n".join(c.report() for c in self.outputs.values())
+
+
+def run_candidate(prepared: Prepared, cand, *, counter: str | None = None):
+    """Call a normalized candidate; returns (outputs, error string or None, kernel_ran)."""
+    from_counters = None
+    if counter is not None:
+        from optimized import _counters
+
+        before = _counters.launches[counter]
+    t0 = time.perf_counter()
+    try:
+        out = cand(prepared.inputs(), dict(prepared.case.kwargs))
+        err = None
+    except Exception as exc:  # a crashing candidate fails the check; the message says why
+        out, err = None, f"{type(exc).__name__}: {exc}"
+    dt = time.perf_counter() - t0
+    if counter is not None:
+        from_counters = _counters.launches[counter] > before
+    return out, err, from_counters, dt
+
+
+def judge(prepared: Prepared, outputs: dict | None, *, error: str | None = None, seconds: float = 0.0,
+          kernel_ran: bool | None = None) -> Judgement:
+    if error is not None or outputs is None:
+        return Judgement(False, float("inf"), error=error or "no outputs", seconds=seconds, kernel_ran=kernel_ran)
+    rec = prepared.record
+    missing = [n for n in rec.outputs if n not in outputs]
+    if missing:
+        return Judgement(False, float("inf"), error=f"missing outputs {missing}", seconds=seconds,
+                         kernel_ran=kernel_ran)
+    out_dtypes = {n: metrics.dtype_of(outputs[n]) for n in rec.outputs if metrics.dtype_of(outputs[n])}
+    bounds = prepared.bound(out_dtypes)
+    comps = {}
+    for n in rec.outputs:
+        comps[n] = metrics.compare(n, prepared.ref[n], outputs[n], bounds[n])
+    ratio = max((c.ratio for c in comps.values()), default=0.0)
+    passed = all(c.passed for c in comps.values())
+    return Judgement(passed, ratio, comps, seconds=seconds, kernel_ran=kernel_ran)
+
+
+def check(prepared: Prepared, cand, *, counter: str | None = None) -> Judgement:
+    out, err, ran, dt = run_candidate(prepared, cand, counter=counter)
+    return judge(prepared, out, error=err, seconds=dt, kernel_ran=ran)
+
+
+# -- bytes ------------------------------------------------------------------------------------
+def bitwise_equal(a, b) -> bool:
+    import torch
+
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return bool(np.array_equal(np.asarray(a), np.asarray(b)))
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        view = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return bool(torch.equal(a.contiguous().view(view), b.contiguous().view(view)))
+    return bool(torch.equal(a, b))
+
+
+def bytes_checks(prepared: Prepared, cand, first: dict | None = None) -> dict:
+    """Run-to-run identity and, where the record declares independent batch rows, batch-composition
+    invariance (the first half of the batch alone gives bit-identical rows). Returns
+    ``{"run_to_run": bool, "batch": bool | None, "detail": str}``."""
+    rec = prepared.record
+    if first is None:
+        first = cand(prepared.inputs(), dict(prepared.case.kwargs))
+    again = cand(prepared.inputs(), dict(prepared.case.kwargs))
+    bad = [n for n in rec.outputs if not bitwise_equal(first[n], again[n])]
+    out = {"run_to_run": not bad, "batch": None,
+           "detail": f"run-to-run differs in {bad}" if bad else ""}
+    spec = rec.batch
+    if spec and prepared.tensors.get("cu_seqlens") is None:
+        axes = spec["inputs"]
+        n = None
+        for name, ax in axes.items():
+            t = prepared.tensors.get(name)
+            if t is not None:
+                n = t.shape[ax]
+                break
+        if n is not None and n >= 2:
+            m = n // 2
+            sub = prepared.inputs()
+            for name, ax in axes.items():
+                if sub.get(name) is not None:
+                    sub[name] = sub[name].narrow(ax, 0, m).contiguous()
+            part = cand(sub, dict(prepared.case.kwargs))
+            bad = [o for o, ax in spec["outputs"].items()
+                   if not bitwise_equal(part[o], first[o].narrow(ax, 0, m).contiguous())]
+            out["batch"] = not bad
+            if bad:
+                out["detail"] += f"{'; ' if out['detail'] else ''}batch of {m} of {n} differs in {bad}"
+    return out

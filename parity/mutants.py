@@ -1,0 +1,99 @@
+"""Mutation teeth: named semantic bugs, and the controls every check must reject.
+
+Two kinds of mutant (:class:`parity.registry.Mutant`):
+
+- ``wrap``: the real candidate runs, with its inputs, keyword arguments or outputs transformed so
+  that the result is exactly what the bug would compute (``A_log + 1`` feeds ``A_log + 1``; "state
+  stored transposed" reinterprets the returned ``[K, V]`` state's memory as ``[V, K]`` then reads it
+  back as ``[K, V]``, which only a K != V shape or a non-symmetric state can reveal).
+- ``internal``: the bug lives inside the algorithm (a chunk boundary off by one, a skipped l2norm
+  in a fused kernel), so the mutant is a mutated float evaluation at the candidate's dtype
+  (``parity.emulate`` with ``mutation=``): it proves the check would see that bug, not that the
+  kernel has it.
+
+A mutant is killed when the check fails on at least one drawn input; its teeth ratio is the worst
+error in bound units it produced (inf for a shape, NaN-pattern or degenerate failure). Every op
+also rejects two controls, an all-zeros and an all-NaN candidate.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+from .registry import Mutant
+
+
+def wrap(name: str, doc: str, *, inputs=None, kwargs=None, outputs=None) -> Mutant:
+    """A mutant around the real candidate: ``inputs(d) -> d`` (tensors by name, aux under ``_name``),
+    ``kwargs(kw) -> kw``, ``outputs(out, inputs) -> out``."""
+
+    def build(cand, record):
+        def mutated(inp, kw):
+            original = dict(inp)
+            if inputs is not None:
+                inp = inputs(dict(inp))
+            if kwargs is not None:
+                kw = kwargs(dict(kw))
+            out = cand(inp, kw)
+            if outputs is not None:
+                out = outputs(dict(out), original)
+            return out
+
+        return mutated
+
+    return Mutant(name, doc, "wrap", build)
+
+
+def internal(name: str, doc: str, fn, mutation: str | None = None) -> Mutant:
+    """A mutant evaluated by ``fn`` (a parity.emulate function) with ``mutation=`` (default: name)."""
+
+    def build(cand, record):
+        return record.candidate(partial(fn, mutation=mutation or name))
+
+    return Mutant(name, doc, "internal", build)
+
+
+def transposed_state(s):
+    """The ``[..., K, V]`` state written in V-major order into a K-major buffer (the vLLM layout bug):
+    same shape, scrambled values unless K == V and the state is symmetric."""
+    K, V = s.shape[-2:]
+    return s.transpose(-1, -2).contiguous().reshape(s.shape)
+
+
+def zeros_candidate(record, prepared):
+    """A control: every float output all zeros (integer outputs zeros too)."""
+    import torch
+
+    from .check import torch_dtype
+
+    def cand(inp, kw):
+        out = {}
+        for n in record.outputs:
+            r = prepared.ref[n]
+            dt = torch.int64 if r.dtype.kind in "iu" else torch_dtype(prepared.dtype)
+            out[n] = torch.zeros(r.shape, dtype=dt)
+        return out
+
+    return cand
+
+
+def nan_candidate(record, prepared):
+    """A control: every float output all NaN (integer outputs copied from the reference, so only the
+    NaNs can fail it)."""
+    import torch
+
+    from .check import torch_dtype
+
+    def cand(inp, kw):
+        out = {}
+        for n in record.outputs:
+            r = prepared.ref[n]
+            if r.dtype.kind in "iu":
+                out[n] = torch.from_numpy(r.copy())
+            else:
+                out[n] = torch.full(r.shape, float("nan"), dtype=torch_dtype(prepared.dtype))
+        return out
+
+    return cand
+
+
+CONTROLS = {"zeros": zeros_candidate, "nan": nan_candidate}

@@ -1,0 +1,2 @@
+"""Registry records, one module per op family; importing this package registers them all."""
+from . import elementwise, norm, conv, kda, mla, moe, embed  # noqa: F401

@@ -1,0 +1,162 @@
+"""Records: mla.absorbed, mla.paged_decode (the paged decode kernel vs the reference absorbed form
+at the last position of each sequence)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from .. import bounds
+from ..emulate import mla as emu
+from ..mutants import internal, wrap
+from ..registry import Case, OpRecord, register
+from ..strategies import bucket, normal, rng, seeds
+from ._util import lazy
+
+# (B, T, S, N, P, R, L, Vh)
+SHAPES = [(2, 3, 19, 2, 16, 8, 32, 16), (1, 1, 33, 3, 16, 16, 64, 32), (2, 4, 4, 2, 32, 8, 32, 32)]
+
+
+def _latent(r, shape, L):
+    """(normed latent, raw latent): kv_a_layernorm of a raw projection whose rms is far from 1."""
+    raw = normal(r, shape, 3.0)
+    w = 1.0 + 0.2 * normal(r, (L,))
+    normed = raw / np.sqrt(np.mean(raw * raw, axis=-1, keepdims=True) + 1e-6) * w
+    return normed, raw
+
+
+@st.composite
+def absorbed_cases(draw):
+    B, T, S, N, P, R, L, Vh = draw(bucket(SHAPES))
+    r = rng(draw(seeds()))
+    lat, raw = _latent(r, (B, S, L), L)
+    a = {"q": normal(r, (B, T, N, P + R)), "latent": lat, "k_pe": normal(r, (B, S, R)),
+         "w_kvb": normal(r, (N * (P + Vh), L), L ** -0.5)}
+    return Case(a, aux={"latent_raw": raw}, label=f"B={B} T={T} S={S} N={N} P={P} R={R} L={L} Vh={Vh}")
+
+
+@st.composite
+def decode_cases(draw):
+    B, S, N, P, R, L, Vh, bs = draw(bucket([(3, 40, 2, 16, 8, 32, 16, 16), (2, 20, 3, 16, 16, 64, 32, 8)]))
+    r = rng(draw(seeds()))
+    lat, raw = _latent(r, (B, S, L), L)
+    lengths = np.array([S] + [int(x) for x in r.integers(2, S + 1, size=B - 1)], dtype=np.int64)
+    a = {"q": normal(r, (B, N, P + R)), "latent": lat, "k_pe": normal(r, (B, S, R)),
+         "w_kvb": normal(r, (N * (P + Vh), L), L ** -0.5), "lengths": lengths}
+    return Case(a, {"block_size": bs, "seed": int(r.integers(0, 2**31))}, aux={"latent_raw": raw},
+                label=f"B={B} S<={S} N={N} P={P} R={R} L={L} Vh={Vh} block={bs}")
+
+
+# -- paged decode: build a paged cache with shuffled blocks, write each sequence, decode -----------
+def paged_decode_adapter(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, scale=None,
+                         _block_shift=0):
+    """Run optimized.mla.paged_decode on the contiguous inputs: a PagedLatentCache with blocks
+    assigned in a seeded random order (plus two spare blocks), positions written through the slot
+    mapping, then one decode query per sequence. ``_block_shift`` is a mutant hook (reads the next
+    block of the table)."""
+    from optimized.mla import PagedLatentCache, paged_decode
+
+    B, S, L = latent.shape
+    R = k_pe.shape[-1]
+    nb = -(-S // block_size)
+    g = torch.Generator().manual_seed(int(seed))
+    perm = torch.randperm(B * nb + 2, generator=g)[: B * nb].reshape(B, nb).to(latent.device)
+    cache = PagedLatentCache(B * nb + 2, block_size, L, R, latent.dtype, latent.device)
+    lens = lengths.to(latent.device)
+    for b in range(B):
+        n = int(lens[b])
+        pos = torch.arange(n, device=latent.device)
+        slots = PagedLatentCache.slot_mapping(perm, torch.full_like(pos, b), pos, block_size)
+        cache.write(latent[b, :n].contiguous(), k_pe[b, :n].contiguous(), slots)
+    table = perm.roll(-_block_shift, dims=1) if _block_shift else perm
+    return paged_decode(q, cache, table, lens, w_kvb, scale=scale)
+
+
+def reference_decode(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, scale=None):
+    """The reference absorbed form, per sequence, with the query at its last position."""
+    from reference import mla
+
+    out = []
+    for b in range(q.shape[0]):
+        n = int(lengths[b])
+        out.append(mla.absorbed(q[b][None, None], latent[b:b + 1, :n], k_pe[b:b + 1, :n], w_kvb,
+                                scale=scale)[0, 0])
+    return np.stack(out)
+
+
+def emulated_decode(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, scale=None, mutation=None,
+                    _block_shift=0):
+    """The stand-in: contiguous attention; ``_block_shift`` emulates reading the next block of a
+    sequence's table (its blocks in order, wrapping around) by rolling the padded context."""
+    if _block_shift:
+        B, S, L = latent.shape
+        cap = -(-S // block_size) * block_size
+        pad = lambda t: torch.cat([t, t.new_zeros(B, cap - S, t.shape[-1])], 1).roll(-block_size * _block_shift, 1)
+        latent, k_pe = pad(latent), pad(k_pe)
+    return emu.paged_decode(q[:, None], latent, k_pe, w_kvb, lengths, scale=scale, mutation=mutation)[:, 0]
+
+
+class _PScale:
+    """Wrap mutant: calls the candidate with scale = P^-0.5 instead of (P + R)^-0.5."""
+
+    def __call__(self, cand, record):
+        def mutated(inp, kw):
+            kw = dict(kw)
+            kw["scale"] = (inp["q"].shape[-1] - inp["k_pe"].shape[-1]) ** -0.5
+            return cand(inp, kw)
+
+        return mutated
+
+
+def _raw_latent(d):
+    d["latent"] = d["_latent_raw"]
+    return d
+
+
+def _no_kpe(d):
+    d["k_pe"] = torch.zeros_like(d["k_pe"])
+    return d
+
+
+def _stale(d):
+    d["lengths"] = d["lengths"] - 1
+    return d
+
+
+def _shift_blocks(kw):
+    kw["_block_shift"] = 1
+    return kw
+
+
+from ..registry import Mutant  # noqa: E402
+
+WRONG_SCALE = Mutant("wrong_scale", "softmax scale P^-0.5 (the rope dims left out)", "wrap", _PScale())
+MLA_DOC = ("|W_UV| (sum_s dp_s |c_s| + gamma_S(ua) sum_s p_s |c_s| + u |o~|) + gamma_L(ua) |W_UV||o~| + uo |o|, "
+           "dp_s = p_s (|d sigma_s| + sum p d sigma + (4 + |sigma - max|) ua + gamma_S(ua) + u)")
+
+register(OpRecord(
+    name="mla.absorbed", reference=lazy("reference.mla:absorbed"), optimized="optimized.mla:absorbed",
+    emulated=emu.absorbed, inputs=absorbed_cases, bound=bounds.mla.absorbed, outputs=("o",),
+    args=("q", "latent", "k_pe", "w_kvb"), reductions="P, L + R, context S, L",
+    batch={"inputs": {"q": 0, "latent": 0, "k_pe": 0}, "outputs": {"o": 0}}, bound_doc=MLA_DOC,
+    mutants=(
+        WRONG_SCALE,
+        wrap("latent_not_normed", "the raw latent projection used without kv_a_layernorm", inputs=_raw_latent),
+        wrap("k_pe_dropped", "the shared rope key slice left out of the scores", inputs=_no_kpe),
+        internal("causal_off_by_one", "each query also attends to the next position", emu.absorbed),
+        internal("values_from_keys", "W_UV taken from the W_UK rows of w_kvb", emu.absorbed),
+    )))
+
+register(OpRecord(
+    name="mla.paged_decode", reference=reference_decode, optimized="parity.ops.mla:paged_decode_adapter",
+    emulated=emulated_decode, inputs=decode_cases, bound=bounds.mla.paged_decode, outputs=("o",),
+    args=("q", "latent", "k_pe", "w_kvb", "lengths"), policy={"lengths": "int"},
+    counter="mla.paged_decode", reductions="P, L + R, context length, L",
+    batch={"inputs": {"q": 0, "latent": 0, "k_pe": 0, "lengths": 0}, "outputs": {"o": 0}},
+    bound_doc="as mla.absorbed, one query per sequence over its own context length",
+    mutants=(
+        WRONG_SCALE,
+        wrap("stale_last_token", "decode does not see the token just written (length - 1)", inputs=_stale),
+        wrap("latent_not_normed", "raw latent cached", inputs=_raw_latent),
+        wrap("block_table_off_by_one", "each position read from the next block of the table", kwargs=_shift_blocks),
+    )))

@@ -1,0 +1,220 @@
+"""optimized.conv against the float64 reference, in units of a derived error bound, plus the
+bitwise contracts of chunked prefill, decode steps and the in-place state pool.
+
+Bound model (per output, a = sum_j w_j x_j the pre-activation, r = silu(a) from the reference):
+    |out - r| <= 1.1 * gamma_W(u_c) * sum_j |w_j x_j| + (rho_o + 8 (|a| + 1) u_c) |r| + tiny
+The W-term sum in the compute dtype (u_c = 2^-24, fp64 2^-53) errs by <= gamma_W sum |w_j x_j|
+(gamma_n = n u / (1 - n u)); |silu'| <= 1.1 carries it to the output; silu itself is accurate to
+~(|a| + 1) u_c; rho_o is the final rounding to x's dtype (0 in fp32/fp64; bf16 2^-8
+round-to-nearest, 2^-7 under an interpreter that truncates).
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+from optimized import _counters, conv
+from optimized.elementwise._precision import triton_bf16_cast_rounds_to_nearest
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float64]
+U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
+
+
+def u_compute(dtype):
+    return U[torch.float64] if dtype == torch.float64 else U[torch.float32]
+
+
+def rho_out(dtype):
+    if dtype in (torch.float32, torch.float64):
+        return 0.0
+    return U[dtype] * (1 if triton_bf16_cast_rounds_to_nearest() else 2)
+
+
+def gamma(n, u):
+    return n * u / (1 - n * u)
+
+
+def assert_within(what, out, ref, bound):
+    """Fail unless every |out - ref| <= bound; report the worst element."""
+    o = out.detach().to(torch.float64).cpu()
+    assert o.shape == ref.shape, f"{what}: shape {tuple(o.shape)} vs reference {tuple(ref.shape)}"
+    assert torch.equal(torch.isnan(o), torch.isnan(ref)), f"{what}: NaN pattern differs"
+    if bool((ref != 0).any()):
+        assert bool((o != 0).any()), f"{what}: degenerate output (all zeros)"
+    err = (o - ref).abs()
+    bad = err > bound
+    if bad.any():
+        i = int((err - bound).flatten().argmax())
+        idx = np.unravel_index(i, tuple(o.shape))
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {o.numel()} elements beyond the bound; worst at {idx}: "
+            f"got {o.flatten()[i].item()!r}, reference {ref.flatten()[i].item()!r}, "
+            f"error {err.flatten()[i].item():.3e}, bound {bound.flatten()[i].item():.3e}")
+
+
+def np64(t):
+    return None if t is None else t.detach().to(torch.float64).cpu().numpy()
+
+
+def ref_short_conv(x, w, s0=None):
+    fn = importlib.import_module("reference.conv").short_conv
+    y, f = fn(np64(x), np64(w), initial_state=np64(s0))
+    return torch.from_numpy(y), torch.from_numpy(f)
+
+
+def conv_bound(x, w, s0, y_ref, dtype):
+    """Per-output bound of the model above; x [B,T,C], w [C,W], s0 [B,C,W-1] or None."""
+    xd, wd = x.to(torch.float64).cpu(), w.to(torch.float64).cpu()
+    B, T, C = x.shape
+    W = w.shape[1]
+    hist = torch.zeros(B, C, W - 1, dtype=torch.float64) if s0 is None else s0.to(torch.float64).cpu()
+    xp = torch.cat([hist.transpose(1, 2), xd], 1)  # [B, W-1+T, C]
+    absum = sum(wd[:, j].abs() * xp[:, j:j + T].abs() for j in range(W))
+    a = sum(wd[:, j] * xp[:, j:j + T] for j in range(W))
+    uc = u_compute(dtype)
+    return (1.1 * gamma(W, uc) * absum + (rho_out(dtype) + 8 * (a.abs() + 1) * uc) * y_ref.abs()
+            + torch.finfo(dtype).tiny)
+
+
+def make(B, T, C, W, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, C, generator=g, dtype=torch.float64).to(dtype)
+    w = (torch.randn(C, W, generator=g, dtype=torch.float64) / W ** 0.5).to(dtype)
+    s0 = torch.randn(B, C, W - 1, generator=g, dtype=torch.float64).to(dtype)
+    return x, w, s0
+
+
+def bits(t):
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("B,T,C,W", [(2, 11, 37, 4), (1, 70, 300, 4), (3, 2, 5, 4), (2, 9, 16, 2)])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_short_conv_matches_reference(B, T, C, W, dtype, with_state):
+    x, w, s0 = make(B, T, C, W, dtype)
+    s0 = s0 if with_state else None
+    y, f = conv.short_conv(x, w, initial_state=s0)
+    yr, fr = ref_short_conv(x, w, s0)
+    assert y.dtype == dtype and f.dtype == dtype and f.shape == (B, C, W - 1)
+    assert_within("short_conv y", y, yr, conv_bound(x, w, s0, yr, dtype))
+    assert torch.equal(f.to(torch.float64), fr), "final state must be the exact last W-1 inputs"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_chunked_prefill_equals_whole_bitwise(dtype):
+    B, T, C, W = 2, 23, 37, 4
+    x, w, s0 = make(B, T, C, W, dtype, seed=1)
+    y, f = conv.short_conv(x, w, initial_state=s0)
+    for cuts in ([1], [2], [3], [7, 8], [1, 2, 3, 20]):  # pieces shorter than W-1 too
+        ys, st = [], s0
+        for a, b in zip([0] + cuts, cuts + [T]):
+            yy, st = conv.short_conv(x[:, a:b], w, initial_state=st)
+            ys.append(yy)
+        assert torch.equal(bits(torch.cat(ys, 1)), bits(y)), f"chunked prefill at {cuts} != whole"
+        assert torch.equal(bits(st), bits(f))
+    # no initial state == zero initial state
+    y0, f0 = conv.short_conv(x, w)
+    yz, fz = conv.short_conv(x, w, initial_state=torch.zeros_like(s0))
+    assert torch.equal(bits(y0), bits(yz)) and torch.equal(bits(f0), bits(fz))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_decode_steps_equal_prefill_bitwise(dtype):
+    B, T, C, W = 2, 9, 37, 4
+    x, w, s0 = make(B, T, C, W, dtype, seed=2)
+    y, f = conv.short_conv(x, w, initial_state=s0)
+    st, ys = s0, []
+    for t in range(T):
+        yy, st_new = conv.short_conv_step(x[:, t], w, st)
+        assert st_new.data_ptr() != st.data_ptr(), "short_conv_step must not modify its input state"
+        ys.append(yy)
+        st = st_new
+    assert torch.equal(bits(torch.stack(ys, 1)), bits(y))
+    assert torch.equal(bits(st), bits(f))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_state_pool_in_place_touches_only_its_slots(dtype):
+    B, T, C, W, slots = 3, 5, 37, 4, 7
+    x, w, s0 = make(B, T, C, W, dtype, seed=3)
+    g = torch.Generator().manual_seed(9)
+    pool = torch.randn(slots, C, W - 1, generator=g).to(dtype)
+    slot_ids = torch.tensor([5, 0, 3], dtype=torch.int32)
+    pool[slot_ids.long()] = s0
+    before = pool.clone()
+    y, f = conv.short_conv(x, w, initial_state=s0)
+    ys = [conv.short_conv_step_(x[:, t], w, pool, slot_ids) for t in range(T)]
+    assert torch.equal(bits(torch.stack(ys, 1)), bits(y))
+    assert torch.equal(bits(pool[slot_ids.long()]), bits(f))
+    untouched = [i for i in range(slots) if i not in slot_ids.tolist()]
+    assert torch.equal(bits(pool[untouched]), bits(before[untouched])), "untouched slots changed"
+    # a padding row (slot -1) writes nothing and outputs 0
+    snap = pool.clone()
+    yp = conv.short_conv_step_(x[:, 0], w, pool, torch.tensor([-1, 0, -1]))
+    assert not yp[0].any() and not yp[2].any()
+    changed = (bits(pool) != bits(snap)).flatten(1).any(1)
+    assert changed.nonzero().flatten().tolist() == [0]
+
+
+def test_checkpoint_weight_layout_and_fp32_state_for_bf16():
+    x, w, s0 = make(2, 6, 16, 4, torch.bfloat16, seed=4)
+    y, f = conv.short_conv(x, w, initial_state=s0)
+    y2, f2 = conv.short_conv(x, w[:, None, :], initial_state=s0.float())  # [C,1,W], fp32 state
+    assert torch.equal(bits(y), bits(y2)) and f2.dtype == torch.float32
+    assert torch.equal(f2, f.float())
+
+
+def test_errors_name_the_argument():
+    x, w, s0 = make(2, 6, 16, 4, torch.float32)
+    with pytest.raises(ValueError, match="initial_state"):
+        conv.short_conv(x, w, initial_state=s0[:, :, :2])
+    with pytest.raises(ValueError, match="x"):
+        conv.short_conv(x[..., :15], w)
+    with pytest.raises(ValueError, match="state"):
+        conv.short_conv_step(x[:, 0], w, s0[:1])
+    with pytest.raises(ValueError, match="slot_ids"):
+        conv.short_conv_step_(x[:, 0], w, s0, torch.tensor([0.0, 1.0]))
+    with pytest.raises(TypeError, match="initial_state"):
+        conv.short_conv(x, w, initial_state=s0.bfloat16())
+
+
+def test_run_to_run_bitwise_and_counted():
+    x, w, s0 = make(2, 40, 64, 4, torch.bfloat16, seed=5)
+    c0 = _counters.snapshot()
+    a, fa = conv.short_conv(x, w, initial_state=s0)
+    b, fb = conv.short_conv(x, w, initial_state=s0)
+    conv.short_conv_step(x[:, 0], w, s0)
+    assert torch.equal(bits(a), bits(b)) and torch.equal(bits(fa), bits(fb))
+    d = _counters.snapshot() - c0
+    assert d["conv.short_conv"] == 2 and d["conv.short_conv_step"] == 1
+
+
+def test_negative_shifted_taps_are_caught():
+    """Teeth: taps shifted by one (weight[:, j] applied to the wrong input) fail the comparison."""
+    x, w, s0 = make(2, 11, 37, 4, torch.bfloat16, seed=6)
+    yr, _ = ref_short_conv(x, w, s0)
+    y_bad, _ = conv.short_conv(x, torch.roll(w, 1, dims=1), initial_state=s0)
+    with pytest.raises(AssertionError, match="beyond the bound"):
+        assert_within("taps shifted", y_bad, yr, conv_bound(x, w, s0, yr, torch.bfloat16))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_model_shapes(dtype):
+    B, T, C, W = 2, 1000, 4096, 4
+    x, w, s0 = (t.cuda() for t in make(B, T, C, W, dtype, seed=7))
+    y, f = conv.short_conv(x, w, initial_state=s0)
+    yr, fr = ref_short_conv(x, w, s0)
+    assert_within("short_conv gpu", y, yr, conv_bound(x, w, s0, yr, dtype))
+    y1, f1 = conv.short_conv(x[:, :500], w, initial_state=s0)
+    y2, f2 = conv.short_conv(x[:, 500:], w, initial_state=f1)
+    assert torch.equal(bits(torch.cat([y1, y2], 1)), bits(y)) and torch.equal(bits(f2), bits(f))
+    pool = torch.randn(64, C, W - 1, device="cuda").to(dtype)
+    ids = torch.tensor([7, 3], device="cuda")
+    pool[ids] = s0
+    ys = [conv.short_conv_step_(x[:, t], w, pool, ids) for t in range(4)]
+    assert torch.equal(bits(torch.stack(ys, 1)), bits(y[:, :4]))

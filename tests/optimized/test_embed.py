@@ -1,0 +1,158 @@
+"""optimized.embed against the float64 reference.
+
+embedding is a gather: bitwise equal to the table rows. lm_head bound (per logit, r = reference):
+    |out - r| <= gamma_D(u_c) * sum_d |h_d w_vd| + rho_o |r|
+with u_c = 2^-24 (fp32 accumulation, also for bf16 GEMMs) or 2^-53, gamma_n = n u / (1 - n u), and
+rho_o the rounding of the GEMM output to h's dtype (bf16 2^-8; torch rounds to nearest; 0 in
+fp32/fp64).
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+from optimized import _counters, embed
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float64]
+U = {torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
+
+
+def u_compute(dtype):
+    return U[torch.float64] if dtype == torch.float64 else U[torch.float32]
+
+
+def gamma(n, u):
+    return n * u / (1 - n * u)
+
+
+def np64(t):
+    return t.detach().to(torch.float64).cpu().numpy()
+
+
+def _fallback_embedding(ids, table):
+    return table[np.asarray(ids)]
+
+
+def _fallback_lm_head(h, weight):
+    return h @ weight.T
+
+
+def reference_op(name):
+    """reference.embed.<name> when it exists, else the same float64 NumPy computation written here."""
+    try:
+        mod = importlib.import_module("reference.embed")
+    except ImportError:
+        mod = None
+    return getattr(mod, name, None) or globals()[f"_fallback_{name}"]
+
+
+def assert_within(what, out, ref, bound):
+    o = out.detach().to(torch.float64).cpu()
+    assert o.shape == ref.shape, f"{what}: shape {tuple(o.shape)} vs reference {tuple(ref.shape)}"
+    assert torch.isfinite(o).all(), f"{what}: non-finite output"
+    if bool((ref != 0).any()):
+        assert bool((o != 0).any()), f"{what}: degenerate output (all zeros)"
+    err = (o - ref).abs()
+    bad = err > bound
+    if bad.any():
+        i = int((err - bound).flatten().argmax())
+        idx = np.unravel_index(i, tuple(o.shape))
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {o.numel()} elements beyond the bound; worst at {idx}: "
+            f"got {o.flatten()[i].item()!r}, reference {ref.flatten()[i].item()!r}, "
+            f"error {err.flatten()[i].item():.3e}, bound {bound.flatten()[i].item():.3e}")
+
+
+def lm_bound(h, w, r, dtype):
+    hd, wd = h.double().cpu(), w.double().cpu()
+    rho = U[dtype] if dtype == torch.bfloat16 else 0.0
+    return gamma(h.shape[1], u_compute(dtype)) * (hd.abs() @ wd.abs().T) + rho * r.abs()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_embedding_is_an_exact_gather(dtype):
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(101, 37, generator=g).to(dtype)
+    ids = torch.tensor([0, 100, 5, 5, 63], dtype=torch.int32)
+    out = embed.embedding(ids, table)
+    r = torch.from_numpy(np.asarray(reference_op("embedding")(ids.numpy(), np64(table))))
+    assert out.dtype == dtype and torch.equal(out.double(), r)
+
+
+def test_embedding_validates_ids():
+    table = torch.randn(10, 4)
+    with pytest.raises(IndexError, match=r"ids\[1\] = 10"):
+        embed.embedding(torch.tensor([3, 10]), table)
+    with pytest.raises(IndexError, match=r"ids\[0\] = -1"):
+        embed.embedding(torch.tensor([-1]), table)
+    with pytest.raises(ValueError, match="ids"):
+        embed.embedding(torch.tensor([1.0]), table)
+    with pytest.raises(ValueError, match="table"):
+        embed.embedding(torch.tensor([1]), table[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_lm_head_within_bound(dtype):
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(5, 77, generator=g).to(dtype)
+    w = (torch.randn(131, 77, generator=g) / 77 ** 0.5).to(dtype)
+    out = embed.lm_head(h, w)
+    assert out.shape == (5, 131) and out.dtype == dtype
+    r = torch.from_numpy(np.asarray(reference_op("lm_head")(np64(h), np64(w))))
+    assert_within("lm_head", out, r, lm_bound(h, w, r, dtype))
+
+
+def test_lm_head_refuses_tf32_in_fp32():
+    h, w = torch.randn(2, 8), torch.randn(3, 8)
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        with pytest.raises(RuntimeError, match="allow_tf32"):
+            embed.lm_head(h, w)
+        embed.lm_head(h.bfloat16(), w.bfloat16())  # bf16 is unaffected
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        with pytest.raises(RuntimeError, match="float32_matmul_precision"):
+            embed.lm_head(h, w)
+    finally:
+        torch.set_float32_matmul_precision(old)
+
+
+def test_counted_and_bitwise():
+    h, w = torch.randn(4, 16).bfloat16(), torch.randn(9, 16).bfloat16()
+    c0 = _counters.snapshot()
+    a, b = embed.lm_head(h, w), embed.lm_head(h, w)
+    embed.embedding(torch.tensor([1, 2]), w)
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    d = _counters.snapshot() - c0
+    assert d["embed.lm_head"] == 2 and d["embed.embedding"] == 1
+
+
+def test_negative_wrong_rows_are_caught():
+    """Teeth: an embedding off by one row, and an LM head with permuted vocabulary rows, fail."""
+    g = torch.Generator().manual_seed(2)
+    table = torch.randn(20, 8, generator=g)
+    ids = torch.tensor([3, 4])
+    r = torch.from_numpy(np.asarray(reference_op("embedding")(ids.numpy(), np64(table))))
+    assert not torch.equal(embed.embedding(ids + 1, table).double(), r)
+    h, w = torch.randn(3, 8, generator=g), torch.randn(20, 8, generator=g)
+    r = torch.from_numpy(np.asarray(reference_op("lm_head")(np64(h), np64(w))))
+    with pytest.raises(AssertionError, match="beyond the bound"):
+        assert_within("lm_head rows permuted", embed.lm_head(h, w.roll(1, 0)), r,
+                      lm_bound(h, w, r, torch.float32))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_lm_head_and_async_id_check():
+    h = torch.randn(4, 2304, device="cuda").bfloat16()
+    w = torch.randn(4096, 2304, device="cuda").bfloat16() / 48
+    r = torch.from_numpy(np.asarray(reference_op("lm_head")(np64(h), np64(w))))
+    assert_within("lm_head gpu", embed.lm_head(h, w), r, lm_bound(h, w, r, torch.bfloat16))
+    out = embed.embedding(torch.tensor([0, 4095], device="cuda"), w)
+    assert torch.equal(out, w[[0, 4095]])

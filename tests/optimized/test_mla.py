@@ -1,0 +1,344 @@
+"""optimized.mla against the float64 reference in units of a derived error bound, and the paged
+cache's contracts (paged == contiguous bitwise at equal reduction order; untouched rows unchanged).
+
+Bound model (first order, per output element; u_c = 2^-24 for bf16/fp32 runs, 2^-53 for fp64;
+gamma_n = n u_c / (1 - n u_c); rho_t = rounding of a torch GEMM output to the input dtype (bf16 2^-8,
+else 0); rho_k = rounding inside a Triton kernel to bf16 (2^-8 round-to-nearest, 2^-7 under an
+interpreter that truncates; else 0)). Absorbed form, per (b, t, h):
+    q_lat = W_UK^T q_nope:  |dq_lat| <= gamma_P |W_UK|^T |q_nope| + rho_t |q_lat|
+    score sigma_s = scale (q_lat . c_s + q_pe . k_pe_s):
+        |dsigma_s| <= scale (|dq_lat| . |c_s| + gamma_{L+R} (|q_lat| . |c_s| + |q_pe| . |k_pe_s|)) + u_c |sigma_s|
+    softmax: |dp_s| <= p_s eps_s,  eps_s = 2 max_s' |dsigma_s'| + gamma_{S+2} + rho_k + 8 (|sigma_s - max| + 1) u_c
+        (first-order softmax perturbation, exp argument reduction, p rounded for the PV product)
+    o_lat = sum_s p_s c_s:  |do_lat| <= sum_s p_s eps_s |c_s| + gamma_{2S+8} sum_s p_s |c_s| + rho_k |o_lat|
+        (one product and one sum per key, one rescale per key block, the split merge)
+    o = W_UV o_lat:  |do| <= |W_UV| |do_lat| + gamma_L |W_UV| |o_lat| + rho_t |o|
+Naive form: k_nope = W_UK c and v = W_UV c carry gamma_L |W| |c| + rho_t |.| each; scores and the
+PV sum as above with P+R-long dot products and per-head values.
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+from optimized import _counters, mla
+from optimized.elementwise._precision import triton_bf16_cast_rounds_to_nearest
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float64]
+U = {torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
+R_MLA = importlib.import_module("reference.mla")
+
+
+def u_compute(dtype):
+    return U[torch.float64] if dtype == torch.float64 else U[torch.float32]
+
+
+def rho_triton(dtype):
+    if dtype != torch.bfloat16:
+        return 0.0
+    return U[dtype] * (1 if triton_bf16_cast_rounds_to_nearest() else 2)
+
+
+def rho_torch(dtype):
+    return U[dtype] if dtype == torch.bfloat16 else 0.0
+
+
+def gamma(n, u):
+    return n * u / (1 - n * u)
+
+
+def d64(t):
+    return t.detach().to(torch.float64).cpu()
+
+
+def np64(t):
+    return d64(t).numpy()
+
+
+def assert_within(what, out, ref, bound):
+    o = d64(out)
+    assert o.shape == ref.shape, f"{what}: shape {tuple(o.shape)} vs reference {tuple(ref.shape)}"
+    assert torch.isfinite(o).all(), f"{what}: non-finite output"
+    if bool((ref != 0).any()):
+        assert bool((o != 0).any()), f"{what}: degenerate output (all zeros)"
+    err = (o - ref).abs()
+    bad = err > bound
+    if bad.any():
+        i = int((err - bound).flatten().argmax())
+        idx = np.unravel_index(i, tuple(o.shape))
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {o.numel()} elements beyond the bound; worst at {idx}: "
+            f"got {o.flatten()[i].item()!r}, reference {ref.flatten()[i].item()!r}, "
+            f"error {err.flatten()[i].item():.3e}, bound {bound.flatten()[i].item():.3e}")
+
+
+def reference(form, q, latent, k_pe, w_kvb, scale=None):
+    return torch.from_numpy(getattr(R_MLA, form)(np64(q), np64(latent), np64(k_pe), np64(w_kvb), scale=scale))
+
+
+def mla_bound(form, q, latent, k_pe, w_kvb, dtype, scale=None):
+    """Bound [B, T, N, Vh] of the model in the module docstring."""
+    q, c, kp, w = d64(q), d64(latent), d64(k_pe), d64(w_kvb)
+    B, T, N, PR = q.shape
+    S, L = c.shape[1:]
+    Rr = kp.shape[2]
+    P = PR - Rr
+    w = w.view(N, -1, L)
+    w_uk, w_uv = w[:, :P], w[:, P:]
+    scale = PR ** -0.5 if scale is None else scale
+    uc, rt, rk = u_compute(dtype), rho_torch(dtype), rho_triton(dtype)
+    qn, qp = q[..., :P], q[..., P:]
+    pe_mag = torch.einsum("btnr,bsr->bnts", qp.abs(), kp.abs())
+    pe = torch.einsum("btnr,bsr->bnts", qp, kp)
+    if form == "absorbed":
+        q_lat = torch.einsum("btnp,npl->btnl", qn, w_uk)
+        dq = gamma(P, uc) * torch.einsum("btnp,npl->btnl", qn.abs(), w_uk.abs()) + rt * q_lat.abs()
+        sigma = scale * (torch.einsum("btnl,bsl->bnts", q_lat, c) + pe)
+        dsig = abs(scale) * (torch.einsum("btnl,bsl->bnts", dq, c.abs())
+                             + gamma(L + Rr, uc) * (torch.einsum("btnl,bsl->bnts", q_lat.abs(), c.abs()) + pe_mag))
+        vals, dvals = c[:, None].expand(B, N, S, L), None  # [B, N, S, L]
+    else:
+        kn = torch.einsum("bsl,npl->bnsp", c, w_uk)
+        dkn = gamma(L, uc) * torch.einsum("bsl,npl->bnsp", c.abs(), w_uk.abs()) + rt * kn.abs()
+        v = torch.einsum("bsl,nvl->bnsv", c, w_uv)
+        dvals = gamma(L, uc) * torch.einsum("bsl,nvl->bnsv", c.abs(), w_uv.abs()) + rt * v.abs()
+        sigma = scale * (torch.einsum("btnp,bnsp->bnts", qn, kn) + pe)
+        dsig = abs(scale) * (torch.einsum("btnp,bnsp->bnts", qn.abs(), dkn)
+                             + gamma(PR, uc) * (torch.einsum("btnp,bnsp->bnts", qn.abs(), kn.abs()) + pe_mag))
+        vals = v
+    dsig = dsig + uc * sigma.abs()
+    allowed = torch.arange(S)[None, :] <= (S - T + torch.arange(T))[:, None]  # [T, S]
+    sigma = sigma.masked_fill(~allowed, float("-inf"))
+    p = torch.softmax(sigma, -1)
+    m = sigma.max(-1, keepdim=True).values
+    e_row = 2 * dsig.masked_fill(~allowed, 0).amax(-1, keepdim=True) + gamma(S + 2, uc) + rk
+    eps = (e_row + 8 * ((sigma - m).abs() + 1) * uc).masked_fill(~allowed, 0)
+    o = torch.einsum("bnts,bnsd->btnd", p, vals)
+    do = (torch.einsum("bnts,bnsd->btnd", p * eps, vals.abs())
+          + gamma(2 * S + 8, uc) * torch.einsum("bnts,bnsd->btnd", p, vals.abs()) + rk * o.abs())
+    if form == "absorbed":
+        out = torch.einsum("btnl,nvl->btnv", o, w_uv)
+        return (torch.einsum("btnl,nvl->btnv", do, w_uv.abs())
+                + gamma(L, uc) * torch.einsum("btnl,nvl->btnv", o.abs(), w_uv.abs()) + rt * out.abs())
+    return do + torch.einsum("bnts,bnsd->btnd", p, dvals)
+
+
+def make(B, T, S, N, P, Rr, Vh, L, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, N, P + Rr, generator=g, dtype=torch.float64).to(dtype)
+    latent = torch.randn(B, S, L, generator=g, dtype=torch.float64).to(dtype)  # normed: rms ~ 1
+    k_pe = torch.randn(B, S, Rr, generator=g, dtype=torch.float64).to(dtype)
+    w_kvb = (torch.randn(N * (P + Vh), L, generator=g, dtype=torch.float64) * L ** -0.5 * 2).to(dtype)
+    return q, latent, k_pe, w_kvb
+
+
+SMALL = dict(N=3, P=16, Rr=8, Vh=12, L=24)
+SHAPES = [(2, 3, 37, 1), (1, 20, 20, 2), (3, 1, 45, 3)]  # (B, T, S, num_splits): chunk, prefill, decode
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("form", ["absorbed", "naive"])
+@pytest.mark.parametrize("B,T,S,splits", SHAPES)
+def test_within_bound_of_reference(form, B, T, S, splits, dtype):
+    q, latent, k_pe, w_kvb = make(B, T, S, **SMALL, dtype=dtype, seed=S)
+    out = getattr(mla, form)(q, latent, k_pe, w_kvb, num_splits=splits)
+    assert out.shape == (B, T, SMALL["N"], SMALL["Vh"]) and out.dtype == dtype
+    r = reference(form, q, latent, k_pe, w_kvb)
+    assert_within(f"mla.{form}", out, r, mla_bound(form, q, latent, k_pe, w_kvb, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_real_widths(dtype):
+    """L = 512, R = 64, P = Vh = 128 (the model's), few heads and positions."""
+    q, latent, k_pe, w_kvb = make(1, 2, 40, N=2, P=128, Rr=64, Vh=128, L=512, dtype=dtype, seed=1)
+    for form in ("absorbed", "naive"):
+        out = getattr(mla, form)(q, latent, k_pe, w_kvb, num_splits=2)
+        r = reference(form, q, latent, k_pe, w_kvb)
+        assert_within(f"mla.{form} real widths", out, r, mla_bound(form, q, latent, k_pe, w_kvb, dtype))
+
+
+def test_custom_scale():
+    q, latent, k_pe, w_kvb = make(1, 2, 9, **SMALL, dtype=torch.float64, seed=2)
+    out = mla.absorbed(q, latent, k_pe, w_kvb, scale=0.3)
+    r = reference("absorbed", q, latent, k_pe, w_kvb, scale=0.3)
+    assert_within("scale 0.3", out, r, mla_bound("absorbed", q, latent, k_pe, w_kvb, torch.float64, scale=0.3))
+
+
+# ------------------------------------------------------------------------------------------------
+# paged cache
+
+
+def paged_setup(lens, dtype, block_size=4, num_blocks=64, seed=0, fill="random"):
+    """A cache holding sequences of lengths ``lens`` in shuffled blocks; returns contiguous copies."""
+    B, S = len(lens), max(lens)
+    q4, latent, k_pe, w_kvb = make(B, 1, S, **SMALL, dtype=dtype, seed=seed)
+    cache = mla.PagedLatentCache(num_blocks, block_size, SMALL["L"], SMALL["Rr"], dtype, "cpu")
+    if fill == "random":
+        cache.kv.copy_(torch.randn(cache.kv.shape, generator=torch.Generator().manual_seed(99)).to(dtype))
+    max_blocks = -(-S // block_size)
+    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))
+    block_tables = perm[: B * max_blocks].view(B, max_blocks).to(torch.int32)
+    for b, n in enumerate(lens):
+        slots = mla.PagedLatentCache.slot_mapping(block_tables, torch.full((n,), b), torch.arange(n), block_size)
+        cache.write(latent[b, :n], k_pe[b, :n], slots)
+    return q4[:, 0], latent, k_pe, w_kvb, cache, block_tables, torch.tensor(lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_paged_equals_contiguous_bitwise(dtype, splits):
+    lens = [37, 37, 37]
+    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup(lens, dtype, seed=splits)
+    op = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=splits)
+    oc = mla.absorbed(q[:, None], latent, k_pe, w_kvb, num_splits=splits)[:, 0]
+    assert op.shape == (3, SMALL["N"], SMALL["Vh"])
+    assert torch.equal(op, oc), "paged decode differs from the contiguous absorbed form"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_paged_ragged_lengths_within_bound(dtype):
+    lens = [37, 5, 1, 16]  # not multiples of the block size; one single-key sequence
+    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup(lens, dtype, seed=4)
+    o = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=2)
+    for b, n in enumerate(lens):
+        args = (q[b:b + 1, None], latent[b:b + 1, :n], k_pe[b:b + 1, :n], w_kvb)
+        r = reference("absorbed", *args)[:, 0]
+        assert_within(f"paged seq {b} (len {n})", o[b:b + 1], r, mla_bound("absorbed", *args, dtype)[:, 0])
+        lat_b, kpe_b = cache.gather(bt[b], n)
+        assert torch.equal(lat_b, latent[b, :n]) and torch.equal(kpe_b, k_pe[b, :n])
+
+
+def test_writes_leave_untouched_rows_bit_identical():
+    dtype = torch.bfloat16
+    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup([9, 6], dtype, seed=5)
+    before = cache.kv.clone()
+    # decode: append one position to sequence 0 and nothing (a padding slot) for sequence 1
+    new_lat = torch.randn(2, SMALL["L"]).to(dtype)
+    new_kpe = torch.randn(2, SMALL["Rr"]).to(dtype)
+    slot0 = int(mla.PagedLatentCache.slot_mapping(bt, torch.tensor([0]), torch.tensor([9]), 4))
+    cache.write(new_lat, new_kpe, torch.tensor([slot0, -1]))
+    flat_b, flat_a = before.view(-1, before.shape[-1]), cache.kv.view(-1, before.shape[-1])
+    changed = (flat_b.view(torch.int16) != flat_a.view(torch.int16)).any(1).nonzero().flatten().tolist()
+    assert changed == [slot0]
+    assert torch.equal(flat_a[slot0, :SMALL["L"]], new_lat[0]) and torch.equal(flat_a[slot0, SMALL["L"]:], new_kpe[0])
+    # a decode step reads the cache and writes nothing
+    snap = cache.kv.clone()
+    mla.paged_decode(q, cache, bt, torch.tensor([10, 6], dtype=torch.int32), w_kvb)
+    assert torch.equal(cache.kv.view(torch.int16), snap.view(torch.int16))
+
+
+def test_run_to_run_bitwise_and_counted():
+    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup([21, 13], torch.bfloat16, seed=6)
+    c0 = _counters.snapshot()
+    a = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=2)
+    b = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=2)
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    q4, latent, k_pe, w_kvb = make(1, 4, 19, **SMALL, dtype=torch.bfloat16, seed=7)
+    x, y = (mla.absorbed(q4, latent, k_pe, w_kvb) for _ in range(2))
+    assert torch.equal(x.view(torch.int16), y.view(torch.int16))
+    mla.naive(q4, latent, k_pe, w_kvb)
+    d = _counters.snapshot() - c0
+    assert d["mla.paged_decode"] == 2 and d["mla.absorbed"] == 2 and d["mla.naive"] == 1
+    assert d["mla.PagedLatentCache.write"] == 0
+
+
+def test_errors_name_the_argument():
+    q, latent, k_pe, w_kvb = make(2, 3, 10, **SMALL, dtype=torch.float32)
+    with pytest.raises(ValueError, match="latent"):
+        mla.absorbed(q, latent[:1], k_pe, w_kvb)
+    with pytest.raises(ValueError, match="w_kvb"):
+        mla.absorbed(q, latent, k_pe, w_kvb[:, :-1])
+    with pytest.raises(ValueError, match="k_pe"):
+        mla.naive(q, latent, k_pe[:, :-1], w_kvb)
+    with pytest.raises(ValueError, match="S = 2"):
+        mla.absorbed(q, latent[:, :2], k_pe[:, :2], w_kvb)
+    with pytest.raises(TypeError, match="latent"):
+        mla.absorbed(q, latent.double(), k_pe, w_kvb)
+    cache = mla.PagedLatentCache(4, 4, SMALL["L"], SMALL["Rr"], torch.float32, "cpu")
+    with pytest.raises(ValueError, match="slot_mapping"):
+        cache.write(latent[0], k_pe[0], torch.arange(3))
+    with pytest.raises(ValueError, match="block_tables"):
+        mla.paged_decode(q[:, 0], cache, torch.zeros(1, 2, dtype=torch.int32),
+                         torch.ones(2, dtype=torch.int32), w_kvb)
+
+
+def test_refuses_tf32_in_fp32():
+    q, latent, k_pe, w_kvb = make(1, 1, 4, **SMALL, dtype=torch.float32)
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        with pytest.raises(RuntimeError, match="allow_tf32"):
+            mla.absorbed(q, latent, k_pe, w_kvb)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def test_negative_wrong_scale_is_caught():
+    """Teeth: scale P^-0.5 (the nope dim only) instead of (P+R)^-0.5 fails the fp64 bound."""
+    q, latent, k_pe, w_kvb = make(2, 3, 17, **SMALL, dtype=torch.float64, seed=8)
+    r = reference("absorbed", q, latent, k_pe, w_kvb)
+    bad = mla.absorbed(q, latent, k_pe, w_kvb, scale=SMALL["P"] ** -0.5)
+    with pytest.raises(AssertionError, match="beyond the bound"):
+        assert_within("wrong scale", bad, r, mla_bound("absorbed", q, latent, k_pe, w_kvb, torch.float64))
+
+
+def test_negative_swapped_blocks_are_caught():
+    """Teeth: a block table with two entries exchanged reads the right rows in the wrong order
+    (same softmax, since attention is permutation invariant over keys!) only if it stays inside the
+    sequence; pointing one entry at a foreign block must fail."""
+    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup([16, 16], torch.float32, seed=9)
+    bad_bt = bt.clone()
+    bad_bt[0, 1] = bt[1, 1]  # sequence 0 reads a block of sequence 1
+    o = mla.paged_decode(q, cache, bad_bt, sl, w_kvb)
+    args = (q[:1, None], latent[:1], k_pe[:1], w_kvb)
+    r = reference("absorbed", *args)[:, 0]
+    with pytest.raises(AssertionError, match="beyond the bound"):
+        assert_within("foreign block", o[:1], r, mla_bound("absorbed", *args, torch.float32)[:, 0])
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU, model shapes
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("B,S", [(64, 4096), (1, 32768)])
+def test_gpu_decode_model_shapes(B, S):
+    dtype = torch.bfloat16
+    N, P, Rr, Vh, L, bs = 32, 128, 64, 128, 512, 64
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, N, P + Rr, device="cuda", generator=g).to(dtype)
+    latent = torch.randn(B, S, L, device="cuda", generator=g).to(dtype)
+    k_pe = torch.randn(B, S, Rr, device="cuda", generator=g).to(dtype)
+    w_kvb = (torch.randn(N * (P + Vh), L, device="cuda", generator=g) * L ** -0.5 * 2).to(dtype)
+    nb = B * S // bs
+    cache = mla.PagedLatentCache(nb + 8, bs, L, Rr, dtype, "cuda")
+    bt = torch.randperm(nb + 8, device="cuda")[:nb].view(B, S // bs).to(torch.int32)
+    seq = torch.arange(B, device="cuda").repeat_interleave(S)
+    pos = torch.arange(S, device="cuda").repeat(B)
+    cache.write(latent.reshape(-1, L), k_pe.reshape(-1, Rr), mla.PagedLatentCache.slot_mapping(bt, seq, pos, bs))
+    sl = torch.full((B,), S, dtype=torch.int32, device="cuda")
+    op = mla.paged_decode(q, cache, bt, sl, w_kvb)
+    ns = mla._default_splits(q.device, B * 1, S)
+    oc = mla.absorbed(q[:, None], latent, k_pe, w_kvb, num_splits=ns)[:, 0]
+    op2 = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=ns)
+    assert torch.equal(op2, oc)
+    assert torch.equal(op, mla.paged_decode(q, cache, bt, sl, w_kvb))
+    for b in range(min(B, 2)):
+        args = (q[b:b + 1, None], latent[b:b + 1], k_pe[b:b + 1], w_kvb)
+        r = reference("absorbed", *args)[:, 0]
+        assert_within("gpu paged decode", op[b:b + 1], r, mla_bound("absorbed", *[d64(a) for a in args[:-1]], d64(w_kvb), dtype)[:, 0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_prefill_model_shapes():
+    dtype = torch.bfloat16
+    q, latent, k_pe, w_kvb = (t.cuda() for t in make(1, 300, 1000, N=32, P=128, Rr=64, Vh=128, L=512,
+                                                     dtype=dtype, seed=3))
+    for form in ("absorbed", "naive"):
+        out = getattr(mla, form)(q, latent, k_pe, w_kvb)
+        sub = slice(0, 300, 37)
+        r = reference(form, q, latent, k_pe, w_kvb)[:, sub]
+        assert_within(f"gpu {form}", out[:, sub], r, mla_bound(form, q, latent, k_pe, w_kvb, dtype)[:, sub])

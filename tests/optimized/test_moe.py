@@ -1,0 +1,390 @@
+"""optimized.moe against the float64 reference: exact router ids, and weights / FFN outputs in
+units of a derived error bound.
+
+Bound models (first order; u_c = compute unit roundoff, 2^-24 for bf16/fp32 runs, 2^-53 for fp64;
+gamma_n = n u_c / (1 - n u_c); rho = one rounding to the input dtype: bf16 2^-8 where it rounds to
+nearest (torch, Triton on a GPU), 2^-7 under an interpreter that truncates; 0 in fp32/fp64):
+
+router weights (a_i = s_i or s_i + b_i the combine values, S = sum_k a_k, sigma = scaling):
+    |ds_i| <= 8 (|logit_i| + 1) u_c s_i              (sigmoid; exp argument reduction ~|x| u_c)
+    |da_i| <= |ds_i| [+ u_c |a_i| if biased]
+    |dS|   <= sum_k |da_k| + gamma_k sum_k |a_k|
+    |dw_i| <= |sigma| (|da_i| / |S| + |a_i| |dS| / S^2 + 2 u_c |a_i / S|)     (renormalized)
+SwiGLU y = W_d (silu(g) * u), g = W_g x, u = W_u x (A_g = |W_g| |x| etc.):
+    |dg| <= gamma_D A_g + rho_gu |g|,  |du| likewise    (rho_gu: torch GEMM output rounding)
+    |d silu(g)| <= 1.1 |dg| + 8 (|g| + 1) u_c |silu(g)|
+    |dh| <= |d silu| |u| + |silu(g)| |du| + |d silu| |du| + (u_c + rho_h) |h|
+    |dy| <= |W_d| |dh| + gamma_F |W_d| |h| + rho_y |y|
+experts: y = sum_k w_k y_k:  |dy| <= sum_k |w_k| |dy_k| + gamma_k sum_k |w_k y_k| + rho |y|.
+"""
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+from optimized import _counters, moe
+from optimized.elementwise._precision import triton_bf16_cast_rounds_to_nearest
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float64]
+U = {torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
+R = importlib.import_module("reference.moe")
+
+
+def u_compute(dtype):
+    return U[torch.float64] if dtype == torch.float64 else U[torch.float32]
+
+
+def rho_triton(dtype):
+    if dtype != torch.bfloat16:
+        return 0.0
+    return U[dtype] * (1 if triton_bf16_cast_rounds_to_nearest() else 2)
+
+
+def rho_torch(dtype):
+    return U[dtype] if dtype == torch.bfloat16 else 0.0
+
+
+def gamma(n, u):
+    return n * u / (1 - n * u)
+
+
+def d64(t):
+    return t.detach().to(torch.float64).cpu()
+
+
+def np64(t):
+    return d64(t).numpy()
+
+
+def assert_within(what, out, ref, bound):
+    o = d64(out)
+    assert o.shape == ref.shape, f"{what}: shape {tuple(o.shape)} vs reference {tuple(ref.shape)}"
+    assert torch.isfinite(o).all(), f"{what}: non-finite output"
+    if bool((ref != 0).any()):
+        assert bool((o != 0).any()), f"{what}: degenerate output (all zeros)"
+    err = (o - ref).abs()
+    bad = err > bound
+    if bad.any():
+        i = int((err - bound).flatten().argmax())
+        idx = np.unravel_index(i, tuple(o.shape))
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {o.numel()} elements beyond the bound; worst at {idx}: "
+            f"got {o.flatten()[i].item()!r}, reference {ref.flatten()[i].item()!r}, "
+            f"error {err.flatten()[i].item():.3e}, bound {bound.flatten()[i].item():.3e}")
+
+
+# ------------------------------------------------------------------------------------------------
+# router
+
+
+def ref_router(logits, bias, **kw):
+    w, i = R.router(np64(logits), np64(bias), **kw)
+    return torch.from_numpy(np.asarray(w)), torch.from_numpy(np.asarray(i)).long()
+
+
+def router_bound(logits, bias, ids, dtype, *, top_k, renormalize, scaling, combine):
+    uc = u_compute(dtype)
+    lg, b = d64(logits), d64(bias)
+    s = torch.sigmoid(lg)
+    ds = 8 * (lg.abs() + 1) * uc * s
+    a = s + b if combine == "biased" else s
+    da = ds + (uc * a.abs() if combine == "biased" else 0)
+    a_k, da_k = a.gather(1, ids), da.gather(1, ids)
+    if renormalize and top_k > 1:
+        S = a_k.sum(1, keepdim=True)
+        dS = da_k.sum(1, keepdim=True) + gamma(top_k, uc) * a_k.abs().sum(1, keepdim=True)
+        return abs(scaling) * (da_k / S.abs() + a_k.abs() * dS / S ** 2 + 2 * uc * (a_k / S).abs())
+    return abs(scaling) * (da_k + 2 * uc * a_k.abs())
+
+
+def well_separated(T, E, dtype, seed):
+    """Random logits and bias whose selection scores (and group scores) have no near-ties: the
+    rank order must not be decidable by rounding noise (checked, 1e-4 >> fp32 noise)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(T, E, generator=g, dtype=torch.float64) * 2).to(dtype)
+    bias = (torch.randn(E, generator=g, dtype=torch.float64) * 0.3).float()
+    sel = torch.sigmoid(d64(logits)) + d64(bias)
+    gaps = sel.sort(1).values.diff(1)
+    assert gaps.min() > 1e-4, "test data has a near-tie; change the seed"
+    return logits, bias
+
+
+CASES = [  # (E, top_k, num_groups, topk_groups)
+    (24, 4, 1, 1), (24, 4, 4, 2), (24, 5, 6, 3), (24, 3, 24, 5), (16, 8, 1, 1), (10, 1, 1, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("E,top_k,G,KG", CASES)
+@pytest.mark.parametrize("combine,renormalize,scaling", [("unbiased", True, 2.446), ("biased", True, 1.0),
+                                                         ("unbiased", False, 1.5)])
+def test_router_ids_exact_weights_within_bound(E, top_k, G, KG, dtype, combine, renormalize, scaling):
+    logits, bias = well_separated(9, E, dtype, seed=E + top_k + G)
+    kw = dict(top_k=top_k, num_groups=G, topk_groups=KG, renormalize=renormalize, scaling=scaling,
+              combine=combine)
+    w, ids = moe.router(logits, bias, **kw)
+    wr, ir = ref_router(logits, bias, **kw)
+    assert ids.dtype == torch.int64 and w.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert torch.equal(ids, ir), f"router ids differ:\n{ids}\nvs reference\n{ir}"
+    bound = router_bound(logits, bias, ir, dtype, top_k=top_k, renormalize=renormalize,
+                         scaling=scaling, combine=combine)
+    assert_within("router weights", w, wr, bound)
+
+
+def test_router_exact_ties_go_to_the_lower_index():
+    E = 8
+    logits = torch.zeros(3, E)
+    logits[:, [1, 2, 5, 6]] = 1.0  # four-way tie, three slots
+    logits[1, 7] = 3.0  # one clear winner first
+    logits[2, [1, 2, 5, 6]] = torch.tensor([1.0, 0.5, 1.0, 1.0])
+    bias = torch.zeros(E)
+    w, ids = moe.router(logits, bias, top_k=3)
+    _, ir = ref_router(logits, bias, top_k=3)
+    assert torch.equal(ids, ir)
+    assert ids.tolist() == [[1, 2, 5], [7, 1, 2], [1, 5, 6]]
+    # bias ties too: equal selection scores s + b built from different (s, b) are not exact, but
+    # identical (logit, bias) pairs are
+    bias = torch.tensor([0.5, 0, 0, 0.5, 0, 0, 0.5, 0])
+    logits = torch.zeros(1, E)
+    _, ids = moe.router(logits, bias, top_k=2)
+    assert ids.tolist() == [[0, 3]] and torch.equal(ids, ref_router(logits, bias, top_k=2)[1])
+
+
+def test_router_grouped_selection_drops_the_best_expert_of_a_weak_group():
+    # groups of 2: {0,1} {2,3} {4,5} {6,7}; expert 0 is the best single expert, but its group's
+    # top-2 sum is the lowest, so with topk_groups=2 it must not be chosen
+    logits = torch.tensor([[4.0, -6.0, 2.0, 2.0, 1.5, 1.5, -1.0, -1.0]])
+    bias = torch.zeros(8)
+    kw = dict(top_k=3, num_groups=4, topk_groups=2)
+    _, ids = moe.router(logits, bias, **kw)
+    _, ir = ref_router(logits, bias, **kw)
+    assert ids.tolist() == [[2, 3, 4]] and torch.equal(ids, ir)
+    # group-score tie ({2,3} and {4,5} equal): the lower group wins
+    logits = torch.tensor([[4.0, -6.0, 2.0, 1.0, 1.0, 2.0, -1.0, -1.0]])
+    _, ids = moe.router(logits, bias, top_k=2, num_groups=4, topk_groups=1)
+    _, ir = ref_router(logits, bias, top_k=2, num_groups=4, topk_groups=1)
+    assert ids.tolist() == [[2, 3]] and torch.equal(ids, ir)
+
+
+def test_router_run_to_run_bitwise_and_counted():
+    g = torch.Generator().manual_seed(11)
+    logits, bias = torch.randn(40, 64, generator=g).bfloat16(), torch.randn(64, generator=g) * 0.1
+    c0 = _counters.snapshot()
+    a = moe.router(logits, bias, top_k=8, scaling=2.446)
+    b = moe.router(logits, bias, top_k=8, scaling=2.446)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert (_counters.snapshot() - c0)["moe.router"] == 2
+
+
+def test_router_errors_name_the_argument():
+    logits, bias = torch.zeros(2, 8), torch.zeros(8)
+    with pytest.raises(ValueError, match="bias"):
+        moe.router(logits, bias[:7], top_k=2)
+    with pytest.raises(ValueError, match="num_groups"):
+        moe.router(logits, bias, top_k=2, num_groups=3)
+    with pytest.raises(ValueError, match="top_k"):
+        moe.router(logits, bias, top_k=5, num_groups=4, topk_groups=2)
+    with pytest.raises(ValueError, match="combine"):
+        moe.router(logits, bias, top_k=2, combine="HF")
+
+
+def test_negative_router_mutants_are_caught():
+    """Teeth: ties broken toward the higher index give other ids; biased combine where the
+    reference is unbiased is far beyond the weight bound."""
+    logits = torch.zeros(1, 8)
+    logits[0, [1, 2, 5, 6]] = 1.0
+    _, ids = moe.router(logits, torch.zeros(8), top_k=3)
+    sel = np64(torch.sigmoid(logits.double()))
+    high_first = np.argsort(-sel[:, ::-1], axis=-1, kind="stable")[:, :3]
+    mutant = torch.from_numpy(7 - high_first)
+    assert mutant.tolist() == [[6, 5, 2]] and not torch.equal(ids, mutant)
+    logits, bias = well_separated(9, 24, torch.float32, seed=3)
+    w_biased, ids = moe.router(logits, bias, top_k=4, combine="biased")
+    wr, ir = ref_router(logits, bias, top_k=4, combine="unbiased")
+    bound = router_bound(logits, bias, ir, torch.float32, top_k=4, renormalize=True, scaling=1.0,
+                         combine="unbiased")
+    with pytest.raises(AssertionError, match="beyond the bound"):
+        assert_within("biased combine mutant", w_biased, wr, bound)
+
+
+# ------------------------------------------------------------------------------------------------
+# SwiGLU and experts
+
+
+def ffn_bound(x, wg, wu, wd, dtype, *, rho_gu, rho_h, rho_y):
+    """(y [T, D], bound [T, D]) of the SwiGLU bound model, float64."""
+    uc = u_compute(dtype)
+    x, wg, wu, wd = (d64(t) for t in (x, wg, wu, wd))
+    D, F = x.shape[1], wg.shape[0]
+    g, u = x @ wg.T, x @ wu.T
+    dg = gamma(D, uc) * (x.abs() @ wg.abs().T) + rho_gu * g.abs()
+    du = gamma(D, uc) * (x.abs() @ wu.abs().T) + rho_gu * u.abs()
+    sg = torch.nn.functional.silu(g)
+    dsg = 1.1 * dg + 8 * (g.abs() + 1) * uc * sg.abs()
+    h = sg * u
+    dh = dsg * u.abs() + sg.abs() * du + dsg * du + (uc + rho_h) * h.abs()
+    y = h @ wd.T
+    dy = dh @ wd.abs().T + gamma(F, uc) * (h.abs() @ wd.abs().T) + rho_y * y.abs()
+    return y, dy
+
+
+def experts_bound(x, weights, ids, w1, w2, w3, dtype):
+    uc = u_compute(dtype)
+    T, KE = ids.shape
+    y = torch.zeros(T, x.shape[1], dtype=torch.float64)
+    dy = torch.zeros_like(y)
+    mag = torch.zeros_like(y)
+    wd = d64(weights)
+    for t in range(T):
+        for k in range(KE):
+            e = int(ids[t, k])
+            yk, dk = ffn_bound(x[t:t + 1], w1[e], w3[e], w2[e], dtype, rho_gu=0.0,
+                               rho_h=rho_triton(dtype), rho_y=0.0)
+            y[t] += wd[t, k] * yk[0]
+            dy[t] += wd[t, k].abs() * dk[0]
+            mag[t] += (wd[t, k] * yk[0]).abs()
+    return dy + gamma(KE, uc) * mag + rho_triton(dtype) * y.abs()
+
+
+def make_ffn(T, D, F, E, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, D, generator=g, dtype=torch.float64).to(dtype)
+    w1 = (torch.randn(E, F, D, generator=g, dtype=torch.float64) / D ** 0.5).to(dtype)
+    w3 = (torch.randn(E, F, D, generator=g, dtype=torch.float64) / D ** 0.5).to(dtype)
+    w2 = (torch.randn(E, D, F, generator=g, dtype=torch.float64) / F ** 0.5).to(dtype)
+    return x, w1, w2, w3
+
+
+def route(T, E, KE, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(T, E, generator=g)
+    return moe.router(logits, torch.zeros(E), top_k=KE, scaling=2.446)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("T,D,F", [(5, 40, 24), (1, 64, 96)])
+def test_swiglu_within_bound(T, D, F, dtype):
+    x, w1, w2, w3 = make_ffn(T, D, F, 1, dtype, seed=T)
+    out = moe.swiglu(x, w1[0], w3[0], w2[0])
+    assert out.shape == (T, D) and out.dtype == dtype
+    r = torch.from_numpy(R.swiglu(np64(x), np64(w1[0]), np64(w3[0]), np64(w2[0])))
+    _, bound = ffn_bound(x, w1[0], w3[0], w2[0], dtype, rho_gu=rho_torch(dtype),
+                         rho_h=rho_triton(dtype), rho_y=rho_torch(dtype))
+    assert_within("swiglu", out, r, bound)
+
+
+def test_swiglu_refuses_tf32_in_fp32():
+    x, w1, w2, w3 = make_ffn(2, 16, 8, 1, torch.float32, seed=0)
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        with pytest.raises(RuntimeError, match="allow_tf32"):
+            moe.swiglu(x, w1[0], w3[0], w2[0])
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+EXPERT_CASES = [  # (T, D, F, E, k_e, form): decode and a few tokens in both forms; prefill-like
+    # (grouped: several tiles per expert, partial tiles, an expert with no tokens possible)
+    (1, 40, 24, 16, 8, "gemv"), (1, 40, 24, 16, 8, "grouped"), (5, 40, 24, 6, 3, "gemv"),
+    (5, 40, 24, 6, 3, "grouped"), (37, 24, 40, 4, 2, "grouped")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("T,D,F,E,KE,form", EXPERT_CASES)
+def test_experts_within_bound(T, D, F, E, KE, form, dtype):
+    x, w1, w2, w3 = make_ffn(T, D, F, E, dtype, seed=E)
+    weights, ids = route(T, E, KE, seed=T)
+    out = moe._experts("test", x, weights, ids, w1, w2, w3, form=form)
+    assert out.shape == (T, D) and out.dtype == dtype
+    r = torch.from_numpy(R.experts(np64(x), np64(weights), ids.numpy(), np64(w1), np64(w2), np64(w3)))
+    assert_within(f"experts {form}", out, r, experts_bound(x, weights, ids, w1, w2, w3, dtype))
+
+
+@pytest.mark.parametrize("T,KE", [(1, 8), (6, 4)])
+def test_experts_read_only_routed_experts(T, KE):
+    """Unrouted experts' weights are NaN: any read of them would poison the output."""
+    E = 16
+    x, w1, w2, w3 = make_ffn(T, 32, 24, E, torch.bfloat16, seed=5)
+    weights, ids = route(T, E, KE, seed=6)
+    unused = [e for e in range(E) if e not in ids.flatten().tolist()]
+    assert unused
+    for w in (w1, w2, w3):
+        w[unused] = float("nan")
+    y = moe.experts(x, weights, ids.int(), w1, w2, w3)
+    assert torch.isfinite(y.float()).all()
+
+
+def test_experts_run_to_run_bitwise_and_counted():
+    x, w1, w2, w3 = make_ffn(37, 24, 40, 4, torch.bfloat16, seed=7)
+    weights, ids = route(37, 4, 2, seed=8)
+    c0 = _counters.snapshot()
+    a = moe.experts(x, weights, ids, w1, w2, w3)
+    b = moe.experts(x, weights, ids, w1, w2, w3)
+    c = moe.experts(x[:1], weights[:1], ids[:1], w1, w2, w3)
+    d = moe.experts(x[:1], weights[:1], ids[:1], w1, w2, w3)
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    assert torch.equal(c.view(torch.int16), d.view(torch.int16))
+    assert (_counters.snapshot() - c0)["moe.experts"] == 4
+
+
+def test_experts_errors_name_the_argument():
+    x, w1, w2, w3 = make_ffn(2, 16, 8, 3, torch.float32, seed=0)
+    weights, ids = route(2, 3, 2, seed=0)
+    with pytest.raises(ValueError, match="w2"):
+        moe.experts(x, weights, ids, w1, w2.transpose(1, 2).contiguous(), w3)
+    with pytest.raises(ValueError, match="ids"):
+        moe.experts(x, weights, ids[:, :1], w1, w2, w3)
+    with pytest.raises(TypeError, match="w1"):
+        moe.experts(x, weights, ids, [w1[0]], w2, w3)
+
+
+def test_negative_gate_up_swapped_is_caught():
+    """Teeth: w1 (gate) and w3 (up) exchanged fail the bound."""
+    T, D, F, E, KE = 5, 40, 24, 6, 3
+    x, w1, w2, w3 = make_ffn(T, D, F, E, torch.bfloat16, seed=9)
+    weights, ids = route(T, E, KE, seed=9)
+    r = torch.from_numpy(R.experts(np64(x), np64(weights), ids.numpy(), np64(w1), np64(w2), np64(w3)))
+    bad = moe.experts(x, weights, ids, w3, w2, w1)
+    with pytest.raises(AssertionError, match="beyond the bound"):
+        assert_within("gate/up swapped", bad, r, experts_bound(x, weights, ids, w1, w2, w3, torch.bfloat16))
+
+
+class _LazyExperts:
+    """Per-expert float64 CPU copies on access, so the reference reads only routed experts."""
+
+    def __init__(self, w):
+        self.w = w
+
+    def __getitem__(self, e):
+        return np64(self.w[e])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("T", [1, 64, 2048])
+def test_gpu_model_shapes(T):
+    D, F, E, KE = 2304, 1024, 256, 8
+    dtype = torch.bfloat16
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(T, D, device="cuda", generator=g).to(dtype)
+    w1 = (torch.randn(E, F, D, device="cuda", generator=g) / D ** 0.5).to(dtype)
+    w3 = (torch.randn(E, F, D, device="cuda", generator=g) / D ** 0.5).to(dtype)
+    w2 = (torch.randn(E, D, F, device="cuda", generator=g) / F ** 0.5).to(dtype)
+    logits = torch.randn(T, E, device="cuda", generator=g)
+    bias = torch.randn(E, device="cuda", generator=g) * 0.1
+    weights, ids = moe.router(logits, bias, top_k=KE, scaling=2.446)
+    _, ir = ref_router(logits, bias, top_k=KE, scaling=2.446)
+    assert torch.equal(ids.cpu(), ir)
+    y = moe.experts(x, weights, ids, w1, w2, w3)
+    n = min(T, 4)  # float64 reference on a few tokens
+    r = torch.from_numpy(R.experts(np64(x[:n]), np64(weights[:n]), ids[:n].cpu().numpy(),
+                                   _LazyExperts(w1), _LazyExperts(w2), _LazyExperts(w3)))
+    sub = ids[:n].cpu()
+    used = sorted(set(sub.flatten().tolist()))
+    remap = {e: i for i, e in enumerate(used)}
+    w1s, w2s, w3s = (w[used].cpu() for w in (w1, w2, w3))
+    bound = experts_bound(x[:n].cpu(), weights[:n].cpu(), sub.apply_(lambda e: remap[e]), w1s, w2s, w3s, dtype)
+    assert_within("experts gpu", y[:n], r, bound)
+    assert torch.equal(y.view(torch.int16), moe.experts(x, weights, ids, w1, w2, w3).view(torch.int16))
