@@ -57,6 +57,7 @@ from .weights import KDAWeights, ModelWeights, load_weights
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 MOE_COMBINES = ("unbiased", "biased")
 DECODE_TILE = 64  # a decode step always runs on this many rows (padded): batch invariance
+CPU_DECODE_TILE = 4  # under the Triton interpreter every padding program costs as much as a real one
 
 
 def _dtype_name(dtype) -> str:
@@ -101,7 +102,9 @@ class Model:
         self.dtype = DTYPES[dtype]
         self.state_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         self.ops = _backends.Ops(backends)
-        self.decode_tile = DECODE_TILE
+        # rows of one decode step (B sequences + padding; more sequences run as several steps);
+        # any fixed value keeps decode batch-invariant, a larger one batches more per launch
+        self.decode_tile = DECODE_TILE if device.type == "cuda" else CPU_DECODE_TILE
         # MLA decode splits the key range in a fixed number of slices (never chosen from the batch)
         self.mla_decode_splits = 1 if device.type == "cpu" else 8
         self.variants = {"moe_combine": moe_combine, "kv_norm_eps": float(kv_norm_eps),
@@ -194,7 +197,6 @@ class Model:
         return token_id
 
     def _check_caches(self, caches, *, decode: bool = False) -> None:
-        pool = None
         for i, c in enumerate(caches):
             if not isinstance(c, SequenceCache):
                 raise ValueError(f"caches[{i}]: expected an optimized SequenceCache (from prefill or "
@@ -204,15 +206,15 @@ class Model:
             if c.pool.config != self.config or c.pool.dtype != self.dtype or c.pool.device != self.device:
                 raise ValueError(f"caches[{i}]: the cache belongs to a different model "
                                  "(config, dtype or device differ)")
-            if decode and c.length == 0:
-                raise ValueError(f"caches[{i}]: decode needs a prefilled sequence (length 0)")
-            if pool is None:
-                pool = c.pool
-            elif c.pool is not pool:
-                raise ValueError("decode_batch: the caches live in different pools; prefill the sequences "
-                                 "into one pool (model.new_pool(B), prefill(ids, cache=pool.new_sequence()))")
+        if len({id(c.pool) for c in caches}) > 1:
+            raise ValueError("decode_batch: the caches live in different pools; prefill the sequences "
+                             "into one pool (pool = model.new_pool(B); prefill(ids, cache=pool.new_sequence()))")
         if len({id(c) for c in caches}) != len(caches):
             raise ValueError("decode_batch: the same sequence's cache appears twice")
+        if decode:
+            for i, c in enumerate(caches):
+                if c.length == 0:
+                    raise ValueError(f"caches[{i}]: decode needs a prefilled sequence (this one is empty)")
 
     # -- the stack -------------------------------------------------------------------------------
     def _stack(self, h: torch.Tensor, mixer, *, rows: int | None = None, trace: dict | None) -> torch.Tensor:

@@ -1,1 +1,37 @@
-"""Certifies the optimized Kimi-Linear path against the float64 reference."""
+"""Certifies the optimized Kimi-Linear path against the float64 reference.
+
+Public API (lazily imported, so ``import parity`` stays light):
+
+- ``parity.classify_step`` / ``StepVerdict``: the near-tie primitive (parity/neartie.py);
+- ``parity.registry``: the op records; ``parity.certify``: certification; ``parity.strategies``:
+  shared hypothesis strategies and profiles; ``parity.bounds``: the error-bound models;
+  ``parity.metrics``: comparisons (``compare``, ``nearer_truth``);
+- ``parity.assert_parity(op, inputs, ...)``: one op on given inputs, AssertionError with the worst
+  elements when past its bound.
+"""
+from __future__ import annotations
+
+_LAZY = {
+    "classify_step": ("parity.neartie", "classify_step"),
+    "StepVerdict": ("parity.neartie", "StepVerdict"),
+    "assert_parity": ("parity.testing", "assert_parity"),
+    "nearer_truth": ("parity.metrics", "nearer_truth"),
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        mod, attr = _LAZY[name]
+        return getattr(importlib.import_module(mod), attr)
+    if name in ("registry", "certify", "strategies", "bounds", "metrics", "mutants", "neartie", "check",
+                "emulate", "testing", "platform"):
+        import importlib
+
+        return importlib.import_module(f"parity.{name}")
+    raise AttributeError(f"module 'parity' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

@@ -65,6 +65,7 @@ class Prepared:
     tensors: dict
     f64: dict
     ref: dict
+    rounding: str = "nearest"     # the platform's float32 -> dtype conversion (parity.platform)
     _bounds: dict = field(default_factory=dict)
 
     def inputs(self) -> dict:
@@ -74,7 +75,7 @@ class Prepared:
     def bound(self, out_dtypes: dict) -> dict:
         key = tuple(sorted(out_dtypes.items()))
         if key not in self._bounds:
-            p = precision_for(self.dtype, out_dtypes)
+            p = precision_for(self.dtype, out_dtypes, self.rounding)
             inputs = {k: v for k, v in self.f64.items() if not k.startswith("_")}
             b = self.record.bound(inputs, self.case.kwargs, self.ref, p)
             for name in self.record.exact:
@@ -83,7 +84,7 @@ class Prepared:
         return self._bounds[key]
 
 
-def prepare(record: OpRecord, case: Case, dtype: str, device: str = "cpu") -> Prepared:
+def prepare(record: OpRecord, case: Case, dtype: str, device: str = "cpu", rounding: str = "nearest") -> Prepared:
     dtype = dtype_name(dtype)
     tensors, f64 = {}, {}
     for name, arr in case.arrays.items():
@@ -92,7 +93,7 @@ def prepare(record: OpRecord, case: Case, dtype: str, device: str = "cpu") -> Pr
         tensors["_" + name], f64["_" + name] = _to_torch(arr, record.policy.get(name, "io"), dtype, device)
     ref_inputs = {k: v for k, v in f64.items() if not k.startswith("_")}
     ref = record.run_reference(ref_inputs, case.kwargs)
-    return Prepared(record, case, dtype, device, tensors, f64, ref)
+    return Prepared(record, case, dtype, device, tensors, f64, ref, rounding)
 
 
 @dataclass

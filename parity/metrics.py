@@ -147,8 +147,8 @@ def compare(name: str, ref, cand, bound, *, cand_dtype: str | None = None) -> Co
         failures.append(f"NaN/Inf pattern mismatch in {int(pattern.sum())} element(s), first at {idx}: "
                         f"candidate {cand_f[idx]}, reference {ref_f[idx]}")
     both = fin_r & fin_c
-    diff = np.where(both, np.abs(cand_f - ref_f), 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        diff = np.where(both, np.abs(cand_f - ref_f), 0.0)
         ratio = np.where(diff == 0, 0.0, diff / bound)
         rel = np.where(diff == 0, 0.0, diff / np.abs(ref_f))
     ratio = np.where(pattern, np.inf, ratio)
@@ -169,7 +169,8 @@ def compare(name: str, ref, cand, bound, *, cand_dtype: str | None = None) -> Co
     worst = [Element(tuple(int(i) for i in np.unravel_index(j, ref.shape)), float(ref_f.flat[j]),
                      float(cand_f.flat[j]), float(bound.flat[j]), float(ratio.flat[j])) for j in order
              if ratio.flat[j] > 0]
-    rms_r = _rms(np.where(both, cand_f - ref_f, 0.0)) / max(_rms(np.where(both, ref_f, 0.0)), np.finfo(float).tiny)
+    with np.errstate(invalid="ignore", over="ignore"):
+        rms_r = _rms(np.where(both, cand_f - ref_f, 0.0)) / max(_rms(np.where(both, ref_f, 0.0)), np.finfo(float).tiny)
     cosine = _cosine(np.where(both, ref_f, 0.0), np.where(both, cand_f, 0.0))
     ulp = None
     if cand_dtype and n and both.any():

@@ -15,6 +15,8 @@ Conventions (docs/ARCHITECTURE.md):
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .elementwise import sigmoid, softplus
@@ -31,8 +33,9 @@ _FACTORED_RANGE_MAX = 600.0
 def gate(g_raw, A_log, dt_bias):
     """KDA forget gate, softplus form (spec b.6): ``g = -exp(A_log[hv]) * softplus(g_raw + dt_bias)``.
 
-    g_raw: [B, T, HV, K]; A_log: [HV]; dt_bias: [HV*K] (flat index ``hv*K + d``). Returns the
-    log-space decay g [B, T, HV, K] (<= 0). softplus uses torch's threshold 20.
+    g_raw: [B, T, HV, K]; A_log: [HV] (the checkpoint's [1, 1, HV, 1] is accepted too); dt_bias:
+    [HV*K] (flat index ``hv*K + d``). Returns the log-space decay g [B, T, HV, K] (<= 0). softplus
+    uses torch's threshold 20.
     """
     g_raw = np.asarray(g_raw, dtype=np.float64)
     A_log = np.asarray(A_log, dtype=np.float64)
@@ -40,8 +43,10 @@ def gate(g_raw, A_log, dt_bias):
     if g_raw.ndim != 4:
         raise ValueError(f"g_raw: expected [B,T,HV,K], got {g_raw.shape}")
     HV, K = g_raw.shape[2:]
+    if A_log.shape == (1, 1, HV, 1):
+        A_log = A_log.reshape(HV)
     if A_log.shape != (HV,):
-        raise ValueError(f"A_log: expected [HV] = ({HV},), got {A_log.shape}")
+        raise ValueError(f"A_log: expected [HV] = ({HV},) or [1,1,HV,1], got {A_log.shape}")
     if dt_bias.shape != (HV * K,):
         raise ValueError(f"dt_bias: expected [HV*K] = ({HV * K},), got {dt_bias.shape}")
     return -np.exp(A_log)[:, None] * softplus(g_raw + dt_bias.reshape(HV, K))
@@ -67,24 +72,25 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None
     """The chunked KDA algorithm (spec b.9): same inputs, outputs and math as ``recurrent``.
 
     Each sequence is cut into chunks of ``chunk_size`` tokens (any positive size; the kernels use
-    16/32/64); a ragged final chunk is padded with inert rows (g = 0, k = q = v = 0, beta = 0).
-    Within a chunk, with ``G`` the inclusive prefix sum of ``g`` (restarting every chunk)::
+    16/32/64); a ragged final chunk is simply shorter (``G_last`` = its last valid row). Within a
+    chunk, with ``G`` the inclusive prefix sum of ``g`` (restarting every chunk)::
 
         Akk[i,j] = beta_i sum_d k_i k_j exp(G_i - G_j)   (i > j)      key-key, strictly lower
         Aqk[i,j] = scale sum_d q_i k_j exp(G_i - G_j)    (i >= j)     query-key, lower
-        w = (I + Akk)^-1 (beta k exp(G)),  u = (I + Akk)^-1 (beta v)   WY form, by forward substitution
+        w = (I + Akk)^-1 (beta k exp(G)),  u = (I + Akk)^-1 (beta v)   WY form (forward substitution)
         v_new = u - w S;  o = scale (q exp(G)) S + Aqk v_new
         S <- diag(exp(G_last)) S + (k exp(G_last - G))^T v_new
 
-    ``exp(G_i - G_j)`` is never formed unmasked for ``j > i``: strong decays (G differences past
-    709 within a chunk) give finite results, equal to the recurrence's. Vectorized over B, heads and
-    (for the intra-chunk part) chunks; only the state pass loops over chunks.
+    ``exp(G_i - G_j)`` is never formed for ``j > i`` where it could overflow: a chunk whose
+    ``|G|`` stays within ``_FACTORED_RANGE_MAX`` uses ``exp(G_i) exp(-G_j)`` (BLAS products),
+    any other chunk the pairwise difference masked to -inf before exp. Strong decays (G differences
+    past 709 within a chunk) therefore give finite results equal to the recurrence's. The chunks
+    run in sequence, each vectorized over B and heads.
     """
     if int(chunk_size) != chunk_size or chunk_size < 1:
         raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
     args = _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens)
-    core = lambda *a: _chunked_core(*a, chunk_size=int(chunk_size))  # noqa: E731
-    return _over_sequences(core, args, cu_seqlens)
+    return _over_sequences(partial(_chunked_core, chunk_size=int(chunk_size)), args, cu_seqlens)
 
 
 def fused_recurrent(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None,
@@ -185,13 +191,13 @@ def _recurrent_core(q, k, v, g, beta, scale, S):
 
 
 def _chunked_core(q, k, v, g, beta, scale, S, *, chunk_size):
-    # Chunk by chunk (vectorized over B and heads): the per-chunk arrays stay a few MB, which
-    # keeps numpy out of page-fault-bound temporaries at T = 4096.
+    # Chunk by chunk, vectorized over B and heads: per-chunk temporaries stay a few MB (whole-sequence
+    # temporaries at T = 4096 are 100+ MB each and cost more in page faults than in arithmetic).
     B, T, HV, V = v.shape
     o = np.empty((B, T, HV, V))
     for s in range(0, T, chunk_size):
         e = min(s + chunk_size, T)  # a ragged final chunk is just shorter: G_last = G[e-1]
-        qc, kc, vc, gc = (np.ascontiguousarray(np.moveaxis(x[:, s:e], 1, 2)) for x in (q, k, v, g))
+        qc, kc, vc, gc = (np.moveaxis(x[:, s:e], 1, 2) for x in (q, k, v, g))  # [B, HV, c, *]
         bc = np.moveaxis(beta[:, s:e], 1, 2)[..., None]  # [B, HV, c, 1]
         oc, S = _chunk(qc, kc, vc, gc, bc, scale, S)
         o[:, s:e] = np.moveaxis(oc, 1, 2)
@@ -202,7 +208,7 @@ def _chunk(q, k, v, g, beta, scale, S):
     """One chunk, spec b.9 steps 1-8. q, k, g: [B, HV, c, K]; v: [B, HV, c, V]; beta: [B, HV, c, 1];
     S: [B, HV, K, V] at the chunk start. Returns (o [B, HV, c, V], S at the chunk end)."""
     K = k.shape[-1]
-    G = g.copy()  # inclusive prefix sum within the chunk (np.cumsum along this axis is 3x slower)
+    G = np.array(g)  # inclusive prefix sum within the chunk, as a running sum over rows
     for i in range(1, G.shape[-2]):
         G[..., i, :] += G[..., i - 1, :]
     G_last = G[..., -1:, :]  # [B, HV, 1, K]
@@ -222,7 +228,7 @@ def _chunk(q, k, v, g, beta, scale, S):
     Akk = beta * np.tril(Akk, -1)  # key-key, i > j
     # WY form: solve (I + Akk) [w | u] = [beta k exp(G) | beta v]
     wu = _solve_unit_lower(Akk, beta * np.concatenate([kg, v], axis=-1))
-    w, u = np.ascontiguousarray(wu[..., :K]), wu[..., K:]  # strided operands defeat BLAS
+    w, u = wu[..., :K], wu[..., K:]
     v_new = u - w @ S
     o = scale * (qg @ S) + Aqk @ v_new
     S = np.swapaxes(np.exp(G_last), -1, -2) * S + np.swapaxes(kd, -1, -2) @ v_new
@@ -230,9 +236,10 @@ def _chunk(q, k, v, g, beta, scale, S):
 
 
 def _pairwise(q, k, G, rows=16):
-    """sum_d x_i[d] k_j[d] exp(G_i[d] - G_j[d]) for x = q and x = k, [B,HV,c,c] (j > i: garbage-free
-    zeros). The exponent is set to -inf for j > i BEFORE exp: with strong decays those differences
-    exceed float64's exp range. Blocks of ``rows`` query rows bound the [.., rows, c, K] temporaries."""
+    """``sum_d x_i[d] k_j[d] exp(G_i[d] - G_j[d])`` for x = q and x = k, [B,HV,c,c], zero for j > i.
+
+    The exponent is set to -inf for j > i BEFORE exp: with strong decays those differences exceed
+    float64's exp range. Blocks of ``rows`` query rows bound the [.., rows, c, K] temporaries."""
     c = G.shape[-2]
     Aqk = np.zeros(G.shape[:-1] + (c,))
     Akk = np.zeros_like(Aqk)
@@ -250,8 +257,8 @@ def _solve_unit_lower(A, rhs, block=16):
     """X with (I + A) X = rhs for strictly lower A [..., c, c] (spec b.9 step 4).
 
     Blocked forward substitution: the diagonal ``block x block`` blocks of I + A are inverted row by
-    row (all at once), then block row I is ``X_I = inv(I + A_II) (rhs_I - A_I,<I X_<I)``. Same
-    arithmetic as forming M = (I + A)^-1, with a handful of numpy calls per chunk."""
+    row (all at once), then block row I is ``X_I = inv(I + A_II) (rhs_I - A_I,<I X_<I)``: the
+    product M rhs with M = (I + A)^-1 of the spec, in a handful of numpy calls per chunk."""
     c = A.shape[-1]
     cp = -(-c // block) * block
     if cp != c:  # zero padding extends I + A by an identity block: inert

@@ -17,17 +17,21 @@ def _check_weight(fn, x, weight):
         raise ValueError(f"{fn}: weight: expected [D] = ({x.shape[-1]},), got {weight.shape}")
 
 
+def _rms_norm(fn, x, weight, eps):
+    x = np.asarray(x, dtype=np.float64)
+    weight = np.asarray(weight, dtype=np.float64)
+    _check_weight(fn, x, weight)
+    inv_rms = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return x * inv_rms * weight
+
+
 def rms_norm(x, weight, *, eps):
     """T5-style RMSNorm: ``weight * x / sqrt(mean(x^2) + eps)``.
 
     x: [..., D]; weight: [D]; eps: required (1e-5 for the residual norms, 1e-6 or 1e-5 for MLA's
     ``kv_a_layernorm``, spec b.2). Returns [..., D] float64.
     """
-    x = np.asarray(x, dtype=np.float64)
-    weight = np.asarray(weight, dtype=np.float64)
-    _check_weight("rms_norm", x, weight)
-    inv_rms = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-    return x * inv_rms * weight
+    return _rms_norm("rms_norm", x, weight, eps)
 
 
 def gated_rms_norm(x, gate, weight, *, eps):
@@ -41,7 +45,7 @@ def gated_rms_norm(x, gate, weight, *, eps):
     gate = np.asarray(gate, dtype=np.float64)
     if gate.shape != x.shape:
         raise ValueError(f"gated_rms_norm: gate: expected the shape of x {x.shape}, got {gate.shape}")
-    return rms_norm(x, weight, eps=eps) * sigmoid(gate)
+    return _rms_norm("gated_rms_norm", x, weight, eps) * sigmoid(gate)
 
 
 def l2norm(x, *, eps=1e-6):

@@ -68,7 +68,7 @@ def require_ieee_fp32_matmul(op: str, *tensors: torch.Tensor) -> None:
 _ROUNDS_TO_NEAREST: dict[str, bool] = {}
 
 
-def triton_bf16_cast_rounds_to_nearest(device: str | torch.device = "cpu") -> bool:
+def triton_bf16_cast_rounds_to_nearest(device: str | torch.device | None = None) -> bool:
     """Probe (once per device type) whether Triton's float32 -> bfloat16 cast rounds to nearest.
 
     Compiled Triton does (``cvt.rn.bf16.f32``). The Triton interpreter (3.6-3.9 at least) truncates
@@ -76,6 +76,8 @@ def triton_bf16_cast_rounds_to_nearest(device: str | torch.device = "cpu") -> bo
     ``u`` on a GPU and a full ulp (``2u``) under an unpatched interpreter. Tests ask this instead of
     assuming either.
     """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     key = torch.device(device).type
     if key not in _ROUNDS_TO_NEAREST:
         from .kernels import _cast_probe_kernel

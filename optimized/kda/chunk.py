@@ -77,11 +77,13 @@ def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md,
 @triton.jit
 def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, cu, cidx, scale, T,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BT: tl.constexpr, BC: tl.constexpr, LOG2_NB: tl.constexpr,
-                  BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr):
+                  BT: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr,
+                  IS_VARLEN: tl.constexpr):
+    # NB = BT // BC sub-blocks, LOG2_NB = log2(NB), NV = cdiv(V, BV): passed in, since a local
+    # computed from constexprs is not a constexpr for the compiler
     ACC = Gc.dtype.element_ty
     DT = k.dtype.element_ty
-    NB = BT // BC
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // HV
@@ -180,7 +182,7 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, cu, cidx, scale, T,
     tl.store(w + (tok * HV + i_hv)[:, None] * K + dk[None, :], wt.to(w.dtype.element_ty),
              mask=valid[:, None] & mk[None, :])
     dv = tl.arange(0, BV)
-    for iv in tl.static_range(0, (V + BV - 1) // BV):
+    for iv in tl.static_range(0, NV):
         ov = iv * BV + dv
         mv = ov < V
         vt = _load_rows(v, tok, valid, i_hv, HV, V, ov, mv, ACC, False)
@@ -350,7 +352,8 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     Aq = torch.empty(B, T, HV, BT, dtype=dt, device=dev)
     _intra_kernel[(n_chunks, B * HV)](
         q, k, v, G, beta, w, u, Aq, cu, cidx, scale, T,
-        H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV,
+        H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, NB=BT // BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV,
+        NV=triton.cdiv(V, BV),
         L2NORM=fused, IS_VARLEN=varlen, num_warps=4 if BK <= 64 else 8)
     # 3. sequential state pass
     h = torch.empty((B * NT if not varlen else n_chunks), HV, K, V, dtype=dt, device=dev)

@@ -43,7 +43,7 @@ def _mla_attn_kernel(
     rb = tl.program_id(1) % n_rb
     split = tl.program_id(2)
     if VAR_LEN:
-        S_b = tl.load(slen_ptr + b)
+        S_b = tl.load(slen_ptr + b).to(tl.int32)
     else:
         S_b = S
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)

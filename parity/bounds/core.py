@@ -62,6 +62,7 @@ class Precision:
     ua: float
     ustate: float
     out: dict = field(default_factory=dict)
+    rounding: str = "nearest"
 
     def uo(self, name: str) -> float:
         return self.out.get(name, self.u)
@@ -72,22 +73,28 @@ class Precision:
 
     def describe(self) -> dict:
         return {"dtype": self.dtype, "u": self.u, "ua": self.ua, "ustate": self.ustate,
-                "out": dict(self.out)}
+                "out": dict(self.out), "rounding": self.rounding}
 
 
-def precision_for(dtype, out_dtypes: dict | None = None) -> Precision:
+def precision_for(dtype, out_dtypes: dict | None = None, rounding: str = "nearest") -> Precision:
     """The Precision of a candidate running at ``dtype`` whose outputs came back as ``out_dtypes``
-    (name -> dtype; integer outputs ignored). The reference's float64 rounding is added to each u."""
+    (name -> dtype; integer outputs ignored). ``rounding``: how the platform converts float32 to
+    ``dtype`` (parity.platform: ``toward-zero`` doubles u, one full ulp). The reference's float64
+    rounding is added to each u."""
     name = dtype_name(dtype)
-    u = UNIT_ROUNDOFF[name]
+    f = 2.0 if rounding == "toward-zero" else 1.0
+    u = UNIT_ROUNDOFF[name] * (f if name in ("bfloat16", "float16") else 1.0)
     ua = UNIT_ROUNDOFF[arithmetic_dtype(name)]
     out = {}
     for k, d in (out_dtypes or {}).items():
         try:
-            out[k] = unit_roundoff(d) + U_REFERENCE
+            uo = unit_roundoff(d)
         except ValueError:
             continue  # integer outputs: compared exactly
-    return Precision(name, u + U_REFERENCE, ua + U_REFERENCE, ua + U_REFERENCE, out)
+        if dtype_name(d) == name and name in ("bfloat16", "float16"):
+            uo *= f
+        out[k] = uo + U_REFERENCE
+    return Precision(name, u + U_REFERENCE, ua + U_REFERENCE, ua + U_REFERENCE, out, rounding)
 
 
 def gamma(n, u):

@@ -1,26 +1,40 @@
 """Localization: which layer, and which op in it, first went past its bound.
 
-Both paths run ``forward`` over the same token sequence with a trace; every traced entry is
-compared position by position. The error of an entry is relative, ``||opt - ref|| / ||ref||`` over
-the hidden dimension at one position, and its bound is a propagation model:
+The decode loop hands every call's traces of both paths to ``TraceStats`` (prefill: the prompt
+positions; each decode step: its new position), so a diverged step is localized on exactly the
+computation that produced it, the decode kernels included, with no extra model run. Per traced entry
+and position ``p`` the error is ``e[p] = ||opt - ref|| / max(||ref[p]||, median_q ||ref[q]||)`` over
+the hidden dimension (the floor keeps a position whose output happens to be small from passing as
+a huge relative error).
 
-    bound = A * (error already in the entry's input) + KAPPA * u
+Each layer has two ops on the residual stream: ``layers.i.mixer`` (KDA or MLA), which reads the
+stream ``h_{i-1}`` at this and every earlier position (causal), and ``layers.i.ffn`` (dense MLP or
+MoE), which reads ``mid_i = h_{i-1} + mixer_i`` at the same position. Both streams are recovered from
+the traces (``mid_i = hidden_i - ffn_i``, ``h_{i-1} = mid_i - mixer_i``; layer 0 reads the exact
+embedding). An op's error is judged against a propagation bound:
 
-``u`` is the unit roundoff of the optimized path's compute dtype; ``KAPPA * u`` is the fresh rounding
-one layer stage may add (a handful of bf16 roundings of projections, norms and the mixer's own
-reductions); ``A`` is how much a stage may amplify the error it was handed. The input of
-``layers.i.mixer`` is the residual stream ``layers.{i-1}.hidden`` at every position up to this one
-(the mixers are causal: the running maximum over earlier positions is used); the input of
-``layers.i.ffn`` is the stream after the mixer, ``hidden_{i-1} + mixer_i``, at the same position (the
-FFN is per token); ``final_norm`` reads the last hidden state. An entry is in *units* of its bound;
-the first entry (layer by layer, mixer before FFN) with units > 1 names the layer and the op.
+    bound = A * (error of its input) + KAPPA_STORAGE * u + KAPPA_ARITH * ua
 
-A benign run stays well below one unit everywhere (measured in docs/concepts.md); a wrong op adds
-an error far larger than the rounding its stage may add, independent of how much noise it inherits.
-A router flip is the exception the model cannot see coming: it swaps a whole expert, so the FFN of
-its layer jumps past its bound at exactly the flipped positions. When those are the only positions
-past the bound and every flip there is within its noise bound, the divergence is explained by
-router near-ties (see ``router.py``).
+``u`` is the unit roundoff of the optimized run's storage dtype (bf16: 2^-8) and ``ua`` of its
+arithmetic (fp32 accumulators and transcendentals; ``parity.bounds.core.precision_for``). The two
+``KAPPA`` terms are the fresh rounding one op may add: a few values stored at ``u/2`` each
+(projections, conv, norm outputs, the kernels' bf16 intermediates), and fp32 reductions and
+exp/log/sqrt of a few ulps each. ``A`` is the amplification one op may apply to the error it is
+handed (softmax attention with a sharp distribution amplifies most: ~4x measured on the small
+preset). Measured on benign runs (docs/concepts.md): levels stay below ~0.5 of their bound in bf16
+and float32; a perturbed ``A_log`` (+-1) in one KDA layer lands at 2-5x. Two checks, in this order:
+
+* level: the median of ``e`` over positions, against the bound built from the median error of the
+  input. A wrong op (a perturbed ``A_log``, a mutant) moves its output at most positions; bf16 noise
+  and the odd router flip do not move a median. The first entry, layer by layer, whose level is
+  past its bound is the op that is wrong.
+* spikes: single positions past ``SPIKE * bound`` built from that position's input error (the
+  running maximum over earlier positions for the causal mixer). The root spike is the earliest one
+  in causal order (position, then layer, mixer before FFN): nothing later can have caused it.
+
+A router flip is what bf16 noise does that no bound can foresee: it swaps a whole expert, so the FFN
+of its layer spikes at exactly the flipped position. A divergence whose root spike is a MoE FFN at a
+position where the router flipped within its noise bound (``router.py``) is explained by that flip.
 """
 from __future__ import annotations
 
@@ -29,28 +43,34 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .numerics import finite_or_none, to_f64
-from .router import RouterFlip, trace_router_flips
+from .router import RouterFlip
 
-AMPLIFICATION = 4.0   # A: how much one stage may amplify the relative error it receives
-KAPPA = 16.0          # fresh rounding one stage may add, in units of u
-ENTRY_ORDER = ("mixer", "ffn")
+AMPLIFICATION = 8.0   # A
+KAPPA_STORAGE = 8.0   # fresh rounding of one op: values stored at the run dtype, units of u
+KAPPA_ARITH = 64.0    # ... and its arithmetic (fp32 reductions, exp/log/sqrt), units of ua
+SPIKE = 2.0           # a single position may exceed the level bound this much before it is a spike
+ENTRIES = ("mixer", "ffn")
 
 
 @dataclass
 class EntryError:
-    name: str          # trace key, e.g. "layers.2.mixer"
-    layer: int | None  # None for final_norm
-    op: str            # kda | mla | mlp | moe | norm
-    rel_err: float     # at the worst position (largest units)
-    bound: float       # its bound there
-    units: float       # rel_err / bound
-    position: int      # sequence index of the worst position
-    past_bound: list[int] = field(default_factory=list)  # every position with units > 1
+    name: str           # trace key, e.g. "layers.2.mixer"
+    layer: int | None   # None for final_norm
+    op: str             # kda | mla | mlp | moe | norm
+    rel_err: float      # level: median relative error over the positions
+    bound: float        # its bound
+    units: float        # rel_err / bound
+    position: int       # the position of the largest spike
+    spike_err: float
+    spike_bound: float
+    spike_units: float
+    past_bound: list[int] = field(default_factory=list)  # positions with a spike past its bound
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["past_bound"] = d["past_bound"][:32]
-        d["rel_err"], d["units"] = finite_or_none(self.rel_err), finite_or_none(self.units)
+        for k in ("rel_err", "units", "spike_err", "spike_units"):
+            d[k] = finite_or_none(d[k])
         return d
 
 
@@ -59,17 +79,19 @@ class Localization:
     step: int
     tokens: int
     entries: list[EntryError]
-    first: EntryError | None                 # the first entry past its bound
-    nonfinite: dict | None                   # first entry where the optimized path has NaN/Inf
+    first: EntryError | None                 # the op past its bound (level first, else the root spike)
+    first_kind: str | None                   # "level" | "spike"
+    first_position: int | None
+    nonfinite: dict | None                   # first entry where the optimized path holds NaN/Inf
     router_flips: list[RouterFlip]
-    explained_by_router: list[RouterFlip]    # non-empty: the first exceedance is router flips in noise
+    explained_by_router: list[RouterFlip]    # non-empty: the root spike is a router flip in noise
     backend_hint: str | None
 
     def to_dict(self) -> dict:
         return {
-            "step": self.step,
-            "tokens": self.tokens,
+            "step": self.step, "tokens": self.tokens,
             "first": self.first.to_dict() if self.first else None,
+            "first_kind": self.first_kind, "first_position": self.first_position,
             "nonfinite": self.nonfinite,
             "explained_by_router": [f.to_dict() for f in self.explained_by_router],
             "backend_hint": self.backend_hint,
@@ -78,29 +100,25 @@ class Localization:
         }
 
     def describe(self) -> str:
-        if self.nonfinite and (self.first is None or self.nonfinite["name"] == self.first.name):
+        if self.nonfinite is not None:
             return f"first NaN/Inf at {self.nonfinite['name']} (position {self.nonfinite['position']})"
         if self.first is None:
-            return "no layer past its bound"
+            return "not localized: every layer within its bound"
         f = self.first
-        text = f"{f.name} ({f.op}) at position {f.position}, {f.units:.3g}x its bound"
+        if self.first_kind == "level":
+            text = (f"{f.name} ({f.op}): median error {f.rel_err:.3g} = {f.units:.3g}x its bound "
+                    f"{f.bound:.3g}")
+        else:
+            text = (f"{f.name} ({f.op}) at position {self.first_position}: error {f.spike_err:.3g} = "
+                    f"{f.spike_units:.3g}x its bound {f.spike_bound:.3g}")
         if self.explained_by_router:
-            text += " = router flip in noise: " + self.explained_by_router[0].describe()
+            text += "; router flip in noise: " + self.explained_by_router[0].describe()
         return text
 
 
 def _rows(x) -> np.ndarray:
     x = to_f64(x)
     return x.reshape(-1, x.shape[-1])
-
-
-def _rel_err(ref: np.ndarray, opt: np.ndarray) -> np.ndarray:
-    """[T, D] x2 -> [T]: ||opt - ref|| / ||ref|| per position (inf where opt is not finite)."""
-    num = np.linalg.norm(opt - ref, axis=-1)
-    den = np.linalg.norm(ref, axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        e = num / np.where(den > 0, den, 1.0)
-    return np.where(np.isfinite(e), e, np.inf)
 
 
 def _op(config, i: int, entry: str) -> str:
@@ -110,7 +128,7 @@ def _op(config, i: int, entry: str) -> str:
 
 def first_nonfinite(opt_trace: dict, config) -> dict | None:
     """The first traced entry (layer by layer) where the optimized path holds NaN or Inf."""
-    names = [f"layers.{i}.{e}" for i in range(config.num_hidden_layers) for e in (*ENTRY_ORDER, "hidden")]
+    names = [f"layers.{i}.{e}" for i in range(config.num_hidden_layers) for e in (*ENTRIES, "hidden")]
     for name in names + ["final_norm"]:
         if name not in opt_trace:
             continue
@@ -124,69 +142,126 @@ def first_nonfinite(opt_trace: dict, config) -> dict | None:
     return None
 
 
-def compare_traces(ref_trace: dict, opt_trace: dict, config, *, unit_roundoff: float) -> list[EntryError]:
-    """Every traced entry's error in units of its propagation bound (module docstring)."""
-    fresh = KAPPA * unit_roundoff
-    entries = []
-    prev_ref = prev_opt = None  # hidden_{i-1}; None before layer 0 (the embedding lookup is exact)
-    for i in range(config.num_hidden_layers):
-        keys = [f"layers.{i}.{k}" for k in ("mixer", "ffn", "hidden")]
-        if not all(k in ref_trace and k in opt_trace for k in keys):
-            break
-        mix_r, mix_o = _rows(ref_trace[keys[0]]), _rows(opt_trace[keys[0]])
-        ffn_r, ffn_o = _rows(ref_trace[keys[1]]), _rows(opt_trace[keys[1]])
-        T = mix_r.shape[0]
-        e_in = np.zeros(T) if prev_ref is None else _rel_err(prev_ref, prev_opt)
-        mid_r = mix_r if prev_ref is None else prev_ref + mix_r
-        mid_o = mix_o if prev_ref is None else prev_opt + mix_o
-        for entry, err, inherited in (
-            ("mixer", _rel_err(mix_r, mix_o), np.maximum.accumulate(e_in)),
-            ("ffn", _rel_err(ffn_r, ffn_o), _rel_err(mid_r, mid_o)),
-        ):
-            entries.append(_entry(f"layers.{i}.{entry}", i, _op(config, i, entry), err,
-                                  AMPLIFICATION * inherited + fresh))
-        prev_ref, prev_opt = _rows(ref_trace[keys[2]]), _rows(opt_trace[keys[2]])
-    if prev_ref is not None and "final_norm" in ref_trace and "final_norm" in opt_trace:
-        err = _rel_err(_rows(ref_trace["final_norm"]), _rows(opt_trace["final_norm"]))
-        entries.append(_entry("final_norm", None, "norm", err,
-                              AMPLIFICATION * _rel_err(prev_ref, prev_opt) + fresh))
-    return entries
+class TraceStats:
+    """Per-position error and magnitude of every stream and op output, over the calls of one run.
+
+    Stored per key (``layers.i.{in,mixer,mid,ffn}``, ``final_norm``): ``||opt - ref||`` and
+    ``||ref||`` per position (two floats, whatever the hidden size)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.diff: dict[str, list[np.ndarray]] = {}
+        self.norm: dict[str, list[np.ndarray]] = {}
+        self.positions = 0
+        self.nonfinite: dict | None = None
+
+    def _put(self, key, ref, opt):
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = np.linalg.norm(opt - ref, axis=-1)
+        self.diff.setdefault(key, []).append(np.where(np.isfinite(d), d, np.inf))
+        self.norm.setdefault(key, []).append(np.linalg.norm(ref, axis=-1))
+
+    def add(self, ref_trace: dict, opt_trace: dict) -> None:
+        """One call's traces (rows = consecutive positions starting at ``self.positions``)."""
+        c = self.config
+        T = None
+        for i in range(c.num_hidden_layers):
+            keys = [f"layers.{i}.{k}" for k in ("mixer", "ffn", "hidden")]
+            if not all(k in ref_trace and k in opt_trace for k in keys):
+                break
+            (ar, fr, hr), (ao, fo, ho) = ([_rows(t[k]) for k in keys] for t in (ref_trace, opt_trace))
+            T = ar.shape[0]
+            mid_r, mid_o = hr - fr, ho - fo
+            self._put(f"layers.{i}.in", mid_r - ar, mid_o - ao)
+            self._put(f"layers.{i}.mixer", ar, ao)
+            self._put(f"layers.{i}.mid", mid_r, mid_o)
+            self._put(f"layers.{i}.ffn", fr, fo)
+        if "final_norm" in ref_trace and "final_norm" in opt_trace:
+            self._put("final_norm", _rows(ref_trace["final_norm"]), _rows(opt_trace["final_norm"]))
+        if self.nonfinite is None:
+            bad = first_nonfinite(opt_trace, c)
+            if bad is not None:
+                bad["position"] += self.positions
+                self.nonfinite = bad
+        self.positions += T or 0
+
+    def rel(self, key: str, upto: int) -> np.ndarray:
+        """``e[p]`` for positions ``0..upto-1`` (see the module docstring)."""
+        d = np.concatenate(self.diff[key])[:upto]
+        n = np.concatenate(self.norm[key])[:upto]
+        floor = np.median(n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            e = d / np.maximum(n, floor if floor > 0 else 1.0)
+        return np.where(np.isfinite(e), e, np.inf)
+
+    def localize(self, step: int, upto: int, flips: list[RouterFlip], *, dtype: str) -> Localization:
+        """Localize the divergence seen at ``step`` from positions ``0..upto-1``; ``dtype``: the
+        optimized path's compute dtype."""
+        from parity.bounds.core import precision_for
+
+        c = self.config
+        p = precision_for(dtype)
+        fresh = KAPPA_STORAGE * p.u + KAPPA_ARITH * p.ua
+        entries: list[EntryError] = []
+        for i in range(c.num_hidden_layers):
+            if f"layers.{i}.mixer" not in self.diff:
+                break
+            e_in, e_mid = self.rel(f"layers.{i}.in", upto), self.rel(f"layers.{i}.mid", upto)
+            if i == 0:
+                e_in = np.zeros_like(e_in)  # the embedding lookup reads the same stored weights
+            for entry, inherited in (("mixer", e_in), ("ffn", e_mid)):
+                e = self.rel(f"layers.{i}.{entry}", upto)
+                spike_in = np.maximum.accumulate(inherited) if entry == "mixer" else inherited
+                entries.append(_entry(f"layers.{i}.{entry}", i, _op(c, i, entry), e, inherited, spike_in, fresh))
+        if "final_norm" in self.diff and entries:
+            e_last = self.rel(f"layers.{c.num_hidden_layers - 1}.mid", upto)  # ~ the last stream
+            e = self.rel("final_norm", upto)
+            entries.append(_entry("final_norm", None, "norm", e, e_last, e_last, fresh))
+        first, kind, pos = next(((x, "level", None) for x in entries if x.units > 1.0), (None, None, None))
+        if first is None:
+            spikes = [(p, k, x) for k, x in enumerate(entries) for p in x.past_bound]
+            if spikes:
+                pos, _, first = min(spikes, key=lambda s: (s[0], s[1]))
+                kind = "spike"
+        explained = []
+        if kind == "spike" and first.op == "moe":
+            at = [f for f in flips if f.layer == first.layer and f.position == pos and f.within_noise]
+            explained = at
+        hint = None
+        if first is not None and not explained:
+            hint = f"--backend {'moe' if first.op == 'mlp' else first.op}=reference"
+        visible = [f for f in flips if f.position < upto]
+        return Localization(step=step, tokens=upto, entries=entries, first=first,
+                            first_kind=kind, first_position=pos,
+                            nonfinite=self.nonfinite if self.nonfinite and self.nonfinite["position"] < upto else None,
+                            router_flips=visible, explained_by_router=explained, backend_hint=hint)
 
 
-def _entry(name, layer, op, err: np.ndarray, bound: np.ndarray) -> EntryError:
+def _entry(name, layer, op, e, inherited, spike_in, fresh) -> EntryError:
+    level, level_bound = float(np.median(e)), AMPLIFICATION * float(np.median(inherited)) + fresh
+    spike_bound = SPIKE * (AMPLIFICATION * spike_in + fresh)
     with np.errstate(invalid="ignore"):
-        units = np.where(np.isfinite(err), err / bound, np.inf)
-    p = int(np.argmax(units))
-    return EntryError(name=name, layer=layer, op=op, rel_err=float(err[p]), bound=float(bound[p]),
-                      units=float(units[p]), position=p,
-                      past_bound=[int(q) for q in np.flatnonzero(units > 1.0)])
+        spike_units = np.where(np.isfinite(e), e / spike_bound, np.inf)
+    p = int(np.argmax(spike_units))
+    units = level / level_bound if np.isfinite(level) else np.inf
+    return EntryError(name=name, layer=layer, op=op, rel_err=level, bound=level_bound, units=units,
+                      position=p, spike_err=float(e[p]), spike_bound=float(spike_bound[p]),
+                      spike_units=float(spike_units[p]),
+                      past_bound=[int(q) for q in np.flatnonzero(spike_units > 1.0)])
 
 
-def localize_traces(step: int, ref_trace: dict, opt_trace: dict, config, *,
-                    unit_roundoff: float) -> Localization:
-    """Localize from two full-sequence forward traces (row t of every entry = sequence position t)."""
-    entries = compare_traces(ref_trace, opt_trace, config, unit_roundoff=unit_roundoff)
-    flips = trace_router_flips(ref_trace, opt_trace, config, 0, unit_roundoff=unit_roundoff)
-    first = next((e for e in entries if e.units > 1.0), None)
-    explained = []
-    if first is not None and first.op == "moe":
-        at = {f.position: f for f in flips if f.layer == first.layer}
-        if all(p in at and at[p].within_noise for p in first.past_bound):
-            explained = [at[p] for p in first.past_bound]
-    hint = None
-    if first is not None and not explained:
-        family = {"kda": "kda", "mla": "mla", "moe": "moe", "mlp": "moe", "norm": "norm"}[first.op]
-        hint = f"--backend {family}=reference"
-    tokens = _rows(ref_trace["final_norm"]).shape[0] if "final_norm" in ref_trace else 0
-    return Localization(step=step, tokens=tokens, entries=entries, first=first,
-                        nonfinite=first_nonfinite(opt_trace, config), router_flips=flips,
-                        explained_by_router=explained, backend_hint=hint)
+def localize(ref_model, opt_model, token_ids: list[int], config, *, dtype: str = "bfloat16",
+             step: int = 0) -> Localization:
+    """Localize from one ``forward`` of both paths over ``token_ids`` (the prefill kernels only; the
+    decode loop localizes from its own traces instead)."""
+    from .router import trace_router_flips
 
-
-def localize(step: int, ref_model, opt_model, token_ids: list[int], config, *,
-             unit_roundoff: float) -> Localization:
-    """Run ``forward`` on both paths over ``token_ids`` with traces and localize (see module doc)."""
     ref_trace, opt_trace = {}, {}
     ref_model.forward(list(token_ids), trace=ref_trace)
     opt_model.forward(list(token_ids), trace=opt_trace)
-    return localize_traces(step, ref_trace, opt_trace, config, unit_roundoff=unit_roundoff)
+    stats = TraceStats(config)
+    stats.add(ref_trace, opt_trace)
+    from parity.bounds.core import unit_roundoff
+
+    flips = trace_router_flips(ref_trace, opt_trace, config, 0, unit_roundoff=unit_roundoff(dtype))
+    return stats.localize(step, len(token_ids), flips, dtype=dtype)

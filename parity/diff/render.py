@@ -75,7 +75,7 @@ def print_result(result: DiffResult, console: Console, *, decode=None) -> None:
             console.print(f"confirm: rerun with {loc.backend_hint} (that family then runs the reference "
                           "math on the optimized side)", markup=False)
         worst = sorted(loc.entries, key=lambda e: -e.units)[:3]
-        console.print("largest per-layer errors (units of bound): "
+        console.print("median error per op, in units of its bound (largest): "
                       + ", ".join(f"{e.name} {e.units:.3g}" for e in worst), markup=False)
     nonfinite = next((s for s in result.steps if s.nonfinite), None)
     if nonfinite is not None and (loc is None or not loc.nonfinite):

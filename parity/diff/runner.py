@@ -16,11 +16,11 @@ Modes:
   run goes on. Each split reports whether the paths re-converged: the first later step whose tokens
   agree again, or ``None`` when every step after it split too.
 
-A step that ``classify_step`` calls ``diverged`` is localized (``localize.py``): both paths run
-``forward`` over the sequence so far with traces. If the first entry past its bound is a MoE FFN
-whose excess is entirely at positions where the router flipped within noise, the divergence is a
-near-tie one level down and the step becomes ``near-tie`` with that explanation. Localization stops
-after the first divergence it cannot explain (the run fails anyway; one localization is enough).
+A step that ``classify_step`` calls ``diverged`` is localized (``localize.py``) from the traces
+both paths wrote during the run so far (every prompt and decode position, the decode kernels
+included). If the first op past its bound is a MoE FFN at a position where the router flipped
+within its noise bound, the divergence is a near-tie one level down: the step becomes ``near-tie``
+and says which flip explains it. Otherwise it stays ``diverged`` with the layer and op named.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from parity.bounds.core import unit_roundoff
 
-from .localize import Localization, first_nonfinite, localize
+from .localize import Localization, TraceStats, first_nonfinite
 from .numerics import finite_or_none, kl_divergence, max_abs_diff, to_f64
 from .router import RouterFlip, trace_router_flips
 
@@ -172,7 +172,8 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
     localizations: list[Localization] = []
     splits: list[dict] = []
     ref_cache = opt_cache = None
-    localizing = localize_diverged
+    stats = TraceStats(config)   # per-position errors of every traced entry, for localization
+    flips: list[RouterFlip] = []
     for step in range(steps):
         rt, ot = {}, {}
         if step == 0:
@@ -195,19 +196,21 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
             classified=v.verdict, max_abs_diff=max_abs_diff(r, o), kl=kl_divergence(r, o),
             ref_margin=float(v.margin), bound=float(v.bound), ratio=float(v.ratio),
             router=trace_router_flips(rt, ot, config, first_pos, unit_roundoff=u),
-            nonfinite=first_nonfinite(ot, config),
         )
+        rec.nonfinite = first_nonfinite(ot, config)
+        if rec.nonfinite is not None:
+            rec.nonfinite["position"] += first_pos
+        stats.add(rt, ot)
+        flips += rec.router
         if rec.nonfinite is None and not np.all(np.isfinite(o)):
             rec.nonfinite = {"name": "logits", "layer": None, "position": rec.position,
                              "nan": int(np.isnan(o).sum()), "inf": int(np.isinf(o).sum())}
-        if rec.verdict == "diverged" and localizing:
-            loc = localize(step, ref_model, opt_model, seq, config, unit_roundoff=u)
+        if rec.verdict == "diverged" and localize_diverged:
+            loc = stats.localize(step, len(seq), flips, dtype=dtype)
             localizations.append(loc)
             if loc.explained_by_router:
                 rec.verdict = "near-tie"
                 rec.explanation = "router flip in noise: " + loc.explained_by_router[0].describe()
-            else:
-                localizing = False  # one unexplained divergence is localized; the run fails anyway
         if rec.ref_token != rec.opt_token:
             if mode == "free":
                 rec.anchored = True

@@ -138,7 +138,7 @@ register(OpRecord(
     name="mla.absorbed", reference=lazy("reference.mla:absorbed"), optimized="optimized.mla:absorbed",
     emulated=emu.absorbed, inputs=absorbed_cases, bound=bounds.mla.absorbed, outputs=("o",),
     args=("q", "latent", "k_pe", "w_kvb"), reductions="P, L + R, context S, L",
-    batch={"inputs": {"q": 0, "latent": 0, "k_pe": 0}, "outputs": {"o": 0}}, bound_doc=MLA_DOC,
+    batch=None, bound_doc=MLA_DOC,  # torch GEMMs choose kernels by M: bytes = run-to-run only
     mutants=(
         WRONG_SCALE,
         wrap("latent_not_normed", "the raw latent projection used without kv_a_layernorm", inputs=_raw_latent),

@@ -157,7 +157,7 @@ SWIGLU_DOC = ("gamma_F(ua)|a||Wd|^T + LAMBDA sqrt(da^2 (Wd^2)^T) + uo|y|, a = si
 register(OpRecord(
     name="moe.swiglu", reference=lazy("reference.moe:swiglu"), optimized="optimized.moe:swiglu",
     emulated=emu.swiglu, inputs=swiglu_cases, bound=bounds.moe.swiglu, outputs=("y",),
-    args=("x", "w_gate", "w_up", "w_down"), reductions="D, F", batch={"inputs": {"x": 0}, "outputs": {"y": 0}},
+    args=("x", "w_gate", "w_up", "w_down"), reductions="D, F", batch=None,  # torch GEMMs choose kernels by M: bytes = run-to-run only
     bound_doc=SWIGLU_DOC,
     mutants=(
         wrap("gate_up_swapped", "silu applied to the up projection", inputs=_swap_gate_up),

@@ -19,6 +19,7 @@ import torch
 from optimized import _counters, conv
 from optimized.elementwise._precision import triton_bf16_cast_rounds_to_nearest
 
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels on a GPU, else the interpreter
 DTYPES = [torch.float32, torch.bfloat16, torch.float64]
 U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 
@@ -84,7 +85,7 @@ def make(B, T, C, W, dtype, seed=0):
     x = torch.randn(B, T, C, generator=g, dtype=torch.float64).to(dtype)
     w = (torch.randn(C, W, generator=g, dtype=torch.float64) / W ** 0.5).to(dtype)
     s0 = torch.randn(B, C, W - 1, generator=g, dtype=torch.float64).to(dtype)
-    return x, w, s0
+    return x.to(DEV), w.to(DEV), s0.to(DEV)
 
 
 def bits(t):
@@ -101,7 +102,7 @@ def test_short_conv_matches_reference(B, T, C, W, dtype, with_state):
     yr, fr = ref_short_conv(x, w, s0)
     assert y.dtype == dtype and f.dtype == dtype and f.shape == (B, C, W - 1)
     assert_within("short_conv y", y, yr, conv_bound(x, w, s0, yr, dtype))
-    assert torch.equal(f.to(torch.float64), fr), "final state must be the exact last W-1 inputs"
+    assert torch.equal(f.to(torch.float64).cpu(), fr), "final state must be the exact last W-1 inputs"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -142,8 +143,8 @@ def test_state_pool_in_place_touches_only_its_slots(dtype):
     B, T, C, W, slots = 3, 5, 37, 4, 7
     x, w, s0 = make(B, T, C, W, dtype, seed=3)
     g = torch.Generator().manual_seed(9)
-    pool = torch.randn(slots, C, W - 1, generator=g).to(dtype)
-    slot_ids = torch.tensor([5, 0, 3], dtype=torch.int32)
+    pool = torch.randn(slots, C, W - 1, generator=g).to(dtype=dtype, device=DEV)
+    slot_ids = torch.tensor([5, 0, 3], dtype=torch.int32, device=DEV)
     pool[slot_ids.long()] = s0
     before = pool.clone()
     y, f = conv.short_conv(x, w, initial_state=s0)
@@ -154,7 +155,7 @@ def test_state_pool_in_place_touches_only_its_slots(dtype):
     assert torch.equal(bits(pool[untouched]), bits(before[untouched])), "untouched slots changed"
     # a padding row (slot -1) writes nothing and outputs 0
     snap = pool.clone()
-    yp = conv.short_conv_step_(x[:, 0], w, pool, torch.tensor([-1, 0, -1]))
+    yp = conv.short_conv_step_(x[:, 0], w, pool, torch.tensor([-1, 0, -1], device=DEV))
     assert not yp[0].any() and not yp[2].any()
     changed = (bits(pool) != bits(snap)).flatten(1).any(1)
     assert changed.nonzero().flatten().tolist() == [0]

@@ -20,6 +20,7 @@ import optimized
 from optimized import _counters, elementwise
 from optimized.elementwise._precision import triton_bf16_cast_rounds_to_nearest
 
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels on a GPU, else the interpreter
 DTYPES = [torch.float32, torch.bfloat16, torch.float64]
 U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 
@@ -68,11 +69,11 @@ def make_x(dtype, n=1031, seed=0):
     x = torch.randn(n, generator=g, dtype=torch.float64) * 6
     x[:16] = torch.tensor([0.0, -0.0, 1e-3, -1e-3, 20.0, 20.5, 19.75, -20.0, -40.0, -80.0, 40.0, 80.0,
                            -0.5, 0.5, 3.0, -3.0], dtype=torch.float64)
-    return x.to(dtype)
+    return x.to(dtype=dtype, device=DEV)
 
 
 def bound(x, r, dtype, c=8.0):
-    xd = x.to(torch.float64)
+    xd = x.to(torch.float64).cpu()
     return (rho_out(dtype) + c * (xd.abs() + 1) * u_compute(dtype)) * r.abs() + torch.finfo(dtype).tiny
 
 
@@ -88,7 +89,7 @@ def test_matches_reference_within_bound(name, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_softplus_threshold_rule(dtype):
-    x = torch.tensor([19.5, 20.0, 20.25, 2.0, 2.5, -30.0], dtype=dtype)
+    x = torch.tensor([19.5, 20.0, 20.25, 2.0, 2.5, -30.0], dtype=dtype, device=DEV)
     for thr in (20.0, 2.25):
         out = elementwise.softplus(x, threshold=thr)
         r = reference_op("softplus")(x, threshold=thr)
@@ -103,7 +104,7 @@ def test_any_shape_noncontiguous_and_empty():
     assert out.shape == (35, 6)
     r = reference_op("silu")(x)
     assert_within("silu transposed", out, r, bound(x, r, torch.float32))
-    assert elementwise.sigmoid(torch.empty(0, 3)).shape == (0, 3)
+    assert elementwise.sigmoid(torch.empty(0, 3, device=DEV)).shape == (0, 3)
 
 
 @pytest.mark.parametrize("name", ["silu", "sigmoid", "softplus"])
@@ -139,7 +140,7 @@ def test_negative_silu_vs_sigmoid_is_caught():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpu_large(dtype):
-    x = make_x(dtype, 1 << 22).cuda()
+    x = make_x(dtype, 1 << 22)
     for name in ("silu", "sigmoid", "softplus"):
         r = reference_op(name)(x)
         assert_within(f"{name} gpu", getattr(elementwise, name)(x), r, bound(x.cpu(), r, dtype))

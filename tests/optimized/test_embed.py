@@ -16,6 +16,7 @@ import torch
 
 from optimized import _counters, embed
 
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels on a GPU, else the interpreter
 DTYPES = [torch.float32, torch.bfloat16, torch.float64]
 U = {torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 
@@ -75,11 +76,11 @@ def lm_bound(h, w, r, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_embedding_is_an_exact_gather(dtype):
     g = torch.Generator().manual_seed(0)
-    table = torch.randn(101, 37, generator=g).to(dtype)
-    ids = torch.tensor([0, 100, 5, 5, 63], dtype=torch.int32)
+    table = torch.randn(101, 37, generator=g).to(dtype=dtype, device=DEV)
+    ids = torch.tensor([0, 100, 5, 5, 63], dtype=torch.int32, device=DEV)
     out = embed.embedding(ids, table)
-    r = torch.from_numpy(np.asarray(reference_op("embedding")(ids.numpy(), np64(table))))
-    assert out.dtype == dtype and torch.equal(out.double(), r)
+    r = torch.from_numpy(np.asarray(reference_op("embedding")(ids.cpu().numpy(), np64(table))))
+    assert out.dtype == dtype and torch.equal(out.double().cpu(), r)
 
 
 def test_embedding_validates_ids():
@@ -97,8 +98,8 @@ def test_embedding_validates_ids():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_lm_head_within_bound(dtype):
     g = torch.Generator().manual_seed(1)
-    h = torch.randn(5, 77, generator=g).to(dtype)
-    w = (torch.randn(131, 77, generator=g) / 77 ** 0.5).to(dtype)
+    h = torch.randn(5, 77, generator=g).to(dtype=dtype, device=DEV)
+    w = (torch.randn(131, 77, generator=g) / 77 ** 0.5).to(dtype=dtype, device=DEV)
     out = embed.lm_head(h, w)
     assert out.shape == (5, 131) and out.dtype == dtype
     r = torch.from_numpy(np.asarray(reference_op("lm_head")(np64(h), np64(w))))

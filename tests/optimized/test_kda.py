@@ -1,24 +1,31 @@
 """optimized.kda (gate, recurrent, chunked and their fused forms) against the float64 reference.
 
-Error model (written once, used by every comparison). Let ``u_d`` be the unit roundoff of the input
-dtype (bf16 2^-8, fp32 2^-24, fp64 2^-53: what intermediates are rounded to) and ``u_a`` that of the
-compute dtype (fp32 2^-24, fp64 2^-53). Per sequence and value head, from the float64 trajectory of
-the recurrence on the same (already rounded) inputs:
+Error model (written once, used by every comparison). ``u_d``: unit roundoff of the input dtype
+(bf16 2^-8: what the chunked form's stored intermediates w, u, v_new, h, Aqk and its tl.dot operands
+are rounded to); ``u_a``: unit roundoff of the compute dtype (fp32 2^-24; fp64 2^-53), in which
+every dot accumulates and the state lives. Per sequence and value head, from the float64 trajectory
+of the recurrence on the same (already rounded) inputs:
 
-    Smax = max(|S_t[d, v]| over t, d, v incl. the initial state, and max |v_t|)
-    mag_o[t] = scale * ||q_t||_1 * Smax      (abs-value size of o_t = scale S_t^T q_t and of every
-                                              partial sum the chunked form builds: (q e^G) S, Aqk v_new,
-                                              u, w S are bounded by the same sizes since e^G <= 1)
-    |o - o_ref| <= C * mag_o * (u_d * sqrt(n) + u_a * (1 + Gmax)),     |S - S_ref| <= same with Smax
+    Smax     = max(|S_t[d, v]| over t, d, v incl. the initial state; max |v_t|)
+    mag_o[t] = scale * ||q_t||_1 * Smax   (abs-value size of o_t = scale S_t^T q_t, and a bound on
+                                           the size of every partial sum the chunked form builds:
+                                           (q e^G) S, Aqk v_new, u and w S, since e^G <= 1)
 
-with ``n = K + min(T, BT) + ceil(T / BT)`` (the dot over K, over the chunk's rows, and the sequential
-accumulation over chunks; roundings of stored bf16 intermediates add a fixed number of u_d) and
-``Gmax = BT * max|g|`` (>= every within-chunk prefix |G|): the chunked form takes differences of prefix
-sums, which costs u_a |G| of *absolute* accuracy in each exponent, i.e. a relative u_a |G| per decay
-factor: this term is what strong decays pay. ``C = 4`` covers the handful of roundings per output and
-the interpreter's truncating f32 -> bf16 cast (one ulp, 2 u_d, instead of u_d; on a GPU the cast
-rounds to nearest). A check also fails on NaN/Inf patterns that differ and on all-zero outputs, and
-:func:`test_mutants_are_caught` shows wrong answers land far beyond the bound.
+    |o - o_ref| <= C * mag_o * (rho_d * sqrt(nc) + u_a * (sqrt(K + min(T, BT) + nc) + Gc))
+    |S - S_ref| <= the same with Smax in place of mag_o
+
+- ``rho_d = u_d`` for 16-bit inputs, else 0 (fp32/fp64 runs store intermediates in the compute
+  dtype): a fixed number of roundings of stored intermediates per output, and the state picks up one
+  rounded v_new per chunk, accumulating as a random walk over the ``nc = ceil(T / BT)`` chunks;
+- ``u_a * sqrt(n)``: the accumulations (dot over K, over the chunk's rows, across chunks);
+- ``u_a * Gc``, ``Gc`` = the largest within-chunk prefix |G|: the chunked form takes differences of
+  prefix sums, which costs u_a |G| of *absolute* accuracy in an exponent, i.e. a relative u_a |G| in
+  a decay factor. Strong decays pay this term.
+- ``C = 4`` counts the roundings per output and covers the interpreter's truncating f32 -> bf16 cast
+  (one ulp, 2 u_d, instead of u_d; on a GPU the cast rounds to nearest).
+
+A check also fails on NaN/Inf patterns that differ and on all-zero outputs, and
+:func:`test_mutants_are_caught` shows wrong answers fail the same comparison.
 """
 from __future__ import annotations
 
@@ -87,24 +94,27 @@ def reference(d, *, fused=False, cu=None, scale=None):
 
 
 def prologue64(d, fused):
-    """The float64 (q, k, g, beta) the core sees."""
+    """The float64 (q, k, g, beta) the core sees, on the inputs' device."""
+    dev = d["q"].device
     if not fused:
-        return tuple(d[n].detach().cpu().to(torch.float64) for n in ("q", "k", "g", "beta"))
-    q = d["q_raw"].cpu().double()
-    k = d["k_raw"].cpu().double()
+        return tuple(d[n].detach().to(torch.float64) for n in ("q", "k", "g", "beta"))
+    q = d["q_raw"].detach().double()
+    k = d["k_raw"].detach().double()
     q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
     k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     g = torch.from_numpy(np.asarray(rk.gate(np64(d["g_raw"]), np64(d["A_log"]), np64(d["dt_bias"]))))
-    beta = torch.sigmoid(d["beta_logits"].cpu().double())
-    return q, k, g, beta
+    beta = torch.sigmoid(d["beta_logits"].detach().double())
+    return q, k, g.to(dev), beta
 
 
-def magnitudes(d, *, fused=False, cu=None, scale=None):
-    """(mag_o [B,T,HV,1], Smax [N,HV,1,1], max|g|) from the float64 trajectory (see module doc)."""
+def magnitudes(d, *, fused=False, cu=None, scale=None, BT=64):
+    """(mag_o [B,T,HV,1], Smax [N,HV,1,1], Gc) from the float64 trajectory (see module doc); the
+    trajectory runs in torch on the inputs' device, the results come back on the CPU."""
     q, k, g, beta = prologue64(d, fused)
-    v = d["v"].detach().cpu().double()
+    v = d["v"].detach().double()
+    dev = v.device
     B, T, H, K = q.shape
-    HV = v.shape[2]
+    HV, V = v.shape[2], v.shape[3]
     r = HV // H
     q, k = q.repeat_interleave(r, 2), k.repeat_interleave(r, 2)
     scale = K ** -0.5 if scale is None else scale
@@ -112,28 +122,38 @@ def magnitudes(d, *, fused=False, cu=None, scale=None):
         [(0, int(s), int(e)) for s, e in zip(list(cu)[:-1], list(cu)[1:])]
     N = len(bounds)
     h0 = d["h0"]
-    Smax = torch.zeros(N, HV, 1, 1, dtype=torch.float64)
-    mag_o = torch.zeros(B, T, HV, 1, dtype=torch.float64)
+    Smax = torch.zeros(N, HV, 1, 1, dtype=torch.float64, device=dev)
+    mag_o = torch.zeros(B, T, HV, 1, dtype=torch.float64, device=dev)
     for n, (b, s, e) in enumerate(bounds):
-        S = h0[n].detach().cpu().double().clone() if h0 is not None else torch.zeros(HV, q.shape[-1], v.shape[-1], dtype=torch.float64)
+        S = h0[n].detach().double().clone() if h0 is not None else \
+            torch.zeros(HV, K, V, dtype=torch.float64, device=dev)
         m = S.abs().amax((1, 2))
         if e > s:
             m = torch.maximum(m, v[b, s:e].abs().amax((0, 2)))
         for t in range(s, e):
             S = S * g[b, t].exp()[..., None]
-            S = S + k[b, t][..., None] * (beta[b, t][:, None] * (v[b, t] - (k[b, t][..., None] * S).sum(1)))[:, None, :]
+            delta = beta[b, t][:, None] * (v[b, t] - (k[b, t][..., None] * S).sum(1))
+            S = S + k[b, t][..., None] * delta[:, None, :]
             m = torch.maximum(m, S.abs().amax((1, 2)))
         Smax[n, :, 0, 0] = m
         mag_o[b, s:e, :, 0] = scale * q[b, s:e].abs().sum(-1) * m
-    return mag_o, Smax, float(g.abs().max()) if g.numel() else 0.0
+    mag_o, Smax = mag_o.cpu(), Smax.cpu()
+    Gc = 0.0
+    for b, s, e in bounds:  # largest within-chunk prefix |G| (chunks restart at sequence starts)
+        gs = g[b, s:e]
+        if gs.shape[0]:
+            pad = (-gs.shape[0]) % BT
+            gs = torch.cat([gs, gs.new_zeros((pad,) + gs.shape[1:])]).view(-1, BT, *gs.shape[1:])
+            Gc = max(Gc, float(gs.cumsum(1).abs().max()))
+    return mag_o, Smax, Gc
 
 
-def err_scale(dtype, T, K, BT=64, gmax=0.0):
-    """The bracket of the bound: u_d sqrt(n) + u_a (1 + Gmax)."""
-    u_d = U[dtype]
+def err_scale(dtype, T, K, BT=64, Gc=0.0):
+    """The bracket of the bound: rho_d sqrt(nc) + u_a (sqrt(K + min(T, BT) + nc) + Gc)."""
     u_a = U[torch.float64] if dtype == torch.float64 else U[torch.float32]
-    n = K + min(T, BT) + math.ceil(T / BT)
-    return u_d * math.sqrt(n) + u_a * (1.0 + BT * gmax)
+    rho_d = U[dtype] if U[dtype] > U[torch.float32] else 0.0
+    nc = max(1, math.ceil(T / BT))
+    return rho_d * math.sqrt(nc) + u_a * (math.sqrt(K + min(T, BT) + nc) + Gc)
 
 
 def within(what, out, ref, bound):
@@ -159,9 +179,9 @@ def within(what, out, ref, bound):
 def check(what, d, o, s, *, fused=False, cu=None, BT=64, scale=None, ref=None):
     """Compare (o, state) against the reference within the bound; returns the two err/bound ratios."""
     ro, rs = ref if ref is not None else reference(d, fused=fused, cu=cu, scale=scale)
-    mag_o, Smax, gmax = magnitudes(d, fused=fused, cu=cu, scale=scale)
+    mag_o, Smax, Gc = magnitudes(d, fused=fused, cu=cu, scale=scale, BT=BT)
     T, K = d["q"].shape[1], d["q"].shape[3]
-    e = C * err_scale(d["q"].dtype, T, K, BT, gmax)
+    e = C * err_scale(d["q"].dtype, T, K, BT, Gc)
     assert s.dtype == (torch.float64 if d["q"].dtype == torch.float64 else torch.float32), \
         f"{what}: state dtype {s.dtype}"
     assert o.dtype == d["q"].dtype, f"{what}: output dtype {o.dtype}"
@@ -262,8 +282,8 @@ def test_fused(dtype):
     assert snap["kda.fused_chunked"] == 1 and snap["kda.fused_recurrent"] == 1
     check("fused_chunked", d, oc, sc, fused=True, ref=ref)
     check("fused_recurrent", d, orr, sr, fused=True, ref=ref)
-    mag_o, Smax, gmax = magnitudes(d, fused=True)
-    e = 2 * C * err_scale(dtype, 70, 32, 64, gmax)
+    mag_o, Smax, Gc = magnitudes(d, fused=True)
+    e = 2 * C * err_scale(dtype, 70, 32, 64, Gc)
     within("fused chunked vs recurrent o", oc, orr.double().cpu(), e * mag_o)
     within("fused chunked vs recurrent state", sc, sr.double().cpu(), e * Smax)
 
@@ -352,8 +372,8 @@ def test_split_prefill():
         if exact:
             assert torch.equal(o12, o) and torch.equal(s2, s), f"{op} split at {split}"
         else:
-            mag_o, Smax, gmax = magnitudes(d, fused=True)
-            e = 2 * C * err_scale(torch.float32, T, 32, 64, gmax)
+            mag_o, Smax, Gc = magnitudes(d, fused=True)
+            e = 2 * C * err_scale(torch.float32, T, 32, 64, Gc)
             within(f"{op} split {split} o", o12, o.double().cpu(), e * mag_o)
             within(f"{op} split {split} state", s2, s.double().cpu(), e * Smax)
 
@@ -418,7 +438,12 @@ def test_gpu_fused_chunked_real_shapes(T, dtype):
                            initial_state=np64(d["h0"]))
     ref = tuple(torch.from_numpy(np.asarray(x)) for x in ref)
     o, s = run("fused_chunked", d)
-    check(f"gpu fused_chunked T={T}", d, o, s, fused=True, ref=ref)
+    ratios = check(f"gpu fused_chunked T={T}", d, o, s, fused=True, ref=ref)
+    print(f"fused_chunked {dtype} T={T}: err/bound o {ratios[0]:.3g}, state {ratios[1]:.3g}")
+    if T == 1000:
+        orr, sr = run("fused_recurrent", d)
+        ratios = check(f"gpu fused_recurrent T={T}", d, orr, sr, fused=True, ref=ref)
+        print(f"fused_recurrent {dtype} T={T}: err/bound o {ratios[0]:.3g}, state {ratios[1]:.3g}")
     o2, s2 = run("fused_chunked", d)
     assert torch.equal(o, o2) and torch.equal(s, s2)
 
@@ -428,6 +453,7 @@ def test_gpu_chunked_fp64_and_varlen():
     cu = [0, 1, 300, 301, 1000]
     d = make_inputs(1, 1000, 4, 8, 128, 64, torch.float64, seed=2, h0=True, N=4)
     ref = reference(d, cu=cu)
-    check("gpu chunked fp64 varlen", d, *run("chunked", d, cu_seqlens=torch.tensor(cu, device=DEV)),
-          cu=cu, ref=ref)
-    check("gpu recurrent fp64 varlen", d, *run("recurrent", d, cu_seqlens=cu), cu=cu, ref=ref)
+    r1 = check("gpu chunked fp64 varlen", d, *run("chunked", d, cu_seqlens=torch.tensor(cu, device=DEV)),
+               cu=cu, ref=ref)
+    r2 = check("gpu recurrent fp64 varlen", d, *run("recurrent", d, cu_seqlens=cu), cu=cu, ref=ref)
+    print(f"fp64 varlen err/bound: chunked {r1}, recurrent {r2}")

@@ -27,6 +27,7 @@ import torch
 from optimized import _counters, mla
 from optimized.elementwise._precision import triton_bf16_cast_rounds_to_nearest
 
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels on a GPU, else the interpreter
 DTYPES = [torch.float32, torch.bfloat16, torch.float64]
 U = {torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 R_MLA = importlib.import_module("reference.mla")
@@ -99,7 +100,7 @@ def mla_bound(form, q, latent, k_pe, w_kvb, dtype, scale=None):
         sigma = scale * (torch.einsum("btnl,bsl->bnts", q_lat, c) + pe)
         dsig = abs(scale) * (torch.einsum("btnl,bsl->bnts", dq, c.abs())
                              + gamma(L + Rr, uc) * (torch.einsum("btnl,bsl->bnts", q_lat.abs(), c.abs()) + pe_mag))
-        vals, dvals = c[:, None].expand(B, N, S, L), None  # [B, N, S, L]
+        vals, dvals = c, None  # [B, S, L], shared by the heads
     else:
         kn = torch.einsum("bsl,npl->bnsp", c, w_uk)
         dkn = gamma(L, uc) * torch.einsum("bsl,npl->bnsp", c.abs(), w_uk.abs()) + rt * kn.abs()
@@ -116,9 +117,10 @@ def mla_bound(form, q, latent, k_pe, w_kvb, dtype, scale=None):
     m = sigma.max(-1, keepdim=True).values
     e_row = 2 * dsig.masked_fill(~allowed, 0).amax(-1, keepdim=True) + gamma(S + 2, uc) + rk
     eps = (e_row + 8 * ((sigma - m).abs() + 1) * uc).masked_fill(~allowed, 0)
-    o = torch.einsum("bnts,bnsd->btnd", p, vals)
-    do = (torch.einsum("bnts,bnsd->btnd", p * eps, vals.abs())
-          + gamma(2 * S + 8, uc) * torch.einsum("bnts,bnsd->btnd", p, vals.abs()) + rk * o.abs())
+    pv = "bnts,bsd->btnd" if form == "absorbed" else "bnts,bnsd->btnd"
+    o = torch.einsum(pv, p, vals)
+    do = (torch.einsum(pv, p * eps, vals.abs())
+          + gamma(2 * S + 8, uc) * torch.einsum(pv, p, vals.abs()) + rk * o.abs())
     if form == "absorbed":
         out = torch.einsum("btnl,nvl->btnv", o, w_uv)
         return (torch.einsum("btnl,nvl->btnv", do, w_uv.abs())
@@ -132,7 +134,7 @@ def make(B, T, S, N, P, Rr, Vh, L, dtype, seed=0):
     latent = torch.randn(B, S, L, generator=g, dtype=torch.float64).to(dtype)  # normed: rms ~ 1
     k_pe = torch.randn(B, S, Rr, generator=g, dtype=torch.float64).to(dtype)
     w_kvb = (torch.randn(N * (P + Vh), L, generator=g, dtype=torch.float64) * L ** -0.5 * 2).to(dtype)
-    return q, latent, k_pe, w_kvb
+    return q.to(DEV), latent.to(DEV), k_pe.to(DEV), w_kvb.to(DEV)
 
 
 SMALL = dict(N=3, P=16, Rr=8, Vh=12, L=24)
@@ -175,16 +177,17 @@ def paged_setup(lens, dtype, block_size=4, num_blocks=64, seed=0, fill="random")
     """A cache holding sequences of lengths ``lens`` in shuffled blocks; returns contiguous copies."""
     B, S = len(lens), max(lens)
     q4, latent, k_pe, w_kvb = make(B, 1, S, **SMALL, dtype=dtype, seed=seed)
-    cache = mla.PagedLatentCache(num_blocks, block_size, SMALL["L"], SMALL["Rr"], dtype, "cpu")
+    cache = mla.PagedLatentCache(num_blocks, block_size, SMALL["L"], SMALL["Rr"], dtype, DEV)
     if fill == "random":
         cache.kv.copy_(torch.randn(cache.kv.shape, generator=torch.Generator().manual_seed(99)).to(dtype))
     max_blocks = -(-S // block_size)
     perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))
-    block_tables = perm[: B * max_blocks].view(B, max_blocks).to(torch.int32)
-    for b, n in enumerate(lens):
-        slots = mla.PagedLatentCache.slot_mapping(block_tables, torch.full((n,), b), torch.arange(n), block_size)
-        cache.write(latent[b, :n], k_pe[b, :n], slots)
-    return q4[:, 0], latent, k_pe, w_kvb, cache, block_tables, torch.tensor(lens, dtype=torch.int32)
+    block_tables = perm[: B * max_blocks].view(B, max_blocks).to(dtype=torch.int32, device=DEV)
+    seq = torch.cat([torch.full((n,), b) for b, n in enumerate(lens)]).to(DEV)
+    pos = torch.cat([torch.arange(n) for n in lens]).to(DEV)
+    cache.write(latent[seq, pos], k_pe[seq, pos],
+                mla.PagedLatentCache.slot_mapping(block_tables, seq, pos, block_size))
+    return q4[:, 0], latent, k_pe, w_kvb, cache, block_tables, torch.tensor(lens, dtype=torch.int32, device=DEV)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
@@ -216,17 +219,18 @@ def test_writes_leave_untouched_rows_bit_identical():
     q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup([9, 6], dtype, seed=5)
     before = cache.kv.clone()
     # decode: append one position to sequence 0 and nothing (a padding slot) for sequence 1
-    new_lat = torch.randn(2, SMALL["L"]).to(dtype)
-    new_kpe = torch.randn(2, SMALL["Rr"]).to(dtype)
-    slot0 = int(mla.PagedLatentCache.slot_mapping(bt, torch.tensor([0]), torch.tensor([9]), 4))
-    cache.write(new_lat, new_kpe, torch.tensor([slot0, -1]))
+    new_lat = torch.randn(2, SMALL["L"]).to(dtype=dtype, device=DEV)
+    new_kpe = torch.randn(2, SMALL["Rr"]).to(dtype=dtype, device=DEV)
+    slot0 = int(mla.PagedLatentCache.slot_mapping(bt, torch.tensor([0], device=DEV),
+                                                  torch.tensor([9], device=DEV), 4))
+    cache.write(new_lat, new_kpe, torch.tensor([slot0, -1], device=DEV))
     flat_b, flat_a = before.view(-1, before.shape[-1]), cache.kv.view(-1, before.shape[-1])
     changed = (flat_b.view(torch.int16) != flat_a.view(torch.int16)).any(1).nonzero().flatten().tolist()
     assert changed == [slot0]
     assert torch.equal(flat_a[slot0, :SMALL["L"]], new_lat[0]) and torch.equal(flat_a[slot0, SMALL["L"]:], new_kpe[0])
     # a decode step reads the cache and writes nothing
     snap = cache.kv.clone()
-    mla.paged_decode(q, cache, bt, torch.tensor([10, 6], dtype=torch.int32), w_kvb)
+    mla.paged_decode(q, cache, bt, torch.tensor([10, 6], dtype=torch.int32, device=DEV), w_kvb)
     assert torch.equal(cache.kv.view(torch.int16), snap.view(torch.int16))
 
 
@@ -257,7 +261,7 @@ def test_errors_name_the_argument():
         mla.absorbed(q, latent[:, :2], k_pe[:, :2], w_kvb)
     with pytest.raises(TypeError, match="latent"):
         mla.absorbed(q, latent.double(), k_pe, w_kvb)
-    cache = mla.PagedLatentCache(4, 4, SMALL["L"], SMALL["Rr"], torch.float32, "cpu")
+    cache = mla.PagedLatentCache(4, 4, SMALL["L"], SMALL["Rr"], torch.float32, DEV)
     with pytest.raises(ValueError, match="slot_mapping"):
         cache.write(latent[0], k_pe[0], torch.arange(3))
     with pytest.raises(ValueError, match="block_tables"):

@@ -28,6 +28,7 @@ import torch
 from optimized import _counters, moe
 from optimized.elementwise._precision import triton_bf16_cast_rounds_to_nearest
 
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels on a GPU, else the interpreter
 DTYPES = [torch.float32, torch.bfloat16, torch.float64]
 U = {torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 R = importlib.import_module("reference.moe")
@@ -109,7 +110,7 @@ def well_separated(T, E, dtype, seed):
     sel = torch.sigmoid(d64(logits)) + d64(bias)
     gaps = sel.sort(1).values.diff(1)
     assert gaps.min() > 1e-4, "test data has a near-tie; change the seed"
-    return logits, bias
+    return logits.to(DEV), bias.to(DEV)
 
 
 CASES = [  # (E, top_k, num_groups, topk_groups)
@@ -127,7 +128,7 @@ def test_router_ids_exact_weights_within_bound(E, top_k, G, KG, dtype, combine, 
     w, ids = moe.router(logits, bias, **kw)
     wr, ir = ref_router(logits, bias, **kw)
     assert ids.dtype == torch.int64 and w.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
-    assert torch.equal(ids, ir), f"router ids differ:\n{ids}\nvs reference\n{ir}"
+    assert torch.equal(ids.cpu(), ir), f"router ids differ:\n{ids}\nvs reference\n{ir}"
     bound = router_bound(logits, bias, ir, dtype, top_k=top_k, renormalize=renormalize,
                          scaling=scaling, combine=combine)
     assert_within("router weights", w, wr, bound)
@@ -140,37 +141,39 @@ def test_router_exact_ties_go_to_the_lower_index():
     logits[1, 7] = 3.0  # one clear winner first
     logits[2, [1, 2, 5, 6]] = torch.tensor([1.0, 0.5, 1.0, 1.0])
     bias = torch.zeros(E)
+    logits, bias = logits.to(DEV), bias.to(DEV)
     w, ids = moe.router(logits, bias, top_k=3)
     _, ir = ref_router(logits, bias, top_k=3)
-    assert torch.equal(ids, ir)
+    assert torch.equal(ids.cpu(), ir)
     assert ids.tolist() == [[1, 2, 5], [7, 1, 2], [1, 5, 6]]
     # bias ties too: equal selection scores s + b built from different (s, b) are not exact, but
     # identical (logit, bias) pairs are
-    bias = torch.tensor([0.5, 0, 0, 0.5, 0, 0, 0.5, 0])
-    logits = torch.zeros(1, E)
+    bias = torch.tensor([0.5, 0, 0, 0.5, 0, 0, 0.5, 0], device=DEV)
+    logits = torch.zeros(1, E, device=DEV)
     _, ids = moe.router(logits, bias, top_k=2)
-    assert ids.tolist() == [[0, 3]] and torch.equal(ids, ref_router(logits, bias, top_k=2)[1])
+    assert ids.tolist() == [[0, 3]] and torch.equal(ids.cpu(), ref_router(logits, bias, top_k=2)[1])
 
 
 def test_router_grouped_selection_drops_the_best_expert_of_a_weak_group():
     # groups of 2: {0,1} {2,3} {4,5} {6,7}; expert 0 is the best single expert, but its group's
     # top-2 sum is the lowest, so with topk_groups=2 it must not be chosen
-    logits = torch.tensor([[4.0, -6.0, 2.0, 2.0, 1.5, 1.5, -1.0, -1.0]])
-    bias = torch.zeros(8)
+    logits = torch.tensor([[4.0, -6.0, 2.0, 2.0, 1.5, 1.5, -1.0, -1.0]], device=DEV)
+    bias = torch.zeros(8, device=DEV)
     kw = dict(top_k=3, num_groups=4, topk_groups=2)
     _, ids = moe.router(logits, bias, **kw)
     _, ir = ref_router(logits, bias, **kw)
-    assert ids.tolist() == [[2, 3, 4]] and torch.equal(ids, ir)
+    assert ids.tolist() == [[2, 3, 4]] and torch.equal(ids.cpu(), ir)
     # group-score tie ({2,3} and {4,5} equal): the lower group wins
-    logits = torch.tensor([[4.0, -6.0, 2.0, 1.0, 1.0, 2.0, -1.0, -1.0]])
+    logits = torch.tensor([[4.0, -6.0, 2.0, 1.0, 1.0, 2.0, -1.0, -1.0]], device=DEV)
     _, ids = moe.router(logits, bias, top_k=2, num_groups=4, topk_groups=1)
     _, ir = ref_router(logits, bias, top_k=2, num_groups=4, topk_groups=1)
-    assert ids.tolist() == [[2, 3]] and torch.equal(ids, ir)
+    assert ids.tolist() == [[2, 3]] and torch.equal(ids.cpu(), ir)
 
 
 def test_router_run_to_run_bitwise_and_counted():
     g = torch.Generator().manual_seed(11)
-    logits, bias = torch.randn(40, 64, generator=g).bfloat16(), torch.randn(64, generator=g) * 0.1
+    logits = torch.randn(40, 64, generator=g).bfloat16().to(DEV)
+    bias = (torch.randn(64, generator=g) * 0.1).to(DEV)
     c0 = _counters.snapshot()
     a = moe.router(logits, bias, top_k=8, scaling=2.446)
     b = moe.router(logits, bias, top_k=8, scaling=2.446)
@@ -193,13 +196,13 @@ def test_router_errors_name_the_argument():
 def test_negative_router_mutants_are_caught():
     """Teeth: ties broken toward the higher index give other ids; biased combine where the
     reference is unbiased is far beyond the weight bound."""
-    logits = torch.zeros(1, 8)
+    logits = torch.zeros(1, 8, device=DEV)
     logits[0, [1, 2, 5, 6]] = 1.0
-    _, ids = moe.router(logits, torch.zeros(8), top_k=3)
+    _, ids = moe.router(logits, torch.zeros(8, device=DEV), top_k=3)
     sel = np64(torch.sigmoid(logits.double()))
     high_first = np.argsort(-sel[:, ::-1], axis=-1, kind="stable")[:, :3]
     mutant = torch.from_numpy(7 - high_first)
-    assert mutant.tolist() == [[6, 5, 2]] and not torch.equal(ids, mutant)
+    assert mutant.tolist() == [[6, 5, 2]] and not torch.equal(ids.cpu(), mutant)
     logits, bias = well_separated(9, 24, torch.float32, seed=3)
     w_biased, ids = moe.router(logits, bias, top_k=4, combine="biased")
     wr, ir = ref_router(logits, bias, top_k=4, combine="unbiased")
@@ -254,13 +257,13 @@ def make_ffn(T, D, F, E, dtype, seed):
     w1 = (torch.randn(E, F, D, generator=g, dtype=torch.float64) / D ** 0.5).to(dtype)
     w3 = (torch.randn(E, F, D, generator=g, dtype=torch.float64) / D ** 0.5).to(dtype)
     w2 = (torch.randn(E, D, F, generator=g, dtype=torch.float64) / F ** 0.5).to(dtype)
-    return x, w1, w2, w3
+    return x.to(DEV), w1.to(DEV), w2.to(DEV), w3.to(DEV)
 
 
 def route(T, E, KE, seed):
     g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(T, E, generator=g)
-    return moe.router(logits, torch.zeros(E), top_k=KE, scaling=2.446)
+    logits = torch.randn(T, E, generator=g).to(DEV)
+    return moe.router(logits, torch.zeros(E, device=DEV), top_k=KE, scaling=2.446)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -299,7 +302,7 @@ def test_experts_within_bound(T, D, F, E, KE, form, dtype):
     weights, ids = route(T, E, KE, seed=T)
     out = moe._experts("test", x, weights, ids, w1, w2, w3, form=form)
     assert out.shape == (T, D) and out.dtype == dtype
-    r = torch.from_numpy(R.experts(np64(x), np64(weights), ids.numpy(), np64(w1), np64(w2), np64(w3)))
+    r = torch.from_numpy(R.experts(np64(x), np64(weights), ids.cpu().numpy(), np64(w1), np64(w2), np64(w3)))
     assert_within(f"experts {form}", out, r, experts_bound(x, weights, ids, w1, w2, w3, dtype))
 
 
@@ -346,7 +349,7 @@ def test_negative_gate_up_swapped_is_caught():
     T, D, F, E, KE = 5, 40, 24, 6, 3
     x, w1, w2, w3 = make_ffn(T, D, F, E, torch.bfloat16, seed=9)
     weights, ids = route(T, E, KE, seed=9)
-    r = torch.from_numpy(R.experts(np64(x), np64(weights), ids.numpy(), np64(w1), np64(w2), np64(w3)))
+    r = torch.from_numpy(R.experts(np64(x), np64(weights), ids.cpu().numpy(), np64(w1), np64(w2), np64(w3)))
     bad = moe.experts(x, weights, ids, w3, w2, w1)
     with pytest.raises(AssertionError, match="beyond the bound"):
         assert_within("gate/up swapped", bad, r, experts_bound(x, weights, ids, w1, w2, w3, torch.bfloat16))

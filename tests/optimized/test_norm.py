@@ -19,6 +19,7 @@ import torch
 from optimized import _counters, norm
 from optimized.elementwise._precision import triton_bf16_cast_rounds_to_nearest
 
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels on a GPU, else the interpreter
 DTYPES = [torch.float32, torch.bfloat16, torch.float64]
 U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
 
@@ -75,7 +76,7 @@ def inputs(shape, dtype, seed=0, scale=1.0):
     x = (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
     gate = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(dtype)
     w = (1 + 0.5 * torch.randn(shape[-1], generator=g, dtype=torch.float64)).to(dtype)
-    return x, gate, w
+    return x.to(DEV), gate.to(DEV), w.to(DEV)
 
 
 # D = 7, 300: odd, masked tail; 128: the KDA head dim; 9000: longer than one tile (two-pass path)

@@ -189,8 +189,9 @@ def test_gate_is_minus_exp_a_times_softplus_with_flat_dt_bias():
     sp = x if x > 20 else np.log1p(np.exp(x))
     np.testing.assert_allclose(g[1, 3, hv, d], -np.exp(A_log[hv]) * sp, rtol=1e-15)
     assert np.all(g <= 0)
+    np.testing.assert_array_equal(kda.gate(g_raw, A_log.reshape(1, 1, HV, 1), dt_bias), g)
     with pytest.raises(ValueError, match=r"A_log: expected \[HV\]"):
-        kda.gate(g_raw, A_log.reshape(1, 1, HV, 1), dt_bias)
+        kda.gate(g_raw, A_log[:2], dt_bias)
     with pytest.raises(ValueError, match=r"dt_bias: expected \[HV\*K\]"):
         kda.gate(g_raw, A_log, dt_bias.reshape(HV, K))
 

@@ -137,3 +137,18 @@ def test_kda_against_a_50_digit_recurrence(form):
         for i in range(K):
             for j in range(V):
                 assert abs(mpmath.mpf(float(S[0, h, i, j])) - S_mp[h][i][j]) <= 1e-13 * s_scale
+
+
+def test_kda_gate_against_mpmath():
+    rng = np.random.default_rng(2)
+    HV, K = 2, 3
+    g_raw = rng.standard_normal((1, 4, HV, K)) * 15  # both sides of the softplus threshold
+    A_log, dt_bias = rng.uniform(0, np.log(16), HV), rng.standard_normal(HV * K)
+    g = kda.gate(g_raw, A_log, dt_bias)
+    for (t, h, d), y in np.ndenumerate(g[0]):
+        x = mpmath.mpf(float(g_raw[0, t, h, d])) + mpmath.mpf(float(dt_bias[h * K + d]))
+        exact = -mpmath.exp(mpmath.mpf(float(A_log[h]))) * mp_softplus(x)
+        # the float64 sum g_raw + dt_bias is rounded once, and softplus amplifies that relative
+        # error by its condition number x sigmoid(x) / softplus(x) <= max(1, |x|)
+        tol = (max(1.0, abs(float(x))) + 4) * ULP
+        assert abs(mpmath.mpf(float(y)) - exact) <= tol * abs(exact), (t, h, d)

@@ -1,0 +1,46 @@
+"""What the platform running the kernels does with rounding, measured rather than assumed.
+
+The Triton interpreter (3.6-3.9 at least) converts float32 to bfloat16 by truncation (round toward
+zero: ``triton/runtime/interpreter.py`` ``cast_impl`` passes no rounding mode), while a GPU rounds
+to nearest even. Truncation errs by up to one ulp (2u) instead of half an ulp (u). The bound models
+use the rounding the platform really has, found by :func:`store_rounding` with a one-element
+kernel, and certificates state it; a faithful interpreter (rounding to nearest) gets u again.
+"""
+from __future__ import annotations
+
+import functools
+
+NEAREST = "nearest"
+TOWARD_ZERO = "toward-zero"
+
+
+@functools.lru_cache(maxsize=None)
+def store_rounding(dtype: str, device: str = "cpu") -> str:
+    """How a Triton kernel rounds a float32 value stored as ``dtype`` on ``device``: ``nearest`` or
+    ``toward-zero``. float32/float64 runs are ``nearest`` (IEEE)."""
+    if dtype not in ("bfloat16", "float16"):
+        return NEAREST
+    import torch
+
+    import optimized  # noqa: F401  (selects the interpreter when there is no GPU)
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _probe(x_ptr, y_ptr):
+        x = tl.load(x_ptr)
+        tl.store(y_ptr, x.to(y_ptr.dtype.element_ty))
+
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    # halfway-and-a-bit above 1: nearest rounds up to 1 + 2^-p+1, truncation gives 1
+    step = 2.0 ** (-7 if dtype == "bfloat16" else -10)
+    x = torch.tensor([1.0 + 0.75 * step, -(1.0 + 0.75 * step)], dtype=torch.float32, device=device)
+    y = torch.empty(2, dtype=tdt, device=device)
+    _probe[(1,)](x, y)
+    y0 = float(y[0].float().cpu())
+    return NEAREST if y0 == 1.0 + step else TOWARD_ZERO
+
+
+def rounding_factor(mode: str) -> float:
+    """Error of one rounding in units of u: 1 to nearest, 2 toward zero (a full ulp)."""
+    return 2.0 if mode == TOWARD_ZERO else 1.0

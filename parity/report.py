@@ -1,0 +1,92 @@
+"""Rendering certificates: the rich tables of ``parity certify`` and the JSON document
+(docs/certificates.md; schema parity/schemas/certificate.schema.json)."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import tempfile
+
+SCHEMA_ID = "kimi-parity/certificate"
+SCHEMA_VERSION = 1
+
+
+def _r(x) -> str:
+    if x is None:
+        return "-"
+    return "inf" if not math.isfinite(x) else f"{x:.3g}"
+
+
+def render_op(console, cert) -> None:
+    from rich.table import Table
+
+    style = "green" if cert.certified else "red"
+    k, n = cert.mutants_killed()
+    t = Table(title=f"{cert.op}  [{style}]{cert.verdict}[/]  ({cert.candidate})", title_justify="left")
+    for col in ("dtype", "strength", "shapes", "inputs", "worst x bound", "kernel ran", "bytes",
+                "mutants killed", "weakest teeth", "verdict"):
+        t.add_column(col, justify="right" if col in ("inputs", "worst x bound", "weakest teeth") else "left")
+    for d, r in cert.runs.items():
+        killed = sum(m.killed for m in r.mutants.values())
+        weakest = min((m.teeth for m in r.mutants.values()), default=math.inf)
+        labels = {c["label"] for c in r.cases}
+        ok = r.passed and all(m.killed for m in r.mutants.values()) and all(r.controls.values())
+        b = r.bytes_ok()
+        t.add_row(d + (" (rtz)" if r.rounding == "toward-zero" else ""), r.strength, str(len(labels)),
+                  str(len(r.cases)), _r(r.worst_ratio),
+                  "-" if r.kernel_ran is None else ("yes" if r.kernel_ran else "[red]no[/]"),
+                  "-" if b is None else ("yes" if b else "[red]no[/]"),
+                  f"{killed}/{len(r.mutants)}", _r(weakest), "[green]ok[/]" if ok else "[red]fail[/]")
+    console.print(t)
+    teeth = cert.teeth()
+    console.print("  teeth (mutant error / bound): " + ", ".join(f"{m} {_r(v)}" for m, v in teeth.items())
+                  + f"  [{k}/{n} killed]")
+    console.print("  shapes: " + "; ".join(cert.shapes()))
+    for why in cert.reasons()[:6]:
+        console.print(f"  [red]x[/] {why}", markup=True, highlight=False)
+    if cert.certified:
+        console.print(f"  reached: {', '.join(cert.reached())}")
+
+
+def render_summary(console, certs, seconds: float) -> None:
+    from rich.table import Table
+
+    t = Table(title="summary", title_justify="left")
+    for col in ("op", "reached", "worst x bound", "mutants", "verdict"):
+        t.add_column(col)
+    for c in certs:
+        k, n = c.mutants_killed()
+        worst = max((r.worst_ratio for r in c.runs.values()), default=math.inf)
+        t.add_row(c.op, ", ".join(c.reached()) or "-", _r(worst), f"{k}/{n}",
+                  "[green]certified[/]" if c.certified else "[red]not certified[/]")
+    console.print(t)
+    ok = sum(c.certified for c in certs)
+    console.print(f"{ok}/{len(certs)} op(s) certified in {seconds:.1f} s")
+
+
+def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=None) -> dict:
+    from .environment import environment
+    from .strategies import profile_name
+
+    ok = sum(c.certified for c in certs)
+    return {
+        "schema": SCHEMA_ID, "version": SCHEMA_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": argv, "candidate": candidate, "device": device, "dtypes": list(dtypes),
+        "examples": examples, "hypothesis_profile": profile_name(), "seconds": round(seconds, 3),
+        "environment": environment(device),
+        "ops": [c.to_dict() for c in certs],
+        "summary": {"ops": len(certs), "certified": ok,
+                    "verdict": "certified" if certs and ok == len(certs) else "not certified"},
+    }
+
+
+def write_json(path: str, doc: dict) -> None:
+    """Write ``doc`` atomically (strict JSON: non-finite numbers are refused)."""
+    text = json.dumps(doc, indent=1, allow_nan=False)
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".certificate-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,400 @@
+"""The optimized model (optimized.load) against the float64 reference model, on CPU.
+
+Logits are judged against a bound derived from the arithmetic (``logit_bound``), never a fixed
+tolerance. The model: every op on the deepest path through the stack (``path_ops``) rounds its output
+once to the model dtype (unit roundoff ``u_out``) and accumulates ``n`` terms in its compute dtype
+(``u_acc``, fp32 for bf16 and fp32 runs); with independent rounding errors (Higham & Mary, 2019) the
+residual stream's relative error is at most ``LAMBDA * sqrt(sum_ops(u_out^2 + n * u_acc^2))``. The
+lm_head adds its own rounding; a logit's error is that relative error times its magnitude
+``sum_k |h_k| |W_jk|`` (reference final-norm output and lm_head weight). Layer gains are taken as 1:
+the norms re-normalize, attention and the MoE combine are convex combinations, the delta rule is
+contractive, and errors entering the residual stream are measured against magnitudes that already
+hold them. Measured at fp32 the worst logit sits at ~0.05 of this bound, at bf16 ~0.2; a wrong op
+misses it by orders of magnitude.
+
+CPU time is dear (the Triton interpreter): short prompts, 8 decode steps at bf16 (the GPU tests run
+64), module-scoped runs shared by the tests that read them.
+"""
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import optimized
+import reference
+from optimized import _counters
+from optimized.backends import FAMILIES
+from reference.config import KimiConfig
+from reference.fixtures import default_checkpoint_path
+from reference.synthetic import SyntheticSource
+
+TINY = KimiConfig.from_name("tiny")
+SMALL = KimiConfig.from_name("small")
+U = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float64": 2.0**-53}
+LAMBDA = 4.0
+PROMPT = [1, 17, 300, 42, 5, 99, 256, 7]
+BF16_STEPS = 8
+
+
+# -- the bound -------------------------------------------------------------------------------------
+
+def path_ops(config: KimiConfig, S: int) -> list[tuple[str, int]]:
+    """(op, reduction length) of every op on the deepest path through the stack, for a token at
+    position S-1 (KDA state and attention accumulate over S positions; KDA chunks of 64)."""
+    c = config
+    D, K, W = c.hidden_size, c.kda_head_dim, c.short_conv_kernel_size
+    ops = [("embedding", 1)]
+    for i in range(c.num_hidden_layers):
+        ops.append(("input_norm", D))
+        if c.is_kda_layer(i):
+            ops += [("qkv_proj", D), ("gate_down", D), ("gate_up", K), ("conv", W), ("l2norm", K),
+                    ("kda_state", S + K), ("kda_chunk", min(S, 64) + K), ("o_norm", K),
+                    ("o_proj", c.kda_num_heads * K)]
+        else:
+            L, R, P = c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim
+            ops += [("q_kv_proj", D), ("kv_norm", L), ("q_absorb", P), ("scores", L + R),
+                    ("softmax", S), ("pv", S), ("uv", L), ("o_proj", c.num_attention_heads * c.v_head_dim)]
+        ops += [("residual", 1), ("post_norm", D)]
+        if c.is_moe_layer(i):
+            F = c.moe_intermediate_size
+            ops += [("router", D), ("expert_up", D), ("expert_down", F),
+                    ("combine", c.num_experts_per_token), ("shared_up", D), ("shared_down", F), ("add", 1)]
+        else:
+            ops += [("mlp_up", D), ("mlp_down", c.intermediate_size)]
+        ops.append(("residual", 1))
+    ops.append(("final_norm", D))
+    return ops
+
+
+def hidden_rel_bound(config: KimiConfig, S: int, dtype: str) -> float:
+    """Relative error of the final hidden state (see the module docstring)."""
+    u_out, u_acc = U[dtype], (U["float64"] if dtype == "float64" else U["float32"])
+    return LAMBDA * math.sqrt(sum(u_out**2 + n * u_acc**2 for _, n in path_ops(config, S)))
+
+
+def logit_bound(config, S_of_rows, h_ref: np.ndarray, w_lm: np.ndarray, dtype: str) -> np.ndarray:
+    """[T, vocab] bound for logits whose rows sit at positions ``S_of_rows - 1``."""
+    u_out, u_acc = U[dtype], U["float32"]
+    mag = np.abs(h_ref) @ np.abs(w_lm).T
+    D = config.hidden_size
+    lm = LAMBDA * math.sqrt(u_out**2 + D * u_acc**2)
+    rel = np.array([hidden_rel_bound(config, int(S), dtype) for S in np.atleast_1d(S_of_rows)])
+    return (rel[:, None] + lm) * mag
+
+
+def assert_within(opt, ref, bound, what: str) -> float:
+    """Every element within its bound; finite; not degenerate. Returns the worst error / bound."""
+    opt = opt.detach().to("cpu", torch.float64).numpy() if isinstance(opt, torch.Tensor) else np.asarray(opt)
+    assert opt.shape == ref.shape, (what, opt.shape, ref.shape)
+    assert np.isfinite(opt).all(), f"{what}: non-finite values"
+    assert np.std(opt) > 0.1 * np.std(ref), f"{what}: degenerate output (std {np.std(opt)})"
+    units = np.abs(opt - ref) / bound
+    worst = np.unravel_index(np.argmax(units), units.shape)
+    assert units[worst] <= 1.0, (f"{what}: {int((units > 1).sum())} elements past the bound; worst at "
+                                 f"{worst}: opt {opt[worst]!r} ref {ref[worst]!r} bound {bound[worst]!r}")
+    return float(units[worst])
+
+
+def lm_head_weight(source) -> np.ndarray:
+    c = source.config
+    return source.get("model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight")
+
+
+def check_logits(config, source, opt, ref, ref_final_norm, positions, dtype, what):
+    bound = logit_bound(config, np.asarray(positions) + 1, np.atleast_2d(ref_final_norm),
+                        lm_head_weight(source), dtype)
+    return assert_within(torch.as_tensor(opt).reshape(bound.shape), np.atleast_2d(ref), bound, what)
+
+
+# -- shared runs -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_source():
+    return SyntheticSource(TINY, 0)
+
+
+@pytest.fixture(scope="module")
+def bf16_run(tiny_source):
+    """Prefill PROMPT then BF16_STEPS greedy decode steps at bf16 (tokens, logits, the model)."""
+    model = optimized.load(tiny_source, dtype="bfloat16")
+    logits, cache = model.prefill(PROMPT)
+    steps = [logits[-1]]
+    tokens = [int(logits[-1].argmax())]
+    for _ in range(BF16_STEPS - 1):
+        step, cache = model.decode(tokens[-1], cache)
+        steps.append(step)
+        tokens.append(int(step.argmax()))
+    return {"model": model, "prefill": logits, "steps": torch.stack(steps), "tokens": tokens, "cache": cache}
+
+
+# -- weights -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_device_generator_equals_the_numpy_synthetic_source_bit_for_bit(preset):
+    from optimized.synthetic import DeviceGenerator
+    from optimized.weights import raw_to_torch
+
+    source = SyntheticSource(KimiConfig.from_name(preset), seed=12345)
+    gen = DeviceGenerator(source, "cpu")
+    for name in source.names():
+        want = raw_to_torch(source.get_raw(name), source.storage_dtype(name))
+        got = gen(name)
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        bits = torch.int16 if want.dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(got.view(bits), want.view(bits)), name
+
+
+def test_bundled_checkpoint_is_resident_bit_for_bit_as_its_synthetic_source():
+    from optimized.weights import load_weights
+
+    from reference.checkpoint import open_source
+
+    a = load_weights(open_source(default_checkpoint_path()), device=torch.device("cpu"), dtype=torch.bfloat16)
+    b = load_weights(SyntheticSource(TINY, 0), device=torch.device("cpu"), dtype=torch.bfloat16)
+    ta, tb = [], []
+    for w, out in ((a, ta), (b, tb)):
+        def walk(obj, out=out):
+            if isinstance(obj, torch.Tensor):
+                out.append(obj)
+            elif isinstance(obj, list):
+                for o in obj:
+                    walk(o)
+            elif hasattr(obj, "__dataclass_fields__"):
+                for f in obj.__dataclass_fields__:
+                    walk(getattr(obj, f))
+        walk(w)
+    assert len(ta) == len(tb) > 0
+    for x, y in zip(ta, tb):
+        assert x.dtype == y.dtype and torch.equal(x, y)
+    # the small fp32 parameters stay fp32 in a bf16 model; experts are stacked [E, F, D] / [E, D, F]
+    moe = a.layers[1].ffn
+    assert moe.bias.dtype == moe.router.dtype == a.layers[0].mixer.A_log.dtype == torch.float32
+    E, F, D = TINY.num_experts, TINY.moe_intermediate_size, TINY.hidden_size
+    assert moe.w1.shape == moe.w3.shape == (E, F, D) and moe.w2.shape == (E, D, F)
+
+
+# -- float32: tight parity with the reference --------------------------------------------------------
+
+def _float32_parity(source, *, decode_steps: int, forward: bool = True, split: int | None = None):
+    """forward (optional), prefill (in two parts when ``split``: the second continues the cache)
+    and ``decode_steps`` decode steps, each against the reference within the float32 bound; then
+    the carried state against the reference cache."""
+    config = source.config
+    ref = reference.load(source)
+    model = optimized.load(source, dtype="float32")
+    assert model.variants["dtype"] == "float32"
+    ids = PROMPT + [3, 77, 501][:decode_steps]
+    T0 = len(PROMPT)
+    trace = {}
+    ref_full = ref.forward(ids, trace=trace)
+    positions = np.arange(len(ids))
+    worst = {}
+    opt_trace = {}
+    if forward:
+        worst["forward"] = check_logits(config, source, model.forward(ids, trace=opt_trace), ref_full,
+                                        trace["final_norm"], positions, "float32", "forward")
+        assert set(opt_trace) == set(trace)
+    if split:
+        first, cache = model.prefill(PROMPT[:split])
+        rest, cache = model.prefill(PROMPT[split:], cache=cache)
+        logits = torch.cat([first, rest])
+    else:
+        logits, cache = model.prefill(PROMPT)
+    assert logits.dtype == torch.float32 and logits.shape == (T0, config.vocab_size)
+    worst["prefill"] = check_logits(config, source, logits, ref_full[:T0], trace["final_norm"][:T0],
+                                    positions[:T0], "float32", "prefill")
+    ref_logits, ref_cache = ref.prefill(PROMPT)
+    for t in range(T0, len(ids)):
+        step_trace = {}
+        step, cache = model.decode(ids[t], cache)
+        ref_step, ref_cache = ref.decode(ids[t], ref_cache, trace=step_trace)
+        assert step.shape == (config.vocab_size,)
+        worst[f"decode {t}"] = check_logits(config, source, step, ref_step, step_trace["final_norm"],
+                                            [t], "float32", f"decode at position {t}")
+    # the carried state (KDA, conv, MLA latents) converts to the reference layout and agrees
+    bound = hidden_rel_bound(config, len(ids), "float32")
+    got = cache.to_reference()
+    assert got.length == ref_cache.length == len(ids)
+    for i, (a, b) in enumerate(zip(got.layers, ref_cache.layers)):
+        for name in ("conv_q", "conv_k", "conv_v", "state", "latent", "k_pe"):
+            if hasattr(b, name):
+                x, y = getattr(a, name), getattr(b, name)
+                assert x.shape == y.shape, (i, name)
+                assert np.abs(x - y).max() <= bound * max(np.abs(y).max(), 1e-300), (i, name)
+    return worst
+
+
+def test_float32_bundled_checkpoint_matches_the_reference_forward_prefill_and_decode():
+    from reference.checkpoint import open_source
+
+    # prefill in two parts: the second continues the first's cache (chunked prefill)
+    worst = _float32_parity(open_source(default_checkpoint_path()), decode_steps=2, split=5)
+    assert max(worst.values()) < 1.0, worst
+
+
+def test_float32_small_preset_matches_the_reference():
+    # grouped routing (4 groups, keep 2), MLA in the middle of the stack, 6 layers
+    worst = _float32_parity(SyntheticSource(SMALL, 3), decode_steps=1, forward=False)
+    assert max(worst.values()) < 1.0, worst
+
+
+# -- bf16: incremental == recompute, bound vs reference, bytes -----------------------------------------
+
+def test_bf16_greedy_decode_equals_the_recompute_path_token_for_token(bf16_run):
+    # the recompute path: one forward over the whole generated sequence; row p predicts token p+1
+    model, tokens = bf16_run["model"], bf16_run["tokens"]
+    full = model.forward(PROMPT + tokens[:-1])
+    recompute = full[len(PROMPT) - 1:].argmax(-1).tolist()
+    assert recompute == tokens
+
+
+def test_bf16_logits_stay_within_the_bf16_bound_of_the_reference(bf16_run, tiny_source):
+    tokens = bf16_run["tokens"]
+    ids = PROMPT + tokens[:-1]
+    trace = {}
+    ref = reference.load(tiny_source).forward(ids, trace=trace)
+    T0 = len(PROMPT)
+    check_logits(TINY, tiny_source, bf16_run["prefill"], ref[:T0], trace["final_norm"][:T0],
+                 np.arange(T0), "bfloat16", "bf16 prefill")
+    check_logits(TINY, tiny_source, bf16_run["steps"], ref[T0 - 1:], trace["final_norm"][T0 - 1:],
+                 np.arange(T0 - 1, len(ids)), "bfloat16", "bf16 decode steps")
+
+
+def test_bf16_run_to_run_outputs_are_bitwise_identical(bf16_run, tiny_source):
+    model = optimized.load(tiny_source, dtype="bfloat16")
+    logits, cache = model.prefill(PROMPT)
+    assert torch.equal(logits, bf16_run["prefill"])
+    for k in range(2):
+        step, cache = model.decode(bf16_run["tokens"][k], cache)
+        assert torch.equal(step, bf16_run["steps"][k + 1]), k
+
+
+def test_bf16_decode_of_a_sequence_is_bitwise_the_same_alone_or_batched(bf16_run):
+    model = bf16_run["model"]
+    prompts = [PROMPT[:5], [9, 8, 7]]
+    pool = model.new_pool(len(prompts))
+    seqs = [model.prefill(p, cache=pool.new_sequence())[1] for p in prompts]
+    pool_alone, seqs_alone = copy.deepcopy((pool, seqs))
+    nxt = [[11, 400], [23, 5]]
+    batched = []
+    for k in range(2):
+        logits, _ = model.decode_batch([n[k] for n in nxt], seqs)
+        batched.append(logits)
+    for b, seq in enumerate(seqs_alone):
+        for k in range(2):
+            alone, _ = model.decode(nxt[b][k], seq)
+            assert torch.equal(alone, batched[k][b]), (b, k)
+    # and the pools hold the same states afterwards
+    for i in pool.kda:
+        assert torch.equal(pool.kda[i].state, pool_alone.kda[i].state)
+        assert torch.equal(pool.kda[i].conv, pool_alone.kda[i].conv)
+    for b in range(len(prompts)):
+        for i in pool.mla:
+            a = pool.mla_gather(i, seqs[b], seqs[b].length)
+            z = pool_alone.mla_gather(i, seqs_alone[b], seqs_alone[b].length)
+            assert torch.equal(a[0], z[0]) and torch.equal(a[1], z[1])
+
+
+# -- the backend switch ------------------------------------------------------------------------------
+
+TRITON_OPS = {  # the kernels each family runs in a forward + decode (optimized._counters names)
+    "embed": ["embed.embedding", "embed.lm_head"],
+    "norm": ["norm.rms_norm", "norm.gated_rms_norm"],
+    "conv": ["conv.short_conv", "conv.short_conv_step_"],
+    "kda": ["kda.fused_chunked", "kda.fused_recurrent_decode"],
+    "mla": ["mla.naive", "mla.paged_decode", "mla.PagedLatentCache.write"],
+    "moe": ["moe.router", "moe.experts", "moe.swiglu"],
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_backend_switch_runs_the_reference_for_one_family_and_the_kernels_for_the_rest(family, tiny_source):
+    model = optimized.load(tiny_source, dtype="float32", backends={family: "reference"})
+    assert model.variants["backends"][family] == "reference"
+    assert all(v == "triton" for f, v in model.variants["backends"].items() if f != family)
+    _counters.reset()
+    ids = PROMPT[:3]
+    logits, cache = model.prefill(ids)
+    step, cache = model.decode(4, cache)
+    ran = _counters.snapshot()
+    for f, names in TRITON_OPS.items():
+        for name in names:
+            if f == family:
+                assert ran[name] == 0, f"{name} ran although {family} is swapped to the reference"
+            else:
+                assert ran[name] > 0, f"{name} did not run"
+    assert any(k.startswith(f"reference.{family}.") and v > 0 for k, v in ran.items()), ran
+    # the swapped model still computes the model: within the float32 bound of the reference
+    ref = reference.load(tiny_source)
+    trace = {}
+    want = ref.forward(ids + [4], trace=trace)
+    check_logits(TINY, tiny_source, logits, want[:3], trace["final_norm"][:3], np.arange(3), "float32",
+                 f"prefill with {family}=reference")
+    check_logits(TINY, tiny_source, step, want[3], trace["final_norm"][3], [3], "float32",
+                 f"decode with {family}=reference")
+
+
+# -- variants, errors -----------------------------------------------------------------------------
+
+def test_variants_report_what_ran(tiny_source):
+    model = optimized.load(tiny_source, dtype="float32", moe_combine="biased", kv_norm_eps=1e-5)
+    v = model.variants
+    assert v["moe_combine"] == "biased" and v["kv_norm_eps"] == 1e-5
+    assert v["dtype"] == "float32"
+    assert v["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert v["backends"] == {f: "triton" for f in FAMILIES}
+    assert model.config == TINY
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_with_the_id_and_position(bf16_run):
+    model, cache = bf16_run["model"], bf16_run["cache"]
+    V = TINY.vocab_size
+    for call in (lambda: model.forward([1, V, 2]), lambda: model.prefill([1, 2, -1])):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            call()
+    length = cache.length
+    with pytest.raises(ValueError, match=f"token id {V} is outside the vocabulary"):
+        model.decode(V, cache)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.decode_batch([V + 5], [cache])
+    assert cache.length == length  # nothing ran
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        model.forward([])
+    with pytest.raises(ValueError, match="integer"):
+        model.forward([1.5, 2.0])
+    with pytest.raises(ValueError, match="one integer token id"):
+        model.decode([1, 2], cache)
+
+
+def test_bad_load_arguments_are_named(tiny_source):
+    with pytest.raises(ValueError, match="unknown op family 'attention'"):
+        optimized.load(tiny_source, backends={"attention": "reference"})
+    with pytest.raises(ValueError, match=r"backends\['kda'\]: unknown backend 'cuda'"):
+        optimized.load(tiny_source, backends={"kda": "cuda"})
+    with pytest.raises(ValueError, match="elementwise"):
+        optimized.load(tiny_source, backends={"elementwise": "reference"})
+    with pytest.raises(ValueError, match="dtype"):
+        optimized.load(tiny_source, dtype="float16")
+    with pytest.raises(ValueError, match="moe_combine"):
+        optimized.load(tiny_source, moe_combine="mean")
+    with pytest.raises(ValueError, match="kv_norm_eps"):
+        optimized.load(tiny_source, kv_norm_eps=0.0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_cuda_without_a_gpu_is_a_clear_error(tiny_source):
+    with pytest.raises(ValueError, match="no CUDA device is available"):
+        optimized.load(tiny_source, device="cuda")
+
+
+def test_decode_batch_refuses_caches_of_different_pools_and_duplicates(bf16_run):
+    model = bf16_run["model"]
+    a, b = model.new_pool(1).new_sequence(), model.new_pool(1).new_sequence()
+    with pytest.raises(ValueError, match="prefilled"):
+        model.decode(1, a)
+    with pytest.raises(ValueError, match="different pools"):
+        model.decode_batch([1, 2], [a, b])
+    with pytest.raises(ValueError, match="twice"):
+        model.decode_batch([1, 2], [a, a])
