@@ -215,7 +215,8 @@ def main(argv=None):
           flush=True)
     results = [Result("model.load", {"preset": preset, "source": "SyntheticSource(seed=0)",
                                      "device": dev, "dtype": "bfloat16"},
-                      load_s * 1e3, notes="weights generated on the device (optimized.synthetic)",
+                      load_s * 1e3, notes=("weights generated on the GPU (optimized.synthetic)" if on_gpu()
+                                           else "weights read from the host source"),
                       extra={"weights_GB": weights_gb, "parameters_B": num_parameters(cfg) / 1e9,
                              "host_peak_rss_GB": _rss_gb(),
                              **({"gpu_peak_GB": _gpu_gb("max_memory_allocated")} if on_gpu() else {})})]

@@ -22,7 +22,6 @@ interpreter) a perf_counter median of a few calls, which only proves the code ru
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path

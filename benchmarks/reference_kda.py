@@ -5,7 +5,9 @@ The recurrent loop costs the same per token whatever T is, so by default it is t
 prefix (``--recurrent-tokens``) and scaled linearly to T; the JSON says so. Wall and CPU (process)
 seconds are both reported, best of ``--repeats``, with the load average: on a shared machine the
 CPU time is the steadier number. The chunked form is BLAS-bound and the token loop memory-bound, so
-their ratio grows with the BLAS threads available (``OPENBLAS_NUM_THREADS``). Prints one JSON object.
+their ratio grows with the BLAS threads available. BLAS runs single-threaded unless
+``OPENBLAS_NUM_THREADS`` is set: threaded OpenBLAS on small stacked products spins badly when the
+cores are shared (seen here: 20x slower under load). Prints one JSON object.
 
     python benchmarks/reference_kda.py [--T 4096] [--recurrent-tokens 512] [--chunk-size 64]
 """
@@ -17,10 +19,12 @@ import os
 import platform
 import time
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads OpenBLAS; see above
 
-from reference import kda
-from reference.norm import l2norm
+import numpy as np  # noqa: E402
+
+from reference import kda  # noqa: E402
+from reference.norm import l2norm  # noqa: E402
 
 
 def _inputs(T, H, K, V, seed=0):
@@ -28,7 +32,7 @@ def _inputs(T, H, K, V, seed=0):
     q = l2norm(rng.standard_normal((1, T, H, K)))
     k = l2norm(rng.standard_normal((1, T, H, K)))
     v = rng.standard_normal((1, T, H, V))
-    g = -0.1 * rng.random((1, T, H, K))  # mild decay; the speed does not depend on it
+    g = -0.1 * rng.random((1, T, H, K))  # mild: every chunk takes the factored (BLAS) path
     beta = rng.random((1, T, H))
     return q, k, v, g, beta
 
@@ -88,7 +92,7 @@ def main(argv=None):
         "repeats_best_of": a.repeats,
         "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "cpu_count": os.cpu_count(),
-        "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default"),
+        "openblas_num_threads": os.environ["OPENBLAS_NUM_THREADS"],
         "numpy": np.__version__,
         "machine": platform.machine(),
     }, indent=2))

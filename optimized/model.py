@@ -109,10 +109,6 @@ class Model:
         self.mla_decode_splits = 1 if device.type == "cpu" else 8
         self.variants = {"moe_combine": moe_combine, "kv_norm_eps": float(kv_norm_eps),
                          "dtype": dtype, "device": str(device), "backends": dict(backends)}
-        if any(v == "triton" for v in backends.values()) and device.type == "cpu" and not interpreting():
-            raise ValueError("device 'cpu': the Triton kernels run on CPU only under the Triton "
-                             "interpreter; set TRITON_INTERPRET=1 before importing optimized (it is set "
-                             "automatically when no GPU is present)")
 
     def __repr__(self) -> str:
         return f"optimized.Model({self.source.describe()}, variants={self.variants})"

@@ -183,6 +183,10 @@ class OpCertificate:
 def candidate_for(record: OpRecord, candidate: str):
     """(normalized candidate, counter name or None) for ``optimized`` or ``reference-f32``."""
     if candidate == "optimized":
+        import optimized
+
+        if optimized.interpreting():   # what the GPU computes for bf16 dots (optimized/_interpreter.py)
+            optimized.install_faithful_bf16_dot()
         return record.candidate(record.optimized_callable()), record.counter_name
     if candidate == "reference-f32":
         return rowwise(record, record.candidate(record.emulated)), None
@@ -249,7 +253,8 @@ def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str 
         cert.runs[dtype] = run
         t0 = time.perf_counter()
 
-        evaluate = _evaluator(record, dtype, device, cand, counter, run, bytes_cases, on_case)
+        evaluate = _evaluator(record, dtype, device, cand, counter, run, bytes_cases, on_case,
+                              rowwise(record, record.candidate(record.emulated)) if candidate == "optimized" else None)
         runner = settings(settings.default, max_examples=n, database=None,
                           phases=[Phase.explicit, Phase.generate, Phase.target])(given(record.inputs())(evaluate))
         runner()
@@ -257,10 +262,10 @@ def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str 
     return cert
 
 
-def _evaluator(record, dtype, device, cand, counter, run, bytes_cases, on_case):
+def _evaluator(record, dtype, device, cand, counter, run, bytes_cases, on_case, standin):
     def evaluate(case):
         try:
-            _evaluate(record, case, dtype, device, cand, counter, run, bytes_cases)
+            _evaluate(record, case, dtype, device, cand, counter, run, bytes_cases, standin)
         except Exception as exc:  # the reference or the builder failed: recorded, never silent
             run.cases.append({"label": case.label, "passed": False, "ratio": math.inf, "seconds": 0.0,
                               "kernel_ran": None, "summary": f"harness error: {type(exc).__name__}: {exc}",
@@ -273,13 +278,16 @@ def _evaluator(record, dtype, device, cand, counter, run, bytes_cases, on_case):
     return evaluate
 
 
-def _evaluate(record, case, dtype, device, cand, counter, run: DtypeRun, bytes_cases: int):
+def _evaluate(record, case, dtype, device, cand, counter, run: DtypeRun, bytes_cases: int, standin=None):
     prep = prepare(record, case, dtype, device, run.rounding)
     out, err, ran, dt = run_candidate(prep, cand, counter=counter)
     j = judge(prep, out, error=err, seconds=dt, kernel_ran=ran)
     first = len(run.cases) == 0
+    summary = _summary(j)
+    if not j.passed and out is not None and standin is not None:
+        summary += _nearer(prep, out, standin)
     run.cases.append({"label": case.label, "passed": j.passed, "ratio": j.ratio, "seconds": round(dt, 4),
-                      "kernel_ran": ran, "summary": _summary(j),
+                      "kernel_ran": ran, "summary": summary,
                       "outputs": {k: c.to_dict() for k, c in j.outputs.items()}})
     if out is not None and "bytes" in record.strengths and len(run.cases) <= bytes_cases:
         b = bytes_checks(prep, cand, first=out)
@@ -302,6 +310,25 @@ def _evaluate(record, case, dtype, device, cand, counter, run: DtypeRun, bytes_c
         for name, make in CONTROLS.items():
             cj = check(prep, make(record, prep))
             run.controls[name] = not cj.passed
+
+
+def _nearer(prep, out, standin) -> str:
+    """On a failure: which of the optimized op and the float32 stand-in is nearer the float64 truth,
+    per float output (a stand-in nearer the truth points at the kernel, not at the bound)."""
+    from .metrics import nearer_truth
+
+    try:
+        alt = standin(prep.inputs(), dict(prep.case.kwargs))
+    except Exception as exc:  # the stand-in failing is reported, not raised
+        return f"; stand-in raised {type(exc).__name__}"
+    parts = []
+    for name in prep.record.outputs:
+        if name in prep.record.exact:
+            continue
+        n = nearer_truth(prep.ref[name], out[name], alt[name])
+        who = {"a": "optimized", "b": "stand-in", "tie": "tie"}[n["nearer"]]
+        parts.append(f"{name}: {who} (rms err optimized {n['err_a']:.3g}, stand-in {n['err_b']:.3g})")
+    return "; nearer the float64 truth: " + ", ".join(parts) if parts else ""
 
 
 def _and(a, b):

@@ -34,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from parity.diff.numerics import to_f64
+from parity.diff.numerics import finite_or_none, to_f64
 from parity.diff.report import atomic_write
 
 GOLDEN_FORMAT = "kimi-parity/golden"
@@ -146,7 +146,9 @@ class GoldenStep:
     reason: str | None = None
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d["max_abs_diff"] = finite_or_none(self.max_abs_diff)
+        return d
 
 
 @dataclass
@@ -168,13 +170,14 @@ class GoldenCheck:
         return line
 
 
-def check(golden: dict, opt_model, *, vocab_size: int, on_step: Callable | None = None) -> GoldenCheck:
+def check(golden: dict, opt_model, *, vocab_size: int, steps: int | None = None,
+          on_step: Callable | None = None) -> GoldenCheck:
     """Run the optimized path forced on the golden tokens; compare tokens (exact) and the top-k values
-    (within each step's bound). The reference is not run."""
+    (within each step's bound). The reference is not run. ``steps``: check only the first ones."""
     prompt = [int(t) for t in golden["prompt"]["ids"]]
     out = GoldenCheck()
     cache = None
-    for row in golden["steps"]:
+    for row in golden["steps"][:steps]:
         step = row["step"]
         if step == 0:
             logits, cache = opt_model.prefill(prompt)

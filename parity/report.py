@@ -70,12 +70,15 @@ def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=Non
     from .strategies import profile_name
 
     ok = sum(c.certified for c in certs)
+    env = environment(device)
+    if device == "cpu":
+        env["torch_threads"] = 1   # certify.cpu_threads: what the run used
     return {
         "schema": SCHEMA_ID, "version": SCHEMA_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": argv, "candidate": candidate, "device": device, "dtypes": list(dtypes),
         "examples": examples, "hypothesis_profile": profile_name(), "seconds": round(seconds, 3),
-        "environment": environment(device),
+        "environment": env,
         "ops": [c.to_dict() for c in certs],
         "summary": {"ops": len(certs), "certified": ok,
                     "verdict": "certified" if certs and ok == len(certs) else "not certified"},

@@ -46,11 +46,11 @@ def _short_conv_kernel(x_ptr, w_ptr, s0_ptr, y_ptr, sf_ptr, T, C,
     # final state: the last W-1 inputs of cat(state, x), oldest first; written by the last t block
     if pid_t == tl.num_programs(1) - 1:
         for i in tl.static_range(W - 1):
-            tau = T - (W - 1) + i
-            tau_c = tl.full([BLOCK_C], tau, tl.int32)  # a tensor, so the masks below are tensors
-            v = tl.load(xb + tau * sxt + c, mask=cmask & (tau_c >= 0), other=0.0).to(CD)
+            tau_i = T - (W - 1) + i
+            tau_c = tl.full([BLOCK_C], tau_i, tl.int32)  # a tensor, so the masks below are tensors
+            v = tl.load(xb + tau_i * sxt + c, mask=cmask & (tau_c >= 0), other=0.0).to(CD)
             if HAS_STATE:
-                v += tl.load(s0_ptr + b * s0b + c.to(tl.int64) * s0c + (tau + (W - 1)),
+                v += tl.load(s0_ptr + b * s0b + c.to(tl.int64) * s0c + (tau_i + (W - 1)),
                              mask=cmask & (tau_c < 0), other=0.0).to(CD)
             tl.store(sf_ptr + b * sfb + c.to(tl.int64) * sfc + i, v.to(sf_ptr.dtype.element_ty),
                      mask=cmask)

@@ -296,6 +296,14 @@ def _output_kernel(q, Gc, h, vnew, Aq, o, cu, cidx, scale, T, NT,
              mask=valid[:, None] & mv[None, :])
 
 
+def _stages(kernel: str, dtype: torch.dtype) -> int:
+    """Software-pipelining depth per kernel: the state pass prefetches whole [BT, K] tiles of w, k,
+    G and u per stage, which at fp32/fp64 would exceed the H200's 227 KiB of shared memory."""
+    if kernel == "state":
+        return {torch.float64: 1, torch.float32: 2}.get(dtype, 3)
+    return 3 if dtype != torch.float64 else 2
+
+
 def _check_chunk_size(op, chunk_size):
     if chunk_size not in (16, 32, 64):
         raise ValueError(f"{op}: chunk_size: expected 16, 32 or 64, got {chunk_size!r}")
@@ -354,7 +362,8 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
         q, k, v, G, beta, w, u, Aq, cu, cidx, scale, T,
         H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, NB=BT // BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV,
         NV=triton.cdiv(V, BV),
-        L2NORM=fused, IS_VARLEN=varlen, num_warps=4 if BK <= 64 else 8)
+        L2NORM=fused, IS_VARLEN=varlen, num_warps=4 if BK <= 64 else 8,
+        num_stages=_stages("intra", dt))
     # 3. sequential state pass
     h = torch.empty((B * NT if not varlen else n_chunks), HV, K, V, dtype=dt, device=dev)
     vnew = torch.empty_like(u)
@@ -362,12 +371,13 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     _state_kernel[(triton.cdiv(V, BV), N * HV)](
         k, w, u, G, vnew, h, h0, ht, cu, co, T, NT,
         H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, L2NORM=fused, HAS_H0=h0 is not None,
-        IS_VARLEN=varlen, num_warps=4)
+        IS_VARLEN=varlen, num_warps=4, num_stages=_stages("state", dt))
     # 4. output
     o = torch.empty(B, T, HV, V, dtype=dt, device=dev)
     _output_kernel[(triton.cdiv(V, BV), n_chunks, B * HV)](
         q, G, h, vnew, Aq, o, cu, cidx, scale, T, NT,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, L2NORM=fused, IS_VARLEN=varlen, num_warps=4)
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, L2NORM=fused, IS_VARLEN=varlen, num_warps=4,
+        num_stages=_stages("output", dt))
     return o, ht
 
 

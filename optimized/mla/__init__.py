@@ -9,8 +9,12 @@ causal; ``scale`` defaults to ``(P+R)**-0.5``.
 Absorbed form: ``q_lat[h] = W_UK[h]^T q_nope[h]`` (a torch batched GEMM over heads), then the Triton
 attention kernel (:mod:`.kernels`) over the 576-wide keys ``[c ; k_pe]`` with value ``c`` (online
 softmax in fp32, flash-decoding split over S for long contexts), then ``o[h] = W_UV[h] o_lat[h]``
-(torch batched GEMM). In bf16 ``q_lat`` and the attention output ``o_lat`` are rounded to bf16 before
-their GEMMs, as vLLM's MLA backends do. float32 runs refuse TF32 (torch) and use ``ieee`` tl.dot.
+(fused with the merge of the key slices in one Triton epilogue kernel). In bf16 ``q_lat`` and the
+attention output ``o_lat`` are rounded to bf16 before their GEMMs, as vLLM's MLA backends do.
+float32 runs refuse TF32 (torch) and use ``ieee`` tl.dot; float64 runs compute in float64.
+
+Decode = 3 launches (q_lat GEMM, attention, merge + W_UV) and no host sync, so it can be captured in
+a CUDA graph. Measured on an H200 (bf16, N=32, graph replay, cache cold in L2), see the report.
 """
 from __future__ import annotations
 
@@ -20,11 +24,15 @@ import triton
 from .. import _counters
 from ..elementwise._precision import (check_float, check_same_device, compute_dtype,
                                       require_ieee_fp32_matmul, tl_compute_dtype)
-from .kernels import _mla_attn_kernel, _mla_combine_kernel, _paged_write_kernel
+from .kernels import _mla_attn_kernel, _mla_combine_kernel, _mla_combine_uv_kernel, _paged_write_kernel
 
 __all__ = ["naive", "absorbed", "paged_decode", "PagedLatentCache"]
 
-BLOCK_N = 32  # keys per inner step; part of the reduction order (paged == contiguous bitwise)
+BLOCK_N = 32  # keys per inner step (16 for fp64); part of the reduction order, same for paged and contiguous
+
+
+def _block_n(dtype: torch.dtype) -> int:
+    return 16 if dtype == torch.float64 else BLOCK_N
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -42,7 +50,7 @@ def _default_splits(device: torch.device, programs: int, S: int) -> int:
     blocks per slice; 1 on CPU (the interpreter gains nothing from splitting)."""
     if device.type != "cuda":
         return 1
-    want = triton.cdiv(2 * _sm_count(device), max(programs, 1))
+    want = triton.cdiv(4 * _sm_count(device), max(programs, 1))
     return max(1, min(want, triton.cdiv(S, 4 * BLOCK_N), 64))
 
 
@@ -93,21 +101,29 @@ def _last_contig(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+#: Launch-configuration overrides (benchmarks/tuning only; keys: BLOCK_M, num_warps, num_stages,
+#: BLOCK_R, BLOCK_V, epi_warps). They change speed, never the reduction order (BLOCK_N does).
+_TUNE: dict = {}
+
+
 def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, num_splits,
-            paged=None, seq_lens=None):
-    """Launch the attention kernel (and the split combiner). q1/q2/out: [B, T, N, *] views;
-    k1/k2/v: [B, S, (N,) *] views (or the paged buffers with ``paged = (block_tables, block_size)``)."""
+            paged=None, seq_lens=None, w_uv=None):
+    """Launch the attention kernel and its epilogue. q1/q2: [B, T, N, *] views; k1/k2/v:
+    [B, S, (N,) *] views (or the paged buffers with ``paged = (block_tables, block_size)``).
+    ``w_uv [N, Vh, L]`` given (absorbed form): ``out [B, T, N, Vh]`` receives ``W_UV o_lat``;
+    otherwise ``out [B, T, N, DV]`` receives the attention output."""
     B = q1.shape[0]
     HP = N if shared_kv else 1
     dt = k1.dtype
-    BM = 16 if T * HP <= 16 else (32 if D1 > 256 else 64)
-    grid = (B, (N // HP) * triton.cdiv(T * HP, BM), num_splits)
     cd = compute_dtype(dt)
-    if num_splits > 1:
+    BM = _TUNE.get("BLOCK_M", _block_m(B, T * HP, D1))
+    grid = (B, (N // HP) * triton.cdiv(T * HP, BM), num_splits)
+    direct = w_uv is None and num_splits == 1
+    if direct:
+        pacc = pml = out  # unused
+    else:
         pacc = torch.empty((B, num_splits, T, N, DV), dtype=cd, device=q1.device)
         pml = torch.empty((B, num_splits, T, N, 2), dtype=cd, device=q1.device)
-    else:
-        pacc = pml = out  # unused
     if paged is not None:
         block_tables, block_size = paged
         kst = (0, k1.stride(0), 0)
@@ -120,21 +136,44 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, num
         k2st = (k2.stride(0), k2.stride(1))
         vst = (v.stride(0), v.stride(1), v.stride(2) if v.dim() == 4 else 0)
     big = D1 > 256
+    o1 = out if direct else pacc  # only dereferenced when direct
     _mla_attn_kernel[grid](
-        q1, q2, k1, k2, v, out, pacc, pml, bt, seq_lens if seq_lens is not None else q1,
+        q1, q2, k1, k2, v, o1, pacc, pml, bt, seq_lens if seq_lens is not None else q1,
         T, S, N, D1, R, DV, block_size, float(scale),
         q1.stride(0), q1.stride(1), q1.stride(2), q2.stride(0), q2.stride(1), q2.stride(2),
-        *kst, *k2st, *vst, out.stride(0), out.stride(1), out.stride(2), sbt,
+        *kst, *k2st, *vst, o1.stride(0), o1.stride(1), o1.stride(2), sbt,
         HP=HP, SHARED_KV=shared_kv, PAGED=paged is not None, VAR_LEN=seq_lens is not None,
-        NUM_SPLITS=num_splits, CD=tl_compute_dtype(dt), BLOCK_M=BM, BLOCK_N=BLOCK_N,
-        BLOCK_D1=_pow2(D1), BLOCK_R=_pow2(R), BLOCK_DV=_pow2(DV),
-        num_warps=8 if big else 4, num_stages=2)
-    if num_splits > 1:
+        NUM_SPLITS=num_splits, DIRECT=direct, CD=tl_compute_dtype(dt), BLOCK_M=BM,
+        BLOCK_N=_block_n(dt), BLOCK_D1=_pow2(D1), BLOCK_R=_pow2(R), BLOCK_DV=_pow2(DV),
+        num_warps=_TUNE.get("num_warps", 4),
+        # fp32/fp64 tiles of 512-wide keys do not fit shared memory twice: no prefetch stage
+        num_stages=_TUNE.get("num_stages", 1 if big and dt != torch.bfloat16 and dt != torch.float16 else 2))
+    if w_uv is not None:
+        Vh = w_uv.shape[1]
+        br = _TUNE.get("BLOCK_R", 16)
+        _mla_combine_uv_kernel[(N, triton.cdiv(B * T, br))](
+            pacc, pml, w_uv, out, B * T, T, N, DV, Vh, w_uv.stride(0), w_uv.stride(1),
+            out.stride(0), out.stride(1), out.stride(2), NUM_SPLITS=num_splits,
+            CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV),
+            # W_UV^T tiles [L, BLOCK_V] sized to fit shared memory in every dtype
+            BLOCK_V=_TUNE.get("BLOCK_V", min(128 // dt.itemsize, _pow2(Vh))),
+            num_warps=_TUNE.get("epi_warps", 4), num_stages=2 if dt.itemsize <= 2 else 1)
+    elif not direct:
         bdv = min(512, _pow2(DV))
         _mla_combine_kernel[(B * T * N, triton.cdiv(DV, bdv))](
             pacc, pml, out, T, N, DV, out.stride(0), out.stride(1), out.stride(2),
             NUM_SPLITS=num_splits, CD=tl_compute_dtype(dt), BLOCK_DV=bdv, num_warps=4)
     return out
+
+
+def _block_m(B: int, rows: int, D1: int) -> int:
+    """Query rows per program (measured on an H200: 16 for small batches, where more programs
+    matter, 32 for B >= 8 with 512-wide keys)."""
+    if rows <= 16:
+        return 16
+    if D1 > 256:
+        return 32 if B >= 8 else 16
+    return 64
 
 
 def _w_views(w_kvb: torch.Tensor, N: int, P: int, Vh: int):
@@ -149,14 +188,6 @@ def _q_lat(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
     qn = q_nope.permute(2, 0, 1, 3).reshape(N, B * T, P)
     q_lat = torch.bmm(qn, w_uk)  # [N, B*T, L]
     return q_lat.view(N, B, T, -1).permute(1, 2, 0, 3)
-
-
-def _uv(o_lat: torch.Tensor, w_uv: torch.Tensor) -> torch.Tensor:
-    """o_lat [B, T, N, L] -> o [B, T, N, Vh] = W_UV[h] o_lat[h]."""
-    B, T, N, L = o_lat.shape
-    ol = o_lat.permute(2, 0, 1, 3).reshape(N, B * T, L)
-    o = torch.bmm(ol, w_uv.transpose(1, 2))  # [N, B*T, Vh]
-    return o.view(N, B, T, -1).permute(1, 2, 0, 3).contiguous()
 
 
 def absorbed(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: torch.Tensor, *,
@@ -175,13 +206,11 @@ def absorbed(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: t
     w_uk, w_uv = _w_views(w_kvb, N, P, Vh)
     q_lat = _q_lat(q[..., :P], w_uk)
     latent, k_pe = _last_contig(latent), _last_contig(k_pe)
-    BM = 16 if T * N <= 16 else 32
     if num_splits is None:
-        num_splits = _default_splits(q.device, B * triton.cdiv(T * N, BM), S)
-    o_lat = torch.empty((B, T, N, L), dtype=q.dtype, device=q.device)
-    _attend(q_lat, q[..., P:], latent, k_pe, latent, o_lat, T=T, S=S, N=N, D1=L, R=R, DV=L,
-            scale=scale, shared_kv=True, num_splits=num_splits)
-    return _uv(o_lat, w_uv)
+        num_splits = _default_splits(q.device, B * triton.cdiv(T * N, _block_m(B, T * N, L)), S)
+    o = torch.empty((B, T, N, Vh), dtype=q.dtype, device=q.device)
+    return _attend(q_lat, q[..., P:], latent, k_pe, latent, o, T=T, S=S, N=N, D1=L, R=R, DV=L,
+                   scale=scale, shared_kv=True, num_splits=num_splits, w_uv=w_uv)
 
 
 def naive(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: torch.Tensor, *,
@@ -321,13 +350,14 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
     scale = (P + R) ** -0.5 if scale is None else scale
     capacity = block_tables.shape[1] * cache.block_size
     if num_splits is None:
-        num_splits = _default_splits(q.device, B * triton.cdiv(N, 16 if N <= 16 else 32), capacity)
+        num_splits = _default_splits(q.device, B * triton.cdiv(N, _block_m(B, N, L)), capacity)
     w_uk, w_uv = _w_views(w_kvb, N, P, Vh)
     q4 = q[:, None]  # [B, 1, N, P+R]
     q_lat = _q_lat(q4[..., :P], w_uk)
-    o_lat = torch.empty((B, 1, N, L), dtype=q.dtype, device=q.device)
+    o = torch.empty((B, 1, N, Vh), dtype=q.dtype, device=q.device)
     kv = cache.kv.view(-1, L + R)
-    _attend(q_lat, q4[..., P:], kv, kv[:, L:], kv, o_lat, T=1, S=capacity, N=N, D1=L, R=R, DV=L,
+    _attend(q_lat, q4[..., P:], kv, kv[:, L:], kv, o, T=1, S=capacity, N=N, D1=L, R=R, DV=L,
             scale=scale, shared_kv=True, num_splits=num_splits,
-            paged=(block_tables.contiguous(), cache.block_size), seq_lens=seq_lens.contiguous())
-    return _uv(o_lat, w_uv)[:, 0]
+            paged=(block_tables.contiguous(), cache.block_size), seq_lens=seq_lens.contiguous(),
+            w_uv=w_uv)
+    return o[:, 0]

@@ -13,8 +13,10 @@ the paged-cache writer.
 Online softmax in the compute dtype (fp32, fp64 for fp64 runs); probabilities are cast to the value
 dtype for the PV product (bf16 in production, as FlashAttention does). Flash-decoding: the key range
 of a sequence is cut into ``NUM_SPLITS`` slices of ``cdiv(cdiv(S_b, NUM_SPLITS), BLOCK_N) * BLOCK_N``
-keys; with more than one slice each program writes its unnormalized partial ``(acc, m, l)`` and
-``_mla_combine_kernel`` merges the slices in ascending order. Slice boundaries depend only on
+keys; each program writes its unnormalized partial ``(acc, m, l)`` and an epilogue kernel merges the
+slices in ascending order: ``_mla_combine_uv_kernel`` for the absorbed form (merge, then the W_UV
+product, fused), ``_mla_combine_kernel`` for the naive form (which stores directly when there is one
+slice). Slice boundaries depend only on
 ``S_b``, ``NUM_SPLITS`` and ``BLOCK_N``, never on the memory layout, so the paged cache
 (``PAGED``: key position -> block table -> physical row) reduces in exactly the contiguous order.
 """
@@ -32,7 +34,7 @@ def _mla_attn_kernel(
         sk1b, sk1s, sk1h, sk2b, sk2s, svb, svs, svh,
         sob, sot, soh, sbtb,
         HP: tl.constexpr, SHARED_KV: tl.constexpr, PAGED: tl.constexpr, VAR_LEN: tl.constexpr,
-        NUM_SPLITS: tl.constexpr, CD: tl.constexpr,
+        NUM_SPLITS: tl.constexpr, DIRECT: tl.constexpr, CD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_R: tl.constexpr,
         BLOCK_DV: tl.constexpr):
     # grid (B, (N // HP) * cdiv(T * HP, BLOCK_M), NUM_SPLITS). Rows of a program: r -> t = r // HP,
@@ -105,7 +107,7 @@ def _mla_attn_kernel(
         m_i = m_new
 
     omask = rmask[:, None] & (dv < DV)[None, :]
-    if NUM_SPLITS == 1:
+    if DIRECT:  # one slice and no epilogue kernel: normalize and store the output here
         o = acc / l_i[:, None]
         tl.store(o_ptr + b * sob + t64[:, None] * sot + h[:, None] * soh + dv[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=omask)
@@ -159,3 +161,43 @@ def _paged_write_kernel(lat_ptr, kpe_ptr, slot_ptr, kv_ptr, L, R, slat, skpe, sk
     tl.store(kv_ptr + slot * skv + dl, lat.to(kv_ptr.dtype.element_ty), mask=ok_l)
     kpe = tl.load(kpe_ptr + i * skpe + dr, mask=ok_r, other=0.0)
     tl.store(kv_ptr + slot * skv + L + dr, kpe.to(kv_ptr.dtype.element_ty), mask=ok_r)
+
+
+@triton.jit
+def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, BT, T, N, L, VH, swh, swv,
+                           sob, sot, soh, NUM_SPLITS: tl.constexpr, CD: tl.constexpr,
+                           BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_V: tl.constexpr):
+    # grid (N, cdiv(B*T, BLOCK_R)). For head h and BLOCK_R query rows (b, t): merge the slices,
+    # o_lat = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s (slices in ascending order), round
+    # o_lat to W_UV's dtype, then o = o_lat @ W_UV[h]^T (tl.dot, CD accumulation), stored in
+    # [B, T, N, Vh]. Fuses the split merge, the W_UV GEMM and the output layout: one launch.
+    h = tl.program_id(0).to(tl.int64)
+    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = r < BT
+    b = (r // T).to(tl.int64)
+    t = (r % T).to(tl.int64)
+    lo = tl.arange(0, BLOCK_L)
+    lmask = lo < L
+    stride_split = T * N
+    base = (b * NUM_SPLITS * T + t) * N + h  # partial row of slice 0
+    m_max = tl.load(pml_ptr + base * 2, mask=rmask, other=0.0)
+    for sp in range(1, NUM_SPLITS):
+        m_max = tl.maximum(m_max, tl.load(pml_ptr + (base + sp * stride_split) * 2, mask=rmask, other=0.0))
+    num = tl.zeros([BLOCK_R, BLOCK_L], CD)
+    den = tl.zeros([BLOCK_R], CD)
+    for sp in range(0, NUM_SPLITS):
+        prow = base + sp * stride_split
+        wsp = tl.exp(tl.load(pml_ptr + prow * 2, mask=rmask, other=0.0) - m_max)  # 0 for an empty slice
+        num += wsp[:, None] * tl.load(pacc_ptr + prow[:, None] * L + lo[None, :],
+                                      mask=rmask[:, None] & lmask[None, :], other=0.0)
+        den += wsp * tl.load(pml_ptr + prow * 2 + 1, mask=rmask, other=1.0)
+    o_lat = (num / den[:, None]).to(wuv_ptr.dtype.element_ty)
+    vo = tl.arange(0, BLOCK_V)
+    for v0 in range(0, VH, BLOCK_V):
+        v = v0 + vo
+        vmask = v < VH
+        wt = tl.load(wuv_ptr + h * swh + v[None, :].to(tl.int64) * swv + lo[:, None],
+                     mask=lmask[:, None] & vmask[None, :], other=0.0)  # [BLOCK_L, BLOCK_V] = W_UV[h]^T
+        o = tl.dot(o_lat, wt, input_precision="ieee", out_dtype=CD)
+        tl.store(o_ptr + b[:, None] * sob + t[:, None] * sot + h * soh + v[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])

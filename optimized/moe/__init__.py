@@ -21,6 +21,10 @@ __all__ = ["router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 #: the grouped tl.dot form above it. The two forms round differently (within the same bound).
 GEMV_MAX_PAIRS = 16
 
+#: Launch-configuration overrides (benchmarks/tuning only): gemv_f, gemv_d, gemv_warps (gate/up),
+#: down_d, down_f, down_warps (down + combine). Speed only; they change the rounding order.
+_TUNE: dict = {}
+
 
 def router(logits: torch.Tensor, bias: torch.Tensor, *, top_k: int, num_groups: int = 1,
            topk_groups: int = 1, renormalize: bool = True, scaling: float = 1.0,
@@ -93,8 +97,10 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: to
     """Dense SwiGLU MLP ``w_down (silu(w_gate x) * (w_up x))`` (dense MLP, shared expert).
 
     x: [T, D]; w_gate, w_up: [F, D]; w_down: [D, F]; all one dtype. Returns [T, D] in x's dtype.
-    torch GEMMs (fp32 accumulation for bf16; float32 refuses TF32), a Triton kernel for
-    ``silu(g) * u`` in fp32 (g and u are rounded to x's dtype by the GEMMs, as in HF/vLLM).
+    Up to ``GEMV_MAX_PAIRS`` tokens (decode) it runs the GEMV kernels of ``experts`` (two launches,
+    ``h`` rounded once to x's dtype); above, torch GEMMs (fp32 accumulation for bf16; float32
+    refuses TF32) and a Triton kernel for ``silu(g) * u`` in fp32 (g and u rounded to x's dtype by
+    the GEMMs, as in HF/vLLM).
     """
     op = "moe.swiglu"
     _counters.record(op)
@@ -111,6 +117,12 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: to
     check_shape(op, "w_up", w_up, (F, D), "[F, D]")
     check_shape(op, "w_down", w_down, (D, F), "[D, F]")
     check_same_device(op, x=x, w_gate=w_gate, w_up=w_up, w_down=w_down)
+    if T <= GEMV_MAX_PAIRS:  # decode: the experts' GEMV kernels, two launches, h kept in fp32 until rounded once
+        y = torch.empty((T, D), dtype=x.dtype, device=x.device)
+        if T:
+            _gemv(x if x.stride(1) == 1 else x.contiguous(), None, None, w_gate[None], w_down[None],
+                  w_up[None], y, T=T, D=D, KE=1, F=F)
+        return y
     require_ieee_fp32_matmul(op, x)
     h = _silu_mul(x @ w_gate.T, x @ w_up.T, x.dtype)
     return h @ w_down.T
@@ -160,6 +172,27 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch
     return _experts(op, x, weights, ids, w1, w2, w3, form=None)
 
 
+def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None):
+    """GEMV form into ``y``; ``ids is None``: one dense expert (w* of shape [1, ...]), weight 1."""
+    dense = ids is None
+    if h is None:
+        h = torch.empty((T * KE, F), dtype=x.dtype, device=x.device)
+    cd = tl_compute_dtype(x.dtype)
+    bf = min(_TUNE.get("gemv_f", 32), triton.next_power_of_2(F))
+    bd = min(_TUNE.get("gemv_d", 256), triton.next_power_of_2(D))
+    _gemv_gate_up_kernel[(T * KE, triton.cdiv(F, bf))](
+        x, x if dense else ids, w1, w3, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
+        w3.stride(0), w3.stride(1), h.stride(0), CD=cd, DENSE=dense, BLOCK_F=bf, BLOCK_D=bd,
+        num_warps=_TUNE.get("gemv_warps", 4))
+    bdo = min(_TUNE.get("down_d", 8), triton.next_power_of_2(D))
+    bf2 = min(_TUNE.get("down_f", 256), triton.next_power_of_2(F))
+    _gemv_down_combine_kernel[(T, triton.cdiv(D, bdo))](
+        h, x if dense else ids, x if dense else weights, w2, y, D, F, KE, h.stride(0), w2.stride(0),
+        w2.stride(1), y.stride(0), CD=cd, DENSE=dense, BLOCK_DO=bdo, BLOCK_F=bf2,
+        num_warps=_TUNE.get("down_warps", 4))
+    return y
+
+
 def _experts(op, x, weights, ids, w1, w2, w3, *, form):
     """``experts`` with the form forced (``"gemv"``, ``"grouped"``) or chosen (None)."""
     T, D, KE, E, F = _check_experts(op, x, weights, ids, w1, w2, w3)
@@ -175,15 +208,7 @@ def _experts(op, x, weights, ids, w1, w2, w3, *, form):
     if form is None:
         form = "gemv" if M <= GEMV_MAX_PAIRS else "grouped"
     if form == "gemv":
-        bf, bd = min(32, triton.next_power_of_2(F)), min(128, triton.next_power_of_2(D))
-        _gemv_gate_up_kernel[(M, triton.cdiv(F, bf))](
-            x, ids, w1, w3, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1), w3.stride(0),
-            w3.stride(1), h.stride(0), CD=cd, BLOCK_F=bf, BLOCK_D=bd, num_warps=4)
-        bdo, bf2 = min(16, triton.next_power_of_2(D)), min(256, triton.next_power_of_2(F))
-        _gemv_down_combine_kernel[(T, triton.cdiv(D, bdo))](
-            h, ids, weights, w2, y, D, F, KE, h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
-            CD=cd, BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=4)
-        return y
+        return _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, h=h)
     if form != "grouped":
         raise ValueError(f"{op}: form: expected 'gemv' or 'grouped', got {form!r}")
     BM = 64 if M >= 64 * E else 16

@@ -100,12 +100,16 @@ def _silu_mul_kernel(g_ptr, u_ptr, h_ptr, n_rows, F, sg, su, sh, CD: tl.constexp
 
 @triton.jit
 def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
-                         sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr,
+                         sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr, DENSE: tl.constexpr,
                          BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
     # grid (T * k_e pairs, cdiv(F, BLOCK_F)); h[pair, f] = silu(w1[e] x)[f] * (w3[e] x)[f]
+    # DENSE: one expert (e = 0) and no ids (the dense MLP / shared expert)
     pair = tl.program_id(0).to(tl.int64)
     tok = pair // KE
-    e = tl.load(ids_ptr + pair).to(tl.int64)
+    if DENSE:
+        e = 0
+    else:
+        e = tl.load(ids_ptr + pair).to(tl.int64)
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fm = f < F
     d0 = tl.arange(0, BLOCK_D)
@@ -126,7 +130,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
 
 @triton.jit
 def _gemv_down_combine_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, y_ptr, D, F, KE,
-                              sh, s2e, s2d, sy, CD: tl.constexpr,
+                              sh, s2e, s2d, sy, CD: tl.constexpr, DENSE: tl.constexpr,
                               BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
     # grid (T, cdiv(D, BLOCK_DO)); y[t, d] = sum_k wts[t, k] * (w2[e_k] h[t, k])[d], k ascending
     t = tl.program_id(0).to(tl.int64)
@@ -136,8 +140,10 @@ def _gemv_down_combine_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, y_ptr, D, F, KE,
     y = tl.zeros([BLOCK_DO], CD)
     for k in range(0, KE):
         pair = t * KE + k
-        e = tl.load(ids_ptr + pair).to(tl.int64)
-        wk = tl.load(wts_ptr + pair).to(CD)
+        if DENSE:
+            e = 0
+        else:
+            e = tl.load(ids_ptr + pair).to(tl.int64)
         acc = tl.zeros([BLOCK_DO, BLOCK_F], CD)
         w2row = w2_ptr + e * s2e + d[:, None].to(tl.int64) * s2d
         for k0 in range(0, F, BLOCK_F):
@@ -145,7 +151,10 @@ def _gemv_down_combine_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, y_ptr, D, F, KE,
             fm = f < F
             hv = tl.load(h_ptr + pair * sh + f, mask=fm, other=0.0).to(CD)
             acc += tl.load(w2row + f[None, :], mask=dm[:, None] & fm[None, :], other=0.0).to(CD) * hv[None, :]
-        y += wk * tl.sum(acc, axis=1)
+        if DENSE:
+            y += tl.sum(acc, axis=1)
+        else:
+            y += tl.load(wts_ptr + pair).to(CD) * tl.sum(acc, axis=1)
     tl.store(y_ptr + t * sy + d, y.to(y_ptr.dtype.element_ty), mask=dm)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-DEFAULT_STEPS = 32
+DEFAULT_STEPS = {"cuda": 128, "cpu": 16}  # the Triton interpreter takes ~1-3 s per decode step
 
 
 def register(sub):
@@ -23,8 +23,8 @@ def register(sub):
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text (the checkpoint's tokenizer)")
     prompt.add_argument("--prompt-ids", metavar="IDS", help="prompt token ids, comma-separated: 1,2,3")
-    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
-                   help=f"decode steps, each one generated token (default {DEFAULT_STEPS})")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="decode steps, each one generated token (default 128 on a GPU, 16 on CPU)")
     p.add_argument("--mode", choices=("forced", "free"), default="forced",
                    help="forced: both paths consume the reference's tokens; free: each its own, "
                         "re-anchored at a split (default forced)")
@@ -59,11 +59,15 @@ def run(args: argparse.Namespace) -> int:
     from parity.diff.report import environment
     from parity.errors import InputError
 
-    if args.steps < 1:
+    if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps {args.steps}: expected a positive number of steps")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        setup.check_output(flag, path)
     variants = setup.parse_variants(args.variant)
     backends = setup.parse_backends(args.backend)
     device = setup.check_device(args.device)
+    if args.steps is None:
+        args.steps = DEFAULT_STEPS[device]
     ckpt = setup.open_checkpoint(args.checkpoint, synthetic=args.synthetic, seed=args.seed)
     opt_ckpt = None
     if args.optimized_from:
@@ -73,19 +77,24 @@ def run(args: argparse.Namespace) -> int:
     config = ckpt.source.config
 
     out, err = Console(highlight=False), Console(stderr=True, highlight=False)
+    if not out.is_terminal:  # a pipe or a file: room for every column
+        out = Console(highlight=False, width=140)
+    if not err.is_terminal:
+        err = Console(stderr=True, highlight=False, width=140)
+    ref = setup.load_reference(ckpt, variants)
+    opt = setup.load_optimized(opt_ckpt or ckpt, device=device, dtype=args.dtype, variants=variants,
+                               backends=backends)
     env = environment(device=device, dtype=args.dtype)
     err.print(f"reference: {ckpt.info['describe']}", markup=False)
     if opt_ckpt is not None:
         err.print(f"optimized: {opt_ckpt.info['describe']}", markup=False)
-    how = "CUDA " + str(env.get("cuda")) if device == "cuda" else (
-        "CPU, Triton interpreter" + (", faithful bf16 dot installed" if env["faithful_bf16_dot"] else "")
-        if env["triton_interpreter"] else "CPU")
+    info = env["backend_info"]
+    how = "CUDA " + str(info.get("cuda")) if device == "cuda" else (
+        "CPU, Triton interpreter" + (", faithful bf16 dot installed" if info["faithful_bf16_dot"] else "")
+        if info["triton_interpreter"] else "CPU")
     err.print(f"optimized path: {args.dtype} on {how}"
               + (f"; backends {backends}" if backends else ""), markup=False)
 
-    ref = setup.load_reference(ckpt, variants)
-    opt = setup.load_optimized(opt_ckpt or ckpt, device=device, dtype=args.dtype, variants=variants,
-                               backends=backends)
     err.print(f"variants: {_variants(ref)}; prompt: {len(ids)} tokens; mode {args.mode}; "
               f"{args.steps} steps", markup=False)
 

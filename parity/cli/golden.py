@@ -40,6 +40,8 @@ def register(sub):
                    help="checkpoint directory (default: the one recorded in the golden file)")
     c.add_argument("--device", choices=("cpu", "cuda"), default=None)
     c.add_argument("--backend", action="append", metavar="FAMILY=reference")
+    c.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="check only the first N recorded steps (default: all)")
     c.add_argument("--json", metavar="PATH", help="write the per-step results as JSON")
     c.set_defaults(func=run_check)
 
@@ -54,6 +56,7 @@ def run_record(args: argparse.Namespace) -> int:
         raise InputError(f"--steps {args.steps}: expected a positive number of steps")
     if args.top_k < 2:
         raise InputError(f"--top-k {args.top_k}: expected at least 2")
+    setup.check_output("--out", args.out)
     variants = setup.parse_variants(args.variant)
     device = setup.check_device(args.device)
     ckpt = setup.open_checkpoint(args.checkpoint, synthetic=args.synthetic, seed=args.seed)
@@ -100,6 +103,9 @@ def run_check(args: argparse.Namespace) -> int:
         g = golden.load(args.file)
     except golden.GoldenError as exc:
         raise InputError(str(exc)) from None
+    setup.check_output("--json", args.json)
+    if args.steps is not None and args.steps < 1:
+        raise InputError(f"--steps {args.steps}: expected a positive number of steps")
     backends = setup.parse_backends(args.backend)
     device = setup.check_device(args.device)
     info = g["checkpoint"]
@@ -122,7 +128,7 @@ def run_check(args: argparse.Namespace) -> int:
         raise InputError(f"{args.file}: token id {bad[0]} is outside the vocabulary [0, {vocab})")
     variants = {k: v for k, v in (g.get("variants") or {}).items() if k in setup.VARIANTS}
     opt = setup.load_optimized(ckpt, device=device, dtype=g["dtype"], variants=variants, backends=backends)
-    result = golden.check(g, opt, vocab_size=vocab)
+    result = golden.check(g, opt, vocab_size=vocab, steps=args.steps)
     for s in result.steps:
         if s.verdict != "match":
             print(f"step {s.step}: {s.verdict}: token {s.opt_token} (golden {s.token}), "
@@ -136,5 +142,5 @@ def run_check(args: argparse.Namespace) -> int:
         atomic_write(args.json, json.dumps({"golden": str(args.file), "verdict": result.verdict,
                                             "summary": result.summary_line(),
                                             "steps": [s.to_dict() for s in result.steps]},
-                                           indent=1, default=float) + "\n")
+                                           indent=1, allow_nan=False) + "\n")
     return 1 if result.verdict == "diverged" else 0

@@ -79,9 +79,10 @@ class Localization:
     step: int
     tokens: int
     entries: list[EntryError]
-    first: EntryError | None                 # the op past its bound (level first, else the root spike)
-    first_kind: str | None                   # "level" | "spike"
-    first_position: int | None
+    first: EntryError | None                 # the op past its bound (level first, else the root spike);
+                                             # None when nothing is, or only router flips in noise
+    first_kind: str | None                   # "level" | "spike" | "router" (nothing past its bound)
+    first_position: int | None               # the root spike's position (or the explaining flip's)
     nonfinite: dict | None                   # first entry where the optimized path holds NaN/Inf
     router_flips: list[RouterFlip]
     explained_by_router: list[RouterFlip]    # non-empty: the root spike is a router flip in noise
@@ -102,6 +103,13 @@ class Localization:
     def describe(self) -> str:
         if self.nonfinite is not None:
             return f"first NaN/Inf at {self.nonfinite['name']} (position {self.nonfinite['position']})"
+        if self.explained_by_router:
+            head = ("every op within its bound, no spike" if self.first_kind == "router" else
+                    "every op within its bound except the FFN right where the router flipped")
+            more = len(self.explained_by_router) - 2
+            return (f"{head}; router flip(s) in noise: "
+                    + "; ".join(f.describe() for f in self.explained_by_router[:2])
+                    + (f" (+{more} more)" if more > 0 else ""))
         if self.first is None:
             return "not localized: every layer within its bound"
         f = self.first
@@ -111,8 +119,6 @@ class Localization:
         else:
             text = (f"{f.name} ({f.op}) at position {self.first_position}: error {f.spike_err:.3g} = "
                     f"{f.spike_units:.3g}x its bound {f.spike_bound:.3g}")
-        if self.explained_by_router:
-            text += "; router flip in noise: " + self.explained_by_router[0].describe()
         return text
 
 
@@ -176,6 +182,7 @@ class TraceStats:
             self._put(f"layers.{i}.mixer", ar, ao)
             self._put(f"layers.{i}.mid", mid_r, mid_o)
             self._put(f"layers.{i}.ffn", fr, fo)
+            self._put(f"layers.{i}.hidden", hr, ho)
         if "final_norm" in ref_trace and "final_norm" in opt_trace:
             self._put("final_norm", _rows(ref_trace["final_norm"]), _rows(opt_trace["final_norm"]))
         if self.nonfinite is None:
@@ -214,23 +221,43 @@ class TraceStats:
                 spike_in = np.maximum.accumulate(inherited) if entry == "mixer" else inherited
                 entries.append(_entry(f"layers.{i}.{entry}", i, _op(c, i, entry), e, inherited, spike_in, fresh))
         if "final_norm" in self.diff and entries:
-            e_last = self.rel(f"layers.{c.num_hidden_layers - 1}.mid", upto)  # ~ the last stream
+            e_last = self.rel(f"layers.{c.num_hidden_layers - 1}.hidden", upto)
             e = self.rel("final_norm", upto)
             entries.append(_entry("final_norm", None, "norm", e, e_last, e_last, fresh))
+        visible = [f for f in flips if f.position < upto]
         first, kind, pos = next(((x, "level", None) for x in entries if x.units > 1.0), (None, None, None))
+        explained: list[RouterFlip] = []
         if first is None:
-            spikes = [(p, k, x) for k, x in enumerate(entries) for p in x.past_bound]
-            if spikes:
-                pos, _, first = min(spikes, key=lambda s: (s[0], s[1]))
+            flip_at = {(f.layer, f.position): f for f in visible if f.within_noise}
+            roots = []  # flip spikes in noise: the router swapped an expert there
+            unexplained = []
+            for k, x in enumerate(entries):
+                for q in x.past_bound:
+                    f = flip_at.get((x.layer, q)) if x.op == "moe" else None
+                    if f is not None:
+                        roots.append(f)
+                    else:
+                        unexplained.append((q, k, x))
+            # a flip at (layer L, position p) reaches every later layer at p and after; the same
+            # layer's mixer and FFN at later positions never see it
+            layer_of = lambda x: c.num_hidden_layers if x.layer is None else x.layer  # noqa: E731
+            unexplained = [(q, k, x) for q, k, x in unexplained
+                           if not any(layer_of(x) > f.layer and q >= f.position for f in roots)]
+            if unexplained:  # the root: nothing later in (position, layer) order can have caused it
+                pos, _, first = min(unexplained, key=lambda s: (s[0], s[1]))
                 kind = "spike"
-        explained = []
-        if kind == "spike" and first.op == "moe":
-            at = [f for f in flips if f.layer == first.layer and f.position == pos and f.within_noise]
-            explained = at
+            elif roots:
+                kind, explained = "spike", roots
+            elif visible and all(f.within_noise for f in visible):
+                # every op within its bound and no spike: the router's discrete decisions are the only
+                # way a correct model moves logits past their noise
+                kind, explained = "router", list(visible)
+            if explained:  # the flips of the latest position first: the ones nearest the step
+                explained = sorted(explained, key=lambda f: (-f.position, f.layer))
+                first, pos = None, explained[0].position
         hint = None
         if first is not None and not explained:
             hint = f"--backend {'moe' if first.op == 'mlp' else first.op}=reference"
-        visible = [f for f in flips if f.position < upto]
         return Localization(step=step, tokens=upto, entries=entries, first=first,
                             first_kind=kind, first_position=pos,
                             nonfinite=self.nonfinite if self.nonfinite and self.nonfinite["position"] < upto else None,

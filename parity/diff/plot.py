@@ -37,8 +37,8 @@ def write_plot(result: DiffResult, path: str | Path, *, moe_layers: list[int] | 
              label="noise bound")
     ax1.set_yscale("log")
     ax1.set_ylabel("logits")
-    ax2.plot(steps, _pos([s.ref_margin for s in result.steps]), color="tab:purple", lw=1,
-             label="reference margin")
+    ax2.plot(steps, _pos([s.ref_gap for s in result.steps]), color="tab:purple", lw=1,
+             label="reference top-1 - top-2 gap")
     ax2.plot(steps, _pos([s.bound for s in result.steps]), color="black", ls="--", lw=1,
              label="noise bound")
     ax2.set_yscale("log")
@@ -46,7 +46,9 @@ def write_plot(result: DiffResult, path: str | Path, *, moe_layers: list[int] | 
     for verdict in COLORS:
         sel = [s for s in result.steps if s.verdict == verdict]
         if sel:
-            ax2.scatter([s.step for s in sel], _pos([s.ref_margin if s.ref_margin else s.bound for s in sel]),
+            # a match sits on the gap line; a flip at its margin between the two tokens
+            ax2.scatter([s.step for s in sel], _pos([s.ref_gap if verdict == "match" else s.ref_margin
+                                                     for s in sel]),
                         c=COLORS[verdict], marker=MARKERS[verdict], s=36, zorder=3,
                         label=f"{verdict} ({len(sel)})")
     flips = [(s.step, f) for s in result.steps for f in s.router]

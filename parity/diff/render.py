@@ -17,12 +17,14 @@ def _num(x: float) -> str:
 
 
 def _tok(t: int, decode: Callable[[int], str] | None) -> str:
+    """The id, and its text when that prints as something (a lone UTF-8 continuation byte does not)."""
     if decode is None:
         return str(t)
     try:
-        return f"{t} {decode(t)!r}"
+        text = decode(t)
     except Exception:  # a token the tokenizer cannot show on its own is still a token
         return str(t)
+    return f"{t} {text!r}" if text.strip() and text.isprintable() and "\ufffd" not in text else str(t)
 
 
 def _router(s: StepRecord) -> str:
@@ -45,14 +47,15 @@ def step_table(result: DiffResult, *, decode: Callable[[int], str] | None = None
                   caption=f"{hidden} matching steps without router flips not shown (--json has all)"
                   if hidden else None)
     for name, justify in (("step", "right"), ("ref", "left"), ("opt", "left"), ("verdict", "left"),
-                          ("max|dlogit|", "right"), ("KL", "right"), ("margin", "right"),
-                          ("bound", "right"), ("router flips", "left")):
+                          ("max|dlogit|", "right"), ("KL", "right"), ("ref gap", "right"),
+                          ("margin", "right"), ("bound", "right"), ("router flips", "left")):
         table.add_column(name, justify=justify, no_wrap=name != "router flips")
     for s in rows:
-        verdict = s.verdict + (" (router)" if s.explanation else "") + (" *" if s.anchored else "")
+        verdict = s.verdict + (" (router)" if s.cause == "router" else "") + (" *" if s.anchored else "")
         table.add_row(str(s.step), _tok(s.ref_token, decode), _tok(s.opt_token, decode),
                       f"[{STYLE[s.verdict]}]{verdict}[/]", _num(s.max_abs_diff), _num(s.kl),
-                      _num(s.ref_margin), _num(s.bound), _router(s))
+                      _num(s.ref_gap), "-" if s.verdict == "match" else _num(s.ref_margin),
+                      _num(s.bound), _router(s))
     return table
 
 

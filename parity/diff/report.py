@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -39,32 +36,13 @@ def atomic_write(path: str | Path, data: bytes | str | None = None, *, writer=No
     return path
 
 
-def git_revision() -> str | None:
-    """The git commit of this source tree (None outside a git checkout)."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or None if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def environment(*, device: str, dtype: str) -> dict:
-    """What ran: versions, the device, the optimized dtype, and how Triton ran."""
-    import numpy
+    """What ran (``parity.environment``: versions, device, git revision, how Triton ran) plus the
+    optimized dtype."""
+    from parity.environment import environment as _environment
 
-    import optimized
-
-    env = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "numpy": numpy.__version__,
-        "device": device,
-        "dtype": dtype,
-        "git_revision": git_revision(),
-        "argv": sys.argv[1:],
-    }
-    env.update(optimized.backend_info())
+    env = _environment(device)
+    env["dtype"] = dtype
     return env
 
 

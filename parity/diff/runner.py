@@ -16,11 +16,18 @@ Modes:
   run goes on. Each split reports whether the paths re-converged: the first later step whose tokens
   agree again, or ``None`` when every step after it split too.
 
-A step that ``classify_step`` calls ``diverged`` is localized (``localize.py``) from the traces
-both paths wrote during the run so far (every prompt and decode position, the decode kernels
-included). If the first op past its bound is a MoE FFN at a position where the router flipped
-within its noise bound, the divergence is a near-tie one level down: the step becomes ``near-tie``
-and says which flip explains it. Otherwise it stays ``diverged`` with the layer and op named.
+Every step whose tokens differ is localized (``localize.py``) from the traces both paths wrote so
+far (every prompt and decode position, the decode kernels included), and the verdict of
+``classify_step`` is refined by it:
+
+* an op past its bound (other than a router flip in noise) makes the step ``diverged``, even one
+  that ``classify_step`` called a near-tie: the noise that excused the flip is itself a bug;
+* otherwise ``diverged`` becomes ``near-tie`` when the first thing past its bound is a router flip
+  within its noise bound (the MoE FFN spikes exactly where the router swapped an expert), or when
+  no op is past its bound and the router flipped within noise: the flip explains the logit jump.
+
+After the last step the run is localized once more (``DiffResult.final``), so a bug that never
+flipped a token is still reported (the exit status follows the steps' verdicts).
 """
 from __future__ import annotations
 
@@ -50,11 +57,13 @@ class StepRecord:
     classified: str          # classify_step's own verdict
     max_abs_diff: float
     kl: float
-    ref_margin: float
+    ref_margin: float        # r[ref_token] - r[opt_token] (0 for a match)
     bound: float
     ratio: float
+    ref_gap: float = 0.0     # r[ref_token] - the reference's runner-up: how far from any flip
     router: list[RouterFlip] = field(default_factory=list)
-    explanation: str | None = None
+    explanation: str | None = None  # why the verdict differs from ``classified``, or what localized it
+    cause: str | None = None        # "router": a router flip in noise; "op": an op past its bound
     nonfinite: dict | None = None
     anchored: bool = False   # free mode: the optimized path was re-anchored after this step
 
@@ -65,7 +74,9 @@ class StepRecord:
             "classified": self.classified, "max_abs_diff": finite_or_none(self.max_abs_diff),
             "kl": finite_or_none(self.kl), "ref_margin": finite_or_none(self.ref_margin),
             "bound": finite_or_none(self.bound), "ratio": finite_or_none(self.ratio),
+            "ref_gap": finite_or_none(self.ref_gap),
             "router": [f.to_dict() for f in self.router], "explanation": self.explanation,
+            "cause": self.cause,
             "nonfinite": self.nonfinite, "anchored": self.anchored,
         }
 
@@ -78,6 +89,7 @@ class DiffResult:
     steps: list[StepRecord]
     localizations: list[Localization]
     splits: list[dict]  # free mode: {"step", "verdict", "reconverged_at"}
+    final: Localization | None = None  # every position of the run, after the last step
 
     @property
     def counts(self) -> dict:
@@ -90,9 +102,16 @@ class DiffResult:
 
     @property
     def localization(self) -> Localization | None:
-        """The localization of the first step that stayed ``diverged``, else of the first explained one."""
-        bad = [l for l in self.localizations if not l.explained_by_router]
-        return (bad or self.localizations or [None])[0]
+        """The localization of the first diverged step, else of the first step whose tokens differ,
+        else of the whole run when an op is past its bound although no token flipped."""
+        bad = [l for s, l in zip(self._nonmatch(), self.localizations) if s.verdict == "diverged"]
+        if bad or self.localizations:
+            return (bad or self.localizations)[0]
+        f = self.final
+        return f if f is not None and f.first is not None and not f.explained_by_router else None
+
+    def _nonmatch(self) -> list[StepRecord]:
+        return [s for s in self.steps if s.classified != "match"]
 
     def summary(self) -> dict:
         c = self.counts
@@ -114,7 +133,7 @@ def summary_line(result: DiffResult) -> str:
         s = max(ties, key=lambda s: s.ratio if np.isfinite(s.ratio) else np.inf)
         where = f"step {s.step}" if len(ties) == 1 else "steps " + ", ".join(str(t.step) for t in ties[:6]) \
             + (", ..." if len(ties) > 6 else "") + f"; worst step {s.step}"
-        if s.explanation:
+        if s.cause == "router":
             parts.append(f"{len(ties)} {word} ({where}, {s.explanation})")
         else:
             parts.append(f"{len(ties)} {word} ({where}, margin {_fmt(s.ref_margin)} <= bound {_fmt(s.bound)})")
@@ -123,7 +142,11 @@ def summary_line(result: DiffResult) -> str:
     bad = [s for s in result.steps if s.verdict == "diverged"]
     if bad:
         s = bad[0]
-        text = f"{len(bad)} diverged (first: step {s.step}, margin {_fmt(s.ref_margin)} > bound {_fmt(s.bound)}"
+        if s.classified == "near-tie":  # within the logit noise, but the noise itself is past its bound
+            text = (f"{len(bad)} diverged (first: step {s.step}, margin {_fmt(s.ref_margin)} <= bound "
+                    f"{_fmt(s.bound)} of a noise that is itself past its bound")
+        else:
+            text = f"{len(bad)} diverged (first: step {s.step}, margin {_fmt(s.ref_margin)} > bound {_fmt(s.bound)}"
         loc = result.localization
         if loc is not None and not loc.explained_by_router:
             text += f"; {loc.describe()}"
@@ -131,16 +154,19 @@ def summary_line(result: DiffResult) -> str:
     else:
         parts.append("0 diverged")
     line = ", ".join(parts)
+    latent = result.final
+    if not bad and latent is not None and latent.first is not None and not latent.explained_by_router:
+        line += f"; warning: no token flipped, but {latent.describe()}"
     if result.mode == "free" and result.splits:
         conv = sum(sp["reconverged_at"] is not None for sp in result.splits)
         line += f"; free mode: {len(result.splits)} split(s), {conv} re-converged"
     return line
 
 
-def _classify(ref_logits: np.ndarray, opt_logits: np.ndarray):
+def _classify(ref_logits: np.ndarray, opt_logits: np.ndarray, dtype: str):
     from parity import classify_step
 
-    return classify_step(ref_logits, opt_logits)
+    return classify_step(ref_logits, opt_logits, dtype=dtype)
 
 
 def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int, mode: str = "forced",
@@ -189,12 +215,13 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
         o = to_f64(opt_logits).reshape(-1, config.vocab_size)[-1]
         if on_logits is not None:
             on_logits(step, r, o)
-        v = _classify(r, o)
+        v = _classify(r, o, dtype)
         rec = StepRecord(
             step=step, position=len(seq) - 1, input_token=input_token,
             ref_token=int(v.ref_token), opt_token=int(v.opt_token), verdict=v.verdict,
             classified=v.verdict, max_abs_diff=max_abs_diff(r, o), kl=kl_divergence(r, o),
             ref_margin=float(v.margin), bound=float(v.bound), ratio=float(v.ratio),
+            ref_gap=float(np.diff(np.partition(r, -2)[-2:])[0]) if r.size > 1 else 0.0,
             router=trace_router_flips(rt, ot, config, first_pos, unit_roundoff=u),
         )
         rec.nonfinite = first_nonfinite(ot, config)
@@ -205,11 +232,17 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
         if rec.nonfinite is None and not np.all(np.isfinite(o)):
             rec.nonfinite = {"name": "logits", "layer": None, "position": rec.position,
                              "nan": int(np.isnan(o).sum()), "inf": int(np.isinf(o).sum())}
-        if rec.verdict == "diverged" and localize_diverged:
+        if rec.verdict != "match" and localize_diverged:
             loc = stats.localize(step, len(seq), flips, dtype=dtype)
             localizations.append(loc)
-            if loc.explained_by_router:
-                rec.verdict = "near-tie"
+            if loc.first is not None and not loc.explained_by_router:
+                rec.verdict, rec.cause = "diverged", "op"
+                rec.explanation = loc.describe()
+            elif loc.explained_by_router and (rec.verdict == "diverged" or any(
+                    f.position == rec.position for f in loc.explained_by_router)):
+                # a diverged step needs the flip to explain it; a near-tie is attributed to a flip
+                # only when the router flipped in the very call that produced these logits
+                rec.verdict, rec.cause = "near-tie", "router"
                 rec.explanation = "router flip in noise: " + loc.explained_by_router[0].describe()
         if rec.ref_token != rec.opt_token:
             if mode == "free":
@@ -223,5 +256,6 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
         if on_step is not None:
             on_step(rec)
         seq.append(rec.ref_token)
+    final = stats.localize(steps - 1, len(seq), flips, dtype=dtype) if localize_diverged else None
     return DiffResult(mode=mode, dtype=dtype, prompt_ids=prompt, steps=records,
-                      localizations=localizations, splits=splits)
+                      localizations=localizations, splits=splits, final=final)

@@ -65,6 +65,12 @@ def parse_backends(items: list[str] | None) -> dict:
     return out
 
 
+def check_output(flag: str, path: str | None) -> None:
+    """An output file's folder must exist before the run, not after it."""
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        raise InputError(f"{flag} {path}: folder {Path(path).parent} does not exist")
+
+
 def check_device(device: str | None) -> str:
     """``None`` -> cuda when there is a GPU, else cpu; ``cuda`` without one is an input error. On
     CPU the Triton kernels run under the interpreter, made faithful for bf16 ``tl.dot`` here."""

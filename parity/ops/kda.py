@@ -30,7 +30,7 @@ def core_cases(draw, chunked=False, fused=False):
     B, T, H, HV, K, V, C = draw(bucket(SHAPES))
     has_state = draw(bucket([True, False]))
     varlen = B == 1 and draw(bucket([True, False]))
-    strength = draw(bucket(["moderate", "mixed"]))
+    strength = draw(bucket(["mixed", "moderate"]))
     r = rng(draw(seeds()))
     a = {}
     if fused:

@@ -76,7 +76,7 @@ def hidden_rel_bound(config: KimiConfig, S: int, dtype: str) -> float:
 
 def logit_bound(config, S_of_rows, h_ref: np.ndarray, w_lm: np.ndarray, dtype: str) -> np.ndarray:
     """[T, vocab] bound for logits whose rows sit at positions ``S_of_rows - 1``."""
-    u_out, u_acc = U[dtype], U["float32"]
+    u_out, u_acc = U[dtype], (U["float64"] if dtype == "float64" else U["float32"])
     mag = np.abs(h_ref) @ np.abs(w_lm).T
     D = config.hidden_size
     lm = LAMBDA * math.sqrt(u_out**2 + D * u_acc**2)
@@ -238,6 +238,19 @@ def test_float32_small_preset_matches_the_reference():
     # grouped routing (4 groups, keep 2), MLA in the middle of the stack, 6 layers
     worst = _float32_parity(SyntheticSource(SMALL, 3), decode_steps=1, forward=False)
     assert max(worst.values()) < 1.0, worst
+
+
+def test_float64_matches_the_reference_to_the_float64_bound(tiny_source):
+    # every kernel runs in float64 too (Triton fp64 arithmetic and tl.dot): the lifted model run
+    ref, model = reference.load(tiny_source), optimized.load(tiny_source, dtype="float64")
+    ids = PROMPT[:5]
+    trace = {}
+    want = ref.forward(ids, trace=trace)
+    logits, cache = model.prefill(ids[:4])
+    assert logits.dtype == torch.float64
+    step, cache = model.decode(ids[4], cache)
+    check_logits(TINY, tiny_source, torch.cat([logits, step[None]]), want, trace["final_norm"],
+                 np.arange(5), "float64", "float64 prefill + decode")
 
 
 # -- bf16: incremental == recompute, bound vs reference, bytes -----------------------------------------

@@ -1,0 +1,87 @@
+"""``parity diff`` driven through the real CLI on the bundled checkpoint and a generator checkpoint
+(bf16 on CPU under the Triton interpreter): the run completes, every step's verdict agrees with its
+numbers, the counts add up, the JSON validates against docs/diff-report-schema.json and the PNG opens.
+
+Cost on a 2-core CPU: ~1 min for the 32-step bundled run (the interpreter decodes ~1-3 s a step);
+the 128-step run is the GPU job's (``parity_gpu``)."""
+import json
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from diff_helpers import run_cli
+from parity.schema import errors
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "diff-report-schema.json").read_text())
+
+
+def check_consistent(report: dict) -> None:
+    """Every step's verdict follows from its own numbers; the summary counts add up."""
+    steps, summary = report["steps"], report["summary"]
+    assert [s["step"] for s in steps] == list(range(len(steps)))
+    for s in steps:
+        same = s["ref_token"] == s["opt_token"]
+        assert (s["verdict"] == "match") == same, s
+        assert s["bound"] is not None and s["bound"] >= 0
+        if s["verdict"] == "near-tie":
+            # within the logit noise, or a logit jump explained by a router flip in noise
+            assert s["ref_margin"] <= s["bound"] or s["cause"] == "router", s
+            assert s["cause"] != "op"
+            if s["cause"] == "router":
+                assert any(f["within_noise"] for f in s["router"]) or report["localization"], s
+        if s["verdict"] == "diverged":
+            assert s["ref_margin"] > s["bound"] or s["cause"] == "op", s
+        for f in s["router"]:
+            assert f["within_noise"] == (f["margin"] <= f["bound"])
+            assert set(f["swapped_in"]).isdisjoint(f["swapped_out"])
+    counts = {v: sum(s["verdict"] == v for s in steps) for v in ("match", "near-tie", "diverged")}
+    assert summary["steps"] == len(steps) == sum(counts.values())
+    assert (summary["match"], summary["near_tie"], summary["diverged"]) == (
+        counts["match"], counts["near-tie"], counts["diverged"])
+    assert summary["verdict"] == ("diverged" if counts["diverged"] else "near-tie" if counts["near-tie"] else "match")
+    assert summary["line"].startswith(f"{counts['match']}/{len(steps)} tokens match, {counts['near-tie']} near-")
+
+
+def test_the_default_run_on_the_bundled_checkpoint_is_benign_and_its_report_validates(tmp_path, capsys):
+    report_path, png = tmp_path / "r.json", tmp_path / "r.png"
+    rc, out, err = run_cli(capsys, "diff", "--steps", "32", "--json", str(report_path), "--plot", str(png))
+    assert rc == 0, out + err
+    assert "Triton interpreter, faithful bf16 dot installed" in err
+    report = json.loads(report_path.read_text())
+    assert errors(report, SCHEMA) == []
+    check_consistent(report)
+    assert report["summary"]["diverged"] == 0  # bf16 noise is never a bug
+    assert report["summary"]["line"] == out.strip().splitlines()[-1]
+    assert report["checkpoint"]["kind"] == "bundled" and report["mode"] == "forced"
+    assert report["prompt"]["text"] and report["environment"]["backend_info"]["faithful_bf16_dot"]
+    assert report["variants"]["reference"] == {"moe_combine": "unbiased", "kv_norm_eps": 1e-6}
+    image = matplotlib.image.imread(png)
+    assert image.ndim == 3 and image.shape[0] > 400 and image.shape[1] > 600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]  # no temporaries left
+
+
+def test_a_generator_checkpoint_in_free_mode(tmp_path, capsys):
+    report_path = tmp_path / "r.json"
+    rc, out, err = run_cli(capsys, "diff", "--synthetic", "tiny", "--seed", "7", "--mode", "free",
+                           "--steps", "6", "--prompt", "Kimi-Linear decodes.", "--json", str(report_path))
+    assert rc == 0, out + err
+    report = json.loads(report_path.read_text())
+    assert errors(report, SCHEMA) == []
+    check_consistent(report)
+    assert report["checkpoint"] == {"kind": "synthetic", "preset": "tiny", "seed": 7,
+                                    "describe": "synthetic tiny, seed 7"}
+    assert report["mode"] == "free" and report["prompt"]["ids"][:4] == [78, 108, 112, 108]  # bytes + 3
+    splits = [s["step"] for s in report["steps"] if s["ref_token"] != s["opt_token"]]
+    assert [sp["step"] for sp in report["splits"]] == splits
+    assert all(s["anchored"] == (s["step"] in splits) for s in report["steps"])
+
+
+@pytest.mark.parity_gpu
+def test_benign_bf16_noise_is_never_called_diverged_over_128_forced_steps(tmp_path, capsys):
+    report_path = tmp_path / "r.json"
+    rc, out, err = run_cli(capsys, "diff", "--device", "cuda", "--steps", "128", "--json", str(report_path))
+    assert rc == 0, out + err
+    report = json.loads(report_path.read_text())
+    check_consistent(report)
+    assert report["summary"]["diverged"] == 0 and report["summary"]["steps"] == 128

@@ -1,0 +1,77 @@
+"""The decode loop's bookkeeping on scripted logits (no model): verdicts per step, free-mode
+splits, re-anchoring and re-convergence, the summary line."""
+import numpy as np
+
+from parity.diff import run_diff
+from reference.config import KimiConfig
+
+CONFIG = KimiConfig.from_name("tiny")
+V = CONFIG.vocab_size
+
+
+class Scripted:
+    """``prefill``/``decode`` return the next row of ``rows`` (logits [V]); no trace entries."""
+
+    def __init__(self, rows):
+        self.rows, self.k, self.seen = rows, 0, []
+
+    def _next(self):
+        self.k += 1
+        return self.rows[self.k - 1]
+
+    def prefill(self, ids, *, trace=None):
+        self.seen.append(list(ids))
+        return self._next()[None], "cache"
+
+    def decode(self, token, cache, *, trace=None):
+        self.seen.append(token)
+        return self._next(), cache
+
+
+def _pair(flips: dict[int, float], steps: int):
+    """Reference rows with a clear winner; optimized rows = reference + noise 0.01, with the top
+    two swapped at ``flips`` steps (reference margin = the given value)."""
+    rng = np.random.default_rng(0)
+    ref, opt = [], []
+    for step in range(steps):
+        r = rng.normal(0, 1, V)
+        a, b = 10 + step, 20 + step
+        r[a] = 5.0
+        r[b] = 5.0 - flips.get(step, 1.0)
+        o = r + rng.uniform(-0.01, 0.01, V)
+        if step in flips:
+            o[a], o[b] = r[b], r[a]
+        ref.append(r)
+        opt.append(o.astype(np.float32))
+    return Scripted(ref), Scripted(opt)
+
+
+def test_free_mode_re_anchors_at_each_split_and_reports_re_convergence():
+    ref, opt = _pair({1: 0.004, 2: 0.003, 4: 0.002}, steps=6)
+    result = run_diff(ref, opt, [5, 6, 7], config=CONFIG, steps=6, mode="free", dtype="float32")
+    assert [s.verdict for s in result.steps] == ["match", "near-tie", "near-tie", "match", "near-tie", "match"]
+    assert result.splits == [{"step": 1, "verdict": "near-tie", "reconverged_at": 3},
+                             {"step": 2, "verdict": "near-tie", "reconverged_at": 3},
+                             {"step": 4, "verdict": "near-tie", "reconverged_at": 5}]
+    assert [s.anchored for s in result.steps] == [False, True, True, False, True, False]
+    # re-anchored: the optimized path consumed the reference's token, never its own
+    assert opt.seen[1:] == ref.seen[1:] == [10, 11, 12, 13, 14]
+    assert result.summary()["line"].endswith("free mode: 3 split(s), 3 re-converged")
+
+
+def test_a_split_that_never_re_converges_is_reported_so():
+    ref, opt = _pair({2: 0.004, 3: 0.003}, steps=4)
+    result = run_diff(ref, opt, [5], config=CONFIG, steps=4, mode="free", dtype="float32")
+    assert [sp["reconverged_at"] for sp in result.splits] == [None, None]
+
+
+def test_forced_mode_classifies_without_anchoring_and_a_far_flip_is_diverged():
+    ref, opt = _pair({1: 0.004, 3: 2.0}, steps=4)
+    result = run_diff(ref, opt, [5], config=CONFIG, steps=4, mode="forced", dtype="float32")
+    assert [s.verdict for s in result.steps] == ["match", "near-tie", "match", "diverged"]
+    assert result.splits == [] and not any(s.anchored for s in result.steps)
+    s1, s3 = result.steps[1], result.steps[3]
+    assert s1.ref_margin <= s1.bound and s3.ref_margin > s3.bound
+    assert result.summary()["line"].startswith(
+        f"2/4 tokens match, 1 near-tie (step 1, margin {s1.ref_margin:.3g} <= bound {s1.bound:.3g}), "
+        f"1 diverged (first: step 3, margin 2 > bound {s3.bound:.3g}; not localized")

@@ -1,0 +1,69 @@
+"""Planted differences: bugs are called diverged and localized to their layer; a router near-tie
+that bf16 noise flips is detected and reported as a near-tie. bf16 on CPU (Triton interpreter)."""
+import json
+
+import numpy as np
+import pytest
+
+import optimized
+import reference
+from diff_helpers import PROMPT_IDS, perturbed_a_log, router_near_tie, run_cli, write_checkpoint
+from parity.diff import run_diff
+from reference.checkpoint import open_source
+from reference.config import KimiConfig
+from reference.fixtures import default_checkpoint_path
+from reference.synthetic import SyntheticSource
+
+PROMPT = [int(t) for t in PROMPT_IDS.split(",")]
+
+
+def test_a_perturbed_a_log_in_the_optimized_checkpoint_is_diverged_and_localized_to_its_layer(tmp_path, capsys):
+    bad = write_checkpoint(perturbed_a_log(open_source(default_checkpoint_path()), layer=1, delta=1.0),
+                           tmp_path / "bad")
+    report_path = tmp_path / "r.json"
+    rc, out, err = run_cli(capsys, "diff", "--optimized-from", str(bad), "--steps", "6",
+                           "--json", str(report_path))
+    assert rc == 1, out + err
+    report = json.loads(report_path.read_text())
+    assert report["summary"]["diverged"] >= 1 and report["summary"]["verdict"] == "diverged"
+    loc = report["localization"]
+    assert loc["first"]["name"] == "layers.1.mixer" and loc["first"]["op"] == "kda"
+    assert loc["first_kind"] == "level" and loc["first"]["units"] > 1
+    assert loc["backend_hint"] == "--backend kda=reference"
+    # every op before it is within its bound: the bug is where it is named, not upstream
+    before = [e for e in loc["entries"] if e["name"] in ("layers.0.mixer", "layers.0.ffn")]
+    assert all(e["units"] < 1 for e in before)
+    assert "layers.1.mixer (kda)" in out.strip().splitlines()[-1]
+    assert report["optimized_checkpoint"]["path"] == str(bad)
+
+
+def test_nan_in_one_layer_is_named_as_the_first_non_finite_layer():
+    source = SyntheticSource(KimiConfig.from_name("tiny"), 3)
+    opt = optimized.load(source, device="cpu")
+    # a NaN weight in the last layer's shared expert (upstream of a router, the optimized router
+    # would be handed NaN scores)
+    opt.weights.layers[3].ffn.shared.down[0, 0] = float("nan")
+    result = run_diff(reference.load(source), opt, PROMPT, config=source.config, steps=1)
+    (step,) = result.steps
+    assert step.verdict == "diverged" and step.nonfinite["name"] == "layers.3.ffn"
+    loc = result.localization
+    assert loc.nonfinite["name"] == "layers.3.ffn" and loc.first.name == "layers.3.ffn"
+    assert all(e.units < 1 for e in loc.entries if e.name != "layers.3.ffn" and e.layer is not None)
+    assert "first NaN/Inf at layers.3.ffn" in result.summary()["line"]
+
+
+def test_a_constructed_router_near_tie_is_detected_and_reported(tmp_path, capsys):
+    source, tie = router_near_tie(SyntheticSource(KimiConfig.from_name("tiny"), 0), PROMPT, layer=1)
+    ckpt = write_checkpoint(source, tmp_path / "tie")
+    report_path = tmp_path / "r.json"
+    rc, out, err = run_cli(capsys, "diff", str(ckpt), "--prompt-ids", PROMPT_IDS, "--steps", "1",
+                           "--json", str(report_path))
+    assert rc == 0, out + err
+    (step,) = json.loads(report_path.read_text())["steps"]
+    flip = next(f for f in step["router"] if (f["layer"], f["position"]) == (tie["layer"], tie["position"]))
+    assert (flip["swapped_out"], flip["swapped_in"]) == ([tie["x"]], [tie["y"]])
+    assert flip["margin"] == pytest.approx(tie["margin"], rel=1e-3) and flip["within_noise"]
+    # the swapped expert moves the logits: a token flip, explained by the router near-tie
+    assert step["ref_token"] != step["opt_token"]
+    assert step["verdict"] == "near-tie" and step["cause"] == "router"
+    assert "router flip in noise: layers.1 pos 19 experts" in out.strip().splitlines()[-1]

@@ -1,0 +1,58 @@
+"""The pytest plugin: assert_parity in a user's test, registry parametrization, --parity-device,
+and parity_gpu tests skipping cleanly without a GPU."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+PY = sys.executable
+
+USER_TEST = textwrap.dedent("""
+    import numpy as np
+    import pytest
+    import torch
+
+    from parity.testing import op_names
+
+    def test_silu_matches(assert_parity):
+        x = np.linspace(-8, 8, 64)
+        j = assert_parity("elementwise.silu", {"x": x}, dtype="bfloat16")
+        assert j.kernel_ran and j.ratio <= 1
+
+    def test_a_wrong_candidate_fails_with_its_worst_elements(assert_parity):
+        x = np.linspace(-8, 8, 64)
+        with pytest.raises(AssertionError, match="past the bound"):
+            assert_parity("elementwise.silu", {"x": x}, candidate=lambda t: torch.sigmoid(t))
+
+    @pytest.mark.parametrize("op", op_names())
+    def test_registry_is_parametrizable(op, parity_registry):
+        assert op in parity_registry
+
+    @pytest.mark.parity_gpu
+    def test_needs_a_gpu(parity_device):
+        assert torch.cuda.is_available()
+""")
+
+
+def _run(tmp_path, *args):
+    (tmp_path / "test_user.py").write_text(USER_TEST)
+    env = dict(os.environ)
+    return subprocess.run([PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args, "test_user.py"],
+                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_a_users_suite_gets_the_fixtures_and_gpu_tests_skip_cleanly(tmp_path):
+    out = _run(tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    if not torch.cuda.is_available():
+        assert "1 skipped" in out.stdout and "needs a CUDA GPU" in out.stdout
+
+
+def test_asking_for_cuda_without_a_gpu_skips_instead_of_failing(tmp_path):
+    if torch.cuda.is_available():
+        return
+    out = _run(tmp_path, "--parity-device", "cuda", "-k", "silu_matches or needs_a_gpu")
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "2 skipped" in out.stdout
