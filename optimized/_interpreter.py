@@ -6,6 +6,12 @@ integers, not numbers. On a GPU a bf16 ``tl.dot`` multiplies the bf16 values exa
 in float32. ``install_faithful_bf16_dot`` makes the interpreter do the same: it widens bf16 operands
 to float32 (exact) before the matmul. Kernels are untouched; on a GPU nothing here runs.
 
+A second, smaller trap: the interpreter converts float32 to bfloat16 by truncating the mantissa
+(and its "rtne" mode rounds half up without carrying into the exponent); compiled Triton on a GPU
+rounds to nearest even. The same function makes fp32/fp64 -> bf16 casts round to nearest even,
+NaN kept quiet (fp64 goes through fp32 first: a double rounding the GPU does not do, which can
+differ only on exact fp32 ties, far below any bound used here).
+
 This is installed explicitly by the test harness (``tests/conftest.py``) and by the parity CLI when it
 runs kernels on CPU; ``interpreter_is_faithful()`` lets a report state it.
 """
@@ -22,7 +28,8 @@ def interpreting() -> bool:
 
 
 def install_faithful_bf16_dot() -> None:
-    """Patch the interpreter's ``create_dot`` so bf16 operands are widened to float32 first."""
+    """Patch the interpreter so bf16 ``tl.dot`` operands are widened to float32 first and float ->
+    bf16 casts round to nearest even, as compiled Triton does on a GPU."""
     global _INSTALLED
     if _INSTALLED:
         return
@@ -44,6 +51,36 @@ def install_faithful_bf16_dot() -> None:
         return original(self, _widen(a), _widen(b), d, input_precision, max_num_imprecise_acc)
 
     builder_cls.create_dot = create_dot
+
+    original_cast, original_fp_to_fp = builder_cls.cast_impl, builder_cls.create_fp_to_fp
+
+    def _to_bf16_rne(src):
+        x = src.data.astype(np.float32) if src.data.dtype != np.float32 else src.data
+        bits = np.ascontiguousarray(x).view(np.uint32)
+        rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+        quiet_nan = ((bits >> np.uint32(16)) | np.uint32(0x0040))
+        out = np.where(np.isnan(x), quiet_nan, rounded).astype(np.uint16)
+        return _interp.TensorHandle(out, tl.bfloat16)
+
+    def _is_float_to_bf16(src, dst_type):
+        return dst_type.scalar == tl.bfloat16 and src.dtype.scalar in (tl.float32, tl.float64)
+
+    def cast_impl(self, src, dst_type):
+        if _is_float_to_bf16(src, dst_type):
+            return _to_bf16_rne(src)
+        return original_cast(self, src, dst_type)
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        if _is_float_to_bf16(src, dst_type):
+            return _to_bf16_rne(src)
+        return original_fp_to_fp(self, src, dst_type, rounding_mode)
+
+    builder_cls.cast_impl = cast_impl
+    builder_cls.create_fp_to_fp = create_fp_to_fp
+    # the lambdas bound at class creation captured the original cast_impl: rebind them
+    for name in ("create_fp_trunc", "create_fp_ext", "create_si_to_fp", "create_ui_to_fp",
+                 "create_fp_to_si", "create_fp_to_ui"):
+        setattr(builder_cls, name, lambda self, src, dst_type, _c=cast_impl: _c(self, src, dst_type))
     _INSTALLED = True
 
 

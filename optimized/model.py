@@ -20,8 +20,7 @@ Precision policy (spec b.0; ``dtype`` = the model dtype, bf16 in production):
   in float32 (float64 for a float64 model). The residual stream and every activation between ops
   are in ``dtype`` (rounded once per op, as HF/vLLM do).
 - Projections: torch GEMMs on ``dtype`` operands with fp32 accumulation (bf16 in, fp32 accumulate,
-  bf16 out); float32 GEMMs refuse TF32. In decode the GEMMs run on fixed tiles of 64 rows (padded)
-  so a row's result never depends on how many sequences share the batch (bitwise batch invariance).
+  bf16 out); float32 GEMMs refuse TF32.
 - RMSNorm, gated RMSNorm, l2norm, the KDA gate and beta sigmoid, short conv: fp32 inside (fp64 for
   float64), output rounded to ``dtype`` (the gate never leaves the KDA kernel).
 - KDA recurrent state: float32 (float64 for float64 runs), in the pools and in the kernels' registers;
@@ -31,6 +30,15 @@ Precision policy (spec b.0; ``dtype`` = the model dtype, bf16 in production):
 - MLA: ``dtype`` operands, fp32 softmax and accumulation; the latent cache holds ``dtype`` values.
 - Logits: the lm_head GEMM in ``dtype`` (bf16 logits, as HF/vLLM), returned as float32 (float64 for
   a float64 model).
+
+Batch invariance (a sequence's decode logits are bitwise the same alone or batched): a decode step
+always runs on exactly ``model.decode_tile`` rows (64 on CUDA, 4 under the CPU interpreter, where
+every padding program costs as much as a real one): the B sequences, then padding rows (token 0,
+state slot -1: the state kernels skip them, the paged cache is not written). Library GEMMs and
+kernels whose launch configuration depends on the row count therefore always see one shape; more
+than ``decode_tile`` sequences run as several steps. The routed experts run on the real rows only,
+in the per-(token, expert) GEMV form whatever their number, and the MLA decode splits its key range
+into ``model.mla_decode_splits`` slices (fixed per model, never chosen from the batch).
 
 ``trace`` (a dict) receives detached tensors under the keys of docs/ARCHITECTURE.md, ``[T, ...]``
 (in ``decode`` T = 1; in ``decode_batch`` the rows are the B sequences).
@@ -411,8 +419,6 @@ def load(path_or_source, *, device=None, dtype="bfloat16", moe_combine: str = "u
     unknown variant, dtype, backend or an unusable device, ``CheckpointError`` for a broken
     checkpoint (including non-finite weights, named)."""
     from reference.checkpoint import WeightSource, open_source
-
-    from .elementwise._precision import check_float  # noqa: F401  (kernels import check)
 
     if moe_combine not in MOE_COMBINES:
         raise ValueError(f"moe_combine: expected one of {MOE_COMBINES}, got {moe_combine!r}")

@@ -17,8 +17,7 @@ import math
 
 import torch
 
-from reference.synthetic import (GOLDEN, MASK32, MUL1, MUL2, SyntheticSource,  # noqa: F401
-                                 synthetic_init, tensor_keys)
+from reference.synthetic import MASK32, MUL1, MUL2, SyntheticSource, synthetic_init, tensor_keys
 
 _STORAGE = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _BLOCK = 1 << 24  # elements per pass: bounds the int64/float64 temporaries (~400 MB on the GPU)

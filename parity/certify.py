@@ -214,7 +214,9 @@ def rowwise(record: OpRecord, cand):
             for k, a in axes.items():
                 sub[k] = inp[k].narrow(a, i, 1)
             parts.append(cand(sub, kw))
-        return {o: torch.cat([p[o] for p in parts], dim=spec["outputs"][o]) for o in record.outputs}
+        # outputs without a batch axis (an in-place pool shared by the rows) come from the last call
+        return {o: torch.cat([p[o] for p in parts], dim=spec["outputs"][o]) if o in spec["outputs"]
+                else parts[-1][o] for o in record.outputs}
 
     return run
 

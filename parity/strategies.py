@@ -2,7 +2,7 @@
 
 Profiles, registered once here and loaded by the pytest plugin and the certify CLI:
 
-- ``ci`` (the default): derandomized, no example database, few examples, no deadline, failures
+- ``ci`` (the default): derandomized, no example database, 10 examples, no deadline, failures
   print a ``@reproduce_failure`` blob;
 - ``dev``: random, with the local database, more examples;
 - ``thorough``: many examples, for a long run before a release.
@@ -23,7 +23,7 @@ PROFILE_ENV = "PARITY_HYPOTHESIS_PROFILE"
 PROFILES = ("ci", "dev", "thorough")
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
 
-settings.register_profile("ci", derandomize=True, database=None, max_examples=3, deadline=None,
+settings.register_profile("ci", derandomize=True, database=None, max_examples=10, deadline=None,
                           print_blob=True, suppress_health_check=_SUPPRESS)
 settings.register_profile("dev", max_examples=12, deadline=None, print_blob=True,
                           suppress_health_check=_SUPPRESS)
@@ -45,9 +45,14 @@ def load_profile(name: str | None = None) -> str:
     return name
 
 
+# Inputs per op and dtype that `parity certify` draws by default: each one runs the kernel, its
+# bytes checks and its mutants (seconds under the Triton interpreter), so fewer than a property test.
+CERTIFY_EXAMPLES = {"ci": 3, "dev": 10, "thorough": 50}
+
+
 def examples() -> int:
-    """max_examples of the profile in force."""
-    return settings.default.max_examples
+    """Default inputs per op and dtype for certification under the profile in force."""
+    return CERTIFY_EXAMPLES.get(profile_name(), 3)
 
 
 # -- building blocks -----------------------------------------------------------------------------
@@ -104,3 +109,11 @@ def elementwise_values(r: np.random.Generator, shape) -> np.ndarray:
     marks = np.array([0.0, 20.0, -20.0, 1.0, -1.0, 19.9, 20.1])
     flat[: min(len(marks), flat.size)] = marks[: flat.size]
     return flat.reshape(shape)
+
+
+def cases(op: str):
+    """The registered input builder of ``op`` (a strategy of :class:`parity.registry.Case`), for
+    users' own properties: ``@given(parity.strategies.cases("kda.chunked"))``."""
+    from .registry import get
+
+    return get(op).inputs()

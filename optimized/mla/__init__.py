@@ -14,7 +14,10 @@ attention output ``o_lat`` are rounded to bf16 before their GEMMs, as vLLM's MLA
 float32 runs refuse TF32 (torch) and use ``ieee`` tl.dot; float64 runs compute in float64.
 
 Decode = 3 launches (q_lat GEMM, attention, merge + W_UV) and no host sync, so it can be captured in
-a CUDA graph. Measured on an H200 (bf16, N=32, graph replay, cache cold in L2), see the report.
+a CUDA graph. Measured on an H200 (bf16, N=32, L=512, paged, CUDA-graph replay, caches cold in L2;
+floor = cache + w_kvb bytes at 4.3 TB/s): B=64 0.21 ms at 4k (3.0x floor), 1.51 ms at 32k (2.7x);
+B=1 40 us at 4k (13x), 88 us at 32k (8.2x): at B=1 the 32 query rows leave the tensor cores and the
+SMs mostly idle. Eager launches cost ~0.2-0.4 ms of host time per call (Triton's launcher).
 """
 from __future__ import annotations
 

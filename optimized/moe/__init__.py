@@ -3,6 +3,10 @@
 Compute dtype float32 (float64 for fp64 inputs); outputs in x's dtype, except the router's combine
 weights, which are returned in the compute dtype (float32 for bf16/fp32 logits, as HF and vLLM keep
 them) so that ``experts`` combines with unrounded weights.
+
+Measured on an H200 (bf16, D=2304, F=1024, E=256, k_e=8, B=1, CUDA-graph replay, weights cold):
+``experts`` 49 us (floor 26 us: the 8 experts' bytes at 4.3 TB/s), shared-expert ``swiglu`` 13 us,
+``router`` with its fp32 logits GEMM 10 us; the whole layer 82 us against a 30 us floor (2.7x).
 """
 from __future__ import annotations
 
@@ -117,11 +121,11 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: to
     check_shape(op, "w_up", w_up, (F, D), "[F, D]")
     check_shape(op, "w_down", w_down, (D, F), "[D, F]")
     check_same_device(op, x=x, w_gate=w_gate, w_up=w_up, w_down=w_down)
-    if T <= GEMV_MAX_PAIRS:  # decode: the experts' GEMV kernels, two launches, h kept in fp32 until rounded once
+    if T <= GEMV_MAX_PAIRS:  # decode: the experts' GEMV kernels (two launches; h rounded once)
         y = torch.empty((T, D), dtype=x.dtype, device=x.device)
         if T:
-            _gemv(x if x.stride(1) == 1 else x.contiguous(), None, None, w_gate[None], w_down[None],
-                  w_up[None], y, T=T, D=D, KE=1, F=F)
+            wg, wu, wd, xc = (t if t.stride(-1) == 1 else t.contiguous() for t in (w_gate, w_up, w_down, x))
+            _gemv(xc, None, None, wg[None], wd[None], wu[None], y, T=T, D=D, KE=1, F=F)
         return y
     require_ieee_fp32_matmul(op, x)
     h = _silu_mul(x @ w_gate.T, x @ w_up.T, x.dtype)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import exp_rel, gamma, sig
+from .core import exp_rel, gamma
 
 
 def sigmoid(x, kw, ref, p):

@@ -26,7 +26,6 @@ def gate(x, kw, ref, p):
     """g = -exp(A_log) softplus(z), z = g_raw + dt_bias: the add (ua |z|) reaches softplus through
     its slope sigmoid(z); softplus itself (see elementwise.softplus); exp(A_log) and the product."""
     g_raw, A_log, dt = x["g_raw"], x["A_log"], x["dt_bias"]
-    HV, K = g_raw.shape[2:]
     return {"g": _gate_err(g_raw, A_log, dt, ref["g"], p, p.uo("g"))}
 
 

@@ -1,16 +1,17 @@
-"""Bounds of MLA attention in the absorbed form (docs/error-bounds.md, section 5).
+"""Bounds of MLA attention in the absorbed form (docs/error-bounds.md, "MLA").
 
 Per head: q_lat = W_UK^T q_nope (P-long dots, stored in the run dtype for the latent dot), scores
 sigma_s = scale (q_lat . c_s + q_pe . k_pe_s) (L+R-long dots), softmax over the causal context
 (exp relative error (2 + |sigma - max|) ua, an S-long sum), probabilities stored in the run dtype
-for the PV dot, o~ = sum_s p_s c_s (S-long), o = W_UV o~ (L-long). A perturbation d sigma moves
-p_s by at most p_s (|d sigma_s| + sum p d sigma). Reduction lengths: P, L + R, the context S, L.
+for the PV dot, o~ = sum_s p_s c_s (S-long, stored), o = W_UV o~ (L-long). A perturbation d sigma
+moves p_s by at most p_s (|d sigma_s| + sum p d sigma), and o by sum_s dp_s W_UV c_s. Reduction
+lengths: P, L + R, the context S, L.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .core import exp_rel, gamma
+from .core import LAMBDA, exp_rel, gamma
 
 
 def _split(x):
@@ -33,10 +34,12 @@ def attention_bound(x, kw, ref_o, p, uo, *, lengths=None):
     scale = (P + R) ** -0.5 if scale is None else float(scale)
     ua, us = p.ua, p.u
     ql = np.einsum("btnp,npl->btnl", qn, Wuk)
-    dql = gamma(P, ua) * np.einsum("btnp,npl->btnl", np.abs(qn), np.abs(Wuk)) + us * np.abs(ql)
-    sc = scale * (np.einsum("btnl,bsl->btns", ql, c) + np.einsum("btnr,bsr->btns", qp, kpe))
+    # scores: the fp32 accumulations of q_lat (P-long) and of the score (L+R-long), the scale
+    # multiply; q_lat's storage in the run dtype is propagated separately below (linearized)
+    acc_q = gamma(P, ua) * np.einsum("btnl,bsl->btns", np.einsum("btnp,npl->btnl", np.abs(qn), np.abs(Wuk)), np.abs(c))
     ab = np.einsum("btnl,bsl->btns", np.abs(ql), np.abs(c)) + np.einsum("btnr,bsr->btns", np.abs(qp), np.abs(kpe))
-    dsc = scale * (gamma(L + R, ua) * ab + np.einsum("btnl,bsl->btns", dql, np.abs(c))) + ua * np.abs(sc)
+    sc = scale * (np.einsum("btnl,bsl->btns", ql, c) + np.einsum("btnr,bsr->btns", qp, kpe))
+    dsc = scale * (acc_q + gamma(L + R, ua) * ab) + ua * np.abs(sc)
     s_idx = np.arange(S)
     if lengths is None:
         last = S - T + np.arange(T)                 # query t sees s <= S - T + t
@@ -52,13 +55,27 @@ def attention_bound(x, kw, ref_o, p, uo, *, lengths=None):
     n_ctx = np.sum(mask, axis=-1, keepdims=True)
     dsc = np.where(mask, dsc, 0.0)
     mean_d = np.sum(pr * dsc, axis=-1, keepdims=True)
+    # softmax: d sigma moves p_s by p_s (|d sigma_s| + sum p d sigma); exp, the S-long sum, the
+    # divide; then p stored in the run dtype for the PV dot (u)
     rel_p = dsc + mean_d + ua * (np.where(mask, exp_rel(sc - m), 0.0) + 2.0) + gamma(n_ctx, ua) + us
-    dp = pr * rel_p
+    # a perturbation dp of the weights moves o by exactly sum_s dp_s v_s, v_s = W_UV c_s: bounded
+    # with |v_s| (the cancellation inside W_UV c_s is exact math, not error)
+    v = np.einsum("nvl,bsl->bsnv", Wuv, c)
+    o_p = np.einsum("btns,bsnv->btnv", pr * rel_p, np.abs(v))
     ot = np.einsum("btns,bsl->btnl", pr, c)
-    dot_ = np.einsum("btns,bsl->btnl", dp, np.abs(c)) \
-        + gamma(n_ctx, ua) * np.einsum("btns,bsl->btnl", pr, np.abs(c)) + us * np.abs(ot)
-    do = np.einsum("nvl,btnl->btnv", np.abs(Wuv), dot_ + gamma(L, ua) * np.abs(ot))
-    return do + uo * np.abs(ref_o)
+    # q_lat stored in the run dtype: d sigma_s = scale dq_lat . c_s, so (first order)
+    # do = scale sum_l dq_lat_l Cov_l with Cov_l = sum_s p_s (c_sl - o~_l) v_s (the softmax removes
+    # the common shift); independent roundings |dq_lat_l| <= u |q_lat_l|: probabilistic over L
+    o = np.einsum("btns,bsnv->btnv", pr, v)
+    cov = np.einsum("btns,bsl,bsnv->btnlv", pr, c, v) - ot[..., None] * o[..., None, :]
+    o_q = LAMBDA * scale * np.sqrt(np.einsum("btnl,btnlv->btnv", (us * ql) ** 2, cov * cov))
+    # o~ stored in the run dtype (independent per l: probabilistic through W_UV), its S-long fp32
+    # accumulation, the L-long fp32 accumulation of W_UV o~, the output rounding
+    o_store = LAMBDA * np.sqrt(np.einsum("nvl,btnl->btnv", Wuv * Wuv, (us * ot) ** 2))
+    acc_o = gamma(n_ctx[..., 0][..., None], ua) * np.einsum("nvl,btnl->btnv", np.abs(Wuv),
+                                                             np.einsum("btns,bsl->btnl", pr, np.abs(c)))
+    acc_uv = gamma(L, ua) * np.einsum("nvl,btnl->btnv", np.abs(Wuv), np.abs(ot))
+    return o_p + o_q + o_store + acc_o + acc_uv + uo * np.abs(ref_o)
 
 
 def absorbed(x, kw, ref, p):

@@ -6,7 +6,6 @@ unusable input (one ``error:`` line). Documented in docs/cli.md.
 from __future__ import annotations
 
 import argparse
-import sys
 
 DEFAULT_STEPS = {"cuda": 128, "cpu": 16}  # the Triton interpreter takes ~1-3 s per decode step
 
@@ -53,8 +52,7 @@ def register(sub):
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from parity.diff import build_report, run_diff, write_json
-    from parity.diff import setup
+    from parity.diff import build_report, setup, write_json
     from parity.diff.render import print_result
     from parity.diff.report import environment
     from parity.errors import InputError
@@ -123,6 +121,7 @@ def _variants(model) -> dict:
 
 
 def _write(fn, path):
+    """Run a writer; an OS error (disk full, permission) is an input error naming the file."""
     from parity.errors import InputError
 
     try:
@@ -149,11 +148,6 @@ def _decode(ref, opt, ids, config, args, err):
         try:
             return run_diff(ref, opt, ids, config=config, steps=args.steps, mode=args.mode,
                             dtype=args.dtype, on_step=on_step)
-        except _load_errors()[:2] as exc:  # weights are validated lazily, as they are read
+        except _load_errors()[:2] as exc:  # the reference reads (and validates) weights as it goes
             raise InputError(_one_line(exc)) from None
 
-
-if __name__ == "__main__":
-    from parity.cli import main
-
-    sys.exit(main(["diff", *sys.argv[1:]]))

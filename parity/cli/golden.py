@@ -90,7 +90,7 @@ def run_record(args: argparse.Namespace) -> int:
 def _portable(info: dict) -> dict:
     """The bundled fixture is recorded by name, not by this machine's absolute path."""
     if info.get("kind") == "bundled":
-        return {k: v for k, v in info.items() if k != "path"}
+        return {"kind": "bundled", "describe": "the bundled default checkpoint (fixtures/default)"}
     return info
 
 

@@ -29,12 +29,16 @@ and float32; a perturbed ``A_log`` (+-1) in one KDA layer lands at 2-5x. Two che
   and the odd router flip do not move a median. The first entry, layer by layer, whose level is
   past its bound is the op that is wrong.
 * spikes: single positions past ``SPIKE * bound`` built from that position's input error (the
-  running maximum over earlier positions for the causal mixer). The root spike is the earliest one
-  in causal order (position, then layer, mixer before FFN): nothing later can have caused it.
+  running maximum over earlier positions for the causal mixer).
 
 A router flip is what bf16 noise does that no bound can foresee: it swaps a whole expert, so the FFN
-of its layer spikes at exactly the flipped position. A divergence whose root spike is a MoE FFN at a
-position where the router flipped within its noise bound (``router.py``) is explained by that flip.
+of its layer spikes at exactly the flipped position, and everything above that layer from that
+position on inherits it. Spikes are therefore sorted out causally: a spike at a MoE FFN where the
+router flipped within its noise bound (``router.py``) is a flip; a spike downstream of such a flip
+(a higher layer, the same or a later position) is its consequence; any other spike is unexplained,
+and the earliest of those (position, then layer, mixer before FFN; nothing later can have caused
+it) names the op. With no level past its bound and no unexplained spike, the router flips in noise
+explain what the logits did.
 """
 from __future__ import annotations
 

@@ -26,6 +26,9 @@ def atomic_write(path: str | Path, data: bytes | str | None = None, *, writer=No
                 f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -66,6 +66,8 @@ class StepRecord:
     cause: str | None = None        # "router": a router flip in noise; "op": an op past its bound
     nonfinite: dict | None = None
     anchored: bool = False   # free mode: the optimized path was re-anchored after this step
+    localization: Localization | None = None  # steps whose tokens differ (not in to_dict: the
+                                              # report carries the one that matters)
 
     def to_dict(self) -> dict:
         return {
@@ -87,7 +89,6 @@ class DiffResult:
     dtype: str
     prompt_ids: list[int]
     steps: list[StepRecord]
-    localizations: list[Localization]
     splits: list[dict]  # free mode: {"step", "verdict", "reconverged_at"}
     final: Localization | None = None  # every position of the run, after the last step
 
@@ -104,14 +105,12 @@ class DiffResult:
     def localization(self) -> Localization | None:
         """The localization of the first diverged step, else of the first step whose tokens differ,
         else of the whole run when an op is past its bound although no token flipped."""
-        bad = [l for s, l in zip(self._nonmatch(), self.localizations) if s.verdict == "diverged"]
-        if bad or self.localizations:
-            return (bad or self.localizations)[0]
+        located = [s for s in self.steps if s.localization is not None]
+        bad = [s for s in located if s.verdict == "diverged"]
+        if bad or located:
+            return (bad or located)[0].localization
         f = self.final
         return f if f is not None and f.first is not None and not f.explained_by_router else None
-
-    def _nonmatch(self) -> list[StepRecord]:
-        return [s for s in self.steps if s.classified != "match"]
 
     def summary(self) -> dict:
         c = self.counts
@@ -172,7 +171,7 @@ def _classify(ref_logits: np.ndarray, opt_logits: np.ndarray, dtype: str):
 def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int, mode: str = "forced",
              dtype: str = "bfloat16", on_step: Callable[[StepRecord], None] | None = None,
              on_logits: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
-             localize_diverged: bool = True) -> DiffResult:
+             localize: bool = True) -> DiffResult:
     """Decode ``steps`` tokens on both paths and compare them step by step (module docstring).
 
     ``ref_model`` / ``opt_model``: loaded reference and optimized models (same checkpoint, or a
@@ -195,7 +194,6 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
 
     seq = list(prompt)      # what both paths have consumed (the optimized path is always re-anchored)
     records: list[StepRecord] = []
-    localizations: list[Localization] = []
     splits: list[dict] = []
     ref_cache = opt_cache = None
     stats = TraceStats(config)   # per-position errors of every traced entry, for localization
@@ -232,9 +230,8 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
         if rec.nonfinite is None and not np.all(np.isfinite(o)):
             rec.nonfinite = {"name": "logits", "layer": None, "position": rec.position,
                              "nan": int(np.isnan(o).sum()), "inf": int(np.isinf(o).sum())}
-        if rec.verdict != "match" and localize_diverged:
-            loc = stats.localize(step, len(seq), flips, dtype=dtype)
-            localizations.append(loc)
+        if rec.verdict != "match" and localize:
+            loc = rec.localization = stats.localize(step, stats.positions, flips, dtype=dtype)
             if loc.first is not None and not loc.explained_by_router:
                 rec.verdict, rec.cause = "diverged", "op"
                 rec.explanation = loc.describe()
@@ -256,6 +253,5 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
         if on_step is not None:
             on_step(rec)
         seq.append(rec.ref_token)
-    final = stats.localize(steps - 1, len(seq), flips, dtype=dtype) if localize_diverged else None
-    return DiffResult(mode=mode, dtype=dtype, prompt_ids=prompt, steps=records,
-                      localizations=localizations, splits=splits, final=final)
+    final = stats.localize(steps - 1, stats.positions, flips, dtype=dtype) if localize else None
+    return DiffResult(mode=mode, dtype=dtype, prompt_ids=prompt, steps=records, splits=splits, final=final)

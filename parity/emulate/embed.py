@@ -1,7 +1,6 @@
 """Embedding and LM head in torch (see parity.emulate)."""
 from __future__ import annotations
 
-import torch
 
 from . import cdt
 

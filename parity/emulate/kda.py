@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from . import cdt, check_mutation, state_dtype
-from .elementwise import softplus
 from .norm import l2norm
 
 

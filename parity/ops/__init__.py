@@ -1,2 +1,2 @@
 """Registry records, one module per op family; importing this package registers them all."""
-from . import elementwise, norm, conv, kda, mla, moe, embed  # noqa: F401
+from . import elementwise, norm, conv, kda, mla, moe, embed, slots  # noqa: F401

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from .. import bounds
 from ..emulate import mla as emu
 from ..mutants import internal, wrap
-from ..registry import Case, OpRecord, register
+from ..registry import Case, Mutant, OpRecord, register
 from ..strategies import bucket, normal, rng, seeds
 from ._util import lazy
 
@@ -128,11 +128,10 @@ def _shift_blocks(kw):
     return kw
 
 
-from ..registry import Mutant  # noqa: E402
-
 WRONG_SCALE = Mutant("wrong_scale", "softmax scale P^-0.5 (the rope dims left out)", "wrap", _PScale())
-MLA_DOC = ("|W_UV| (sum_s dp_s |c_s| + gamma_S(ua) sum_s p_s |c_s| + u |o~|) + gamma_L(ua) |W_UV||o~| + uo |o|, "
-           "dp_s = p_s (|d sigma_s| + sum p d sigma + (4 + |sigma - max|) ua + gamma_S(ua) + u)")
+MLA_DOC = ("sum_s p_s rel_p_s |v_s| + LAMBDA scale sqrt(sum_l (u q_lat_l)^2 Cov_l^2) + LAMBDA sqrt(sum_l (W_UV u o~)^2) "
+           "+ gamma_S(ua)|W_UV| sum_s p_s|c_s| + gamma_L(ua)|W_UV||o~| + uo|o|; v_s = W_UV c_s, "
+           "Cov_l = sum_s p_s (c_sl - o~_l) v_s, rel_p = |d sigma| + sum p d sigma + (4 + |sigma - max|) ua + gamma_S(ua) + u")
 
 register(OpRecord(
     name="mla.absorbed", reference=lazy("reference.mla:absorbed"), optimized="optimized.mla:absorbed",

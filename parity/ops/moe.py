@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from .. import bounds
 from ..emulate import moe as emu
 from ..mutants import internal, wrap
-from ..registry import Case, OpRecord, register
+from ..registry import Case, Mutant, OpRecord, register
 from ..strategies import bucket, normal, rng, seeds
 from ._util import lazy
 
@@ -113,8 +113,6 @@ def _flip_renorm(kw):
     kw["renormalize"] = not kw.get("renormalize", True)
     return kw
 
-
-from ..registry import Mutant  # noqa: E402
 
 register(OpRecord(
     name="moe.router", reference=lazy("reference.moe:router"), optimized="optimized.moe:router",

@@ -79,10 +79,10 @@ def router_near_tie(source, prompt: list[int], *, layer: int, amplify: float = 3
     c = source.config
     rt, ot = {}, {}
     reference.load(source).prefill(prompt, trace=rt)
-    optimized.load(source, device="cpu", dtype="bfloat16").prefill(prompt, trace=ot)
+    optimized.load(source, dtype="bfloat16").prefill(prompt, trace=ot)  # the CLI's device
     key = f"layers.{layer}.router.scores"
     s_ref = np.asarray(rt[key], dtype=np.float64)[-1]
-    s_opt = ot[key].double().numpy()[-1]
+    s_opt = ot[key].double().cpu().numpy()[-1]
     delta = s_opt - s_ref
     E, k = c.num_experts, c.num_experts_per_token
     order = np.argsort(delta)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+import torch
 
 from diff_helpers import run_cli
 from parity.schema import errors
@@ -47,14 +48,16 @@ def test_the_default_run_on_the_bundled_checkpoint_is_benign_and_its_report_vali
     report_path, png = tmp_path / "r.json", tmp_path / "r.png"
     rc, out, err = run_cli(capsys, "diff", "--steps", "32", "--json", str(report_path), "--plot", str(png))
     assert rc == 0, out + err
-    assert "Triton interpreter, faithful bf16 dot installed" in err
+    assert ("on CUDA" if torch.cuda.is_available() else "Triton interpreter, faithful bf16 dot installed") in err
     report = json.loads(report_path.read_text())
     assert errors(report, SCHEMA) == []
     check_consistent(report)
     assert report["summary"]["diverged"] == 0  # bf16 noise is never a bug
     assert report["summary"]["line"] == out.strip().splitlines()[-1]
     assert report["checkpoint"]["kind"] == "bundled" and report["mode"] == "forced"
-    assert report["prompt"]["text"] and report["environment"]["backend_info"]["faithful_bf16_dot"]
+    info = report["environment"]["backend_info"]
+    assert report["prompt"]["text"] and info["triton_interpreter"] == (not torch.cuda.is_available())
+    assert info["faithful_bf16_dot"] == info["triton_interpreter"]
     assert report["variants"]["reference"] == {"moe_combine": "unbiased", "kv_norm_eps": 1e-6}
     image = matplotlib.image.imread(png)
     assert image.ndim == 3 and image.shape[0] > 400 and image.shape[1] > 600

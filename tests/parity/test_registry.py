@@ -40,7 +40,8 @@ def test_the_design_catalogue_of_mutants_is_present():
 
 
 def test_selecting_by_family_or_name_and_unknown_names_are_named():
-    assert [r.name for r in registry.select(["conv"])] == ["conv.short_conv", "conv.short_conv_step"]
+    assert {"conv.short_conv", "conv.short_conv_step"} <= {r.name for r in registry.select(["conv"])}
+    assert all(r.family == "conv" for r in registry.select(["conv"]))
     assert [r.name for r in registry.select(["kda.gate"])] == ["kda.gate"]
     with pytest.raises(KeyError, match="nosuch"):
         registry.select(["nosuch"])

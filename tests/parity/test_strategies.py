@@ -15,7 +15,7 @@ PY = sys.executable
 def test_the_three_profiles_are_registered_and_ci_is_deterministic_without_a_database():
     ci = settings.get_profile("ci")
     assert ci.derandomize and ci.database is None and ci.deadline is None and ci.print_blob
-    assert ci.max_examples <= 5
+    assert ci.max_examples <= 10 and strategies.CERTIFY_EXAMPLES["ci"] <= ci.max_examples
     assert settings.get_profile("dev").max_examples > ci.max_examples
     assert settings.get_profile("thorough").max_examples > settings.get_profile("dev").max_examples
 

@@ -1,0 +1,81 @@
+"""Golden files: ``parity golden record`` freezes the reference's answer, ``parity golden check``
+holds the optimized path to it without running the reference (real CLI, bf16 on CPU)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from diff_helpers import run_cli
+from parity import golden
+
+COMMITTED = Path(__file__).resolve().parents[2] / "fixtures" / "golden" / "default.json"
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A 2-step golden of the bundled checkpoint with the built-in prompt."""
+    import contextlib
+    import io
+
+    from parity.cli import main
+
+    path = tmp_path_factory.mktemp("golden") / "g.json"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["golden", "record", "--out", str(path), "--steps", "2"]) == 0
+    assert f"wrote {path}: 2 steps" in out.getvalue()
+    return path
+
+
+def test_a_recorded_golden_has_the_format_header_and_per_step_digests(recorded):
+    g = golden.load(recorded)
+    assert (g["format"], g["version"], g["dtype"], g["top_k"]) == ("kimi-parity/golden", 1, "bfloat16", 16)
+    assert g["checkpoint"] == {"kind": "bundled", "describe": "the bundled default checkpoint (fixtures/default)"}
+    assert g["variants"] == {"moe_combine": "unbiased", "kv_norm_eps": 1e-6} and g["weights_sha256"]
+    for s in g["steps"]:
+        assert s["token"] == s["top_ids"][0] and len(s["logits_sha256"]) == 64
+        assert s["top_values"] == sorted(s["top_values"], reverse=True) and s["bound"] > 0
+
+
+def test_recording_is_bit_reproducible_against_the_committed_golden(recorded):
+    """The committed golden's first steps have the same reference logits, bit for bit."""
+    mine, committed = golden.load(recorded), golden.load(COMMITTED)
+    assert committed["prompt"] == mine["prompt"] and committed["weights_sha256"] == mine["weights_sha256"]
+    for a, b in zip(mine["steps"], committed["steps"]):
+        assert (a["token"], a["logits_sha256"], a["top_ids"], a["top_values"]) == (
+            b["token"], b["logits_sha256"], b["top_ids"], b["top_values"])
+
+
+def test_the_optimized_path_passes_the_committed_golden_of_the_bundled_checkpoint(tmp_path, capsys):
+    """(Its first steps are bit for bit the fresh recording's, test above.)"""
+    rc, out, err = run_cli(capsys, "golden", "check", str(COMMITTED), "--steps", "3", "--json",
+                           str(tmp_path / "c.json"))
+    assert rc == 0, out + err
+    assert out.strip().splitlines()[-1].startswith("golden: ")
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert report["verdict"] in ("match", "near-tie") and len(report["steps"]) == 3
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    (lambda s: s.update(token=s["top_ids"][5], top_ids=[s["top_ids"][5]] + s["top_ids"][1:5] + [s["top_ids"][0]]
+                        + s["top_ids"][6:]), "!= golden"),
+    (lambda s: s.update(top_values=[v + 0.5 for v in s["top_values"]]), "logits off by 0.5"),
+])
+def test_a_golden_the_optimized_path_does_not_reproduce_fails(recorded, tmp_path, capsys, tamper, reason):
+    g = json.loads(recorded.read_text())
+    tamper(g["steps"][0])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(g))
+    rc, out, err = run_cli(capsys, "golden", "check", str(bad), "--steps", "1")
+    assert rc == 1, out + err
+    assert "step 0: diverged" in out and reason in out
+
+
+def test_a_golden_of_another_version_or_other_weights_is_refused(recorded, tmp_path, capsys):
+    g = json.loads(recorded.read_text())
+    (tmp_path / "v2.json").write_text(json.dumps(dict(g, version=2)))
+    rc, _, err = run_cli(capsys, "golden", "check", str(tmp_path / "v2.json"))
+    assert rc == 2 and "golden format version 2; this tool reads 1" in err
+    (tmp_path / "w.json").write_text(json.dumps(dict(g, weights_sha256="0" * 64)))
+    rc, _, err = run_cli(capsys, "golden", "check", str(tmp_path / "w.json"))
+    assert rc == 2 and "recorded on different weights" in err
