@@ -26,7 +26,7 @@ def __getattr__(name):
         mod, attr = _LAZY[name]
         return getattr(importlib.import_module(mod), attr)
     if name in ("registry", "certify", "strategies", "bounds", "metrics", "mutants", "neartie", "check",
-                "emulate", "testing", "platform"):
+                "emulate", "testing", "platform", "schema", "report", "docs"):
         import importlib
 
         return importlib.import_module(f"parity.{name}")

@@ -76,7 +76,7 @@ def _top(logits: np.ndarray, k: int) -> tuple[list[int], list[float]]:
 
 
 def record(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int, dtype: str,
-           top_k: int = TOP_K, on_step: Callable | None = None) -> tuple[dict, object]:
+           rounding: str = "nearest", top_k: int = TOP_K, on_step: Callable | None = None) -> tuple[dict, object]:
     """Decode on both paths and return ``(golden steps + summary, DiffResult)``; the caller adds the
     header (``make_golden``). Refuses nothing itself: the caller decides what a diverged run means."""
     from parity.diff import run_diff
@@ -88,7 +88,7 @@ def record(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int, d
         kept[step] = {"logits_sha256": logits_digest(r), "top_ids": ids, "top_values": vals}
 
     result = run_diff(ref_model, opt_model, prompt_ids, config=config, steps=steps, mode="forced",
-                      dtype=dtype, on_step=on_step, on_logits=keep)
+                      dtype=dtype, rounding=rounding, on_step=on_step, on_logits=keep)
     rows = [{"step": s.step, "token": s.ref_token, **kept[s.step], "bound": s.bound} for s in result.steps]
     return {"top_k": top_k, "steps": rows}, result
 

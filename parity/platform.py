@@ -1,10 +1,11 @@
 """What the platform running the kernels does with rounding, measured rather than assumed.
 
-The Triton interpreter (3.6-3.9 at least) converts float32 to bfloat16 by truncation (round toward
-zero: ``triton/runtime/interpreter.py`` ``cast_impl`` passes no rounding mode), while a GPU rounds
-to nearest even. Truncation errs by up to one ulp (2u) instead of half an ulp (u). The bound models
-use the rounding the platform really has, found by :func:`store_rounding` with a one-element
-kernel, and certificates state it; a faithful interpreter (rounding to nearest) gets u again.
+The stock Triton interpreter (3.6-3.9 at least) converts float32 to bfloat16 by truncation (round
+toward zero: ``triton/runtime/interpreter.py`` ``cast_impl`` passes no rounding mode), while a GPU
+rounds to nearest even; ``optimized._interpreter.install_faithful_bf16_dot`` now also makes those
+casts round to nearest. Truncation errs by up to one ulp (2u) instead of half an ulp (u). The bound
+models use the rounding the platform really has, found by :func:`store_rounding` with a
+one-element kernel, and certificates state it.
 """
 from __future__ import annotations
 
@@ -14,12 +15,19 @@ NEAREST = "nearest"
 TOWARD_ZERO = "toward-zero"
 
 
-@functools.lru_cache(maxsize=None)
 def store_rounding(dtype: str, device: str = "cpu") -> str:
     """How a Triton kernel rounds a float32 value stored as ``dtype`` on ``device``: ``nearest`` or
-    ``toward-zero``. float32/float64 runs are ``nearest`` (IEEE)."""
+    ``toward-zero``. float32/float64 runs are ``nearest`` (IEEE). Measured once per state of the
+    interpreter's patches."""
     if dtype not in ("bfloat16", "float16"):
         return NEAREST
+    from optimized import _interpreter
+
+    return _probe_rounding(dtype, device, _interpreter.interpreter_is_faithful())
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_rounding(dtype: str, device: str, patched: bool) -> str:
     import torch
 
     import optimized  # noqa: F401  (selects the interpreter when there is no GPU)

@@ -75,7 +75,7 @@ def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md,
 
 
 @triton.jit
-def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, cu, cidx, scale, T,
+def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float64, T,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr,
@@ -157,7 +157,8 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, cu, cidx, scale, T,
             Qm += dot(tl.where(in_a, ql, 0.0), rt, DT, ACC)
 
     A = A * b[:, None]
-    Qm = Qm * scale
+    # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
+    Qm = (Qm * scale).to(ACC)
 
     # -- M = (I + A)^-1. Diagonal blocks: right-looking forward substitution, all blocks in lock step:
     # step s eliminates pivot p = blk0 + s of each block: X[i, :] -= A[i, p] X[p, :] for i > p.
@@ -191,20 +192,29 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, cu, cidx, scale, T,
                  mask=valid[:, None] & mv[None, :])
     tl.store(Aq + (tok * HV + i_hv)[:, None] * BT + cols[None, :], Qm.to(Aq.dtype.element_ty),
              mask=valid[:, None])
+    # -- operands of the later kernels, so they run exp-free: kg = k exp(G_last - G) (state update),
+    # qg = scale q exp(G) (output); both factors <= 1. G_last: the chunk's last valid row.
+    Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
+    m2 = valid[:, None] & mk[None, :]
+    tl.store(kg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+             (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
+    tl.store(qg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+             ((qt * tl.exp(Gm)) * scale).to(qg.dtype.element_ty), mask=m2)
 
 
 @triton.jit
-def _state_kernel(k, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
-                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
+                  HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
+    # One program per (sequence*value head, V block): the only sequential part. Per chunk: two
+    # dependent dots on operands prepared by the intra kernel; S stays in ACC registers.
     ACC = ht.dtype.element_ty
     DT = w.dtype.element_ty
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_n = i_nh // HV
     i_hv = i_nh % HV
-    i_h = i_hv // (HV // H)
     if IS_VARLEN:
         bos = tl.load(cu + i_n).to(tl.int64)
         eos = tl.load(cu + i_n + 1).to(tl.int64)
@@ -239,28 +249,26 @@ def _state_kernel(k, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
         vn = (ut - dot(wt, S, DT, ACC)).to(DT)  # rounded once: the same v_new feeds o and S
         tl.store(vnew + (tok * HV + i_hv)[:, None] * V + dv[None, :], vn,
                  mask=valid[:, None] & mv[None, :])
-        kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
-        Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                     mask=mk[None, :], other=0.0).to(ACC)
+        # kg^T loaded as a [BK, BT] tile (transposed addressing, no register transpose)
+        kgT = tl.load(kg + (tok * HV + i_hv)[None, :] * K + dk[:, None],
+                      mask=mk[:, None] & valid[None, :], other=0.0)
         Gl = tl.load(Gc + (last * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
-        kg = kt * tl.exp(Gl[None, :] - Gm)  # decay from row i to the chunk's last row, <= 1
-        S = S * tl.exp(Gl)[:, None] + dot(tl.trans(kg), vn, DT, ACC)
+        S = S * tl.exp(Gl)[:, None] + dot(kgT, vn, DT, ACC)
     tl.store(ht + i_nh.to(tl.int64) * K * V + kv_off, S.to(ht.dtype.element_ty), mask=mkv)
 
 
 @triton.jit
-def _output_kernel(q, Gc, h, vnew, Aq, o, cu, cidx, scale, T, NT,
-                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
-                   IS_VARLEN: tl.constexpr):
-    ACC = Gc.dtype.element_ty
+def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
+                   HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr):
+    # o = qg h + Aq v_new: qg = scale q exp(G) and Aq (scale included) come from the intra kernel.
+    ACC = tl.float64 if o.dtype.element_ty == tl.float64 else tl.float32
     DT = h.dtype.element_ty
     i_v = tl.program_id(0)
     i_c = tl.program_id(1)
     i_bh = tl.program_id(2)
     i_b = i_bh // HV
     i_hv = i_bh % HV
-    i_h = i_hv // (HV // H)
     if IS_VARLEN:
         i_n = tl.load(cidx + 2 * i_c)
         if i_n < 0:
@@ -281,13 +289,13 @@ def _output_kernel(q, Gc, h, vnew, Aq, o, cu, cidx, scale, T, NT,
     mk = dk < K
     dv = i_v * BV + tl.arange(0, BV)
     mv = dv < V
-    qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
-    Gm = tl.load(Gc + (tl.minimum(tok, eos - 1) * HV + i_hv)[:, None] * K + dk[None, :],
-                 mask=mk[None, :], other=0.0).to(ACC)
+    # rows past the sequence end of qg / Aq / v_new were never written: masked to 0 (0 * garbage
+    # could be NaN)
+    qgt = tl.load(qg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+                  mask=valid[:, None] & mk[None, :], other=0.0)
     hb = tl.load(h + (chunk * HV + i_hv) * K * V + dk[:, None] * V + dv[None, :],
                  mask=mk[:, None] & mv[None, :], other=0.0)
-    acc = dot(qt * tl.exp(Gm) * scale, hb, DT, ACC)
-    # padding rows of Aq / v_new were never written: mask them to 0 (0 * garbage could be NaN)
+    acc = dot(qgt, hb, DT, ACC)
     At = tl.load(Aq + (tok * HV + i_hv)[:, None] * BT + rows[None, :], mask=valid[:, None], other=0.0)
     vn = tl.load(vnew + (tok * HV + i_hv)[:, None] * V + dv[None, :],
                  mask=valid[:, None] & mv[None, :], other=0.0)
@@ -311,7 +319,9 @@ def _check_chunk_size(op, chunk_size):
 
 
 def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_size, cu_seqlens,
-              fused):
+              fused, stages=None):
+    """The four launches. ``stages``, a dict, receives the intermediates (tests localize a wrong
+    kernel with them): G, w, u, Aq, h, v_new."""
     B, T, H, HV, K, V = check_qkv(op, q, k, v)
     BT = _check_chunk_size(op, chunk_size)
     gname, bname = ("g_raw", "beta_logits") if fused else ("g", "beta")
@@ -358,8 +368,10 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     w = torch.empty(B, T, HV, K, dtype=dt, device=dev)
     u = torch.empty(B, T, HV, V, dtype=dt, device=dev)
     Aq = torch.empty(B, T, HV, BT, dtype=dt, device=dev)
+    kg = torch.empty_like(w)
+    qg = torch.empty_like(w)
     _intra_kernel[(n_chunks, B * HV)](
-        q, k, v, G, beta, w, u, Aq, cu, cidx, scale, T,
+        q, k, v, G, beta, w, u, Aq, kg, qg, cu, cidx, scale, T,
         H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, NB=BT // BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV,
         NV=triton.cdiv(V, BV),
         L2NORM=fused, IS_VARLEN=varlen, num_warps=4 if BK <= 64 else 8,
@@ -368,16 +380,19 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     h = torch.empty((B * NT if not varlen else n_chunks), HV, K, V, dtype=dt, device=dev)
     vnew = torch.empty_like(u)
     ht = torch.empty(N, HV, K, V, dtype=acc, device=dev)
-    _state_kernel[(triton.cdiv(V, BV), N * HV)](
-        k, w, u, G, vnew, h, h0, ht, cu, co, T, NT,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, L2NORM=fused, HAS_H0=h0 is not None,
+    BVs = min(32, BV)  # smaller V blocks: more programs for the sequential pass, fewer registers
+    _state_kernel[(triton.cdiv(V, BVs), N * HV)](
+        kg, w, u, G, vnew, h, h0, ht, cu, co, T, NT,
+        HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVs, HAS_H0=h0 is not None,
         IS_VARLEN=varlen, num_warps=4, num_stages=_stages("state", dt))
     # 4. output
     o = torch.empty(B, T, HV, V, dtype=dt, device=dev)
     _output_kernel[(triton.cdiv(V, BV), n_chunks, B * HV)](
-        q, G, h, vnew, Aq, o, cu, cidx, scale, T, NT,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, L2NORM=fused, IS_VARLEN=varlen, num_warps=4,
+        qg, h, vnew, Aq, o, cu, cidx, T, NT,
+        HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, num_warps=4,
         num_stages=_stages("output", dt))
+    if stages is not None:
+        stages.update(G=G, w=w, u=u, Aq=Aq, kg=kg, qg=qg, h=h, v_new=vnew)
     return o, ht
 
 

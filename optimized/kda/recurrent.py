@@ -28,11 +28,12 @@ from .. import _counters
 from ._common import (acc_dtype, block_k, check_device, check_gate_params, check_qkv, check_shape,
                       check_tensor, prepare_cu_seqlens, prepare_state, SUM)
 
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 _BV = 32  # value columns per program: fixed (bitwise batch invariance), small (decode parallelism)
 
 
 @triton.jit
-def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, scale, T,
+def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, scale: tl.float64, T,
                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, FUSED: tl.constexpr, HAS_H0: tl.constexpr,
                       IS_VARLEN: tl.constexpr, USE_SLOTS: tl.constexpr):
@@ -99,7 +100,8 @@ def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, sc
         S = S * tl.exp(gt)[:, None]
         e = bt * (vt - tl.reduce(S * kt[:, None], 0, SUM))
         S = S + kt[:, None] * e[None, :]
-        ot = tl.reduce(S * qt[:, None], 0, SUM) * scale
+        # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
+        ot = (tl.reduce(S * qt[:, None], 0, SUM) * scale).to(ACC)
         tl.store(p_o, ot.to(o.dtype.element_ty), mask=mv)
         p_q += H * K
         p_k += H * K
@@ -176,6 +178,41 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
     that would need a host sync). Returns o [B,HV,V] in q.dtype.
     """
     _counters.record("kda.fused_recurrent_decode")
+    # The per-token hot path: one combined test of everything; the detailed checks (which name the
+    # offending argument) run only when it fails.
+    try:
+        B, H, K = q.shape
+        _, HV, V = v.shape
+        ok = (k.shape == q.shape and v.shape[0] == B and g_raw.shape == (B, HV, K)
+              and beta_logits.shape == (B, HV) and state_pool.dim() == 4
+              and state_pool.shape[1:] == (HV, K, V) and slot_ids.shape == (B,)
+              and HV % H == 0 and 0 < K <= 256 and A_log.numel() == HV and dt_bias.numel() == HV * K
+              and q.dtype == k.dtype == v.dtype and q.dtype in _FLOATS
+              and state_pool.dtype in (torch.float32, torch.float64) and state_pool.is_contiguous()
+              and not slot_ids.dtype.is_floating_point and A_log.is_contiguous()
+              and dt_bias.is_contiguous()
+              and q.device == k.device == v.device == g_raw.device == beta_logits.device
+              == state_pool.device == slot_ids.device == A_log.device == dt_bias.device)
+    except (AttributeError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        _decode_checks(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids)
+    scale = K ** -0.5 if scale is None else float(scale)
+    o = torch.empty(B, HV, V, dtype=q.dtype, device=q.device)
+    if B == 0:
+        return o
+    BV = min(_BV, max(16, triton.next_power_of_2(V)))
+    _recurrent_kernel[(triton.cdiv(V, BV), B * HV)](
+        q.contiguous(), k.contiguous(), v.contiguous(), g_raw.contiguous(),
+        beta_logits.contiguous(), A_log, dt_bias, o, state_pool, state_pool, None,
+        slot_ids.contiguous(), scale, 1,
+        H=H, HV=HV, K=K, V=V, BK=block_k(K), BV=BV, FUSED=True, HAS_H0=True, IS_VARLEN=False,
+        USE_SLOTS=True, num_warps=4)
+    return o
+
+
+def _decode_checks(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids):
+    """Raise the error that names what is wrong with fused_recurrent_decode's arguments."""
     op = "kda.fused_recurrent_decode"
     check_tensor(op, "q", q, 3, "B,H,K")
     check_tensor(op, "k", k, 3, "B,H,K")
@@ -187,7 +224,9 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
     check_shape(op, "g_raw", g_raw, (B, HV, K), "B,HV,K")
     check_tensor(op, "beta_logits", beta_logits)
     check_shape(op, "beta_logits", beta_logits, (B, HV), "B,HV")
-    A_log, dt_bias = check_gate_params(op, A_log, dt_bias, HV, K, q)
+    check_gate_params(op, A_log, dt_bias, HV, K, q)
+    if not (A_log.is_contiguous() and dt_bias.is_contiguous()):
+        raise ValueError(f"{op}: A_log and dt_bias must be contiguous")
     if not isinstance(state_pool, torch.Tensor) or state_pool.dim() != 4 \
             or tuple(state_pool.shape[1:]) != (HV, K, V):
         raise ValueError(f"{op}: state_pool: expected [num_slots,HV,K,V] with HV,K,V = {(HV, K, V)}, "
@@ -202,16 +241,4 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
                          f"{tuple(getattr(slot_ids, 'shape', ()))} {getattr(slot_ids, 'dtype', None)}")
     check_device(op, q, g_raw=g_raw, beta_logits=beta_logits, state_pool=state_pool,
                  slot_ids=slot_ids)
-    scale = K ** -0.5 if scale is None else float(scale)
-    q, k, v, g_raw, beta_logits, slot_ids = (x.contiguous() for x in
-                                             (q, k, v, g_raw, beta_logits, slot_ids))
-    o = torch.empty(B, HV, V, dtype=q.dtype, device=q.device)
-    if B == 0:
-        return o
-    BV = min(_BV, max(16, triton.next_power_of_2(V)))
-    _recurrent_kernel[(triton.cdiv(V, BV), B * HV)](
-        q, k, v, g_raw, beta_logits, A_log, dt_bias, o, state_pool, state_pool, None, slot_ids,
-        scale, 1,
-        H=H, HV=HV, K=K, V=V, BK=block_k(K), BV=BV, FUSED=True, HAS_H0=True, IS_VARLEN=False,
-        USE_SLOTS=True, num_warps=4)
-    return o
+    raise ValueError(f"{op}: invalid arguments")  # unreachable unless a check above is incomplete

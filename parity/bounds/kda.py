@@ -148,9 +148,10 @@ def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2):
     dw = _norm(np.einsum("hil,hlk->hik", P, np.abs(w)) + us * np.abs(w), 2)     # [HV, C]
     nw = _norm(w, 2)
     dv = du + (dw + (us + gK) * nw)[..., None] * nS0[:, None, :] + us * np.abs(Ev)  # [HV, C, V]
-    # outputs: h (chunk-start state, stored) times q exp(G); Q and v_new stored; their dots
+    # outputs: h (chunk-start state) times scale q exp(G), both operands stored; Q and v_new
+    # stored; their dots
     qg = np.abs(Q) * np.exp(G)
-    oh = scale * (us + gK) * np.einsum("hik,hkv->hiv", qg, np.abs(S0))
+    oh = scale * (2 * us + gK) * np.einsum("hik,hkv->hiv", qg, np.abs(S0))
     oq = np.einsum("hij,hjv->hiv", np.abs(Qm), (2 * us + gC) * np.abs(Ev) + dv)
     for i, t in enumerate(ts):
         o_b[b, t] += oh[:, i] + oq[:, i]

@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     opt = setup.load_optimized(opt_ckpt or ckpt, device=device, dtype=args.dtype, variants=variants,
                                backends=backends)
     env = environment(device=device, dtype=args.dtype)
+    env["rounding"] = rounding = setup.platform_rounding(args.dtype, device)
     err.print(f"reference: {ckpt.info['describe']}", markup=False)
     if opt_ckpt is not None:
         err.print(f"optimized: {opt_ckpt.info['describe']}", markup=False)
@@ -91,12 +92,13 @@ def run(args: argparse.Namespace) -> int:
         "CPU, Triton interpreter" + (", faithful bf16 dot installed" if info["faithful_bf16_dot"] else "")
         if info["triton_interpreter"] else "CPU")
     err.print(f"optimized path: {args.dtype} on {how}"
+              + (f" (rounds to {args.dtype} {rounding})" if rounding != "nearest" else "")
               + (f"; backends {backends}" if backends else ""), markup=False)
 
     err.print(f"variants: {_variants(ref)}; prompt: {len(ids)} tokens; mode {args.mode}; "
               f"{args.steps} steps", markup=False)
 
-    result = _decode(ref, opt, ids, config, args, err)
+    result = _decode(ref, opt, ids, config, args, err, rounding)
     decode = (lambda t: tok.decode([t])) if tok is not None else None
     print_result(result, out, decode=decode)
 
@@ -130,7 +132,7 @@ def _write(fn, path):
         raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
-def _decode(ref, opt, ids, config, args, err):
+def _decode(ref, opt, ids, config, args, err, rounding):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from parity.diff import run_diff
@@ -147,7 +149,7 @@ def _decode(ref, opt, ids, config, args, err):
 
         try:
             return run_diff(ref, opt, ids, config=config, steps=args.steps, mode=args.mode,
-                            dtype=args.dtype, on_step=on_step)
+                            dtype=args.dtype, rounding=rounding, on_step=on_step)
         except _load_errors()[:2] as exc:  # the reference reads (and validates) weights as it goes
             raise InputError(_one_line(exc)) from None
 

@@ -65,7 +65,8 @@ def run_record(args: argparse.Namespace) -> int:
     opt = setup.load_optimized(ckpt, device=device, dtype=args.dtype, variants=variants, backends={})
     try:
         body, result = golden.record(ref, opt, ids, config=ckpt.source.config, steps=args.steps,
-                                     dtype=args.dtype, top_k=args.top_k)
+                                     dtype=args.dtype, top_k=args.top_k,
+                                     rounding=setup.platform_rounding(args.dtype, device))
     except setup._load_errors()[:2] as exc:
         raise InputError(setup._one_line(exc)) from None
     summary = result.summary()

@@ -15,8 +15,10 @@ embedding). An op's error is judged against a propagation bound:
 
     bound = A * (error of its input) + KAPPA_STORAGE * u + KAPPA_ARITH * ua
 
-``u`` is the unit roundoff of the optimized run's storage dtype (bf16: 2^-8) and ``ua`` of its
-arithmetic (fp32 accumulators and transcendentals; ``parity.bounds.core.precision_for``). The two
+``u`` is the unit roundoff of the optimized run's storage dtype (bf16: 2^-8; doubled where the
+platform truncates instead of rounding to nearest, as the Triton interpreter does:
+``parity.platform``) and ``ua`` of its arithmetic (fp32 accumulators and transcendentals;
+``parity.bounds.core.precision_for``). The two
 ``KAPPA`` terms are the fresh rounding one op may add: a few values stored at ``u/2`` each
 (projections, conv, norm outputs, the kernels' bf16 intermediates), and fp32 reductions and
 exp/log/sqrt of a few ulps each. ``A`` is the amplification one op may apply to the error it is
@@ -50,7 +52,7 @@ from .numerics import finite_or_none, to_f64
 from .router import RouterFlip
 
 AMPLIFICATION = 8.0   # A
-KAPPA_STORAGE = 8.0   # fresh rounding of one op: values stored at the run dtype, units of u
+KAPPA_STORAGE = 4.0   # fresh rounding of one op: values stored at the run dtype, units of u
 KAPPA_ARITH = 64.0    # ... and its arithmetic (fp32 reductions, exp/log/sqrt), units of ua
 SPIKE = 2.0           # a single position may exceed the level bound this much before it is a spike
 ENTRIES = ("mixer", "ffn")
@@ -205,14 +207,11 @@ class TraceStats:
             e = d / np.maximum(n, floor if floor > 0 else 1.0)
         return np.where(np.isfinite(e), e, np.inf)
 
-    def localize(self, step: int, upto: int, flips: list[RouterFlip], *, dtype: str) -> Localization:
-        """Localize the divergence seen at ``step`` from positions ``0..upto-1``; ``dtype``: the
-        optimized path's compute dtype."""
-        from parity.bounds.core import precision_for
-
+    def localize(self, step: int, upto: int, flips: list[RouterFlip], *, precision) -> Localization:
+        """Localize the divergence seen at ``step`` from positions ``0..upto-1``; ``precision``: the
+        optimized run's ``parity.bounds.core.Precision`` (its ``u`` includes the platform's rounding)."""
         c = self.config
-        p = precision_for(dtype)
-        fresh = KAPPA_STORAGE * p.u + KAPPA_ARITH * p.ua
+        fresh = KAPPA_STORAGE * precision.u + KAPPA_ARITH * precision.ua
         entries: list[EntryError] = []
         for i in range(c.num_hidden_layers):
             if f"layers.{i}.mixer" not in self.diff:
@@ -282,9 +281,12 @@ def _entry(name, layer, op, e, inherited, spike_in, fresh) -> EntryError:
 
 
 def localize(ref_model, opt_model, token_ids: list[int], config, *, dtype: str = "bfloat16",
-             step: int = 0) -> Localization:
+             rounding: str = "nearest", step: int = 0) -> Localization:
     """Localize from one ``forward`` of both paths over ``token_ids`` (the prefill kernels only; the
-    decode loop localizes from its own traces instead)."""
+    decode loop localizes from its own traces instead). ``rounding``: the platform's conversion to
+    ``dtype`` (``parity.platform.store_rounding``)."""
+    from parity.bounds.core import precision_for
+
     from .router import trace_router_flips
 
     ref_trace, opt_trace = {}, {}
@@ -292,7 +294,6 @@ def localize(ref_model, opt_model, token_ids: list[int], config, *, dtype: str =
     opt_model.forward(list(token_ids), trace=opt_trace)
     stats = TraceStats(config)
     stats.add(ref_trace, opt_trace)
-    from parity.bounds.core import unit_roundoff
-
-    flips = trace_router_flips(ref_trace, opt_trace, config, 0, unit_roundoff=unit_roundoff(dtype))
-    return stats.localize(step, len(token_ids), flips, dtype=dtype)
+    precision = precision_for(dtype, rounding=rounding)
+    flips = trace_router_flips(ref_trace, opt_trace, config, 0, unit_roundoff=precision.u)
+    return stats.localize(step, len(token_ids), flips, precision=precision)

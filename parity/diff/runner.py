@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from parity.bounds.core import unit_roundoff
+from parity.bounds.core import precision_for
 
 from .localize import Localization, TraceStats, first_nonfinite
 from .numerics import finite_or_none, kl_divergence, max_abs_diff, to_f64
@@ -91,6 +91,7 @@ class DiffResult:
     steps: list[StepRecord]
     splits: list[dict]  # free mode: {"step", "verdict", "reconverged_at"}
     final: Localization | None = None  # every position of the run, after the last step
+    rounding: str = "nearest"          # the platform's conversion to ``dtype``
 
     @property
     def counts(self) -> dict:
@@ -169,14 +170,17 @@ def _classify(ref_logits: np.ndarray, opt_logits: np.ndarray, dtype: str):
 
 
 def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int, mode: str = "forced",
-             dtype: str = "bfloat16", on_step: Callable[[StepRecord], None] | None = None,
+             dtype: str = "bfloat16", rounding: str = "nearest",
+             on_step: Callable[[StepRecord], None] | None = None,
              on_logits: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
              localize: bool = True) -> DiffResult:
     """Decode ``steps`` tokens on both paths and compare them step by step (module docstring).
 
     ``ref_model`` / ``opt_model``: loaded reference and optimized models (same checkpoint, or a
     checkpoint and a deliberately different one); ``prompt_ids``: at least one token id below
-    ``config.vocab_size``; ``dtype``: the optimized compute dtype (sets ``u`` of the bounds).
+    ``config.vocab_size``; ``dtype``: the optimized compute dtype and ``rounding`` how its platform
+    converts to it ("nearest" on a GPU, "toward-zero" under the Triton interpreter:
+    ``parity.platform.store_rounding``); together they set ``u`` of the bounds.
     ``on_step(record)`` is called after each step, ``on_logits(step, ref, opt)`` with both float64
     logit vectors (golden files keep digests of them).
     """
@@ -190,7 +194,8 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
     bad = [t for t in prompt if not 0 <= t < config.vocab_size]
     if bad:
         raise ValueError(f"prompt token ids outside the vocabulary [0, {config.vocab_size}): {bad[:5]}")
-    u = unit_roundoff(dtype)
+    precision = precision_for(dtype, rounding=rounding)
+    u = precision.u
 
     seq = list(prompt)      # what both paths have consumed (the optimized path is always re-anchored)
     records: list[StepRecord] = []
@@ -231,7 +236,7 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
             rec.nonfinite = {"name": "logits", "layer": None, "position": rec.position,
                              "nan": int(np.isnan(o).sum()), "inf": int(np.isinf(o).sum())}
         if rec.verdict != "match" and localize:
-            loc = rec.localization = stats.localize(step, stats.positions, flips, dtype=dtype)
+            loc = rec.localization = stats.localize(step, stats.positions, flips, precision=precision)
             if loc.first is not None and not loc.explained_by_router:
                 rec.verdict, rec.cause = "diverged", "op"
                 rec.explanation = loc.describe()
@@ -253,5 +258,6 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
         if on_step is not None:
             on_step(rec)
         seq.append(rec.ref_token)
-    final = stats.localize(steps - 1, stats.positions, flips, dtype=dtype) if localize else None
-    return DiffResult(mode=mode, dtype=dtype, prompt_ids=prompt, steps=records, splits=splits, final=final)
+    final = stats.localize(steps - 1, stats.positions, flips, precision=precision) if localize else None
+    return DiffResult(mode=mode, dtype=dtype, prompt_ids=prompt, steps=records, splits=splits, final=final,
+                      rounding=rounding)

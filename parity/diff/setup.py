@@ -87,6 +87,14 @@ def check_device(device: str | None) -> str:
     return device
 
 
+def platform_rounding(dtype: str, device: str) -> str:
+    """How the platform's kernels round to ``dtype`` ("nearest", or "toward-zero" under the Triton
+    interpreter), measured by ``parity.platform.store_rounding``: the bounds of the diff use it."""
+    from parity.platform import store_rounding
+
+    return store_rounding(dtype, device)
+
+
 @dataclass
 class Checkpoint:
     source: object          # a reference WeightSource

@@ -338,6 +338,73 @@ def test_bf16_gate_and_beta_inputs():
     check("chunked bf16 g/beta", d, *run("chunked", d))
 
 
+def naive_chunk_stages(d, BT, scale=None):
+    """float64 torch, chunk by chunk: the intermediates the chunk kernels store (G, Aq, w, u, h, v_new),
+    shaped like their buffers (B = 1 or many, no cu_seqlens)."""
+    q, k, g, beta = (x.cpu() for x in prologue64(d, False))
+    v = d["v"].detach().cpu().double()
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    q, k = q.repeat_interleave(HV // H, 2), k.repeat_interleave(HV // H, 2)
+    scale = K ** -0.5 if scale is None else scale
+    NT = math.ceil(T / BT)
+    f64 = dict(dtype=torch.float64)
+    out = dict(G=torch.zeros(B, T, HV, K, **f64), Aq=torch.zeros(B, T, HV, BT, **f64),
+               w=torch.zeros(B, T, HV, K, **f64), u=torch.zeros(B, T, HV, V, **f64),
+               v_new=torch.zeros(B, T, HV, V, **f64), h=torch.zeros(B * NT, HV, K, V, **f64),
+               kg=torch.zeros(B, T, HV, K, **f64), qg=torch.zeros(B, T, HV, K, **f64))
+    for b in range(B):
+        S = d["h0"][b].detach().cpu().double().clone() if d["h0"] is not None else torch.zeros(HV, K, V, **f64)
+        for c in range(NT):
+            s, e = c * BT, min(T, c * BT + BT)
+            L = e - s
+            G = g[b, s:e].cumsum(0)  # [L, HV, K]
+            qc, kc, vc, bc = q[b, s:e], k[b, s:e], v[b, s:e], beta[b, s:e]
+            mask = torch.tril(torch.ones(L, L, dtype=torch.bool))[:, :, None, None]
+            decay = torch.exp(torch.where(mask, G[:, None] - G[None, :], float("-inf")))  # [i, j, HV, K]
+            Akk = torch.einsum("ihk,jhk,ijhk->hij", kc, kc, decay) * bc.T[:, :, None]
+            Akk = Akk * torch.tril(torch.ones(L, L, **f64), -1)
+            Aqk = scale * torch.einsum("ihk,jhk,ijhk->hij", qc, kc, decay)
+            M = torch.linalg.inv(torch.eye(L, **f64) + Akk)  # [HV, L, L]
+            w = M @ (bc.T[:, :, None] * (kc * G.exp()).transpose(0, 1))
+            u = M @ (bc.T[:, :, None] * vc.transpose(0, 1))
+            out["G"][b, s:e] = G
+            out["Aq"][b, s:e, :, :L] = Aqk.transpose(0, 1)
+            out["w"][b, s:e], out["u"][b, s:e] = w.transpose(0, 1), u.transpose(0, 1)
+            out["h"][b * NT + c] = S
+            vn = u - w @ S
+            out["v_new"][b, s:e] = vn.transpose(0, 1)
+            Gl = G[-1]  # [HV, K]
+            out["kg"][b, s:e] = kc * (Gl[None] - G).exp()
+            out["qg"][b, s:e] = scale * qc * G.exp()
+            S = Gl.exp()[:, :, None] * S + (kc * (Gl[None] - G).exp()).permute(1, 2, 0) @ vn
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_chunk_stages(dtype):
+    """Each stored intermediate of the chunk pipeline against its formula (localizes a wrong kernel:
+    G -> gate kernel; Aq, w, u, kg, qg -> intra kernel; h, v_new -> state kernel). Per stage and head the
+    error is judged against 4 C * (rho_d sqrt(nc) + u_a (sqrt(n) + Gc)) * max|stage| (the test_kda
+    bracket; 4 C since w, u are products with the inverse, whose size the stage max understates)."""
+    from optimized.kda import chunk as chunk_mod
+    T, BT = 100, 64
+    d = make_inputs(2, T, 1, 2, 32, 32, dtype, seed=14, h0=True)
+    st = {}
+    chunk_mod._pipeline("kda.chunked", d["q"], d["k"], d["v"], d["g"], d["beta"], None, None, None,
+                        d["h0"], BT, None, fused=False, stages=st)
+    ref = naive_chunk_stages(d, BT)
+    _, _, Gc = magnitudes(d, BT=BT)
+    e = 4 * C * err_scale(dtype, T, 32, BT, Gc)
+    ratios = {}
+    for name in ("G", "Aq", "w", "u", "kg", "qg", "h", "v_new"):
+        r = ref[name]
+        dims = (0, 1, 3) if name != "h" else (0, 2, 3)  # per value head
+        scale_ = r.abs().amax(dim=dims, keepdim=True)
+        ratios[name] = within(f"stage {name} ({dtype})", st[name], r, e * scale_)
+    print(f"chunk stages {dtype}: err/bound " + ", ".join(f"{n} {x:.3g}" for n, x in ratios.items()))
+
+
 # ------------------------------------------------------------------------------------------------
 # bytes: determinism and split invariance
 
