@@ -1,54 +1,56 @@
 """Chunked KDA (spec b.9) as a pipeline of four Triton kernels.
 
-Per sequence and value head, chunks of ``BT = chunk_size`` tokens (16, 32 or 64), ``G`` = the inclusive
-prefix sum of the log-decay g within the chunk (g <= 0, so G is non-increasing down the chunk)::
+Per sequence and value head, chunks of ``BT = chunk_size`` tokens (16, 32 or 64), ``G`` = the
+inclusive prefix sum of the log-decay g within the chunk (g <= 0, so G is non-increasing in a chunk)::
 
-    Akk[i,j] = beta_i sum_d k_i k_j exp(G_i - G_j)   (i > j)     Aqk[i,j] = s sum_d q_i k_j exp(G_i - G_j)  (i >= j)
-    M = (I + Akk)^-1,  w = M (beta k exp(G)),  u = M (beta v)
-    v_new = u - w S,   o = s (q exp(G)) S + Aqk v_new,   S <- diag(exp(G_last)) S + (k exp(G_last - G))^T v_new
+    Akk[i,j] = beta_i sum_d k_i k_j exp(G_i - G_j)  (i > j)
+    Aqk[i,j] = s sum_d q_i k_j exp(G_i - G_j)        (i >= j)
+    M = (I + Akk)^-1,  w = M (beta k exp(G)),  u = M (beta v),  kg = k exp(G_last - G),  qg = s q exp(G)
+    v_new = u - w S,   o = qg S + Aqk v_new,   S <- diag(exp(G_last)) S + kg^T v_new
 
 Kernels (grid in brackets):
 
-1. ``_gate_cumsum_kernel`` (gate.py) [chunks, B*HV]: G (and, fused, the gate and beta = sigmoid).
-2. ``_intra_kernel`` [chunks, B*HV]: Akk and Aqk, M by an exact triangular inverse, then w, u; writes
-   w, u, Aqk. No exponent of a positive difference is ever formed:
-   - diagonal ``BC x BC`` sub-blocks (BC = 16) pairwise, ``exp(G_i - G_j)`` with the exponent masked to
-     -inf for j > i *before* exp;
+1. ``_gate_cumsum_kernel`` (gate.py) [chunks, B*HV]: G (fused: the gate and beta = sigmoid too).
+2. ``_intra_kernel`` [chunks, B*HV]: Akk and Aqk, M by an exact triangular inverse, then w, u, kg,
+   qg (every exp of the pipeline is taken here). No exponent of a positive difference is formed:
+   - diagonal ``BC x BC`` sub-blocks (BC = 16) pairwise, ``exp(G_i - G_j)`` with the exponent masked
+     to -inf for j > i *before* exp;
    - off-diagonal sub-blocks (rows in sub-block a, columns before it) through the reference row
-     ``r = a*BC``: ``exp(G_i - G_r) * exp(G_r - G_j)`` with i >= r > j, both factors <= 1, as ``tl.dot``;
-   - ``M``: forward substitution on the BC x BC diagonal blocks (all blocks in lock step, BC - 1
-     rank-1 steps on the BT x BT tile), giving D = blockdiag inverse; then, with N = D Akk_offdiag
-     (strictly block-lower, N^(BT/BC) = 0), ``M = (I + N)^-1 D = (I - N)(I + N^2)... D`` (2 factors for
-     BT = 64), all exact algebra.
-3. ``_state_kernel`` [V/BV, N*HV]: the sequential pass over chunks with S in ACC registers: stores the
-   chunk-start state h and v_new, returns the final state.
-4. ``_output_kernel`` [V/BV, chunks, B*HV]: o = s (q exp(G)) h + Aqk v_new.
+     ``r = a*BC``: ``exp(G_i - G_r) * exp(G_r - G_j)`` with i >= r > j, both factors <= 1, as tl.dot;
+   - M: forward substitution on the BC x BC diagonal blocks (all blocks in lock step: BC - 1 rank-1
+     steps on the BT x BT tile) gives D = the block-diagonal inverse; with N = D Akk_offdiag
+     (strictly block-lower, N^(BT/BC) = 0), ``M = (I + N)^-1 D = (I - N)(I + N^2) D`` for BT = 64:
+     exact algebra, 4 tl.dots.
+3. ``_state_kernel`` [V/32, N*HV]: the sequential pass over chunks, S in ACC registers; per chunk two
+   dependent dots; stores the chunk-start state h and v_new, returns the final state.
+4. ``_output_kernel`` [V/64, chunks, B*HV]: o = qg h + Aqk v_new.
 
 Ragged final chunks: rows past the sequence end load k = q = v = beta = 0 and G of the last valid
-row (loads of G clamp the row index), so G stays non-increasing and ``G[BT-1]`` is ``G_last``.
-``fused_chunked`` l2-normalizes q and k on every load (fp32 inside, never written back), applies the
-gate in kernel 1 and the beta sigmoid there too.
+row (G loads clamp the row index), so G stays non-increasing, finite, and ``G[BT-1] = G_last``.
+``fused_chunked`` l2-normalizes q and k on load in the intra kernel (ACC, never written back; the
+later kernels only see qg, kg), and applies the gate and the beta sigmoid in kernel 1.
 
-Storage dtypes (ACC = float32, float64 for fp64 inputs; DT = the input dtype):
+Storage dtypes (ACC = float32, float64 for fp64 inputs; DT = the input dtype, bf16 in production):
 
-====================  =========================  ===============================================
-tensor                dtype                      why
-====================  =========================  ===============================================
-G (prefix sums)       ACC                        differences of prefix sums feed exp()
-beta (fused)          ACC                        a sigmoid output; tiny
-Akk, M                registers only (ACC)       never stored; the inverse merge runs tl.dot on DT
-                                                 operands (bf16 tensor cores for bf16 runs)
-Aqk                   DT, [B,T,HV,BT]            only ever a DT tl.dot operand (o kernel)
-w, u                  DT                         tl.dot operands of the state pass
-v_new                 DT                         tl.dot operand (state update and output)
-h (chunk states)      DT, [chunks,HV,K,V]        tl.dot operand of the output kernel
-running state S       ACC (registers)            the recurrence accumulates in ACC
-final state           ACC                        contract: float32 (float64 for fp64 runs)
-o                     DT                         contract: input dtype
-====================  =========================  ===============================================
+==================  ======================  =================================================
+tensor              dtype                   why
+==================  ======================  =================================================
+G (prefix sums)     ACC  [B,T,HV,K]         differences of prefix sums feed exp()
+beta (fused)        ACC  [B,T,HV]           a sigmoid output; tiny
+Akk, M              registers only, ACC     never stored; the inverse merge runs tl.dot on DT
+                                            operands (bf16 tensor cores in bf16 runs)
+Aqk                 DT   [B,T,HV,BT]        only ever a DT tl.dot operand (output kernel)
+w, u, kg            DT                      tl.dot operands of the state pass
+qg                  DT                      tl.dot operand of the output kernel
+v_new               DT                      tl.dot operand (state update and output)
+h (chunk states)    DT   [chunks,HV,K,V]    tl.dot operand of the output kernel
+running state S     ACC  (registers)        the recurrence accumulates in ACC
+final state         ACC                     contract: float32 (float64 for fp64 runs)
+o                   DT                      contract: input dtype
+==================  ======================  =================================================
 
-So a bf16 run rounds w, u, v_new, h, Aqk and the dot operands to bf16 (fla rounds the same set); an
-fp32 run rounds nothing below fp32; an fp64 run is fp64 throughout.
+So a bf16 run rounds Aqk, w, u, kg, qg, v_new, h and every dot operand to bf16 (the set fla rounds);
+an fp32 run rounds nothing below fp32 (ieee dots, no TF32); an fp64 run is fp64 throughout.
 """
 from __future__ import annotations
 
@@ -57,9 +59,9 @@ import triton
 import triton.language as tl
 
 from .. import _counters
-from ._common import (acc_dtype, block_k, check_gate_params, check_qkv, check_shape, check_tensor,
-                      dot, l2norm_rows, prepare_cu_seqlens, prepare_state, varlen_chunk_plan,
-                      SUM)
+from ._common import (SUM, acc_dtype, block_k, cdiv, check_gate_params, check_qkv, check_shape,
+                      check_tensor, dot, l2norm_rows, next_pow2, prepare_cu_seqlens, prepare_state,
+                      varlen_chunk_plan)
 from .gate import gate_chunk_cumsum
 
 
@@ -146,15 +148,22 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float
         kl = kt * left
         ql = qt * left
         blk = rows // BC
+        # the column side is built transposed, [BK, BT], from transposed loads (no register
+        # transpose feeding the dot)
+        kT = tl.load(k + (tok * H + i_h)[None, :] * K + dk[:, None],
+                     mask=mk[:, None] & valid[None, :], other=0.0).to(ACC)
+        if L2NORM:
+            kT = kT / tl.sqrt(tl.reduce(kT * kT, 0, SUM) + 1e-6)[None, :]
+        GT = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[None, :] * K + dk[:, None],
+                     mask=mk[:, None], other=0.0).to(ACC)
         for a in tl.static_range(1, NB):
             Gr = tl.load(Gc + (tl.minimum(t0 + a * BC, last) * HV + i_hv) * K + dk,
                          mask=mk, other=0.0).to(ACC)
             # column factor exp(G_r - G_j) for j < r only (masked before exp)
-            right = kt * tl.exp(tl.where((rows < a * BC)[:, None], Gr[None, :] - Gm, float("-inf")))
-            rt = tl.trans(right)
+            rT = kT * tl.exp(tl.where((cols < a * BC)[None, :], Gr[:, None] - GT, float("-inf")))
             in_a = (blk == a)[:, None]
-            A += dot(tl.where(in_a, kl, 0.0), rt, DT, ACC)
-            Qm += dot(tl.where(in_a, ql, 0.0), rt, DT, ACC)
+            A += dot(tl.where(in_a, kl, 0.0), rT, DT, ACC)
+            Qm += dot(tl.where(in_a, ql, 0.0), rT, DT, ACC)
 
     A = A * b[:, None]
     # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
@@ -194,7 +203,8 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float
              mask=valid[:, None])
     # -- operands of the later kernels, so they run exp-free: kg = k exp(G_last - G) (state update),
     # qg = scale q exp(G) (output); both factors <= 1. G_last: the chunk's last valid row.
-    Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
+    Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk,
+                 mask=mk, other=0.0).to(ACC)
     m2 = valid[:, None] & mk[None, :]
     tl.store(kg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
              (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
@@ -345,7 +355,7 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     else:
         cu = cidx = co = None
         N = B
-        NT = triton.cdiv(T, BT)
+        NT = cdiv(T, BT)
         n_chunks = NT
     h0 = prepare_state(op, initial_state, N, HV, K, V, acc, q, varlen)
     if B * T == 0:
@@ -353,7 +363,7 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
         return o, (h0.clone() if h0 is not None else torch.zeros(N, HV, K, V, dtype=acc, device=dev))
 
     BK = block_k(K)
-    BV = min(64, max(16, triton.next_power_of_2(V)))
+    BV = min(64, max(16, next_pow2(V)))
     BC = min(16, BT)
     LOG2_NB = (BT // BC).bit_length() - 1
 
@@ -373,7 +383,7 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     _intra_kernel[(n_chunks, B * HV)](
         q, k, v, G, beta, w, u, Aq, kg, qg, cu, cidx, scale, T,
         H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, NB=BT // BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV,
-        NV=triton.cdiv(V, BV),
+        NV=cdiv(V, BV),
         L2NORM=fused, IS_VARLEN=varlen, num_warps=4 if BK <= 64 else 8,
         num_stages=_stages("intra", dt))
     # 3. sequential state pass
@@ -381,13 +391,13 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     vnew = torch.empty_like(u)
     ht = torch.empty(N, HV, K, V, dtype=acc, device=dev)
     BVs = min(32, BV)  # smaller V blocks: more programs for the sequential pass, fewer registers
-    _state_kernel[(triton.cdiv(V, BVs), N * HV)](
+    _state_kernel[(cdiv(V, BVs), N * HV)](
         kg, w, u, G, vnew, h, h0, ht, cu, co, T, NT,
         HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVs, HAS_H0=h0 is not None,
         IS_VARLEN=varlen, num_warps=4, num_stages=_stages("state", dt))
     # 4. output
     o = torch.empty(B, T, HV, V, dtype=dt, device=dev)
-    _output_kernel[(triton.cdiv(V, BV), n_chunks, B * HV)](
+    _output_kernel[(cdiv(V, BV), n_chunks, B * HV)](
         qg, h, vnew, Aq, o, cu, cidx, T, NT,
         HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, num_warps=4,
         num_stages=_stages("output", dt))

@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 from .. import _counters
-from ._common import (acc_dtype, block_k, check_gate_params, check_tensor, kda_gate_f, sigmoid_f)
+from ._common import (acc_dtype, block_k, cdiv, check_gate_params, check_tensor, kda_gate_f,
+                      next_pow2, sigmoid_f)
 
 
 @triton.jit
@@ -77,7 +78,7 @@ def gate_chunk_cumsum(g, *, A_log=None, dt_bias=None, beta_logits=None, chunk_si
     has_beta = beta_logits is not None
     beta = torch.empty(B, T, HV, dtype=acc, device=g.device) if has_beta else None
     BT = chunk_size
-    nchunks = grid_chunks if grid_chunks is not None else triton.cdiv(T, BT)
+    nchunks = grid_chunks if grid_chunks is not None else cdiv(T, BT)
     if B * T == 0:
         return G, beta
     _gate_cumsum_kernel[(nchunks, B * HV)](
@@ -102,6 +103,6 @@ def gate(g_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> tor
         raise ValueError(f"{op}: g_raw: K = {K} > 256 is not supported")
     A_log, dt_bias = check_gate_params(op, A_log, dt_bias, HV, K, g_raw)
     g_raw = g_raw.contiguous()
-    BT = min(64, triton.next_power_of_2(max(T, 1)))
+    BT = min(64, next_pow2(max(T, 1)))
     G, _ = gate_chunk_cumsum(g_raw, A_log=A_log, dt_bias=dt_bias, chunk_size=BT, cumsum=False)
     return G

@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from .. import _counters
-from ._common import (acc_dtype, block_k, check_device, check_gate_params, check_qkv, check_shape,
-                      check_tensor, prepare_cu_seqlens, prepare_state, SUM)
+from ._common import (SUM, acc_dtype, block_k, cdiv, check_device, check_gate_params, check_qkv,
+                      check_shape, check_tensor, next_pow2, prepare_cu_seqlens, prepare_state)
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 _BV = 32  # value columns per program: fixed (bitwise batch invariance), small (decode parallelism)
@@ -133,8 +133,8 @@ def _launch(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqle
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     o = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
     ht = torch.empty(N, HV, K, V, dtype=acc, device=q.device)
-    BV = min(_BV, max(16, triton.next_power_of_2(V)))
-    _recurrent_kernel[(triton.cdiv(V, BV), N * HV)](
+    BV = min(_BV, max(16, next_pow2(V)))
+    _recurrent_kernel[(cdiv(V, BV), N * HV)](
         q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, None, scale, T,
         H=H, HV=HV, K=K, V=V, BK=block_k(K), BV=BV, FUSED=fused, HAS_H0=h0 is not None,
         IS_VARLEN=varlen, USE_SLOTS=False, num_warps=4)
@@ -201,8 +201,8 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
     o = torch.empty(B, HV, V, dtype=q.dtype, device=q.device)
     if B == 0:
         return o
-    BV = min(_BV, max(16, triton.next_power_of_2(V)))
-    _recurrent_kernel[(triton.cdiv(V, BV), B * HV)](
+    BV = min(_BV, max(16, next_pow2(V)))
+    _recurrent_kernel[(cdiv(V, BV), B * HV)](
         q.contiguous(), k.contiguous(), v.contiguous(), g_raw.contiguous(),
         beta_logits.contiguous(), A_log, dt_bias, o, state_pool, state_pool, None,
         slot_ids.contiguous(), scale, 1,

@@ -28,7 +28,10 @@ def register(sub):
     r.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N", help=f"default {DEFAULT_STEPS}")
     r.add_argument("--top-k", type=int, default=16, metavar="K", help="logits kept per step (default 16)")
     r.add_argument("--device", choices=("cpu", "cuda"), default=None)
-    r.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    r.add_argument("--dtype", choices=("bfloat16", "float32"), default="float32",
+                   help="dtype the optimized path is held to (default float32: no router flips, tight "
+                        "bounds, the same on every platform; a bfloat16 golden holds the noise of the "
+                        "platform it was recorded on)")
     r.add_argument("--variant", action="append", metavar="NAME=VALUE")
     r.add_argument("--synthetic", metavar="PRESET")
     r.add_argument("--seed", type=int, default=0)

@@ -295,5 +295,5 @@ def localize(ref_model, opt_model, token_ids: list[int], config, *, dtype: str =
     stats = TraceStats(config)
     stats.add(ref_trace, opt_trace)
     precision = precision_for(dtype, rounding=rounding)
-    flips = trace_router_flips(ref_trace, opt_trace, config, 0, unit_roundoff=precision.u)
+    flips = trace_router_flips(ref_trace, opt_trace, config, 0)
     return stats.localize(step, len(token_ids), flips, precision=precision)

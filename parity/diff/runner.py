@@ -40,7 +40,7 @@ from parity.bounds.core import precision_for
 
 from .localize import Localization, TraceStats, first_nonfinite
 from .numerics import finite_or_none, kl_divergence, max_abs_diff, to_f64
-from .router import RouterFlip, trace_router_flips
+from .router import NoiseHistory, RouterFlip, trace_router_flips
 
 MODES = ("forced", "free")
 VERDICTS = ("match", "near-tie", "diverged")
@@ -104,12 +104,13 @@ class DiffResult:
 
     @property
     def localization(self) -> Localization | None:
-        """The localization of the first diverged step, else of the first step whose tokens differ,
-        else of the whole run when an op is past its bound although no token flipped."""
-        located = [s for s in self.steps if s.localization is not None]
-        bad = [s for s in located if s.verdict == "diverged"]
-        if bad or located:
-            return (bad or located)[0].localization
+        """What the report explains: the localization of the first diverged step, else of the first
+        step a router flip explains, else of the whole run when an op is past its bound although no
+        token flipped; None when there is nothing to explain (plain near-ties need no localization)."""
+        for want in ("op", "router"):
+            for s in self.steps:
+                if s.localization is not None and (s.cause == want or want == "op" and s.verdict == "diverged"):
+                    return s.localization
         f = self.final
         return f if f is not None and f.first is not None and not f.explained_by_router else None
 
@@ -195,7 +196,6 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
     if bad:
         raise ValueError(f"prompt token ids outside the vocabulary [0, {config.vocab_size}): {bad[:5]}")
     precision = precision_for(dtype, rounding=rounding)
-    u = precision.u
 
     seq = list(prompt)      # what both paths have consumed (the optimized path is always re-anchored)
     records: list[StepRecord] = []
@@ -203,6 +203,7 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
     ref_cache = opt_cache = None
     stats = TraceStats(config)   # per-position errors of every traced entry, for localization
     flips: list[RouterFlip] = []
+    router_noise = NoiseHistory()  # per-layer router-logit noise over the run
     for step in range(steps):
         rt, ot = {}, {}
         if step == 0:
@@ -225,7 +226,7 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
             classified=v.verdict, max_abs_diff=max_abs_diff(r, o), kl=kl_divergence(r, o),
             ref_margin=float(v.margin), bound=float(v.bound), ratio=float(v.ratio),
             ref_gap=float(np.diff(np.partition(r, -2)[-2:])[0]) if r.size > 1 else 0.0,
-            router=trace_router_flips(rt, ot, config, first_pos, unit_roundoff=u),
+            router=trace_router_flips(rt, ot, config, first_pos, history=router_noise),
         )
         rec.nonfinite = first_nonfinite(ot, config)
         if rec.nonfinite is not None:

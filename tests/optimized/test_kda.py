@@ -36,7 +36,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import optimized
 from optimized import _counters, kda
 
 rk = pytest.importorskip("reference.kda")
@@ -354,7 +353,8 @@ def naive_chunk_stages(d, BT, scale=None):
                v_new=torch.zeros(B, T, HV, V, **f64), h=torch.zeros(B * NT, HV, K, V, **f64),
                kg=torch.zeros(B, T, HV, K, **f64), qg=torch.zeros(B, T, HV, K, **f64))
     for b in range(B):
-        S = d["h0"][b].detach().cpu().double().clone() if d["h0"] is not None else torch.zeros(HV, K, V, **f64)
+        S = (d["h0"][b].detach().cpu().double().clone() if d["h0"] is not None
+             else torch.zeros(HV, K, V, **f64))
         for c in range(NT):
             s, e = c * BT, min(T, c * BT + BT)
             L = e - s

@@ -14,7 +14,7 @@ import optimized
 import reference
 from reference.config import KimiConfig
 from reference.synthetic import SyntheticSource
-from test_model_parity import PROMPT, TINY, _float32_parity, check_logits
+from .test_model_parity import PROMPT, TINY, _float32_parity, check_logits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -11,7 +11,7 @@ import matplotlib.image
 import pytest
 import torch
 
-from diff_helpers import run_cli
+from .diff_helpers import run_cli
 from parity.schema import errors
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "diff-report-schema.json").read_text())

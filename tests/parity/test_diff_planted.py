@@ -6,7 +6,7 @@ import pytest
 
 import optimized
 import reference
-from diff_helpers import PROMPT_IDS, perturbed_a_log, router_near_tie, run_cli, write_checkpoint
+from .diff_helpers import PROMPT_IDS, perturbed_a_log, router_near_tie, run_cli, write_checkpoint
 from parity.diff import run_diff
 from reference.checkpoint import open_source
 from reference.config import KimiConfig

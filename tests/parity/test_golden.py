@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from diff_helpers import run_cli
+from .diff_helpers import run_cli
 from parity import golden
 
 COMMITTED = Path(__file__).resolve().parents[2] / "fixtures" / "golden" / "default.json"
@@ -29,7 +29,7 @@ def recorded(tmp_path_factory):
 
 def test_a_recorded_golden_has_the_format_header_and_per_step_digests(recorded):
     g = golden.load(recorded)
-    assert (g["format"], g["version"], g["dtype"], g["top_k"]) == ("kimi-parity/golden", 1, "bfloat16", 16)
+    assert (g["format"], g["version"], g["dtype"], g["top_k"]) == ("kimi-parity/golden", 1, "float32", 16)
     assert g["checkpoint"] == {"kind": "bundled", "describe": "the bundled default checkpoint (fixtures/default)"}
     assert g["variants"] == {"moe_combine": "unbiased", "kv_norm_eps": 1e-6} and g["weights_sha256"]
     for s in g["steps"]:
