@@ -34,8 +34,9 @@ from typing import Callable
 
 import numpy as np
 
-from parity.diff.numerics import finite_or_none, to_f64
+from parity.diff.numerics import finite_or_none
 from parity.diff.report import atomic_write
+from parity.metrics import to_numpy
 
 GOLDEN_FORMAT = "kimi-parity/golden"
 GOLDEN_VERSION = 1
@@ -183,7 +184,7 @@ def check(golden: dict, opt_model, *, vocab_size: int, steps: int | None = None,
             logits, cache = opt_model.prefill(prompt)
         else:
             logits, cache = opt_model.decode(int(golden["steps"][step - 1]["token"]), cache)
-        o = to_f64(logits).reshape(-1, vocab_size)[-1]
+        o = to_numpy(logits).reshape(-1, vocab_size)[-1]
         ids, vals, bound = np.asarray(row["top_ids"]), np.asarray(row["top_values"], dtype=float), row["bound"]
         err = float(np.max(np.abs(o[ids] - vals))) if np.all(np.isfinite(o[ids])) else math.inf
         opt_token = int(np.argmax(o)) if np.all(np.isfinite(o)) else -1

@@ -136,7 +136,7 @@ def _decode(ref, opt, ids, config, args, err, rounding):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from parity.diff import run_diff
-    from parity.diff.setup import _load_errors, _one_line
+    from parity.diff.setup import checkpoint_errors, one_line
     from parity.errors import InputError
 
     show = not args.no_progress and err.is_terminal
@@ -150,6 +150,6 @@ def _decode(ref, opt, ids, config, args, err, rounding):
         try:
             return run_diff(ref, opt, ids, config=config, steps=args.steps, mode=args.mode,
                             dtype=args.dtype, rounding=rounding, on_step=on_step)
-        except _load_errors()[:2] as exc:  # the reference reads (and validates) weights as it goes
-            raise InputError(_one_line(exc)) from None
+        except checkpoint_errors() as exc:  # the reference reads (and validates) weights as it goes
+            raise InputError(one_line(exc)) from None
 

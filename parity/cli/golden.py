@@ -70,8 +70,8 @@ def run_record(args: argparse.Namespace) -> int:
         body, result = golden.record(ref, opt, ids, config=ckpt.source.config, steps=args.steps,
                                      dtype=args.dtype, top_k=args.top_k,
                                      rounding=setup.platform_rounding(args.dtype, device))
-    except setup._load_errors()[:2] as exc:
-        raise InputError(setup._one_line(exc)) from None
+    except setup.checkpoint_errors() as exc:
+        raise InputError(setup.one_line(exc)) from None
     summary = result.summary()
     print(summary["line"])
     if result.verdict == "diverged":

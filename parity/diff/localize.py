@@ -23,8 +23,9 @@ platform truncates instead of rounding to nearest, as the Triton interpreter doe
 (projections, conv, norm outputs, the kernels' bf16 intermediates), and fp32 reductions and
 exp/log/sqrt of a few ulps each. ``A`` is the amplification one op may apply to the error it is
 handed (softmax attention with a sharp distribution amplifies most: ~4x measured on the small
-preset). Measured on benign runs (docs/concepts.md): levels stay below ~0.5 of their bound in bf16
-and float32; a perturbed ``A_log`` (+-1) in one KDA layer lands at 2-5x. Two checks, in this order:
+preset). Measured on benign runs (docs/concepts.md): levels stay below 0.6 of their bound in bf16
+and 0.1 in float32; a perturbed ``A_log`` (+-1) in one KDA layer lands at 2-10x. Two checks, in
+this order:
 
 * level: the median of ``e`` over positions, against the bound built from the median error of the
   input. A wrong op (a perturbed ``A_log``, a mutant) moves its output at most positions; bf16 noise
@@ -48,7 +49,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .numerics import finite_or_none, to_f64
+from parity.metrics import to_numpy
+
+from .numerics import finite_or_none
 from .router import RouterFlip
 
 AMPLIFICATION = 8.0   # A
@@ -129,7 +132,7 @@ class Localization:
 
 
 def _rows(x) -> np.ndarray:
-    x = to_f64(x)
+    x = to_numpy(x)
     return x.reshape(-1, x.shape[-1])
 
 

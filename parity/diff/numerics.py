@@ -1,17 +1,7 @@
-"""Small numeric helpers of the diff: conversion at the parity boundary and per-step statistics."""
+"""Per-step statistics of the diff (conversion at the parity boundary: ``parity.metrics.to_numpy``)."""
 from __future__ import annotations
 
 import numpy as np
-
-def to_f64(x) -> np.ndarray:
-    """A float64 NumPy copy of a NumPy array or torch tensor (the one place the diff converts)."""
-    if isinstance(x, np.ndarray):
-        return x.astype(np.float64, copy=False)
-    if hasattr(x, "detach"):  # torch tensor: no torch import needed here
-        import torch
-
-        return x.detach().to(device="cpu", dtype=torch.float64).numpy()
-    return np.asarray(x, dtype=np.float64)
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

@@ -71,7 +71,8 @@ def print_result(result: DiffResult, console: Console, *, decode=None) -> None:
     loc = result.localization
     if loc is not None:
         head = "explained" if loc.explained_by_router else "localized"
-        console.print(f"step {loc.step} {head}: {loc.describe()}", markup=False)
+        where = "the run (no token flipped)" if loc is result.final else f"step {loc.step}"
+        console.print(f"{where} {head}: {loc.describe()}", markup=False)
         if loc.nonfinite:
             console.print(f"first NaN/Inf in the optimized path: {loc.nonfinite['name']}", markup=False)
         if loc.backend_hint:

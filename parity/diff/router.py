@@ -36,9 +36,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from parity.bounds.core import LAMBDA
-
-from .numerics import to_f64
+from parity.bounds.core import LAMBDA, UNIT_ROUNDOFF
+from parity.metrics import dtype_of, to_numpy
 
 
 @dataclass
@@ -88,13 +87,6 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
-def _dtype_u(x) -> float:
-    from parity.bounds.core import UNIT_ROUNDOFF
-
-    name = str(getattr(x, "dtype", "float64")).replace("torch.", "")
-    return UNIT_ROUNDOFF.get(name, UNIT_ROUNDOFF["float64"])
-
-
 def router_flips(layer: int, first_position: int, ref_sel, opt_sel, ref_ids, opt_ids, *,
                  ref_scores=None, opt_scores=None, num_groups: int = 1, topk_groups: int = 1,
                  history: NoiseHistory | None = None) -> list[RouterFlip]:
@@ -102,16 +94,16 @@ def router_flips(layer: int, first_position: int, ref_sel, opt_sel, ref_ids, opt
     scores, ``*_scores``: ``[T, E]`` sigmoid scores (optional, see the module docstring), ``*_ids``:
     ``[T, k_e]`` chosen experts; reference float64, optimized any dtype. ``first_position``:
     sequence index of row 0; ``history``: the run's running noise per layer (updated here)."""
-    u_sel = _dtype_u(opt_sel)
-    ref_sel, opt_sel = to_f64(ref_sel), to_f64(opt_sel)
+    u_sel = UNIT_ROUNDOFF[dtype_of(opt_sel) or "float64"]
+    ref_sel, opt_sel = to_numpy(ref_sel), to_numpy(opt_sel)
     E = ref_sel.shape[-1]
     ref_sel, opt_sel = ref_sel.reshape(-1, E), opt_sel.reshape(-1, E)
     T = ref_sel.shape[0]
-    ref_ids = to_f64(ref_ids).astype(np.int64).reshape(T, -1)
-    opt_ids = to_f64(opt_ids).astype(np.int64).reshape(T, -1)
+    ref_ids = to_numpy(ref_ids).astype(np.int64).reshape(T, -1)
+    opt_ids = to_numpy(opt_ids).astype(np.int64).reshape(T, -1)
     if ref_scores is not None and opt_scores is not None:
-        s_ref = to_f64(ref_scores).reshape(T, E)
-        d = _logit(to_f64(opt_scores).reshape(T, E)) - _logit(s_ref)
+        s_ref = to_numpy(ref_scores).reshape(T, E)
+        d = _logit(to_numpy(opt_scores).reshape(T, E)) - _logit(s_ref)
         slope, pair = s_ref * (1.0 - s_ref), None
     else:  # no scores traced: the selection-score errors themselves, slope 1
         d, slope, pair = opt_sel - ref_sel, None, np.sqrt(2.0)

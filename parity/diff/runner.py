@@ -37,9 +37,10 @@ from typing import Callable
 import numpy as np
 
 from parity.bounds.core import precision_for
+from parity.metrics import to_numpy
 
 from .localize import Localization, TraceStats, first_nonfinite
-from .numerics import finite_or_none, kl_divergence, max_abs_diff, to_f64
+from .numerics import finite_or_none, kl_divergence, max_abs_diff
 from .router import NoiseHistory, RouterFlip, trace_router_flips
 
 MODES = ("forced", "free")
@@ -215,8 +216,8 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
             ref_logits, ref_cache = ref_model.decode(input_token, ref_cache, trace=rt)
             opt_logits, opt_cache = opt_model.decode(input_token, opt_cache, trace=ot)
             first_pos = len(seq) - 1
-        r = to_f64(ref_logits).reshape(-1, config.vocab_size)[-1]
-        o = to_f64(opt_logits).reshape(-1, config.vocab_size)[-1]
+        r = to_numpy(ref_logits).reshape(-1, config.vocab_size)[-1]
+        o = to_numpy(opt_logits).reshape(-1, config.vocab_size)[-1]
         if on_logits is not None:
             on_logits(step, r, o)
         v = _classify(r, o, dtype)

@@ -61,7 +61,7 @@ def parse_backends(items: list[str] | None) -> dict:
     try:
         resolve(out)
     except ValueError as exc:
-        raise InputError(f"--backend: {_one_line(exc)}") from None
+        raise InputError(f"--backend: {one_line(exc)}") from None
     return out
 
 
@@ -101,11 +101,17 @@ class Checkpoint:
     info: dict              # for reports: {"kind", "path" | "preset"+"seed", "describe"}
 
 
-def _load_errors():
+def checkpoint_errors() -> tuple:
+    """What a broken checkpoint raises, also lazily while the reference streams its weights."""
     from reference.checkpoint import CheckpointError
     from reference.config import ConfigError
 
-    return (CheckpointError, ConfigError, ValueError, KeyError, FileNotFoundError)
+    return (CheckpointError, ConfigError)
+
+
+def load_errors() -> tuple:
+    """What loading raises for unusable input (a bad variant, dtype or device is a ValueError)."""
+    return checkpoint_errors() + (ValueError, KeyError, FileNotFoundError)
 
 
 def open_checkpoint(path: str | None = None, *, synthetic: str | None = None, seed: int = 0) -> Checkpoint:
@@ -120,8 +126,8 @@ def open_checkpoint(path: str | None = None, *, synthetic: str | None = None, se
 
         try:
             source = SyntheticSource(KimiConfig.from_name(synthetic), seed)
-        except _load_errors() as exc:
-            raise InputError(_one_line(exc)) from None
+        except load_errors() as exc:
+            raise InputError(one_line(exc)) from None
         return Checkpoint(source, {"kind": "synthetic", "preset": synthetic, "seed": seed,
                                    "describe": source.describe()})
     kind = "directory"
@@ -133,12 +139,12 @@ def open_checkpoint(path: str | None = None, *, synthetic: str | None = None, se
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # unknown extra tensors: listed by describe(), not fatal
             source = open_source(path)
-    except _load_errors() as exc:
-        raise InputError(_one_line(exc)) from None
+    except load_errors() as exc:
+        raise InputError(one_line(exc)) from None
     return Checkpoint(source, {"kind": kind, "path": str(Path(path)), "describe": source.describe()})
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
     return " ".join(text.split()) or type(exc).__name__
 
@@ -148,8 +154,8 @@ def load_reference(ckpt: Checkpoint, variants: dict):
 
     try:
         return reference.load(ckpt.source, **variants)
-    except _load_errors() as exc:
-        raise InputError(_one_line(exc)) from None
+    except load_errors() as exc:
+        raise InputError(one_line(exc)) from None
 
 
 def load_optimized(ckpt: Checkpoint, *, device: str, dtype: str, variants: dict, backends: dict):
@@ -157,8 +163,8 @@ def load_optimized(ckpt: Checkpoint, *, device: str, dtype: str, variants: dict,
 
     try:
         return optimized.load(ckpt.source, device=device, dtype=dtype, backends=backends or None, **variants)
-    except _load_errors() as exc:
-        raise InputError(_one_line(exc)) from None
+    except load_errors() as exc:
+        raise InputError(one_line(exc)) from None
 
 
 def same_model(a: Checkpoint, b: Checkpoint) -> None:
@@ -185,9 +191,9 @@ def prompt_ids(ckpt: Checkpoint, *, text: str | None, ids: str | None) -> tuple[
     tok = None
     try:
         tok = tokenizer_for(ckpt)
-    except Exception as exc:  # no tokenizer: fine for --prompt-ids, fatal for text
+    except (ValueError, OSError, ImportError) as exc:  # no tokenizer: fine for --prompt-ids, fatal for text
         if ids is None:
-            raise InputError(f"--prompt needs a tokenizer: {_one_line(exc)}") from None
+            raise InputError(f"--prompt needs a tokenizer: {one_line(exc)}") from None
     if ids is not None:
         try:
             out = [int(x) for x in ids.replace(" ", "").split(",") if x != ""]

@@ -14,7 +14,7 @@ import optimized
 import reference
 from reference.config import KimiConfig
 from reference.synthetic import SyntheticSource
-from .test_model_parity import PROMPT, TINY, _float32_parity, check_logits
+from .test_model_parity import PROMPT, TINY, _float32_parity, check_bf16_run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -36,11 +36,7 @@ def test_bf16_64_greedy_steps_equal_the_recompute_path_and_stay_within_the_bound
     ids = PROMPT + tokens[:-1]
     recompute = model.forward(ids)[len(PROMPT) - 1:].argmax(-1).tolist()
     assert recompute == tokens
-    trace = {}
-    ref = reference.load(source).forward(ids, trace=trace)
-    T0 = len(PROMPT)
-    check_logits(config, source, torch.stack(steps).cpu(), ref[T0 - 1:], trace["final_norm"][T0 - 1:],
-                 np.arange(T0 - 1, len(ids)), "bfloat16", f"{preset}: bf16 decode steps")
+    check_bf16_run(config, source, model, PROMPT, logits, torch.stack(steps), tokens)
 
 
 def test_float32_medium_preset_matches_the_reference_on_the_gpu():

@@ -263,16 +263,54 @@ def test_bf16_greedy_decode_equals_the_recompute_path_token_for_token(bf16_run):
     assert recompute == tokens
 
 
-def test_bf16_logits_stay_within_the_bf16_bound_of_the_reference(bf16_run, tiny_source):
-    tokens = bf16_run["tokens"]
-    ids = PROMPT + tokens[:-1]
-    trace = {}
-    ref = reference.load(tiny_source).forward(ids, trace=trace)
-    T0 = len(PROMPT)
-    check_logits(TINY, tiny_source, bf16_run["prefill"], ref[:T0], trace["final_norm"][:T0],
+def router_flips(config, ref_trace, opt_trace):
+    """Positions where the optimized router picked other experts than the reference, per MoE layer:
+    [(layer, position, ref margin between the swapped experts, measured selection noise)]."""
+    flips = []
+    for i in range(config.num_hidden_layers):
+        key = f"layers.{i}.router.ids"
+        if key not in ref_trace:
+            continue
+        ref_ids = np.sort(np.asarray(ref_trace[key]), -1)
+        opt_ids = np.sort(opt_trace[key].cpu().numpy(), -1)
+        ref_sel = np.asarray(ref_trace[f"layers.{i}.router.selection"])
+        opt_sel = opt_trace[f"layers.{i}.router.selection"].double().cpu().numpy()
+        for t in np.where((ref_ids != opt_ids).any(-1))[0]:
+            dropped = np.setdiff1d(ref_ids[t], opt_ids[t])
+            added = np.setdiff1d(opt_ids[t], ref_ids[t])
+            margin = ref_sel[t, dropped].min() - ref_sel[t, added].max()
+            flips.append((i, int(t), float(margin), float(np.abs(opt_sel[t] - ref_sel[t]).max())))
+    return flips
+
+
+def check_bf16_run(config, source, model, prompt, prefill_logits, steps, tokens):
+    """Logits of a bf16 prefill + greedy decode within the bound wherever the discrete router
+    decisions agree with the reference. A top-k flip is a discontinuity no smooth bound covers: each
+    flip must be a near-tie (the reference margin between the swapped experts within twice the
+    measured selection-score error at that token), and rows from the first flip on are causally
+    downstream of it, so they are not bound-checked."""
+    ids = list(prompt) + list(tokens[:-1])
+    trace, opt_trace = {}, {}
+    ref = reference.load(source).forward(ids, trace=trace)
+    model.forward(ids, trace=opt_trace)
+    flips = router_flips(config, trace, opt_trace)
+    for layer, pos, margin, noise in flips:
+        assert margin <= 2 * noise, (f"router flip at layer {layer}, position {pos}: margin {margin:.4g} "
+                                     f"is not within the selection noise 2 x {noise:.4g}")
+    first = min([pos for _, pos, _, _ in flips], default=len(ids))
+    assert first >= 4, f"a router flip at position {first} leaves too few rows to bound-check: {flips}"
+    T0, S0 = min(len(prompt), first), len(prompt) - 1
+    check_logits(config, source, prefill_logits[:T0].cpu(), ref[:T0], trace["final_norm"][:T0],
                  np.arange(T0), "bfloat16", "bf16 prefill")
-    check_logits(TINY, tiny_source, bf16_run["steps"], ref[T0 - 1:], trace["final_norm"][T0 - 1:],
-                 np.arange(T0 - 1, len(ids)), "bfloat16", "bf16 decode steps")
+    if first > S0:
+        check_logits(config, source, steps[: first - S0].cpu(), ref[S0:first], trace["final_norm"][S0:first],
+                     np.arange(S0, first), "bfloat16", "bf16 decode steps")
+    return flips
+
+
+def test_bf16_logits_stay_within_the_bf16_bound_of_the_reference(bf16_run, tiny_source):
+    check_bf16_run(TINY, tiny_source, bf16_run["model"], PROMPT, bf16_run["prefill"], bf16_run["steps"],
+                   bf16_run["tokens"])
 
 
 def test_bf16_run_to_run_outputs_are_bitwise_identical(bf16_run, tiny_source):
