@@ -5,8 +5,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
-import tempfile
 
 SCHEMA_ID = "kimi-parity/certificate"
 SCHEMA_VERSION = 1
@@ -87,9 +85,6 @@ def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=Non
 
 def write_json(path: str, doc: dict) -> None:
     """Write ``doc`` atomically (strict JSON: non-finite numbers are refused)."""
-    text = json.dumps(doc, indent=1, allow_nan=False)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".certificate-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
-    os.replace(tmp, path)
+    from parity.atomic import atomic_write
+
+    atomic_write(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")

@@ -36,6 +36,9 @@ def _router_kernel(logit_ptr, bias_ptr, w_ptr, id_ptr, T, E, EG, stride_l, scali
     s = sigmoid_f(lg)
     sel = s + tl.load(bias_ptr + e, mask=emask, other=0.0).to(CD)[None, :]
     neg = float("-inf")
+    # a NaN score is selected last (as in the reference's sort), so ids stay in range and distinct;
+    # its NaN still reaches the output through the weights when it is selected
+    sel = tl.where(sel == sel, sel, -3.0e38)  # below any score, above the -inf of taken experts
     sel = tl.where(emask[None, :], sel, neg)
     if G > 1:
         # group score = sum of the group's two largest selection scores; keep the KG best groups

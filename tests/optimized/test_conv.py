@@ -17,47 +17,8 @@ import pytest
 import torch
 
 from optimized import _counters, conv
-from optimized.elementwise._precision import triton_bf16_cast_rounds_to_nearest
 
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels on a GPU, else the interpreter
-DTYPES = [torch.float32, torch.bfloat16, torch.float64]
-U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
-
-
-def u_compute(dtype):
-    return U[torch.float64] if dtype == torch.float64 else U[torch.float32]
-
-
-def rho_out(dtype):
-    if dtype in (torch.float32, torch.float64):
-        return 0.0
-    return U[dtype] * (1 if triton_bf16_cast_rounds_to_nearest() else 2)
-
-
-def gamma(n, u):
-    return n * u / (1 - n * u)
-
-
-def assert_within(what, out, ref, bound):
-    """Fail unless every |out - ref| <= bound; report the worst element."""
-    o = out.detach().to(torch.float64).cpu()
-    assert o.shape == ref.shape, f"{what}: shape {tuple(o.shape)} vs reference {tuple(ref.shape)}"
-    assert torch.equal(torch.isnan(o), torch.isnan(ref)), f"{what}: NaN pattern differs"
-    if bool((ref != 0).any()):
-        assert bool((o != 0).any()), f"{what}: degenerate output (all zeros)"
-    err = (o - ref).abs()
-    bad = err > bound
-    if bad.any():
-        i = int((err - bound).flatten().argmax())
-        idx = np.unravel_index(i, tuple(o.shape))
-        raise AssertionError(
-            f"{what}: {int(bad.sum())} of {o.numel()} elements beyond the bound; worst at {idx}: "
-            f"got {o.flatten()[i].item()!r}, reference {ref.flatten()[i].item()!r}, "
-            f"error {err.flatten()[i].item():.3e}, bound {bound.flatten()[i].item():.3e}")
-
-
-def np64(t):
-    return None if t is None else t.detach().to(torch.float64).cpu().numpy()
+from ._bounds import DEV, DTYPES, u_compute, rho_triton, gamma, np64, assert_within
 
 
 def ref_short_conv(x, w, s0=None):
@@ -76,7 +37,7 @@ def conv_bound(x, w, s0, y_ref, dtype):
     absum = sum(wd[:, j].abs() * xp[:, j:j + T].abs() for j in range(W))
     a = sum(wd[:, j] * xp[:, j:j + T] for j in range(W))
     uc = u_compute(dtype)
-    return (1.1 * gamma(W, uc) * absum + (rho_out(dtype) + 8 * (a.abs() + 1) * uc) * y_ref.abs()
+    return (1.1 * gamma(W, uc) * absum + (rho_triton(dtype) + 8 * (a.abs() + 1) * uc) * y_ref.abs()
             + torch.finfo(dtype).tiny)
 
 

@@ -18,44 +18,8 @@ import torch
 
 import optimized
 from optimized import _counters, elementwise
-from optimized.elementwise._precision import triton_bf16_cast_rounds_to_nearest
 
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels on a GPU, else the interpreter
-DTYPES = [torch.float32, torch.bfloat16, torch.float64]
-U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
-
-
-def u_compute(dtype):
-    return U[torch.float64] if dtype == torch.float64 else U[torch.float32]
-
-
-def rho_out(dtype):
-    """Relative error of one in-kernel rounding from the compute dtype to ``dtype``."""
-    if dtype in (torch.float32, torch.float64):
-        return 0.0
-    return U[dtype] * (1 if triton_bf16_cast_rounds_to_nearest() else 2)
-
-
-def assert_within(what, out, ref, bound):
-    """Fail unless every |out - ref| <= bound; report the worst element. Returns max err/bound."""
-    o = out.detach().to(torch.float64).cpu()
-    assert o.shape == ref.shape, f"{what}: shape {tuple(o.shape)} vs reference {tuple(ref.shape)}"
-    assert torch.equal(torch.isnan(o), torch.isnan(ref)), f"{what}: NaN pattern differs"
-    fin = torch.isfinite(ref)
-    assert torch.equal(torch.isfinite(o), fin), f"{what}: Inf pattern differs"
-    if bool((ref[fin] != 0).any()):
-        assert bool((o[fin] != 0).any()), f"{what}: degenerate output (all zeros)"
-    err = torch.where(fin, (o - ref).abs(), torch.zeros_like(o))
-    bad = err > bound
-    ratio = (err / bound.clamp_min(torch.finfo(torch.float64).tiny)).max().item()
-    if bad.any():
-        i = int((err - bound).flatten().argmax())
-        idx = np.unravel_index(i, tuple(o.shape))
-        raise AssertionError(
-            f"{what}: {int(bad.sum())} of {o.numel()} elements beyond the bound; worst at {idx}: "
-            f"got {o.flatten()[i].item()!r}, reference {ref.flatten()[i].item()!r}, "
-            f"error {err.flatten()[i].item():.3e}, bound {bound.flatten()[i].item():.3e}")
-    return ratio
+from ._bounds import DEV, DTYPES, u_compute, rho_triton, assert_within
 
 
 def reference_op(name):
@@ -74,7 +38,7 @@ def make_x(dtype, n=1031, seed=0):
 
 def bound(x, r, dtype, c=8.0):
     xd = x.to(torch.float64).cpu()
-    return (rho_out(dtype) + c * (xd.abs() + 1) * u_compute(dtype)) * r.abs() + torch.finfo(dtype).tiny
+    return (rho_triton(dtype) + c * (xd.abs() + 1) * u_compute(dtype)) * r.abs() + torch.finfo(dtype).tiny
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -16,21 +16,7 @@ import torch
 
 from optimized import _counters, embed
 
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels on a GPU, else the interpreter
-DTYPES = [torch.float32, torch.bfloat16, torch.float64]
-U = {torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
-
-
-def u_compute(dtype):
-    return U[torch.float64] if dtype == torch.float64 else U[torch.float32]
-
-
-def gamma(n, u):
-    return n * u / (1 - n * u)
-
-
-def np64(t):
-    return t.detach().to(torch.float64).cpu().numpy()
+from ._bounds import DEV, DTYPES, U, u_compute, gamma, np64, assert_within
 
 
 def _fallback_embedding(ids, table):
@@ -48,23 +34,6 @@ def reference_op(name):
     except ImportError:
         mod = None
     return getattr(mod, name, None) or globals()[f"_fallback_{name}"]
-
-
-def assert_within(what, out, ref, bound):
-    o = out.detach().to(torch.float64).cpu()
-    assert o.shape == ref.shape, f"{what}: shape {tuple(o.shape)} vs reference {tuple(ref.shape)}"
-    assert torch.isfinite(o).all(), f"{what}: non-finite output"
-    if bool((ref != 0).any()):
-        assert bool((o != 0).any()), f"{what}: degenerate output (all zeros)"
-    err = (o - ref).abs()
-    bad = err > bound
-    if bad.any():
-        i = int((err - bound).flatten().argmax())
-        idx = np.unravel_index(i, tuple(o.shape))
-        raise AssertionError(
-            f"{what}: {int(bad.sum())} of {o.numel()} elements beyond the bound; worst at {idx}: "
-            f"got {o.flatten()[i].item()!r}, reference {ref.flatten()[i].item()!r}, "
-            f"error {err.flatten()[i].item():.3e}, bound {bound.flatten()[i].item():.3e}")
 
 
 def lm_bound(h, w, r, dtype):

@@ -25,55 +25,10 @@ import pytest
 import torch
 
 from optimized import _counters, mla
-from optimized.elementwise._precision import triton_bf16_cast_rounds_to_nearest
 
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels on a GPU, else the interpreter
-DTYPES = [torch.float32, torch.bfloat16, torch.float64]
-U = {torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
+from ._bounds import DEV, DTYPES, u_compute, rho_triton, rho_torch, gamma, d64, np64, assert_within
+
 R_MLA = importlib.import_module("reference.mla")
-
-
-def u_compute(dtype):
-    return U[torch.float64] if dtype == torch.float64 else U[torch.float32]
-
-
-def rho_triton(dtype):
-    if dtype != torch.bfloat16:
-        return 0.0
-    return U[dtype] * (1 if triton_bf16_cast_rounds_to_nearest() else 2)
-
-
-def rho_torch(dtype):
-    return U[dtype] if dtype == torch.bfloat16 else 0.0
-
-
-def gamma(n, u):
-    return n * u / (1 - n * u)
-
-
-def d64(t):
-    return t.detach().to(torch.float64).cpu()
-
-
-def np64(t):
-    return d64(t).numpy()
-
-
-def assert_within(what, out, ref, bound):
-    o = d64(out)
-    assert o.shape == ref.shape, f"{what}: shape {tuple(o.shape)} vs reference {tuple(ref.shape)}"
-    assert torch.isfinite(o).all(), f"{what}: non-finite output"
-    if bool((ref != 0).any()):
-        assert bool((o != 0).any()), f"{what}: degenerate output (all zeros)"
-    err = (o - ref).abs()
-    bad = err > bound
-    if bad.any():
-        i = int((err - bound).flatten().argmax())
-        idx = np.unravel_index(i, tuple(o.shape))
-        raise AssertionError(
-            f"{what}: {int(bad.sum())} of {o.numel()} elements beyond the bound; worst at {idx}: "
-            f"got {o.flatten()[i].item()!r}, reference {ref.flatten()[i].item()!r}, "
-            f"error {err.flatten()[i].item():.3e}, bound {bound.flatten()[i].item():.3e}")
 
 
 def reference(form, q, latent, k_pe, w_kvb, scale=None):
@@ -135,7 +90,6 @@ def make(B, T, S, N, P, Rr, Vh, L, dtype, seed=0):
     k_pe = torch.randn(B, S, Rr, generator=g, dtype=torch.float64).to(dtype)
     w_kvb = (torch.randn(N * (P + Vh), L, generator=g, dtype=torch.float64) * L ** -0.5 * 2).to(dtype)
     return q.to(DEV), latent.to(DEV), k_pe.to(DEV), w_kvb.to(DEV)
-
 
 SMALL = dict(N=3, P=16, Rr=8, Vh=12, L=24)
 SHAPES = [(2, 3, 37, 1), (1, 20, 20, 2), (3, 1, 45, 3)]  # (B, T, S, num_splits): chunk, prefill, decode

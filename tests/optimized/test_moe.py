@@ -26,55 +26,10 @@ import pytest
 import torch
 
 from optimized import _counters, moe
-from optimized.elementwise._precision import triton_bf16_cast_rounds_to_nearest
 
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels on a GPU, else the interpreter
-DTYPES = [torch.float32, torch.bfloat16, torch.float64]
-U = {torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
+from ._bounds import DEV, DTYPES, u_compute, rho_triton, rho_torch, gamma, d64, np64, assert_within
+
 R = importlib.import_module("reference.moe")
-
-
-def u_compute(dtype):
-    return U[torch.float64] if dtype == torch.float64 else U[torch.float32]
-
-
-def rho_triton(dtype):
-    if dtype != torch.bfloat16:
-        return 0.0
-    return U[dtype] * (1 if triton_bf16_cast_rounds_to_nearest() else 2)
-
-
-def rho_torch(dtype):
-    return U[dtype] if dtype == torch.bfloat16 else 0.0
-
-
-def gamma(n, u):
-    return n * u / (1 - n * u)
-
-
-def d64(t):
-    return t.detach().to(torch.float64).cpu()
-
-
-def np64(t):
-    return d64(t).numpy()
-
-
-def assert_within(what, out, ref, bound):
-    o = d64(out)
-    assert o.shape == ref.shape, f"{what}: shape {tuple(o.shape)} vs reference {tuple(ref.shape)}"
-    assert torch.isfinite(o).all(), f"{what}: non-finite output"
-    if bool((ref != 0).any()):
-        assert bool((o != 0).any()), f"{what}: degenerate output (all zeros)"
-    err = (o - ref).abs()
-    bad = err > bound
-    if bad.any():
-        i = int((err - bound).flatten().argmax())
-        idx = np.unravel_index(i, tuple(o.shape))
-        raise AssertionError(
-            f"{what}: {int(bad.sum())} of {o.numel()} elements beyond the bound; worst at {idx}: "
-            f"got {o.flatten()[i].item()!r}, reference {ref.flatten()[i].item()!r}, "
-            f"error {err.flatten()[i].item():.3e}, bound {bound.flatten()[i].item():.3e}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -111,7 +66,6 @@ def well_separated(T, E, dtype, seed):
     gaps = sel.sort(1).values.diff(1)
     assert gaps.min() > 1e-4, "test data has a near-tie; change the seed"
     return logits.to(DEV), bias.to(DEV)
-
 
 CASES = [  # (E, top_k, num_groups, topk_groups)
     (24, 4, 1, 1), (24, 4, 4, 2), (24, 5, 6, 3), (24, 3, 24, 5), (16, 8, 1, 1), (10, 1, 1, 1)]
@@ -288,7 +242,6 @@ def test_swiglu_refuses_tf32_in_fp32():
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 
-
 EXPERT_CASES = [  # (T, D, F, E, k_e, form): decode and a few tokens in both forms; prefill-like
     # (grouped: several tiles per expert, partial tiles, an expert with no tokens possible)
     (1, 40, 24, 16, 8, "gemv"), (1, 40, 24, 16, 8, "grouped"), (5, 40, 24, 6, 3, "gemv"),
@@ -391,3 +344,18 @@ def test_gpu_model_shapes(T):
     bound = experts_bound(x[:n].cpu(), weights[:n].cpu(), sub.apply_(lambda e: remap[e]), w1s, w2s, w3s, dtype)
     assert_within("experts gpu", y[:n], r, bound)
     assert torch.equal(y.view(torch.int16), moe.experts(x, weights, ids, w1, w2, w3).view(torch.int16))
+
+
+def test_nan_scores_are_selected_last_so_ids_stay_in_range_and_distinct():
+    """A NaN router logit must not produce an out-of-range or repeated expert id (the experts
+    kernel would read out of bounds); as in the reference's sort, NaN scores rank last."""
+    from reference import moe as ref_moe
+
+    logits = torch.randn(3, 8, dtype=torch.float32, generator=torch.Generator().manual_seed(3))
+    logits[0, 2] = float("nan")
+    logits[1, :] = float("nan")
+    bias = torch.zeros(8)
+    weights, ids = moe.router(logits.to(DEV), bias.to(DEV), top_k=2)
+    _, ref_ids = ref_moe.router(logits.double().numpy(), bias.double().numpy(), top_k=2)
+    assert ids.cpu().tolist() == ref_ids.tolist()
+    assert torch.isnan(weights[1]).all() and torch.isfinite(weights[[0, 2]]).all()

@@ -17,45 +17,8 @@ import pytest
 import torch
 
 from optimized import _counters, norm
-from optimized.elementwise._precision import triton_bf16_cast_rounds_to_nearest
 
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled kernels on a GPU, else the interpreter
-DTYPES = [torch.float32, torch.bfloat16, torch.float64]
-U = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24, torch.float64: 2.0 ** -53}
-
-
-def u_compute(dtype):
-    return U[torch.float64] if dtype == torch.float64 else U[torch.float32]
-
-
-def rho_out(dtype):
-    """Relative error of one in-kernel rounding from the compute dtype to ``dtype``."""
-    if dtype in (torch.float32, torch.float64):
-        return 0.0
-    return U[dtype] * (1 if triton_bf16_cast_rounds_to_nearest() else 2)
-
-
-def assert_within(what, out, ref, bound):
-    """Fail unless every |out - ref| <= bound; report the worst element. Returns max err/bound."""
-    o = out.detach().to(torch.float64).cpu()
-    assert o.shape == ref.shape, f"{what}: shape {tuple(o.shape)} vs reference {tuple(ref.shape)}"
-    assert torch.equal(torch.isnan(o), torch.isnan(ref)), f"{what}: NaN pattern differs"
-    if bool((ref != 0).any()):
-        assert bool((o != 0).any()), f"{what}: degenerate output (all zeros)"
-    err = (o - ref).abs()
-    bad = err > bound
-    if bad.any():
-        i = int((err - bound).flatten().argmax())
-        idx = np.unravel_index(i, tuple(o.shape))
-        raise AssertionError(
-            f"{what}: {int(bad.sum())} of {o.numel()} elements beyond the bound; worst at {idx}: "
-            f"got {o.flatten()[i].item()!r}, reference {ref.flatten()[i].item()!r}, "
-            f"error {err.flatten()[i].item():.3e}, bound {bound.flatten()[i].item():.3e}")
-    return (err / bound.clamp_min(torch.finfo(torch.float64).tiny)).max().item()
-
-
-def np64(t):
-    return t.detach().to(torch.float64).cpu().numpy()
+from ._bounds import DEV, DTYPES, u_compute, rho_triton, np64, assert_within
 
 
 def ref(name, *args, **kw):
@@ -65,7 +28,7 @@ def ref(name, *args, **kw):
 
 def bound(r, dtype, D, gate=None):
     uc = u_compute(dtype)
-    rel = rho_out(dtype) + (D / 2 + 8) * uc
+    rel = rho_triton(dtype) + (D / 2 + 8) * uc
     if gate is not None:
         rel = rel + 8 * (gate.to(torch.float64).cpu().abs() + 1) * uc
     return rel * r.abs() + torch.finfo(dtype).tiny
