@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..elementwise.kernels import sigmoid_f, softplus_f  # noqa: F401  (sigmoid_f: re-exported for gate.py)
+
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
@@ -158,29 +160,9 @@ SUM = tl.standard._sum_combine
 
 
 @triton.jit
-def sigmoid_f(x):
-    """``1/(1+exp(-x))`` without overflow and with relative accuracy for large ``|x|``."""
-    z = tl.exp(-tl.abs(x))
-    r = 1.0 / (1.0 + z)
-    return tl.where(x >= 0, r, z * r)
-
-
-@triton.jit
-def softplus_f(x):
-    """``x`` for ``x > 20`` (torch's threshold) else ``max(x,0) + log1p(exp(-|x|))``.
-
-    log1p by Kahan's trick (``log(w) * z / (w - 1)``, ``w = 1 + z``; ``w - 1`` is exact), portable."""
-    z = tl.exp(-tl.abs(x))
-    w = 1.0 + z
-    d = w - 1.0
-    l1p = tl.where(d == 0.0, z, tl.log(w) * (z / tl.where(d == 0.0, 1.0, d)))
-    return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + l1p)
-
-
-@triton.jit
 def kda_gate_f(x, a, bias):
     """``g = -a * softplus(x + bias)`` with ``a = exp(A_log)`` (log-space decay, <= 0)."""
-    return -a * softplus_f(x + bias)
+    return -a * softplus_f(x + bias, 20.0)  # torch's threshold (spec b.1)
 
 
 @triton.jit
