@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from optimized import _counters, kda
+from ._bounds import assert_within
 
 rk = pytest.importorskip("reference.kda")
 
@@ -155,26 +156,6 @@ def err_scale(dtype, T, K, BT=64, Gc=0.0):
     return rho_d * math.sqrt(nc) + u_a * (math.sqrt(K + min(T, BT) + nc) + Gc)
 
 
-def within(what, out, ref, bound):
-    """Fail unless every |out - ref| <= bound (broadcast); returns max(err / bound)."""
-    o = out.detach().to(torch.float64).cpu()
-    assert o.shape == ref.shape, f"{what}: shape {tuple(o.shape)} vs reference {tuple(ref.shape)}"
-    assert torch.equal(torch.isfinite(o), torch.isfinite(ref)), f"{what}: NaN/Inf pattern differs"
-    if bool((ref != 0).any()):
-        assert bool((o != 0).any()), f"{what}: degenerate output (all zeros)"
-    bound = bound.expand_as(ref)
-    err = (o - ref).abs()
-    ratio = err / bound.clamp_min(1e-300)
-    worst = float(ratio.max()) if ratio.numel() else 0.0
-    if worst > 1.0:
-        i = int(ratio.flatten().argmax())
-        idx = np.unravel_index(i, tuple(o.shape))
-        raise AssertionError(f"{what}: error {err.flatten()[i].item():.3e} at {idx} is {worst:.2f}x the "
-                             f"bound {bound.flatten()[i].item():.3e} (got {o.flatten()[i].item()!r}, "
-                             f"reference {ref.flatten()[i].item()!r})")
-    return worst
-
-
 def check(what, d, o, s, *, fused=False, cu=None, BT=64, scale=None, ref=None):
     """Compare (o, state) against the reference within the bound; returns the two err/bound ratios."""
     ro, rs = ref if ref is not None else reference(d, fused=fused, cu=cu, scale=scale)
@@ -184,7 +165,7 @@ def check(what, d, o, s, *, fused=False, cu=None, BT=64, scale=None, ref=None):
     assert s.dtype == (torch.float64 if d["q"].dtype == torch.float64 else torch.float32), \
         f"{what}: state dtype {s.dtype}"
     assert o.dtype == d["q"].dtype, f"{what}: output dtype {o.dtype}"
-    return within(f"{what} o", o, ro, e * mag_o), within(f"{what} state", s, rs, e * Smax)
+    return assert_within(f"{what} o", o, ro, e * mag_o), assert_within(f"{what} state", s, rs, e * Smax)
 
 
 def run(op, d, **kw):
@@ -217,7 +198,7 @@ def test_gate(dtype):
     ref = torch.from_numpy(rk.gate(np64(g_raw), np64(A_log), np64(dt_bias)))
     x = g_raw.double() + dt_bias.double().view(HV, K)
     bound = 8 * (x.abs() + 1) * U[acc] * ref.abs() + torch.finfo(acc).tiny
-    within("gate", g, ref, bound)
+    assert_within("gate", g, ref, bound)
     assert bool((g <= 0).all())
     # checkpoint-shaped A_log [1,1,HV,1] is accepted
     g2 = kda.gate(g_raw.to(DEV), A_log.view(1, 1, HV, 1).to(DEV), dt_bias.to(DEV))
@@ -225,7 +206,7 @@ def test_gate(dtype):
     # teeth: A_log + 1 is e times the gate
     bad = kda.gate(g_raw.to(DEV), (A_log + 1).to(DEV), dt_bias.to(DEV))
     with pytest.raises(AssertionError):
-        within("gate mutant", bad, ref, bound)
+        assert_within("gate mutant", bad, ref, bound)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -283,8 +264,8 @@ def test_fused(dtype):
     check("fused_recurrent", d, orr, sr, fused=True, ref=ref)
     mag_o, Smax, Gc = magnitudes(d, fused=True)
     e = 2 * C * err_scale(dtype, 70, 32, 64, Gc)
-    within("fused chunked vs recurrent o", oc, orr.double().cpu(), e * mag_o)
-    within("fused chunked vs recurrent state", sc, sr.double().cpu(), e * Smax)
+    assert_within("fused chunked vs recurrent o", oc, orr.double().cpu(), e * mag_o)
+    assert_within("fused chunked vs recurrent state", sc, sr.double().cpu(), e * Smax)
 
 
 def test_fused_fp64():
@@ -401,7 +382,7 @@ def test_chunk_stages(dtype):
         r = ref[name]
         dims = (0, 1, 3) if name != "h" else (0, 2, 3)  # per value head
         scale_ = r.abs().amax(dim=dims, keepdim=True)
-        ratios[name] = within(f"stage {name} ({dtype})", st[name], r, e * scale_)
+        ratios[name] = assert_within(f"stage {name} ({dtype})", st[name], r, e * scale_)
     print(f"chunk stages {dtype}: err/bound " + ", ".join(f"{n} {x:.3g}" for n, x in ratios.items()))
 
 
@@ -441,8 +422,8 @@ def test_split_prefill():
         else:
             mag_o, Smax, Gc = magnitudes(d, fused=True)
             e = 2 * C * err_scale(torch.float32, T, 32, 64, Gc)
-            within(f"{op} split {split} o", o12, o.double().cpu(), e * mag_o)
-            within(f"{op} split {split} state", s2, s.double().cpu(), e * Smax)
+            assert_within(f"{op} split {split} o", o12, o.double().cpu(), e * mag_o)
+            assert_within(f"{op} split {split} state", s2, s.double().cpu(), e * Smax)
 
 
 # ------------------------------------------------------------------------------------------------

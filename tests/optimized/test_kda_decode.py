@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from optimized import _counters, kda
+from ._bounds import assert_within, np64
 
 rk = pytest.importorskip("reference.kda")
 
@@ -20,23 +21,6 @@ C = 4.0
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 
-
-def np64(x):
-    return x.detach().to(torch.float64).cpu().numpy()
-
-
-def within(what, out, ref, bound):
-    """Fail unless every |out - ref| <= bound (broadcast), on NaN/Inf pattern or all-zero output."""
-    o = out.detach().to(torch.float64).cpu()
-    assert o.shape == ref.shape, f"{what}: shape {tuple(o.shape)} vs reference {tuple(ref.shape)}"
-    assert torch.equal(torch.isfinite(o), torch.isfinite(ref)), f"{what}: NaN/Inf pattern differs"
-    if bool((ref != 0).any()):
-        assert bool((o != 0).any()), f"{what}: degenerate output (all zeros)"
-    bound = bound.expand_as(ref)
-    ratio = (o - ref).abs() / bound.clamp_min(1e-300)
-    worst = float(ratio.max())
-    assert worst <= 1.0, f"{what}: error is {worst:.2f}x the bound"
-    return worst
 
 SENTINEL = 1e30  # fills every slot no sequence names: must come back bit-identical
 
@@ -106,15 +90,15 @@ def test_decode_matches_reference_and_isolates_slots(dtype):
     assert o.shape == (3, 2, 48) and o.dtype == dtype
     ro, rs = reference_step(d, before, sl)
     bo, bs = step_bound(d, before, sl, dtype)
-    within(f"decode {dtype} o", o, ro, bo)
-    within(f"decode {dtype} state", pool[slots], rs, bs)
+    assert_within(f"decode {dtype} o", o, ro, bo)
+    assert_within(f"decode {dtype} state", pool[slots], rs, bs)
     for s in (1, 3, 5):  # never named: bit-identical
         assert torch.equal(pool[s], before[s]), f"slot {s} was touched"
     # teeth: reading the wrong slot fails the same check
     pool2 = before.clone()
     o_bad = decode(d, pool2, torch.tensor([0, 4, 2], dtype=torch.int32, device=DEV))
     with pytest.raises(AssertionError):
-        within("decode wrong slot", o_bad, ro, bo)
+        assert_within("decode wrong slot", o_bad, ro, bo)
 
 
 def test_decode_batched_equals_alone_bitwise():
@@ -188,8 +172,8 @@ def test_gpu_decode_real_shapes(B):
     o = decode(d, pool, sl)
     ro, rs = reference_step(d, before, sl)
     bo, bs = step_bound(d, before, sl, torch.bfloat16)
-    within(f"gpu decode B={B} o", o, ro, bo)
-    within(f"gpu decode B={B} state", pool[slots], rs, bs)
+    assert_within(f"gpu decode B={B} o", o, ro, bo)
+    assert_within(f"gpu decode B={B} state", pool[slots], rs, bs)
     untouched = sorted(set(range(2 * B)) - set(slots))
     assert torch.equal(pool[untouched], before[untouched])
     for b in (0, B - 1):
