@@ -31,7 +31,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optimized  # noqa: E402  (sets TRITON_INTERPRET=1 when there is no GPU)
 from benchmarks.bench_ops import on_gpu, sync  # noqa: E402
-from benchmarks.harness import HBM_BYTES_PER_S, Result, save  # noqa: E402
+from benchmarks.harness import (HBM_BYTES_PER_S, Result, kernel_profile, save,  # noqa: E402
+                                show_kernel_profile)
 from reference.config import KimiConfig  # noqa: E402
 from reference.synthetic import SyntheticSource  # noqa: E402
 
@@ -101,7 +102,8 @@ def _gpu_gb(fn_name: str) -> float | None:
     return getattr(torch.cuda, fn_name)() / GB if on_gpu() else None
 
 
-def bench_decode(model, B: int, prompt_len: int, steps: int, warmup: int, seed: int, common: dict) -> Result:
+def bench_decode(model, B: int, prompt_len: int, steps: int, warmup: int, seed: int, common: dict,
+                 profile: bool = False) -> Result:
     c = model.config
     rng = np.random.default_rng(seed)
     prompts = rng.integers(0, c.vocab_size, size=(B, prompt_len))
@@ -170,6 +172,8 @@ def bench_decode(model, B: int, prompt_len: int, steps: int, warmup: int, seed: 
           f"({extra['floor_tokens_per_s']:.1f} tok/s; weights {traffic['param_bytes'] / GB:.2f} GB, "
           f"states {traffic['state_bytes'] / GB:.3f} GB); experts touched per MoE layer "
           f"{extra['experts_touched_mean']:.1f}", flush=True)
+    if profile and on_gpu():  # where the GPU time of a step goes, kernel by kernel
+        show_kernel_profile(f"decode step B={B}", kernel_profile(step, reps=3))
     for cache in caches:
         cache.release()
     return Result("model.decode_step", params, ms, bytes_moved=traffic["bytes"],
@@ -185,6 +189,7 @@ def main(argv=None):
     ap.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 32; --smoke 8)")
     ap.add_argument("--steps", type=int, default=None, help="timed decode steps (default 32; --smoke 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed decode steps (default 3; --smoke 1)")
+    ap.add_argument("--profile", action="store_true", help="print the kernels of a step (torch.profiler)")
     args = ap.parse_args(argv)
     if not on_gpu() and not args.smoke:
         ap.error("no CUDA device: the 48B model needs the GPU (use --smoke on CPU)")
@@ -222,7 +227,8 @@ def main(argv=None):
                              **({"gpu_peak_GB": _gpu_gb("max_memory_allocated")} if on_gpu() else {})})]
     with torch.inference_mode():
         for B in batches:
-            results.append(bench_decode(model, B, prompt, steps, warmup, seed=B, common=common))
+            results.append(bench_decode(model, B, prompt, steps, warmup, seed=B, common=common,
+                                        profile=args.profile))
             print(results[-1].as_dict(), flush=True)
     if on_gpu():
         print(f"GPU peak allocated {_gpu_gb('max_memory_allocated'):.1f} GB, peak reserved "

@@ -14,6 +14,7 @@ import platform
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
+from collections import defaultdict
 from pathlib import Path
 
 HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy rate on the H200 (KINDS.md), not the datasheet 4.8
@@ -100,3 +101,29 @@ def save(results: list[Result], path: str | os.PathLike, *, command: str) -> Non
     payload = {"command": command, "environment": environment(), "results": [r.as_dict() for r in results]}
     Path(path).write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {path} ({len(results)} results)")
+
+
+def kernel_profile(fn, reps: int = 5) -> dict:
+    """{kernel name: (launches per call, device us per call)} over ``reps`` calls after a warm-up."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    per = defaultdict(lambda: [0, 0.0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per[ev.name][0] += 1
+            per[ev.name][1] += ev.device_time
+    return {k: (n / reps, us / reps) for k, (n, us) in per.items()}
+
+
+def show_kernel_profile(title: str, table: dict) -> None:
+    total = sum(us for _, us in table.values())
+    print(f"== {title}: {total:.1f} us of kernels per call")
+    for name, (n, us) in sorted(table.items(), key=lambda kv: -kv[1][1]):
+        print(f"   {us:10.1f} us  x{n:<4g} {name[:90]}")

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Correctness on one GPU in one call: the test suite on CUDA (GPU-only tests included) and
+# `parity certify --device cuda`, side by side (correctness only; nothing here is timed), logs and
+# the certificate JSON under $OUT.
+#
+#   device run (kind nvidia-h200):   bash benchmarks/check_gpu.sh [pytest selection...]
+#
+# CHECK_LIMIT_S (default 330) bounds each of the two jobs.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+# installed (not just on PYTHONPATH) so pytest finds the parity plugin's entry point
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
+    || { echo "pip install -e . failed (see install.log): PYTHONPATH only"; export PYTHONPATH=$PWD; }
+LIMIT=${CHECK_LIMIT_S:-330}
+SEL=${*:-tests}
+echo "check_gpu.sh: pytest $SEL and parity certify --device cuda, ${LIMIT}s each"
+( timeout -k 10 "$LIMIT" python3 -m pytest -q -p no:cacheprovider -rfs --durations=15 $SEL \
+    >"$OUT/pytest-cuda.log" 2>&1; echo "pytest rc=$?" >>"$OUT/pytest-cuda.log" ) &
+( timeout -k 10 "$LIMIT" python3 -m parity.cli certify --device cuda --json "$OUT/certificate-cuda.json" \
+    >"$OUT/certify-cuda.log" 2>&1; echo "certify rc=$?" >>"$OUT/certify-cuda.log" ) &
+wait
+tail -n 25 "$OUT/pytest-cuda.log"
+tail -n 40 "$OUT/certify-cuda.log"
