@@ -2,8 +2,8 @@
 every op family (torch for the plain projection GEMMs), carried state for serving-style decode.
 
 ``load(path_or_source, *, device=None, dtype="bfloat16", moe_combine="unbiased", kv_norm_eps=1e-6,
-backends=None)`` returns a ``Model`` with the reference's API (``forward``, ``prefill``, ``decode``)
-plus ``decode_batch`` and ``new_pool`` for batched decode (``optimized.cache``).
+backends=None, cuda_graphs=None)`` returns a ``Model`` with the reference's API (``forward``,
+``prefill``, ``decode``) plus ``decode_batch`` and ``new_pool`` for batched decode (``optimized.cache``).
 
 Which kernel runs where:
 
@@ -40,6 +40,12 @@ than ``decode_tile`` sequences run as several steps. The routed experts run on t
 in the per-(token, expert) GEMV form whatever their number, and the MLA decode splits its key range
 into ``model.mla_decode_splits`` slices (fixed per model, never chosen from the batch).
 
+CUDA graphs (``model.cuda_graphs``, on by default on CUDA with every family on Triton): ``decode`` /
+``decode_batch`` without a ``trace`` replay a captured graph of the decode step (``optimized.graphs``:
+per pool and number of sequences, recaptured when the pool's paged cache grows) instead of launching
+its ~15 kernels per layer from Python; the logits are bitwise those of the eager step, which still
+runs with a ``trace``, on CPU and with ``cuda_graphs=False``.
+
 ``trace`` (a dict) receives detached tensors under the keys of docs/ARCHITECTURE.md, ``[T, ...]``
 (in ``decode`` T = 1; in ``decode_batch`` the rows are the B sequences).
 
@@ -60,6 +66,7 @@ from . import backends as _backends
 from ._interpreter import interpreting
 from .cache import CachePool, SequenceCache
 from .elementwise._precision import require_ieee_fp32_matmul
+from .mla import DECODE_SPLITS
 from .weights import KDAWeights, ModelWeights, load_weights
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
@@ -102,7 +109,7 @@ class Model:
     """Kimi-Linear on the device (see the module docstring)."""
 
     def __init__(self, source, weights: ModelWeights, *, device: torch.device, dtype: str,
-                 moe_combine: str, kv_norm_eps: float, backends: dict[str, str]):
+                 moe_combine: str, kv_norm_eps: float, backends: dict[str, str], cuda_graphs: bool = False):
         self.source = source
         self.config: KimiConfig = source.config
         self.weights = weights
@@ -114,9 +121,16 @@ class Model:
         # any fixed value keeps decode batch-invariant, a larger one batches more per launch
         self.decode_tile = DECODE_TILE if device.type == "cuda" else CPU_DECODE_TILE
         # MLA decode splits the key range in a fixed number of slices (never chosen from the batch)
-        self.mla_decode_splits = 1 if device.type == "cpu" else 8
+        self.mla_decode_splits = 1 if device.type == "cpu" else DECODE_SPLITS
         self.variants = {"moe_combine": moe_combine, "kv_norm_eps": float(kv_norm_eps),
                          "dtype": dtype, "device": str(device), "backends": dict(backends)}
+        # decode steps without a trace replay captured CUDA graphs (optimized.graphs)
+        self.cuda_graphs = bool(cuda_graphs)
+        self._graphs = None
+        if self.cuda_graphs:
+            from .graphs import DecodeGraphs
+
+            self._graphs = DecodeGraphs(device, self.decode_tile)
 
     def __repr__(self) -> str:
         return f"optimized.Model({self.source.describe()}, variants={self.variants})"
@@ -283,6 +297,22 @@ class Model:
         ids = torch.cat([ids, ids.new_zeros(pad)])
         slots = torch.tensor([s.slot for s in seqs] + [-1] * pad, dtype=torch.int64, device=self.device)
         batch = pool.decode_batch(seqs, tile)
+        if trace is None and self._graphs is not None:
+            logits = self._graphs.run(self._decode_step, pool, B, ids, slots, batch)
+        else:
+            sub = None if trace is None else {}
+            logits = self._decode_step(ids, slots, batch, pool, B, sub)
+            if trace is not None:
+                trace.update({k: v[:B] for k, v in sub.items()})
+        for s in seqs:
+            s.length += 1
+        return logits[:B]
+
+    def _decode_step(self, ids: torch.Tensor, slots: torch.Tensor, batch, pool: CachePool, rows: int,
+                     trace: dict | None = None) -> torch.Tensor:
+        """Logits ``[tile, vocab]`` of one decode step over ``decode_tile`` rows, the first ``rows``
+        of them sequences (``ids``, ``slots [tile]``, ``batch`` a ``DecodeBatch`` of ``tile`` rows).
+        Device work only (no host sync, no host allocation): ``optimized.graphs`` captures it."""
         h = self.ops.embedding(ids, self.weights.embed)
 
         def mixer(i, x):
@@ -291,13 +321,8 @@ class Model:
                 return self._kda_decode(i, lw.mixer, x, pool, slots)
             return self._mla_decode(i, lw.mixer, x, pool, batch)
 
-        sub = None if trace is None else {}
-        h = self._stack(h, mixer, rows=B, trace=sub)
-        if trace is not None:
-            trace.update({k: v[:B] for k, v in sub.items()})
-        for s in seqs:
-            s.length += 1
-        return self._logits(h)[:B]
+        h = self._stack(h, mixer, rows=rows, trace=trace)
+        return self._logits(h)
 
     # -- KDA (b.10) ------------------------------------------------------------------------------
     def _kda_split(self, kw: KDAWeights, x: torch.Tensor):
@@ -409,15 +434,18 @@ class Model:
 
 
 def load(path_or_source, *, device=None, dtype="bfloat16", moe_combine: str = "unbiased",
-         kv_norm_eps: float = 1e-6, backends: dict | None = None) -> Model:
+         kv_norm_eps: float = 1e-6, backends: dict | None = None, cuda_graphs: bool | None = None) -> Model:
     """The optimized model of a checkpoint directory or a ``WeightSource`` (reference
     ``open_source`` / ``SyntheticSource``), weights resident on ``device`` (None: cuda if available,
     else cpu) in ``dtype`` ("bfloat16", "float32" or "float64").
 
     ``moe_combine`` ("unbiased" | "biased") and ``kv_norm_eps`` as ``reference.load``; ``backends``
-    ``{family: "triton" | "reference"}`` (``optimized.backends``). Raises ``ValueError`` for an
-    unknown variant, dtype, backend or an unusable device, ``CheckpointError`` for a broken
-    checkpoint (including non-finite weights, named)."""
+    ``{family: "triton" | "reference"}`` (``optimized.backends``). ``cuda_graphs``: replay the
+    decode step as a captured CUDA graph (``optimized.graphs``; bitwise the eager logits); None: on
+    when the device is CUDA and every family runs on Triton (the reference backends sync with the
+    host), off otherwise; True where that does not hold is a ``ValueError``. Raises ``ValueError``
+    for an unknown variant, dtype, backend, an unusable device or ``cuda_graphs`` setting,
+    ``CheckpointError`` for a broken checkpoint (including non-finite weights, named)."""
     from reference.checkpoint import WeightSource, open_source
 
     if moe_combine not in MOE_COMBINES:
@@ -437,6 +465,27 @@ def load(path_or_source, *, device=None, dtype="bfloat16", moe_combine: str = "u
     if dev.type == "cpu" and any(v == "triton" for v in choice.values()) and not interpreting():
         raise ValueError("device 'cpu': the Triton kernels run on CPU only under the Triton interpreter; "
                          "set TRITON_INTERPRET=1 before importing optimized")
+    graphs = _resolve_cuda_graphs(cuda_graphs, dev, choice)
     weights = load_weights(source, device=dev, dtype=DTYPES[dtype_name])
     return Model(source, weights, device=dev, dtype=dtype_name, moe_combine=moe_combine,
-                 kv_norm_eps=kv_norm_eps, backends=choice)
+                 kv_norm_eps=kv_norm_eps, backends=choice, cuda_graphs=graphs)
+
+
+def _resolve_cuda_graphs(cuda_graphs, dev: torch.device, choice: dict[str, str]) -> bool:
+    """``load``'s ``cuda_graphs``: None -> whether graphs can run here; True where they cannot -> a
+    ``ValueError`` that says why."""
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise ValueError(f"cuda_graphs: expected True, False or None, got {cuda_graphs!r}")
+    why = None
+    if dev.type != "cuda":
+        why = f"needs a CUDA device (device is {str(dev)!r})"
+    elif interpreting():
+        why = "cannot capture kernels run by the Triton interpreter (TRITON_INTERPRET=1)"
+    else:
+        swapped = sorted(f for f, v in choice.items() if v != "triton")
+        if swapped:
+            why = (f"needs every op family on Triton (the reference backend of {', '.join(swapped)} "
+                   "syncs with the host)")
+    if cuda_graphs and why:
+        raise ValueError(f"cuda_graphs=True {why}; use cuda_graphs=False or None")
+    return why is None if cuda_graphs is None else cuda_graphs

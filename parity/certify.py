@@ -233,11 +233,16 @@ def _summary(j) -> str:
     return f"{c.name}: {head}{worst}"
 
 
-def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str = "cpu",
+def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str | None = None,
                candidate: str = "optimized", examples: int | None = None, bytes_cases: int = 1,
                on_case=None) -> OpCertificate:
     """Certify one op (module docstring). ``examples``: drawn inputs per dtype (default: the
-    hypothesis profile's max_examples); ``on_case(op, dtype, case_dict)`` is called after each input."""
+    hypothesis profile's max_examples); ``on_case(op, dtype, case_dict)`` is called after each input.
+    ``device``: where the candidate runs (None: the optimized ops on cuda if available, else cpu;
+    the reference-f32 stand-in on cpu)."""
+    from .platform import default_device
+
+    device = default_device(device) if candidate == "optimized" else (device or "cpu")
     cert = OpCertificate(record, candidate)
     try:
         cand, counter = candidate_for(record, candidate)
@@ -358,9 +363,12 @@ def cpu_threads(device: str, n: int = 1):
         torch.set_num_threads(old)
 
 
-def certify(records, *, dtypes=("float32", "bfloat16"), device="cpu", candidate="optimized",
+def certify(records, *, dtypes=("float32", "bfloat16"), device=None, candidate="optimized",
             examples=None, on_case=None, on_op=None) -> list:
     """Certify several records; ``on_op(cert)`` is called as each finishes."""
+    from .platform import default_device
+
+    device = default_device(device) if candidate == "optimized" else (device or "cpu")
     out = []
     with cpu_threads(device):
         for rec in records:

@@ -84,8 +84,14 @@ class Prepared:
         return self._bounds[key]
 
 
-def prepare(record: OpRecord, case: Case, dtype: str, device: str = "cpu", rounding: str = "nearest") -> Prepared:
+def prepare(record: OpRecord, case: Case, dtype: str, device: str | None = None,
+            rounding: str = "nearest") -> Prepared:
+    """The case's inputs rounded to ``dtype`` on ``device`` (None: cuda if available, else cpu), and
+    the float64 reference of the rounded values."""
+    from .platform import default_device
+
     dtype = dtype_name(dtype)
+    device = default_device(device)
     tensors, f64 = {}, {}
     for name, arr in case.arrays.items():
         tensors[name], f64[name] = _to_torch(arr, record.policy.get(name, "io"), dtype, device)

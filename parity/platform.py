@@ -15,7 +15,17 @@ NEAREST = "nearest"
 TOWARD_ZERO = "toward-zero"
 
 
-def store_rounding(dtype: str, device: str = "cpu") -> str:
+def default_device(device: str | None = None) -> str:
+    """``device``, or where the optimized kernels run by default: ``cuda`` on a machine with a GPU
+    (compiled kernels), else ``cpu`` (the Triton interpreter)."""
+    if device is not None:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def store_rounding(dtype: str, device: str | None = None) -> str:
     """How a Triton kernel rounds a float32 value stored as ``dtype`` on ``device``: ``nearest`` or
     ``toward-zero``. float32/float64 runs are ``nearest`` (IEEE). Measured once per state of the
     interpreter's patches."""
@@ -23,7 +33,7 @@ def store_rounding(dtype: str, device: str = "cpu") -> str:
         return NEAREST
     from optimized import _interpreter
 
-    return _probe_rounding(dtype, device, _interpreter.interpreter_is_faithful())
+    return _probe_rounding(dtype, default_device(device), _interpreter.interpreter_is_faithful())
 
 
 @functools.lru_cache(maxsize=None)

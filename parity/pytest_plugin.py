@@ -1,7 +1,8 @@
 """pytest plugin (entry point ``pytest11``): the parity fixtures, ``--parity-device``, the
 ``parity_gpu`` marker, and the hypothesis profile.
 
-- ``--parity-device cpu|cuda`` (default ``cpu``): where the ``parity_device`` fixture points; tests
+- ``--parity-device auto|cpu|cuda`` (default ``auto``: cuda when a GPU is present, else cpu under the
+  Triton interpreter): where the ``parity_device`` fixture points; tests
   marked ``parity_gpu`` (and every test when ``cuda`` is asked for without a GPU) skip cleanly,
   naming the reason.
 - Fixtures: ``parity_device``, ``assert_parity`` (``assert_parity("kda.chunked", inputs)``, see
@@ -21,8 +22,8 @@ _GPU_REASON = "needs a CUDA GPU (parity_gpu); none is available"
 
 def pytest_addoption(parser):
     group = parser.getgroup("parity")
-    group.addoption("--parity-device", action="store", default="cpu", choices=("cpu", "cuda"),
-                    help="device for the parity fixtures (default cpu)")
+    group.addoption("--parity-device", action="store", default="auto", choices=("auto", "cpu", "cuda"),
+                    help="device for the parity fixtures (default auto: cuda if available, else cpu)")
 
 
 def pytest_configure(config):
@@ -55,6 +56,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def parity_device(pytestconfig) -> str:
     device = pytestconfig.getoption("--parity-device")
+    if device == "auto":
+        return "cuda" if _has_gpu() else "cpu"
     if device == "cuda" and not _has_gpu():
         pytest.skip("--parity-device cuda: no CUDA GPU available")
     return device

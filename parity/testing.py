@@ -26,7 +26,7 @@ def _to_case(record, inputs, kwargs) -> Case:
     return Case(arrays, dict(kwargs or {}), label="user inputs")
 
 
-def assert_parity(op: str, inputs, *, kwargs=None, dtype: str = "float32", device: str = "cpu",
+def assert_parity(op: str, inputs, *, kwargs=None, dtype: str = "float32", device: str | None = None,
                   candidate=None, rounding: str | None = None):
     """Check one registered op on the given inputs and raise AssertionError (naming the worst
     elements, their values and bounds) if any output is past its bound.

@@ -60,30 +60,28 @@ import triton.language as tl
 
 from .. import _counters
 from ._common import (SUM, acc_dtype, block_k, cdiv, check_gate_params, check_qkv, check_shape,
-                      check_tensor, dot, l2norm_rows, next_pow2, prepare_cu_seqlens, prepare_state,
+                      check_tensor, dot, next_pow2, prepare_cu_seqlens, prepare_state,
                       varlen_chunk_plan)
 from .gate import gate_chunk_cumsum
 
 
 @triton.jit
-def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md, ACC: tl.constexpr,
-               L2NORM: tl.constexpr):
-    """Rows ``tok`` of a [*, NH, D] tensor at head ``head``, widened to ACC, optionally l2-normalized."""
-    x = tl.load(ptr + (tok * NH + head)[:, None] * D + dd[None, :],
-                mask=valid[:, None] & md[None, :], other=0.0).to(ACC)
-    if L2NORM:
-        x = l2norm_rows(x)
-    return x
+def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md, ACC: tl.constexpr):
+    """Rows ``tok`` of a [*, NH, D] tensor at head ``head``, columns ``dd``, widened to ACC."""
+    return tl.load(ptr + (tok * NH + head)[:, None] * D + dd[None, :],
+                   mask=valid[:, None] & md[None, :], other=0.0).to(ACC)
 
 
 @triton.jit
 def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float64, T,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr,
-                  BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr,
-                  IS_VARLEN: tl.constexpr):
-    # NB = BT // BC sub-blocks, LOG2_NB = log2(NB), NV = cdiv(V, BV): passed in, since a local
-    # computed from constexprs is not a constexpr for the compiler
+                  BKS: tl.constexpr, NKS: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+                  L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr):
+    # NB = BT // BC sub-blocks, LOG2_NB = log2(NB), NKS = cdiv(K, BKS) key slices, NV = cdiv(V, BV):
+    # passed in, since a local computed from constexprs is not a constexpr for the compiler.
+    # Every [BT, K] operand is walked in BKS-wide key slices: small register tiles (a whole
+    # [64, 128] fp32 tile per operand spills), Akk / Aqk accumulate over the slices.
     ACC = Gc.dtype.element_ty
     DT = k.dtype.element_ty
     i_c = tl.program_id(0)
@@ -108,66 +106,81 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float
     cols = tl.arange(0, BT)
     tok = t0 + rows
     valid = tok < eos
-    dk = tl.arange(0, BK)
-    mk = dk < K
-
-    kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
-    qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
-    # G rows clamped to the last valid row: padding rows repeat G_last (non-increasing, finite)
-    Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                 mask=mk[None, :], other=0.0).to(ACC)
+    ds = tl.arange(0, BKS)
     b = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0).to(ACC)
 
-    # -- diagonal BC x BC sub-blocks, pairwise: step s fills column p(i) = blk0(i) + s of every row
+    # l2norm is a per-row scale: A[i, j] = rk_i rk_j A~[i, j] with A~ from the raw rows, so the
+    # slices below work on raw q, k and the norms are applied once, to the [BT, BT] results.
+    if L2NORM:
+        ssk = tl.zeros([BT], dtype=ACC)
+        ssq = tl.zeros([BT], dtype=ACC)
+        for ks in tl.static_range(NKS):
+            dk = ks * BKS + ds
+            mk = dk < K
+            kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC)
+            qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC)
+            ssk += tl.reduce(kt * kt, 1, SUM)
+            ssq += tl.reduce(qt * qt, 1, SUM)
+        rk = 1.0 / tl.sqrt(ssk + 1e-6)
+        rq = 1.0 / tl.sqrt(ssq + 1e-6)
+
     blk0 = (rows // BC) * BC
+    blk = rows // BC
     A = tl.zeros([BT, BT], dtype=ACC)
     Qm = tl.zeros([BT, BT], dtype=ACC)
-    for s in range(0, BC):
-        p = blk0 + s
-        tok_p = t0 + p
-        # gathered rows p(i) (loads, not helper calls: see _common.SUM on interpreter cost)
-        kp = tl.load(k + (tok_p * H + i_h)[:, None] * K + dk[None, :],
-                     mask=(tok_p < eos)[:, None] & mk[None, :], other=0.0).to(ACC)
-        if L2NORM:
-            kp = kp / tl.sqrt(tl.reduce(kp * kp, 1, SUM) + 1e-6)[:, None]
-        Gp = tl.load(Gc + (tl.minimum(tok_p, last) * HV + i_hv)[:, None] * K + dk[None, :],
+    for ks in tl.static_range(NKS):
+        dk = ks * BKS + ds
+        mk = dk < K
+        kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC)
+        qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC)
+        # G rows clamped to the last valid row: padding rows repeat G_last (non-increasing, finite)
+        Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
                      mask=mk[None, :], other=0.0).to(ACC)
-        # mask BEFORE exp: for p > i the difference G_i - G_p is >= 0 and may overflow
-        kpe = kp * tl.exp(tl.where((p <= rows)[:, None], Gm - Gp, float("-inf")))
-        a_val = tl.reduce(kt * kpe, 1, SUM)
-        q_val = tl.reduce(qt * kpe, 1, SUM)
-        hit = cols[None, :] == p[:, None]
-        A = tl.where(hit & (p < rows)[:, None], a_val[:, None], A)
-        Qm = tl.where(hit, q_val[:, None], Qm)
+        # -- diagonal BC x BC sub-blocks, pairwise: step s adds to column p(i) = blk0(i) + s of
+        # every row (loads, not helper calls, in the loop: see _common.SUM on interpreter cost)
+        for s in range(0, BC):
+            p = blk0 + s
+            tok_p = t0 + p
+            kp = tl.load(k + (tok_p * H + i_h)[:, None] * K + dk[None, :],
+                         mask=(tok_p < eos)[:, None] & mk[None, :], other=0.0).to(ACC)
+            Gp = tl.load(Gc + (tl.minimum(tok_p, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                         mask=mk[None, :], other=0.0).to(ACC)
+            # mask BEFORE exp: for p > i the difference G_i - G_p is >= 0 and may overflow
+            kpe = kp * tl.exp(tl.where((p <= rows)[:, None], Gm - Gp, float("-inf")))
+            a_val = tl.reduce(kt * kpe, 1, SUM)
+            q_val = tl.reduce(qt * kpe, 1, SUM)
+            hit = cols[None, :] == p[:, None]
+            A = tl.where(hit & (p < rows)[:, None], A + a_val[:, None], A)
+            Qm = tl.where(hit, Qm + q_val[:, None], Qm)
+        # -- off-diagonal sub-blocks through reference rows: both factors <= 1
+        if NB > 1:
+            Gref = tl.load(Gc + (tl.minimum(t0 + blk0, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                           mask=mk[None, :], other=0.0).to(ACC)
+            left = tl.exp(Gm - Gref)  # row i vs the first row of its sub-block: G_i <= G_blk0(i)
+            kl = kt * left
+            ql = qt * left
+            # the column side is built transposed, [BKS, BT], from transposed loads (no register
+            # transpose feeding the dot)
+            kT = tl.load(k + (tok * H + i_h)[None, :] * K + dk[:, None],
+                         mask=mk[:, None] & valid[None, :], other=0.0).to(ACC)
+            GT = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[None, :] * K + dk[:, None],
+                         mask=mk[:, None], other=0.0).to(ACC)
+            for a in tl.static_range(1, NB):
+                Gr = tl.load(Gc + (tl.minimum(t0 + a * BC, last) * HV + i_hv) * K + dk,
+                             mask=mk, other=0.0).to(ACC)
+                # column factor exp(G_r - G_j) for j < r only (masked before exp)
+                rT = kT * tl.exp(tl.where((cols < a * BC)[None, :], Gr[:, None] - GT, float("-inf")))
+                in_a = (blk == a)[:, None]
+                A += dot(tl.where(in_a, kl, 0.0), rT, DT, ACC)
+                Qm += dot(tl.where(in_a, ql, 0.0), rT, DT, ACC)
 
-    # -- off-diagonal sub-blocks through reference rows: both factors <= 1
-    if NB > 1:
-        Gref = tl.load(Gc + (tl.minimum(t0 + blk0, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                       mask=mk[None, :], other=0.0).to(ACC)
-        left = tl.exp(Gm - Gref)  # row i vs the first row of its sub-block: G_i <= G_blk0(i)
-        kl = kt * left
-        ql = qt * left
-        blk = rows // BC
-        # the column side is built transposed, [BK, BT], from transposed loads (no register
-        # transpose feeding the dot)
-        kT = tl.load(k + (tok * H + i_h)[None, :] * K + dk[:, None],
-                     mask=mk[:, None] & valid[None, :], other=0.0).to(ACC)
-        if L2NORM:
-            kT = kT / tl.sqrt(tl.reduce(kT * kT, 0, SUM) + 1e-6)[None, :]
-        GT = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[None, :] * K + dk[:, None],
-                     mask=mk[:, None], other=0.0).to(ACC)
-        for a in tl.static_range(1, NB):
-            Gr = tl.load(Gc + (tl.minimum(t0 + a * BC, last) * HV + i_hv) * K + dk,
-                         mask=mk, other=0.0).to(ACC)
-            # column factor exp(G_r - G_j) for j < r only (masked before exp)
-            rT = kT * tl.exp(tl.where((cols < a * BC)[None, :], Gr[:, None] - GT, float("-inf")))
-            in_a = (blk == a)[:, None]
-            A += dot(tl.where(in_a, kl, 0.0), rT, DT, ACC)
-            Qm += dot(tl.where(in_a, ql, 0.0), rT, DT, ACC)
-
-    A = A * b[:, None]
     # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
-    Qm = (Qm * scale).to(ACC)
+    if L2NORM:
+        A = A * (rk * b)[:, None] * rk[None, :]
+        Qm = (Qm * (rq * scale)[:, None] * rk[None, :]).to(ACC)
+    else:
+        A = A * b[:, None]
+        Qm = (Qm * scale).to(ACC)
 
     # -- M = (I + A)^-1. Diagonal blocks: right-looking forward substitution, all blocks in lock step:
     # step s eliminates pivot p = blk0 + s of each block: X[i, :] -= A[i, p] X[p, :] for i > p.
@@ -187,29 +200,44 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float
             if m + 1 < LOG2_NB:
                 P = dot(P, P, DT, ACC)
 
-    # -- WY form: w = M (beta k exp(G)), u = M (beta v); exp(G) <= 1
-    wt = dot(X, kt * tl.exp(Gm) * b[:, None], DT, ACC)
-    tl.store(w + (tok * HV + i_hv)[:, None] * K + dk[None, :], wt.to(w.dtype.element_ty),
-             mask=valid[:, None] & mk[None, :])
+    # -- WY form, w = M (beta k exp(G)), u = M (beta v) (exp(G) <= 1); and the operands of the later
+    # kernels, so they run exp-free: kg = k exp(G_last - G) (state update), qg = scale q exp(G)
+    # (output), both factors <= 1. G_last: the chunk's last valid row.
+    m_rows = valid[:, None]
+    if L2NORM:
+        bk = rk * b
+        sq = rq * scale
+    else:
+        bk = b
+        sq = tl.zeros([BT], dtype=ACC) + scale
+    for ks in tl.static_range(NKS):
+        dk = ks * BKS + ds
+        mk = dk < K
+        kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC)
+        qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC)
+        Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                     mask=mk[None, :], other=0.0).to(ACC)
+        Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk,
+                     mask=mk, other=0.0).to(ACC)
+        eG = tl.exp(Gm)
+        off = (tok * HV + i_hv)[:, None] * K + dk[None, :]
+        m2 = m_rows & mk[None, :]
+        wt = dot(X, kt * eG * bk[:, None], DT, ACC)
+        tl.store(w + off, wt.to(w.dtype.element_ty), mask=m2)
+        if L2NORM:
+            kt = kt * rk[:, None]
+        tl.store(kg + off, (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
+        tl.store(qg + off, ((qt * eG) * sq[:, None]).to(qg.dtype.element_ty), mask=m2)
     dv = tl.arange(0, BV)
     for iv in tl.static_range(0, NV):
         ov = iv * BV + dv
         mv = ov < V
-        vt = _load_rows(v, tok, valid, i_hv, HV, V, ov, mv, ACC, False)
+        vt = _load_rows(v, tok, valid, i_hv, HV, V, ov, mv, ACC)
         ut = dot(X, vt * b[:, None], DT, ACC)
         tl.store(u + (tok * HV + i_hv)[:, None] * V + ov[None, :], ut.to(u.dtype.element_ty),
-                 mask=valid[:, None] & mv[None, :])
+                 mask=m_rows & mv[None, :])
     tl.store(Aq + (tok * HV + i_hv)[:, None] * BT + cols[None, :], Qm.to(Aq.dtype.element_ty),
-             mask=valid[:, None])
-    # -- operands of the later kernels, so they run exp-free: kg = k exp(G_last - G) (state update),
-    # qg = scale q exp(G) (output); both factors <= 1. G_last: the chunk's last valid row.
-    Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk,
-                 mask=mk, other=0.0).to(ACC)
-    m2 = valid[:, None] & mk[None, :]
-    tl.store(kg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
-             (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
-    tl.store(qg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
-             ((qt * tl.exp(Gm)) * scale).to(qg.dtype.element_ty), mask=m2)
+             mask=m_rows)
 
 
 @triton.jit
@@ -314,6 +342,12 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
              mask=valid[:, None] & mv[None, :])
 
 
+#: Launch-configuration overrides (benchmarks/tune_kda.py only; keys: intra_bks, intra_warps,
+#: state_bv, state_warps). None of them changes the arithmetic of a row: the key slices of the intra
+#: kernel are summed in order, the state pass splits V columns, which never mix.
+_TUNE: dict = {}
+
+
 def _stages(kernel: str, dtype: torch.dtype) -> int:
     """Software-pipelining depth per kernel: the state pass prefetches whole [BT, K] tiles of w, k,
     G and u per stage, which at fp32/fp64 would exceed the H200's 227 KiB of shared memory."""
@@ -380,21 +414,23 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     Aq = torch.empty(B, T, HV, BT, dtype=dt, device=dev)
     kg = torch.empty_like(w)
     qg = torch.empty_like(w)
+    BKS = _TUNE.get("intra_bks", min(BK, 32))
     _intra_kernel[(n_chunks, B * HV)](
         q, k, v, G, beta, w, u, Aq, kg, qg, cu, cidx, scale, T,
-        H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, NB=BT // BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV,
-        NV=cdiv(V, BV),
-        L2NORM=fused, IS_VARLEN=varlen, num_warps=4 if BK <= 64 else 8,
+        H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, NB=BT // BC, LOG2_NB=LOG2_NB, BKS=BKS, NKS=cdiv(K, BKS),
+        BV=BV, NV=cdiv(V, BV),
+        L2NORM=fused, IS_VARLEN=varlen, num_warps=_TUNE.get("intra_warps", 4 if BK <= 64 else 8),
         num_stages=_stages("intra", dt))
     # 3. sequential state pass
     h = torch.empty((B * NT if not varlen else n_chunks), HV, K, V, dtype=dt, device=dev)
     vnew = torch.empty_like(u)
     ht = torch.empty(N, HV, K, V, dtype=acc, device=dev)
-    BVs = min(32, BV)  # smaller V blocks: more programs for the sequential pass, fewer registers
+    # smaller V blocks: more programs for the sequential pass, fewer registers
+    BVs = _TUNE.get("state_bv", min(32, BV))
     _state_kernel[(cdiv(V, BVs), N * HV)](
         kg, w, u, G, vnew, h, h0, ht, cu, co, T, NT,
         HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVs, HAS_H0=h0 is not None,
-        IS_VARLEN=varlen, num_warps=4, num_stages=_stages("state", dt))
+        IS_VARLEN=varlen, num_warps=_TUNE.get("state_warps", 4), num_stages=_stages("state", dt))
     # 4. output
     o = torch.empty(B, T, HV, V, dtype=dt, device=dev)
     _output_kernel[(cdiv(V, BV), n_chunks, B * HV)](

@@ -48,6 +48,11 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+#: Key-range slices of a paged decode (flash-decoding) on a GPU unless the caller names another
+#: count: fixed, for batch invariance; 8 fills an H200 at B=1 with 32 heads.
+DECODE_SPLITS = 8
+
+
 def _default_splits(device: torch.device, programs: int, S: int) -> int:
     """Slices of the key range: enough programs to fill the GPU (about 2 waves), at least 4 key
     blocks per slice; 1 on CPU (the interpreter gains nothing from splitting)."""
@@ -328,8 +333,9 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
     ``[1, max_blocks * block_size]``, not checked on the device); w_kvb: [N*(P+Vh), L].
     Returns o [B, N, Vh] in q's dtype. With the same ``num_splits`` the key reduction runs in the
     order of :func:`absorbed` on the contiguous cache, so the results are bitwise equal.
-    ``num_splits`` defaults to a GPU-size heuristic on the capacity ``max_blocks * block_size`` (no
-    host sync on ``seq_lens``).
+    ``num_splits`` defaults to :data:`DECODE_SPLITS` on a GPU (1 on CPU): a constant, never chosen
+    from the batch or the block-table width, so a sequence's output is bitwise the same whatever
+    it is batched with (each sequence's slices depend only on its own length).
     """
     op = "mla.paged_decode"
     _counters.record(op)
@@ -353,7 +359,7 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
     scale = (P + R) ** -0.5 if scale is None else scale
     capacity = block_tables.shape[1] * cache.block_size
     if num_splits is None:
-        num_splits = _default_splits(q.device, B * triton.cdiv(N, _block_m(B, N, L)), capacity)
+        num_splits = DECODE_SPLITS if q.device.type == "cuda" else 1
     w_uk, w_uv = _w_views(w_kvb, N, P, Vh)
     q4 = q[:, None]  # [B, 1, N, P+R]
     q_lat = _q_lat(q4[..., :P], w_uk)

@@ -50,7 +50,9 @@ def _launch(op: str, x: torch.Tensor, *, weight=None, gate=None, eps: float, mea
         return y
     single = triton.next_power_of_2(D) <= _MAX_SINGLE_TILE
     block_d = triton.next_power_of_2(D) if single else 4096
-    rows = max(1, min(64, _TILE_ELEMS // block_d, triton.next_power_of_2(n_rows)))
+    # rows per program fixed by D alone (never by n_rows): the reduction tree of a row, and so its
+    # bytes, must not depend on how many rows come with it (batch invariance)
+    rows = max(1, min(64, _TILE_ELEMS // block_d))
     _row_norm_kernel[(triton.cdiv(n_rows, rows),)](
         x2, g2, weight if weight is not None else x2, y2, n_rows, D,
         x2.stride(0), g2.stride(0), y2.stride(0), float(eps),

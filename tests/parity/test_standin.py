@@ -30,7 +30,7 @@ def test_the_float32_stand_in_is_within_the_bound_on_drawn_inputs(op, dtype):
     @given(st.data())
     def within(data):
         case = data.draw(rec.inputs(), label="case")
-        j = check(prepare(rec, case, dtype), cand)
+        j = check(prepare(rec, case, dtype, "cpu"), cand)
         target(min(j.ratio, 1e300), label="error in bound units")
         assert j.passed, f"{op} [{dtype}] {case.label}\n{j.report()}"
 
@@ -54,7 +54,7 @@ def test_an_all_zeros_and_a_nan_candidate_fail_for_every_op(op):
     @given(rec.inputs())
     def rejected(case):
         for dtype in ("float32", "bfloat16"):
-            prep = prepare(rec, case, dtype)
+            prep = prepare(rec, case, dtype, "cpu")
             for name, make in CONTROLS.items():
                 j = check(prep, make(rec, prep))
                 assert not j.passed, f"{op} [{dtype}]: the {name} candidate passed"
