@@ -13,7 +13,7 @@ import sys
 import torch
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
-from benchmarks.harness import Result, bench, save, wall_per_call  # noqa: E402
+from benchmarks.harness import Result, bench, graph_timings, save, wall_per_call  # noqa: E402
 
 H, K, V = 32, 128, 128
 
@@ -77,6 +77,7 @@ def bench_decode(B, fused_recurrent_kda):
     ours = lambda: okda.fused_recurrent_decode(q, k, v, g_raw, beta, A_log, dt_bias, pool, slots)  # noqa: E731
     ms, spread = bench(ours)
     wall = wall_per_call(ours)
+    graph = graph_timings(ours)  # the state pool is updated in place: replays keep decoding
     fla_ms = None
     if fused_recurrent_kda is not None:
         state = pool.clone()
@@ -89,7 +90,7 @@ def bench_decode(B, fused_recurrent_kda):
         fla_ms, _ = bench(fla)
     nbytes = B * H * K * V * 4 * 2 + B * H * (3 * K + V + V) * 2
     return Result("kda.fused_recurrent_decode", {"B": B, "H": H, "K": K, "V": V, "dtype": "bfloat16"},
-                  ms, spread, fla_ms=fla_ms, bytes_moved=nbytes, extra={"wall_ms_per_call": wall})
+                  ms, spread, fla_ms=fla_ms, bytes_moved=nbytes, extra={"wall_ms_per_call": wall, **graph})
 
 
 def main(argv=None):

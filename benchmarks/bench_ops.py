@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optimized  # noqa: E402  (sets TRITON_INTERPRET=1 when there is no GPU, before any kernel import)
-from benchmarks.harness import Result, bench, save, wall_per_call  # noqa: E402
+from benchmarks.harness import Result, bench, graph_timings, save, wall_per_call  # noqa: E402
 from reference.config import KimiConfig  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -240,7 +240,7 @@ def bench_mla_decode(dev, B, S, N, L, R, P, Vh, block_size, smoke):
     flops = B * N * S * 2 * ((L + R) + L) + 2 * B * N * L * (P + Vh)
     params = {"B": B, "S": S, "N": N, "L": L, "R": R, "P": P, "Vh": Vh, "block_size": block_size,
               "dtype": "bfloat16"}
-    extra = {"wall_ms_per_call": wall_ms}
+    extra = {"wall_ms_per_call": wall_ms, **(graph_timings(ours) if on_gpu() else {})}
 
     # expanded kv [B,S,N,P+Vh], keys [B,S,N,P+R], a possible contiguous copy of the values, and the
     # contiguous latent/k_pe the comparator starts from
@@ -364,7 +364,8 @@ def bench_moe(dev, layer: MoELayer, B, smoke):
     bytes_moved = (distinct * expert_bytes + nbytes(layer.sg, layer.su, layer.sd, layer.router, layer.bias)
                    + 2 * nbytes(x))
     flops = 2 * B * (layer.k + 1) * 3 * layer.D * layer.F + 2 * B * layer.E * layer.D
-    extra = {"distinct_experts": distinct, "wall_ms_per_call": wall_ms, "max_rel_diff": diff}
+    extra = {"distinct_experts": distinct, "wall_ms_per_call": wall_ms, "max_rel_diff": diff,
+             **(graph_timings(ours) if on_gpu() else {})}
     M = B * layer.k
     form = "gemv" if M <= getattr(omoe, "GEMV_MAX_PAIRS", 16) else "grouped"
     if form == "grouped" and hasattr(omoe, "_experts"):

@@ -72,6 +72,38 @@ def wall_per_call(fn, *, iters: int = 200) -> float:
     return (time.perf_counter() - t0) / iters * 1e3
 
 
+def graphed(fn):
+    """``fn`` captured in a CUDA graph (after a warm-up on a side stream, as torch's docs do it);
+    returns the replay callable, or None (the reason printed) when ``fn`` cannot be captured. A
+    serving engine replays its decode step this way: what remains is the GPU time plus one launch."""
+    import torch
+
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - report, keep benchmarking the eager path
+        print(f"  CUDA graph capture failed: {type(exc).__name__}: {exc}")
+        return None
+    return graph.replay
+
+
+def graph_timings(fn) -> dict:
+    """``{"graph_ms": device ms per replay, "graph_wall_ms_per_call": wall ms per replay}`` of ``fn``
+    captured by :func:`graphed` (empty when it cannot be captured)."""
+    replay = graphed(fn)
+    if replay is None:
+        return {}
+    return {"graph_ms": bench(replay)[0], "graph_wall_ms_per_call": wall_per_call(replay)}
+
+
 def environment() -> dict:
     import torch
     import triton
