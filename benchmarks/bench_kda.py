@@ -101,15 +101,18 @@ def main(argv=None):
     args = ap.parse_args(argv)
     chunk_kda, fused_recurrent_kda = _fla()
     results = []
-    for T in args.prefill_T:
-        results.append(bench_prefill(1, T, chunk_kda))
-        print(results[-1].as_dict(), flush=True)
-    results.append(bench_prefill(8, 4096, chunk_kda))
-    print(results[-1].as_dict(), flush=True)
+    cmd = "python benchmarks/bench_kda.py --out kda.json"
+
+    def done(r):  # saved after every case: a run cut short by its time limit keeps what it measured
+        results.append(r)
+        print(r.as_dict(), flush=True)
+        save(results, args.out, command=cmd)
+
     for B in args.decode_B:
-        results.append(bench_decode(B, fused_recurrent_kda))
-        print(results[-1].as_dict(), flush=True)
-    save(results, args.out, command="python benchmarks/bench_kda.py --out kda.json")
+        done(bench_decode(B, fused_recurrent_kda))
+    for T in args.prefill_T:
+        done(bench_prefill(1, T, chunk_kda))
+    done(bench_prefill(8, 4096, chunk_kda))
 
 
 if __name__ == "__main__":

@@ -368,11 +368,11 @@ def bench_moe(dev, layer: MoELayer, B, smoke):
              **(graph_timings(ours) if on_gpu() else {})}
     M = B * layer.k
     form = "gemv" if M <= getattr(omoe, "GEMV_MAX_PAIRS", 16) else "grouped"
-    if form == "grouped" and hasattr(omoe, "_experts"):
-        try:  # the model's decode step forces the GEMV form whatever the batch: what that costs
-            extra["gemv_form_ms"] = measure(lambda: layer.ours(x, form="gemv"))[0]
-        except Exception as exc:  # noqa: BLE001
-            print(f"  gemv form failed: {type(exc).__name__}: {exc}")
+    other = "gemv" if form == "grouped" else "grouped"
+    try:  # the model's decode step uses one form whatever the batch: what the other one costs
+        extra[f"{other}_form_ms"] = measure(lambda: layer.ours(x, form=other))[0]
+    except Exception as exc:  # noqa: BLE001
+        print(f"  {other} form failed: {type(exc).__name__}: {exc}")
     return Result("moe.layer", {"B": B, "D": layer.D, "F": layer.F, "E": layer.E, "k_e": layer.k,
                                 "experts_form": form, "dtype": "bfloat16"},
                   ms, spread, baseline="torch eager (HF moe_infer loop)", baseline_ms=base_ms,

@@ -16,7 +16,7 @@ import triton
 from .. import _counters
 from ..elementwise._precision import (check_float, check_same_device, check_shape, compute_dtype,
                                       require_ieee_fp32_matmul, tl_compute_dtype)
-from .kernels import (_combine_kernel, _gemv_down_combine_kernel, _gemv_gate_up_kernel,
+from .kernels import (_combine_kernel, _gemv_down_kernel, _gemv_gate_up_kernel,
                       _grouped_down_kernel, _grouped_gate_up_kernel, _router_kernel, _silu_mul_kernel)
 
 __all__ = ["router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
@@ -75,13 +75,17 @@ def router(logits: torch.Tensor, bias: torch.Tensor, *, top_k: int, num_groups: 
     if T == 0:
         return weights, ids
     block_e = triton.next_power_of_2(E)
-    block_t = max(1, min(16, 4096 // block_e, triton.next_power_of_2(T)))
+    # the routing is a chain of ~50 dependent row reductions: for a decode batch one token per
+    # program on one warp (shuffles only, no shared-memory round trips); tokens never interact,
+    # so the tiling changes the speed, not a bit of the result
+    small = T <= 128 and block_e <= 1024
+    block_t = 1 if small else max(1, min(16, 4096 // block_e, triton.next_power_of_2(T)))
     _router_kernel[(triton.cdiv(T, block_t),)](
         logits, bias.contiguous(), weights, ids, T, E, EG, logits.stride(0), float(scaling),
         K=top_k, K_PAD=triton.next_power_of_2(top_k), G=num_groups,
         G_PAD=triton.next_power_of_2(num_groups), KG=topk_groups, RENORM=bool(renormalize) and top_k > 1,
         BIASED=combine == "biased", CD=tl_compute_dtype(logits.dtype), BLOCK_T=block_t,
-        BLOCK_E=block_e, num_warps=4)
+        BLOCK_E=block_e, num_warps=1 if small else 4)
     return weights, ids
 
 
@@ -188,12 +192,16 @@ def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None):
         x, x if dense else ids, w1, w3, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
         w3.stride(0), w3.stride(1), h.stride(0), CD=cd, DENSE=dense, BLOCK_F=bf, BLOCK_D=bd,
         num_warps=_TUNE.get("gemv_warps", 4))
-    bdo = min(_TUNE.get("down_d", 8), triton.next_power_of_2(D))
+    bdo = min(_TUNE.get("down_d", 32), triton.next_power_of_2(D))
     bf2 = min(_TUNE.get("down_f", 256), triton.next_power_of_2(F))
-    _gemv_down_combine_kernel[(T, triton.cdiv(D, bdo))](
-        h, x if dense else ids, x if dense else weights, w2, y, D, F, KE, h.stride(0), w2.stride(0),
-        w2.stride(1), y.stride(0), CD=cd, DENSE=dense, BLOCK_DO=bdo, BLOCK_F=bf2,
-        num_warps=_TUNE.get("down_warps", 4))
+    out = y if dense else torch.empty((T * KE, D), dtype=compute_dtype(x.dtype), device=x.device)
+    _gemv_down_kernel[(T * KE, triton.cdiv(D, bdo))](
+        h, x if dense else ids, w2, out, D, F, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+        CD=cd, DENSE=dense, BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=_TUNE.get("down_warps", 4))
+    if not dense:
+        bc = min(1024, triton.next_power_of_2(D))
+        _combine_kernel[(T, triton.cdiv(D, bc))](
+            out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, num_warps=4)
     return y
 
 

@@ -5,8 +5,9 @@ bf16 production paths do, and combine the ``k_e`` expert outputs of a token in t
 k = 0 .. k_e-1 with fp32/fp64 weights):
 
 * GEMV form (decode, few (token, expert) pairs): one program per (pair, F tile) streams only the
-  routed experts' weight rows; the down projection loops over the token's k_e experts and combines
-  in registers. Two launches in all, no sort, no host sync.
+  routed experts' weight rows (gate/up), then one per (pair, D tile) (down, into an fp32/fp64
+  scratch), and the combine kernel sums a token's k_e outputs in order. Three launches in all (two
+  for a dense MLP), no sort, no host sync.
 * grouped form (prefill): pairs are sorted by expert on the device; each program takes a tile of up
   to BLOCK_M rows of *one* expert (an expert's rows never share a tile with another's) and runs
   ``tl.dot`` GEMMs; per-pair outputs are combined by a third kernel. The tile -> expert map is found
@@ -132,33 +133,28 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
 
 
 @triton.jit
-def _gemv_down_combine_kernel(h_ptr, ids_ptr, wts_ptr, w2_ptr, y_ptr, D, F, KE,
-                              sh, s2e, s2d, sy, CD: tl.constexpr, DENSE: tl.constexpr,
-                              BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
-    # grid (T, cdiv(D, BLOCK_DO)); y[t, d] = sum_k wts[t, k] * (w2[e_k] h[t, k])[d], k ascending
-    t = tl.program_id(0).to(tl.int64)
+def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, out_ptr, D, F, sh, s2e, s2d, so, CD: tl.constexpr,
+                      DENSE: tl.constexpr, BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
+    # grid (T * k_e pairs, cdiv(D, BLOCK_DO)); out[pair, d] = (w2[e] h[pair])[d]: one program per
+    # (pair, D tile), so a single token's 8 experts stream their rows in parallel (a program per D
+    # tile looping over the experts left too few loads in flight). _combine_kernel then sums the
+    # pairs of a token in order; DENSE: out is y itself (one expert, weight 1).
+    pair = tl.program_id(0).to(tl.int64)
+    if DENSE:
+        e = 0
+    else:
+        e = tl.load(ids_ptr + pair).to(tl.int64)
     d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
     dm = d < D
     f0 = tl.arange(0, BLOCK_F)
-    y = tl.zeros([BLOCK_DO], CD)
-    for k in range(0, KE):
-        pair = t * KE + k
-        if DENSE:
-            e = 0
-        else:
-            e = tl.load(ids_ptr + pair).to(tl.int64)
-        acc = tl.zeros([BLOCK_DO, BLOCK_F], CD)
-        w2row = w2_ptr + e * s2e + d[:, None].to(tl.int64) * s2d
-        for k0 in range(0, F, BLOCK_F):
-            f = k0 + f0
-            fm = f < F
-            hv = tl.load(h_ptr + pair * sh + f, mask=fm, other=0.0).to(CD)
-            acc += tl.load(w2row + f[None, :], mask=dm[:, None] & fm[None, :], other=0.0).to(CD) * hv[None, :]
-        if DENSE:
-            y += tl.sum(acc, axis=1)
-        else:
-            y += tl.load(wts_ptr + pair).to(CD) * tl.sum(acc, axis=1)
-    tl.store(y_ptr + t * sy + d, y.to(y_ptr.dtype.element_ty), mask=dm)
+    acc = tl.zeros([BLOCK_DO, BLOCK_F], CD)
+    w2row = w2_ptr + e * s2e + d[:, None].to(tl.int64) * s2d
+    for k0 in range(0, F, BLOCK_F):
+        f = k0 + f0
+        fm = f < F
+        hv = tl.load(h_ptr + pair * sh + f, mask=fm, other=0.0).to(CD)
+        acc += tl.load(w2row + f[None, :], mask=dm[:, None] & fm[None, :], other=0.0).to(CD) * hv[None, :]
+    tl.store(out_ptr + pair * so + d, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=dm)
 
 
 # ----------------------------------------------------------------------------------------------
