@@ -160,8 +160,9 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, num
         Vh = w_uv.shape[1]
         br = _TUNE.get("BLOCK_R", 16)
         _mla_combine_uv_kernel[(N, triton.cdiv(B * T, br))](
-            pacc, pml, w_uv, out, B * T, T, N, DV, Vh, w_uv.stride(0), w_uv.stride(1),
-            out.stride(0), out.stride(1), out.stride(2), NUM_SPLITS=num_splits,
+            pacc, pml, w_uv, out, seq_lens if seq_lens is not None else pml, B * T, T, N, DV, Vh,
+            w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), out.stride(2),
+            NUM_SPLITS=num_splits, VAR_LEN=seq_lens is not None,
             CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV),
             # W_UV^T tiles [L, BLOCK_V] sized to fit shared memory in every dtype
             BLOCK_V=_TUNE.get("BLOCK_V", min(128 // dt.itemsize, _pow2(Vh))),
@@ -330,7 +331,8 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
 
     q: [B, N, P+R] (the token at position ``seq_lens[b] - 1``, already written to the cache);
     block_tables: [B, max_blocks] int32/int64; seq_lens: [B] int32/int64 (each in
-    ``[1, max_blocks * block_size]``, not checked on the device); w_kvb: [N*(P+Vh), L].
+    ``[0, max_blocks * block_size]``, not checked on the device; 0 marks an idle row, e.g. the
+    padding of a fixed-size decode step: it reads nothing and its output is 0); w_kvb: [N*(P+Vh), L].
     Returns o [B, N, Vh] in q's dtype. With the same ``num_splits`` the key reduction runs in the
     order of :func:`absorbed` on the contiguous cache, so the results are bitwise equal.
     ``num_splits`` defaults to :data:`DECODE_SPLITS` on a GPU (1 on CPU): a constant, never chosen

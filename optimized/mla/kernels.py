@@ -46,6 +46,8 @@ def _mla_attn_kernel(
     split = tl.program_id(2)
     if VAR_LEN:
         S_b = tl.load(slen_ptr + b).to(tl.int32)
+        if S_b == 0:  # an idle row (decode padding): no partials; the epilogue writes zeros
+            return
     else:
         S_b = S
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -164,9 +166,10 @@ def _paged_write_kernel(lat_ptr, kpe_ptr, slot_ptr, kv_ptr, L, R, slat, skpe, sk
 
 
 @triton.jit
-def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, BT, T, N, L, VH, swh, swv,
-                           sob, sot, soh, NUM_SPLITS: tl.constexpr, CD: tl.constexpr,
-                           BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_V: tl.constexpr):
+def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, N, L, VH, swh, swv,
+                           sob, sot, soh, NUM_SPLITS: tl.constexpr, VAR_LEN: tl.constexpr,
+                           CD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
+                           BLOCK_V: tl.constexpr):
     # grid (N, cdiv(B*T, BLOCK_R)). For head h and BLOCK_R query rows (b, t): merge the slices,
     # o_lat = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s (slices in ascending order), round
     # o_lat to W_UV's dtype, then o = o_lat @ W_UV[h]^T (tl.dot, CD accumulation), stored in
@@ -176,22 +179,26 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, BT, T, N, L, VH, s
     rmask = r < BT
     b = (r // T).to(tl.int64)
     t = (r % T).to(tl.int64)
+    # live rows: an idle row (sequence length 0, decode padding) has no partials and gets zeros
+    live = rmask
+    if VAR_LEN:
+        live = rmask & (tl.load(slen_ptr + b, mask=rmask, other=0) > 0)
     lo = tl.arange(0, BLOCK_L)
     lmask = lo < L
     stride_split = T * N
     base = (b * NUM_SPLITS * T + t) * N + h  # partial row of slice 0
-    m_max = tl.load(pml_ptr + base * 2, mask=rmask, other=0.0)
+    m_max = tl.load(pml_ptr + base * 2, mask=live, other=0.0)
     for sp in range(1, NUM_SPLITS):
-        m_max = tl.maximum(m_max, tl.load(pml_ptr + (base + sp * stride_split) * 2, mask=rmask, other=0.0))
+        m_max = tl.maximum(m_max, tl.load(pml_ptr + (base + sp * stride_split) * 2, mask=live, other=0.0))
     num = tl.zeros([BLOCK_R, BLOCK_L], CD)
     den = tl.zeros([BLOCK_R], CD)
     for sp in range(0, NUM_SPLITS):
         prow = base + sp * stride_split
-        wsp = tl.exp(tl.load(pml_ptr + prow * 2, mask=rmask, other=0.0) - m_max)  # 0 for an empty slice
+        wsp = tl.exp(tl.load(pml_ptr + prow * 2, mask=live, other=0.0) - m_max)  # 0 for an empty slice
         num += wsp[:, None] * tl.load(pacc_ptr + prow[:, None] * L + lo[None, :],
-                                      mask=rmask[:, None] & lmask[None, :], other=0.0)
-        den += wsp * tl.load(pml_ptr + prow * 2 + 1, mask=rmask, other=1.0)
-    o_lat = (num / den[:, None]).to(wuv_ptr.dtype.element_ty)
+                                      mask=live[:, None] & lmask[None, :], other=0.0)
+        den += wsp * tl.load(pml_ptr + prow * 2 + 1, mask=live, other=1.0)
+    o_lat = tl.where(live[:, None], num / den[:, None], 0.0).to(wuv_ptr.dtype.element_ty)
     vo = tl.arange(0, BLOCK_V)
     for v0 in range(0, VH, BLOCK_V):
         v = v0 + vo

@@ -168,6 +168,19 @@ def test_paged_ragged_lengths_within_bound(dtype):
         assert torch.equal(lat_b, latent[b, :n]) and torch.equal(kpe_b, k_pe[b, :n])
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_idle_rows_give_zeros_and_leave_the_live_rows_bitwise_unchanged(splits):
+    # seq_len 0 marks an idle row (the padding of a fixed-size decode step): it reads nothing
+    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup([21, 13, 8], torch.bfloat16, seed=8)
+    full = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=splits)
+    idle = sl.clone()
+    idle[1] = 0
+    o = mla.paged_decode(q, cache, bt, idle, w_kvb, num_splits=splits)
+    assert torch.equal(o[1], torch.zeros_like(o[1]))
+    assert torch.equal(o[0].view(torch.int16), full[0].view(torch.int16))
+    assert torch.equal(o[2].view(torch.int16), full[2].view(torch.int16))
+
+
 def test_writes_leave_untouched_rows_bit_identical():
     dtype = torch.bfloat16
     q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup([9, 6], dtype, seed=5)
