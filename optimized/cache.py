@@ -39,7 +39,7 @@ class KDAState:
 class DecodeBatch:
     """The paged-cache view of one decode step over ``rows`` rows (B sequences, then padding)."""
     block_tables: torch.Tensor  # [rows, max_blocks] int32 (padding rows: block 0, never written)
-    seq_lens: torch.Tensor  # [rows] int32: length after this step's token (padding rows: 1)
+    seq_lens: torch.Tensor  # [rows] int32: length after this step's token (padding rows: 0, idle)
     slot_mapping: torch.Tensor  # [rows] int64: where this step's latent goes (padding rows: -1)
 
 
@@ -187,7 +187,7 @@ class CachePool:
             self.reserve(s, s.length + 1)
         width = max([len(s.blocks) for s in seqs] + [1])
         tables = torch.zeros((rows, width), dtype=torch.int32)
-        seq_lens = torch.ones(rows, dtype=torch.int32)
+        seq_lens = torch.zeros(rows, dtype=torch.int32)  # 0: an idle row, MLA decode skips it
         slots = torch.full((rows,), -1, dtype=torch.int64)
         for b, s in enumerate(seqs):
             tables[b, : len(s.blocks)] = torch.tensor(s.blocks, dtype=torch.int32)

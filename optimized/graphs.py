@@ -16,8 +16,8 @@ stack, the logits, over exactly ``decode_tile`` rows) once and replays it.
   addresses of the pool's state tensors. A pool whose signature changed (``_grow`` reallocated the
   paged cache) drops all its graphs and recaptures on demand; at most ``MAX_GRAPHS_PER_POOL`` per
   pool (least recently used dropped). All graphs of a model share one memory pool.
-- Capture: the static inputs hold an all-padding step (token 0, slot -1, slot mapping -1, length 1,
-  block 0), so the warm-up (one eager step on a side stream: Triton compiles, cuBLAS workspace) and
+- Capture: the static inputs hold an all-padding step (token 0, slot -1, and the pool's padding
+  rows ``pool.decode_batch([], tile)``: slot mapping -1, block 0), so the warm-up (one eager step on a side stream: Triton compiles, cuBLAS workspace) and
   the capture write no state. The kernel counters (``optimized._counters``) of both are rolled back;
   each replay records one step's launches, as the eager step would.
 
@@ -97,21 +97,27 @@ class DecodeGraphs:
         tile, dev = self.tile, self.device
         ids = torch.zeros(tile, dtype=torch.int64, device=dev)
         slots = torch.full((tile,), -1, dtype=torch.int64, device=dev)
-        batch = DecodeBatch(block_tables=torch.zeros((tile, sig[0]), dtype=torch.int32, device=dev),
-                            seq_lens=torch.ones(tile, dtype=torch.int32, device=dev),
-                            slot_mapping=torch.full((tile,), -1, dtype=torch.int64, device=dev))
+        pad = pool.decode_batch([], tile)  # a step of padding rows only, as the pool describes them
+        tables = torch.zeros((tile, sig[0]), dtype=pad.block_tables.dtype, device=dev)
+        tables[:, :pad.block_tables.shape[1]] = pad.block_tables
+        batch = DecodeBatch(tables, pad.seq_lens.clone(), pad.slot_mapping.clone())
         saved = _counters.snapshot()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(dev):
-            # warm-up, then capture, on one side stream; every row is padding: nothing is written
-            self.stream.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(self.stream):
-                step(ids, slots, batch, pool, B)
-            torch.cuda.current_stream(dev).wait_stream(self.stream)
-            before = _counters.snapshot()
-            with torch.cuda.graph(graph, pool=self.mempool, stream=self.stream):
-                logits = step(ids, slots, batch, pool, B)
-            launches = _counters.snapshot() - before
-        _counters.launches.clear()
-        _counters.launches.update(saved)
+        try:
+            with torch.cuda.device(dev):
+                # warm-up, then capture, on one side stream; every row is padding: nothing is written
+                self.stream.wait_stream(torch.cuda.current_stream(dev))
+                with torch.cuda.stream(self.stream):
+                    step(ids, slots, batch, pool, B)
+                torch.cuda.current_stream(dev).wait_stream(self.stream)
+                before = _counters.snapshot()
+                # one memory pool for all graphs of the model (as vLLM's per-batch-size graphs): a
+                # graph's inputs live outside it and its output stays allocated: only temporaries are
+                # shared, and replays are issued one at a time
+                with torch.cuda.graph(graph, pool=self.mempool, stream=self.stream):
+                    logits = step(ids, slots, batch, pool, B)
+                launches = _counters.snapshot() - before
+        finally:
+            _counters.launches.clear()
+            _counters.launches.update(saved)
         return _Graph(graph, sig, ids, slots, batch, logits, launches)

@@ -4,7 +4,8 @@ On a GPU: the replayed logits are bitwise the eager ones (greedy decode of one s
 sequences of different lengths across a growth of the paged cache and changing batch sizes), the
 kernel counters match the eager step's, and the warm-up, the capture and the replays leave every
 slot and block they were not asked to touch bit-identical. On CPU (CI): the option's default and
-its error."""
+its errors, and the replay plumbing (static inputs, keys, recapture after a pool growth, counters)
+with a stand-in for the CUDA graph whose replay reruns the captured step."""
 import numpy as np
 import pytest
 import torch
@@ -23,6 +24,17 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 @pytest.fixture(scope="module")
 def tiny_source():
     return SyntheticSource(TINY, 0)
+
+
+def _state(pool):
+    """Every state tensor of a pool, cloned: KDA/conv per layer, the paged MLA store per layer."""
+    out = {}
+    for i, st in pool.kda.items():
+        out[f"kda.{i}.conv"] = st.conv.clone()
+        out[f"kda.{i}.state"] = st.state.clone()
+    for i, c in pool.mla.items():
+        out[f"mla.{i}"] = c.kv.clone()
+    return out
 
 
 # -- CPU: the option -------------------------------------------------------------------------------
@@ -47,6 +59,84 @@ def test_cuda_graphs_default_on_cuda_and_refused_with_a_reference_backend(tiny_s
     assert model.cuda_graphs is False
     with pytest.raises(ValueError, match="cuda_graphs=True needs every op family on Triton"):
         optimized.load(tiny_source, device="cuda", backends={"kda": "reference"}, cuda_graphs=True)
+
+
+# -- CPU: the replay plumbing, with a stand-in for the CUDA graph machinery -------------------------
+
+class _StandInGraph:
+    """A "graph" whose replay reruns the captured step on the static buffers: what a real replay
+    computes, so the static inputs, the keys, the recapture and the counters are checked on CPU."""
+
+    def replay(self):
+        saved = _counters.snapshot()
+        self.rerun()
+        _counters.launches.clear()
+        _counters.launches.update(saved)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the real graphs")
+def test_replay_plumbing_with_a_stand_in_for_cuda_graphs(tiny_source, monkeypatch):
+    import contextlib
+    import weakref
+
+    from optimized import graphs as G
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    captured = []
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _StandInGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None, stream=None: contextlib.nullcontext())
+    capture = G.DecodeGraphs._capture
+
+    def recording_capture(self, step, pool, B, sig):
+        g = capture(self, step, pool, B, sig)
+        ref = weakref.ref(pool)
+        g.graph.rerun = lambda: g.logits.copy_(step(g.ids, g.slots, g.batch, ref(), B))
+        captured.append((B, sig[0]))
+        return g
+
+    monkeypatch.setattr(G.DecodeGraphs, "_capture", recording_capture)
+
+    graphs = optimized.load(tiny_source, device="cpu", dtype="bfloat16")
+    eager = optimized.load(tiny_source, device="cpu", dtype="bfloat16")
+    graphs.cuda_graphs, graphs._graphs = True, G.DecodeGraphs(graphs.device, graphs.decode_tile)
+    # blocks of 2 positions, 12 blocks: the store grows at step 2 (after the first capture)
+    pg, pe = graphs.new_pool(3, block_size=2), eager.new_pool(3, block_size=2)
+    prompts = [PROMPT, PROMPT[2:], PROMPT[:5]]
+    sg = [graphs.prefill(p, cache=pg.new_sequence())[1] for p in prompts]
+    se = [eager.prefill(p, cache=pe.new_sequence())[1] for p in prompts]
+    idle_before = _state(pg)
+    for k in range(4):
+        _counters.reset()
+        le, _ = eager.decode_batch([7 + k, 30 + k], se[:2])
+        want = _counters.snapshot()
+        _counters.reset()
+        lg, _ = graphs.decode_batch([7 + k, 30 + k], sg[:2])
+        assert _counters.snapshot() == want, k  # warm-up and capture not counted, a replay is
+        assert torch.equal(lg, le), k
+        if k == 0:  # the capture (all padding) and the first replay left the idle slots alone
+            after = _state(pg)
+            for name in after:
+                if name.startswith("kda"):
+                    assert torch.equal(after[name][[2]], idle_before[name][[2]]), name
+                else:
+                    assert torch.equal(after[name][sg[2].blocks], idle_before[name][sg[2].blocks]), name
+    assert captured == [(2, 12), (2, 24)]  # recaptured on the grown store
+    lg, _ = graphs.decode_batch([11], sg[2:])  # another batch size: another graph of the pool
+    le, _ = eager.decode_batch([11], se[2:])
+    assert torch.equal(lg, le) and captured[-1] == (1, 24) and set(graphs._graphs.pools[pg]) == {1, 2}
+    a, b = _state(pg), _state(pe)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    del sg, pg, _  # the pool's graphs go with it
+    assert len(graphs._graphs.pools) == 0
 
 
 # -- GPU: replay == eager, bit for bit ---------------------------------------------------------------
@@ -92,17 +182,6 @@ def test_replay_records_the_kernel_counters_of_one_eager_step(tiny_source):
         assert _counters.snapshot() == want
 
 
-def _state(pool):
-    """Every state tensor of a pool, cloned: KDA/conv per layer, the paged MLA store per layer."""
-    out = {}
-    for i, st in pool.kda.items():
-        out[f"kda.{i}.conv"] = st.conv.clone()
-        out[f"kda.{i}.state"] = st.state.clone()
-    for i, c in pool.mla.items():
-        out[f"mla.{i}"] = c.kv.clone()
-    return out
-
-
 @needs_gpu
 def test_batched_decode_by_graph_replay_equals_eager_across_a_pool_growth(tiny_source):
     graphs, eager = _models(tiny_source)
@@ -138,7 +217,8 @@ def test_batched_decode_by_graph_replay_equals_eager_across_a_pool_growth(tiny_s
 
 @needs_gpu
 def test_graph_capture_and_replay_leave_other_slots_and_blocks_bit_identical(tiny_source):
-    graphs, eager = _models(tiny_source)
+    graphs = optimized.load(tiny_source, device="cuda", dtype="bfloat16")  # cuda_graphs by default
+    assert graphs.cuda_graphs
     pool = graphs.new_pool(4, block_size=4)
     seqs = [graphs.prefill(p, cache=pool.new_sequence())[1] for p in (PROMPT, PROMPT[:5], PROMPT[2:])]
     idle = seqs[2]  # prefilled, never decoded; slot 3 stays free
