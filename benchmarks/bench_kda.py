@@ -8,7 +8,9 @@ the anchor figures of design.md are quoted in the docs instead.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -98,10 +100,17 @@ def main(argv=None):
     ap.add_argument("--out", default="kda.json")
     ap.add_argument("--prefill-T", type=int, nargs="*", default=[1024, 2048, 4096, 16384, 65536])
     ap.add_argument("--decode-B", type=int, nargs="*", default=[1, 8, 64, 256])
+    ap.add_argument("--tune", default=None, help="JSON of optimized.kda.chunk._TUNE settings "
+                    "(from tune_kda.py --best-out) applied before measuring")
     args = ap.parse_args(argv)
+    if args.tune:
+        from optimized.kda import chunk
+
+        chunk._TUNE.update(json.loads(Path(args.tune).read_text()))
+        print(f"launch settings: {chunk._TUNE}")
     chunk_kda, fused_recurrent_kda = _fla()
     results = []
-    cmd = "python benchmarks/bench_kda.py --out kda.json"
+    cmd = "python benchmarks/bench_kda.py --out kda.json" + (f" (settings {args.tune})" if args.tune else "")
 
     def done(r):  # saved after every case: a run cut short by its time limit keeps what it measured
         results.append(r)

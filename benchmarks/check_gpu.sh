@@ -4,7 +4,9 @@
 # the certificate JSON under $OUT.
 #
 #   device run (kind nvidia-h200):   bash benchmarks/check_gpu.sh [pytest selection...]
-#   (each selection, default tests/optimized tests/parity tests/reference, runs as its own pytest)
+#   (each selection, default every tests/optimized file, tests/parity and tests/reference, runs as
+#   its own pytest process: a CUDA fault in one file cannot fail the others; logs merged into
+#   pytest.log)
 #
 # CHECK_LIMIT_S (default 330) bounds each job.
 set -u
@@ -16,7 +18,7 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
     || { echo "pip install -e . failed (see install.log): PYTHONPATH only"; export PYTHONPATH=$PWD; }
 LIMIT=${CHECK_LIMIT_S:-330}
-SEL=${*:-tests/optimized tests/parity tests/reference}
+SEL=${*:-$(ls tests/optimized/test_*.py) tests/parity tests/reference}
 echo "check_gpu.sh: pytest $SEL and parity certify --device cuda, ${LIMIT}s each"
 for sel in $SEL; do  # one pytest process per selection, side by side (compiles use the CPUs)
     name=$(basename "${sel%.py}")
@@ -26,5 +28,10 @@ done
 ( timeout -k 10 "$LIMIT" python3 -m parity.cli certify --device cuda --json "$OUT/certificate-cuda.json" \
     >"$OUT/certify-cuda.log" 2>&1; echo "certify rc=$?" >>"$OUT/certify-cuda.log" ) &
 wait
-for f in "$OUT"/pytest-*.log; do echo "== $f"; grep -E "^(FAILED|ERROR)|passed|failed|rc=" "$f" | tail -n 30; done
+for f in "$OUT"/pytest-*.log; do
+    echo "== $(basename "$f")"
+    grep -E "^(FAILED|ERROR)|passed|failed|rc=" "$f" | tail -n 30
+done
+for f in "$OUT"/pytest-*.log; do echo "######## $(basename "$f")"; cat "$f"; done >"$OUT/pytest.log"
+rm -f "$OUT"/pytest-*.log
 tail -n 40 "$OUT/certify-cuda.log"

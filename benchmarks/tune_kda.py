@@ -8,6 +8,7 @@ slices of Akk/Aqk are summed in order; each setting is a valid kernel, certified
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -15,20 +16,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_kda import prefill_inputs  # noqa: E402
 from benchmarks.harness import kernel_profile  # noqa: E402
 
-INTRA = [{"intra_bks": b, "intra_warps": w} for b in (16, 32, 64) for w in (4, 8)]
+INTRA = [{"intra_bkd": b, "intra_warps": w} for b in (4, 8, 16) for w in (4, 8)] + \
+    [{"intra_diag3d": 0, "intra_bks": b, "intra_warps": 4} for b in (16, 32)]
 STATE = [{"state_bv": bv, "state_warps": w} for bv in (16, 32, 64) for w in (2, 4)]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, nargs="*", default=[4096, 65536])
+    ap.add_argument("--kernels", nargs="*", default=["intra", "state"], choices=["intra", "state"])
+    ap.add_argument("--best-out", default=None, help="write the fastest setting per kernel here (JSON)")
     args = ap.parse_args(argv)
+    best: dict = {}
     import optimized.kda as okda
     from optimized.kda import chunk
 
     for T in args.T:
         inputs = prefill_inputs(1, T)
-        for settings, kernel in [(s, "_intra_kernel") for s in INTRA] + [(s, "_state_kernel") for s in STATE]:
+        sweep = ([(s, "_intra_kernel") for s in INTRA] if "intra" in args.kernels else []) + \
+                ([(s, "_state_kernel") for s in STATE] if "state" in args.kernels else [])
+        for settings, kernel in sweep:
             chunk._TUNE.clear()
             chunk._TUNE.update(settings)
             try:
@@ -36,9 +43,15 @@ def main(argv=None):
                 us = table[kernel][1]
                 total = sum(t for _, t in table.values())
                 print(f"T={T} {settings}: {kernel} {us:.1f} us, all kernels {total:.1f} us", flush=True)
+                if kernel not in best or us < best[kernel][0]:
+                    best[kernel] = (us, settings)
             except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: report, go on
                 print(f"T={T} {settings}: failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
     chunk._TUNE.clear()
+    if args.best_out:
+        merged = {k: v for _, st in best.values() for k, v in st.items()}
+        Path(args.best_out).write_text(json.dumps(merged))
+        print(f"fastest: {merged} -> {args.best_out}")
 
 
 if __name__ == "__main__":

@@ -76,7 +76,8 @@ def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md,
 def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float64, T,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr,
-                  BKS: tl.constexpr, NKS: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+                  BKS: tl.constexpr, NKS: tl.constexpr, BKD: tl.constexpr, NKD: tl.constexpr,
+                  BV: tl.constexpr, NV: tl.constexpr, DIAG3D: tl.constexpr,
                   L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr):
     # NB = BT // BC sub-blocks, LOG2_NB = log2(NB), NKS = cdiv(K, BKS) key slices, NV = cdiv(V, BV):
     # passed in, since a local computed from constexprs is not a constexpr for the compiler.
@@ -126,34 +127,68 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float
 
     blk0 = (rows // BC) * BC
     blk = rows // BC
+    # -- diagonal BC x BC sub-blocks, every pair (i, p = blk0(i) + s) at once as a [BT, BC, BKD]
+    # tile per key slice: Ad[i, s] = sum_d k_i k_p exp(G_i - G_p), Qd likewise with q_i; reduced
+    # over the slice's last axis inside each thread. The exponent is masked to -inf for p > i
+    # BEFORE exp (there G_i - G_p >= 0 may overflow).
+    sd = tl.arange(0, BC)
+    p2 = blk0[:, None] + sd[None, :]  # [BT, BC] chunk rows of the pairs
+    tok_p2 = t0 + p2
+    lower = p2 <= rows[:, None]
+    Ad = tl.zeros([BT, BC], dtype=ACC)
+    Qd = tl.zeros([BT, BC], dtype=ACC)
+    ssp = tl.zeros([BT, BC], dtype=ACC)  # |k_p|^2 for the column norms (l2norm)
+    if DIAG3D:
+        dd = tl.arange(0, BKD)
+        for kd in range(0, NKD):
+            dk = kd * BKD + dd
+            mk = dk < K
+            kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC)
+            qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC)
+            Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                         mask=mk[None, :], other=0.0).to(ACC)
+            kp = tl.load(k + (tok_p2 * H + i_h)[:, :, None] * K + dk[None, None, :],
+                         mask=(tok_p2 < eos)[:, :, None] & mk[None, None, :], other=0.0).to(ACC)
+            Gp = tl.load(Gc + (tl.minimum(tok_p2, last) * HV + i_hv)[:, :, None] * K + dk[None, None, :],
+                         mask=mk[None, None, :], other=0.0).to(ACC)
+            kpe = kp * tl.exp(tl.where(lower[:, :, None], Gm[:, None, :] - Gp, float("-inf")))
+            Ad += tl.reduce(kt[:, None, :] * kpe, 2, SUM)
+            Qd += tl.reduce(qt[:, None, :] * kpe, 2, SUM)
+            if L2NORM:
+                ssp += tl.reduce(kp * kp, 2, SUM)
+    else:  # the same sums, one pair column s at a time on [BT, BKS] tiles
+        for ks in tl.static_range(NKS):
+            dk = ks * BKS + ds
+            mk = dk < K
+            kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC)
+            qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC)
+            Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                         mask=mk[None, :], other=0.0).to(ACC)
+            for s in range(0, BC):
+                tok_p = t0 + blk0 + s
+                kp = tl.load(k + (tok_p * H + i_h)[:, None] * K + dk[None, :],
+                             mask=(tok_p < eos)[:, None] & mk[None, :], other=0.0).to(ACC)
+                Gp = tl.load(Gc + (tl.minimum(tok_p, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                             mask=mk[None, :], other=0.0).to(ACC)
+                kpe = kp * tl.exp(tl.where((blk0 + s <= rows)[:, None], Gm - Gp, float("-inf")))
+                col = sd[None, :] == s
+                Ad = tl.where(col, Ad + tl.reduce(kt * kpe, 1, SUM)[:, None], Ad)
+                Qd = tl.where(col, Qd + tl.reduce(qt * kpe, 1, SUM)[:, None], Qd)
+                if L2NORM:
+                    ssp = tl.where(col, ssp + tl.reduce(kp * kp, 1, SUM)[:, None], ssp)
+    Ad = tl.where(p2 < rows[:, None], Ad, 0.0)  # strictly lower: A has a zero diagonal
+
+    # -- off-diagonal sub-blocks through reference rows (both factors <= 1), as tl.dot per key slice
     A = tl.zeros([BT, BT], dtype=ACC)
     Qm = tl.zeros([BT, BT], dtype=ACC)
-    for ks in tl.static_range(NKS):
-        dk = ks * BKS + ds
-        mk = dk < K
-        kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC)
-        qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC)
-        # G rows clamped to the last valid row: padding rows repeat G_last (non-increasing, finite)
-        Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                     mask=mk[None, :], other=0.0).to(ACC)
-        # -- diagonal BC x BC sub-blocks, pairwise: step s adds to column p(i) = blk0(i) + s of
-        # every row (loads, not helper calls, in the loop: see _common.SUM on interpreter cost)
-        for s in range(0, BC):
-            p = blk0 + s
-            tok_p = t0 + p
-            kp = tl.load(k + (tok_p * H + i_h)[:, None] * K + dk[None, :],
-                         mask=(tok_p < eos)[:, None] & mk[None, :], other=0.0).to(ACC)
-            Gp = tl.load(Gc + (tl.minimum(tok_p, last) * HV + i_hv)[:, None] * K + dk[None, :],
+    if NB > 1:
+        for ks in tl.static_range(NKS):
+            dk = ks * BKS + ds
+            mk = dk < K
+            kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC)
+            qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC)
+            Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
                          mask=mk[None, :], other=0.0).to(ACC)
-            # mask BEFORE exp: for p > i the difference G_i - G_p is >= 0 and may overflow
-            kpe = kp * tl.exp(tl.where((p <= rows)[:, None], Gm - Gp, float("-inf")))
-            a_val = tl.reduce(kt * kpe, 1, SUM)
-            q_val = tl.reduce(qt * kpe, 1, SUM)
-            hit = cols[None, :] == p[:, None]
-            A = tl.where(hit & (p < rows)[:, None], A + a_val[:, None], A)
-            Qm = tl.where(hit, Qm + q_val[:, None], Qm)
-        # -- off-diagonal sub-blocks through reference rows: both factors <= 1
-        if NB > 1:
             Gref = tl.load(Gc + (tl.minimum(t0 + blk0, last) * HV + i_hv)[:, None] * K + dk[None, :],
                            mask=mk[None, :], other=0.0).to(ACC)
             left = tl.exp(Gm - Gref)  # row i vs the first row of its sub-block: G_i <= G_blk0(i)
@@ -174,27 +209,38 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float
                 A += dot(tl.where(in_a, kl, 0.0), rT, DT, ACC)
                 Qm += dot(tl.where(in_a, ql, 0.0), rT, DT, ACC)
 
-    # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
+    # row and column scales: beta, the l2 norms, the attention scale (an fp64 arg: a plain float
+    # arrives as fp32, wrong for fp64 runs; back to ACC)
     if L2NORM:
+        rkp = 1.0 / tl.sqrt(ssp + 1e-6)
+        Ad = Ad * (rk * b)[:, None] * rkp
+        Qd = (Qd * (rq * scale)[:, None] * rkp).to(ACC)
         A = A * (rk * b)[:, None] * rk[None, :]
         Qm = (Qm * (rq * scale)[:, None] * rk[None, :]).to(ACC)
     else:
+        Ad = Ad * b[:, None]
+        Qd = (Qd * scale).to(ACC)
         A = A * b[:, None]
         Qm = (Qm * scale).to(ACC)
+    # Qd into the diagonal blocks of Qm: one-hot [BC, BT] products in ACC (exact: one term each)
+    for a in tl.static_range(NB):
+        onehot = tl.where(cols[None, :] == (a * BC + sd)[:, None], 1.0, 0.0).to(ACC)
+        Qm += tl.dot(tl.where((blk == a)[:, None], Qd, 0.0), onehot, input_precision="ieee",
+                     out_dtype=ACC)
 
-    # -- M = (I + A)^-1. Diagonal blocks: right-looking forward substitution, all blocks in lock step:
-    # step s eliminates pivot p = blk0 + s of each block: X[i, :] -= A[i, p] X[p, :] for i > p.
+    # -- M = (I + A)^-1. Diagonal blocks (Ad): right-looking forward substitution, all blocks in
+    # lock step: step s eliminates pivot p = blk0 + s of each block: X[i, :] -= A[i, p] X[p, :], i > p.
     same = (rows // BC)[:, None] == (cols // BC)[None, :]
     X = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0).to(ACC)
     pc0 = (cols // BC) * BC
     for s in range(0, BC - 1):
-        a_col = tl.reduce(tl.where(cols[None, :] == (blk0 + s)[:, None], A, 0.0), 1, SUM)  # A[i, p(i)]
+        a_col = tl.reduce(tl.where(sd[None, :] == s, Ad, 0.0), 1, SUM)  # A[i, p(i)]
         m_row = tl.reduce(tl.where(rows[:, None] == (pc0 + s)[None, :], X, 0.0), 0, SUM)  # X[p(c), c]
         X = X - tl.where(same, a_col[:, None] * m_row[None, :], 0.0)
     if NB > 1:
         # merge: (I + A)^-1 = (I + N)^-1 D with N = D A_off strictly block-lower (N^NB = 0), and
-        # (I + N)^-1 = (I - N)(I + N^2)(I + N^4)...: LOG2_NB factors
-        P = -dot(X, tl.where(same, 0.0, A), DT, ACC)
+        # (I + N)^-1 = (I - N)(I + N^2)(I + N^4)...: LOG2_NB factors. A holds only A_off here.
+        P = -dot(X, A, DT, ACC)
         for m in tl.static_range(LOG2_NB):
             X = X + dot(P, X, DT, ACC)
             if m + 1 < LOG2_NB:
@@ -342,8 +388,8 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
              mask=valid[:, None] & mv[None, :])
 
 
-#: Launch-configuration overrides (benchmarks/tune_kda.py only; keys: intra_bks, intra_warps,
-#: state_bv, state_warps). None of them changes the arithmetic of a row: the key slices of the intra
+#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: intra_bks,
+#: intra_bkd, intra_warps, intra_stages, state_bv, state_warps, state_stages). None of them changes the arithmetic of a row: the key slices of the intra
 #: kernel are summed in order, the state pass splits V columns, which never mix.
 _TUNE: dict = {}
 
@@ -415,12 +461,14 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     kg = torch.empty_like(w)
     qg = torch.empty_like(w)
     BKS = _TUNE.get("intra_bks", min(BK, 32))
+    BKD = _TUNE.get("intra_bkd", min(BK, 8))  # key slice of the [BT, BC, BKD] diagonal-pair tiles
     _intra_kernel[(n_chunks, B * HV)](
         q, k, v, G, beta, w, u, Aq, kg, qg, cu, cidx, scale, T,
         H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, NB=BT // BC, LOG2_NB=LOG2_NB, BKS=BKS, NKS=cdiv(K, BKS),
+        BKD=BKD, NKD=cdiv(K, BKD), DIAG3D=bool(_TUNE.get("intra_diag3d", 1)),
         BV=BV, NV=cdiv(V, BV),
         L2NORM=fused, IS_VARLEN=varlen, num_warps=_TUNE.get("intra_warps", 4 if BK <= 64 else 8),
-        num_stages=_stages("intra", dt))
+        num_stages=_TUNE.get("intra_stages", _stages("intra", dt)))
     # 3. sequential state pass
     h = torch.empty((B * NT if not varlen else n_chunks), HV, K, V, dtype=dt, device=dev)
     vnew = torch.empty_like(u)
@@ -430,7 +478,8 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     _state_kernel[(cdiv(V, BVs), N * HV)](
         kg, w, u, G, vnew, h, h0, ht, cu, co, T, NT,
         HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVs, HAS_H0=h0 is not None,
-        IS_VARLEN=varlen, num_warps=_TUNE.get("state_warps", 4), num_stages=_stages("state", dt))
+        IS_VARLEN=varlen, num_warps=_TUNE.get("state_warps", 4),
+        num_stages=_TUNE.get("state_stages", _stages("state", dt)))
     # 4. output
     o = torch.empty(B, T, HV, V, dtype=dt, device=dev)
     _output_kernel[(cdiv(V, BV), n_chunks, B * HV)](
