@@ -27,7 +27,8 @@ import triton
 from .. import _counters
 from ..elementwise._precision import (check_float, check_same_device, compute_dtype,
                                       require_ieee_fp32_matmul, tl_compute_dtype)
-from .kernels import _mla_attn_kernel, _mla_combine_kernel, _mla_combine_uv_kernel, _paged_write_kernel
+from .kernels import (_mla_attn_kernel, _mla_combine_kernel, _mla_combine_uv_kernel, _paged_write_kernel,
+                      _q_lat_kernel)
 
 __all__ = ["naive", "absorbed", "paged_decode", "PagedLatentCache"]
 
@@ -192,11 +193,23 @@ def _w_views(w_kvb: torch.Tensor, N: int, P: int, Vh: int):
 
 
 def _q_lat(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
-    """q_nope [B, T, N, P] -> q_lat [B, T, N, L] (a strided view of an [N, B*T, L] GEMM output)."""
+    """q_nope [B, T, N, P] -> q_lat [B, T, N, L] = q_nope @ W_UK per head (``_q_lat_kernel``: a row's
+    result does not depend on how many rows come with it)."""
     B, T, N, P = q_nope.shape
-    qn = q_nope.permute(2, 0, 1, 3).reshape(N, B * T, P)
-    q_lat = torch.bmm(qn, w_uk)  # [N, B*T, L]
-    return q_lat.view(N, B, T, -1).permute(1, 2, 0, 3)
+    L = w_uk.shape[-1]
+    M = B * T
+    q2 = q_nope.reshape(M, N, P)
+    if q2.stride(-1) != 1:
+        q2 = q2.contiguous()
+    out = torch.empty((M, N, L), dtype=q_nope.dtype, device=q_nope.device)
+    if M:
+        bm = 16
+        _q_lat_kernel[(N, triton.cdiv(M, bm))](
+            q2, w_uk, out, M, P, L, q2.stride(0), q2.stride(1), w_uk.stride(0), w_uk.stride(1),
+            out.stride(0), out.stride(1), CD=tl_compute_dtype(q_nope.dtype), BLOCK_M=bm,
+            BLOCK_P=16 if q_nope.dtype == torch.float64 else 32, BLOCK_L=_pow2(L),
+            num_warps=4, num_stages=2 if q_nope.dtype.itemsize <= 2 else 1)
+    return out.view(B, T, N, L)
 
 
 def absorbed(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: torch.Tensor, *,

@@ -208,3 +208,29 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, N
         o = tl.dot(o_lat, wt, input_precision="ieee", out_dtype=CD)
         tl.store(o_ptr + b[:, None] * sob + t[:, None] * sot + h * soh + v[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
+
+
+@triton.jit
+def _q_lat_kernel(q_ptr, w_ptr, o_ptr, M, P, L, sqm, sqh, swh, swp, som, soh,
+                  CD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+                  BLOCK_L: tl.constexpr):
+    # grid (N, cdiv(M, BLOCK_M)): o[m, h, :] = q[m, h, :] @ W_UK[h] ([P, L]), CD accumulation. A
+    # fixed tile and a fixed P order: a row's result never depends on the other rows (batch
+    # invariance, which a library GEMM choosing its algorithm from M does not give).
+    h = tl.program_id(0).to(tl.int64)
+    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    mm = m < M
+    lo = tl.arange(0, BLOCK_L)
+    lm = lo < L
+    po = tl.arange(0, BLOCK_P)
+    acc = tl.zeros([BLOCK_M, BLOCK_L], CD)
+    for p0 in range(0, P, BLOCK_P):
+        p = p0 + po
+        pm = p < P
+        qt = tl.load(q_ptr + m[:, None].to(tl.int64) * sqm + h * sqh + p[None, :],
+                     mask=mm[:, None] & pm[None, :], other=0.0)
+        wt = tl.load(w_ptr + h * swh + p[:, None].to(tl.int64) * swp + lo[None, :],
+                     mask=pm[:, None] & lm[None, :], other=0.0)
+        acc = tl.dot(qt, wt, acc, input_precision="ieee", out_dtype=CD)
+    tl.store(o_ptr + m[:, None].to(tl.int64) * som + h * soh + lo[None, :],
+             acc.to(o_ptr.dtype.element_ty), mask=mm[:, None] & lm[None, :])
