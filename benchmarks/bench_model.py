@@ -225,15 +225,16 @@ def main(argv=None):
                       extra={"weights_GB": weights_gb, "parameters_B": num_parameters(cfg) / 1e9,
                              "host_peak_rss_GB": _rss_gb(),
                              **({"gpu_peak_GB": _gpu_gb("max_memory_allocated")} if on_gpu() else {})})]
+    cmd = "python benchmarks/bench_model.py" + (" --smoke" if smoke else "") + " --out model.json"
     with torch.inference_mode():
         for B in batches:
             results.append(bench_decode(model, B, prompt, steps, warmup, seed=B, common=common,
                                         profile=args.profile))
             print(results[-1].as_dict(), flush=True)
+            save(results, args.out, command=cmd)  # kept if a later batch runs out of time
     if on_gpu():
         print(f"GPU peak allocated {_gpu_gb('max_memory_allocated'):.1f} GB, peak reserved "
               f"{_gpu_gb('max_memory_reserved'):.1f} GB", flush=True)
-    cmd = "python benchmarks/bench_model.py" + (" --smoke" if smoke else "") + " --out model.json"
     save(results, args.out, command=cmd)
 
 

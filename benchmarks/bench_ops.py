@@ -413,10 +413,12 @@ def main(argv=None):
     P, Vh = cfg.qk_nope_head_dim, cfg.v_head_dim
     fla = _fla_modules() if on_gpu() else {}  # fla's kernels autotune: they cannot run on CPU
     results = []
+    cmd = "python benchmarks/bench_ops.py" + (" --smoke" if args.smoke else "") + " --out ops.json"
 
-    def done(r):
+    def done(r):  # saved after every case: a run cut short by its time limit keeps what it measured
         results.append(r)
         print(r.as_dict(), flush=True)
+        save(results, args.out, command=cmd)
         if on_gpu():
             torch.cuda.empty_cache()
 
@@ -437,8 +439,6 @@ def main(argv=None):
                 done(bench_moe(dev, layer, B, args.smoke))
             del layer
     print(f"bench_ops: {len(results)} results in {time.perf_counter() - t_start:.1f} s", flush=True)
-    cmd = "python benchmarks/bench_ops.py" + (" --smoke" if args.smoke else "") + " --out ops.json"
-    save(results, args.out, command=cmd)
 
 
 if __name__ == "__main__":
