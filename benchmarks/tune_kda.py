@@ -1,7 +1,6 @@
 """Launch-configuration sweep of the chunked KDA kernels (``optimized.kda.chunk._TUNE``): per-kernel
 GPU time of ``fused_chunked`` (bf16, H=32, K=V=128) for each setting, so the defaults are chosen from
-measurements. None of the settings changes a row's arithmetic order except ``intra_bks`` (the key
-slices of Akk/Aqk are summed in order; each setting is a valid kernel, certified by the tests).
+measurements. None of the settings changes a row's arithmetic.
 
     python benchmarks/tune_kda.py [--T 4096 65536]
 """
@@ -16,8 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_kda import prefill_inputs  # noqa: E402
 from benchmarks.harness import kernel_profile  # noqa: E402
 
-INTRA = [{"intra_bkd": b, "intra_warps": w} for b in (4, 8, 16) for w in (4, 8)] + \
-    [{"intra_diag3d": 0, "intra_bks": b, "intra_warps": 4} for b in (16, 32)]
+INTRA = [{"intra_warps": w, "intra_stages": st} for w in (4, 8) for st in (2, 3)]
 STATE = [{"state_bv": bv, "state_warps": w} for bv in (16, 32, 64) for w in (2, 4)]
 
 

@@ -60,29 +60,30 @@ import triton.language as tl
 
 from .. import _counters
 from ._common import (SUM, acc_dtype, block_k, cdiv, check_gate_params, check_qkv, check_shape,
-                      check_tensor, dot, next_pow2, prepare_cu_seqlens, prepare_state,
+                      check_tensor, dot, l2norm_rows, next_pow2, prepare_cu_seqlens, prepare_state,
                       varlen_chunk_plan)
 from .gate import gate_chunk_cumsum
 
 
 @triton.jit
-def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md, ACC: tl.constexpr):
-    """Rows ``tok`` of a [*, NH, D] tensor at head ``head``, columns ``dd``, widened to ACC."""
-    return tl.load(ptr + (tok * NH + head)[:, None] * D + dd[None, :],
-                   mask=valid[:, None] & md[None, :], other=0.0).to(ACC)
+def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md, ACC: tl.constexpr,
+               L2NORM: tl.constexpr):
+    """Rows ``tok`` of a [*, NH, D] tensor at head ``head``, widened to ACC, optionally l2-normalized."""
+    x = tl.load(ptr + (tok * NH + head)[:, None] * D + dd[None, :],
+                mask=valid[:, None] & md[None, :], other=0.0).to(ACC)
+    if L2NORM:
+        x = l2norm_rows(x)
+    return x
 
 
 @triton.jit
 def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float64, T,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr,
-                  BKS: tl.constexpr, NKS: tl.constexpr, BKD: tl.constexpr, NKD: tl.constexpr,
-                  BV: tl.constexpr, NV: tl.constexpr, DIAG3D: tl.constexpr,
-                  L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr):
-    # NB = BT // BC sub-blocks, LOG2_NB = log2(NB), NKS = cdiv(K, BKS) key slices, NV = cdiv(V, BV):
-    # passed in, since a local computed from constexprs is not a constexpr for the compiler.
-    # Every [BT, K] operand is walked in BKS-wide key slices: small register tiles (a whole
-    # [64, 128] fp32 tile per operand spills), Akk / Aqk accumulate over the slices.
+                  BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr,
+                  IS_VARLEN: tl.constexpr):
+    # NB = BT // BC sub-blocks, LOG2_NB = log2(NB), NV = cdiv(V, BV): passed in, since a local
+    # computed from constexprs is not a constexpr for the compiler
     ACC = Gc.dtype.element_ty
     DT = k.dtype.element_ty
     i_c = tl.program_id(0)
@@ -107,183 +108,108 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float
     cols = tl.arange(0, BT)
     tok = t0 + rows
     valid = tok < eos
-    ds = tl.arange(0, BKS)
+    dk = tl.arange(0, BK)
+    mk = dk < K
+
+    kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
+    qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
+    # G rows clamped to the last valid row: padding rows repeat G_last (non-increasing, finite)
+    Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                 mask=mk[None, :], other=0.0).to(ACC)
     b = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0).to(ACC)
 
-    # l2norm is a per-row scale: A[i, j] = rk_i rk_j A~[i, j] with A~ from the raw rows, so the
-    # slices below work on raw q, k and the norms are applied once, to the [BT, BT] results.
-    if L2NORM:
-        ssk = tl.zeros([BT], dtype=ACC)
-        ssq = tl.zeros([BT], dtype=ACC)
-        for ks in tl.static_range(NKS):
-            dk = ks * BKS + ds
-            mk = dk < K
-            kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC)
-            qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC)
-            ssk += tl.reduce(kt * kt, 1, SUM)
-            ssq += tl.reduce(qt * qt, 1, SUM)
-        rk = 1.0 / tl.sqrt(ssk + 1e-6)
-        rq = 1.0 / tl.sqrt(ssq + 1e-6)
-
+    # -- diagonal BC x BC sub-blocks, pairwise: step s fills column p(i) = blk0(i) + s of every row
     blk0 = (rows // BC) * BC
-    blk = rows // BC
-    # -- diagonal BC x BC sub-blocks, every pair (i, p = blk0(i) + s) at once as a [BT, BC, BKD]
-    # tile per key slice: Ad[i, s] = sum_d k_i k_p exp(G_i - G_p), Qd likewise with q_i; reduced
-    # over the slice's last axis inside each thread. The exponent is masked to -inf for p > i
-    # BEFORE exp (there G_i - G_p >= 0 may overflow).
-    sd = tl.arange(0, BC)
-    p2 = blk0[:, None] + sd[None, :]  # [BT, BC] chunk rows of the pairs
-    tok_p2 = t0 + p2
-    lower = p2 <= rows[:, None]
-    Ad = tl.zeros([BT, BC], dtype=ACC)
-    Qd = tl.zeros([BT, BC], dtype=ACC)
-    ssp = tl.zeros([BT, BC], dtype=ACC)  # |k_p|^2 for the column norms (l2norm)
-    if DIAG3D:
-        dd = tl.arange(0, BKD)
-        for kd in range(0, NKD):
-            dk = kd * BKD + dd
-            mk = dk < K
-            kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC)
-            qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC)
-            Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                         mask=mk[None, :], other=0.0).to(ACC)
-            kp = tl.load(k + (tok_p2 * H + i_h)[:, :, None] * K + dk[None, None, :],
-                         mask=(tok_p2 < eos)[:, :, None] & mk[None, None, :], other=0.0).to(ACC)
-            Gp = tl.load(Gc + (tl.minimum(tok_p2, last) * HV + i_hv)[:, :, None] * K + dk[None, None, :],
-                         mask=mk[None, None, :], other=0.0).to(ACC)
-            kpe = kp * tl.exp(tl.where(lower[:, :, None], Gm[:, None, :] - Gp, float("-inf")))
-            Ad += tl.reduce(kt[:, None, :] * kpe, 2, SUM)
-            Qd += tl.reduce(qt[:, None, :] * kpe, 2, SUM)
-            if L2NORM:
-                ssp += tl.reduce(kp * kp, 2, SUM)
-    else:  # the same sums, one pair column s at a time on [BT, BKS] tiles
-        for ks in tl.static_range(NKS):
-            dk = ks * BKS + ds
-            mk = dk < K
-            kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC)
-            qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC)
-            Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                         mask=mk[None, :], other=0.0).to(ACC)
-            for s in range(0, BC):
-                tok_p = t0 + blk0 + s
-                kp = tl.load(k + (tok_p * H + i_h)[:, None] * K + dk[None, :],
-                             mask=(tok_p < eos)[:, None] & mk[None, :], other=0.0).to(ACC)
-                Gp = tl.load(Gc + (tl.minimum(tok_p, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                             mask=mk[None, :], other=0.0).to(ACC)
-                kpe = kp * tl.exp(tl.where((blk0 + s <= rows)[:, None], Gm - Gp, float("-inf")))
-                col = sd[None, :] == s
-                Ad = tl.where(col, Ad + tl.reduce(kt * kpe, 1, SUM)[:, None], Ad)
-                Qd = tl.where(col, Qd + tl.reduce(qt * kpe, 1, SUM)[:, None], Qd)
-                if L2NORM:
-                    ssp = tl.where(col, ssp + tl.reduce(kp * kp, 1, SUM)[:, None], ssp)
-    Ad = tl.where(p2 < rows[:, None], Ad, 0.0)  # strictly lower: A has a zero diagonal
-
-    # -- off-diagonal sub-blocks through reference rows (both factors <= 1), as tl.dot per key slice
     A = tl.zeros([BT, BT], dtype=ACC)
     Qm = tl.zeros([BT, BT], dtype=ACC)
+    for s in range(0, BC):
+        p = blk0 + s
+        tok_p = t0 + p
+        # gathered rows p(i) (loads, not helper calls: see _common.SUM on interpreter cost)
+        kp = tl.load(k + (tok_p * H + i_h)[:, None] * K + dk[None, :],
+                     mask=(tok_p < eos)[:, None] & mk[None, :], other=0.0).to(ACC)
+        if L2NORM:
+            kp = kp / tl.sqrt(tl.reduce(kp * kp, 1, SUM) + 1e-6)[:, None]
+        Gp = tl.load(Gc + (tl.minimum(tok_p, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                     mask=mk[None, :], other=0.0).to(ACC)
+        # mask BEFORE exp: for p > i the difference G_i - G_p is >= 0 and may overflow
+        kpe = kp * tl.exp(tl.where((p <= rows)[:, None], Gm - Gp, float("-inf")))
+        a_val = tl.reduce(kt * kpe, 1, SUM)
+        q_val = tl.reduce(qt * kpe, 1, SUM)
+        hit = cols[None, :] == p[:, None]
+        A = tl.where(hit & (p < rows)[:, None], a_val[:, None], A)
+        Qm = tl.where(hit, q_val[:, None], Qm)
+
+    # -- off-diagonal sub-blocks through reference rows: both factors <= 1
     if NB > 1:
-        for ks in tl.static_range(NKS):
-            dk = ks * BKS + ds
-            mk = dk < K
-            kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC)
-            qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC)
-            Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                         mask=mk[None, :], other=0.0).to(ACC)
-            Gref = tl.load(Gc + (tl.minimum(t0 + blk0, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                           mask=mk[None, :], other=0.0).to(ACC)
-            left = tl.exp(Gm - Gref)  # row i vs the first row of its sub-block: G_i <= G_blk0(i)
-            kl = kt * left
-            ql = qt * left
-            # the column side is built transposed, [BKS, BT], from transposed loads (no register
-            # transpose feeding the dot)
-            kT = tl.load(k + (tok * H + i_h)[None, :] * K + dk[:, None],
-                         mask=mk[:, None] & valid[None, :], other=0.0).to(ACC)
-            GT = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[None, :] * K + dk[:, None],
-                         mask=mk[:, None], other=0.0).to(ACC)
-            for a in tl.static_range(1, NB):
-                Gr = tl.load(Gc + (tl.minimum(t0 + a * BC, last) * HV + i_hv) * K + dk,
-                             mask=mk, other=0.0).to(ACC)
-                # column factor exp(G_r - G_j) for j < r only (masked before exp)
-                rT = kT * tl.exp(tl.where((cols < a * BC)[None, :], Gr[:, None] - GT, float("-inf")))
-                in_a = (blk == a)[:, None]
-                A += dot(tl.where(in_a, kl, 0.0), rT, DT, ACC)
-                Qm += dot(tl.where(in_a, ql, 0.0), rT, DT, ACC)
+        Gref = tl.load(Gc + (tl.minimum(t0 + blk0, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                       mask=mk[None, :], other=0.0).to(ACC)
+        left = tl.exp(Gm - Gref)  # row i vs the first row of its sub-block: G_i <= G_blk0(i)
+        kl = kt * left
+        ql = qt * left
+        blk = rows // BC
+        # the column side is built transposed, [BK, BT], from transposed loads (no register
+        # transpose feeding the dot)
+        kT = tl.load(k + (tok * H + i_h)[None, :] * K + dk[:, None],
+                     mask=mk[:, None] & valid[None, :], other=0.0).to(ACC)
+        if L2NORM:
+            kT = kT / tl.sqrt(tl.reduce(kT * kT, 0, SUM) + 1e-6)[None, :]
+        GT = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[None, :] * K + dk[:, None],
+                     mask=mk[:, None], other=0.0).to(ACC)
+        for a in tl.static_range(1, NB):
+            Gr = tl.load(Gc + (tl.minimum(t0 + a * BC, last) * HV + i_hv) * K + dk,
+                         mask=mk, other=0.0).to(ACC)
+            # column factor exp(G_r - G_j) for j < r only (masked before exp)
+            rT = kT * tl.exp(tl.where((cols < a * BC)[None, :], Gr[:, None] - GT, float("-inf")))
+            in_a = (blk == a)[:, None]
+            A += dot(tl.where(in_a, kl, 0.0), rT, DT, ACC)
+            Qm += dot(tl.where(in_a, ql, 0.0), rT, DT, ACC)
 
-    # row and column scales: beta, the l2 norms, the attention scale (an fp64 arg: a plain float
-    # arrives as fp32, wrong for fp64 runs; back to ACC)
-    if L2NORM:
-        rkp = 1.0 / tl.sqrt(ssp + 1e-6)
-        Ad = Ad * (rk * b)[:, None] * rkp
-        Qd = (Qd * (rq * scale)[:, None] * rkp).to(ACC)
-        A = A * (rk * b)[:, None] * rk[None, :]
-        Qm = (Qm * (rq * scale)[:, None] * rk[None, :]).to(ACC)
-    else:
-        Ad = Ad * b[:, None]
-        Qd = (Qd * scale).to(ACC)
-        A = A * b[:, None]
-        Qm = (Qm * scale).to(ACC)
-    # Qd into the diagonal blocks of Qm: one-hot [BC, BT] products in ACC (exact: one term each)
-    for a in tl.static_range(NB):
-        onehot = tl.where(cols[None, :] == (a * BC + sd)[:, None], 1.0, 0.0).to(ACC)
-        Qm += tl.dot(tl.where((blk == a)[:, None], Qd, 0.0), onehot, input_precision="ieee",
-                     out_dtype=ACC)
+    A = A * b[:, None]
+    # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
+    Qm = (Qm * scale).to(ACC)
 
-    # -- M = (I + A)^-1. Diagonal blocks (Ad): right-looking forward substitution, all blocks in
-    # lock step: step s eliminates pivot p = blk0 + s of each block: X[i, :] -= A[i, p] X[p, :], i > p.
+    # -- M = (I + A)^-1. Diagonal blocks: right-looking forward substitution, all blocks in lock step:
+    # step s eliminates pivot p = blk0 + s of each block: X[i, :] -= A[i, p] X[p, :] for i > p.
     same = (rows // BC)[:, None] == (cols // BC)[None, :]
     X = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0).to(ACC)
     pc0 = (cols // BC) * BC
     for s in range(0, BC - 1):
-        a_col = tl.reduce(tl.where(sd[None, :] == s, Ad, 0.0), 1, SUM)  # A[i, p(i)]
+        a_col = tl.reduce(tl.where(cols[None, :] == (blk0 + s)[:, None], A, 0.0), 1, SUM)  # A[i, p(i)]
         m_row = tl.reduce(tl.where(rows[:, None] == (pc0 + s)[None, :], X, 0.0), 0, SUM)  # X[p(c), c]
         X = X - tl.where(same, a_col[:, None] * m_row[None, :], 0.0)
     if NB > 1:
         # merge: (I + A)^-1 = (I + N)^-1 D with N = D A_off strictly block-lower (N^NB = 0), and
-        # (I + N)^-1 = (I - N)(I + N^2)(I + N^4)...: LOG2_NB factors. A holds only A_off here.
-        P = -dot(X, A, DT, ACC)
+        # (I + N)^-1 = (I - N)(I + N^2)(I + N^4)...: LOG2_NB factors
+        P = -dot(X, tl.where(same, 0.0, A), DT, ACC)
         for m in tl.static_range(LOG2_NB):
             X = X + dot(P, X, DT, ACC)
             if m + 1 < LOG2_NB:
                 P = dot(P, P, DT, ACC)
 
-    # -- WY form, w = M (beta k exp(G)), u = M (beta v) (exp(G) <= 1); and the operands of the later
-    # kernels, so they run exp-free: kg = k exp(G_last - G) (state update), qg = scale q exp(G)
-    # (output), both factors <= 1. G_last: the chunk's last valid row.
-    m_rows = valid[:, None]
-    if L2NORM:
-        bk = rk * b
-        sq = rq * scale
-    else:
-        bk = b
-        sq = tl.zeros([BT], dtype=ACC) + scale
-    for ks in tl.static_range(NKS):
-        dk = ks * BKS + ds
-        mk = dk < K
-        kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC)
-        qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC)
-        Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                     mask=mk[None, :], other=0.0).to(ACC)
-        Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk,
-                     mask=mk, other=0.0).to(ACC)
-        eG = tl.exp(Gm)
-        off = (tok * HV + i_hv)[:, None] * K + dk[None, :]
-        m2 = m_rows & mk[None, :]
-        wt = dot(X, kt * eG * bk[:, None], DT, ACC)
-        tl.store(w + off, wt.to(w.dtype.element_ty), mask=m2)
-        if L2NORM:
-            kt = kt * rk[:, None]
-        tl.store(kg + off, (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
-        tl.store(qg + off, ((qt * eG) * sq[:, None]).to(qg.dtype.element_ty), mask=m2)
+    # -- WY form: w = M (beta k exp(G)), u = M (beta v); exp(G) <= 1
+    wt = dot(X, kt * tl.exp(Gm) * b[:, None], DT, ACC)
+    tl.store(w + (tok * HV + i_hv)[:, None] * K + dk[None, :], wt.to(w.dtype.element_ty),
+             mask=valid[:, None] & mk[None, :])
     dv = tl.arange(0, BV)
     for iv in tl.static_range(0, NV):
         ov = iv * BV + dv
         mv = ov < V
-        vt = _load_rows(v, tok, valid, i_hv, HV, V, ov, mv, ACC)
+        vt = _load_rows(v, tok, valid, i_hv, HV, V, ov, mv, ACC, False)
         ut = dot(X, vt * b[:, None], DT, ACC)
         tl.store(u + (tok * HV + i_hv)[:, None] * V + ov[None, :], ut.to(u.dtype.element_ty),
-                 mask=m_rows & mv[None, :])
+                 mask=valid[:, None] & mv[None, :])
     tl.store(Aq + (tok * HV + i_hv)[:, None] * BT + cols[None, :], Qm.to(Aq.dtype.element_ty),
-             mask=m_rows)
+             mask=valid[:, None])
+    # -- operands of the later kernels, so they run exp-free: kg = k exp(G_last - G) (state update),
+    # qg = scale q exp(G) (output); both factors <= 1. G_last: the chunk's last valid row.
+    Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk,
+                 mask=mk, other=0.0).to(ACC)
+    m2 = valid[:, None] & mk[None, :]
+    tl.store(kg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+             (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
+    tl.store(qg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+             ((qt * tl.exp(Gm)) * scale).to(qg.dtype.element_ty), mask=m2)
 
 
 @triton.jit
@@ -388,9 +314,9 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
              mask=valid[:, None] & mv[None, :])
 
 
-#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: intra_bks,
-#: intra_bkd, intra_warps, intra_stages, state_bv, state_warps, state_stages). None of them changes the arithmetic of a row: the key slices of the intra
-#: kernel are summed in order, the state pass splits V columns, which never mix.
+#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: intra_warps,
+#: intra_stages, state_bv, state_warps, state_stages). None of them changes a row's arithmetic: the
+#: state pass splits V columns, which never mix.
 _TUNE: dict = {}
 
 
@@ -460,13 +386,10 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     Aq = torch.empty(B, T, HV, BT, dtype=dt, device=dev)
     kg = torch.empty_like(w)
     qg = torch.empty_like(w)
-    BKS = _TUNE.get("intra_bks", min(BK, 32))
-    BKD = _TUNE.get("intra_bkd", min(BK, 8))  # key slice of the [BT, BC, BKD] diagonal-pair tiles
     _intra_kernel[(n_chunks, B * HV)](
         q, k, v, G, beta, w, u, Aq, kg, qg, cu, cidx, scale, T,
-        H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, NB=BT // BC, LOG2_NB=LOG2_NB, BKS=BKS, NKS=cdiv(K, BKS),
-        BKD=BKD, NKD=cdiv(K, BKD), DIAG3D=bool(_TUNE.get("intra_diag3d", 1)),
-        BV=BV, NV=cdiv(V, BV),
+        H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, NB=BT // BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV,
+        NV=cdiv(V, BV),
         L2NORM=fused, IS_VARLEN=varlen, num_warps=_TUNE.get("intra_warps", 4 if BK <= 64 else 8),
         num_stages=_TUNE.get("intra_stages", _stages("intra", dt)))
     # 3. sequential state pass

@@ -390,21 +390,6 @@ def test_chunk_stages(dtype):
 # bytes: determinism and split invariance
 
 
-@pytest.mark.parametrize("diag3d", [1, 0], ids=["pair-tile", "pair-loop"])
-def test_both_forms_of_the_diagonal_blocks(diag3d):
-    # the intra kernel's diagonal sub-blocks as one [BT, BC, BKD] pair tile per key slice, or one
-    # pair column at a time (launch setting intra_diag3d): the same sums, both within the bound
-    from optimized.kda import chunk
-
-    d = make_inputs(1, 70, 1, 2, 64, 32, torch.bfloat16, seed=5, h0=True)
-    chunk._TUNE["intra_diag3d"] = diag3d
-    try:
-        o, s = run("fused_chunked", d)
-    finally:
-        chunk._TUNE.pop("intra_diag3d")
-    check(f"fused chunked, diagonal form {diag3d}", d, o, s, fused=True)
-
-
 def test_run_to_run_bitwise():
     d = make_inputs(1, 70, 1, 2, 32, 32, torch.bfloat16, seed=11, h0=True)
     for op in ("fused_chunked", "fused_recurrent"):
