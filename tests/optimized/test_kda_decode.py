@@ -127,7 +127,8 @@ def test_decode_run_to_run_and_padding_slot():
 
 def test_decode_continues_prefill_bitwise():
     """fused_recurrent over T tokens, then decode token T from the returned state (in a pool slot) ==
-    fused_recurrent over T + 1 tokens, in bytes (same kernel arithmetic, state fp32 in between)."""
+    fused_recurrent over T + 1 tokens: the output in bytes, the state in bytes under the interpreter
+    and within one rounding of its last update on a GPU (state fp32 in between)."""
     gen = torch.Generator().manual_seed(4)
     B, T, H, HV, K, V = 2, 9, 1, 2, 32, 32
     bf = torch.bfloat16
@@ -146,7 +147,18 @@ def test_decode_continues_prefill_bitwise():
     step = [x[:, T] for x in args[:5]] + args[5:]
     o_step = kda.fused_recurrent_decode(*step, pool, torch.tensor([3, 1], device=DEV))
     assert torch.equal(o_step, o_full[:, T])
-    assert torch.equal(pool[[3, 1]], s_full)
+    if CUDA:
+        # the same formula compiled into two kernel variants (a T-token loop, one indexed step): the
+        # GPU compiler may contract a multiply-add into an FMA in one and not the other, so the last
+        # update may round differently: at most one fp32 rounding of each of its two terms (u =
+        # 2^-24 relative to the state's scale); on the H200 the bytes differed. The interpreter (numpy, no
+        # contraction) must give the same bytes.
+        u = 2.0 ** -24
+        scale = torch.maximum(s_full.abs().amax(), s_pre.abs().amax())
+        diff = (pool[[3, 1]] - s_full).abs().amax()
+        assert diff <= 4 * u * scale, f"state differs by {float(diff):.3g} > 4u * {float(scale):.3g}"
+    else:
+        assert torch.equal(pool[[3, 1]], s_full)
     assert torch.equal(pool[0], torch.full_like(pool[0], SENTINEL))
 
 
