@@ -371,11 +371,11 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     BK = block_k(K)
     BV = min(64, max(16, next_pow2(V)))
     if dt.itemsize == 2:
-        # 16-bit dots (tensor cores) on tiles of at least 64 keys/values, zero-padded by the masks
-        # (exact). On the H200, bf16 runs with K = 32 (BK = 32) hit an illegal memory access in the
-        # intra kernel while K = 128 and every fp32 shape run clean; this keeps the 16-bit tile
-        # shapes to the ones measured clean. Not yet re-run on a GPU (docs/BENCHMARKS.md, Open).
-        BK, BV = max(BK, 64), 64
+        # 16-bit runs compile the tile configuration measured clean on the H200 (the real model's:
+        # 128 keys, 64 values, 8 warps in the intra kernel), smaller K and V zero-padded by the masks
+        # (exact). bf16 with K = 32 (32-key tiles, 4 warps) hit an illegal memory access in the
+        # intra kernel while every fp32 shape ran clean. Not yet re-run on a GPU (docs/BENCHMARKS.md).
+        BK, BV = max(BK, 128), 64
     BC = min(16, BT)
     LOG2_NB = (BT // BC).bit_length() - 1
 
