@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import Result, bench, graph_timings, save, wall_per_call  # noqa: E402
 
 H, K, V = 32, 128, 128

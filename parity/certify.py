@@ -193,6 +193,14 @@ def candidate_for(record: OpRecord, candidate: str):
     raise ValueError(f"candidate: expected one of {CANDIDATES}, got {candidate!r}")
 
 
+def candidate_device(candidate: str, device: str | None) -> str:
+    """``device``, or the default for ``candidate``: the optimized ops on cuda when there is a GPU
+    (else cpu, the interpreter), the reference-f32 stand-in on cpu."""
+    from .platform import default_device
+
+    return default_device(device) if candidate == "optimized" else (device or "cpu")
+
+
 def rowwise(record: OpRecord, cand):
     """The stand-in evaluated one batch row at a time (rows concatenated), so that its outputs do
     not depend on the batch composition: torch's CPU matmuls and reductions pick their blocking from
@@ -240,9 +248,7 @@ def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str 
     hypothesis profile's max_examples); ``on_case(op, dtype, case_dict)`` is called after each input.
     ``device``: where the candidate runs (None: the optimized ops on cuda if available, else cpu;
     the reference-f32 stand-in on cpu)."""
-    from .platform import default_device
-
-    device = default_device(device) if candidate == "optimized" else (device or "cpu")
+    device = candidate_device(candidate, device)
     cert = OpCertificate(record, candidate)
     try:
         cand, counter = candidate_for(record, candidate)
@@ -366,9 +372,7 @@ def cpu_threads(device: str, n: int = 1):
 def certify(records, *, dtypes=("float32", "bfloat16"), device=None, candidate="optimized",
             examples=None, on_case=None, on_op=None) -> list:
     """Certify several records; ``on_op(cert)`` is called as each finishes."""
-    from .platform import default_device
-
-    device = default_device(device) if candidate == "optimized" else (device or "cpu")
+    device = candidate_device(candidate, device)
     out = []
     with cpu_threads(device):
         for rec in records:
