@@ -37,13 +37,22 @@ def test_a_recorded_golden_has_the_format_header_and_per_step_digests(recorded):
         assert s["top_values"] == sorted(s["top_values"], reverse=True) and s["bound"] > 0
 
 
-def test_recording_is_bit_reproducible_against_the_committed_golden(recorded):
-    """The committed golden's first steps have the same reference logits, bit for bit."""
+def test_recording_reproduces_the_committed_golden(recorded):
+    """The committed golden's first steps: same tokens and top ids; the same reference logits bit for
+    bit where the float64 arithmetic is the same (NumPy build and platform: its BLAS kernels and
+    summation order), else within twice the float64 counterpart of the step's bound (the recorded
+    bound scaled by u_float64 / u_dtype: each recording is within it of the exact logits)."""
     mine, committed = golden.load(recorded), golden.load(COMMITTED)
     assert committed["prompt"] == mine["prompt"] and committed["weights_sha256"] == mine["weights_sha256"]
+    same_arithmetic = all(mine["environment"][k] == committed["environment"][k] for k in ("numpy", "platform"))
+    scale = 2.0**-53 / {"float32": 2.0**-24, "bfloat16": 2.0**-8}[committed["dtype"]]
     for a, b in zip(mine["steps"], committed["steps"]):
-        assert (a["token"], a["logits_sha256"], a["top_ids"], a["top_values"]) == (
-            b["token"], b["logits_sha256"], b["top_ids"], b["top_values"])
+        assert (a["token"], a["top_ids"]) == (b["token"], b["top_ids"])
+        if same_arithmetic:
+            assert (a["logits_sha256"], a["top_values"]) == (b["logits_sha256"], b["top_values"])
+        else:
+            worst = max(abs(x - y) for x, y in zip(a["top_values"], b["top_values"]))
+            assert worst <= 2 * scale * b["bound"], (worst, b["bound"])
 
 
 def test_the_optimized_path_passes_the_committed_golden_of_the_bundled_checkpoint(tmp_path, capsys):
