@@ -77,11 +77,105 @@ def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md,
 
 
 @triton.jit
-def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float64, T,
+def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, T,
+                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                   BC: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr):
+    # One program per (chunk, sequence*value head, BC-row sub-block a): rows a*BC .. a*BC+BC-1 of
+    # beta*Akk (ACC, for the inverse) and of Aqk (scale included), and their kg, qg rows. Small
+    # [BC, BK] tiles: NB times the programs of a whole-chunk tile, a fraction of its registers.
+    ACC = Gc.dtype.element_ty
+    DT = k.dtype.element_ty
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_a = tl.program_id(2)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        i_n = tl.load(cidx + 2 * i_c)
+        if i_n < 0:
+            return
+        local = tl.load(cidx + 2 * i_c + 1)
+        bos = tl.load(cu + i_n).to(tl.int64)
+        eos = tl.load(cu + i_n + 1).to(tl.int64)
+    else:
+        local = i_c
+        bos = i_b.to(tl.int64) * T
+        eos = bos + T
+    t0 = bos + local * BT
+    last = eos - 1
+    r0 = i_a * BC
+    if t0 + r0 >= eos:
+        return  # a sub-block wholly past the sequence end: its rows are never read
+    rows = r0 + tl.arange(0, BC)
+    tok = t0 + rows
+    valid = tok < eos
+    dk = tl.arange(0, BK)
+    mk = dk < K
+
+    kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
+    qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
+    Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                 mask=mk[None, :], other=0.0).to(ACC)
+    b = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0).to(ACC)
+
+    c16 = tl.arange(0, BC)
+    off = (tok * HV + i_hv)[:, None] * BT + c16[None, :]  # + column block * BC
+    # -- earlier sub-blocks bb < a through the reference row r0: exp(G_i - G_r0) exp(G_r0 - G_j) with
+    # i >= r0 > j, both factors <= 1
+    Gr = tl.load(Gc + (tl.minimum(t0 + r0, last) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
+    left = tl.exp(Gm - Gr[None, :])
+    kl = kt * left
+    ql = qt * left
+    for bb in range(0, i_a):
+        tokT = t0 + bb * BC + c16  # all before r0, so < eos
+        kT = tl.load(k + (tokT * H + i_h)[None, :] * K + dk[:, None], mask=mk[:, None], other=0.0).to(ACC)
+        if L2NORM:
+            kT = kT / tl.sqrt(tl.reduce(kT * kT, 0, SUM) + 1e-6)[None, :]
+        GT = tl.load(Gc + (tokT * HV + i_hv)[None, :] * K + dk[:, None], mask=mk[:, None], other=0.0).to(ACC)
+        rT = kT * tl.exp(Gr[:, None] - GT)
+        Ab = dot(kl, rT, DT, ACC)
+        Qb = dot(ql, rT, DT, ACC)
+        tl.store(Ak + off + bb * BC, (Ab * b[:, None]).to(Ak.dtype.element_ty), mask=valid[:, None])
+        # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
+        tl.store(Aq + off + bb * BC, (Qb * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
+
+    # -- the diagonal sub-block, pairwise: column j = r0 + s, exponent masked to -inf for j > i
+    A = tl.zeros([BC, BC], dtype=ACC)
+    Qm = tl.zeros([BC, BC], dtype=ACC)
+    for s in range(0, BC):
+        j = t0 + r0 + s
+        kj = tl.load(k + (j * H + i_h) * K + dk, mask=mk & (dk * 0 + j < eos), other=0.0).to(ACC)
+        if L2NORM:
+            kj = kj / tl.sqrt(tl.reduce(kj * kj, 0, SUM) + 1e-6)
+        Gj = tl.load(Gc + (tl.minimum(j, last) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
+        kje = kj[None, :] * tl.exp(tl.where((r0 + s <= rows)[:, None], Gm - Gj[None, :], float("-inf")))
+        a_val = tl.reduce(kt * kje, 1, SUM)
+        q_val = tl.reduce(qt * kje, 1, SUM)
+        hit = (c16 == s)[None, :]
+        A = tl.where(hit & (r0 + s < rows)[:, None], a_val[:, None], A)
+        Qm = tl.where(hit, q_val[:, None], Qm)
+    tl.store(Ak + off + r0, (A * b[:, None]).to(Ak.dtype.element_ty), mask=valid[:, None])
+    tl.store(Aq + off + r0, (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
+    # the blocks right of the diagonal are 0 (both matrices are lower triangular)
+    for bb in range(i_a + 1, BT // BC):
+        tl.store(Ak + off + bb * BC, tl.zeros([BC, BC], dtype=Ak.dtype.element_ty), mask=valid[:, None])
+        tl.store(Aq + off + bb * BC, tl.zeros([BC, BC], dtype=Aq.dtype.element_ty), mask=valid[:, None])
+    # kg = k exp(G_last - G) (state update), qg = scale q exp(G) (output): both factors <= 1
+    Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
+    m2 = valid[:, None] & mk[None, :]
+    tl.store(kg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+             (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
+    tl.store(qg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+             ((qt * tl.exp(Gm)) * scale).to(qg.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _intra_kernel(q, k, v, Gc, beta, w, u, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, T,
                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr,
                   BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr,
-                  IS_VARLEN: tl.constexpr):
+                  IS_VARLEN: tl.constexpr, PRE_A: tl.constexpr):
     # NB = BT // BC sub-blocks, LOG2_NB = log2(NB), NV = cdiv(V, BV): passed in, since a local
     # computed from constexprs is not a constexpr for the compiler
     ACC = Gc.dtype.element_ty
@@ -112,62 +206,66 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float
     mk = dk < K
 
     kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
-    qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
     # G rows clamped to the last valid row: padding rows repeat G_last (non-increasing, finite)
     Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
                  mask=mk[None, :], other=0.0).to(ACC)
     b = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0).to(ACC)
-
-    # -- diagonal BC x BC sub-blocks, pairwise: step s fills column p(i) = blk0(i) + s of every row
     blk0 = (rows // BC) * BC
-    A = tl.zeros([BT, BT], dtype=ACC)
-    Qm = tl.zeros([BT, BT], dtype=ACC)
-    for s in range(0, BC):
-        p = blk0 + s
-        tok_p = t0 + p
-        # gathered rows p(i) (loads, not helper calls: see _common.SUM on interpreter cost)
-        kp = tl.load(k + (tok_p * H + i_h)[:, None] * K + dk[None, :],
-                     mask=(tok_p < eos)[:, None] & mk[None, :], other=0.0).to(ACC)
-        if L2NORM:
-            kp = kp / tl.sqrt(tl.reduce(kp * kp, 1, SUM) + 1e-6)[:, None]
-        Gp = tl.load(Gc + (tl.minimum(tok_p, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                     mask=mk[None, :], other=0.0).to(ACC)
-        # mask BEFORE exp: for p > i the difference G_i - G_p is >= 0 and may overflow
-        kpe = kp * tl.exp(tl.where((p <= rows)[:, None], Gm - Gp, float("-inf")))
-        a_val = tl.reduce(kt * kpe, 1, SUM)
-        q_val = tl.reduce(qt * kpe, 1, SUM)
-        hit = cols[None, :] == p[:, None]
-        A = tl.where(hit & (p < rows)[:, None], a_val[:, None], A)
-        Qm = tl.where(hit, q_val[:, None], Qm)
 
-    # -- off-diagonal sub-blocks through reference rows: both factors <= 1
-    if NB > 1:
-        Gref = tl.load(Gc + (tl.minimum(t0 + blk0, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                       mask=mk[None, :], other=0.0).to(ACC)
-        left = tl.exp(Gm - Gref)  # row i vs the first row of its sub-block: G_i <= G_blk0(i)
-        kl = kt * left
-        ql = qt * left
-        blk = rows // BC
-        # the column side is built transposed, [BK, BT], from transposed loads (no register
-        # transpose feeding the dot)
-        kT = tl.load(k + (tok * H + i_h)[None, :] * K + dk[:, None],
-                     mask=mk[:, None] & valid[None, :], other=0.0).to(ACC)
-        if L2NORM:
-            kT = kT / tl.sqrt(tl.reduce(kT * kT, 0, SUM) + 1e-6)[None, :]
-        GT = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[None, :] * K + dk[:, None],
-                     mask=mk[:, None], other=0.0).to(ACC)
-        for a in tl.static_range(1, NB):
-            Gr = tl.load(Gc + (tl.minimum(t0 + a * BC, last) * HV + i_hv) * K + dk,
-                         mask=mk, other=0.0).to(ACC)
-            # column factor exp(G_r - G_j) for j < r only (masked before exp)
-            rT = kT * tl.exp(tl.where((cols < a * BC)[None, :], Gr[:, None] - GT, float("-inf")))
-            in_a = (blk == a)[:, None]
-            A += dot(tl.where(in_a, kl, 0.0), rT, DT, ACC)
-            Qm += dot(tl.where(in_a, ql, 0.0), rT, DT, ACC)
+    if PRE_A:  # beta*Akk rows from _blocks_kernel (which also wrote Aq, kg and qg)
+        A = tl.load(Ak + (tok * HV + i_hv)[:, None] * BT + cols[None, :], mask=valid[:, None],
+                    other=0.0).to(ACC)
+    else:
+        qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
+        # -- diagonal BC x BC sub-blocks, pairwise: step s fills column p(i) = blk0(i) + s of every row
+        A = tl.zeros([BT, BT], dtype=ACC)
+        Qm = tl.zeros([BT, BT], dtype=ACC)
+        for s in range(0, BC):
+            p = blk0 + s
+            tok_p = t0 + p
+            # gathered rows p(i) (loads, not helper calls: see _common.SUM on interpreter cost)
+            kp = tl.load(k + (tok_p * H + i_h)[:, None] * K + dk[None, :],
+                         mask=(tok_p < eos)[:, None] & mk[None, :], other=0.0).to(ACC)
+            if L2NORM:
+                kp = kp / tl.sqrt(tl.reduce(kp * kp, 1, SUM) + 1e-6)[:, None]
+            Gp = tl.load(Gc + (tl.minimum(tok_p, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                         mask=mk[None, :], other=0.0).to(ACC)
+            # mask BEFORE exp: for p > i the difference G_i - G_p is >= 0 and may overflow
+            kpe = kp * tl.exp(tl.where((p <= rows)[:, None], Gm - Gp, float("-inf")))
+            a_val = tl.reduce(kt * kpe, 1, SUM)
+            q_val = tl.reduce(qt * kpe, 1, SUM)
+            hit = cols[None, :] == p[:, None]
+            A = tl.where(hit & (p < rows)[:, None], a_val[:, None], A)
+            Qm = tl.where(hit, q_val[:, None], Qm)
 
-    A = A * b[:, None]
-    # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
-    Qm = (Qm * scale).to(ACC)
+        # -- off-diagonal sub-blocks through reference rows: both factors <= 1
+        if NB > 1:
+            Gref = tl.load(Gc + (tl.minimum(t0 + blk0, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                           mask=mk[None, :], other=0.0).to(ACC)
+            left = tl.exp(Gm - Gref)  # row i vs the first row of its sub-block: G_i <= G_blk0(i)
+            kl = kt * left
+            ql = qt * left
+            blk = rows // BC
+            # the column side is built transposed, [BK, BT], from transposed loads (no register
+            # transpose feeding the dot)
+            kT = tl.load(k + (tok * H + i_h)[None, :] * K + dk[:, None],
+                         mask=mk[:, None] & valid[None, :], other=0.0).to(ACC)
+            if L2NORM:
+                kT = kT / tl.sqrt(tl.reduce(kT * kT, 0, SUM) + 1e-6)[None, :]
+            GT = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[None, :] * K + dk[:, None],
+                         mask=mk[:, None], other=0.0).to(ACC)
+            for a in tl.static_range(1, NB):
+                Gr = tl.load(Gc + (tl.minimum(t0 + a * BC, last) * HV + i_hv) * K + dk,
+                             mask=mk, other=0.0).to(ACC)
+                # column factor exp(G_r - G_j) for j < r only (masked before exp)
+                rT = kT * tl.exp(tl.where((cols < a * BC)[None, :], Gr[:, None] - GT, float("-inf")))
+                in_a = (blk == a)[:, None]
+                A += dot(tl.where(in_a, kl, 0.0), rT, DT, ACC)
+                Qm += dot(tl.where(in_a, ql, 0.0), rT, DT, ACC)
+
+        A = A * b[:, None]
+        # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
+        Qm = (Qm * scale).to(ACC)
 
     # -- M = (I + A)^-1. Diagonal blocks: right-looking forward substitution, all blocks in lock step:
     # step s eliminates pivot p = blk0 + s of each block: X[i, :] -= A[i, p] X[p, :] for i > p.
@@ -199,17 +297,18 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Aq, kg, qg, cu, cidx, scale: tl.float
         ut = dot(X, vt * b[:, None], DT, ACC)
         tl.store(u + (tok * HV + i_hv)[:, None] * V + ov[None, :], ut.to(u.dtype.element_ty),
                  mask=valid[:, None] & mv[None, :])
-    tl.store(Aq + (tok * HV + i_hv)[:, None] * BT + cols[None, :], Qm.to(Aq.dtype.element_ty),
-             mask=valid[:, None])
-    # -- operands of the later kernels, so they run exp-free: kg = k exp(G_last - G) (state update),
-    # qg = scale q exp(G) (output); both factors <= 1. G_last: the chunk's last valid row.
-    Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk,
-                 mask=mk, other=0.0).to(ACC)
-    m2 = valid[:, None] & mk[None, :]
-    tl.store(kg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
-             (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
-    tl.store(qg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
-             ((qt * tl.exp(Gm)) * scale).to(qg.dtype.element_ty), mask=m2)
+    if not PRE_A:
+        tl.store(Aq + (tok * HV + i_hv)[:, None] * BT + cols[None, :], Qm.to(Aq.dtype.element_ty),
+                 mask=valid[:, None])
+        # -- operands of the later kernels, so they run exp-free: kg = k exp(G_last - G) (state update),
+        # qg = scale q exp(G) (output); both factors <= 1. G_last: the chunk's last valid row.
+        Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk,
+                     mask=mk, other=0.0).to(ACC)
+        m2 = valid[:, None] & mk[None, :]
+        tl.store(kg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+                 (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
+        tl.store(qg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+                 ((qt * tl.exp(Gm)) * scale).to(qg.dtype.element_ty), mask=m2)
 
 
 @triton.jit
@@ -314,10 +413,13 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
              mask=valid[:, None] & mv[None, :])
 
 
-#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: intra_warps,
-#: intra_stages, state_bv, state_warps, state_stages). None of them changes a row's arithmetic: the
+#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: split_intra,
+#: blocks_warps, blocks_stages, intra_warps, intra_stages, state_bv, state_warps, state_stages). None of them changes a row's arithmetic: the
 #: state pass splits V columns, which never mix.
 _TUNE: dict = {}
+#: Akk / Aqk rows in their own kernel (``_blocks_kernel``, one program per 16-row sub-block) before
+#: the inverse; False: the whole chunk's matrices inside ``_intra_kernel``.
+SPLIT_INTRA = True
 
 
 def _stages(kernel: str, dtype: torch.dtype) -> int:
@@ -392,11 +494,18 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     Aq = torch.empty(B, T, HV, BT, dtype=dt, device=dev)
     kg = torch.empty_like(w)
     qg = torch.empty_like(w)
+    split = bool(_TUNE.get("split_intra", SPLIT_INTRA))
+    Ak = torch.empty(B, T, HV, BT, dtype=acc, device=dev) if split else None
+    if split:
+        _blocks_kernel[(n_chunks, B * HV, BT // BC)](
+            q, k, G, beta, Ak, Aq, kg, qg, cu, cidx, scale, T,
+            H=H, HV=HV, K=K, BT=BT, BC=BC, BK=BK, L2NORM=fused, IS_VARLEN=varlen,
+            num_warps=_TUNE.get("blocks_warps", 4), num_stages=_TUNE.get("blocks_stages", 2))
     _intra_kernel[(n_chunks, B * HV)](
-        q, k, v, G, beta, w, u, Aq, kg, qg, cu, cidx, scale, T,
+        q, k, v, G, beta, w, u, Ak, Aq, kg, qg, cu, cidx, scale, T,
         H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, NB=BT // BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV,
-        NV=cdiv(V, BV),
-        L2NORM=fused, IS_VARLEN=varlen, num_warps=_TUNE.get("intra_warps", 4 if BK <= 64 else 8),
+        NV=cdiv(V, BV), L2NORM=fused, IS_VARLEN=varlen, PRE_A=split,
+        num_warps=_TUNE.get("intra_warps", 4 if BK <= 64 else 8),
         num_stages=_TUNE.get("intra_stages", _stages("intra", dt)))
     # 3. sequential state pass
     h = torch.empty((B * NT if not varlen else n_chunks), HV, K, V, dtype=dt, device=dev)
