@@ -81,7 +81,8 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                    BC: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr):
     # One program per (chunk, sequence*value head, BC-row sub-block a): rows a*BC .. a*BC+BC-1 of
-    # beta*Akk (ACC, for the inverse) and of Aqk (scale included), and their kg, qg rows. Small
+    # beta*Akk (ACC, for the inverse; its diagonal block replaced by the block's inverse D) and of
+    # Aqk (scale included), and their kg, qg rows. Small
     # [BC, BK] tiles: NB times the programs of a whole-chunk tile, a fraction of its registers.
     ACC = Gc.dtype.element_ty
     DT = k.dtype.element_ty
@@ -143,7 +144,7 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
     # -- the diagonal sub-block, pairwise: column j = r0 + s, exponent masked to -inf for j > i
     A = tl.zeros([BC, BC], dtype=ACC)
     Qm = tl.zeros([BC, BC], dtype=ACC)
-    for s in range(0, BC):
+    for s in tl.static_range(0, BC):  # unrolled: the row loads of later steps issue early
         j = t0 + r0 + s
         kj = tl.load(k + (j * H + i_h) * K + dk, mask=mk & (dk * 0 + j < eos), other=0.0).to(ACC)
         if L2NORM:
@@ -155,7 +156,15 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
         hit = (c16 == s)[None, :]
         A = tl.where(hit & (r0 + s < rows)[:, None], a_val[:, None], A)
         Qm = tl.where(hit, q_val[:, None], Qm)
-    tl.store(Ak + off + r0, (A * b[:, None]).to(Ak.dtype.element_ty), mask=valid[:, None])
+    # D = (I + beta*A_aa)^-1 by right-looking forward substitution: step s eliminates pivot s,
+    # X[i, :] -= A[i, s] X[s, :] (A strictly lower: rows i <= s have A[i, s] = 0)
+    A = A * b[:, None]
+    X = tl.where(c16[:, None] == c16[None, :], 1.0, 0.0).to(ACC)
+    for s in tl.static_range(0, BC - 1):
+        a_col = tl.reduce(tl.where(c16[None, :] == s, A, 0.0), 1, SUM)  # A[i, s]
+        m_row = tl.reduce(tl.where(c16[:, None] == s, X, 0.0), 0, SUM)  # X[s, c]
+        X = X - a_col[:, None] * m_row[None, :]
+    tl.store(Ak + off + r0, X.to(Ak.dtype.element_ty), mask=valid[:, None])
     tl.store(Aq + off + r0, (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
     # the blocks right of the diagonal are 0 (both matrices are lower triangular)
     for bb in range(i_a + 1, BT // BC):
@@ -212,9 +221,13 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Ak, Aq, kg, qg, cu, cidx, scale: tl.f
     b = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0).to(ACC)
     blk0 = (rows // BC) * BC
 
-    if PRE_A:  # beta*Akk rows from _blocks_kernel (which also wrote Aq, kg and qg)
+    same = (rows // BC)[:, None] == (cols // BC)[None, :]
+    if PRE_A:
+        # from _blocks_kernel (which also wrote Aq, kg and qg): beta*Akk off the diagonal blocks, and
+        # on them D, the inverses of I + beta*Akk's diagonal blocks
         A = tl.load(Ak + (tok * HV + i_hv)[:, None] * BT + cols[None, :], mask=valid[:, None],
                     other=0.0).to(ACC)
+        X = tl.where(same, A, 0.0)
     else:
         qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
         # -- diagonal BC x BC sub-blocks, pairwise: step s fills column p(i) = blk0(i) + s of every row
@@ -267,15 +280,14 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Ak, Aq, kg, qg, cu, cidx, scale: tl.f
         # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
         Qm = (Qm * scale).to(ACC)
 
-    # -- M = (I + A)^-1. Diagonal blocks: right-looking forward substitution, all blocks in lock step:
-    # step s eliminates pivot p = blk0 + s of each block: X[i, :] -= A[i, p] X[p, :] for i > p.
-    same = (rows // BC)[:, None] == (cols // BC)[None, :]
-    X = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0).to(ACC)
-    pc0 = (cols // BC) * BC
-    for s in range(0, BC - 1):
-        a_col = tl.reduce(tl.where(cols[None, :] == (blk0 + s)[:, None], A, 0.0), 1, SUM)  # A[i, p(i)]
-        m_row = tl.reduce(tl.where(rows[:, None] == (pc0 + s)[None, :], X, 0.0), 0, SUM)  # X[p(c), c]
-        X = X - tl.where(same, a_col[:, None] * m_row[None, :], 0.0)
+        # -- M = (I + A)^-1. Diagonal blocks: right-looking forward substitution, all blocks in lock
+        # step: step s eliminates pivot p = blk0 + s of each block: X[i, :] -= A[i, p] X[p, :], i > p.
+        X = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0).to(ACC)
+        pc0 = (cols // BC) * BC
+        for s in range(0, BC - 1):
+            a_col = tl.reduce(tl.where(cols[None, :] == (blk0 + s)[:, None], A, 0.0), 1, SUM)  # A[i, p(i)]
+            m_row = tl.reduce(tl.where(rows[:, None] == (pc0 + s)[None, :], X, 0.0), 0, SUM)  # X[p(c), c]
+            X = X - tl.where(same, a_col[:, None] * m_row[None, :], 0.0)
     if NB > 1:
         # merge: (I + A)^-1 = (I + N)^-1 D with N = D A_off strictly block-lower (N^NB = 0), and
         # (I + N)^-1 = (I - N)(I + N^2)(I + N^4)...: LOG2_NB factors
@@ -505,7 +517,8 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
         q, k, v, G, beta, w, u, Ak, Aq, kg, qg, cu, cidx, scale, T,
         H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, NB=BT // BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV,
         NV=cdiv(V, BV), L2NORM=fused, IS_VARLEN=varlen, PRE_A=split,
-        num_warps=_TUNE.get("intra_warps", 4 if BK <= 64 else 8),
+        # 4 warps once the matrices come precomputed: 223 vs 328 us at T=4k on the H200 (tune_kda.py)
+        num_warps=_TUNE.get("intra_warps", 4 if BK <= 64 or split else 8),
         num_stages=_TUNE.get("intra_stages", _stages("intra", dt)))
     # 3. sequential state pass
     h = torch.empty((B * NT if not varlen else n_chunks), HV, K, V, dtype=dt, device=dev)
