@@ -16,8 +16,7 @@ from benchmarks.bench_kda import prefill_inputs  # noqa: E402
 from benchmarks.harness import kernel_profile  # noqa: E402
 
 INTRA = [{"intra_warps": w, "intra_stages": st} for w in (4, 8) for st in (2, 3)]
-BLOCKS = [{"blocks_pairs3d": 1, "blocks_warps": w, "blocks_ks": ks} for w in (4, 8) for ks in (16, 32)] + \
-    [{"blocks_pairs3d": 0, "blocks_warps": 4}]
+BLOCKS = [{"blocks_warps": w, "blocks_stages": st} for w in (2, 4, 8) for st in (1, 2, 3)]
 STATE = [{"state_bv": bv, "state_warps": w} for bv in (16, 32, 64) for w in (2, 4)]
 
 

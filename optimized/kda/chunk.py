@@ -79,8 +79,7 @@ def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md,
 @triton.jit
 def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, T,
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                   BC: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr, PAIRS3D: tl.constexpr,
-                   L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr):
+                   BC: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr):
     # One program per (chunk, sequence*value head, BC-row sub-block a): rows a*BC .. a*BC+BC-1 of
     # beta*Akk (ACC, for the inverse; its diagonal block replaced by the block's inverse D) and of
     # Aqk (scale included), and their kg, qg rows. Small
@@ -115,10 +114,8 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
     dk = tl.arange(0, BK)
     mk = dk < K
 
-    kraw = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, False)
-    qraw = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, False)
-    kt = l2norm_rows(kraw) if L2NORM else kraw
-    qt = l2norm_rows(qraw) if L2NORM else qraw
+    kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
+    qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
     Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
                  mask=mk[None, :], other=0.0).to(ACC)
     b = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0).to(ACC)
@@ -144,46 +141,21 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
         # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
         tl.store(Aq + off + bb * BC, (Qb * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
 
-    # -- the diagonal sub-block: exp(G_i - G_j) per pair, exponent masked to -inf for j > i
+    # -- the diagonal sub-block, pairwise: column j = r0 + s, exponent masked to -inf for j > i
     A = tl.zeros([BC, BC], dtype=ACC)
     Qm = tl.zeros([BC, BC], dtype=ACC)
-    if PAIRS3D:
-        # all pairs at once, [BC, BC, KS] tiles over KS-wide key slices (rows re-loaded per slice,
-        # normalized by their full-row norms)
-        lower = (c16[None, :] <= c16[:, None])[:, :, None]
+    for s in tl.static_range(0, BC):  # unrolled: the row loads of later steps issue early
+        j = t0 + r0 + s
+        kj = tl.load(k + (j * H + i_h) * K + dk, mask=mk & (dk * 0 + j < eos), other=0.0).to(ACC)
         if L2NORM:
-            kn = tl.sqrt(tl.reduce(kraw * kraw, 1, SUM) + 1e-6)
-            qn = tl.sqrt(tl.reduce(qraw * qraw, 1, SUM) + 1e-6)
-        for kk in tl.static_range(0, BK // KS):
-            ds = kk * KS + tl.arange(0, KS)
-            ms = ds < K
-            ks = tl.load(k + (tok * H + i_h)[:, None] * K + ds[None, :], mask=valid[:, None] & ms[None, :],
-                         other=0.0).to(ACC)
-            qs = tl.load(q + (tok * H + i_h)[:, None] * K + ds[None, :], mask=valid[:, None] & ms[None, :],
-                         other=0.0).to(ACC)
-            if L2NORM:
-                ks = ks / kn[:, None]
-                qs = qs / qn[:, None]
-            Gs = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + ds[None, :],
-                         mask=ms[None, :], other=0.0).to(ACC)
-            kje = ks[None, :, :] * tl.exp(tl.where(lower, Gs[:, None, :] - Gs[None, :, :], float("-inf")))
-            A += tl.reduce(ks[:, None, :] * kje, 2, SUM)
-            Qm += tl.reduce(qs[:, None, :] * kje, 2, SUM)
-        A = tl.where(c16[None, :] < c16[:, None], A, 0.0)
-    else:
-        # one column j = r0 + s per step
-        for s in tl.static_range(0, BC):  # unrolled: the row loads of later steps issue early
-            j = t0 + r0 + s
-            kj = tl.load(k + (j * H + i_h) * K + dk, mask=mk & (dk * 0 + j < eos), other=0.0).to(ACC)
-            if L2NORM:
-                kj = kj / tl.sqrt(tl.reduce(kj * kj, 0, SUM) + 1e-6)
-            Gj = tl.load(Gc + (tl.minimum(j, last) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
-            kje = kj[None, :] * tl.exp(tl.where((r0 + s <= rows)[:, None], Gm - Gj[None, :], float("-inf")))
-            a_val = tl.reduce(kt * kje, 1, SUM)
-            q_val = tl.reduce(qt * kje, 1, SUM)
-            hit = (c16 == s)[None, :]
-            A = tl.where(hit & (r0 + s < rows)[:, None], a_val[:, None], A)
-            Qm = tl.where(hit, q_val[:, None], Qm)
+            kj = kj / tl.sqrt(tl.reduce(kj * kj, 0, SUM) + 1e-6)
+        Gj = tl.load(Gc + (tl.minimum(j, last) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
+        kje = kj[None, :] * tl.exp(tl.where((r0 + s <= rows)[:, None], Gm - Gj[None, :], float("-inf")))
+        a_val = tl.reduce(kt * kje, 1, SUM)
+        q_val = tl.reduce(qt * kje, 1, SUM)
+        hit = (c16 == s)[None, :]
+        A = tl.where(hit & (r0 + s < rows)[:, None], a_val[:, None], A)
+        Qm = tl.where(hit, q_val[:, None], Qm)
     # D = (I + beta*A_aa)^-1 by right-looking forward substitution: step s eliminates pivot s,
     # X[i, :] -= A[i, s] X[s, :] (A strictly lower: rows i <= s have A[i, s] = 0)
     A = A * b[:, None]
@@ -539,8 +511,7 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     if split:
         _blocks_kernel[(n_chunks, B * HV, BT // BC)](
             q, k, G, beta, Ak, Aq, kg, qg, cu, cidx, scale, T,
-            H=H, HV=HV, K=K, BT=BT, BC=BC, BK=BK, KS=_TUNE.get("blocks_ks", 16),
-            PAIRS3D=bool(_TUNE.get("blocks_pairs3d", True)), L2NORM=fused, IS_VARLEN=varlen,
+            H=H, HV=HV, K=K, BT=BT, BC=BC, BK=BK, L2NORM=fused, IS_VARLEN=varlen,
             num_warps=_TUNE.get("blocks_warps", 4), num_stages=_TUNE.get("blocks_stages", 2))
     _intra_kernel[(n_chunks, B * HV)](
         q, k, v, G, beta, w, u, Ak, Aq, kg, qg, cu, cidx, scale, T,
