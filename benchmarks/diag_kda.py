@@ -2,7 +2,7 @@
 (CUDA_LAUNCH_BLOCKING=1 is set here), and say which launch fails, if one does: a GPU fault shows
 up at its own kernel. One process per setting (a fault poisons the CUDA context).
 
-    python benchmarks/diag_kda.py --dtype bfloat16 --shape 2 65 1 2 32 64 [--tune intra_stages=1]
+    python benchmarks/diag_kda.py --dtype bfloat16 --shape 2 65 1 2 32 64 [--tune blocks_stages=1]
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_kda import prefill_inputs  # noqa: E402
 from benchmarks.harness import kernel_profile  # noqa: E402
 
-INTRA = [{"intra_warps": w, "intra_stages": st} for w in (4, 8) for st in (2, 3)]
+WY = [{"wy_warps": w, "wy_stages": st} for w in (4, 8) for st in (2, 3)]
 BLOCKS = [{"blocks_warps": w, "blocks_stages": st} for w in (2, 4, 8) for st in (1, 2, 3)]
 STATE = [{"state_bv": bv, "state_warps": w} for bv in (16, 32, 64) for w in (2, 4)]
 
@@ -23,7 +23,7 @@ STATE = [{"state_bv": bv, "state_warps": w} for bv in (16, 32, 64) for w in (2, 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, nargs="*", default=[4096, 65536])
-    ap.add_argument("--kernels", nargs="*", default=["intra", "state"], choices=["blocks", "intra", "state"])
+    ap.add_argument("--kernels", nargs="*", default=["blocks", "wy", "state"], choices=["blocks", "wy", "state"])
     ap.add_argument("--best-out", default=None, help="write the fastest setting per kernel here (JSON)")
     args = ap.parse_args(argv)
     best: dict = {}
@@ -33,7 +33,7 @@ def main(argv=None):
     for T in args.T:
         inputs = prefill_inputs(1, T)
         sweep = ([(s, "_blocks_kernel") for s in BLOCKS] if "blocks" in args.kernels else []) + \
-                ([(s, "_intra_kernel") for s in INTRA] if "intra" in args.kernels else []) + \
+                ([(s, "_wy_kernel") for s in WY] if "wy" in args.kernels else []) + \
                 ([(s, "_state_kernel") for s in STATE] if "state" in args.kernels else [])
         for settings, kernel in sweep:
             chunk._TUNE.clear()

@@ -1,9 +1,9 @@
 """Optimized KDA (Kimi Delta Attention) ops: Triton kernels with the reference's names and shapes.
 
 - :func:`gate` (gate.py): the softplus forget gate, float32 out.
-- :func:`chunked`, :func:`fused_chunked` (chunk.py): the chunked algorithm, four kernels
-  (gate/prefix sums, intra-chunk matrices + exact triangular inverse + WY, sequential state pass,
-  output).
+- :func:`chunked`, :func:`fused_chunked` (chunk.py): the chunked algorithm, five kernels
+  (gate/prefix sums, intra-chunk matrices + the diagonal blocks' exact inverses, the merged inverse
+  + WY, sequential state pass, output).
 - :func:`recurrent`, :func:`fused_recurrent`, :func:`fused_recurrent_decode` (recurrent.py): one
   fused kernel walking the tokens; the decode form updates a state pool in place by slot id.
 

@@ -1,4 +1,4 @@
-"""Chunked KDA (spec b.9) as a pipeline of four Triton kernels.
+"""Chunked KDA (spec b.9) as a pipeline of five Triton kernels.
 
 Per sequence and value head, chunks of ``BT = chunk_size`` tokens (16, 32 or 64), ``G`` = the
 inclusive prefix sum of the log-decay g within the chunk (g <= 0, so G is non-increasing in a chunk)::
@@ -11,23 +11,25 @@ inclusive prefix sum of the log-decay g within the chunk (g <= 0, so G is non-in
 Kernels (grid in brackets):
 
 1. ``_gate_cumsum_kernel`` (gate.py) [chunks, B*HV]: G (fused: the gate and beta = sigmoid too).
-2. ``_intra_kernel`` [chunks, B*HV]: Akk and Aqk, M by an exact triangular inverse, then w, u, kg,
-   qg (every exp of the pipeline is taken here). No exponent of a positive difference is formed:
-   - diagonal ``BC x BC`` sub-blocks (BC = 16) pairwise, ``exp(G_i - G_j)`` with the exponent masked
-     to -inf for j > i *before* exp;
-   - off-diagonal sub-blocks (rows in sub-block a, columns before it) through the reference row
-     ``r = a*BC``: ``exp(G_i - G_r) * exp(G_r - G_j)`` with i >= r > j, both factors <= 1, as tl.dot;
-   - M: forward substitution on the BC x BC diagonal blocks (all blocks in lock step: BC - 1 rank-1
-     steps on the BT x BT tile) gives D = the block-diagonal inverse; with N = D Akk_offdiag
-     (strictly block-lower, N^(BT/BC) = 0), ``M = (I + N)^-1 D = (I - N)(I + N^2) D`` for BT = 64:
-     exact algebra, 4 tl.dots.
-3. ``_state_kernel`` [V/32, N*HV]: the sequential pass over chunks, S in ACC registers; per chunk two
+2. ``_blocks_kernel`` [chunks, B*HV, BT/BC]: the rows of one ``BC = 16`` row sub-block a of Akk and
+   Aqk, and their kg, qg (every exp of the pipeline is taken here). No exponent of a positive
+   difference is formed:
+   - earlier sub-blocks through the reference row ``r = a*BC``: ``exp(G_i - G_r) * exp(G_r - G_j)``
+     with i >= r > j, both factors <= 1, as tl.dot;
+   - the diagonal sub-block pairwise, ``exp(G_i - G_j)`` with the exponent masked to -inf for j > i
+     *before* exp; then its inverse ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution (BC - 1
+     rank-1 steps), stored in place of the block (Akk is kept in ACC).
+   Small ``[BC, K]`` tiles: four programs per chunk and head, few registers each (one whole-chunk
+   program for kernels 2 and 3 took 958 us at T=4096 on the H200, these two 634 us).
+3. ``_wy_kernel`` [chunks, B*HV]: with N = D Akk_offdiag (strictly block-lower, N^(BT/BC) = 0),
+   ``M = (I + N)^-1 D = (I - N)(I + N^2) D`` for BT = 64 (exact algebra, 4 tl.dots), then w and u.
+4. ``_state_kernel`` [V/32, N*HV]: the sequential pass over chunks, S in ACC registers; per chunk two
    dependent dots; stores the chunk-start state h and v_new, returns the final state.
-4. ``_output_kernel`` [V/64, chunks, B*HV]: o = qg h + Aqk v_new.
+5. ``_output_kernel`` [V/64, chunks, B*HV]: o = qg h + Aqk v_new.
 
 Ragged final chunks: rows past the sequence end load k = q = v = beta = 0 and G of the last valid
 row (G loads clamp the row index), so G stays non-increasing, finite, and ``G[BT-1] = G_last``.
-``fused_chunked`` l2-normalizes q and k on load in the intra kernel (ACC, never written back; the
+``fused_chunked`` l2-normalizes q and k on load in kernels 2 and 3 (ACC, never written back; the
 later kernels only see qg, kg), and applies the gate and the beta sigmoid in kernel 1.
 
 Storage dtypes (ACC = float32, float64 for fp64 inputs; DT = the input dtype, bf16 in production):
@@ -37,8 +39,8 @@ tensor              dtype                   why
 ==================  ======================  =================================================
 G (prefix sums)     ACC  [B,T,HV,K]         differences of prefix sums feed exp()
 beta (fused)        ACC  [B,T,HV]           a sigmoid output; tiny
-Akk, M              registers only, ACC     never stored; the inverse merge runs tl.dot on DT
-                                            operands (bf16 tensor cores in bf16 runs)
+Akk (D on diag.)    ACC  [B,T,HV,BT]        the inverse is formed from it; its merge runs
+M                   registers only, ACC     tl.dot on DT operands (bf16 tensor cores in bf16)
 Aqk                 DT   [B,T,HV,BT]        only ever a DT tl.dot operand (output kernel)
 w, u, kg            DT                      tl.dot operands of the state pass
 qg                  DT                      tl.dot operand of the output kernel
@@ -180,13 +182,14 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
 
 
 @triton.jit
-def _intra_kernel(q, k, v, Gc, beta, w, u, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, T,
-                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BT: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr,
-                  BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr,
-                  IS_VARLEN: tl.constexpr, PRE_A: tl.constexpr):
-    # NB = BT // BC sub-blocks, LOG2_NB = log2(NB), NV = cdiv(V, BV): passed in, since a local
-    # computed from constexprs is not a constexpr for the compiler
+def _wy_kernel(k, v, Gc, beta, w, u, Ak, cu, cidx, T,
+               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr, LOG2_NB: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr):
+    # One program per (chunk, sequence*value head): M = (I + beta*Akk)^-1 from _blocks_kernel's rows
+    # (beta*Akk off the diagonal blocks, the diagonal blocks' inverses D on them), then the WY form
+    # w = M (beta k exp(G)), u = M (beta v). LOG2_NB = log2(BT // BC), NV = cdiv(V, BV): passed in,
+    # since a local computed from constexprs is not a constexpr for the compiler.
     ACC = Gc.dtype.element_ty
     DT = k.dtype.element_ty
     i_c = tl.program_id(0)
@@ -214,81 +217,11 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Ak, Aq, kg, qg, cu, cidx, scale: tl.f
     dk = tl.arange(0, BK)
     mk = dk < K
 
-    kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
-    # G rows clamped to the last valid row: padding rows repeat G_last (non-increasing, finite)
-    Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                 mask=mk[None, :], other=0.0).to(ACC)
-    b = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0).to(ACC)
-    blk0 = (rows // BC) * BC
-
     same = (rows // BC)[:, None] == (cols // BC)[None, :]
-    if PRE_A:
-        # from _blocks_kernel (which also wrote Aq, kg and qg): beta*Akk off the diagonal blocks, and
-        # on them D, the inverses of I + beta*Akk's diagonal blocks
-        A = tl.load(Ak + (tok * HV + i_hv)[:, None] * BT + cols[None, :], mask=valid[:, None],
-                    other=0.0).to(ACC)
-        X = tl.where(same, A, 0.0)
-    else:
-        qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
-        # -- diagonal BC x BC sub-blocks, pairwise: step s fills column p(i) = blk0(i) + s of every row
-        A = tl.zeros([BT, BT], dtype=ACC)
-        Qm = tl.zeros([BT, BT], dtype=ACC)
-        for s in range(0, BC):
-            p = blk0 + s
-            tok_p = t0 + p
-            # gathered rows p(i) (loads, not helper calls: see _common.SUM on interpreter cost)
-            kp = tl.load(k + (tok_p * H + i_h)[:, None] * K + dk[None, :],
-                         mask=(tok_p < eos)[:, None] & mk[None, :], other=0.0).to(ACC)
-            if L2NORM:
-                kp = kp / tl.sqrt(tl.reduce(kp * kp, 1, SUM) + 1e-6)[:, None]
-            Gp = tl.load(Gc + (tl.minimum(tok_p, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                         mask=mk[None, :], other=0.0).to(ACC)
-            # mask BEFORE exp: for p > i the difference G_i - G_p is >= 0 and may overflow
-            kpe = kp * tl.exp(tl.where((p <= rows)[:, None], Gm - Gp, float("-inf")))
-            a_val = tl.reduce(kt * kpe, 1, SUM)
-            q_val = tl.reduce(qt * kpe, 1, SUM)
-            hit = cols[None, :] == p[:, None]
-            A = tl.where(hit & (p < rows)[:, None], a_val[:, None], A)
-            Qm = tl.where(hit, q_val[:, None], Qm)
-
-        # -- off-diagonal sub-blocks through reference rows: both factors <= 1
-        if NB > 1:
-            Gref = tl.load(Gc + (tl.minimum(t0 + blk0, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                           mask=mk[None, :], other=0.0).to(ACC)
-            left = tl.exp(Gm - Gref)  # row i vs the first row of its sub-block: G_i <= G_blk0(i)
-            kl = kt * left
-            ql = qt * left
-            blk = rows // BC
-            # the column side is built transposed, [BK, BT], from transposed loads (no register
-            # transpose feeding the dot)
-            kT = tl.load(k + (tok * H + i_h)[None, :] * K + dk[:, None],
-                         mask=mk[:, None] & valid[None, :], other=0.0).to(ACC)
-            if L2NORM:
-                kT = kT / tl.sqrt(tl.reduce(kT * kT, 0, SUM) + 1e-6)[None, :]
-            GT = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[None, :] * K + dk[:, None],
-                         mask=mk[:, None], other=0.0).to(ACC)
-            for a in tl.static_range(1, NB):
-                Gr = tl.load(Gc + (tl.minimum(t0 + a * BC, last) * HV + i_hv) * K + dk,
-                             mask=mk, other=0.0).to(ACC)
-                # column factor exp(G_r - G_j) for j < r only (masked before exp)
-                rT = kT * tl.exp(tl.where((cols < a * BC)[None, :], Gr[:, None] - GT, float("-inf")))
-                in_a = (blk == a)[:, None]
-                A += dot(tl.where(in_a, kl, 0.0), rT, DT, ACC)
-                Qm += dot(tl.where(in_a, ql, 0.0), rT, DT, ACC)
-
-        A = A * b[:, None]
-        # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
-        Qm = (Qm * scale).to(ACC)
-
-        # -- M = (I + A)^-1. Diagonal blocks: right-looking forward substitution, all blocks in lock
-        # step: step s eliminates pivot p = blk0 + s of each block: X[i, :] -= A[i, p] X[p, :], i > p.
-        X = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0).to(ACC)
-        pc0 = (cols // BC) * BC
-        for s in range(0, BC - 1):
-            a_col = tl.reduce(tl.where(cols[None, :] == (blk0 + s)[:, None], A, 0.0), 1, SUM)  # A[i, p(i)]
-            m_row = tl.reduce(tl.where(rows[:, None] == (pc0 + s)[None, :], X, 0.0), 0, SUM)  # X[p(c), c]
-            X = X - tl.where(same, a_col[:, None] * m_row[None, :], 0.0)
-    if NB > 1:
+    A = tl.load(Ak + (tok * HV + i_hv)[:, None] * BT + cols[None, :], mask=valid[:, None],
+                other=0.0).to(ACC)
+    X = tl.where(same, A, 0.0)  # D
+    if LOG2_NB > 0:
         # merge: (I + A)^-1 = (I + N)^-1 D with N = D A_off strictly block-lower (N^NB = 0), and
         # (I + N)^-1 = (I - N)(I + N^2)(I + N^4)...: LOG2_NB factors
         P = -dot(X, tl.where(same, 0.0, A), DT, ACC)
@@ -298,6 +231,11 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Ak, Aq, kg, qg, cu, cidx, scale: tl.f
                 P = dot(P, P, DT, ACC)
 
     # -- WY form: w = M (beta k exp(G)), u = M (beta v); exp(G) <= 1
+    kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
+    # G rows clamped to the last valid row: padding rows repeat G_last (non-increasing, finite)
+    Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                 mask=mk[None, :], other=0.0).to(ACC)
+    b = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0).to(ACC)
     wt = dot(X, kt * tl.exp(Gm) * b[:, None], DT, ACC)
     tl.store(w + (tok * HV + i_hv)[:, None] * K + dk[None, :], wt.to(w.dtype.element_ty),
              mask=valid[:, None] & mk[None, :])
@@ -309,18 +247,6 @@ def _intra_kernel(q, k, v, Gc, beta, w, u, Ak, Aq, kg, qg, cu, cidx, scale: tl.f
         ut = dot(X, vt * b[:, None], DT, ACC)
         tl.store(u + (tok * HV + i_hv)[:, None] * V + ov[None, :], ut.to(u.dtype.element_ty),
                  mask=valid[:, None] & mv[None, :])
-    if not PRE_A:
-        tl.store(Aq + (tok * HV + i_hv)[:, None] * BT + cols[None, :], Qm.to(Aq.dtype.element_ty),
-                 mask=valid[:, None])
-        # -- operands of the later kernels, so they run exp-free: kg = k exp(G_last - G) (state update),
-        # qg = scale q exp(G) (output); both factors <= 1. G_last: the chunk's last valid row.
-        Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk,
-                     mask=mk, other=0.0).to(ACC)
-        m2 = valid[:, None] & mk[None, :]
-        tl.store(kg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
-                 (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
-        tl.store(qg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
-                 ((qt * tl.exp(Gm)) * scale).to(qg.dtype.element_ty), mask=m2)
 
 
 @triton.jit
@@ -329,7 +255,7 @@ def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
     # One program per (sequence*value head, V block): the only sequential part. Per chunk: two
-    # dependent dots on operands prepared by the intra kernel; S stays in ACC registers.
+    # dependent dots on operands prepared by kernels 2 and 3; S stays in ACC registers.
     ACC = ht.dtype.element_ty
     DT = w.dtype.element_ty
     i_v = tl.program_id(0)
@@ -382,7 +308,7 @@ def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
 def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
                    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr):
-    # o = qg h + Aq v_new: qg = scale q exp(G) and Aq (scale included) come from the intra kernel.
+    # o = qg h + Aq v_new: qg = scale q exp(G) and Aq (scale included) come from _blocks_kernel.
     ACC = tl.float64 if o.dtype.element_ty == tl.float64 else tl.float32
     DT = h.dtype.element_ty
     i_v = tl.program_id(0)
@@ -425,13 +351,10 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
              mask=valid[:, None] & mv[None, :])
 
 
-#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: split_intra,
-#: blocks_warps, blocks_stages, intra_warps, intra_stages, state_bv, state_warps, state_stages). None of them changes a row's arithmetic: the
+#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: blocks_warps,
+#: blocks_stages, wy_warps, wy_stages, state_bv, state_warps, state_stages). None of them changes a row's arithmetic: the
 #: state pass splits V columns, which never mix.
 _TUNE: dict = {}
-#: Akk / Aqk rows in their own kernel (``_blocks_kernel``, one program per 16-row sub-block) before
-#: the inverse; False: the whole chunk's matrices inside ``_intra_kernel``.
-SPLIT_INTRA = True
 
 
 def _stages(kernel: str, dtype: torch.dtype) -> int:
@@ -485,10 +408,10 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     BK = block_k(K)
     BV = min(64, max(16, next_pow2(V)))
     if dt.itemsize == 2:
-        # 16-bit runs compile the tile configuration measured clean on the H200 (the real model's:
-        # 128 keys, 64 values, 8 warps in the intra kernel), smaller K and V zero-padded by the masks
-        # (exact). bf16 with K = 32 (32-key tiles, 4 warps) hit an illegal memory access in the
-        # intra kernel while every fp32 shape ran clean. Not yet re-run on a GPU (docs/BENCHMARKS.md).
+        # 16-bit runs compile the real model's tile configuration (128 keys, 64 values), smaller K and
+        # V zero-padded by the masks (exact): bf16 with 32-key tiles hit an illegal memory access in
+        # the former whole-chunk intra kernel while every fp32 shape ran clean; padded, K = 32 runs
+        # clean on the H200 (docs/BENCHMARKS.md).
         BK, BV = max(BK, 128), 64
     BC = min(16, BT)
     LOG2_NB = (BT // BC).bit_length() - 1
@@ -500,26 +423,22 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
                                   cu=cu, cidx=cidx, grid_chunks=n_chunks, acc=acc)
     if fused:
         beta = beta_f
-    # 2. intra-chunk matrices, inverse, WY
+    # 2-3. intra-chunk matrices and the diagonal blocks' inverses; the merged inverse and WY
     w = torch.empty(B, T, HV, K, dtype=dt, device=dev)
     u = torch.empty(B, T, HV, V, dtype=dt, device=dev)
     Aq = torch.empty(B, T, HV, BT, dtype=dt, device=dev)
     kg = torch.empty_like(w)
     qg = torch.empty_like(w)
-    split = bool(_TUNE.get("split_intra", SPLIT_INTRA))
-    Ak = torch.empty(B, T, HV, BT, dtype=acc, device=dev) if split else None
-    if split:
-        _blocks_kernel[(n_chunks, B * HV, BT // BC)](
-            q, k, G, beta, Ak, Aq, kg, qg, cu, cidx, scale, T,
-            H=H, HV=HV, K=K, BT=BT, BC=BC, BK=BK, L2NORM=fused, IS_VARLEN=varlen,
-            num_warps=_TUNE.get("blocks_warps", 4), num_stages=_TUNE.get("blocks_stages", 2))
-    _intra_kernel[(n_chunks, B * HV)](
-        q, k, v, G, beta, w, u, Ak, Aq, kg, qg, cu, cidx, scale, T,
-        H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, NB=BT // BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV,
-        NV=cdiv(V, BV), L2NORM=fused, IS_VARLEN=varlen, PRE_A=split,
-        # 4 warps once the matrices come precomputed: 223 vs 328 us at T=4k on the H200 (tune_kda.py)
-        num_warps=_TUNE.get("intra_warps", 4 if BK <= 64 or split else 8),
-        num_stages=_TUNE.get("intra_stages", _stages("intra", dt)))
+    Ak = torch.empty(B, T, HV, BT, dtype=acc, device=dev)
+    _blocks_kernel[(n_chunks, B * HV, BT // BC)](
+        q, k, G, beta, Ak, Aq, kg, qg, cu, cidx, scale, T,
+        H=H, HV=HV, K=K, BT=BT, BC=BC, BK=BK, L2NORM=fused, IS_VARLEN=varlen,
+        num_warps=_TUNE.get("blocks_warps", 4), num_stages=_TUNE.get("blocks_stages", 2))
+    _wy_kernel[(n_chunks, B * HV)](
+        k, v, G, beta, w, u, Ak, cu, cidx, T,
+        H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV, NV=cdiv(V, BV),
+        L2NORM=fused, IS_VARLEN=varlen, num_warps=_TUNE.get("wy_warps", 4),
+        num_stages=_TUNE.get("wy_stages", _stages("wy", dt)))
     # 3. sequential state pass
     h = torch.empty((B * NT if not varlen else n_chunks), HV, K, V, dtype=dt, device=dev)
     vnew = torch.empty_like(u)

@@ -365,8 +365,8 @@ def naive_chunk_stages(d, BT, scale=None):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_chunk_stages(dtype):
     """Each stored intermediate of the chunk pipeline against its formula (localizes a wrong kernel:
-    G -> gate kernel; Aq, w, u, kg, qg -> intra kernel; h, v_new -> state kernel). Per stage and head the
-    error is judged against 4 C * (rho_d sqrt(nc) + u_a (sqrt(n) + Gc)) * max|stage| (the test_kda
+    G -> gate kernel; Aq, kg, qg -> blocks kernel; w, u -> WY kernel; h, v_new -> state kernel). Per
+    stage and head the error is judged against 4 C * (rho_d sqrt(nc) + u_a (sqrt(n) + Gc)) * max|stage| (the test_kda
     bracket; 4 C since w, u are products with the inverse, whose size the stage max understates)."""
     from optimized.kda import chunk as chunk_mod
     T, BT = 100, 64
