@@ -17,8 +17,10 @@ Kernels (grid in brackets):
    - earlier sub-blocks through the reference row ``r = a*BC``: ``exp(G_i - G_r) * exp(G_r - G_j)``
      with i >= r > j, both factors <= 1, as tl.dot;
    - the diagonal sub-block pairwise, ``exp(G_i - G_j)`` with the exponent masked to -inf for j > i
-     *before* exp; then its inverse ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution (BC - 1
-     rank-1 steps), stored in place of the block (Akk is kept in ACC).
+     *before* exp (with ``_TUNE["diag_dot"]``, a candidate not yet timed on a GPU: through the
+     reference row as dots wherever the sub-block's decay span is at most MAX_SPAN, so the factors
+     stay within e^+-64); then its inverse ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution
+     (BC - 1 rank-1 steps), stored in place of the block (Akk is kept in ACC).
    Small ``[BC, K]`` tiles: four programs per chunk and head, few registers each (one whole-chunk
    program for kernels 2 and 3 took 958 us at T=4096 on the H200, these two 634 us).
 3. ``_wy_kernel`` [chunks, B*HV]: with N = D Akk_offdiag (strictly block-lower, N^(BT/BC) = 0),
@@ -66,6 +68,11 @@ from ._common import (SUM, acc_dtype, block_k, cdiv, check_gate_params, check_qk
                       varlen_chunk_plan)
 from .gate import gate_chunk_cumsum
 
+#: The largest decay span (G at a sub-block's first row minus G at its last, per channel) for which
+#: the diagonal sub-block goes through the reference row as dots (``_TUNE["diag_dot"]``): e^64 is
+#: 6e27, ten orders of magnitude below the fp32 / bf16 overflow, e^-64 a normal number.
+MAX_SPAN = tl.constexpr(64.0)
+
 
 @triton.jit
 def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md, ACC: tl.constexpr,
@@ -79,9 +86,48 @@ def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md,
 
 
 @triton.jit
+def _cols_through_ref(k, Gc, tokT, okT, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                      dk, mk, last, Gr, L2NORM: tl.constexpr, ACC: tl.constexpr):
+    """``[BK, n]``: columns ``k_j exp(G_r - G_j)`` for the tokens ``tokT`` (``okT``: inside the
+    sequence; others load k = 0 and G of the last row), the column side of a block of Akk / Aqk
+    formed through the reference row r."""
+    kT = tl.load(k + (tokT * H + i_h)[None, :] * K + dk[:, None], mask=mk[:, None] & okT[None, :],
+                 other=0.0).to(ACC)
+    if L2NORM:
+        kT = kT / tl.sqrt(tl.reduce(kT * kT, 0, SUM) + 1e-6)[None, :]
+    GT = tl.load(Gc + (tl.minimum(tokT, last) * HV + i_hv)[None, :] * K + dk[:, None], mask=mk[:, None],
+                 other=0.0).to(ACC)
+    return kT * tl.exp(Gr[:, None] - GT)
+
+
+@triton.jit
+def _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H: tl.constexpr,
+                   HV: tl.constexpr, K: tl.constexpr, dk, mk, BC: tl.constexpr, L2NORM: tl.constexpr,
+                   ACC: tl.constexpr):
+    """The diagonal sub-block of (Akk, Aqk), one column j = r0 + s per step, each ``exp(G_i - G_j)``
+    with its exponent masked to -inf for j > i *before* exp: safe for any decay."""
+    A = tl.zeros([BC, BC], dtype=ACC)
+    Qm = tl.zeros([BC, BC], dtype=ACC)
+    for s in tl.static_range(0, BC):  # unrolled: the row loads of later steps issue early
+        j = t0 + r0 + s
+        kj = tl.load(k + (j * H + i_h) * K + dk, mask=mk & (dk * 0 + j < eos), other=0.0).to(ACC)
+        if L2NORM:
+            kj = kj / tl.sqrt(tl.reduce(kj * kj, 0, SUM) + 1e-6)
+        Gj = tl.load(Gc + (tl.minimum(j, last) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
+        kje = kj[None, :] * tl.exp(tl.where((r0 + s <= rows)[:, None], Gm - Gj[None, :], float("-inf")))
+        a_val = tl.reduce(kt * kje, 1, SUM)
+        q_val = tl.reduce(qt * kje, 1, SUM)
+        hit = (c16 == s)[None, :]
+        A = tl.where(hit & (r0 + s < rows)[:, None], a_val[:, None], A)
+        Qm = tl.where(hit, q_val[:, None], Qm)
+    return A, Qm
+
+
+@triton.jit
 def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, T,
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                   BC: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr):
+                   BC: tl.constexpr, BK: tl.constexpr, DIAG_DOT: tl.constexpr, L2NORM: tl.constexpr,
+                   IS_VARLEN: tl.constexpr):
     # One program per (chunk, sequence*value head, BC-row sub-block a): rows a*BC .. a*BC+BC-1 of
     # beta*Akk (ACC, for the inverse; its diagonal block replaced by the block's inverse D) and of
     # Aqk (scale included), and their kg, qg rows. Small
@@ -132,32 +178,35 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
     ql = qt * left
     for bb in range(0, i_a):
         tokT = t0 + bb * BC + c16  # all before r0, so < eos
-        kT = tl.load(k + (tokT * H + i_h)[None, :] * K + dk[:, None], mask=mk[:, None], other=0.0).to(ACC)
-        if L2NORM:
-            kT = kT / tl.sqrt(tl.reduce(kT * kT, 0, SUM) + 1e-6)[None, :]
-        GT = tl.load(Gc + (tokT * HV + i_hv)[None, :] * K + dk[:, None], mask=mk[:, None], other=0.0).to(ACC)
-        rT = kT * tl.exp(Gr[:, None] - GT)
+        rT = _cols_through_ref(k, Gc, tokT, tokT < eos, i_h, i_hv, H, HV, K, dk, mk, last, Gr, L2NORM, ACC)
         Ab = dot(kl, rT, DT, ACC)
         Qb = dot(ql, rT, DT, ACC)
         tl.store(Ak + off + bb * BC, (Ab * b[:, None]).to(Ak.dtype.element_ty), mask=valid[:, None])
         # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
         tl.store(Aq + off + bb * BC, (Qb * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
 
-    # -- the diagonal sub-block, pairwise: column j = r0 + s, exponent masked to -inf for j > i
-    A = tl.zeros([BC, BC], dtype=ACC)
-    Qm = tl.zeros([BC, BC], dtype=ACC)
-    for s in tl.static_range(0, BC):  # unrolled: the row loads of later steps issue early
-        j = t0 + r0 + s
-        kj = tl.load(k + (j * H + i_h) * K + dk, mask=mk & (dk * 0 + j < eos), other=0.0).to(ACC)
-        if L2NORM:
-            kj = kj / tl.sqrt(tl.reduce(kj * kj, 0, SUM) + 1e-6)
-        Gj = tl.load(Gc + (tl.minimum(j, last) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
-        kje = kj[None, :] * tl.exp(tl.where((r0 + s <= rows)[:, None], Gm - Gj[None, :], float("-inf")))
-        a_val = tl.reduce(kt * kje, 1, SUM)
-        q_val = tl.reduce(qt * kje, 1, SUM)
-        hit = (c16 == s)[None, :]
-        A = tl.where(hit & (r0 + s < rows)[:, None], a_val[:, None], A)
-        Qm = tl.where(hit, q_val[:, None], Qm)
+    # -- the diagonal sub-block. DIAG_DOT: where the block's largest decay span G_r0 - G_r0+BC-1 (over
+    # channels) is at most MAX_SPAN, through the reference row r0 like the blocks before it, as two
+    # dots: the column factor exp(G_r0 - G_j) is then >= 1 but at most e^MAX_SPAN (finite, far from
+    # the fp32/bf16 range limit even times |k|), and the row factor >= e^-MAX_SPAN (a normal
+    # number); elsewhere pairwise.
+    if DIAG_DOT:
+        Gd = tl.load(Gc + (tl.minimum(t0 + r0 + BC - 1, last) * HV + i_hv) * K + dk, mask=mk,
+                     other=0.0).to(ACC)
+        if tl.max(Gr - Gd, 0) <= MAX_SPAN:
+            tokT = t0 + r0 + c16
+            rT = _cols_through_ref(k, Gc, tokT, tokT < eos, i_h, i_hv, H, HV, K, dk, mk, last, Gr,
+                                   L2NORM, ACC)
+            # ACC operands (ieee: FMA, not tensor cores; 16 x 16 x K is small): the diagonal keeps the
+            # pairwise form's precision, which the production bound assumes
+            A = tl.where(c16[None, :] < c16[:, None], dot(kl, rT, ACC, ACC), 0.0)
+            Qm = tl.where(c16[None, :] <= c16[:, None], dot(ql, rT, ACC, ACC), 0.0)
+        else:
+            A, Qm = _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H, HV,
+                                   K, dk, mk, BC, L2NORM, ACC)
+    else:
+        A, Qm = _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H, HV, K,
+                               dk, mk, BC, L2NORM, ACC)
     # D = (I + beta*A_aa)^-1 by right-looking forward substitution: step s eliminates pivot s,
     # X[i, :] -= A[i, s] X[s, :] (A strictly lower: rows i <= s have A[i, s] = 0)
     A = A * b[:, None]
@@ -351,9 +400,11 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
              mask=valid[:, None] & mv[None, :])
 
 
-#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: blocks_warps,
-#: blocks_stages, wy_warps, wy_stages, state_bv, state_warps, state_stages). None of them changes a row's arithmetic: the
-#: state pass splits V columns, which never mix.
+#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: diag_dot,
+#: blocks_warps, blocks_stages, wy_warps, wy_stages, state_bv, state_warps, state_stages). None of
+#: them changes a row's arithmetic but diag_dot, which changes how the diagonal sub-blocks are summed
+#: (the same bound holds: test_kda.test_diagonal_blocks_as_dots); the state pass splits V columns,
+#: which never mix.
 _TUNE: dict = {}
 
 
@@ -432,7 +483,8 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     Ak = torch.empty(B, T, HV, BT, dtype=acc, device=dev)
     _blocks_kernel[(n_chunks, B * HV, BT // BC)](
         q, k, G, beta, Ak, Aq, kg, qg, cu, cidx, scale, T,
-        H=H, HV=HV, K=K, BT=BT, BC=BC, BK=BK, L2NORM=fused, IS_VARLEN=varlen,
+        H=H, HV=HV, K=K, BT=BT, BC=BC, BK=BK, DIAG_DOT=bool(_TUNE.get("diag_dot", False)),
+        L2NORM=fused, IS_VARLEN=varlen,
         num_warps=_TUNE.get("blocks_warps", 4), num_stages=_TUNE.get("blocks_stages", 2))
     _wy_kernel[(n_chunks, B * HV)](
         k, v, G, beta, w, u, Ak, cu, cidx, T,
