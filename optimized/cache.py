@@ -137,16 +137,12 @@ class CachePool:
 
     # -- paged MLA blocks ------------------------------------------------------------------------
     def _grow(self, need: int) -> None:
-        from .mla import PagedLatentCache
-
         if not self.growable:
             raise RuntimeError(f"CachePool: the paged MLA cache is full ({self.num_blocks} blocks of "
                                f"{self.block_size}); make the pool with more num_blocks (or None)")
         new_n = max(2 * self.num_blocks, self.num_blocks + need)
-        for i, old in self.mla.items():
-            grown = PagedLatentCache(new_n, self.block_size, old.L, old.R, old.dtype, old.device)
-            grown.kv[: self.num_blocks].copy_(old.kv)
-            self.mla[i] = grown
+        for cache in self.mla.values():
+            cache.grow(new_n)  # in place: callers holding a layer's cache see the new store
         self._free_blocks.extend(range(self.num_blocks, new_n))
         self.num_blocks = new_n
 

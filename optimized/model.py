@@ -388,7 +388,8 @@ class Model:
         N, P, R, Vh = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
         q, latent, k_pe = self._mla_split(mw, x)
         # positions seq.length .. seq.length+T-1 of the paged cache
-        self.ops.mla_write(seq.pool.mla[i], latent, k_pe, seq.pool.mla_slots(seq, T))
+        slots = seq.pool.mla_slots(seq, T)  # may grow the pool's block store: before its cache is read
+        self.ops.mla_write(seq.pool.mla[i], latent, k_pe, slots)
         if seq.length > 0:  # continuing: attend over the cached prefix too
             latent, k_pe = seq.pool.mla_gather(i, seq, seq.length + T)
         o = self.ops.mla_prefill(q.reshape(1, T, N, P + R), latent[None], k_pe[None], mw.w_kvb)

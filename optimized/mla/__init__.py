@@ -278,6 +278,17 @@ class PagedLatentCache:
         self.num_blocks, self.block_size, self.L, self.R = num_blocks, block_size, L, R
         self.kv = torch.zeros((num_blocks, block_size, L + R), dtype=dtype, device=device)
 
+    def grow(self, num_blocks: int) -> None:
+        """Enlarge the block store to ``num_blocks`` blocks in place: rows kept, new rows zero, and the
+        object stays the one its holders have (a replaced object would take writes meant for the
+        new store, past the end of the old one)."""
+        if num_blocks <= self.num_blocks:
+            raise ValueError(f"PagedLatentCache.grow: {num_blocks} blocks is not more than {self.num_blocks}")
+        kv = torch.zeros((num_blocks, self.block_size, self.L + self.R), dtype=self.kv.dtype,
+                         device=self.kv.device)
+        kv[: self.num_blocks].copy_(self.kv)
+        self.kv, self.num_blocks = kv, num_blocks
+
     @property
     def dtype(self) -> torch.dtype:
         return self.kv.dtype

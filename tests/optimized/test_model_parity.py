@@ -378,6 +378,23 @@ def test_bf16_run_to_run_outputs_are_bitwise_identical(bf16_run, tiny_source):
         assert torch.equal(step, bf16_run["steps"][k + 1]), k
 
 
+def test_a_prefill_that_grows_the_paged_cache_decodes_as_one_that_fits(bf16_run):
+    """70 prompt tokens outgrow a fresh pool's 4 blocks of 16 inside the prefill: the first MLA
+    layer's rows must land in the grown store (they once went to the replaced one, past its end),
+    so the next decode step equals, bit for bit, that of a pool that never grew."""
+    model = bf16_run["model"]
+    prompt = (PROMPT * 9)[:70]
+    grown, fits = model.new_pool(1), model.new_pool(1, num_blocks=8)
+    caches = {i: c for i, c in grown.mla.items()}
+    blocks0 = grown.num_blocks
+    a = model.prefill(prompt, cache=grown.new_sequence())[1]
+    b = model.prefill(prompt, cache=fits.new_sequence())[1]
+    assert grown.num_blocks > blocks0 and all(grown.mla[i] is c for i, c in caches.items())
+    for i in grown.mla:
+        assert torch.equal(grown.mla_gather(i, a, 70)[0], fits.mla_gather(i, b, 70)[0]), i
+    assert torch.equal(model.decode(5, a)[0], model.decode(5, b)[0])
+
+
 def test_bf16_decode_of_a_sequence_is_bitwise_the_same_alone_or_batched(bf16_run):
     model = bf16_run["model"]
     prompts = [PROMPT[:5], [9, 8, 7]]
