@@ -20,7 +20,8 @@ Kernels (grid in brackets):
      *before* exp (with ``_TUNE["diag_dot"]``, a candidate not yet timed on a GPU: through the
      reference row as dots wherever the sub-block's decay span is at most MAX_SPAN, so the factors
      stay within e^+-64); then its inverse ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution
-     (BC - 1 rank-1 steps), stored in place of the block (Akk is kept in ACC).
+     (BC - 1 rank-1 steps; with diag_dot as a product of four factors, six ACC dots), stored in
+     place of the block (Akk is kept in ACC).
    Small ``[BC, K]`` tiles: four programs per chunk and head, few registers each (one whole-chunk
    program for kernels 2 and 3 took 958 us at T=4096 on the H200, these two 634 us).
 3. ``_wy_kernel`` [chunks, B*HV]: with N = D Akk_offdiag (strictly block-lower, N^(BT/BC) = 0),
@@ -207,14 +208,24 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
     else:
         A, Qm = _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H, HV, K,
                                dk, mk, BC, L2NORM, ACC)
-    # D = (I + beta*A_aa)^-1 by right-looking forward substitution: step s eliminates pivot s,
-    # X[i, :] -= A[i, s] X[s, :] (A strictly lower: rows i <= s have A[i, s] = 0)
+    # D = (I + beta*A_aa)^-1
     A = A * b[:, None]
     X = tl.where(c16[:, None] == c16[None, :], 1.0, 0.0).to(ACC)
-    for s in tl.static_range(0, BC - 1):
-        a_col = tl.reduce(tl.where(c16[None, :] == s, A, 0.0), 1, SUM)  # A[i, s]
-        m_row = tl.reduce(tl.where(c16[:, None] == s, X, 0.0), 0, SUM)  # X[s, c]
-        X = X - a_col[:, None] * m_row[None, :]
+    if DIAG_DOT:
+        # A is strictly lower, A^16 = 0: (I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8), six
+        # 16 x 16 x 16 dots in ACC (BC = 16 always: chunk sizes are 16, 32, 64)
+        P = -A
+        X = X + P
+        for m in tl.static_range(3):
+            P = dot(P, P, ACC, ACC)
+            X = X + dot(X, P, ACC, ACC)
+    else:
+        # right-looking forward substitution: step s eliminates pivot s, X[i, :] -= A[i, s] X[s, :]
+        # (A strictly lower: rows i <= s have A[i, s] = 0)
+        for s in tl.static_range(0, BC - 1):
+            a_col = tl.reduce(tl.where(c16[None, :] == s, A, 0.0), 1, SUM)  # A[i, s]
+            m_row = tl.reduce(tl.where(c16[:, None] == s, X, 0.0), 0, SUM)  # X[s, c]
+            X = X - a_col[:, None] * m_row[None, :]
     tl.store(Ak + off + r0, X.to(Ak.dtype.element_ty), mask=valid[:, None])
     tl.store(Aq + off + r0, (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
     # the blocks right of the diagonal are 0 (both matrices are lower triangular)
