@@ -131,8 +131,8 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
                    IS_VARLEN: tl.constexpr):
     # One program per (chunk, sequence*value head, BC-row sub-block a): rows a*BC .. a*BC+BC-1 of
     # beta*Akk (ACC, for the inverse; its diagonal block replaced by the block's inverse D) and of
-    # Aqk (scale included), and their kg, qg rows. Small
-    # [BC, BK] tiles: NB times the programs of a whole-chunk tile, a fraction of its registers.
+    # Aqk (scale included), and their kg, qg rows. Small [BC, BK] tiles: NB times the programs of a
+    # whole-chunk tile, a fraction of its registers.
     ACC = Gc.dtype.element_ty
     DT = k.dtype.element_ty
     i_c = tl.program_id(0)
