@@ -160,6 +160,25 @@ SUM = tl.standard._sum_combine
 
 
 @triton.jit
+def chunk_span(cu, cidx, i_c, i_b, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Grid chunk ``i_c`` (batch row ``i_b`` when not varlen): ``(t0, eos, i_n)``, the row of its
+    first token, the end row of its sequence, and its sequence; ``i_n < 0``: a padding entry of the
+    varlen chunk plan (``varlen_chunk_plan``), for which the caller returns."""
+    if IS_VARLEN:
+        i_n = tl.load(cidx + 2 * i_c)
+        local = tl.load(cidx + 2 * i_c + 1)
+        n = tl.maximum(i_n, 0)
+        bos = tl.load(cu + n).to(tl.int64)
+        eos = tl.load(cu + n + 1).to(tl.int64)
+    else:
+        i_n = i_b
+        local = i_c
+        bos = i_b.to(tl.int64) * T
+        eos = bos + T
+    return bos + local * BT, eos, i_n
+
+
+@triton.jit
 def kda_gate_f(x, a, bias):
     """``g = -a * softplus(x + bias)`` with ``a = exp(A_log)`` (log-space decay, <= 0)."""
     return -a * softplus_f(x + bias, 20.0)  # torch's threshold (spec b.1)

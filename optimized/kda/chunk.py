@@ -65,8 +65,8 @@ import triton.language as tl
 
 from .. import _counters
 from ._common import (SUM, acc_dtype, block_k, cdiv, check_gate_params, check_qkv, check_shape,
-                      check_tensor, dot, l2norm_rows, next_pow2, prepare_cu_seqlens, prepare_state,
-                      varlen_chunk_plan)
+                      check_tensor, chunk_span, dot, l2norm_rows, next_pow2, prepare_cu_seqlens,
+                      prepare_state, varlen_chunk_plan)
 from .gate import gate_chunk_cumsum
 
 #: The largest decay span (G at a sub-block's first row minus G at its last, per channel) for which
@@ -141,18 +141,9 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
     i_b = i_bh // HV
     i_hv = i_bh % HV
     i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        i_n = tl.load(cidx + 2 * i_c)
-        if i_n < 0:
-            return
-        local = tl.load(cidx + 2 * i_c + 1)
-        bos = tl.load(cu + i_n).to(tl.int64)
-        eos = tl.load(cu + i_n + 1).to(tl.int64)
-    else:
-        local = i_c
-        bos = i_b.to(tl.int64) * T
-        eos = bos + T
-    t0 = bos + local * BT
+    t0, eos, i_n = chunk_span(cu, cidx, i_c, i_b, T, BT, IS_VARLEN)
+    if i_n < 0:
+        return
     last = eos - 1
     r0 = i_a * BC
     if t0 + r0 >= eos:
@@ -257,18 +248,9 @@ def _wy_kernel(k, v, Gc, beta, w, u, Ak, cu, cidx, T,
     i_b = i_bh // HV
     i_hv = i_bh % HV
     i_h = i_hv // (HV // H)
-    if IS_VARLEN:
-        i_n = tl.load(cidx + 2 * i_c)
-        if i_n < 0:
-            return
-        local = tl.load(cidx + 2 * i_c + 1)
-        bos = tl.load(cu + i_n).to(tl.int64)
-        eos = tl.load(cu + i_n + 1).to(tl.int64)
-    else:
-        local = i_c
-        bos = i_b.to(tl.int64) * T
-        eos = bos + T
-    t0 = bos + local * BT
+    t0, eos, i_n = chunk_span(cu, cidx, i_c, i_b, T, BT, IS_VARLEN)
+    if i_n < 0:
+        return
     last = eos - 1
     rows = tl.arange(0, BT)
     cols = tl.arange(0, BT)
@@ -376,21 +358,16 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
     i_bh = tl.program_id(2)
     i_b = i_bh // HV
     i_hv = i_bh % HV
+    t0, eos, i_n = chunk_span(cu, cidx, i_c, i_b, T, BT, IS_VARLEN)
+    if i_n < 0:
+        return
+    # this chunk's row of h: the varlen plan numbers chunks across sequences, else B rows of NT
     if IS_VARLEN:
-        i_n = tl.load(cidx + 2 * i_c)
-        if i_n < 0:
-            return
-        local = tl.load(cidx + 2 * i_c + 1)
-        bos = tl.load(cu + i_n).to(tl.int64)
-        eos = tl.load(cu + i_n + 1).to(tl.int64)
         chunk = i_c.to(tl.int64)
     else:
-        local = i_c
-        bos = i_b.to(tl.int64) * T
-        eos = bos + T
         chunk = i_b.to(tl.int64) * NT + i_c
     rows = tl.arange(0, BT)
-    tok = bos + local * BT + rows
+    tok = t0 + rows
     valid = tok < eos
     dk = tl.arange(0, BK)
     mk = dk < K
@@ -435,7 +412,7 @@ def _check_chunk_size(op, chunk_size):
 
 def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_size, cu_seqlens,
               fused, stages=None):
-    """The four launches. ``stages``, a dict, receives the intermediates (tests localize a wrong
+    """The five launches. ``stages``, a dict, receives the intermediates (tests localize a wrong
     kernel with them): G, w, u, Aq, h, v_new."""
     B, T, H, HV, K, V = check_qkv(op, q, k, v)
     BT = _check_chunk_size(op, chunk_size)

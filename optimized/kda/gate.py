@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from .. import _counters
-from ._common import (acc_dtype, block_k, cdiv, check_gate_params, check_tensor, kda_gate_f,
-                      next_pow2, sigmoid_f)
+from ._common import (acc_dtype, block_k, cdiv, check_gate_params, check_tensor, chunk_span,
+                      kda_gate_f, next_pow2, sigmoid_f)
 
 
 @triton.jit
@@ -32,18 +32,10 @@ def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T
     i_bh = tl.program_id(1)
     i_b = i_bh // HV
     i_hv = i_bh % HV
-    if IS_VARLEN:
-        i_n = tl.load(cidx + 2 * i_c)
-        if i_n < 0:
-            return
-        local = tl.load(cidx + 2 * i_c + 1)
-        bos = tl.load(cu + i_n).to(tl.int64)
-        eos = tl.load(cu + i_n + 1).to(tl.int64)
-    else:
-        local = i_c
-        bos = i_b.to(tl.int64) * T
-        eos = bos + T
-    tok = bos + local * BT + tl.arange(0, BT)
+    t0, eos, i_n = chunk_span(cu, cidx, i_c, i_b, T, BT, IS_VARLEN)
+    if i_n < 0:
+        return
+    tok = t0 + tl.arange(0, BT)
     valid = tok < eos
     dk = tl.arange(0, BK)
     mk = dk < K
