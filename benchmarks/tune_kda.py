@@ -1,7 +1,6 @@
 """Launch-configuration sweep of the chunked KDA kernels (``optimized.kda.chunk._TUNE``): per-kernel
 GPU time of ``fused_chunked`` (bf16, H=32, K=V=128) for each setting, so the defaults are chosen from
-measurements. None of the settings changes a row's arithmetic but ``diag_dot`` (the diagonal
-sub-blocks as dots, a candidate held to the same bound by tests/optimized/test_kda.py).
+measurements. None of the settings changes a row's arithmetic.
 
     python benchmarks/tune_kda.py [--T 4096 65536]
 """
@@ -16,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_kda import prefill_inputs  # noqa: E402
 from benchmarks.harness import kernel_profile  # noqa: E402
 
-WY = [{"wy_warps": w, "wy_stages": st} for w in (4, 8) for st in (2, 3)]
-BLOCKS = [{"diag_dot": d, "blocks_warps": w} for d in (0, 1) for w in (4, 8)]
+WY = [{"wy_warps": w, "wy_stages": st} for w in (2, 4, 8) for st in (2, 3)]
+BLOCKS = [{"blocks_warps": w, "blocks_stages": st} for w in (1, 2, 4) for st in (1, 2)]
 STATE = [{"state_bv": bv, "state_warps": w} for bv in (16, 32, 64) for w in (2, 4)]
 
 

@@ -158,10 +158,16 @@ class Model:
         return f"reference.Model({self.source.describe()}, variants={self.variants})"
 
     # -- public API ------------------------------------------------------------------------------
-    def forward(self, token_ids, *, trace: dict | None = None) -> np.ndarray:
-        """Logits ``[T, vocab]`` of the whole sequence, recomputed from scratch."""
+    def forward(self, token_ids, *, trace: dict | None = None, routing: dict | None = None) -> np.ndarray:
+        """Logits ``[T, vocab]`` of the whole sequence, recomputed from scratch.
+
+        ``routing`` ``{layer: ids [T, k_e]}``: replay these expert choices in those MoE layers
+        instead of the reference's own top-k (the combine weights are still the reference's scores at
+        those ids, by the same rule). For judging a run whose router split a near-tie the other way:
+        with its choices replayed, what is left between the two is smooth arithmetic error.
+        """
         ids = self._check_ids(token_ids)
-        return self._run(ids, None, trace)[0]
+        return self._run(ids, None, trace, self._check_routing(routing, len(ids)))[0]
 
     def prefill(self, token_ids, *, trace: dict | None = None) -> tuple[np.ndarray, ModelCache]:
         """``(logits [T, vocab], cache)`` for a fresh sequence."""
@@ -192,6 +198,29 @@ class Model:
         return ModelCache(layers, 0)
 
     # -- validation ------------------------------------------------------------------------------
+    def _check_routing(self, routing, T: int) -> dict:
+        c = self.config
+        if routing is None:
+            return {}
+        if not isinstance(routing, dict):
+            raise ValueError(f"routing: expected a dict {{layer: ids [T, k_e]}}, got {type(routing).__name__}")
+        checked = {}
+        for layer, ids in routing.items():
+            if not (isinstance(layer, numbers.Integral) and 0 <= layer < c.num_hidden_layers
+                    and c.is_moe_layer(int(layer))):
+                raise ValueError(f"routing: {layer!r} is not a MoE layer index")
+            ids = np.asarray(ids)
+            want = (T, c.num_experts_per_token)
+            if ids.shape != want or ids.dtype.kind not in "iu":
+                raise ValueError(f"routing[{layer}]: expected integer ids of shape {want}, got {ids.dtype} {ids.shape}")
+            if ids.size and (ids.min() < 0 or ids.max() >= c.num_experts):
+                raise ValueError(f"routing[{layer}]: expert ids must be in [0, {c.num_experts}), got "
+                                 f"{ids.min()}..{ids.max()}")
+            if any(len(set(row)) != len(row) for row in ids.tolist()):
+                raise ValueError(f"routing[{layer}]: a token names the same expert twice")
+            checked[int(layer)] = ids.astype(np.int64)
+        return checked
+
     def _check_ids(self, token_ids, what: str = "token_ids") -> np.ndarray:
         ids = np.asarray(token_ids)
         if ids.ndim != 1 or ids.size == 0:
@@ -226,9 +255,9 @@ class Model:
                 raise ValueError(f"cache.layers[{i}]: expected a {want}, got {_describe_layer_cache(lc)}")
 
     # -- the stack -------------------------------------------------------------------------------
-    def _run(self, ids: np.ndarray, cache: ModelCache | None, trace: dict | None):
+    def _run(self, ids: np.ndarray, cache: ModelCache | None, trace: dict | None, routing: dict | None = None):
         """Run ``ids`` after ``cache`` (None: a fresh sequence, chunked/naive forms; else the decode
-        forms). Returns (logits [T, vocab], new cache)."""
+        forms), replaying ``routing`` (checked) where given. Returns (logits [T, vocab], new cache)."""
         c, w = self.config, self._w
         eps = c.rms_norm_eps
         h = self._embed(ids)
@@ -244,7 +273,7 @@ class Model:
             new_layers.append(lc)
             h = h + a
             x = norm.rms_norm(h, w(p + "post_attention_layernorm.weight"), eps=eps)
-            f = self._moe(i, x, trace) if c.is_moe_layer(i) else self._dense(i, x)
+            f = self._moe(i, x, trace, (routing or {}).get(i)) if c.is_moe_layer(i) else self._dense(i, x)
             h = h + f
             if trace is not None:
                 trace[f"layers.{i}.mixer"] = a
@@ -330,9 +359,9 @@ class Model:
         m, w = layer_prefix(i) + "mlp.", self._w
         return moe.swiglu(x, w(m + "gate_proj.weight"), w(m + "up_proj.weight"), w(m + "down_proj.weight"))
 
-    def _moe(self, i: int, x: np.ndarray, trace: dict | None) -> np.ndarray:
+    def _moe(self, i: int, x: np.ndarray, trace: dict | None, forced: np.ndarray | None = None) -> np.ndarray:
         """Sigmoid-routed MoE (b.13/b.14): router logits ``x @ W.T`` in float64, routed experts
-        loaded one by one for the selected ids, plus the shared expert."""
+        loaded one by one for the selected ids (``forced``: these instead), plus the shared expert."""
         c, w = self.config, self._w
         m = layer_prefix(i) + "block_sparse_moe."
         logits = x @ w(m + "gate.weight").T  # [T, E]
@@ -342,6 +371,10 @@ class Model:
                                   topk_groups=c.topk_group,
                                   renormalize=c.moe_renormalize,
                                   scaling=c.routed_scaling_factor, combine=self.variants["moe_combine"])
+        if forced is not None:
+            ids = forced
+            weights = moe.route_weights(sigmoid(logits), bias, ids, renormalize=c.moe_renormalize,
+                                        scaling=c.routed_scaling_factor, combine=self.variants["moe_combine"])
         if trace is not None:
             scores = sigmoid(logits)
             trace[f"layers.{i}.router.scores"] = scores

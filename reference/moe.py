@@ -52,12 +52,23 @@ def router(logits, bias, *, top_k, num_groups=1, topk_groups=1, renormalize=True
     if num_groups > 1:
         selection = _mask_groups(selection, num_groups, topk_groups)
     ids = np.argsort(-selection, axis=-1, kind="stable")[:, :top_k]
+    return route_weights(scores, bias, ids, renormalize=renormalize, scaling=scaling, combine=combine), ids
+
+
+def route_weights(scores, bias, ids, *, renormalize=True, scaling=1.0, combine="unbiased"):
+    """The combine weights ``[T, k_e]`` of the experts ``ids [T, k_e]`` (steps 4-5 of ``router``).
+
+    scores: [T, E] sigmoid scores; bias: [E]. ``router`` calls it with its own top-k; the model
+    calls it with given ids to replay another run's expert choices (``Model.forward(routing=...)``).
+    """
+    if combine not in COMBINE_RULES:
+        raise ValueError(f"combine: expected one of {COMBINE_RULES}, got {combine!r}")
     weights = np.take_along_axis(scores, ids, axis=-1)
     if combine == "biased":
         weights = weights + bias[ids]
-    if renormalize and top_k > 1:
+    if renormalize and ids.shape[-1] > 1:
         weights = weights / np.sum(weights, axis=-1, keepdims=True)
-    return weights * scaling, ids
+    return weights * scaling
 
 
 def _mask_groups(selection, num_groups, topk_groups):

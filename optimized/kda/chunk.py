@@ -17,11 +17,10 @@ Kernels (grid in brackets):
    - earlier sub-blocks through the reference row ``r = a*BC``: ``exp(G_i - G_r) * exp(G_r - G_j)``
      with i >= r > j, both factors <= 1, as tl.dot;
    - the diagonal sub-block pairwise, ``exp(G_i - G_j)`` with the exponent masked to -inf for j > i
-     *before* exp (with ``_TUNE["diag_dot"]``, a candidate not yet timed on a GPU: through the
-     reference row as dots wherever the sub-block's decay span is at most MAX_SPAN, so the factors
-     stay within e^+-64); then its inverse ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution
-     (BC - 1 rank-1 steps; with diag_dot as a product of four factors, six ACC dots), stored in
-     place of the block (Akk is kept in ACC).
+     *before* exp; then its inverse ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution (BC - 1
+     rank-1 steps), stored in place of the block (Akk is kept in ACC). (Through the reference row as
+     dots where the decay span allows, with the inverse as a product of four factors: 16x fewer exps
+     but 10% slower on the H200, 590 against 533 us at T=4096.)
    Small ``[BC, K]`` tiles: four programs per chunk and head, few registers each (one whole-chunk
    program for kernels 2 and 3 took 958 us at T=4096 on the H200, these two 634 us).
 3. ``_wy_kernel`` [chunks, B*HV]: with N = D Akk_offdiag (strictly block-lower, N^(BT/BC) = 0),
@@ -68,12 +67,6 @@ from ._common import (SUM, acc_dtype, block_k, cdiv, check_gate_params, check_qk
                       check_tensor, chunk_span, dot, l2norm_rows, next_pow2, prepare_cu_seqlens,
                       prepare_state, varlen_chunk_plan)
 from .gate import gate_chunk_cumsum
-
-#: The largest decay span (G at a sub-block's first row minus G at its last, per channel) for which
-#: the diagonal sub-block goes through the reference row as dots (``_TUNE["diag_dot"]``): e^64 is
-#: 6e27, ten orders of magnitude below the fp32 / bf16 overflow, e^-64 a normal number.
-MAX_SPAN = tl.constexpr(64.0)
-
 
 @triton.jit
 def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md, ACC: tl.constexpr,
@@ -127,7 +120,7 @@ def _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H
 @triton.jit
 def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, T,
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                   BC: tl.constexpr, BK: tl.constexpr, DIAG_DOT: tl.constexpr, L2NORM: tl.constexpr,
+                   BC: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
                    IS_VARLEN: tl.constexpr):
     # One program per (chunk, sequence*value head, BC-row sub-block a): rows a*BC .. a*BC+BC-1 of
     # beta*Akk (ACC, for the inverse; its diagonal block replaced by the block's inverse D) and of
@@ -177,46 +170,18 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
         # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
         tl.store(Aq + off + bb * BC, (Qb * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
 
-    # -- the diagonal sub-block. DIAG_DOT: where the block's largest decay span G_r0 - G_r0+BC-1 (over
-    # channels) is at most MAX_SPAN, through the reference row r0 like the blocks before it, as two
-    # dots: the column factor exp(G_r0 - G_j) is then >= 1 but at most e^MAX_SPAN (finite, far from
-    # the fp32/bf16 range limit even times |k|), and the row factor >= e^-MAX_SPAN (a normal
-    # number); elsewhere pairwise.
-    if DIAG_DOT:
-        Gd = tl.load(Gc + (tl.minimum(t0 + r0 + BC - 1, last) * HV + i_hv) * K + dk, mask=mk,
-                     other=0.0).to(ACC)
-        if tl.max(Gr - Gd, 0) <= MAX_SPAN:
-            tokT = t0 + r0 + c16
-            rT = _cols_through_ref(k, Gc, tokT, tokT < eos, i_h, i_hv, H, HV, K, dk, mk, last, Gr,
-                                   L2NORM, ACC)
-            # ACC operands (ieee: FMA, not tensor cores; 16 x 16 x K is small): the diagonal keeps the
-            # pairwise form's precision, which the production bound assumes
-            A = tl.where(c16[None, :] < c16[:, None], dot(kl, rT, ACC, ACC), 0.0)
-            Qm = tl.where(c16[None, :] <= c16[:, None], dot(ql, rT, ACC, ACC), 0.0)
-        else:
-            A, Qm = _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H, HV,
-                                   K, dk, mk, BC, L2NORM, ACC)
-    else:
-        A, Qm = _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H, HV, K,
-                               dk, mk, BC, L2NORM, ACC)
+    # -- the diagonal sub-block, pairwise
+    A, Qm = _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H, HV, K, dk, mk,
+                           BC, L2NORM, ACC)
     # D = (I + beta*A_aa)^-1
     A = A * b[:, None]
     X = tl.where(c16[:, None] == c16[None, :], 1.0, 0.0).to(ACC)
-    if DIAG_DOT:
-        # A is strictly lower, A^16 = 0: (I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8), six
-        # 16 x 16 x 16 dots in ACC (BC = 16 always: chunk sizes are 16, 32, 64)
-        P = -A
-        X = X + P
-        for m in tl.static_range(3):
-            P = dot(P, P, ACC, ACC)
-            X = X + dot(X, P, ACC, ACC)
-    else:
-        # right-looking forward substitution: step s eliminates pivot s, X[i, :] -= A[i, s] X[s, :]
-        # (A strictly lower: rows i <= s have A[i, s] = 0)
-        for s in tl.static_range(0, BC - 1):
-            a_col = tl.reduce(tl.where(c16[None, :] == s, A, 0.0), 1, SUM)  # A[i, s]
-            m_row = tl.reduce(tl.where(c16[:, None] == s, X, 0.0), 0, SUM)  # X[s, c]
-            X = X - a_col[:, None] * m_row[None, :]
+    # right-looking forward substitution: step s eliminates pivot s, X[i, :] -= A[i, s] X[s, :]
+    # (A strictly lower: rows i <= s have A[i, s] = 0)
+    for s in tl.static_range(0, BC - 1):
+        a_col = tl.reduce(tl.where(c16[None, :] == s, A, 0.0), 1, SUM)  # A[i, s]
+        m_row = tl.reduce(tl.where(c16[:, None] == s, X, 0.0), 0, SUM)  # X[s, c]
+        X = X - a_col[:, None] * m_row[None, :]
     tl.store(Ak + off + r0, X.to(Ak.dtype.element_ty), mask=valid[:, None])
     tl.store(Aq + off + r0, (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
     # the blocks right of the diagonal are 0 (both matrices are lower triangular)
@@ -388,11 +353,9 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
              mask=valid[:, None] & mv[None, :])
 
 
-#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: diag_dot,
-#: blocks_warps, blocks_stages, wy_warps, wy_stages, state_bv, state_warps, state_stages). None of
-#: them changes a row's arithmetic but diag_dot, which changes how the diagonal sub-blocks are summed
-#: (the same bound holds: test_kda.test_diagonal_blocks_as_dots); the state pass splits V columns,
-#: which never mix.
+#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: blocks_warps,
+#: blocks_stages, wy_warps, wy_stages, state_bv, state_warps, state_stages). None of them changes a
+#: row's arithmetic: the state pass splits V columns, which never mix.
 _TUNE: dict = {}
 
 
@@ -471,8 +434,7 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     Ak = torch.empty(B, T, HV, BT, dtype=acc, device=dev)
     _blocks_kernel[(n_chunks, B * HV, BT // BC)](
         q, k, G, beta, Ak, Aq, kg, qg, cu, cidx, scale, T,
-        H=H, HV=HV, K=K, BT=BT, BC=BC, BK=BK, DIAG_DOT=bool(_TUNE.get("diag_dot", False)),
-        L2NORM=fused, IS_VARLEN=varlen,
+        H=H, HV=HV, K=K, BT=BT, BC=BC, BK=BK, L2NORM=fused, IS_VARLEN=varlen,
         num_warps=_TUNE.get("blocks_warps", 4), num_stages=_TUNE.get("blocks_stages", 2))
     _wy_kernel[(n_chunks, B * HV)](
         k, v, G, beta, w, u, Ak, cu, cidx, T,

@@ -311,27 +311,6 @@ def test_strong_decay(dtype):
         check(f"{op} strong", d, o, s, fused=True, ref=ref)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
-def test_diagonal_blocks_as_dots(dtype, monkeypatch):
-    """``_TUNE["diag_dot"]`` (a candidate, off by default until timed on a GPU): diagonal sub-blocks
-    whose decay span is at most MAX_SPAN go through the reference row as dots, and every diagonal
-    block's inverse is the product (I - A)(I + A^2)(I + A^4)(I + A^8). Mild gates take the dot path
-    (the output differs from the pairwise one) and stay within the same bound; strong gates (spans in
-    the hundreds, where the dot factors would overflow) stay finite and within the bound."""
-    from optimized.kda import chunk as chunk_mod
-
-    for strong, T in ((False, 130), (True, 80)):
-        d = make_inputs(1, T, 1, 2, 32, 32, dtype, seed=12, strong=strong, h0=True)
-        ref = reference(d, fused=True)
-        monkeypatch.setitem(chunk_mod._TUNE, "diag_dot", True)
-        o, s = run("fused_chunked", d)
-        monkeypatch.delitem(chunk_mod._TUNE, "diag_dot")
-        if not strong:
-            assert not torch.equal(o, run("fused_chunked", d)[0]), "the dot path did not run"
-        assert bool(torch.isfinite(o).all()) and bool(torch.isfinite(s).all())
-        check(f"fused_chunked diag_dot strong={strong}", d, o, s, fused=True, ref=ref)
-
-
 def test_bf16_gate_and_beta_inputs():
     """g and beta given in bf16 (the kernels widen any float dtype on load)."""
     d = make_inputs(1, 40, 1, 1, 16, 16, torch.bfloat16, seed=9)

@@ -14,7 +14,8 @@ import optimized
 import reference
 from reference.config import KimiConfig
 from reference.synthetic import SyntheticSource
-from .test_model_parity import PROMPT, TINY, _float32_parity, check_bf16_run, check_greedy_agrees_with_recompute
+from .test_model_parity import (PROMPT, TINY, _float32_parity, check_bf16_run, check_greedy_agrees_with_recompute,
+                                traced_rerun)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -34,7 +35,8 @@ def test_bf16_64_greedy_steps_equal_the_recompute_path_and_stay_within_the_bound
         steps.append(step)
         tokens.append(int(step.argmax()))
     check_greedy_agrees_with_recompute(config, source, PROMPT, tokens, model.forward(PROMPT + tokens[:-1]))
-    check_bf16_run(config, source, model, PROMPT, logits, torch.stack(steps), tokens)
+    steps = torch.stack(steps)
+    check_bf16_run(config, source, PROMPT, tokens, logits, steps, traced_rerun(model, PROMPT, tokens, logits, steps))
 
 
 def test_float32_medium_preset_matches_the_reference_on_the_gpu():

@@ -157,6 +157,44 @@ def test_kv_norm_eps_changes_only_from_the_first_mla_layer(tiny):
     assert 0 < rel(a, b) < 1e-3
 
 
+def test_replayed_routing_changes_only_the_rows_and_layers_it_differs_at(tiny):
+    """``forward(routing=...)``: the model's own choices replayed give the same logits bit for bit;
+    one token's experts swapped in one layer changes that layer's ffn at that token only, and the
+    logits from that token on (causal)."""
+    ids = ids_for(TINY, 12, 11)
+    own = {}
+    logits = tiny.forward(ids, trace=own)
+    layer = next(i for i in range(TINY.num_hidden_layers) if TINY.is_moe_layer(i))
+    chosen = {i: own[f"layers.{i}.router.ids"] for i in range(TINY.num_hidden_layers) if TINY.is_moe_layer(i)}
+    np.testing.assert_array_equal(tiny.forward(ids, routing=chosen), logits)
+    swapped = chosen[layer].copy()
+    unused = np.setdiff1d(np.arange(TINY.num_experts), swapped[5])
+    swapped[5, -1] = unused[0]
+    t = {}
+    forced = tiny.forward(ids, trace=t, routing={layer: swapped})
+    np.testing.assert_array_equal(t[f"layers.{layer}.router.ids"], swapped)
+    # other rows only within float64 rounding: an expert's GEMM sees another set of tokens
+    change = np.abs(t[f"layers.{layer}.ffn"] - own[f"layers.{layer}.ffn"]).max(-1)
+    scale = np.abs(own[f"layers.{layer}.ffn"]).max()
+    np.testing.assert_array_equal(change > 1e-12 * scale, np.arange(12) == 5)
+    change = np.abs(forced - logits).max(-1) / np.abs(logits).max()
+    np.testing.assert_array_equal(change > 1e-12, np.arange(12) >= 5)
+
+
+@pytest.mark.parametrize("routing, match", [
+    ({0: np.zeros((12, 2), dtype=np.int64)}, "is not a MoE layer index"),
+    ({1: np.zeros((11, 2), dtype=np.int64)}, "expected integer ids of shape"),
+    ({1: np.full((12, 2), 1.0)}, "expected integer ids of shape"),
+    ({1: np.full((12, 2), -1)}, "expert ids must be in"),
+    ({1: np.zeros((12, 2), dtype=np.int64)}, "names the same expert twice"),
+    ([1, 2], "expected a dict"),
+])
+def test_bad_routing_is_named(tiny, routing, match):
+    assert TINY.num_experts_per_token == 2  # the shapes above
+    with pytest.raises(ValueError, match=match):
+        tiny.forward(ids_for(TINY, 12, 11), routing=routing)
+
+
 @pytest.mark.parametrize("kw, match", [
     ({"moe_combine": "mean"}, "moe_combine: expected one of"),
     ({"kv_norm_eps": 0.0}, "kv_norm_eps: expected a positive"),
