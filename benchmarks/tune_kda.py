@@ -16,7 +16,7 @@ from benchmarks.bench_kda import prefill_inputs  # noqa: E402
 from benchmarks.harness import kernel_profile  # noqa: E402
 
 WY = [{"wy_warps": w, "wy_stages": st} for w in (2, 4, 8) for st in (2, 3)]
-BLOCKS = [{"blocks_warps": w, "blocks_stages": st} for w in (1, 2, 4) for st in (1, 2)]
+BLOCKS = [{"blocks_warps": w} for w in (2, 4, 8)]
 STATE = [{"state_bv": bv, "state_warps": w} for bv in (16, 32, 64) for w in (2, 4)]
 
 
@@ -42,7 +42,10 @@ def main(argv=None):
                 table = kernel_profile(lambda: okda.fused_chunked(*inputs), reps=3)
                 us = table[kernel][1]
                 total = sum(t for _, t in table.values())
-                print(f"T={T} {settings}: {kernel} {us:.1f} us, all kernels {total:.1f} us", flush=True)
+                compiled = chunk._LAUNCHED.get(kernel.strip("_").removesuffix("_kernel"))
+                regs = (f", {compiled.n_regs} registers, {compiled.n_spills} spills"
+                        if hasattr(compiled, "n_regs") else "")
+                print(f"T={T} {settings}: {kernel} {us:.1f} us{regs}, all kernels {total:.1f} us", flush=True)
                 if kernel not in best or us < best[kernel][0]:
                     best[kernel] = (us, settings)
             except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: report, go on
