@@ -155,23 +155,24 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
 
     c16 = tl.arange(0, BC)
     off = (tok * HV + i_hv)[:, None] * BT + c16[None, :]  # + column block * BC
-    # Order by register pressure: the [BC, BK] tiles kt, qt, Gm die once kg, qg and the reference-row
-    # products kl, ql are formed, so the loop over earlier sub-blocks holds two tiles, not five.
-    # -- the diagonal sub-block, pairwise
-    A, Qm = _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H, HV, K, dk, mk,
-                           BC, L2NORM, ACC)
-    # kg = k exp(G_last - G) (state update), qg = scale q exp(G) (output): both factors <= 1
-    Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
-    m2 = valid[:, None] & mk[None, :]
-    tl.store(kg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
-             (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
-    tl.store(qg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
-             ((qt * tl.exp(Gm)) * scale).to(qg.dtype.element_ty), mask=m2)
-    # rows through the reference row r0 for the earlier sub-blocks: exp(G_i - G_r0) <= 1 (i >= r0)
+    # -- earlier sub-blocks bb < a through the reference row r0: exp(G_i - G_r0) exp(G_r0 - G_j) with
+    # i >= r0 > j, both factors <= 1
     Gr = tl.load(Gc + (tl.minimum(t0 + r0, last) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
     left = tl.exp(Gm - Gr[None, :])
     kl = kt * left
     ql = qt * left
+    for bb in range(0, i_a):
+        tokT = t0 + bb * BC + c16  # all before r0, so < eos
+        rT = _cols_through_ref(k, Gc, tokT, tokT < eos, i_h, i_hv, H, HV, K, dk, mk, last, Gr, L2NORM, ACC)
+        Ab = dot(kl, rT, DT, ACC)
+        Qb = dot(ql, rT, DT, ACC)
+        tl.store(Ak + off + bb * BC, (Ab * b[:, None]).to(Ak.dtype.element_ty), mask=valid[:, None])
+        # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
+        tl.store(Aq + off + bb * BC, (Qb * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
+
+    # -- the diagonal sub-block, pairwise
+    A, Qm = _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H, HV, K, dk, mk,
+                           BC, L2NORM, ACC)
     # D = (I + beta*A_aa)^-1
     A = A * b[:, None]
     X = tl.where(c16[:, None] == c16[None, :], 1.0, 0.0).to(ACC)
@@ -183,20 +184,17 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
         X = X - a_col[:, None] * m_row[None, :]
     tl.store(Ak + off + r0, X.to(Ak.dtype.element_ty), mask=valid[:, None])
     tl.store(Aq + off + r0, (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
-    # -- earlier sub-blocks bb < a through the reference row r0: exp(G_i - G_r0) exp(G_r0 - G_j) with
-    # i >= r0 > j, both factors <= 1
-    for bb in range(0, i_a):
-        tokT = t0 + bb * BC + c16  # all before r0, so < eos
-        rT = _cols_through_ref(k, Gc, tokT, tokT < eos, i_h, i_hv, H, HV, K, dk, mk, last, Gr, L2NORM, ACC)
-        Ab = dot(kl, rT, DT, ACC)
-        Qb = dot(ql, rT, DT, ACC)
-        tl.store(Ak + off + bb * BC, (Ab * b[:, None]).to(Ak.dtype.element_ty), mask=valid[:, None])
-        # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
-        tl.store(Aq + off + bb * BC, (Qb * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
     # the blocks right of the diagonal are 0 (both matrices are lower triangular)
     for bb in range(i_a + 1, BT // BC):
         tl.store(Ak + off + bb * BC, tl.zeros([BC, BC], dtype=Ak.dtype.element_ty), mask=valid[:, None])
         tl.store(Aq + off + bb * BC, tl.zeros([BC, BC], dtype=Aq.dtype.element_ty), mask=valid[:, None])
+    # kg = k exp(G_last - G) (state update), qg = scale q exp(G) (output): both factors <= 1
+    Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
+    m2 = valid[:, None] & mk[None, :]
+    tl.store(kg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+             (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
+    tl.store(qg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+             ((qt * tl.exp(Gm)) * scale).to(qg.dtype.element_ty), mask=m2)
 
 
 @triton.jit
