@@ -16,7 +16,7 @@ from benchmarks.bench_kda import prefill_inputs  # noqa: E402
 from benchmarks.harness import kernel_profile  # noqa: E402
 
 WY = [{"wy_warps": w, "wy_stages": st} for w in (2, 4, 8) for st in (2, 3)]
-BLOCKS = [{"blocks_warps": w} for w in (4, 8)]
+BLOCKS = [{"blocks_warps": w} for w in (2, 4, 8)]
 STATE = [{"state_bv": bv, "state_warps": w} for bv in (16, 32, 64) for w in (2, 4)]
 
 

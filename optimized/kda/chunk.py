@@ -95,16 +95,13 @@ def _cols_through_ref(k, Gc, tokT, okT, i_h, i_hv, H: tl.constexpr, HV: tl.const
 
 
 @triton.jit
-def _diag_pairwise(k, Gc, kt, qt, Gm, b, Ak, Aq, scale, t0, r0, rows, tok, valid, eos, last, i_h, i_hv,
-                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, dk, mk,
-                   BC: tl.constexpr, L2NORM: tl.constexpr, ACC: tl.constexpr):
-    """The diagonal sub-block of (beta*Akk, scale*Aqk), one column j = r0 + s per step, each
-    ``exp(G_i - G_j)`` with its exponent masked to -inf for j > i *before* exp (safe for any decay),
-    each column stored as it is formed: the sums over K come out one value per row, in a layout
-    that gathering them into a [BC, BC] register tile would convert through shared memory, two
-    barriers per column."""
-    col = Ak + (tok * HV + i_hv) * BT + r0
-    qcol = Aq + (tok * HV + i_hv) * BT + r0
+def _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H: tl.constexpr,
+                   HV: tl.constexpr, K: tl.constexpr, dk, mk, BC: tl.constexpr, L2NORM: tl.constexpr,
+                   ACC: tl.constexpr):
+    """The diagonal sub-block of (Akk, Aqk), one column j = r0 + s per step, each ``exp(G_i - G_j)``
+    with its exponent masked to -inf for j > i *before* exp: safe for any decay."""
+    A = tl.zeros([BC, BC], dtype=ACC)
+    Qm = tl.zeros([BC, BC], dtype=ACC)
     for s in tl.static_range(0, BC):  # unrolled: the row loads of later steps issue early
         j = t0 + r0 + s
         kj = tl.load(k + (j * H + i_h) * K + dk, mask=mk & (dk * 0 + j < eos), other=0.0).to(ACC)
@@ -112,11 +109,12 @@ def _diag_pairwise(k, Gc, kt, qt, Gm, b, Ak, Aq, scale, t0, r0, rows, tok, valid
             kj = kj / tl.sqrt(tl.reduce(kj * kj, 0, SUM) + 1e-6)
         Gj = tl.load(Gc + (tl.minimum(j, last) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
         kje = kj[None, :] * tl.exp(tl.where((r0 + s <= rows)[:, None], Gm - Gj[None, :], float("-inf")))
-        a_val = tl.where(r0 + s < rows, tl.reduce(kt * kje, 1, SUM), 0.0)  # strictly lower
+        a_val = tl.reduce(kt * kje, 1, SUM)
         q_val = tl.reduce(qt * kje, 1, SUM)
-        tl.store(col + s, (a_val * b).to(Ak.dtype.element_ty), mask=valid)
-        # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
-        tl.store(qcol + s, (q_val * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid)
+        hit = (c16 == s)[None, :]
+        A = tl.where(hit & (r0 + s < rows)[:, None], a_val[:, None], A)
+        Qm = tl.where(hit, q_val[:, None], Qm)
+    return A, Qm
 
 
 @triton.jit
@@ -172,13 +170,11 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
         # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
         tl.store(Aq + off + bb * BC, (Qb * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
 
-    # -- the diagonal sub-block, pairwise, its columns stored as they are formed, then read back as
-    # a tile (the barrier orders the program's global writes before its reads, as __syncthreads)
-    _diag_pairwise(k, Gc, kt, qt, Gm, b, Ak, Aq, scale, t0, r0, rows, tok, valid, eos, last, i_h, i_hv,
-                   H, HV, K, BT, dk, mk, BC, L2NORM, ACC)
-    tl.debug_barrier()
-    A = tl.load(Ak + off + r0, mask=valid[:, None], other=0.0).to(ACC)  # beta*A_aa, strictly lower
+    # -- the diagonal sub-block, pairwise
+    A, Qm = _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H, HV, K, dk, mk,
+                           BC, L2NORM, ACC)
     # D = (I + beta*A_aa)^-1
+    A = A * b[:, None]
     X = tl.where(c16[:, None] == c16[None, :], 1.0, 0.0).to(ACC)
     # right-looking forward substitution: step s eliminates pivot s, X[i, :] -= A[i, s] X[s, :]
     # (A strictly lower: rows i <= s have A[i, s] = 0)
@@ -186,8 +182,8 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
         a_col = tl.reduce(tl.where(c16[None, :] == s, A, 0.0), 1, SUM)  # A[i, s]
         m_row = tl.reduce(tl.where(c16[:, None] == s, X, 0.0), 0, SUM)  # X[s, c]
         X = X - a_col[:, None] * m_row[None, :]
-    tl.debug_barrier()  # every thread's read of A_aa before the overwrite
     tl.store(Ak + off + r0, X.to(Ak.dtype.element_ty), mask=valid[:, None])
+    tl.store(Aq + off + r0, (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
     # the blocks right of the diagonal are 0 (both matrices are lower triangular)
     for bb in range(i_a + 1, BT // BC):
         tl.store(Ak + off + bb * BC, tl.zeros([BC, BC], dtype=Ak.dtype.element_ty), mask=valid[:, None])
