@@ -118,6 +118,19 @@ def _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H
 
 
 @triton.jit
+def _unit_lower_inverse(A, c16, BC: tl.constexpr, ACC: tl.constexpr):
+    """``(I + A)^-1`` of a strictly lower triangular [BC, BC] tile by right-looking forward
+    substitution: step s eliminates pivot s, ``X[i, :] -= A[i, s] X[s, :]`` (rows i <= s have
+    A[i, s] = 0), BC - 1 rank-1 steps."""
+    X = tl.where(c16[:, None] == c16[None, :], 1.0, 0.0).to(ACC)
+    for s in tl.static_range(0, BC - 1):
+        a_col = tl.reduce(tl.where(c16[None, :] == s, A, 0.0), 1, SUM)  # A[i, s]
+        m_row = tl.reduce(tl.where(c16[:, None] == s, X, 0.0), 0, SUM)  # X[s, c]
+        X = X - a_col[:, None] * m_row[None, :]
+    return X
+
+
+@triton.jit
 def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, T,
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                    BC: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
@@ -174,14 +187,7 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
     A, Qm = _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H, HV, K, dk, mk,
                            BC, L2NORM, ACC)
     # D = (I + beta*A_aa)^-1
-    A = A * b[:, None]
-    X = tl.where(c16[:, None] == c16[None, :], 1.0, 0.0).to(ACC)
-    # right-looking forward substitution: step s eliminates pivot s, X[i, :] -= A[i, s] X[s, :]
-    # (A strictly lower: rows i <= s have A[i, s] = 0)
-    for s in tl.static_range(0, BC - 1):
-        a_col = tl.reduce(tl.where(c16[None, :] == s, A, 0.0), 1, SUM)  # A[i, s]
-        m_row = tl.reduce(tl.where(c16[:, None] == s, X, 0.0), 0, SUM)  # X[s, c]
-        X = X - a_col[:, None] * m_row[None, :]
+    X = _unit_lower_inverse(A * b[:, None], c16, BC, ACC)
     tl.store(Ak + off + r0, X.to(Ak.dtype.element_ty), mask=valid[:, None])
     tl.store(Aq + off + r0, (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
     # the blocks right of the diagonal are 0 (both matrices are lower triangular)
