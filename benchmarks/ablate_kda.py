@@ -93,6 +93,11 @@ def main(argv=None):
         os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     if args.child:
         return child(args.child, args.T, args.inspect)
+    if not args.inspect:
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("ablate_kda.py: timing needs a CUDA GPU (none here); --inspect compiles the variants without one")
     base = None
     for part in args.parts:  # a fresh process each: a compiled kernel never sees a swapped helper
         cmd = [sys.executable, __file__, "--child", part, "--T", *map(str, args.T)] + (["--inspect"] if args.inspect else [])
