@@ -366,15 +366,14 @@ class Model:
         m = layer_prefix(i) + "block_sparse_moe."
         logits = x @ w(m + "gate.weight").T  # [T, E]
         bias = w(m + "gate.e_score_correction_bias")
-        top_k = c.num_experts_per_token
-        weights, ids = moe.router(logits, bias, top_k=top_k, num_groups=c.num_expert_group,
-                                  topk_groups=c.topk_group,
-                                  renormalize=c.moe_renormalize,
-                                  scaling=c.routed_scaling_factor, combine=self.variants["moe_combine"])
-        if forced is not None:
+        rule = dict(renormalize=c.moe_renormalize, scaling=c.routed_scaling_factor,
+                    combine=self.variants["moe_combine"])
+        if forced is None:
+            weights, ids = moe.router(logits, bias, top_k=c.num_experts_per_token,
+                                      num_groups=c.num_expert_group, topk_groups=c.topk_group, **rule)
+        else:
             ids = forced
-            weights = moe.route_weights(sigmoid(logits), bias, ids, renormalize=c.moe_renormalize,
-                                        scaling=c.routed_scaling_factor, combine=self.variants["moe_combine"])
+            weights = moe.route_weights(sigmoid(logits), bias, ids, **rule)
         if trace is not None:
             scores = sigmoid(logits)
             trace[f"layers.{i}.router.scores"] = scores
