@@ -64,12 +64,10 @@ def swap_in(part: str) -> None:
 def child(part: str, T: list[int], inspect: bool) -> None:
     swap_in(part)
     if inspect:
-        from benchmarks.inspect_kda import COUNTS, compile_kernel, resource_usage
-        import re
+        from benchmarks.inspect_kda import compile_kernel, describe
 
-        ck = compile_kernel("blocks", 4, 2)
-        counts = ", ".join(f"{k} {len(re.findall(p, ck.asm['ptx']))}" for k, p in COUNTS.items())
-        print(json.dumps({"part": part, "build": f"{resource_usage(ck.asm['cubin'], Path('/tmp'))}; {counts}"}))
+        tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+        print(json.dumps({"part": part, "build": describe(compile_kernel("blocks", 4, 2), tmp)}))
         return
     import optimized.kda as okda
     from benchmarks.bench_kda import prefill_inputs

@@ -69,6 +69,13 @@ def resource_usage(cubin: bytes, tmp: Path) -> str:
     return " ".join(f for f in line.split() if f.split(":")[0] in ("REG", "STACK", "SHARED", "LOCAL"))
 
 
+def describe(ck, tmp: Path) -> str:
+    """One line: resources, then the static instruction counts of a compiled kernel."""
+    ptx = ck.asm["ptx"]
+    counts = ", ".join(f"{k} {len(re.findall(p, ptx))}" for k, p in COUNTS.items())
+    return f"{resource_usage(ck.asm['cubin'], tmp)}; {counts}, convert_layout {ck.asm['ttgir'].count('ttg.convert_layout')}"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", nargs="*", default=list(KERNELS), choices=list(KERNELS))
@@ -82,13 +89,10 @@ def main(argv=None):
           "K = V = 128, chunk 64, fused")
     for name in args.kernels:
         ck = compile_kernel(name, args.warps, args.stages)
-        ptx, ttgir = ck.asm["ptx"], ck.asm["ttgir"]
-        counts = ", ".join(f"{k} {len(re.findall(p, ptx))}" for k, p in COUNTS.items())
-        print(f"_{name}_kernel: {resource_usage(ck.asm['cubin'], tmp)}; {counts}, "
-              f"convert_layout {ttgir.count('ttg.convert_layout')}")
+        print(f"_{name}_kernel: {describe(ck, tmp)}")
         if args.dump:
-            (args.dump / f"{name}.ttgir").write_text(ttgir)
-            (args.dump / f"{name}.ptx").write_text(ptx)
+            (args.dump / f"{name}.ttgir").write_text(ck.asm["ttgir"])
+            (args.dump / f"{name}.ptx").write_text(ck.asm["ptx"])
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ Kernels (grid in brackets):
      rank-1 steps), stored in place of the block (Akk is kept in ACC). (Through the reference row as
      dots where the decay span allows, with the inverse as a product of four factors: 16x fewer exps
      but 10% slower on the H200, 590 against 533 us at T=4096.)
-   Small ``[BC, K]`` tiles: four programs per chunk and head, few registers each (one whole-chunk
-   program for kernels 2 and 3 took 958 us at T=4096 on the H200, these two 634 us).
+   Small ``[BC, K]`` tiles: four programs per chunk and head (one whole-chunk program for kernels 2
+   and 3 took 958 us at T=4096 on the H200, these two 634 us).
 3. ``_wy_kernel`` [chunks, B*HV]: with N = D Akk_offdiag (strictly block-lower, N^(BT/BC) = 0),
    ``M = (I + N)^-1 D = (I - N)(I + N^2) D`` for BT = 64 (exact algebra, 4 tl.dots), then w and u.
 4. ``_state_kernel`` [V/32, N*HV]: the sequential pass over chunks, S in ACC registers; per chunk two

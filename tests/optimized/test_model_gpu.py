@@ -1,7 +1,8 @@
 """The optimized model on a CUDA GPU (skipped without one): what is too slow for the Triton
 interpreter. 64 greedy decode steps at bf16 (incremental == recompute token for token but for
 near-ties, logits within the bf16 bound of the reference), the medium preset (the real head sizes)
-at float32, batched decode with the 64-row decode tile, and the synthetic weights generated on the device bit for bit.
+at float32, batched decode with the 64-row decode tile, and the synthetic weights generated on the
+device bit for bit.
 
 Bounds and helpers: ``test_model_parity`` (same directory)."""
 import copy
