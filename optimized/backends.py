@@ -10,7 +10,8 @@ family and comparing with the all-Triton run isolates that family's contribution
 Families (the model's op calls in brackets):
 
 - ``embed``: ``embedding``, ``lm_head``;
-- ``norm``: ``rms_norm`` (residual norms, final norm, ``kv_a_layernorm``), ``gated_rms_norm`` (o_norm);
+- ``norm``: ``rms_norm`` (first input norm, ``kv_a_layernorm``), ``add_rms_norm`` (each residual add
+  with the norm after it, the final norm included), ``gated_rms_norm`` (o_norm);
 - ``conv``: ``short_conv`` (prefill), ``short_conv_step_`` (decode, state pool by slot);
 - ``kda``: ``fused_chunked`` (prefill), ``fused_recurrent_decode`` (decode, state pool by slot);
 - ``mla``: ``naive`` (prefill over the sequence), ``paged_decode`` (decode over the paged cache);
@@ -130,6 +131,13 @@ class Ops:
         if self._is_ref("norm"):
             return _back(self._r("norm", "rms_norm")(_np(x), _np(weight), eps=eps), x)
         return self._opt["norm"].rms_norm(x, weight, eps=eps)
+
+    def add_rms_norm(self, x, residual, weight, *, eps):
+        """``(rms_norm(x + residual), x + residual)``; the add in x's dtype on either backend."""
+        if self._is_ref("norm"):
+            h = x + residual
+            return self.rms_norm(h, weight, eps=eps), h
+        return self._opt["norm"].add_rms_norm(x, residual, weight, eps=eps)
 
     def gated_rms_norm(self, x, gate, weight, *, eps):
         if self._is_ref("norm"):

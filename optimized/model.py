@@ -241,24 +241,23 @@ class Model:
         sequences (the rest is padding). Returns the normed final hidden ``[M, D]``."""
         c, W, ops = self.config, self.weights, self.ops
         eps = c.rms_norm_eps
+        x = ops.rms_norm(h, W.layers[0].input_norm, eps=eps)
         for i, lw in enumerate(W.layers):
-            x = ops.rms_norm(h, lw.input_norm, eps=eps)
             a = mixer(i, x)
-            h = h + a
-            x = ops.rms_norm(h, lw.post_norm, eps=eps)
+            x, h = ops.add_rms_norm(h, a, lw.post_norm, eps=eps)  # h + a, and the norm of it
             if c.is_moe_layer(i):
                 f = self._moe(i, x, rows=rows, trace=trace)
             else:
                 f = ops.swiglu(x, lw.ffn.gate, lw.ffn.up, lw.ffn.down)
-            h = h + f
+            last = i + 1 == len(W.layers)
+            x, h = ops.add_rms_norm(h, f, W.norm if last else W.layers[i + 1].input_norm, eps=eps)
             if trace is not None:
                 trace[f"layers.{i}.mixer"] = a.detach().clone()
                 trace[f"layers.{i}.ffn"] = f.detach().clone()
                 trace[f"layers.{i}.hidden"] = h.detach().clone()
-        h = ops.rms_norm(h, W.norm, eps=eps)
         if trace is not None:
-            trace["final_norm"] = h.detach().clone()
-        return h
+            trace["final_norm"] = x.detach().clone()
+        return x
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         logits = self.ops.lm_head(h, self.weights.lm_head)

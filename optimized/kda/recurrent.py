@@ -34,7 +34,7 @@ _BV = 32  # value columns per program: fixed (bitwise batch invariance), small (
 
 @triton.jit
 def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, scale: tl.float64, T,
-                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      sq, sk, sv, sg, sb, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, FUSED: tl.constexpr, HAS_H0: tl.constexpr,
                       IS_VARLEN: tl.constexpr, USE_SLOTS: tl.constexpr):
     ACC = ht.dtype.element_ty
@@ -71,12 +71,13 @@ def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, sc
     if FUSED:
         a = tl.exp(tl.load(A_log + i_hv).to(ACC))
         bias = tl.load(dt_bias + i_hv * K + dk, mask=mk, other=0.0).to(ACC)
-    # per-token pointers, advanced by one token each step
-    p_q = q + (bos * H + i_h) * K + dk
-    p_k = k + (bos * H + i_h) * K + dk
-    p_v = v + (bos * HV + i_hv) * V + dv
-    p_g = g + (bos * HV + i_hv) * K + dk
-    p_b = beta + bos * HV + i_hv
+    # per-token pointers, advanced by one token each step (s*: the inputs' token strides, so decode
+    # reads q/k/v/g/beta rows in place from the projection's output)
+    p_q = q + bos * sq + i_h * K + dk
+    p_k = k + bos * sk + i_h * K + dk
+    p_v = v + bos * sv + i_hv * V + dv
+    p_g = g + bos * sg + i_hv * K + dk
+    p_b = beta + bos * sb + i_hv
     p_o = o + (bos * HV + i_hv) * V + dv
     for _ in range(bos, eos):
         qt = tl.load(p_q, mask=mk, other=0.0).to(ACC)
@@ -103,11 +104,11 @@ def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, sc
         # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
         ot = (tl.reduce(S * qt[:, None], 0, SUM) * scale).to(ACC)
         tl.store(p_o, ot.to(o.dtype.element_ty), mask=mv)
-        p_q += H * K
-        p_k += H * K
-        p_v += HV * V
-        p_g += HV * K
-        p_b += HV
+        p_q += sq
+        p_k += sk
+        p_v += sv
+        p_g += sg
+        p_b += sb
         p_o += HV * V
     tl.store(ht + s_off + kv_off, S.to(ht.dtype.element_ty), mask=mkv)
 
@@ -136,6 +137,7 @@ def _launch(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqle
     BV = min(_BV, max(16, next_pow2(V)))
     _recurrent_kernel[(cdiv(V, BV), N * HV)](
         q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, None, scale, T,
+        H * K, H * K, HV * V, HV * K, HV,
         H=H, HV=HV, K=K, V=V, BK=block_k(K), BV=BV, FUSED=fused, HAS_H0=h0 is not None,
         IS_VARLEN=varlen, USE_SLOTS=False, num_warps=4)
     return o, ht
@@ -202,13 +204,21 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
     if B == 0:
         return o
     BV = min(_BV, max(16, next_pow2(V)))
+    q, k, v, g_raw, beta_logits = (_token_rows(x) for x in (q, k, v, g_raw, beta_logits))
     _recurrent_kernel[(cdiv(V, BV), B * HV)](
-        q.contiguous(), k.contiguous(), v.contiguous(), g_raw.contiguous(),
-        beta_logits.contiguous(), A_log, dt_bias, o, state_pool, state_pool, None,
+        q, k, v, g_raw, beta_logits, A_log, dt_bias, o, state_pool, state_pool, None,
         slot_ids.contiguous(), scale, 1,
+        q.stride(0), k.stride(0), v.stride(0), g_raw.stride(0), beta_logits.stride(0),
         H=H, HV=HV, K=K, V=V, BK=block_k(K), BV=BV, FUSED=True, HAS_H0=True, IS_VARLEN=False,
         USE_SLOTS=True, num_warps=4)
     return o
+
+
+def _token_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x [B, ...]`` unchanged when each row is contiguous (any row stride: a column slice of the
+    fused projection output is read in place), else a contiguous copy."""
+    inner = x[0] if x.shape[0] else x
+    return x if inner.is_contiguous() else x.contiguous()
 
 
 def _decode_checks(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids):

@@ -1,6 +1,6 @@
 """Normalizations over the last dim (spec b.2-b.4) as Triton kernels.
 
-``rms_norm``, ``gated_rms_norm`` and ``l2norm`` share one row kernel (:mod:`.kernels`). Statistics and
+``rms_norm``, ``gated_rms_norm``, ``l2norm`` and ``add_rms_norm`` share one row kernel (:mod:`.kernels`). Statistics and
 the products are computed in float32 (float64 for fp64 inputs) and rounded once to the input dtype.
 Note HF's ``KimiRMSNorm`` rounds the normalized ``x`` to bf16 *before* multiplying by the bf16 weight
 (two roundings); rounding once is closer to the float64 reference and within the same bound.
@@ -14,7 +14,7 @@ from .. import _counters
 from ..elementwise._precision import check_float, check_same_device, check_shape, tl_compute_dtype
 from .kernels import _row_norm_kernel
 
-__all__ = ["rms_norm", "gated_rms_norm", "l2norm"]
+__all__ = ["rms_norm", "gated_rms_norm", "l2norm", "add_rms_norm"]
 
 _MAX_SINGLE_TILE = 8192  # longest row kept in registers in one tile
 _TILE_ELEMS = 4096  # rows per program = _TILE_ELEMS // BLOCK_D (at least 1)
@@ -28,7 +28,9 @@ def _rows(op: str, name: str, t: torch.Tensor, D: int) -> torch.Tensor:
     return t2
 
 
-def _launch(op: str, x: torch.Tensor, *, weight=None, gate=None, eps: float, mean: bool) -> torch.Tensor:
+def _launch(op: str, x: torch.Tensor, *, weight=None, gate=None, residual=None, eps: float,
+            mean: bool):
+    """y (and, with ``residual``, ``(y, h)``: h = x + residual in x's dtype, y its norm)."""
     check_float(op, "x", x)
     if x.dim() < 1:
         raise ValueError(f"{op}: x: expected [..., D], got a scalar")
@@ -40,26 +42,34 @@ def _launch(op: str, x: torch.Tensor, *, weight=None, gate=None, eps: float, mea
     if gate is not None:
         check_float(op, "gate", gate)
         check_shape(op, "gate", gate, tuple(x.shape), "the shape of x")
-    check_same_device(op, x=x, weight=weight, gate=gate)
+    if residual is not None:
+        check_float(op, "residual", residual)
+        check_shape(op, "residual", residual, tuple(x.shape), "the shape of x")
+        if residual.dtype != x.dtype:
+            raise TypeError(f"{op}: residual: dtype {residual.dtype} differs from x's {x.dtype}")
+    check_same_device(op, x=x, weight=weight, gate=gate, residual=residual)
     x2 = _rows(op, "x", x, D)
     g2 = _rows(op, "gate", gate, D) if gate is not None else x2
+    r2 = _rows(op, "residual", residual, D) if residual is not None else x2
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     y2 = y.view(-1, D)
+    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else y
+    h2 = h.view(-1, D)
     n_rows = x2.shape[0]
     if n_rows == 0 or D == 0:
-        return y
+        return y if residual is None else (y, h)
     single = triton.next_power_of_2(D) <= _MAX_SINGLE_TILE
     block_d = triton.next_power_of_2(D) if single else 4096
     # rows per program fixed by D alone (never by n_rows): the reduction tree of a row, and so its
     # bytes, must not depend on how many rows come with it (batch invariance)
     rows = max(1, min(64, _TILE_ELEMS // block_d))
     _row_norm_kernel[(triton.cdiv(n_rows, rows),)](
-        x2, g2, weight if weight is not None else x2, y2, n_rows, D,
-        x2.stride(0), g2.stride(0), y2.stride(0), float(eps),
+        x2, r2, h2, g2, weight if weight is not None else x2, y2, n_rows, D,
+        x2.stride(0), r2.stride(0), h2.stride(0), g2.stride(0), y2.stride(0), float(eps),
         MEAN=mean, HAS_W=weight is not None, HAS_GATE=gate is not None,
-        CD=tl_compute_dtype(x.dtype), ROWS=rows, BLOCK_D=block_d, SINGLE=single,
-        num_warps=4 if block_d <= 1024 else 8)
-    return y
+        HAS_RES=residual is not None, CD=tl_compute_dtype(x.dtype), ROWS=rows, BLOCK_D=block_d,
+        SINGLE=single, num_warps=4 if block_d <= 1024 else 8)
+    return y if residual is None else (y, h)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float) -> torch.Tensor:
@@ -70,6 +80,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, *, eps: float) -> torch.Tens
     """
     _counters.record("norm.rms_norm")
     return _launch("norm.rms_norm", x, weight=weight, eps=eps, mean=True)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, *,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the next RMSNorm in one pass: ``h = x + residual`` (rounded to x's
+    dtype, as torch adds them), ``y = rms_norm(h, weight, eps=eps)``. Returns ``(y, h)``, both
+    [..., D] in x's dtype, bitwise those of ``h = x + residual; rms_norm(h, ...)``.
+
+    x, residual: [..., D], same shape and dtype; weight: [D].
+    """
+    _counters.record("norm.add_rms_norm")
+    return _launch("norm.add_rms_norm", x, weight=weight, residual=residual, eps=eps, mean=True)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, *, eps: float) -> torch.Tensor:

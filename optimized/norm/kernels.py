@@ -1,4 +1,6 @@
-"""Row normalization kernel shared by ``rms_norm``, ``gated_rms_norm`` and ``l2norm``.
+"""Row normalization kernel shared by ``rms_norm``, ``gated_rms_norm``, ``l2norm`` and
+``add_rms_norm`` (the residual add fused in front: ``h = x + r`` rounded to the dtype and stored,
+then normalized, the bits of a torch add followed by ``rms_norm``).
 
 One program normalizes ``ROWS`` rows. When a row fits one ``BLOCK_D`` tile (every norm of the model:
 D = 2304, 512, 128) it is loaded once and kept in registers; longer rows take two passes over
@@ -27,11 +29,26 @@ def _finish_tile(x, rstd, g_ptr, w_ptr, y_ptr, rows64, cols, m, D, stride_g, str
 
 
 @triton.jit
-def _row_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, n_rows, D, stride_x, stride_g, stride_y,
-                     eps: tl.float64, MEAN: tl.constexpr, HAS_W: tl.constexpr, HAS_GATE: tl.constexpr,
-                     CD: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-                     SINGLE: tl.constexpr):
-    # y = x * rsqrt(sum(x^2) [/ D] + eps) [* w] [* sigmoid(g)], statistics in CD (fp32 or fp64).
+def _load_tile(x_ptr, r_ptr, h_ptr, rows64, cols, m, stride_x, stride_r, stride_h,
+               HAS_RES: tl.constexpr, STORE_H: tl.constexpr, CD: tl.constexpr):
+    """A ``[ROWS, BLOCK_D]`` tile of x in CD; with HAS_RES, of ``h = x + r`` rounded to h's dtype
+    first (as torch adds two tensors: in fp32, one rounding), stored when STORE_H."""
+    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=m, other=0.0)
+    if HAS_RES:
+        r = tl.load(r_ptr + rows64[:, None] * stride_r + cols[None, :], mask=m, other=0.0)
+        x = (x.to(CD) + r.to(CD)).to(h_ptr.dtype.element_ty)
+        if STORE_H:
+            tl.store(h_ptr + rows64[:, None] * stride_h + cols[None, :], x, mask=m)
+    return x.to(CD)
+
+
+@triton.jit
+def _row_norm_kernel(x_ptr, r_ptr, h_ptr, g_ptr, w_ptr, y_ptr, n_rows, D, stride_x, stride_r, stride_h,
+                     stride_g, stride_y, eps: tl.float64, MEAN: tl.constexpr, HAS_W: tl.constexpr,
+                     HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr, CD: tl.constexpr,
+                     ROWS: tl.constexpr, BLOCK_D: tl.constexpr, SINGLE: tl.constexpr):
+    # y = x * rsqrt(sum(x^2) [/ D] + eps) [* w] [* sigmoid(g)], statistics in CD (fp32 or fp64);
+    # with HAS_RES, x is h = x + r (stored to h_ptr).
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < n_rows
     rows64 = rows.to(tl.int64)
@@ -39,14 +56,16 @@ def _row_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, n_rows, D, stride_x, stride_g, 
     eps_c = tl.full([ROWS], eps, CD)
     if SINGLE:
         m = rmask[:, None] & (cols0[None, :] < D)
-        x = tl.load(x_ptr + rows64[:, None] * stride_x + cols0[None, :], mask=m, other=0.0).to(CD)
+        x = _load_tile(x_ptr, r_ptr, h_ptr, rows64, cols0, m, stride_x, stride_r, stride_h,
+                       HAS_RES, True, CD)
         ss = tl.sum(x * x, axis=1)
     else:
         ss = tl.zeros([ROWS], CD)
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + cols0
             m = rmask[:, None] & (cols[None, :] < D)
-            xt = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=m, other=0.0).to(CD)
+            xt = _load_tile(x_ptr, r_ptr, h_ptr, rows64, cols, m, stride_x, stride_r, stride_h,
+                            HAS_RES, True, CD)
             ss += tl.sum(xt * xt, axis=1)
     if MEAN:
         ss = ss / D
@@ -58,6 +77,8 @@ def _row_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, n_rows, D, stride_x, stride_g, 
         for d0 in range(0, D, BLOCK_D):
             cols = d0 + cols0
             m = rmask[:, None] & (cols[None, :] < D)
-            xt = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=m, other=0.0).to(CD)
+            # h recomputed, not re-read: the same bits, and no ordering against the first pass's stores
+            xt = _load_tile(x_ptr, r_ptr, h_ptr, rows64, cols, m, stride_x, stride_r, stride_h,
+                            HAS_RES, False, CD)
             _finish_tile(xt, rstd, g_ptr, w_ptr, y_ptr, rows64, cols, m, D, stride_g, stride_y,
                          HAS_W, HAS_GATE, CD)

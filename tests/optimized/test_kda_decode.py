@@ -114,6 +114,23 @@ def test_decode_batched_equals_alone_bitwise():
         assert torch.equal(p1[slots[b]], pool[slots[b]]), f"sequence {b}: state differs"
 
 
+def test_decode_reads_strided_rows_in_place_bitwise():
+    """q, k, v, g_raw and beta_logits as column slices of wider [B, N] tensors (as the model's fused
+    projection output) give the bits of their contiguous copies."""
+    slots = [3, 1, 0]
+    d, pool, sl = make_step(3, 2, 4, 32, 16, torch.bfloat16, 6, slots, seed=4)
+    views = {}
+    for n in ("q", "k", "v", "g_raw", "beta_logits"):
+        flat = d[n].reshape(3, -1)
+        pad = torch.full((3, 7), float("nan"), dtype=flat.dtype, device=DEV)  # read = a NaN output
+        views[n] = torch.cat([pad, flat, pad], dim=1)[:, 7:7 + flat.shape[1]].view(d[n].shape)
+    assert not views["q"].is_contiguous()
+    p_view, p_copy = pool.clone(), pool.clone()
+    o_view = decode({**d, **views}, p_view, sl)
+    o_copy = decode(d, p_copy, sl)
+    assert torch.equal(o_view, o_copy) and torch.equal(p_view, p_copy)
+
+
 def test_decode_run_to_run_and_padding_slot():
     slots = [2, -1, 0]  # -1: a padding entry
     d, pool, sl = make_step(3, 1, 1, 16, 32, torch.float32, 3, slots, seed=3)

@@ -464,7 +464,7 @@ def test_bf16_decode_of_a_sequence_is_bitwise_the_same_alone_or_batched(bf16_run
 
 TRITON_OPS = {  # the kernels each family runs in a forward + decode (optimized._counters names)
     "embed": ["embed.embedding", "embed.lm_head"],
-    "norm": ["norm.rms_norm", "norm.gated_rms_norm"],
+    "norm": ["norm.rms_norm", "norm.add_rms_norm", "norm.gated_rms_norm"],
     "conv": ["conv.short_conv", "conv.short_conv_step_"],
     "kda": ["kda.fused_chunked", "kda.fused_recurrent_decode"],
     "mla": ["mla.naive", "mla.paged_decode", "mla.PagedLatentCache.write"],

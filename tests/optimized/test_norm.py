@@ -77,6 +77,47 @@ def test_l2norm(shape, dtype):
     assert not out[0].any()
 
 
+def bits(t):
+    return t.view({torch.bfloat16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}[t.dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[2], SHAPES[3]], ids=lambda s: "x".join(map(str, s)))
+def test_add_rms_norm_is_the_add_then_the_norm_bitwise(shape, dtype):
+    """The fused residual add + norm returns the bits of a torch add followed by ``rms_norm`` (which
+    the norm.rms_norm certificate covers), on the one-tile and the two-pass (D = 9000) paths."""
+    x, _, w = inputs(shape, dtype, seed=8)
+    r, _, _ = inputs(shape, dtype, seed=9, scale=3.0)
+    c0 = _counters.snapshot()
+    y, h = norm.add_rms_norm(x, r, w, eps=1e-5)
+    assert (_counters.snapshot() - c0)["norm.add_rms_norm"] == 1
+    h_ref = x + r
+    assert torch.equal(bits(h), bits(h_ref))
+    assert torch.equal(bits(y), bits(norm.rms_norm(h_ref, w, eps=1e-5)))
+
+
+def test_add_rms_norm_strided_rows_and_errors():
+    x, _, w = inputs((6, 2, 40), torch.bfloat16, seed=10)
+    r = inputs((6, 90), torch.bfloat16, seed=11)[0][:, 5:85].view(6, 2, 40)  # rows of a wider tensor
+    y, h = norm.add_rms_norm(x, r, w, eps=1e-6)
+    assert torch.equal(bits(h), bits(x + r))
+    assert torch.equal(bits(y), bits(norm.rms_norm(x + r, w, eps=1e-6)))
+    with pytest.raises(ValueError, match="residual"):
+        norm.add_rms_norm(x, r[:3], w, eps=1e-6)
+    with pytest.raises(TypeError, match="residual"):
+        norm.add_rms_norm(x, r.float(), w, eps=1e-6)
+
+
+def test_negative_add_rms_norm_bitwise_check_catches_an_unrounded_sum():
+    """Teeth: normalizing the fp32 sum instead of the rounded bf16 h (a fusion that skips the
+    rounding torch does between the add and the norm) changes the bits; the check above sees it."""
+    x, _, w = inputs((64, 2304), torch.bfloat16, seed=12)
+    r, _, _ = inputs((64, 2304), torch.bfloat16, seed=13, scale=3.0)
+    y, _ = norm.add_rms_norm(x, r, w, eps=1e-5)
+    unrounded = norm.rms_norm((x.float() + r.float()), w, eps=1e-5).to(torch.bfloat16)
+    assert not torch.equal(bits(unrounded), bits(y))
+
+
 def test_weight_dtype_may_differ_and_input_may_be_strided():
     x, gate, w = inputs((6, 40), torch.bfloat16, seed=3)
     xt = x.t().contiguous().t()  # same values, column-major storage
@@ -133,3 +174,6 @@ def test_gpu_model_shapes(dtype):
                       bound(r, dtype, shape[-1], gate))
         r = ref("l2norm", x)
         assert_within("l2norm gpu", norm.l2norm(x), r, bound(r, dtype, shape[-1]))
+        y, h = norm.add_rms_norm(x, gate, w, eps=1e-5)
+        assert torch.equal(bits(h), bits(x + gate))
+        assert torch.equal(bits(y), bits(norm.rms_norm(x + gate, w, eps=1e-5)))
