@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 
 from .. import _counters
 from ..elementwise._precision import check_float, check_same_device, check_shape, tl_compute_dtype
@@ -81,11 +80,6 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, *, initial_state: torch.Te
     return y, final
 
 
-def _exact_wide(*dtypes: torch.dtype):
-    """A Triton float dtype that holds every value of ``dtypes`` exactly (float32, or float64)."""
-    return tl.float64 if torch.float64 in dtypes else tl.float32
-
-
 def _step_launch(op, x, weight, state, out_state, slot_ids):
     C, W = weight.shape
     B = x.shape[0]
@@ -99,8 +93,7 @@ def _step_launch(op, x, weight, state, out_state, slot_ids):
         x, weight, state, y, out_state, slot_ids if slot_ids is not None else x, C,
         x.stride(0), y.stride(0), state.stride(0), state.stride(1),
         out_state.stride(0), out_state.stride(1),
-        W=W, WP=triton.next_power_of_2(W - 1), INDEXED=slot_ids is not None,
-        CD=tl_compute_dtype(x.dtype), XD=_exact_wide(state.dtype, weight.dtype), BLOCK_C=block_c,
+        W=W, INDEXED=slot_ids is not None, CD=tl_compute_dtype(x.dtype), BLOCK_C=block_c,
         num_warps=4)
     return y
 

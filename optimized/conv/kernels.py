@@ -57,17 +57,10 @@ def _short_conv_kernel(x_ptr, w_ptr, s0_ptr, y_ptr, sf_ptr, T, C,
 
 
 @triton.jit
-def _column(t, j, jj: tl.constexpr):
-    """Column ``jj`` of a ``[BLOCK, WP]`` register tile, exactly: every other entry is replaced by -0.0,
-    the additive identity (x + -0.0 == x bit for bit, +0.0 included)."""
-    return tl.sum(tl.where(j[None, :] == jj, t, -0.0), axis=1)
-
-
-@triton.jit
 def _short_conv_step_kernel(x_ptr, w_ptr, s_ptr, y_ptr, so_ptr, slot_ptr, C,
                             sxb, syb, ssb, ssc, sob, soc,
-                            W: tl.constexpr, WP: tl.constexpr, INDEXED: tl.constexpr, CD: tl.constexpr,
-                            XD: tl.constexpr, BLOCK_C: tl.constexpr):
+                            W: tl.constexpr, INDEXED: tl.constexpr, CD: tl.constexpr,
+                            BLOCK_C: tl.constexpr):
     # grid (B, cdiv(C, BLOCK_C)). Row b reads state row r (r = b, or slot_ids[b] if INDEXED) and
     # writes the shifted state to so row r (so may alias s: all reads of a row precede its writes,
     # and no other program touches that row). A negative slot id is padding: y row = 0, no write.
@@ -80,23 +73,38 @@ def _short_conv_step_kernel(x_ptr, w_ptr, s_ptr, y_ptr, so_ptr, slot_ptr, C,
         r = b
     lmask = cmask & ((tl.zeros([BLOCK_C], tl.int64) + r) >= 0)
     r = tl.maximum(r, 0)
-    # the W-1 state columns and the first W-1 taps in one [BLOCK_C, WP] load each, before any store:
-    # a store may alias a later load's row, so loads issued after it would each wait a memory trip.
-    # Columns are picked out in XD (exact widening; the interpreter sums 16-bit floats as raw bits)
-    j = tl.arange(0, WP)
-    jmask = j[None, :] < W - 1
-    s_all = tl.load(s_ptr + r * ssb + c[:, None].to(tl.int64) * ssc + j[None, :],
-                    mask=lmask[:, None] & jmask, other=0.0).to(XD)
-    w_all = tl.load(w_ptr + c[:, None] * W + j[None, :], mask=cmask[:, None] & jmask, other=0.0).to(XD)
-    w_last = tl.load(w_ptr + c * W + (W - 1), mask=cmask, other=0.0)
+    srow = s_ptr + r * ssb + c.to(tl.int64) * ssc
+    orow = so_ptr + r * sob + c.to(tl.int64) * soc
     xv = tl.load(x_ptr + b * sxb + c, mask=lmask, other=0.0)
     acc = tl.zeros([BLOCK_C], CD)
     # taps 0..W-2 read the state, tap W-1 the new input: the order of _short_conv_kernel
-    for jj in tl.static_range(W - 1):
-        acc += _column(w_all, j, jj).to(CD) * _column(s_all, j, jj).to(CD)
-    acc += w_last.to(CD) * xv.to(CD)
-    tl.store(y_ptr + b * syb + c, silu_f(acc).to(y_ptr.dtype.element_ty), mask=cmask)
-    orow = so_ptr + r * sob + c.to(tl.int64) * soc
-    for i in tl.static_range(W - 2):  # column i <- column i + 1
-        tl.store(orow + i, _column(s_all, j, i + 1).to(so_ptr.dtype.element_ty), mask=lmask)
+    if W <= 4:
+        # the model's W = 4 (and 2, 3): every state column is loaded before the first store, so
+        # no load waits behind a store that might alias it (the generic loop below re-reads)
+        s0 = tl.load(srow, mask=lmask, other=0.0)
+        if W > 2:
+            s1 = tl.load(srow + 1, mask=lmask, other=0.0)
+        if W > 3:
+            s2 = tl.load(srow + 2, mask=lmask, other=0.0)
+        acc += tl.load(w_ptr + c * W, mask=cmask, other=0.0).to(CD) * s0.to(CD)
+        if W > 2:
+            acc += tl.load(w_ptr + c * W + 1, mask=cmask, other=0.0).to(CD) * s1.to(CD)
+        if W > 3:
+            acc += tl.load(w_ptr + c * W + 2, mask=cmask, other=0.0).to(CD) * s2.to(CD)
+        acc += tl.load(w_ptr + c * W + (W - 1), mask=cmask, other=0.0).to(CD) * xv.to(CD)
+        tl.store(y_ptr + b * syb + c, silu_f(acc).to(y_ptr.dtype.element_ty), mask=cmask)
+        if W > 2:
+            tl.store(orow, s1.to(so_ptr.dtype.element_ty), mask=lmask)
+        if W > 3:
+            tl.store(orow + 1, s2.to(so_ptr.dtype.element_ty), mask=lmask)
+    else:
+        for j in tl.static_range(W - 1):
+            sj = tl.load(srow + j, mask=lmask, other=0.0).to(CD)
+            acc += tl.load(w_ptr + c * W + j, mask=cmask, other=0.0).to(CD) * sj
+        acc += tl.load(w_ptr + c * W + (W - 1), mask=cmask, other=0.0).to(CD) * xv.to(CD)
+        tl.store(y_ptr + b * syb + c, silu_f(acc).to(y_ptr.dtype.element_ty), mask=cmask)
+        # column i <- column i + 1, ascending: each column is read before it is overwritten
+        for i in tl.static_range(W - 2):
+            v = tl.load(srow + i + 1, mask=lmask, other=0.0)
+            tl.store(orow + i, v.to(so_ptr.dtype.element_ty), mask=lmask)
     tl.store(orow + (W - 2), xv.to(so_ptr.dtype.element_ty), mask=lmask)

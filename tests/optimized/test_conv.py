@@ -84,9 +84,11 @@ def test_chunked_prefill_equals_whole_bitwise(dtype):
     assert torch.equal(bits(y0), bits(yz)) and torch.equal(bits(f0), bits(fz))
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_decode_steps_equal_prefill_bitwise(dtype):
-    B, T, C, W = 2, 9, 37, 4
+@pytest.mark.parametrize("dtype,W", [(d, 4) for d in DTYPES] + [(torch.float32, W) for W in (2, 3, 6)],
+                         ids=str)
+def test_decode_steps_equal_prefill_bitwise(dtype, W):
+    """W = 2, 3, 4: the step kernel's all-loads-first path; 6: its generic loop."""
+    B, T, C = 2, 9, 37
     x, w, s0 = make(B, T, C, W, dtype, seed=2)
     y, f = conv.short_conv(x, w, initial_state=s0)
     st, ys = s0, []
