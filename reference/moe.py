@@ -13,6 +13,19 @@ from .elementwise import sigmoid, silu
 COMBINE_RULES = ("unbiased", "biased")
 
 
+def router_logits(x, weight):
+    """Router logits ``x @ weight.T`` (the MoE gate's linear layer: no bias, no scale).
+
+    x: [T, D]; weight: [E, D]. Returns [T, E] float64 (the input of ``router``).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    weight = np.asarray(weight, dtype=np.float64)
+    if x.ndim != 2 or weight.ndim != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"router_logits: expected x [T,D] and weight [E,D] with the same D, "
+                         f"got x {x.shape}, weight {weight.shape}")
+    return x @ weight.T
+
+
 def router(logits, bias, *, top_k, num_groups=1, topk_groups=1, renormalize=True, scaling=1.0,
            combine="unbiased"):
     """noaux_tc-style routing. Returns ``(weights [T, k_e], ids [T, k_e])``.

@@ -1,4 +1,4 @@
-"""Sigmoid-routed MoE (spec b.13/b.14): ``router``, ``swiglu`` and ``experts``.
+"""Sigmoid-routed MoE (spec b.13/b.14): ``router_logits``, ``router``, ``swiglu`` and ``experts``.
 
 Compute dtype float32 (float64 for fp64 inputs); outputs in x's dtype, except the router's combine
 weights, which are returned in the compute dtype (float32 for bf16/fp32 logits, as HF and vLLM keep
@@ -7,6 +7,8 @@ them) so that ``experts`` combines with unrounded weights.
 Measured on an H200 (bf16, D=2304, F=1024, E=256, k_e=8, B=1, CUDA-graph replay, weights cold):
 ``experts`` 49 us (floor 26 us: the 8 experts' bytes at 4.3 TB/s), shared-expert ``swiglu`` 13 us,
 ``router`` with its fp32 logits GEMM 10 us; the whole layer 82 us against a 30 us floor (2.7x).
+``router_logits`` (the fp32 gate GEMM, batch invariant, x read in bf16): 6.2 us at T = 8, 9.8 us at
+T = 64 (torch's cast + GEMM: 16 us).
 """
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ from .. import _counters
 from ..elementwise._precision import (check_float, check_same_device, check_shape, compute_dtype,
                                       require_ieee_fp32_matmul, tl_compute_dtype)
 from .kernels import (_combine_kernel, _gemv_down_kernel, _gemv_gate_up_kernel,
-                      _grouped_down_kernel, _grouped_gate_up_kernel, _router_kernel, _silu_mul_kernel)
+                      _grouped_down_kernel, _grouped_gate_up_kernel, _router_kernel,
+                      _router_logits_kernel, _silu_mul_kernel)
 
-__all__ = ["router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
+__all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 
 #: ``experts`` uses the GEMV form (no sort, two launches) up to this many (token, expert) pairs and
 #: the grouped tl.dot form above it. The two forms round differently (within the same bound).
@@ -28,6 +31,60 @@ GEMV_MAX_PAIRS = 16
 #: Launch-configuration overrides (benchmarks/tuning only): gemv_f, gemv_d, gemv_warps (gate/up),
 #: down_d, down_f, down_warps (down + combine). Speed only; they change the rounding order.
 _TUNE: dict = {}
+
+
+def router_logits_config(E: int, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Launch configuration of ``router_logits`` for ``E`` experts, hidden size ``D`` and x's dtype.
+
+    Never a function of T: BLOCK_D fixes the order of every logit's sum (BLOCK_D lane sums, then a
+    tree), so the token count must not choose it (batch invariance). Measured on an H200 (bf16 x,
+    E = 256, D = 2304, CUDA-graph replay; torch's cast + fp32 GEMM in brackets): T = 1: 6.0 us
+    (6.0), T = 8: 6.2 (16.4), T = 64: 9.8 (15.5), T = 512: 63 (28), T = 2048: 242 (75),
+    T = 8192: 1030 (251): decode-sized T gains, prefill pays for batch invariance. fp64 (lifted
+    runs only) takes shorter slices to keep its accumulator in registers. E is not used today.
+    """
+    cap = 64 if dtype == torch.float64 else 256
+    return {"BLOCK_T": 8, "BLOCK_E": 4, "BLOCK_D": min(cap, max(16, triton.next_power_of_2(max(D, 1)))),
+            "num_warps": 4, "num_stages": 3}
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Router logits ``x @ weight.T`` in one Triton kernel (the MoE gate's linear layer).
+
+    x: [T, D] bf16/fp16/fp32/fp64 (a row stride other than D is fine; a non-contiguous last dim is
+    copied); weight: [E, D] float32 (float64 for float64 x): the router weight stays fp32 in bf16
+    runs. Returns [T, E] float32 (float64 for float64 x). x is widened in registers; products and
+    sums run in fp32 (fp64), never TF32.
+
+    Batch invariant: the bits of a row do not depend on T or on the row's position (fixed tiles
+    from :func:`router_logits_config`, chosen from E, D and the dtype; one fixed summation order
+    per logit; no split-K, no atomics).
+    """
+    op = "moe.router_logits"
+    _counters.record(op)
+    check_float(op, "x", x)
+    check_float(op, "weight", weight)
+    if x.dim() != 2:
+        raise ValueError(f"{op}: x: expected [T, D], got {tuple(x.shape)}")
+    T, D = x.shape
+    if weight.dim() != 2 or weight.shape[1] != D:
+        raise ValueError(f"{op}: weight: expected [E, D] with D = {D}, got {tuple(weight.shape)}")
+    cd = compute_dtype(x.dtype)
+    if weight.dtype != cd:
+        raise TypeError(f"{op}: weight: expected {cd} for x of dtype {x.dtype} (the router weight "
+                        f"is kept in the compute dtype), got {weight.dtype}")
+    check_same_device(op, x=x, weight=weight)
+    E = weight.shape[0]
+    x = x if x.stride(1) == 1 else x.contiguous()
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    out = torch.empty((T, E), dtype=cd, device=x.device)
+    if T == 0 or E == 0:
+        return out
+    cfg = router_logits_config(E, D, x.dtype)
+    _router_logits_kernel[(triton.cdiv(E, cfg["BLOCK_E"]), triton.cdiv(T, cfg["BLOCK_T"]))](
+        x, weight, out, T, E, D, x.stride(0), weight.stride(0), out.stride(0),
+        CD=tl_compute_dtype(x.dtype), **cfg)
+    return out
 
 
 def router(logits: torch.Tensor, bias: torch.Tensor, *, top_k: int, num_groups: int = 1,

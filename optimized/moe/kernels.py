@@ -1,4 +1,5 @@
-"""MoE kernels: the sigmoid router, SiLU-gated product, and the routed-expert SwiGLU in two forms.
+"""MoE kernels: the router's logits GEMM, the sigmoid router, SiLU-gated product, and the
+routed-expert SwiGLU in two forms.
 
 Expert forms (both accumulate in the compute dtype, round the intermediate ``h`` to x's dtype as the
 bf16 production paths do, and combine the ``k_e`` expert outputs of a token in the fixed order
@@ -84,6 +85,36 @@ def _router_kernel(logit_ptr, bias_ptr, w_ptr, id_ptr, T, E, EG, stride_l, scali
     off = t[:, None].to(tl.int64) * K + ka[None, :]
     tl.store(w_ptr + off, wts.to(w_ptr.dtype.element_ty), mask=omask)
     tl.store(id_ptr + off, ids.to(id_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _router_logits_kernel(x_ptr, w_ptr, out_ptr, T, E, D, sx, sw, so, CD: tl.constexpr,
+                          BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+    # grid (cdiv(E, BLOCK_E), cdiv(T, BLOCK_T)); out[t, e] = sum_d x[t, d] w[e, d] in CD.
+    # Order of the sum, the same for every output: BLOCK_D lane sums, lane j accumulating the
+    # products of d = j, j + BLOCK_D, ... in ascending d, then one fixed tree over the lanes (tl.sum).
+    # Nothing in it depends on T or on the row's place in its tile (padding rows are zeros kept in
+    # their own accumulators), so a row's bits are batch invariant on a GPU and under the interpreter.
+    # Not tl.dot: an fp32 FMA tl.dot is one serial chain of D FMAs per output (several times slower
+    # here on an H200), and under the interpreter it is np.matmul, whose BLAS rounds a row
+    # differently by its position in the tile.
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    em = e < E
+    tm = t < T
+    d0 = tl.arange(0, BLOCK_D)
+    x_rows = x_ptr + t[:, None].to(tl.int64) * sx        # [BLOCK_T, 1]
+    w_rows = w_ptr + e[:, None].to(tl.int64) * sw        # [BLOCK_E, 1]
+    acc = tl.zeros([BLOCK_T, BLOCK_E, BLOCK_D], CD)
+    for k0 in range(0, D, BLOCK_D):
+        d = k0 + d0
+        dm = d < D
+        # x widened in registers (bf16/fp16 -> fp32 is exact): no separate cast kernel
+        a = tl.load(x_rows + d[None, :], mask=tm[:, None] & dm[None, :], other=0.0).to(CD)
+        b = tl.load(w_rows + d[None, :], mask=em[:, None] & dm[None, :], other=0.0)
+        acc += a[:, None, :] * b[None, :, :]              # CD products and sums: no TF32 anywhere
+    out = tl.sum(acc, axis=2)
+    tl.store(out_ptr + t[:, None].to(tl.int64) * so + e[None, :], out, mask=tm[:, None] & em[None, :])
 
 
 @triton.jit

@@ -54,6 +54,15 @@ def experts(x, kw, ref, p):
     return {"y": acc + gamma(k, p.ua) * absy + (p.ua + p.uo("y")) * np.abs(ref["y"])}
 
 
+def router_logits(x, kw, ref, p):
+    """gamma_D(ua)|x||W|^T + uo|logits|. No storage term for W: the weight is fp32 in every run
+    (policy "fp32") and the reference multiplies those same fp32 values; x likewise reaches the
+    reference already rounded to the run dtype, so only the fp32 products and sums remain."""
+    xx, W = x["x"], x["weight"]
+    return {"logits": gamma(xx.shape[-1], p.ua) * (np.abs(xx) @ np.abs(W).T)
+            + p.uo("logits") * np.abs(ref["logits"])}
+
+
 def router(x, kw, ref, p):
     """weights [T, k_e]: sigmoid (exp_rel + 3 ua relative), the optional bias add, the k-long sum of
     the renormalization, the divide and the scaling; ids: exact."""

@@ -10,6 +10,12 @@ import torch
 from . import cdt, check_mutation
 
 
+def router_logits(x, weight):
+    """x @ weight.T in fp32 (fp64 for fp64 x); the fp32 logits are returned as computed."""
+    cd = cdt(x.dtype)
+    return x.to(cd) @ weight.to(cd).T
+
+
 def router(logits, bias, *, top_k, num_groups=1, topk_groups=1, renormalize=True, scaling=1.0,
            combine="unbiased", mutation=None):
     check_mutation("router", mutation, ("tie_break_flipped",))

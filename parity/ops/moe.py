@@ -1,4 +1,4 @@
-"""Records: moe.router, moe.swiglu, moe.experts.
+"""Records: moe.router_logits, moe.router, moe.swiglu, moe.experts.
 
 The router's inputs are built so that its discrete decisions are well defined: selection scores
 ``sigmoid(logit) + bias`` sit on separated levels (grouped runs: each group a band of levels, so
@@ -80,6 +80,66 @@ def experts_cases(draw):
     return Case({"x": normal(r, (T, D)), "weights": w, "ids": ids,
                  "w1": normal(r, (E, F, D), D ** -0.5), "w2": normal(r, (E, D, F), F ** -0.5),
                  "w3": normal(r, (E, F, D), D ** -0.5)}, label=f"T={T} D={D} F={F} E={E} k={k}")
+
+
+@st.composite
+def router_logits_cases(draw):
+    T, D, E = draw(bucket([(5, 64, 16), (3, 96, 32), (1, 128, 48)]))
+    r = rng(draw(seeds()))
+    return Case({"x": normal(r, (T, D)), "weight": normal(r, (E, D), D ** -0.5)},
+                label=f"T={T} D={D} E={E}")
+
+
+# -- router_logits mutants ------------------------------------------------------------------------
+def _expert_rows_shifted(d):
+    d["weight"] = d["weight"].roll(1, dims=0).contiguous()
+    return d
+
+
+def _hidden_last_dropped(d):
+    d["x"] = d["x"].clone()
+    d["x"][..., -1] = 0
+    return d
+
+
+def _weight_bf16(d):
+    d["weight"] = d["weight"].to(torch.bfloat16).to(d["weight"].dtype)
+    return d
+
+
+def _tf32(t):
+    """``t`` rounded to TF32 (10 explicit mantissa bits, nearest, ties away: ``cvt.rna.tf32.f32``)."""
+    bits = t.to(torch.float32).contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32).to(t.dtype)
+
+
+def _tf32_operands(d):
+    d["x"], d["weight"] = _tf32(d["x"]), _tf32(d["weight"])
+    return d
+
+
+def _scores_returned(out, inp):
+    out["logits"] = torch.sigmoid(out["logits"])
+    return out
+
+
+register(OpRecord(
+    name="moe.router_logits", reference=lazy("reference.moe:router_logits"),
+    optimized="optimized.moe:router_logits", emulated=emu.router_logits, inputs=router_logits_cases,
+    bound=bounds.moe.router_logits, outputs=("logits",), args=("x", "weight"),
+    policy={"weight": "fp32"}, reductions="D", batch={"inputs": {"x": 0}, "outputs": {"logits": 0}},
+    bound_doc="gamma_D(ua) |x| |W|^T + uo |logits| (W fp32 in every run: no storage term)",
+    mutants=(
+        wrap("expert_rows_shifted", "logit e computed from row e - 1 of the router weight",
+             inputs=_expert_rows_shifted),
+        wrap("hidden_last_dim_dropped", "the last hidden column left out of the contraction",
+             inputs=_hidden_last_dropped),
+        wrap("weight_rounded_to_bf16", "the fp32 router weight cast to the activations' bf16 "
+             "(F.linear(x, W.to(x.dtype)))", inputs=_weight_bf16),
+        wrap("tf32_operands", "x and the weight rounded to TF32 (a TF32 tl.dot or cuBLAS GEMM)",
+             inputs=_tf32_operands),
+        wrap("scores_returned", "sigmoid scores returned in place of the logits", outputs=_scores_returned),
+    )))
 
 
 # -- router mutants -------------------------------------------------------------------------------

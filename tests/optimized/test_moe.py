@@ -1,9 +1,12 @@
-"""optimized.moe against the float64 reference: exact router ids, and weights / FFN outputs in
-units of a derived error bound.
+"""optimized.moe against the float64 reference: router logits and exact router ids, and weights /
+FFN outputs in units of a derived error bound.
 
 Bound models (first order; u_c = compute unit roundoff, 2^-24 for bf16/fp32 runs, 2^-53 for fp64;
 gamma_n = n u_c / (1 - n u_c); rho = one rounding to the input dtype: bf16 2^-8 where it rounds to
 nearest (torch, Triton on a GPU), 2^-7 under an interpreter that truncates; 0 in fp32/fp64):
+
+router logits (x in its dtype, W fp32 (fp64), both seen by the reference as they are; output in u_c):
+    |d logits| <= gamma_D |x| |W|^T
 
 router weights (a_i = s_i or s_i + b_i the combine values, S = sum_k a_k, sigma = scaling):
     |ds_i| <= 8 (|logit_i| + 1) u_c s_i              (sigmoid; exp argument reduction ~|x| u_c)
@@ -30,6 +33,117 @@ from optimized import _counters, moe
 from ._bounds import DEV, DTYPES, u_compute, rho_triton, rho_torch, gamma, d64, np64, assert_within
 
 R = importlib.import_module("reference.moe")
+
+
+# ------------------------------------------------------------------------------------------------
+# router logits
+
+
+def logits_inputs(T, D, E, dtype, seed):
+    """x [T, D] in ``dtype``; weight [E, D] in the compute dtype (fp32, fp64 for fp64 x)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, D, generator=g, dtype=torch.float64).to(dtype)
+    w = (torch.randn(E, D, generator=g, dtype=torch.float64) * D ** -0.5).to(
+        torch.float64 if dtype == torch.float64 else torch.float32)
+    return x.to(DEV), w.to(DEV)
+
+
+def logits_bound(x, w, dtype):
+    return gamma(x.shape[-1], u_compute(dtype)) * (d64(x).abs() @ d64(w).abs().T)
+
+
+def ref_logits(x, w):
+    return torch.from_numpy(R.router_logits(np64(x), np64(w)))
+
+
+def bits(t):
+    return t.view({4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("T,D,E", [(37, 200, 40), (1, 64, 16), (18, 129, 7)])
+def test_router_logits_within_bound(T, D, E, dtype):
+    x, w = logits_inputs(T, D, E, dtype, seed=T + D + E)
+    out = moe.router_logits(x, w)
+    assert out.shape == (T, E) and out.dtype == w.dtype
+    assert_within("router_logits", out, ref_logits(x, w), logits_bound(x, w, dtype))
+
+
+def test_router_logits_rows_do_not_depend_on_the_batch():
+    """A row's bits are the same computed alone (T = 1), in a decode batch (T = 5, 64) or in a long
+    prefill chunk, at any position in it (the launch configuration never depends on T)."""
+    x, w = logits_inputs(300, 48, 12, torch.bfloat16, seed=5)
+    full = bits(moe.router_logits(x, w))
+    for start, n in ((0, 1), (7, 1), (299, 1), (3, 5), (17, 5), (6, 64), (200, 64), (1, 299)):
+        assert torch.equal(bits(moe.router_logits(x[start:start + n], w)), full[start:start + n]), (start, n)
+    rolled = moe.router_logits(x.roll(9, 0), w).roll(-9, 0)   # every row at another tile position
+    assert torch.equal(bits(rolled), full)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_router_logits_strided_x_gives_the_bits_of_its_contiguous_copy(dtype):
+    x, w = logits_inputs(21, 80, 24, dtype, seed=6)
+    wide = torch.zeros(21, 80 + 40, dtype=dtype, device=DEV)
+    wide[:, 13:93] = x
+    view = wide[:, 13:93]                                    # row stride 120, last dim contiguous
+    assert view.stride() == (120, 1)
+    want = bits(moe.router_logits(x.contiguous(), w))
+    assert torch.equal(bits(moe.router_logits(view, w)), want)
+    cols = x.t().contiguous().t()                           # last dim not contiguous: copied
+    assert cols.stride(1) != 1 and torch.equal(bits(moe.router_logits(cols, w)), want)
+    w_cols = w.t().contiguous().t()
+    assert torch.equal(bits(moe.router_logits(x, w_cols)), want)
+
+
+def test_router_logits_counted_and_empty():
+    x, w = logits_inputs(3, 32, 8, torch.bfloat16, seed=7)
+    c0 = _counters.snapshot()
+    a, b = moe.router_logits(x, w), moe.router_logits(x, w)
+    assert torch.equal(bits(a), bits(b))
+    assert moe.router_logits(x[:0], w).shape == (0, 8)
+    assert (_counters.snapshot() - c0)["moe.router_logits"] == 3
+
+
+def test_router_logits_errors_are_one_line_and_name_the_argument():
+    x, w = torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(4, 8)
+    cases = [
+        (ValueError, "x: expected \\[T, D\\]", (x[0], w)),
+        (ValueError, "weight: expected \\[E, D\\] with D = 8", (x, w[:, :7])),
+        (ValueError, "weight: expected \\[E, D\\]", (x, w[0])),
+        (TypeError, "weight: expected torch.float32", (x, w.bfloat16())),
+        (TypeError, "weight: expected torch.float64", (x.double(), w)),
+        (TypeError, "weight: expected torch.float32", (x.float(), w.double())),
+        (TypeError, "x: dtype torch.int64 not supported", (x.long(), w)),
+        (TypeError, "x: expected a torch.Tensor", ([[0.0] * 8], w)),
+    ]
+    for exc, msg, args in cases:
+        with pytest.raises(exc, match="moe.router_logits: " + msg) as e:
+            moe.router_logits(*args)
+        assert "\n" not in str(e.value)
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="different devices"):
+            moe.router_logits(x.cuda(), w)
+
+
+def test_negative_router_logits_bf16_weight_is_caught():
+    """Teeth: the fp32 router weight rounded to bf16 (``F.linear(x, W.to(x.dtype))``) fails the
+    bound at this D (at D = 2304 the worst element is still past it, ~1.6x: gamma_D is worst case)."""
+    x, w = logits_inputs(8, 96, 32, torch.bfloat16, seed=8)
+    bad = moe.router_logits(x, w.bfloat16().float())
+    with pytest.raises(AssertionError, match="beyond the bound"):
+        assert_within("bf16 router weight", bad, ref_logits(x, w), logits_bound(x, w, torch.bfloat16))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_router_logits_model_shapes():
+    """E = 256, D = 2304 (Kimi-Linear): within the bound, and a row's bits the same at T = 1, 64 and
+    in a 4096-row prefill chunk."""
+    x, w = logits_inputs(4096, 2304, 256, torch.bfloat16, seed=9)
+    full = moe.router_logits(x, w)
+    rows = [0, 1, 37, 63, 64, 4095]
+    assert_within("router_logits gpu", full[rows], ref_logits(x[rows], w), logits_bound(x[rows], w, torch.bfloat16))
+    for start, n in ((0, 1), (37, 1), (0, 64), (5, 64), (4095, 1), (100, 2048)):
+        assert torch.equal(bits(moe.router_logits(x[start:start + n], w)), bits(full[start:start + n])), (start, n)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def test_gamma_is_n_u_over_one_minus_n_u():
     assert gamma(10, 2.0**-24) == pytest.approx(10 * 2.0**-24 / (1 - 10 * 2.0**-24))
 
 
-@pytest.mark.parametrize("op", ["embed.lm_head", "moe.swiglu", "norm.rms_norm", "moe.experts"])
+@pytest.mark.parametrize("op", ["embed.lm_head", "moe.router_logits", "moe.swiglu", "norm.rms_norm", "moe.experts"])
 def test_bounds_follow_magnitudes_no_absolute_floor(op):
     """Scaling a linear-in-magnitude op's inputs by 2 scales its bound by the same factor: nothing
     absolute hides in the model."""
@@ -44,7 +44,7 @@ def test_bounds_follow_magnitudes_no_absolute_floor(op):
 
     draw()
     case = seen[0]
-    key = {"embed.lm_head": "h", "moe.swiglu": "w_down", "norm.rms_norm": "weight", "moe.experts": "weights"}[op]
+    key = {"embed.lm_head": "h", "moe.router_logits": "x", "moe.swiglu": "w_down", "norm.rms_norm": "weight", "moe.experts": "weights"}[op]
     p1 = prepare(rec, case, "float32")
     scaled = Case(dict(case.arrays, **{key: case.arrays[key] * 2}), case.kwargs, case.aux)
     p2 = prepare(rec, scaled, "float32")

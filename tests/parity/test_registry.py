@@ -9,7 +9,7 @@ FAMILIES = {
     "conv": {"short_conv", "short_conv_step"},
     "kda": {"gate", "recurrent", "chunked", "fused_chunked", "fused_recurrent"},
     "mla": {"absorbed", "paged_decode"},
-    "moe": {"router", "swiglu", "experts"},
+    "moe": {"router_logits", "router", "swiglu", "experts"},
     "embed": {"embedding", "lm_head"},
 }
 

@@ -1,10 +1,10 @@
-"""MoE reference: hand-checked router cases (bias, combine variants, groups, ties, order),
+"""MoE reference: router logits against a plain matmul, hand-checked router cases (bias, combine variants, groups, ties, order),
 SwiGLU by hand, and the sparse expert dispatch against a dense loop."""
 import numpy as np
 import pytest
 
 from reference.elementwise import sigmoid, silu
-from reference.moe import experts, router, swiglu
+from reference.moe import experts, router, router_logits, swiglu
 
 
 def logit(p):
@@ -90,6 +90,24 @@ def test_router_argument_errors():
         router(np.zeros((1, 6)), np.zeros(6), top_k=2, num_groups=4)
     with pytest.raises(ValueError, match="top_k"):
         router(np.zeros((1, 8)), np.zeros(8), top_k=5, num_groups=4, topk_groups=2)
+
+
+def test_router_logits_is_x_times_weight_transposed():
+    r = np.random.default_rng(0)
+    x, w = r.standard_normal((5, 12)), r.standard_normal((7, 12))
+    out = router_logits(x.astype(np.float32), w)   # any float input is widened to float64
+    assert out.shape == (5, 7) and out.dtype == np.float64
+    want = np.einsum("td,ed->te", x.astype(np.float32).astype(np.float64), w)
+    np.testing.assert_allclose(out, want, rtol=1e-14, atol=0)
+    assert router_logits(np.zeros((0, 12)), w).shape == (0, 7)
+
+
+def test_router_logits_errors_are_one_line():
+    w = np.zeros((4, 6))
+    for x, wt in ((np.zeros(6), w), (np.zeros((2, 5)), w), (np.zeros((2, 6)), np.zeros(6))):
+        with pytest.raises(ValueError, match=r"router_logits: expected x \[T,D\] and weight \[E,D\]") as e:
+            router_logits(x, wt)
+        assert "\n" not in str(e.value)
 
 
 def test_swiglu_by_hand():
