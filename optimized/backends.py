@@ -15,7 +15,8 @@ Families (the model's op calls in brackets):
 - ``conv``: ``short_conv`` (prefill), ``short_conv_step_`` (decode, state pool by slot);
 - ``kda``: ``fused_chunked`` (prefill), ``fused_recurrent_decode`` (decode, state pool by slot);
 - ``mla``: ``naive`` (prefill over the sequence), ``paged_decode`` (decode over the paged cache);
-- ``moe``: ``router``, ``experts``, ``swiglu`` (routed experts, shared expert and dense MLP).
+- ``moe``: ``router_logits`` (decode), ``router``, ``experts``, ``swiglu`` (routed experts, shared
+  expert and dense MLP).
 
 Plain GEMMs (the projections) are torch in both cases. ``elementwise`` is a family of ops too, but the
 model never calls one on its own (silu, sigmoid and softplus run fused inside the kernels of the
@@ -232,6 +233,12 @@ class Ops:
                                              num_splits=num_splits)
 
     # -- moe ------------------------------------------------------------------------------------
+    def router_logits(self, x, weight):
+        """-> logits [T, E] in weight's dtype (float32, float64 for float64 runs)."""
+        if self._is_ref("moe"):
+            return _back(self._r("moe", "router_logits")(_np(x), _np(weight)), x, weight.dtype)
+        return self._opt["moe"].router_logits(x, weight)
+
     def router(self, logits, bias, **kw):
         """-> (weights [T,k_e] float, ids [T,k_e] int64)."""
         if self._is_ref("moe"):

@@ -25,7 +25,8 @@ Precision policy (spec b.0; ``dtype`` = the model dtype, bf16 in production):
   float64), output rounded to ``dtype`` (the gate never leaves the KDA kernel).
 - KDA recurrent state: float32 (float64 for float64 runs), in the pools and in the kernels' registers;
   the chunked kernels store their per-chunk intermediates in ``dtype`` (as fla).
-- Router: logits ``x.float() @ W_r.float().T`` in fp32 (HF), sigmoid/top-k/combine weights in fp32;
+- Router: logits ``x.float() @ W_r.float().T`` in fp32 (HF; decode: ``moe.router_logits`` on the real
+  rows, batch-invariant), sigmoid/top-k/combine weights in fp32;
   routed expert outputs combined with fp32 weights, then the shared expert added in ``dtype``.
 - MLA: ``dtype`` operands, fp32 softmax and accumulation; the latent cache holds ``dtype`` values.
 - Logits: the lm_head GEMM in ``dtype`` (bf16 logits, as HF/vLLM), returned as float32 (float64 for
@@ -410,9 +411,12 @@ class Model:
         go through the experts, in the per-(token, expert) GEMV form whatever their number."""
         c, ops = self.config, self.ops
         mw = self.weights.layers[i].ffn
-        xr = x.to(mw.router.dtype)
-        require_ieee_fp32_matmul("model.router", xr, mw.router)
-        logits = _linear(xr, mw.router)  # [M, E] fp32
+        if rows is None:  # prefill: torch's GEMM on x widened to fp32 (fast at thousands of rows)
+            xr = x.to(mw.router.dtype)
+            require_ieee_fp32_matmul("model.router", xr, mw.router)
+            logits = _linear(xr, mw.router)  # [M, E] fp32
+        else:  # decode: the real rows only, one batch-invariant kernel (no cast, no split-K)
+            logits = ops.router_logits(x[:rows], mw.router)  # [rows, E] fp32
         top_k = c.num_experts_per_token
         weights, ids = ops.router(logits, mw.bias, top_k=top_k, num_groups=c.num_expert_group,
                                   topk_groups=c.topk_group,
@@ -428,7 +432,7 @@ class Model:
             if mw.shared is not None:
                 y = y + ops.swiglu(x, mw.shared.gate, mw.shared.up, mw.shared.down)
             return y
-        routed = ops.experts(x[:rows], weights[:rows], ids[:rows], mw.w1, mw.w2, mw.w3, decode=True)
+        routed = ops.experts(x[:rows], weights, ids, mw.w1, mw.w2, mw.w3, decode=True)
         if mw.shared is None:
             y = x.new_zeros(x.shape)
             y[:rows] = routed

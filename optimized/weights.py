@@ -5,7 +5,8 @@ Layout on the device (``ModelWeights``), built once by ``load_weights``:
 * projection / expert / embedding weights in the model ``dtype`` (bf16 in production; float32 or
   float64 for lifted runs), row-vector convention (``y = x @ W.T``); the q/k/v and the low-rank
   gate/beta projections of a KDA layer are concatenated row-wise into one matrix (one GEMM per
-  layer input), likewise MLA ``q_proj`` with ``kv_a_proj_with_mqa``;
+  layer input), likewise MLA ``q_proj`` with ``kv_a_proj_with_mqa``, and the ``gate_proj`` /
+  ``up_proj`` of a dense MLP or shared expert (``gate``, ``up`` are adjacent views of one block);
 * ``A_log [HV]``, ``dt_bias [HV*K]``, ``e_score_correction_bias [E]`` and the router weight
   ``[E, D]`` in float32 whatever the model dtype (spec b.0: gate and router run in fp32);
   with a float64 model they stay float64;
@@ -166,6 +167,11 @@ def load_weights(source, *, device: torch.device, dtype: torch.dtype) -> ModelWe
         parts = [w(n) for n in names]
         return torch.cat(parts, 0).contiguous(), tuple(p.shape[0] for p in parts)
 
+    def dense(prefix):
+        # gate and up adjacent in one [2F, D] block: moe.swiglu runs them as one GEMM
+        gate_up, (F, _) = cat([prefix + "gate_proj.weight", prefix + "up_proj.weight"])
+        return DenseWeights(gate_up[:F], gate_up[F:], w(prefix + "down_proj.weight"))
+
     weights = ModelWeights(embed=w("model.embed_tokens.weight"))
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -195,15 +201,13 @@ def load_weights(source, *, device: torch.device, dtype: torch.dtype) -> ModelWe
             shared = None
             if cfg.num_shared_experts > 0:
                 s = m + "shared_experts."
-                shared = DenseWeights(w(s + "gate_proj.weight"), w(s + "up_proj.weight"),
-                                      w(s + "down_proj.weight"))
+                shared = dense(s)
             ffn = MoEWeights(router=w(m + "gate.weight", small),
                              bias=w(m + "gate.e_score_correction_bias", small).reshape(-1).contiguous(),
                              shared=shared, **stacked)
         else:
             f = p + "mlp."
-            ffn = DenseWeights(w(f + "gate_proj.weight"), w(f + "up_proj.weight"),
-                               w(f + "down_proj.weight"))
+            ffn = dense(f)
         weights.layers.append(LayerWeights(input_norm=w(p + "input_layernorm.weight"),
                                            post_norm=w(p + "post_attention_layernorm.weight"),
                                            mixer=mixer, ffn=ffn))

@@ -165,7 +165,8 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: to
     Up to ``GEMV_MAX_PAIRS`` tokens (decode) it runs the GEMV kernels of ``experts`` (two launches,
     ``h`` rounded once to x's dtype); above, torch GEMMs (fp32 accumulation for bf16; float32
     refuses TF32) and a Triton kernel for ``silu(g) * u`` in fp32 (g and u rounded to x's dtype by
-    the GEMMs, as in HF/vLLM).
+    the GEMMs, as in HF/vLLM). When ``w_up``'s rows directly follow ``w_gate``'s in memory (the
+    model's layout), gate and up are one GEMM over that ``[2F, D]`` block.
     """
     op = "moe.swiglu"
     _counters.record(op)
@@ -189,8 +190,18 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: to
             _gemv(xc, None, None, wg[None], wd[None], wu[None], y, T=T, D=D, KE=1, F=F)
         return y
     require_ieee_fp32_matmul(op, x)
-    h = _silu_mul(x @ w_gate.T, x @ w_up.T, x.dtype)
+    if _stacked(w_gate, w_up):  # one GEMM over the [2F, D] block (optimized.weights lays them so)
+        gu = x @ w_gate.as_strided((2 * F, D), (D, 1)).T
+        h = _silu_mul(gu[:, :F], gu[:, F:], x.dtype)
+    else:
+        h = _silu_mul(x @ w_gate.T, x @ w_up.T, x.dtype)
     return h @ w_down.T
+
+
+def _stacked(top: torch.Tensor, bottom: torch.Tensor) -> bool:
+    """Whether ``bottom``'s rows follow ``top``'s in memory: together one contiguous matrix."""
+    return (top.is_contiguous() and bottom.is_contiguous() and top.shape == bottom.shape
+            and bottom.data_ptr() == top.data_ptr() + top.numel() * top.element_size())
 
 
 def _check_experts(op, x, weights, ids, w1, w2, w3):

@@ -468,7 +468,7 @@ TRITON_OPS = {  # the kernels each family runs in a forward + decode (optimized.
     "conv": ["conv.short_conv", "conv.short_conv_step_"],
     "kda": ["kda.fused_chunked", "kda.fused_recurrent_decode"],
     "mla": ["mla.naive", "mla.paged_decode", "mla.PagedLatentCache.write"],
-    "moe": ["moe.router", "moe.experts", "moe.swiglu"],
+    "moe": ["moe.router_logits", "moe.router", "moe.experts", "moe.swiglu"],
 }
 
 

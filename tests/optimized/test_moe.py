@@ -346,6 +346,24 @@ def test_swiglu_within_bound(T, D, F, dtype):
     assert_within("swiglu", out, r, bound)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_swiglu_stacked_gate_up_is_one_gemm_within_bound(dtype):
+    """The model's layout (gate and up as adjacent views of one [2F, D] block) takes the one-GEMM
+    path; its result stays within the same bound, and a wrong split of the block does not."""
+    T, D, F = 40, 48, 24  # > GEMV_MAX_PAIRS: the torch GEMM form
+    x, w1, w2, w3 = make_ffn(T, D, F, 1, dtype, seed=7)
+    block = torch.cat([w1[0], w3[0]]).contiguous()
+    gate, up = block[:F], block[F:]
+    assert moe._stacked(gate, up) and not moe._stacked(w1[0], w3[0])
+    r = torch.from_numpy(R.swiglu(np64(x), np64(w1[0]), np64(w3[0]), np64(w2[0])))
+    _, bound = ffn_bound(x, w1[0], w3[0], w2[0], dtype, rho_gu=rho_torch(dtype), rho_h=rho_triton(dtype),
+                         rho_y=rho_torch(dtype))
+    assert_within("swiglu stacked", moe.swiglu(x, gate, up, w2[0]), r, bound)
+    swapped = torch.cat([w3[0], w1[0]]).contiguous()  # teeth: gate and up exchanged in the block
+    with pytest.raises(AssertionError, match="beyond the bound"):
+        assert_within("swiglu stacked swapped", moe.swiglu(x, swapped[:F], swapped[F:], w2[0]), r, bound)
+
+
 def test_swiglu_refuses_tf32_in_fp32():
     x, w1, w2, w3 = make_ffn(20, 16, 8, 1, torch.float32, seed=0)  # > GEMV_MAX_PAIRS: torch GEMMs
     old = torch.backends.cuda.matmul.allow_tf32
