@@ -8,8 +8,8 @@ stack, the logits, over exactly ``decode_tile`` rows) once and replays it.
   ``DecodeBatch`` (block tables ``[tile, W]``, seq_lens ``[tile]``, slot mapping ``[tile]``). Before
   each replay they are filled with ``copy_`` from the step's freshly built tensors (outside the
   graph); the tables' columns past the step's own width are zeroed (never read: a row reads only the
-  blocks of its ``seq_lens``). The output, logits ``[tile, vocab]``, is allocated by the capture; a
-  replay returns a copy of its first B rows.
+  blocks of its ``seq_lens``). The output, logits ``[B, vocab]``, is allocated by the capture; a
+  replay returns a copy of it.
 - Key: the pool (a weak key: its graphs go with it), then B, the number of real rows (the routed
   experts run on ``x[:B]``). Each graph remembers the signature it was captured under: the table
   width ``W = pool.num_blocks`` (no sequence owns more; fixed until the pool grows) and the
@@ -54,7 +54,7 @@ class _Graph:
     ids: torch.Tensor  # [tile] int64
     slots: torch.Tensor  # [tile] int64
     batch: DecodeBatch  # [tile, W], [tile], [tile]
-    logits: torch.Tensor  # [tile, vocab], written by each replay
+    logits: torch.Tensor  # [B, vocab], written by each replay
     launches: Counter  # the kernel counters of one step
 
 

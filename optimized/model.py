@@ -260,8 +260,12 @@ class Model:
             trace["final_norm"] = x.detach().clone()
         return x
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+    def _logits(self, h: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """Logits of ``h`` (the lm_head over every row: a fixed GEMM shape), widened to float32
+        (float64) for the first ``rows`` rows only (decode: the padding rows are never read)."""
         logits = self.ops.lm_head(h, self.weights.lm_head)
+        if rows is not None:
+            logits = logits[:rows]
         return logits.to(torch.float64 if self.dtype == torch.float64 else torch.float32)
 
     def _prefill(self, ids: torch.Tensor, seq: SequenceCache, trace: dict | None) -> torch.Tensor:
@@ -310,7 +314,7 @@ class Model:
 
     def _decode_step(self, ids: torch.Tensor, slots: torch.Tensor, batch, pool: CachePool, rows: int,
                      trace: dict | None = None) -> torch.Tensor:
-        """Logits ``[tile, vocab]`` of one decode step over ``decode_tile`` rows, the first ``rows``
+        """Logits ``[rows, vocab]`` of one decode step over ``decode_tile`` rows, the first ``rows``
         of them sequences (``ids``, ``slots [tile]``, ``batch`` a ``DecodeBatch`` of ``tile`` rows).
         Device work only (no host sync, no host allocation): ``optimized.graphs`` captures it."""
         h = self.ops.embedding(ids, self.weights.embed)
@@ -322,7 +326,7 @@ class Model:
             return self._mla_decode(i, lw.mixer, x, pool, batch)
 
         h = self._stack(h, mixer, rows=rows, trace=trace)
-        return self._logits(h)
+        return self._logits(h, rows)
 
     # -- KDA (b.10) ------------------------------------------------------------------------------
     def _kda_split(self, kw: KDAWeights, x: torch.Tensor):
@@ -432,15 +436,14 @@ class Model:
             if mw.shared is not None:
                 y = y + ops.swiglu(x, mw.shared.gate, mw.shared.up, mw.shared.down)
             return y
-        routed = ops.experts(x[:rows], weights, ids, mw.w1, mw.w2, mw.w3, decode=True)
         if mw.shared is None:
             y = x.new_zeros(x.shape)
-            y[:rows] = routed
+            y[:rows] = ops.experts(x[:rows], weights, ids, mw.w1, mw.w2, mw.w3, decode=True)
             return y
-        # shared + routed, added in place on the real rows: one launch instead of a zero fill, a
-        # copy and an add (bf16 addition commutes, so the sum's bits are those of routed + shared)
+        # shared + routed: the routed sum added to the shared expert's real rows inside the combine
+        # kernel (bf16 addition commutes: the bits of routed + shared, without a zero fill or an add)
         y = ops.swiglu(x, mw.shared.gate, mw.shared.up, mw.shared.down)
-        y[:rows] += routed
+        ops.experts(x[:rows], weights, ids, mw.w1, mw.w2, mw.w3, decode=True, add_to=y[:rows])
         return y
 
 

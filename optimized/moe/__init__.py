@@ -248,8 +248,9 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch
     return _experts(op, x, weights, ids, w1, w2, w3, form=None)
 
 
-def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None):
-    """GEMV form into ``y``; ``ids is None``: one dense expert (w* of shape [1, ...]), weight 1."""
+def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False):
+    """GEMV form into ``y`` (``add``: added to y's values); ``ids is None``: one dense expert (w* of
+    shape [1, ...]), weight 1."""
     dense = ids is None
     if h is None:
         h = torch.empty((T * KE, F), dtype=x.dtype, device=x.device)
@@ -269,26 +270,34 @@ def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None):
     if not dense:
         bc = min(1024, triton.next_power_of_2(D))
         _combine_kernel[(T, triton.cdiv(D, bc))](
-            out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, num_warps=4)
+            out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, ADD=add, num_warps=4)
     return y
 
 
-def _experts(op, x, weights, ids, w1, w2, w3, *, form):
-    """``experts`` with the form forced (``"gemv"``, ``"grouped"``) or chosen (None)."""
+def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None):
+    """``experts`` with the form forced (``"gemv"``, ``"grouped"``) or chosen (None). ``add_to``
+    ([T, D], x's dtype, GEMV form only): the result is added into it in place (``add_to +=
+    experts(...)``, the same bits, without a separate add) and it is returned."""
     T, D, KE, E, F = _check_experts(op, x, weights, ids, w1, w2, w3)
     x = x if x.stride(1) == 1 else x.contiguous()
     weights = weights.contiguous()
     ids = ids.contiguous()
-    y = torch.empty((T, D), dtype=x.dtype, device=x.device)
+    if add_to is not None:
+        if form != "gemv" or add_to.shape != (T, D) or add_to.dtype != x.dtype or add_to.stride(1) != 1:
+            raise ValueError(f"{op}: add_to: expected a [T, D] = {(T, D)} {x.dtype} tensor with "
+                             f"contiguous rows and the GEMV form, got {tuple(add_to.shape)} {add_to.dtype}")
+        y = add_to
+    else:
+        y = torch.empty((T, D), dtype=x.dtype, device=x.device)
     M = T * KE
     if M == 0 or D == 0:
-        return y.zero_()
+        return y if add_to is not None else y.zero_()
     cd = tl_compute_dtype(x.dtype)
     h = torch.empty((M, F), dtype=x.dtype, device=x.device)
     if form is None:
         form = "gemv" if M <= GEMV_MAX_PAIRS else "grouped"
     if form == "gemv":
-        return _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, h=h)
+        return _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, h=h, add=add_to is not None)
     if form != "grouped":
         raise ValueError(f"{op}: form: expected 'gemv' or 'grouped', got {form!r}")
     BM = 64 if M >= 64 * E else 16

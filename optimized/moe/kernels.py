@@ -264,8 +264,10 @@ def _grouped_down_kernel(h_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w2_ptr, o
 
 
 @triton.jit
-def _combine_kernel(out_ptr, wts_ptr, y_ptr, D, KE, so, sy, CD: tl.constexpr, BLOCK_D: tl.constexpr):
-    # grid (T, cdiv(D, BLOCK_D)); y[t] = sum_k wts[t, k] * out[t * k_e + k], k ascending
+def _combine_kernel(out_ptr, wts_ptr, y_ptr, D, KE, so, sy, CD: tl.constexpr, BLOCK_D: tl.constexpr,
+                    ADD: tl.constexpr = False):
+    # grid (T, cdiv(D, BLOCK_D)); y[t] = sum_k wts[t, k] * out[t * k_e + k], k ascending; ADD: y[t]
+    # += that sum rounded to y's dtype (the bits of a torch add of the two, one launch fewer)
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dm = d < D
@@ -273,4 +275,7 @@ def _combine_kernel(out_ptr, wts_ptr, y_ptr, D, KE, so, sy, CD: tl.constexpr, BL
     for k in range(0, KE):
         pair = t * KE + k
         y += tl.load(wts_ptr + pair).to(CD) * tl.load(out_ptr + pair * so + d, mask=dm, other=0.0).to(CD)
-    tl.store(y_ptr + t * sy + d, y.to(y_ptr.dtype.element_ty), mask=dm)
+    y = y.to(y_ptr.dtype.element_ty)
+    if ADD:
+        y = (y.to(CD) + tl.load(y_ptr + t * sy + d, mask=dm, other=0.0).to(CD)).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + t * sy + d, y, mask=dm)

@@ -364,6 +364,23 @@ def test_swiglu_stacked_gate_up_is_one_gemm_within_bound(dtype):
         assert_within("swiglu stacked swapped", moe.swiglu(x, swapped[:F], swapped[F:], w2[0]), r, bound)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_experts_add_to_is_the_add_bitwise(dtype):
+    """Decode's ``add_to`` (the routed sum added inside the combine kernel, in place) gives the bits
+    of a torch add of the shared output and the routed result."""
+    T, D, F, E, KE = 3, 40, 24, 8, 2
+    x, w1, w2, w3 = make_ffn(T, D, F, E, dtype, seed=11)
+    weights, ids = route(T, E, KE, seed=12)
+    shared = make_ffn(T, D, F, 1, dtype, seed=13)[0] * 3
+    routed = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv")
+    y = shared.clone()
+    out = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", add_to=y)
+    assert out is y
+    assert torch.equal(y, shared + routed) and not torch.equal(y, routed)
+    with pytest.raises(ValueError, match="add_to"):
+        moe._experts("test", x, weights, ids, w1, w2, w3, form="grouped", add_to=shared.clone())
+
+
 def test_swiglu_refuses_tf32_in_fp32():
     x, w1, w2, w3 = make_ffn(20, 16, 8, 1, torch.float32, seed=0)  # > GEMV_MAX_PAIRS: torch GEMMs
     old = torch.backends.cuda.matmul.allow_tf32
