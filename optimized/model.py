@@ -384,13 +384,14 @@ class Model:
         y = _linear(x, mw.w_in)
         q, kv = torch.split(y, mw.splits, dim=-1)
         latent = self.ops.rms_norm(kv[:, :L], mw.kv_norm, eps=self.variants["kv_norm_eps"])
-        return q, latent, kv[:, L:].contiguous()
+        return q, latent, kv[:, L:]  # k_pe: a view (the paged cache write reads strided rows)
 
     def _mla_prefill(self, i: int, mw, x: torch.Tensor, seq: SequenceCache):
         c = self.config
         T = x.shape[0]
         N, P, R, Vh = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
         q, latent, k_pe = self._mla_split(mw, x)
+        k_pe = k_pe.contiguous()
         # positions seq.length .. seq.length+T-1 of the paged cache
         slots = seq.pool.mla_slots(seq, T)  # may grow the pool's block store: before its cache is read
         self.ops.mla_write(seq.pool.mla[i], latent, k_pe, slots)

@@ -69,10 +69,12 @@ def _short_conv_step_kernel(x_ptr, w_ptr, s_ptr, y_ptr, so_ptr, slot_ptr, C,
     cmask = c < C
     if INDEXED:
         r = tl.load(slot_ptr + b).to(tl.int64)
+        if r < 0:  # padding (most of a decode tile at small B): a zero row, nothing else read
+            tl.store(y_ptr + b * syb + c, tl.zeros([BLOCK_C], CD).to(y_ptr.dtype.element_ty), mask=cmask)
+            return
     else:
         r = b
-    lmask = cmask & ((tl.zeros([BLOCK_C], tl.int64) + r) >= 0)
-    r = tl.maximum(r, 0)
+    lmask = cmask
     srow = s_ptr + r * ssb + c.to(tl.int64) * ssc
     orow = so_ptr + r * sob + c.to(tl.int64) * soc
     xv = tl.load(x_ptr + b * sxb + c, mask=lmask, other=0.0)
