@@ -4,6 +4,10 @@ depend on M (fixed BLOCK_M = 16 tiles, the dot computed as ``W_tile @ x_tile^T``
 could run on exactly B rows instead of a padded 64-row tile.
 
     python benchmarks/proto_linear.py [--out linear.json]
+    python benchmarks/proto_linear.py --smoke     # CPU (Triton interpreter): the row-invariance check
+
+Measured (session 5, docs/BENCHMARKS.md): 6% faster than cuBLAS at B=1, twice as slow at B=64; not
+adopted.
 """
 from __future__ import annotations
 
@@ -14,8 +18,8 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import optimized  # noqa: E402,F401  (TRITON_INTERPRET=1 when there is no GPU)
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -54,10 +58,25 @@ def linear(x, w, bn, bk, warps, stages):
     return y
 
 
+def rows_invariant(M: int = 20, N: int = 48, K: int = 96, dtype=torch.float32) -> bool:
+    """Each row of an M-row product has the bits of that row computed alone (the kernel's claim)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    w = (torch.randn(N, K, generator=g) * K ** -0.5).to(dtype)
+    y = linear(x, w, 16, 32, 4, 3)
+    return all(torch.equal(linear(x[i:i + 1], w, 16, 32, 4, 3)[0], y[i]) for i in (0, 7, M - 1))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true", help="CPU: the row-invariance check only")
     args = ap.parse_args(argv)
+    if args.smoke:
+        print("rows bitwise independent of M:", rows_invariant())
+        return
+    if not torch.cuda.is_available():
+        sys.exit("proto_linear.py: timing needs a CUDA GPU (none here); --smoke runs the CPU check")
     from triton.testing import do_bench
     dev = "cuda"
     res = []
