@@ -37,9 +37,12 @@ always runs on exactly ``model.decode_tile`` rows (64 on CUDA, 4 under the CPU i
 every padding program costs as much as a real one): the B sequences, then padding rows (token 0,
 state slot -1: the state kernels skip them, the paged cache is not written). Library GEMMs and
 kernels whose launch configuration depends on the row count therefore always see one shape; more
-than ``decode_tile`` sequences run as several steps. The routed experts run on the real rows only,
-in the per-(token, expert) GEMV form whatever their number, and the MLA decode splits its key range
-into ``model.mla_decode_splits`` slices (fixed per model, never chosen from the batch).
+than ``decode_tile`` sequences run as several steps. The router logits (``moe.router_logits``, a
+batch-invariant kernel), the top-k and the routed experts run on the real rows only, the experts
+in the per-(token, expert) GEMV form whatever their number (their sum added into the shared
+expert's rows inside the combine kernel), and the MLA decode splits its key range into
+``model.mla_decode_splits`` slices (fixed per model, never chosen from the batch). Each residual
+add runs fused with the norm after it (``norm.add_rms_norm``, bitwise the add then the norm).
 
 CUDA graphs (``model.cuda_graphs``, on by default on CUDA with every family on Triton): ``decode`` /
 ``decode_batch`` without a ``trace`` replay a captured graph of the decode step (``optimized.graphs``:
