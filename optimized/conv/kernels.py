@@ -74,39 +74,18 @@ def _short_conv_step_kernel(x_ptr, w_ptr, s_ptr, y_ptr, so_ptr, slot_ptr, C,
             return
     else:
         r = b
-    lmask = cmask
     srow = s_ptr + r * ssb + c.to(tl.int64) * ssc
     orow = so_ptr + r * sob + c.to(tl.int64) * soc
-    xv = tl.load(x_ptr + b * sxb + c, mask=lmask, other=0.0)
+    xv = tl.load(x_ptr + b * sxb + c, mask=cmask, other=0.0)
     acc = tl.zeros([BLOCK_C], CD)
     # taps 0..W-2 read the state, tap W-1 the new input: the order of _short_conv_kernel
-    if W <= 4:
-        # the model's W = 4 (and 2, 3): every state column is loaded before the first store, so
-        # no load waits behind a store that might alias it (the generic loop below re-reads)
-        s0 = tl.load(srow, mask=lmask, other=0.0)
-        if W > 2:
-            s1 = tl.load(srow + 1, mask=lmask, other=0.0)
-        if W > 3:
-            s2 = tl.load(srow + 2, mask=lmask, other=0.0)
-        acc += tl.load(w_ptr + c * W, mask=cmask, other=0.0).to(CD) * s0.to(CD)
-        if W > 2:
-            acc += tl.load(w_ptr + c * W + 1, mask=cmask, other=0.0).to(CD) * s1.to(CD)
-        if W > 3:
-            acc += tl.load(w_ptr + c * W + 2, mask=cmask, other=0.0).to(CD) * s2.to(CD)
-        acc += tl.load(w_ptr + c * W + (W - 1), mask=cmask, other=0.0).to(CD) * xv.to(CD)
-        tl.store(y_ptr + b * syb + c, silu_f(acc).to(y_ptr.dtype.element_ty), mask=cmask)
-        if W > 2:
-            tl.store(orow, s1.to(so_ptr.dtype.element_ty), mask=lmask)
-        if W > 3:
-            tl.store(orow + 1, s2.to(so_ptr.dtype.element_ty), mask=lmask)
-    else:
-        for j in tl.static_range(W - 1):
-            sj = tl.load(srow + j, mask=lmask, other=0.0).to(CD)
-            acc += tl.load(w_ptr + c * W + j, mask=cmask, other=0.0).to(CD) * sj
-        acc += tl.load(w_ptr + c * W + (W - 1), mask=cmask, other=0.0).to(CD) * xv.to(CD)
-        tl.store(y_ptr + b * syb + c, silu_f(acc).to(y_ptr.dtype.element_ty), mask=cmask)
-        # column i <- column i + 1, ascending: each column is read before it is overwritten
-        for i in tl.static_range(W - 2):
-            v = tl.load(srow + i + 1, mask=lmask, other=0.0)
-            tl.store(orow + i, v.to(so_ptr.dtype.element_ty), mask=lmask)
-    tl.store(orow + (W - 2), xv.to(so_ptr.dtype.element_ty), mask=lmask)
+    for j in tl.static_range(W - 1):
+        sj = tl.load(srow + j, mask=cmask, other=0.0).to(CD)
+        acc += tl.load(w_ptr + c * W + j, mask=cmask, other=0.0).to(CD) * sj
+    acc += tl.load(w_ptr + c * W + (W - 1), mask=cmask, other=0.0).to(CD) * xv.to(CD)
+    tl.store(y_ptr + b * syb + c, silu_f(acc).to(y_ptr.dtype.element_ty), mask=cmask)
+    # column i <- column i + 1, ascending: each column is read before it is overwritten (in place)
+    for i in tl.static_range(W - 2):
+        v = tl.load(srow + i + 1, mask=cmask, other=0.0)
+        tl.store(orow + i, v.to(so_ptr.dtype.element_ty), mask=cmask)
+    tl.store(orow + (W - 2), xv.to(so_ptr.dtype.element_ty), mask=cmask)

@@ -87,7 +87,7 @@ def test_chunked_prefill_equals_whole_bitwise(dtype):
 @pytest.mark.parametrize("dtype,W", [(d, 4) for d in DTYPES] + [(torch.float32, W) for W in (2, 3, 6)],
                          ids=str)
 def test_decode_steps_equal_prefill_bitwise(dtype, W):
-    """W = 2, 3, 4: the step kernel's all-loads-first path; 6: its generic loop."""
+    """The step's tap loop and state shift at the model's W = 4 and at W = 2, 3, 6."""
     B, T, C = 2, 9, 37
     x, w, s0 = make(B, T, C, W, dtype, seed=2)
     y, f = conv.short_conv(x, w, initial_state=s0)
