@@ -178,16 +178,26 @@ class CachePool:
     def decode_batch(self, seqs: list[SequenceCache], rows: int) -> DecodeBatch:
         """Reserve one more position for each sequence and describe the step over ``rows`` rows
         (the B sequences first, then padding rows that read block 0 and write nothing)."""
-        B = len(seqs)
+        tables, seq_lens, slots = self.decode_steps(seqs, rows, 1)
+        return DecodeBatch(tables, seq_lens[0], slots[0])
+
+    def decode_steps(self, seqs: list[SequenceCache], rows: int, steps: int):
+        """Reserve ``steps`` more positions for each sequence and describe the next ``steps``
+        decode steps over ``rows`` rows, built on the host and sent in one copy each:
+        ``(block_tables [rows, W] int32, seq_lens [steps, rows] int32, slot_mapping [steps, rows]
+        int64)``; step t of sequence b writes position ``length + t`` (lengths are not advanced)."""
         for s in seqs:
-            self.reserve(s, s.length + 1)
+            self.reserve(s, s.length + steps)
         width = max([len(s.blocks) for s in seqs] + [1])
         tables = torch.zeros((rows, width), dtype=torch.int32)
-        seq_lens = torch.zeros(rows, dtype=torch.int32)  # 0: an idle row, MLA decode skips it
-        slots = torch.full((rows,), -1, dtype=torch.int64)
+        seq_lens = torch.zeros((steps, rows), dtype=torch.int32)  # 0: an idle row, MLA decode skips it
+        slots = torch.full((steps, rows), -1, dtype=torch.int64)
+        t = torch.arange(steps, dtype=torch.int64)
         for b, s in enumerate(seqs):
-            tables[b, : len(s.blocks)] = torch.tensor(s.blocks, dtype=torch.int32)
-            seq_lens[b] = s.length + 1
-            slots[b] = s.blocks[s.length // self.block_size] * self.block_size + s.length % self.block_size
-        del B
-        return DecodeBatch(tables.to(self.device), seq_lens.to(self.device), slots.to(self.device))
+            blocks = torch.tensor(s.blocks, dtype=torch.int64)
+            tables[b, : len(s.blocks)] = blocks.to(torch.int32)
+            pos = s.length + t
+            seq_lens[:, b] = (pos + 1).to(torch.int32)
+            if s.blocks:  # no MLA layer: no blocks, nothing to write
+                slots[:, b] = blocks[pos // self.block_size] * self.block_size + pos % self.block_size
+        return tables.to(self.device), seq_lens.to(self.device), slots.to(self.device)

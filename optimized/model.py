@@ -68,7 +68,7 @@ from reference.config import KimiConfig
 
 from . import backends as _backends
 from ._interpreter import interpreting
-from .cache import CachePool, SequenceCache
+from .cache import CachePool, DecodeBatch, SequenceCache
 from .elementwise._precision import require_ieee_fp32_matmul
 from .mla import DECODE_SPLITS
 from .weights import KDAWeights, ModelWeights, load_weights
@@ -185,6 +185,50 @@ class Model:
             raise ValueError(f"decode_batch: {ids.shape[0]} token ids for {len(caches)} caches")
         self._check_caches(caches, decode=True)
         return self._decode(ids, caches, trace), caches
+
+    def greedy(self, token_ids, caches, steps: int) -> torch.Tensor:
+        """Greedy decoding of ``steps`` tokens for each of B sequences, without a host sync per step.
+
+        ``token_ids [B]``: the next token of each sequence (``caches`` as ``decode_batch``). Step 0
+        feeds them, step t feeds step t-1's argmax. Returns the argmax of every step, ``[B, steps]``
+        int64 on the model's device (the last column not fed; each cache advances by ``steps``).
+        The tokens are those of calling ``decode_batch`` ``steps`` times and feeding back
+        ``logits.argmax(-1)``: the same steps on the same rows (bitwise the same logits), but every
+        position is reserved and every step's inputs are built and sent up front, and each argmax
+        stays on the device as the next step's token, so the host queues steps while the GPU runs.
+        """
+        caches = list(caches)
+        ids = self._check_ids(token_ids)
+        if len(caches) != ids.shape[0]:
+            raise ValueError(f"greedy: {ids.shape[0]} token ids for {len(caches)} caches")
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
+            raise ValueError(f"greedy: steps must be a positive integer, got {steps!r}")
+        self._check_caches(caches, decode=True)
+        tile = self.decode_tile
+        out = torch.empty((len(caches), steps), dtype=torch.int64, device=self.device)
+        for lo in range(0, len(caches), tile):  # groups of decode_tile sequences, as _decode
+            out[lo:lo + tile] = self._greedy_group(ids[lo:lo + tile], caches[lo:lo + tile], int(steps))
+        return out
+
+    def _greedy_group(self, ids: torch.Tensor, seqs: list[SequenceCache], steps: int) -> torch.Tensor:
+        tile, B, pool = self.decode_tile, len(seqs), seqs[0].pool
+        # every position reserved first: a pool that grows does so (and the graphs recapture) here
+        tables, seq_lens, slot_mapping = pool.decode_steps(seqs, tile, steps)
+        tokens = torch.cat([ids, ids.new_zeros(tile - B)])  # the step's input rows, updated in place
+        slots = torch.tensor([s.slot for s in seqs] + [-1] * (tile - B), dtype=torch.int64,
+                             device=self.device)
+        out = torch.empty((B, steps), dtype=torch.int64, device=self.device)
+        for t in range(steps):
+            batch = DecodeBatch(tables, seq_lens[t], slot_mapping[t])
+            if self._graphs is not None:
+                logits = self._graphs.run(self._decode_step, pool, B, tokens, slots, batch)
+            else:
+                logits = self._decode_step(tokens, slots, batch, pool, B)
+            out[:, t] = logits.argmax(-1)
+            tokens[:B] = out[:, t]
+        for s in seqs:
+            s.length += steps
+        return out
 
     # -- validation ------------------------------------------------------------------------------
     def _check_ids(self, token_ids, what: str = "token_ids") -> torch.Tensor:

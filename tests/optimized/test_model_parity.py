@@ -460,6 +460,46 @@ def test_bf16_decode_of_a_sequence_is_bitwise_the_same_alone_or_batched(bf16_run
             assert torch.equal(a[0], z[0]) and torch.equal(a[1], z[1])
 
 
+def test_greedy_gives_the_tokens_and_states_of_the_decode_batch_loop(bf16_run):
+    """``greedy`` (inputs built up front, argmax fed back on the device) against ``decode_batch``
+    called step by step with the argmax read back: same tokens, same carried state, and the next
+    step's logits bitwise equal; its positions reserved up front grow a small pool."""
+    model = bf16_run["model"]
+    pool = model.new_pool(2, block_size=1)  # 8 blocks of 1: the prompts fill it, greedy must grow it
+    seqs = [model.prefill(p, cache=pool.new_sequence())[1] for p in (PROMPT[:5], [9, 8, 7])]
+    pool_loop, seqs_loop = copy.deepcopy((pool, seqs))
+    first, steps = [11, 23], 3
+    blocks0 = pool.num_blocks
+    got = model.greedy(first, seqs, steps)
+    assert got.shape == (2, steps) and got.dtype == torch.int64 and pool.num_blocks > blocks0
+    want, toks = [], first
+    for _ in range(steps):
+        logits, _ = model.decode_batch(toks, seqs_loop)
+        toks = logits.argmax(-1).tolist()
+        want.append(toks)
+    assert got.T.tolist() == want
+    assert [s.length for s in seqs] == [s.length for s in seqs_loop] == [5 + steps, 3 + steps]
+    nxt = got[:, -1].tolist()
+    a, _ = model.decode_batch(nxt, seqs)
+    b, _ = model.decode_batch(nxt, seqs_loop)
+    assert torch.equal(a, b)
+    for i in pool.kda:
+        assert torch.equal(pool.kda[i].state, pool_loop.kda[i].state)
+        assert torch.equal(pool.kda[i].conv, pool_loop.kda[i].conv)
+
+
+def test_greedy_refuses_bad_arguments_by_name(bf16_run):
+    model = bf16_run["model"]
+    seq = model.prefill([1, 2, 3])[1]
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        model.greedy([4], [seq], 0)
+    with pytest.raises(ValueError, match="2 token ids for 1 caches"):
+        model.greedy([4, 5], [seq], 2)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.greedy([TINY.vocab_size], [seq], 2)
+    assert seq.length == 3  # nothing ran
+
+
 # -- the backend switch ------------------------------------------------------------------------------
 
 TRITON_OPS = {  # the kernels each family runs in a forward + decode (optimized._counters names)
