@@ -381,8 +381,12 @@ class Model:
         H, K = c.kda_num_heads, c.kda_head_dim
         y = _linear(x, kw.w_in)
         qkv, fa, ga, b = torch.split(y, [sum(kw.splits[:3]), *kw.splits[3:]], dim=-1)
-        g_raw = _linear(fa, kw.f_b)
-        gate = _linear(ga, kw.g_b)
+        if kw.fg_b is None:
+            return qkv, _linear(fa, kw.f_b), _linear(ga, kw.g_b), b
+        # f_a and g_a are adjacent columns of y: one batched GEMM over the [2, M, rank] view
+        off, r = sum(kw.splits[:3]), fa.shape[1]
+        fg_a = y[:, off:off + 2 * r].unflatten(1, (2, r)).transpose(0, 1)
+        g_raw, gate = torch.bmm(fg_a, kw.fg_b.transpose(1, 2))
         return qkv, g_raw, gate, b
 
     def _kda_out(self, kw: KDAWeights, o: torch.Tensor, gate: torch.Tensor):

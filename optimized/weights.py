@@ -5,7 +5,8 @@ Layout on the device (``ModelWeights``), built once by ``load_weights``:
 * projection / expert / embedding weights in the model ``dtype`` (bf16 in production; float32 or
   float64 for lifted runs), row-vector convention (``y = x @ W.T``); the q/k/v and the low-rank
   gate/beta projections of a KDA layer are concatenated row-wise into one matrix (one GEMM per
-  layer input), likewise MLA ``q_proj`` with ``kv_a_proj_with_mqa``, and the ``gate_proj`` /
+  layer input), the gate's and the output gate's up-projections ``f_b``, ``g_b`` stacked into one
+  ``[2, HV*K, rank]`` block (one batched GEMM), likewise MLA ``q_proj`` with ``kv_a_proj_with_mqa``, and the ``gate_proj`` /
   ``up_proj`` of a dense MLP or shared expert (``gate``, ``up`` are adjacent views of one block);
 * ``A_log [HV]``, ``dt_bias [HV*K]``, ``e_score_correction_bias [E]`` and the router weight
   ``[E, D]`` in float32 whatever the model dtype (spec b.0: gate and router run in fp32);
@@ -49,6 +50,7 @@ class KDAWeights:
     conv: torch.Tensor  # [2*H*K + HV*V, W]: q, k, v conv taps stacked (the conv is depthwise)
     f_b: torch.Tensor  # [HV*K, rank_f]
     g_b: torch.Tensor  # [HV*V, rank_g]
+    fg_b: torch.Tensor | None  # [2, HV*K, rank]: f_b and g_b as one block (f_b, g_b its views) when their shapes agree
     A_log: torch.Tensor  # [HV] fp32
     dt_bias: torch.Tensor  # [HV*K] fp32
     o_norm: torch.Tensor  # [V]
@@ -180,9 +182,12 @@ def load_weights(source, *, device: torch.device, dtype: torch.dtype) -> ModelWe
             w_in, splits = cat([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight",
                                 a + "f_a_proj.weight", a + "g_a_proj.weight", a + "b_proj.weight"])
             taps = torch.cat([conv(a + f"{x}_conv1d.weight") for x in "qkv"], 0).contiguous()
+            f_b, g_b, fg_b = w(a + "f_b_proj.weight"), w(a + "g_b_proj.weight"), None
+            if f_b.shape == g_b.shape:  # one batched GEMM for both up-projections of a layer
+                fg_b = torch.stack([f_b, g_b])
+                f_b, g_b = fg_b[0], fg_b[1]
             mixer = KDAWeights(
-                w_in=w_in, conv=taps, f_b=w(a + "f_b_proj.weight"),
-                g_b=w(a + "g_b_proj.weight"), A_log=w(a + "A_log", small).reshape(-1).contiguous(),
+                w_in=w_in, conv=taps, f_b=f_b, g_b=g_b, fg_b=fg_b, A_log=w(a + "A_log", small).reshape(-1).contiguous(),
                 dt_bias=w(a + "dt_bias", small).reshape(-1).contiguous(),
                 o_norm=w(a + "o_norm.weight"), o_proj=w(a + "o_proj.weight"), splits=splits)
         else:

@@ -21,6 +21,10 @@ from .kernels import _short_conv_kernel, _short_conv_step_kernel
 
 __all__ = ["short_conv", "short_conv_step", "short_conv_step_"]
 
+#: Launch overrides of the step kernel (benchmarks/tune_decode.py only): step_block_c, step_warps.
+#: Each channel is computed alone, so they change neither a value nor its rounding.
+_TUNE: dict = {}
+
 
 def _weight(op: str, weight: torch.Tensor) -> torch.Tensor:
     check_float(op, "weight", weight)
@@ -88,13 +92,13 @@ def _step_launch(op, x, weight, state, out_state, slot_ids):
         return y
     if W == 1:
         raise ValueError(f"{op}: weight: W = 1 has no state; use short_conv")
-    block_c = min(1024, triton.next_power_of_2(C))
+    block_c = min(_TUNE.get("step_block_c", 1024), triton.next_power_of_2(C))
     _short_conv_step_kernel[(B, triton.cdiv(C, block_c))](
         x, weight, state, y, out_state, slot_ids if slot_ids is not None else x, C,
         x.stride(0), y.stride(0), state.stride(0), state.stride(1),
         out_state.stride(0), out_state.stride(1),
         W=W, INDEXED=slot_ids is not None, CD=tl_compute_dtype(x.dtype), BLOCK_C=block_c,
-        num_warps=4)
+        num_warps=_TUNE.get("step_warps", 4))
     return y
 
 
