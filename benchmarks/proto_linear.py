@@ -5,6 +5,7 @@ could run on exactly B rows instead of a padded 64-row tile.
 
     python benchmarks/proto_linear.py [--out linear.json]
     python benchmarks/proto_linear.py --smoke     # CPU (Triton interpreter): the row-invariance check
+    python benchmarks/proto_linear.py --graph [--out linear-graph.json]   # one 64-row tile, in CUDA graphs
 
 Measured (session 5, docs/BENCHMARKS.md): 6% faster than cuBLAS at B=1, twice as slow at B=64; not
 adopted.
@@ -48,14 +49,55 @@ def _linear_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sx, sw, sy,
              mask=nm[:, None] & mm[None, :])
 
 
-def linear(x, w, bn, bk, warps, stages):
+def linear(x, w, bn, bk, warps, stages, bm=16):
     M, K = x.shape
     N = w.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    _linear_kernel[(triton.cdiv(N, bn), triton.cdiv(M, 16))](
-        x, w, y, M, N, K, x.stride(0), w.stride(0), y.stride(0), BLOCK_N=bn, BLOCK_M=16, BLOCK_K=bk,
+    _linear_kernel[(triton.cdiv(N, bn), triton.cdiv(M, bm))](
+        x, w, y, M, N, K, x.stride(0), w.stride(0), y.stride(0), BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk,
         num_warps=warps, num_stages=stages)
     return y
+
+
+def graph_us(calls) -> float:
+    """Device us per call of ``calls`` (closures over distinct weights, so each reads its weight from
+    HBM) captured back to back in one CUDA graph, as a decode step replays them."""
+    from benchmarks.harness import bench, graphed
+
+    replay = graphed(lambda: [c() for c in calls])
+    return bench(replay)[0] * 1e3 / len(calls) if replay is not None else float("nan")
+
+
+def in_graph(out: str | None) -> None:
+    """``--graph``: each decode projection at the 64-row tile inside a CUDA graph: cuBLAS ``x @ W.T``,
+    cuBLAS ``W @ x.T`` (the tile on the N side), and this kernel with one 64-row tile (the weight
+    read once), best of a small sweep."""
+    res, tot = [], {"torch": 0.0, "torch_t": 0.0, "ours": 0.0, "floor": 0.0}
+    for name, N, K, cnt in SHAPES:
+        copies = max(2, min(16, int(200e6 // (N * K * 2))))
+        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5 for _ in range(copies)]
+        x = torch.randn(64, K, device="cuda", dtype=torch.bfloat16)
+        t = graph_us([(lambda w=w: x @ w.T) for w in ws])
+        tt = graph_us([(lambda w=w: w @ x.T) for w in ws])
+        best = None
+        for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256), (4,), (3, 4)):
+            try:
+                us = graph_us([(lambda w=w: linear(x, w, bn, bk, warps, stages, bm=64)) for w in ws])
+            except Exception:  # noqa: BLE001 (out of shared memory etc.)
+                continue
+            if us == us and (best is None or us < best[0]):
+                best = (us, dict(BLOCK_N=bn, BLOCK_K=bk, warps=warps, stages=stages))
+        floor = N * K * 2 / 4.3e12 * 1e6
+        r = dict(name=name, N=N, K=K, count=cnt, floor_us=floor, torch_us=t, torch_t_us=tt,
+                 ours_us=best[0], config=best[1])
+        print(json.dumps(r), flush=True)
+        res.append(r)
+        for key, v in (("torch", t), ("torch_t", tt), ("ours", best[0]), ("floor", floor)):
+            tot[key] += cnt * v
+        del ws
+    print("per-step totals in graphs (us):", {k: round(v, 1) for k, v in tot.items()})
+    if out:
+        Path(out).write_text(json.dumps({"results": res, "totals_us": tot}, indent=1))
 
 
 def rows_invariant(M: int = 20, N: int = 48, K: int = 96, dtype=torch.float32) -> bool:
@@ -71,12 +113,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true", help="CPU: the row-invariance check only")
+    ap.add_argument("--graph", action="store_true", help="the 64-row tile inside CUDA graphs (see in_graph)")
     args = ap.parse_args(argv)
     if args.smoke:
         print("rows bitwise independent of M:", rows_invariant())
         return
     if not torch.cuda.is_available():
         sys.exit("proto_linear.py: timing needs a CUDA GPU (none here); --smoke runs the CPU check")
+    if args.graph:
+        return in_graph(args.out)
     from triton.testing import do_bench
     dev = "cuda"
     res = []
