@@ -6,18 +6,22 @@ Shapes (ARCHITECTURE.md): ``q [B, T, N, P+R]`` (per head ``[nope ; pe]``), ``lat
 head: P of W_UK then Vh of W_UV), ``o [B, T, N, Vh]``; queries are the last T of the S positions,
 causal; ``scale`` defaults to ``(P+R)**-0.5``.
 
-Absorbed form: ``q_lat[h] = W_UK[h]^T q_nope[h]`` (a torch batched GEMM over heads), then the Triton
-attention kernel (:mod:`.kernels`) over the 576-wide keys ``[c ; k_pe]`` with value ``c`` (online
-softmax in fp32, flash-decoding split over S for long contexts), then ``o[h] = W_UV[h] o_lat[h]``
-(fused with the merge of the key slices in one Triton epilogue kernel). In bf16 ``q_lat`` and the
-attention output ``o_lat`` are rounded to bf16 before their GEMMs, as vLLM's MLA backends do.
-float32 runs refuse TF32 (torch) and use ``ieee`` tl.dot; float64 runs compute in float64.
+Absorbed form: ``q_lat[h] = W_UK[h]^T q_nope[h]`` (a Triton GEMM over heads with a fixed tile, for
+batch invariance; its programs also split L, so that a decode's few rows still spread the W_UK read
+over the SMs), then the Triton attention kernel (:mod:`.kernels`) over the 576-wide keys
+``[c ; k_pe]`` with value ``c`` (online softmax in fp32, flash-decoding split over S for long
+contexts), then ``o[h] = W_UV[h] o_lat[h]`` (fused with the merge of the key slices in one Triton
+epilogue kernel; one program per head, row block and Vh chunk, likewise to spread the W_UV read).
+In bf16 ``q_lat`` and the attention output ``o_lat`` are rounded to bf16 before their GEMMs, as
+vLLM's MLA backends do. float32 runs refuse TF32 (torch) and use ``ieee`` tl.dot; float64 runs
+compute in float64.
 
 Decode = 3 launches (q_lat GEMM, attention, merge + W_UV) and no host sync, so it can be captured in
 a CUDA graph. Measured on an H200 (bf16, N=32, L=512, paged, CUDA-graph replay, caches cold in L2;
 floor = cache + w_kvb bytes at 4.3 TB/s): B=64 0.21 ms at 4k (3.0x floor), 1.51 ms at 32k (2.7x);
-B=1 40 us at 4k (13x), 88 us at 32k (8.2x): at B=1 the 32 query rows leave the tensor cores and the
-SMs mostly idle. Eager launches cost ~0.2-0.4 ms of host time per call (Triton's launcher).
+B=1 40 us at 4k (13x), 88 us at 32k (8.2x), measured before the L/Vh splits: at B=1 the 32 query
+rows leave the tensor cores and the SMs mostly idle. Eager launches cost ~0.2-0.4 ms of host time
+per call (Triton's launcher).
 """
 from __future__ import annotations
 
@@ -111,7 +115,7 @@ def _last_contig(t: torch.Tensor) -> torch.Tensor:
 
 
 #: Launch-configuration overrides (benchmarks/tuning only; keys: BLOCK_M, num_warps, num_stages,
-#: BLOCK_R, BLOCK_V, epi_warps). They change speed, never the reduction order (BLOCK_N does).
+#: BLOCK_R, BLOCK_V, epi_warps, q_lat_l). They change speed, never the reduction order (BLOCK_N does).
 _TUNE: dict = {}
 
 
@@ -160,13 +164,16 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, num
     if w_uv is not None:
         Vh = w_uv.shape[1]
         br = _TUNE.get("BLOCK_R", 16)
-        _mla_combine_uv_kernel[(N, triton.cdiv(B * T, br))](
+        # one Vh chunk per program (the merge is redone per chunk) so a small batch still spreads
+        # the W_UV read: 4 chunks per head at Vh = 128 (bf16), launched next to each other so they
+        # share the partials through L2. W_UV^T tiles [L, BLOCK_V] fit shared memory in every
+        # dtype; at 4 warps and L = 512, ptxas (sm_90) spills with 64 bf16 columns.
+        bv = _TUNE.get("BLOCK_V", min(16 if dt.itemsize > 4 else 32, _pow2(Vh)))
+        _mla_combine_uv_kernel[(triton.cdiv(Vh, bv), N, triton.cdiv(B * T, br))](
             pacc, pml, w_uv, out, seq_lens if seq_lens is not None else pml, B * T, T, N, DV, Vh,
             w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), out.stride(2),
             NUM_SPLITS=num_splits, VAR_LEN=seq_lens is not None,
-            CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV),
-            # W_UV^T tiles [L, BLOCK_V] sized to fit shared memory in every dtype
-            BLOCK_V=_TUNE.get("BLOCK_V", min(128 // dt.itemsize, _pow2(Vh))),
+            CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV), BLOCK_V=bv,
             num_warps=_TUNE.get("epi_warps", 4), num_stages=2 if dt.itemsize <= 2 else 1)
     elif not direct:
         bdv = min(512, _pow2(DV))
@@ -192,9 +199,15 @@ def _w_views(w_kvb: torch.Tensor, N: int, P: int, Vh: int):
     return w[:, :P, :], w[:, P:, :]
 
 
+#: Output columns (of L) per ``_q_lat_kernel`` program (``_TUNE["q_lat_l"]`` overrides): 4 programs
+#: per head and row block at L = 512. Only which program computes a column; never its reduction.
+Q_LAT_L = 128
+
+
 def _q_lat(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
     """q_nope [B, T, N, P] -> q_lat [B, T, N, L] = q_nope @ W_UK per head (``_q_lat_kernel``: a row's
-    result does not depend on how many rows come with it)."""
+    result does not depend on how many rows come with it). Programs per (head, 16 rows, Q_LAT_L
+    columns): at decode the few rows alone would leave most SMs idle on the W_UK read."""
     B, T, N, P = q_nope.shape
     L = w_uk.shape[-1]
     M = B * T
@@ -204,10 +217,11 @@ def _q_lat(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
     out = torch.empty((M, N, L), dtype=q_nope.dtype, device=q_nope.device)
     if M:
         bm = 16
-        _q_lat_kernel[(N, triton.cdiv(M, bm))](
+        bl = min(_TUNE.get("q_lat_l", Q_LAT_L), _pow2(L))
+        _q_lat_kernel[(N, triton.cdiv(M, bm), triton.cdiv(L, bl))](
             q2, w_uk, out, M, P, L, q2.stride(0), q2.stride(1), w_uk.stride(0), w_uk.stride(1),
             out.stride(0), out.stride(1), CD=tl_compute_dtype(q_nope.dtype), BLOCK_M=bm,
-            BLOCK_P=16 if q_nope.dtype == torch.float64 else 32, BLOCK_L=_pow2(L),
+            BLOCK_P=16 if q_nope.dtype == torch.float64 else 32, BLOCK_L=bl,
             num_warps=4, num_stages=2 if q_nope.dtype.itemsize <= 2 else 1)
     return out.view(B, T, N, L)
 

@@ -15,8 +15,9 @@ dtype for the PV product (bf16 in production, as FlashAttention does). Flash-dec
 of a sequence is cut into ``NUM_SPLITS`` slices of ``cdiv(cdiv(S_b, NUM_SPLITS), BLOCK_N) * BLOCK_N``
 keys; each program writes its unnormalized partial ``(acc, m, l)`` and an epilogue kernel merges the
 slices in ascending order: ``_mla_combine_uv_kernel`` for the absorbed form (merge, then the W_UV
-product, fused), ``_mla_combine_kernel`` for the naive form (which stores directly when there is one
-slice). Slice boundaries depend only on
+product, fused; one program per Vh chunk, each redoing the cheap merge, to spread the W_UV read
+over more SMs at small batch), ``_mla_combine_kernel`` for the naive form (which stores directly
+when there is one slice). Slice boundaries depend only on
 ``S_b``, ``NUM_SPLITS`` and ``BLOCK_N``, never on the memory layout, so the paged cache
 (``PAGED``: key position -> block table -> physical row) reduces in exactly the contiguous order.
 """
@@ -170,19 +171,30 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, N
                            sob, sot, soh, NUM_SPLITS: tl.constexpr, VAR_LEN: tl.constexpr,
                            CD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
                            BLOCK_V: tl.constexpr):
-    # grid (N, cdiv(B*T, BLOCK_R)). For head h and BLOCK_R query rows (b, t): merge the slices,
-    # o_lat = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s (slices in ascending order), round
-    # o_lat to W_UV's dtype, then o = o_lat @ W_UV[h]^T (tl.dot, CD accumulation), stored in
-    # [B, T, N, Vh]. Fuses the split merge, the W_UV GEMM and the output layout: one launch.
-    h = tl.program_id(0).to(tl.int64)
-    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    # grid (cdiv(VH, BLOCK_V), N, cdiv(B*T, BLOCK_R)). For BLOCK_V output columns v, head h and
+    # BLOCK_R query rows (b, t): merge the slices, o_lat = sum_s e^(m_s - M) acc_s /
+    # sum_s e^(m_s - M) l_s (slices in ascending order), round o_lat to W_UV's dtype, then
+    # o = o_lat @ W_UV[h, v]^T (one tl.dot over the full L, CD accumulation), stored in
+    # [B, T, N, Vh]. Fuses the split merge, the W_UV GEMM and the output layout: one launch. The Vh
+    # chunks are separate programs so the W_UV read spreads over more SMs at small batch; each
+    # redoes the cheap merge (bitwise the same), and they are adjacent in launch order so they
+    # share the partials through L2.
+    v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    h = tl.program_id(1).to(tl.int64)
+    r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = r < BT
     b = (r // T).to(tl.int64)
     t = (r % T).to(tl.int64)
+    vmask = v < VH
+    optrs = o_ptr + b[:, None] * sob + t[:, None] * sot + h * soh + v[None, :]
+    omask = rmask[:, None] & vmask[None, :]
     # live rows: an idle row (sequence length 0, decode padding) has no partials and gets zeros
     live = rmask
     if VAR_LEN:
         live = rmask & (tl.load(slen_ptr + b, mask=rmask, other=0) > 0)
+        if tl.max(live.to(tl.int32), axis=0) == 0:  # all padding: zeros, W_UV not read
+            tl.store(optrs, tl.zeros([BLOCK_R, BLOCK_V], o_ptr.dtype.element_ty), mask=omask)
+            return
     lo = tl.arange(0, BLOCK_L)
     lmask = lo < L
     stride_split = T * N
@@ -199,28 +211,25 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, N
                                       mask=live[:, None] & lmask[None, :], other=0.0)
         den += wsp * tl.load(pml_ptr + prow * 2 + 1, mask=live, other=1.0)
     o_lat = tl.where(live[:, None], num / den[:, None], 0.0).to(wuv_ptr.dtype.element_ty)
-    vo = tl.arange(0, BLOCK_V)
-    for v0 in range(0, VH, BLOCK_V):
-        v = v0 + vo
-        vmask = v < VH
-        wt = tl.load(wuv_ptr + h * swh + v[None, :].to(tl.int64) * swv + lo[:, None],
-                     mask=lmask[:, None] & vmask[None, :], other=0.0)  # [BLOCK_L, BLOCK_V] = W_UV[h]^T
-        o = tl.dot(o_lat, wt, input_precision="ieee", out_dtype=CD)
-        tl.store(o_ptr + b[:, None] * sob + t[:, None] * sot + h * soh + v[None, :],
-                 o.to(o_ptr.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
+    wt = tl.load(wuv_ptr + h * swh + v[None, :].to(tl.int64) * swv + lo[:, None],
+                 mask=lmask[:, None] & vmask[None, :], other=0.0)  # [BLOCK_L, BLOCK_V] = W_UV[h]^T
+    o = tl.dot(o_lat, wt, input_precision="ieee", out_dtype=CD)
+    tl.store(optrs, o.to(o_ptr.dtype.element_ty), mask=omask)
 
 
 @triton.jit
 def _q_lat_kernel(q_ptr, w_ptr, o_ptr, M, P, L, sqm, sqh, swh, swp, som, soh,
                   CD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
                   BLOCK_L: tl.constexpr):
-    # grid (N, cdiv(M, BLOCK_M)): o[m, h, :] = q[m, h, :] @ W_UK[h] ([P, L]), CD accumulation. A
-    # fixed tile and a fixed P order: a row's result never depends on the other rows (batch
-    # invariance, which a library GEMM choosing its algorithm from M does not give).
+    # grid (N, cdiv(M, BLOCK_M), cdiv(L, BLOCK_L)): o[m, h, l] = q[m, h, :] @ W_UK[h][:, l] ([P, L]),
+    # CD accumulation. A fixed tile and a fixed P order (BLOCK_P chunks, ascending) for every output
+    # element: a row's result never depends on the other rows (batch invariance, which a library
+    # GEMM choosing its algorithm from M does not give). The L tiles are separate programs only to
+    # spread the W_UK read (P x L per head) over more SMs when M is small (decode).
     h = tl.program_id(0).to(tl.int64)
     m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     mm = m < M
-    lo = tl.arange(0, BLOCK_L)
+    lo = tl.program_id(2) * BLOCK_L + tl.arange(0, BLOCK_L)
     lm = lo < L
     po = tl.arange(0, BLOCK_P)
     acc = tl.zeros([BLOCK_M, BLOCK_L], CD)

@@ -127,11 +127,11 @@ def test_custom_scale():
 # paged cache
 
 
-def paged_setup(lens, dtype, block_size=4, num_blocks=64, seed=0, fill="random"):
+def paged_setup(lens, dtype, block_size=4, num_blocks=64, seed=0, fill="random", dims=SMALL):
     """A cache holding sequences of lengths ``lens`` in shuffled blocks; returns contiguous copies."""
     B, S = len(lens), max(lens)
-    q4, latent, k_pe, w_kvb = make(B, 1, S, **SMALL, dtype=dtype, seed=seed)
-    cache = mla.PagedLatentCache(num_blocks, block_size, SMALL["L"], SMALL["Rr"], dtype, DEV)
+    q4, latent, k_pe, w_kvb = make(B, 1, S, **dims, dtype=dtype, seed=seed)
+    cache = mla.PagedLatentCache(num_blocks, block_size, dims["L"], dims["Rr"], dtype, DEV)
     if fill == "random":
         cache.kv.copy_(torch.randn(cache.kv.shape, generator=torch.Generator().manual_seed(99)).to(dtype))
     max_blocks = -(-S // block_size)
@@ -179,6 +179,33 @@ def test_idle_rows_give_zeros_and_leave_the_live_rows_bitwise_unchanged(splits):
     assert torch.equal(o[1], torch.zeros_like(o[1]))
     assert torch.equal(o[0].view(torch.int16), full[0].view(torch.int16))
     assert torch.equal(o[2].view(torch.int16), full[2].view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_paged_decode_split_grids_padding_blocks(dtype, monkeypatch):
+    """The column splits of the two GEMV-like kernels (q_lat over L, the merge + W_UV epilogue over
+    Vh) with ragged last tiles (L = 40 in q_lat tiles of 16, Vh = 40 in chunks of 16), and a batch
+    whose second 16-row block of the epilogue is all padding (seq_len 0) between live rows: live
+    rows within the bound of the reference, idle rows zero, and (compiled, on a GPU) bitwise what the
+    default tiles give: the tiles only choose which program computes a column, never a reduction
+    order. Not checked under the interpreter, whose tl.dot is np.matmul: its BLAS may round a float32
+    column differently depending on how many columns come with it."""
+    dims = dict(N=2, P=16, Rr=8, Vh=40, L=40)
+    lens = [(3 + 5 * b) % 13 + 1 if b % 3 else 0 for b in range(16)] + [0] * 16 + [7, 12]
+    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup(lens, dtype, num_blocks=160, seed=10, dims=dims)
+    default = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=2) if DEV.type == "cuda" else None
+    monkeypatch.setitem(mla._TUNE, "q_lat_l", 16)
+    monkeypatch.setitem(mla._TUNE, "BLOCK_V", 16)
+    o = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=2)
+    if default is not None:
+        assert torch.equal(o, default), "the q_lat / W_UV column tiles changed a result"
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert torch.equal(o[b], torch.zeros_like(o[b])), f"idle row {b} not zero"
+            continue
+        args = (q[b:b + 1, None], latent[b:b + 1, :n], k_pe[b:b + 1, :n], w_kvb)
+        r = reference("absorbed", *args)[:, 0]
+        assert_within(f"split grids seq {b} (len {n})", o[b:b + 1], r, mla_bound("absorbed", *args, dtype)[:, 0])
 
 
 def test_writes_leave_untouched_rows_bit_identical():
