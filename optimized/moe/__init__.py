@@ -205,9 +205,12 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: to
 
 
 def _stacked(top: torch.Tensor, bottom: torch.Tensor) -> bool:
-    """Whether ``bottom``'s rows follow ``top``'s in memory: together one contiguous matrix."""
+    """Whether ``bottom``'s rows follow ``top``'s in one storage: together one contiguous matrix.
+    (Adjacent addresses alone are not enough: two tensors of the caching allocator can sit back to
+    back in different storages, and a view over both would reach outside ``top``'s.)"""
     return (top.is_contiguous() and bottom.is_contiguous() and top.shape == bottom.shape
-            and bottom.data_ptr() == top.data_ptr() + top.numel() * top.element_size())
+            and bottom.data_ptr() == top.data_ptr() + top.numel() * top.element_size()
+            and top.untyped_storage().data_ptr() == bottom.untyped_storage().data_ptr())
 
 
 def _check_experts(op, x, weights, ids, w1, w2, w3):

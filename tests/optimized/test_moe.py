@@ -391,6 +391,20 @@ def test_swiglu_refuses_tf32_in_fp32():
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 
+def test_swiglu_with_gate_and_up_adjacent_in_two_storages_runs_them_apart():
+    """Two weights back to back in memory but in different storages (as the caching allocator can
+    place them) are not one block: a [2F, D] view over the first would reach outside its storage."""
+    T, D, F = 20, 16, 8  # > GEMV_MAX_PAIRS: the torch GEMM form
+    rng = np.random.default_rng(0)
+    block = rng.standard_normal((2 * F, D)).astype(np.float32)
+    gate, up = torch.from_numpy(block[:F]), torch.from_numpy(block[F:])
+    assert up.data_ptr() == gate.data_ptr() + gate.numel() * 4
+    x = torch.from_numpy(rng.standard_normal((T, D)).astype(np.float32))
+    down = torch.from_numpy(rng.standard_normal((D, F)).astype(np.float32))
+    got = moe.swiglu(x, gate, up, down)  # before the storage check: a RuntimeError (out of bounds)
+    assert torch.equal(got, moe._silu_mul(x @ gate.T, x @ up.T, x.dtype) @ down.T)
+
+
 EXPERT_CASES = [  # (T, D, F, E, k_e, form): decode and a few tokens in both forms; prefill-like
     # (grouped: several tiles per expert, partial tiles, an expert with no tokens possible)
     (1, 40, 24, 16, 8, "gemv"), (1, 40, 24, 16, 8, "grouped"), (5, 40, 24, 6, 3, "gemv"),
