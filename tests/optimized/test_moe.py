@@ -401,8 +401,11 @@ def test_swiglu_with_gate_and_up_adjacent_in_two_storages_runs_them_apart():
     assert up.data_ptr() == gate.data_ptr() + gate.numel() * 4
     x = torch.from_numpy(rng.standard_normal((T, D)).astype(np.float32))
     down = torch.from_numpy(rng.standard_normal((D, F)).astype(np.float32))
-    got = moe.swiglu(x, gate, up, down)  # before the storage check: a RuntimeError (out of bounds)
-    assert torch.equal(got, moe._silu_mul(x @ gate.T, x @ up.T, x.dtype) @ down.T)
+    one = torch.from_numpy(block.copy())
+    assert not moe._stacked(gate, up) and moe._stacked(one[:F], one[F:])
+    if DEV.type == "cpu":  # the numpy-backed pair lives on the host: the kernels run there only on CPU
+        got = moe.swiglu(x, gate, up, down)  # before the storage check: a RuntimeError (out of bounds)
+        assert torch.equal(got, moe._silu_mul(x @ gate.T, x @ up.T, x.dtype) @ down.T)
 
 
 EXPERT_CASES = [  # (T, D, F, E, k_e, form): decode and a few tokens in both forms; prefill-like
