@@ -247,10 +247,9 @@ class Ops:
         return self._opt["moe"].router(logits, bias, **kw)
 
     def experts(self, x, weights, ids, w1, w2, w3, *, decode: bool = False, add_to=None):
-        """Routed experts. ``decode``: the GEMV form whatever the number of rows (``optimized.moe``
-        picks GEMV or grouped by the pair count, and the two forms round differently: a sequence's
-        decode must not depend on its batch); per pair up to ``GEMV_MAX_PAIRS`` pairs, expert by
-        expert above (the same bits, each expert's weights read once). ``add_to`` (decode only):
+        """Routed experts. ``decode``: the per-(token, expert) GEMV form whatever the number of
+        rows (``optimized.moe`` picks GEMV or grouped by the pair count, and the two forms round
+        differently: a sequence's decode must not depend on its batch). ``add_to`` (decode only):
         ``add_to += experts(...)`` in place (the Triton form adds inside its combine kernel)."""
         if self._is_ref("moe"):
             y = _back(self._r("moe", "experts")(_np(x), _np(weights), ids.detach().cpu().numpy(),
@@ -261,12 +260,9 @@ class Ops:
             return add_to
         moe = self._opt["moe"]
         if decode:
-            # no public switch for the form yet: the module's own entry point with the form forced;
-            # with many pairs the expert-major GEMV (bitwise the per-pair one: the choice by the
-            # pair count keeps a sequence's bits independent of its batch)
+            # no public switch for the form yet: the module's own entry point with the form forced
             _counters.record("moe.experts")
-            form = "gemv" if ids.numel() <= moe.GEMV_MAX_PAIRS else "gemv_by_expert"
-            return moe._experts("moe.experts", x, weights, ids, w1, w2, w3, form=form, add_to=add_to)
+            return moe._experts("moe.experts", x, weights, ids, w1, w2, w3, form="gemv", add_to=add_to)
         if add_to is not None:
             raise ValueError("experts: add_to is a decode-only option")
         return moe.experts(x, weights, ids, w1, w2, w3)

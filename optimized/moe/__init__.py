@@ -18,9 +18,9 @@ import triton
 from .. import _counters
 from ..elementwise._precision import (check_float, check_same_device, check_shape, compute_dtype,
                                       require_ieee_fp32_matmul, tl_compute_dtype)
-from .kernels import (_combine_kernel, _expert_down_kernel, _expert_gate_up_kernel, _gemv_down_kernel,
-                      _gemv_gate_up_kernel, _grouped_down_kernel, _grouped_gate_up_kernel,
-                      _router_kernel, _router_logits_kernel, _silu_mul_kernel)
+from .kernels import (_combine_kernel, _gemv_down_kernel, _gemv_gate_up_kernel,
+                      _grouped_down_kernel, _grouped_gate_up_kernel, _router_kernel,
+                      _router_logits_kernel, _silu_mul_kernel)
 
 __all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 
@@ -257,10 +257,9 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch
     return _experts(op, x, weights, ids, w1, w2, w3, form=None)
 
 
-def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False, by_expert=False):
+def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False):
     """GEMV form into ``y`` (``add``: added to y's values); ``ids is None``: one dense expert (w* of
-    shape [1, ...]), weight 1. ``by_expert``: the expert-major kernels (the same bits, each routed
-    expert's weights read once for all its pairs)."""
+    shape [1, ...]), weight 1."""
     dense = ids is None
     if h is None:
         h = torch.empty((T * KE, F), dtype=x.dtype, device=x.device)
@@ -268,27 +267,16 @@ def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False, by_
     cfg = {**GEMV_GATE_UP, **GEMV_DOWN, **_TUNE}
     bf = min(cfg["gemv_f"], triton.next_power_of_2(F))
     bd = min(cfg["gemv_d"], triton.next_power_of_2(D))
+    _gemv_gate_up_kernel[(T * KE, triton.cdiv(F, bf))](
+        x, x if dense else ids, w1, w3, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
+        w3.stride(0), w3.stride(1), h.stride(0), CD=cd, DENSE=dense, BLOCK_F=bf, BLOCK_D=bd,
+        num_warps=cfg["gemv_warps"])
     bdo = min(cfg["down_d"], triton.next_power_of_2(D))
     bf2 = min(cfg["down_f"], triton.next_power_of_2(F))
     out = y if dense else torch.empty((T * KE, D), dtype=compute_dtype(x.dtype), device=x.device)
-    if by_expert and not dense:
-        E = w1.shape[0]
-        order, offs, counts = _group_pairs(ids, E)
-        _expert_gate_up_kernel[(E, triton.cdiv(F, bf))](
-            x, order, offs, counts, w1, w3, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
-            w3.stride(0), w3.stride(1), h.stride(0), CD=cd, BLOCK_F=bf, BLOCK_D=bd,
-            num_warps=cfg["gemv_warps"])
-        _expert_down_kernel[(E, triton.cdiv(D, bdo))](
-            h, order, offs, counts, w2, out, D, F, h.stride(0), w2.stride(0), w2.stride(1),
-            out.stride(0), CD=cd, BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=cfg["down_warps"])
-    else:
-        _gemv_gate_up_kernel[(T * KE, triton.cdiv(F, bf))](
-            x, x if dense else ids, w1, w3, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
-            w3.stride(0), w3.stride(1), h.stride(0), CD=cd, DENSE=dense, BLOCK_F=bf, BLOCK_D=bd,
-            num_warps=cfg["gemv_warps"])
-        _gemv_down_kernel[(T * KE, triton.cdiv(D, bdo))](
-            h, x if dense else ids, w2, out, D, F, h.stride(0), w2.stride(0), w2.stride(1),
-            out.stride(0), CD=cd, DENSE=dense, BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=cfg["down_warps"])
+    _gemv_down_kernel[(T * KE, triton.cdiv(D, bdo))](
+        h, x if dense else ids, w2, out, D, F, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+        CD=cd, DENSE=dense, BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=cfg["down_warps"])
     if not dense:
         bc = min(1024, triton.next_power_of_2(D))
         _combine_kernel[(T, triton.cdiv(D, bc))](
@@ -296,29 +284,16 @@ def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False, by_
     return y
 
 
-def _group_pairs(ids: torch.Tensor, E: int):
-    """(order, offs, counts): the pair indices grouped by expert (ascending pair order inside a
-    group), each expert's first position in ``order`` and its pair count; on the device, no sync
-    (bincount would sync)."""
-    flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(E, dtype=torch.int64, device=ids.device).scatter_add_(
-        0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int64))
-    offs = torch.cumsum(counts, 0) - counts
-    return order, offs, counts
-
-
 def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None):
-    """``experts`` with the form forced (``"gemv"``, ``"gemv_by_expert"``: the same bits expert by
-    expert, ``"grouped"``) or chosen (None). ``add_to`` ([T, D], x's dtype, GEMV forms only): the
-    result is added into it in place (``add_to += experts(...)``, the same bits, without a separate
-    add) and it is returned."""
+    """``experts`` with the form forced (``"gemv"``, ``"grouped"``) or chosen (None). ``add_to``
+    ([T, D], x's dtype, GEMV form only): the result is added into it in place (``add_to +=
+    experts(...)``, the same bits, without a separate add) and it is returned."""
     T, D, KE, E, F = _check_experts(op, x, weights, ids, w1, w2, w3)
     x = x if x.stride(1) == 1 else x.contiguous()
     weights = weights.contiguous()
     ids = ids.contiguous()
     if add_to is not None:
-        if form not in ("gemv", "gemv_by_expert") or add_to.shape != (T, D) or add_to.dtype != x.dtype or add_to.stride(1) != 1:
+        if form != "gemv" or add_to.shape != (T, D) or add_to.dtype != x.dtype or add_to.stride(1) != 1:
             raise ValueError(f"{op}: add_to: expected a [T, D] = {(T, D)} {x.dtype} tensor with "
                              f"contiguous rows and the GEMV form, got {tuple(add_to.shape)} {add_to.dtype}")
         y = add_to
@@ -331,15 +306,18 @@ def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None):
     h = torch.empty((M, F), dtype=x.dtype, device=x.device)
     if form is None:
         form = "gemv" if M <= GEMV_MAX_PAIRS else "grouped"
-    if form in ("gemv", "gemv_by_expert"):
-        return _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, h=h, add=add_to is not None,
-                     by_expert=form == "gemv_by_expert")
+    if form == "gemv":
+        return _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, h=h, add=add_to is not None)
     if form != "grouped":
-        raise ValueError(f"{op}: form: expected 'gemv', 'gemv_by_expert' or 'grouped', got {form!r}")
+        raise ValueError(f"{op}: form: expected 'gemv' or 'grouped', got {form!r}")
     BM = 64 if M >= 64 * E else 16
-    order, offs, counts = _group_pairs(ids, E)  # pair indices, grouped by expert, token order inside
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # pair indices, grouped by expert, token order inside
+    counts = torch.zeros(E, dtype=torch.int64, device=x.device).scatter_add_(
+        0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int64))  # no host sync (bincount syncs)
     cum_tiles = torch.cumsum((counts + BM - 1) // BM, 0).to(torch.int32)
-    offs, counts = offs.to(torch.int32), counts.to(torch.int32)
+    offs = (torch.cumsum(counts, 0) - counts).to(torch.int32)
+    counts = counts.to(torch.int32)
     max_tiles = triton.cdiv(M, BM) + min(M, E)
     block_e = triton.next_power_of_2(E)
     bf, bd = min(64, max(16, triton.next_power_of_2(F))), min(64, max(16, triton.next_power_of_2(D)))

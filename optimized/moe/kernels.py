@@ -8,9 +8,7 @@ k = 0 .. k_e-1 with fp32/fp64 weights):
 * GEMV form (decode, few (token, expert) pairs): one program per (pair, F tile) streams only the
   routed experts' weight rows (gate/up), then one per (pair, D tile) (down, into an fp32/fp64
   scratch), and the combine kernel sums a token's k_e outputs in order. Three launches in all (two
-  for a dense MLP), no sort, no host sync. Its expert-major variant (decode with many pairs) runs
-  the same per-pair code expert by expert, after a device-side grouping of the pairs: the same
-  bits, each routed expert's weights read from HBM once instead of once per pair.
+  for a dense MLP), no sort, no host sync.
 * grouped form (prefill): pairs are sorted by expert on the device; each program takes a tile of up
   to BLOCK_M rows of *one* expert (an expert's rows never share a tile with another's) and runs
   ``tl.dot`` GEMMs; per-pair outputs are combined by a third kernel. The tile -> expert map is found
@@ -136,11 +134,19 @@ def _silu_mul_kernel(g_ptr, u_ptr, h_ptr, n_rows, F, sg, su, sh, CD: tl.constexp
 
 
 @triton.jit
-def _gate_up_pair(x_ptr, tok, e, w1_ptr, w3_ptr, D, sx, s1e, s1f, s3e, s3f, f, fm,
-                  CD: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
-    """h[f] = silu(w1[e] x[tok])[f] * (w3[e] x[tok])[f] for one F tile: BLOCK_D lane sums over d in
-    ascending chunks, then one tree per output (tl.sum). Both GEMV kernels below call this, so a
-    pair's bits are the same whichever of them runs it."""
+def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
+                         sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr, DENSE: tl.constexpr,
+                         BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
+    # grid (T * k_e pairs, cdiv(F, BLOCK_F)); h[pair, f] = silu(w1[e] x)[f] * (w3[e] x)[f]
+    # DENSE: one expert (e = 0) and no ids (the dense MLP / shared expert)
+    pair = tl.program_id(0).to(tl.int64)
+    tok = pair // KE
+    if DENSE:
+        e = 0
+    else:
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    fm = f < F
     d0 = tl.arange(0, BLOCK_D)
     acc1 = tl.zeros([BLOCK_F, BLOCK_D], CD)
     acc3 = tl.zeros([BLOCK_F, BLOCK_D], CD)
@@ -153,39 +159,7 @@ def _gate_up_pair(x_ptr, tok, e, w1_ptr, w3_ptr, D, sx, s1e, s1f, s3e, s3f, f, f
         m = fm[:, None] & dm[None, :]
         acc1 += tl.load(w1row + d[None, :], mask=m, other=0.0).to(CD) * xv[None, :]
         acc3 += tl.load(w3row + d[None, :], mask=m, other=0.0).to(CD) * xv[None, :]
-    return silu_f(tl.sum(acc1, axis=1)) * tl.sum(acc3, axis=1)
-
-
-@triton.jit
-def _down_pair(h_ptr, pair, e, w2_ptr, F, sh, s2e, s2d, d, dm,
-               CD: tl.constexpr, BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
-    """(w2[e] h[pair])[d] for one D tile, lane sums over f as ``_gate_up_pair`` (shared likewise)."""
-    f0 = tl.arange(0, BLOCK_F)
-    acc = tl.zeros([BLOCK_DO, BLOCK_F], CD)
-    w2row = w2_ptr + e * s2e + d[:, None].to(tl.int64) * s2d
-    for k0 in range(0, F, BLOCK_F):
-        f = k0 + f0
-        fm = f < F
-        hv = tl.load(h_ptr + pair * sh + f, mask=fm, other=0.0).to(CD)
-        acc += tl.load(w2row + f[None, :], mask=dm[:, None] & fm[None, :], other=0.0).to(CD) * hv[None, :]
-    return tl.sum(acc, axis=1)
-
-
-@triton.jit
-def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
-                         sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr, DENSE: tl.constexpr,
-                         BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
-    # grid (T * k_e pairs, cdiv(F, BLOCK_F)); h[pair, f] = silu(w1[e] x)[f] * (w3[e] x)[f]
-    # DENSE: one expert (e = 0) and no ids (the dense MLP / shared expert)
-    pair = tl.program_id(0).to(tl.int64)
-    if DENSE:
-        e = 0
-    else:
-        e = tl.load(ids_ptr + pair).to(tl.int64)
-    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-    fm = f < F
-    h = _gate_up_pair(x_ptr, pair // KE, e, w1_ptr, w3_ptr, D, sx, s1e, s1f, s3e, s3f, f, fm,
-                      CD, BLOCK_F, BLOCK_D)
+    h = silu_f(tl.sum(acc1, axis=1)) * tl.sum(acc3, axis=1)
     tl.store(h_ptr + pair * sh + f, h.to(h_ptr.dtype.element_ty), mask=fm)
 
 
@@ -203,44 +177,15 @@ def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, out_ptr, D, F, sh, s2e, s2d, so, C
         e = tl.load(ids_ptr + pair).to(tl.int64)
     d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
     dm = d < D
-    y = _down_pair(h_ptr, pair, e, w2_ptr, F, sh, s2e, s2d, d, dm, CD, BLOCK_DO, BLOCK_F)
-    tl.store(out_ptr + pair * so + d, y.to(out_ptr.dtype.element_ty), mask=dm)
-
-
-# The same GEMVs expert by expert (decode with many pairs): program (e, tile) runs every pair routed
-# to expert e, one after another, through the helpers above, so each pair's bits are those of the
-# per-pair kernels, while the expert's weight tile comes from HBM once and from the caches for its
-# other pairs. ``order`` lists the pairs grouped by expert, ``offs[e]``/``cnt[e]`` expert e's range.
-
-
-@triton.jit
-def _expert_gate_up_kernel(x_ptr, order_ptr, offs_ptr, cnt_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
-                           sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr,
-                           BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
-    # grid (E, cdiv(F, BLOCK_F)); experts without pairs return at once
-    e = tl.program_id(0).to(tl.int64)
-    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-    fm = f < F
-    start = tl.load(offs_ptr + e)
-    for i in range(0, tl.load(cnt_ptr + e)):
-        pair = tl.load(order_ptr + start + i).to(tl.int64)
-        h = _gate_up_pair(x_ptr, pair // KE, e, w1_ptr, w3_ptr, D, sx, s1e, s1f, s3e, s3f, f, fm,
-                          CD, BLOCK_F, BLOCK_D)
-        tl.store(h_ptr + pair * sh + f, h.to(h_ptr.dtype.element_ty), mask=fm)
-
-
-@triton.jit
-def _expert_down_kernel(h_ptr, order_ptr, offs_ptr, cnt_ptr, w2_ptr, out_ptr, D, F, sh, s2e, s2d, so,
-                        CD: tl.constexpr, BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
-    # grid (E, cdiv(D, BLOCK_DO))
-    e = tl.program_id(0).to(tl.int64)
-    d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
-    dm = d < D
-    start = tl.load(offs_ptr + e)
-    for i in range(0, tl.load(cnt_ptr + e)):
-        pair = tl.load(order_ptr + start + i).to(tl.int64)
-        y = _down_pair(h_ptr, pair, e, w2_ptr, F, sh, s2e, s2d, d, dm, CD, BLOCK_DO, BLOCK_F)
-        tl.store(out_ptr + pair * so + d, y.to(out_ptr.dtype.element_ty), mask=dm)
+    f0 = tl.arange(0, BLOCK_F)
+    acc = tl.zeros([BLOCK_DO, BLOCK_F], CD)
+    w2row = w2_ptr + e * s2e + d[:, None].to(tl.int64) * s2d
+    for k0 in range(0, F, BLOCK_F):
+        f = k0 + f0
+        fm = f < F
+        hv = tl.load(h_ptr + pair * sh + f, mask=fm, other=0.0).to(CD)
+        acc += tl.load(w2row + f[None, :], mask=dm[:, None] & fm[None, :], other=0.0).to(CD) * hv[None, :]
+    tl.store(out_ptr + pair * so + d, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=dm)
 
 
 # ----------------------------------------------------------------------------------------------

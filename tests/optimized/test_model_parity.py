@@ -23,7 +23,6 @@ import pytest
 import torch
 
 import optimized
-import optimized.moe
 import reference
 from optimized import _counters
 from optimized.backends import FAMILIES
@@ -435,15 +434,7 @@ def test_a_prefill_that_grows_the_paged_cache_decodes_as_one_that_fits(bf16_run)
     assert torch.equal(model.decode(5, a)[0], model.decode(5, b)[0])
 
 
-@pytest.mark.parametrize("by_expert", [False, True], ids=["per_pair", "batched_by_expert"])
-def test_bf16_decode_of_a_sequence_is_bitwise_the_same_alone_or_batched(bf16_run, by_expert, monkeypatch):
-    """``by_expert``: the batched steps run the routed experts expert by expert (the decode form
-    above GEMV_MAX_PAIRS pairs, lowered here to the pairs of one token), the lone steps per pair."""
-    grouped = []
-    if by_expert:
-        monkeypatch.setattr(optimized.moe, "GEMV_MAX_PAIRS", TINY.num_experts_per_token)
-        group = optimized.moe._group_pairs
-        monkeypatch.setattr(optimized.moe, "_group_pairs", lambda ids, E: grouped.append(ids.shape) or group(ids, E))
+def test_bf16_decode_of_a_sequence_is_bitwise_the_same_alone_or_batched(bf16_run):
     model = bf16_run["model"]
     prompts = [PROMPT[:5], [9, 8, 7]]
     pool = model.new_pool(len(prompts))
@@ -454,7 +445,6 @@ def test_bf16_decode_of_a_sequence_is_bitwise_the_same_alone_or_batched(bf16_run
     for k in range(2):
         logits, _ = model.decode_batch([n[k] for n in nxt], seqs)
         batched.append(logits)
-    assert bool(grouped) == by_expert  # the batched steps took the expert-major path (or not)
     for b, seq in enumerate(seqs_alone):
         for k in range(2):
             alone, _ = model.decode(nxt[b][k], seq)

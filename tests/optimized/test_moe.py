@@ -381,25 +381,6 @@ def test_experts_add_to_is_the_add_bitwise(dtype):
         moe._experts("test", x, weights, ids, w1, w2, w3, form="grouped", add_to=shared.clone())
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("T,D,F,E,KE", [(1, 40, 24, 16, 8), (6, 40, 24, 5, 3), (9, 24, 40, 4, 2)])
-def test_gemv_by_expert_is_bitwise_the_per_pair_gemv(dtype, T, D, F, E, KE):
-    """The expert-major GEMV (decode with many pairs) runs each pair through the per-pair kernels'
-    code: every output and the added-into result are the same bits, with experts hit by several
-    tokens, experts hit by none, and the token order inside an expert not the pair order."""
-    x, w1, w2, w3 = make_ffn(T, D, F, E, dtype, seed=T)
-    g = torch.Generator().manual_seed(T)
-    ids = torch.stack([torch.randperm(E, generator=g)[:KE] for _ in range(T)]).to(DEV)
-    weights = torch.rand((T, KE), generator=g).to(DEV)
-    per_pair = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv")
-    by_expert = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv_by_expert")
-    assert torch.equal(per_pair, by_expert)
-    base = torch.randn((T, D), generator=g).to(DEV, dtype)
-    a = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", add_to=base.clone())
-    b = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv_by_expert", add_to=base.clone())
-    assert torch.equal(a, b) and not torch.equal(a, base)
-
-
 def test_swiglu_refuses_tf32_in_fp32():
     x, w1, w2, w3 = make_ffn(20, 16, 8, 1, torch.float32, seed=0)  # > GEMV_MAX_PAIRS: torch GEMMs
     old = torch.backends.cuda.matmul.allow_tf32
