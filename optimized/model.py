@@ -37,8 +37,10 @@ always runs on exactly ``model.decode_tile`` rows (64 on CUDA, 4 under the CPU i
 every padding program costs as much as a real one): the B sequences, then padding rows (token 0,
 state slot -1: the state kernels skip them, the paged cache is not written). Library GEMMs and
 kernels whose launch configuration depends on the row count therefore always see one shape; more
-than ``decode_tile`` sequences run as several steps. The router logits (``moe.router_logits``, a
-batch-invariant kernel), the top-k and the routed experts run on the real rows only, the experts
+than ``decode_tile`` sequences run as several steps. The conv step, the KDA recurrence, the MLA
+cache write and attention (per-row kernels; the padding rows get zero rows, as those kernels gave
+them), the router logits (``moe.router_logits``, a batch-invariant kernel), the top-k and the
+routed experts run on the real rows only, the experts
 in the per-(token, expert) GEMV form whatever their number (their sum added into the shared
 expert's rows inside the combine kernel), and the MLA decode splits its key range into
 ``model.mla_decode_splits`` slices (fixed per model, never chosen from the batch). Each residual
@@ -102,6 +104,13 @@ def resolve_device(device) -> torch.device:
     if dev.type not in ("cuda", "cpu"):
         raise ValueError(f"device {str(device)!r}: only 'cuda' and 'cpu' are supported")
     return dev
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t [B, ...]`` followed by zero rows up to ``rows`` (one launch; ``t`` itself when full)."""
+    if t.shape[0] == rows:
+        return t
+    return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 1) + (0, rows - t.shape[0]))
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -369,8 +378,8 @@ class Model:
         def mixer(i, x):
             lw = self.weights.layers[i]
             if isinstance(lw.mixer, KDAWeights):
-                return self._kda_decode(i, lw.mixer, x, pool, slots)
-            return self._mla_decode(i, lw.mixer, x, pool, batch)
+                return self._kda_decode(i, lw.mixer, x, pool, slots, rows)
+            return self._mla_decode(i, lw.mixer, x, pool, batch, rows)
 
         h = self._stack(h, mixer, rows=rows, trace=trace)
         return self._logits(h, rows)
@@ -414,19 +423,22 @@ class Model:
         st.state[seq.slot] = s1[0]
         return self._kda_out(kw, o[0], gate)
 
-    def _kda_decode(self, i: int, kw: KDAWeights, x: torch.Tensor, pool: CachePool, slots: torch.Tensor):
+    def _kda_decode(self, i: int, kw: KDAWeights, x: torch.Tensor, pool: CachePool, slots: torch.Tensor,
+                    rows: int):
+        """The conv step and the recurrence on the first ``rows`` rows (the sequences: per-row
+        kernels, batch invariant); the padding rows' output is the zero rows those kernels gave them."""
         c, ops = self.config, self.ops
-        B = x.shape[0]
+        B = rows
         H, K = c.kda_num_heads, c.kda_head_dim
         HV, V = H, K
         qkv, g_raw, gate, b = self._kda_split(kw, x)
         st = pool.kda[i]
-        y = ops.short_conv_step_(qkv, kw.conv, st.conv, slots)  # a strided view: rows are read in place
+        y = ops.short_conv_step_(qkv[:B], kw.conv, st.conv, slots[:B])  # strided rows, read in place
         q, k, v = torch.split(y, kw.splits[:3], dim=-1)
         o = ops.kda_decode_(q.reshape(B, H, K), k.reshape(B, H, K), v.reshape(B, HV, V),
-                            g_raw.reshape(B, HV, K), b.reshape(B, HV), kw.A_log, kw.dt_bias,
-                            st.state, slots)
-        return self._kda_out(kw, o, gate)
+                            g_raw[:B].reshape(B, HV, K), b[:B].reshape(B, HV), kw.A_log, kw.dt_bias,
+                            st.state, slots[:B])
+        return self._kda_out(kw, _pad_rows(o, x.shape[0]), gate)
 
     # -- MLA (b.11 / b.12) ------------------------------------------------------------------------
     def _mla_split(self, mw, x: torch.Tensor):
@@ -451,15 +463,18 @@ class Model:
         o = self.ops.mla_prefill(q.reshape(1, T, N, P + R), latent[None], k_pe[None], mw.w_kvb)
         return _linear(o.reshape(T, N * Vh), mw.o_proj)
 
-    def _mla_decode(self, i: int, mw, x: torch.Tensor, pool: CachePool, batch):
+    def _mla_decode(self, i: int, mw, x: torch.Tensor, pool: CachePool, batch, rows: int):
+        """The cache write and the attention on the first ``rows`` rows (the sequences; the
+        padding rows' output is the zero rows the attention gave them)."""
         c = self.config
-        B = x.shape[0]
+        B = rows
         N, P, R, Vh = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
         q, latent, k_pe = self._mla_split(mw, x)
-        self.ops.mla_write(pool.mla[i], latent, k_pe, batch.slot_mapping)
-        o = self.ops.mla_decode(q.reshape(B, N, P + R), mw.w_kvb, pool.mla[i], batch,
+        real = DecodeBatch(batch.block_tables[:B], batch.seq_lens[:B], batch.slot_mapping[:B])
+        self.ops.mla_write(pool.mla[i], latent[:B], k_pe[:B], real.slot_mapping)
+        o = self.ops.mla_decode(q[:B].reshape(B, N, P + R), mw.w_kvb, pool.mla[i], real,
                                 num_splits=self.mla_decode_splits)
-        return _linear(o.reshape(B, N * Vh), mw.o_proj)
+        return _linear(_pad_rows(o.reshape(B, N * Vh), x.shape[0]), mw.o_proj)
 
     # -- MoE (b.13 / b.14) ------------------------------------------------------------------------
     def _moe(self, i: int, x: torch.Tensor, *, rows: int | None, trace: dict | None) -> torch.Tensor:
