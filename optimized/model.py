@@ -106,13 +106,6 @@ def resolve_device(device) -> torch.device:
     return dev
 
 
-def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """``t [B, ...]`` followed by zero rows up to ``rows`` (one launch; ``t`` itself when full)."""
-    if t.shape[0] == rows:
-        return t
-    return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 1) + (0, rows - t.shape[0]))
-
-
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``x @ w.T`` (x [M, in], w [out, in]): torch GEMM, fp32 accumulation for bf16 operands."""
     return x @ w.T
@@ -140,6 +133,7 @@ class Model:
         # decode steps without a trace replay captured CUDA graphs (optimized.graphs)
         self.cuda_graphs = bool(cuda_graphs)
         self._graphs = None
+        self._zero_rows: dict[tuple, torch.Tensor] = {}
         if self.cuda_graphs:
             from .graphs import DecodeGraphs
 
@@ -385,6 +379,17 @@ class Model:
         return self._logits(h, rows)
 
     # -- KDA (b.10) ------------------------------------------------------------------------------
+    def _pad_rows(self, t: torch.Tensor, rows: int) -> torch.Tensor:
+        """``t [B, ...]`` followed by zero rows up to ``rows``: one copy, the zeros read from a
+        buffer made once (by the first, eager step: a captured step only reads it); ``t`` when full."""
+        if t.shape[0] == rows:
+            return t
+        key = (rows, *t.shape[1:], t.dtype)
+        zeros = self._zero_rows.get(key)
+        if zeros is None:
+            zeros = self._zero_rows[key] = t.new_zeros((rows, *t.shape[1:]))
+        return torch.cat([t, zeros[t.shape[0]:]])
+
     def _kda_split(self, kw: KDAWeights, x: torch.Tensor):
         c = self.config
         H, K = c.kda_num_heads, c.kda_head_dim
@@ -438,7 +443,7 @@ class Model:
         o = ops.kda_decode_(q.reshape(B, H, K), k.reshape(B, H, K), v.reshape(B, HV, V),
                             g_raw[:B].reshape(B, HV, K), b[:B].reshape(B, HV), kw.A_log, kw.dt_bias,
                             st.state, slots[:B])
-        return self._kda_out(kw, _pad_rows(o, x.shape[0]), gate)
+        return self._kda_out(kw, self._pad_rows(o, x.shape[0]), gate)
 
     # -- MLA (b.11 / b.12) ------------------------------------------------------------------------
     def _mla_split(self, mw, x: torch.Tensor):
@@ -474,7 +479,7 @@ class Model:
         self.ops.mla_write(pool.mla[i], latent[:B], k_pe[:B], real.slot_mapping)
         o = self.ops.mla_decode(q[:B].reshape(B, N, P + R), mw.w_kvb, pool.mla[i], real,
                                 num_splits=self.mla_decode_splits)
-        return _linear(_pad_rows(o.reshape(B, N * Vh), x.shape[0]), mw.o_proj)
+        return _linear(self._pad_rows(o.reshape(B, N * Vh), x.shape[0]), mw.o_proj)
 
     # -- MoE (b.13 / b.14) ------------------------------------------------------------------------
     def _moe(self, i: int, x: torch.Tensor, *, rows: int | None, trace: dict | None) -> torch.Tensor:
