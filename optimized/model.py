@@ -3,7 +3,9 @@ every op family (torch for the plain projection GEMMs), carried state for servin
 
 ``load(path_or_source, *, device=None, dtype="bfloat16", moe_combine="unbiased", kv_norm_eps=1e-6,
 backends=None, cuda_graphs=None)`` returns a ``Model`` with the reference's API (``forward``,
-``prefill``, ``decode``) plus ``decode_batch`` and ``new_pool`` for batched decode (``optimized.cache``).
+``prefill``, ``decode``) plus ``decode_batch`` and ``new_pool`` for batched decode (``optimized.cache``)
+and ``greedy`` (greedy decoding with no host sync per step: the steps' inputs built up front, each
+argmax fed back on the device).
 
 Which kernel runs where:
 
