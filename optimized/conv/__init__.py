@@ -27,6 +27,7 @@ _TUNE: dict = {}
 
 #: Channels per step-kernel program: 2.84 us per call against 5.07 us at 1024 (H200, the 48B
 #: decode tile of 64 rows with one real row, C = 12288, 4 warps; ``benchmarks/tune_decode.py``).
+#: The CPU interpreter, where a program costs its Python overhead, takes 1024.
 STEP_BLOCK_C = 256
 
 
@@ -96,7 +97,8 @@ def _step_launch(op, x, weight, state, out_state, slot_ids):
         return y
     if W == 1:
         raise ValueError(f"{op}: weight: W = 1 has no state; use short_conv")
-    block_c = min(_TUNE.get("step_block_c", STEP_BLOCK_C), triton.next_power_of_2(C))
+    block_c = min(_TUNE.get("step_block_c", STEP_BLOCK_C if x.device.type == "cuda" else 1024),
+                  triton.next_power_of_2(C))
     _short_conv_step_kernel[(B, triton.cdiv(C, block_c))](
         x, weight, state, y, out_state, slot_ids if slot_ids is not None else x, C,
         x.stride(0), y.stride(0), state.stride(0), state.stride(1),

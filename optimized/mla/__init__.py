@@ -168,7 +168,9 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, num
         # the W_UV read: 4 chunks per head at Vh = 128 (bf16), launched next to each other so they
         # share the partials through L2. W_UV^T tiles [L, BLOCK_V] fit shared memory in every
         # dtype; at 4 warps and L = 512, ptxas (sm_90) spills with 64 bf16 columns.
-        bv = _TUNE.get("BLOCK_V", min(16 if dt.itemsize > 4 else 32, _pow2(Vh)))
+        # (the CPU interpreter, where a program costs its Python overhead, takes 128-byte rows)
+        bv = _TUNE.get("BLOCK_V", min(16 if dt.itemsize > 4 else 32, _pow2(Vh)) if q1.device.type == "cuda"
+                       else min(128 // dt.itemsize, _pow2(Vh)))
         _mla_combine_uv_kernel[(triton.cdiv(Vh, bv), N, triton.cdiv(B * T, br))](
             pacc, pml, w_uv, out, seq_lens if seq_lens is not None else pml, B * T, T, N, DV, Vh,
             w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), out.stride(2),
@@ -217,7 +219,8 @@ def _q_lat(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
     out = torch.empty((M, N, L), dtype=q_nope.dtype, device=q_nope.device)
     if M:
         bm = 16
-        bl = min(_TUNE.get("q_lat_l", Q_LAT_L), _pow2(L))
+        # one L tile per program on the CPU interpreter (a program costs its Python overhead there)
+        bl = min(_TUNE.get("q_lat_l", Q_LAT_L if q_nope.device.type == "cuda" else _pow2(L)), _pow2(L))
         _q_lat_kernel[(N, triton.cdiv(M, bm), triton.cdiv(L, bl))](
             q2, w_uk, out, M, P, L, q2.stride(0), q2.stride(1), w_uk.stride(0), w_uk.stride(1),
             out.stride(0), out.stride(1), CD=tl_compute_dtype(q_nope.dtype), BLOCK_M=bm,
