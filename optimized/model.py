@@ -380,7 +380,6 @@ class Model:
         h = self._stack(h, mixer, rows=rows, trace=trace)
         return self._logits(h, rows)
 
-    # -- KDA (b.10) ------------------------------------------------------------------------------
     def _pad_rows(self, t: torch.Tensor, rows: int) -> torch.Tensor:
         """``t [B, ...]`` followed by zero rows up to ``rows``: one copy, the zeros read from a
         buffer made once (by the first, eager step: a captured step only reads it); ``t`` when full."""
@@ -392,6 +391,7 @@ class Model:
             zeros = self._zero_rows[key] = t.new_zeros((rows, *t.shape[1:]))
         return torch.cat([t, zeros[t.shape[0]:]])
 
+    # -- KDA (b.10) ------------------------------------------------------------------------------
     def _kda_split(self, kw: KDAWeights, x: torch.Tensor):
         c = self.config
         H, K = c.kda_num_heads, c.kda_head_dim
