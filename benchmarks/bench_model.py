@@ -118,7 +118,7 @@ def bench_decode(model, B: int, prompt_len: int, steps: int, warmup: int, seed: 
     # runs out, and the decode step's CUDA graph is recaptured then (tens of ms inside the timed
     # loop); a server sizes its pool up front too
     block = 16
-    blocks_per_seq = -(-(prompt_len + warmup + 2 + 2 * steps) // block)
+    blocks_per_seq = -(-(prompt_len + warmup + 1 + 2 * steps) // block)
     pool = model.new_pool(B, block_size=block, num_blocks=B * blocks_per_seq)
     sync()
     t0 = time.perf_counter()
@@ -155,14 +155,14 @@ def bench_decode(model, B: int, prompt_len: int, steps: int, warmup: int, seed: 
     sync()
     per_call_ms = (time.perf_counter() - t0) / steps * 1e3
     ms = per_call_ms
-    if hasattr(model, "greedy"):  # the reference model has no greedy: its time is the loop's
-        model.greedy(toks, caches, 1)  # untimed: a graph for the greedy loop's inputs (same shapes)
-        sync()
+    # the reference model has no greedy: its time is the loop's; greedy replays the graph the loop
+    # above captured (same pool, same B)
+    if hasattr(model, "greedy"):
         t0 = time.perf_counter()
         toks = model.greedy(toks, caches, steps)[:, -1].tolist()
         sync()
         ms = (time.perf_counter() - t0) / steps * 1e3
-    context = prompt_len + warmup + 2 + steps  # mean cached positions over the two timed runs
+    context = prompt_len + warmup + 1 + steps  # mean cached positions over the two timed runs
     notes = ("model.greedy, wall clock per step (host work included, queued ahead of the GPU)"
              if hasattr(model, "greedy") else "decode loop, wall clock per step (host overhead included)")
     traffic = step_traffic(model, touched, B, context, caches[0].pool)
