@@ -32,9 +32,9 @@ DOWN = [{"down_d": d, "down_f": f, "down_warps": w}
 ROUTER = [{"router_e": e, "router_d": d, "router_warps": w}
           for e, d, w in itertools.product((1, 2, 4), (256, 1024, 2048), (4, 8))]
 SHARED_GATE_UP = [{"rows": r, "rows_f": f, "rows_d": d, "rows_warps": w}
-                  for r, f, d, w in itertools.product((4, 8), (4, 8, 16), (128, 256), (4, 8))]
+                  for r, f, d, w in itertools.product((4, 8), (2, 4, 8), (512, 1024), (4, 8))]
 SHARED_DOWN = [{"rows": r, "rows_down_d": d, "rows_down_f": f, "rows_down_warps": w}
-               for r, d, f, w in itertools.product((4, 8), (8, 16, 32), (256, 512), (4, 8))]
+               for r, d, f, w in itertools.product((4, 8), (4, 8, 16), (512, 1024), (4, 8))]
 KERNEL = {"gate_up": "_gemv_gate_up_kernel", "down": "_gemv_down_kernel", "router": "_router_logits_kernel",
           "shared_gate_up": "_rows_gate_up_kernel", "shared_down": "_rows_down_kernel"}
 SETTINGS = {"gate_up": GATE_UP, "down": DOWN, "router": ROUTER, "shared_gate_up": SHARED_GATE_UP,

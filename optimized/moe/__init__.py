@@ -42,13 +42,13 @@ GEMV_DOWN = {"down_d": 32, "down_f": 128, "down_warps": 8}
 GEMV_GATE_UP_CPU = {"gemv_f": 32}
 #: ``router_logits`` tiles (bf16/fp32 x): experts per program, lane width (the order of each
 #: logit's sum), warps.
-ROUTER_LOGITS = {"router_e": 4, "router_d": 256, "router_warps": 4}
+ROUTER_LOGITS = {"router_e": 2, "router_d": 1024, "router_warps": 4}
 #: Row-block GEMV form of ``swiglu`` (the shared expert in decode): ``rows`` tokens per program
 #: (one weight tile read serves them all), gate/up ``rows_f`` x ``rows_d`` tiles, down
 #: ``rows_down_d`` x ``rows_down_f``. ``rows`` and the lane widths fix the rounding order.
-SWIGLU_ROWS = {"rows": 4, "rows_f": 8, "rows_d": 256, "rows_warps": 4,
-               "rows_down_d": 16, "rows_down_f": 256, "rows_down_warps": 4}
-SWIGLU_ROWS_CPU = {"rows_f": 64, "rows_down_d": 128}
+SWIGLU_ROWS = {"rows": 4, "rows_f": 4, "rows_d": 512, "rows_warps": 8,
+               "rows_down_d": 8, "rows_down_f": 512, "rows_down_warps": 4}
+SWIGLU_ROWS_CPU = {"rows_f": 16, "rows_down_d": 32}
 
 
 def router_logits_config(E: int, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -236,6 +236,8 @@ def _swiglu_rows(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_do
         return y
     wg, wu, wd, x = (t if t.stride(-1) == 1 else t.contiguous() for t in (w_gate, w_up, w_down, x))
     cfg = {**SWIGLU_ROWS, **(SWIGLU_ROWS_CPU if x.device.type == "cpu" else {}), **_TUNE}
+    if x.dtype == torch.float64:  # lifted runs only: tiles small enough for fp64 accumulators
+        cfg.update(rows_d=min(cfg["rows_d"], 128), rows_down_f=min(cfg["rows_down_f"], 128))
     R = cfg["rows"]
     cd = tl_compute_dtype(x.dtype)
     h = torch.empty((max(rows, 1), F), dtype=x.dtype, device=x.device)
