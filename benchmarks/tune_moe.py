@@ -1,6 +1,6 @@
 """Launch-configuration sweep of the MoE decode kernels (``optimized.moe._TUNE``): the routed
-experts' GEMV form (one layer's 8 experts at B=1), ``router_logits`` and the shared expert's
-row-block GEMV form (at B=1 and B=64), per-kernel GPU time at the 48B model's sizes (bf16, E=256,
+experts' GEMV form (one layer's 8 experts at B=1) and ``router_logits`` (at B=1 and B=64; a
+64-copy rotation of router weights keeps them in HBM), per-kernel GPU time at the 48B model's sizes (bf16, E=256,
 D=2304, F=1024) for each setting, so the defaults are chosen from measurements.
 
 Each call routes the token to the next 8 of 256 experts (a fixed random permutation): one expert's
@@ -9,8 +9,7 @@ BLOCK_D (gate/up) and BLOCK_F (down) set the lane sums of each dot product (its 
 a new default changes bits and is re-certified (``parity certify --device cuda``); nothing here
 depends on the number of rows.
 
-    python benchmarks/tune_moe.py [--kernels gate_up down router shared_gate_up shared_down]
-                                  [--best-out best.json]
+    python benchmarks/tune_moe.py [--kernels gate_up down router] [--best-out best.json]
 """
 from __future__ import annotations
 
@@ -31,16 +30,9 @@ DOWN = [{"down_d": d, "down_f": f, "down_warps": w}
         for d, f, w in itertools.product((4, 8, 16, 32, 64), (128, 256, 512, 1024), (2, 4, 8))]
 ROUTER = [{"router_e": e, "router_d": d, "router_warps": w}
           for e, d, w in itertools.product((1, 2, 4), (256, 1024, 2048), (4, 8))]
-SHARED_GATE_UP = [{"rows": r, "rows_f": f, "rows_d": d, "rows_warps": w}
-                  for r, f, d, w in itertools.product((4, 8), (2, 4, 8), (512, 1024), (4, 8))]
-SHARED_DOWN = [{"rows": r, "rows_down_d": d, "rows_down_f": f, "rows_down_warps": w}
-               for r, d, f, w in itertools.product((4, 8), (4, 8, 16), (512, 1024), (4, 8))]
-KERNEL = {"gate_up": "_gemv_gate_up_kernel", "down": "_gemv_down_kernel", "router": "_router_logits_kernel",
-          "shared_gate_up": "_rows_gate_up_kernel", "shared_down": "_rows_down_kernel"}
-SETTINGS = {"gate_up": GATE_UP, "down": DOWN, "router": ROUTER, "shared_gate_up": SHARED_GATE_UP,
-            "shared_down": SHARED_DOWN}
-#: the decode tile: B real rows padded to 64 (optimized.model); the row-block kernels run on the
-#: real rows, so each setting is timed at B = 1 and B = 64
+KERNEL = {"gate_up": "_gemv_gate_up_kernel", "down": "_gemv_down_kernel", "router": "_router_logits_kernel"}
+SETTINGS = {"gate_up": GATE_UP, "down": DOWN, "router": ROUTER}
+#: the decode tile's rows (optimized.model): router_logits runs on the real rows, timed at B = 1 and 64
 TILE = 64
 
 
@@ -62,10 +54,7 @@ def main(argv=None):
     wts = torch.rand((1, KE), generator=g, device="cuda")
     perm = torch.randperm(E, generator=g, device="cuda").view(E // KE, 1, KE)
     out = torch.zeros((1, D), device="cuda", dtype=bf16)
-    # 64 router weights (151 MB) and 16 shared experts (226 MB) taken in turn: read from HBM
-    routers = torch.randn((64, E, D), generator=g, device="cuda") * 0.02
-    shared = torch.randn((16, 3 * F, D), generator=g, device="cuda", dtype=bf16) * 0.02
-    shared_down = torch.randn((16, D, F), generator=g, device="cuda", dtype=bf16) * 0.02
+    routers = torch.randn((64, E, D), generator=g, device="cuda") * 0.02  # 151 MB, taken in turn: from HBM
     call = itertools.count()
 
     def layer(B):
@@ -75,28 +64,11 @@ def main(argv=None):
     def router(B):
         moe.router_logits(x[:B], routers[next(call) % routers.shape[0]])
 
-    def shared_expert(B):
-        i = next(call) % shared.shape[0]
-        moe._swiglu_rows(x, shared[i, :F], shared[i, F:2 * F], shared_down[i], rows=B)
-
-    def shared_cublas(B):  # what the decode step ran before: torch GEMMs on the 64-row tile
-        i = next(call) % shared.shape[0]
-        moe.swiglu(x, shared[i, :F], shared[i, F:2 * F], shared_down[i])
-
-    run = {"gate_up": layer, "down": layer, "router": router, "shared_gate_up": shared_expert,
-           "shared_down": shared_expert}
-    sizes = {"gate_up": (1,), "down": (1,), "router": (1, TILE), "shared_gate_up": (1, TILE),
-             "shared_down": (1, TILE)}
+    run = {"gate_up": layer, "down": layer, "router": router}
+    sizes = {"gate_up": (1,), "down": (1,), "router": (1, TILE)}
     floor_us = {"gate_up": 2 * KE * F * D * 2 / HBM_BYTES_PER_S * 1e6,
                 "down": KE * D * F * 2 / HBM_BYTES_PER_S * 1e6,
-                "router": E * D * 4 / HBM_BYTES_PER_S * 1e6,
-                "shared_gate_up": 2 * F * D * 2 / HBM_BYTES_PER_S * 1e6,
-                "shared_down": D * F * 2 / HBM_BYTES_PER_S * 1e6}
-    if any(k.startswith("shared") for k in args.kernels):
-        for B in (1, TILE):
-            prof = kernel_profile(lambda: shared_cublas(B), reps=32)
-            print(f"shared expert, torch GEMMs on the {TILE}-row tile ({B} real): "
-                  f"{sum(us for _, us in prof.values()):.2f} us of kernels", flush=True)
+                "router": E * D * 4 / HBM_BYTES_PER_S * 1e6}
     best: dict = {}
     for which in args.kernels:
         for settings in SETTINGS[which]:

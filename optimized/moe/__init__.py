@@ -20,7 +20,7 @@ from ..elementwise._precision import (check_float, check_same_device, check_shap
                                       require_ieee_fp32_matmul, tl_compute_dtype)
 from .kernels import (_combine_kernel, _gemv_down_kernel, _gemv_gate_up_kernel,
                       _grouped_down_kernel, _grouped_gate_up_kernel, _router_kernel,
-                      _router_logits_kernel, _rows_down_kernel, _rows_gate_up_kernel, _silu_mul_kernel)
+                      _router_logits_kernel, _silu_mul_kernel)
 
 __all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 
@@ -28,8 +28,8 @@ __all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 #: the grouped tl.dot form above it. The two forms round differently (within the same bound).
 GEMV_MAX_PAIRS = 16
 
-#: Launch-configuration overrides (benchmarks/tuning only), any key of GEMV_GATE_UP, GEMV_DOWN,
-#: ROUTER_LOGITS or SWIGLU_ROWS. Speed only; they change the rounding order.
+#: Launch-configuration overrides (benchmarks/tuning only): any key of GEMV_GATE_UP, GEMV_DOWN or
+#: ROUTER_LOGITS. Speed only; they change the rounding order.
 _TUNE: dict = {}
 
 #: GEMV-form defaults, from ``benchmarks/tune_moe.py`` on an H200 (one layer's 8 experts at B=1,
@@ -40,26 +40,24 @@ GEMV_DOWN = {"down_d": 32, "down_f": 128, "down_warps": 8}
 #: Under the CPU interpreter a program costs its Python overhead, not its loads: 32 gate/up rows
 #: per program there (a 4x shorter grid; rows per program never change a value).
 GEMV_GATE_UP_CPU = {"gemv_f": 32}
-#: ``router_logits`` tiles (bf16/fp32 x): experts per program, lane width (the order of each
-#: logit's sum), warps.
+#: ``router_logits`` tiles (bf16/fp32 x): experts per program, lanes (the order of each logit's
+#: sum), warps. From ``benchmarks/tune_moe.py --kernels router`` on an H200 (18 settings, weights
+#: from HBM): 4.7 us at B=1 (17.5 us at B=64) against 8.8 us (10.7) for 4 experts x 256 lanes: a
+#: 1024-lane slice makes each program's chain of dependent loads 3 long instead of 9.
 ROUTER_LOGITS = {"router_e": 2, "router_d": 1024, "router_warps": 4}
-#: Row-block GEMV form of ``swiglu`` (the shared expert in decode): ``rows`` tokens per program
-#: (one weight tile read serves them all), gate/up ``rows_f`` x ``rows_d`` tiles, down
-#: ``rows_down_d`` x ``rows_down_f``. ``rows`` and the lane widths fix the rounding order.
-SWIGLU_ROWS = {"rows": 4, "rows_f": 4, "rows_d": 512, "rows_warps": 8,
-               "rows_down_d": 8, "rows_down_f": 512, "rows_down_warps": 4}
-SWIGLU_ROWS_CPU = {"rows_f": 16, "rows_down_d": 32}
 
 
 def router_logits_config(E: int, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Launch configuration of ``router_logits`` for ``E`` experts, hidden size ``D`` and x's dtype.
 
     Never a function of T: BLOCK_D fixes the order of every logit's sum (BLOCK_D lane sums, then a
-    tree), so the token count must not choose it (batch invariance). Measured on an H200 (bf16 x,
+    tree), so the token count must not choose it (batch invariance). bf16/fp32 tiles come from
+    ``ROUTER_LOGITS`` (measured there). With the earlier 4 experts x 256 lanes, on an H200 (bf16 x,
     E = 256, D = 2304, CUDA-graph replay; torch's cast + fp32 GEMM in brackets): T = 1: 6.0 us
     (6.0), T = 8: 6.2 (16.4), T = 64: 9.8 (15.5), T = 512: 63 (28), T = 2048: 242 (75),
-    T = 8192: 1030 (251): decode-sized T gains, prefill pays for batch invariance. fp64 (lifted
-    runs only) takes shorter slices to keep its accumulator in registers. E is not used today.
+    T = 8192: 1030 (251): decode-sized T gains, prefill pays for batch invariance (prefill keeps
+    torch's GEMM). fp64 (lifted runs only) takes shorter slices to keep its accumulator in
+    registers. E is not used today.
     """
     if dtype == torch.float64:
         return {"BLOCK_T": 8, "BLOCK_E": 4, "BLOCK_D": min(64, max(16, triton.next_power_of_2(max(D, 1)))),
@@ -184,30 +182,14 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: to
     """Dense SwiGLU MLP ``w_down (silu(w_gate x) * (w_up x))`` (dense MLP, shared expert).
 
     x: [T, D]; w_gate, w_up: [F, D]; w_down: [D, F]; all one dtype. Returns [T, D] in x's dtype.
-    Up to ``GEMV_MAX_PAIRS`` tokens (decode) it runs two row-block GEMV kernels (``SWIGLU_ROWS``
-    tokens share each weight tile; ``h`` rounded once to x's dtype; a row's bits do not depend on
-    T); above, torch GEMMs (fp32 accumulation for bf16; float32
+    Up to ``GEMV_MAX_PAIRS`` tokens (decode) it runs the GEMV kernels of ``experts`` (two launches,
+    ``h`` rounded once to x's dtype); above, torch GEMMs (fp32 accumulation for bf16; float32
     refuses TF32) and a Triton kernel for ``silu(g) * u`` in fp32 (g and u rounded to x's dtype by
     the GEMMs, as in HF/vLLM). When ``w_up``'s rows directly follow ``w_gate``'s in memory (the
     model's layout), gate and up are one GEMM over that ``[2F, D]`` block.
     """
     op = "moe.swiglu"
     _counters.record(op)
-    T, D = _check_swiglu(op, x, w_gate, w_up, w_down).shape
-    F = w_gate.shape[0]
-    if T <= GEMV_MAX_PAIRS:  # decode: the row-block GEMV kernels (two launches; h rounded once)
-        return _swiglu_rows(x, w_gate, w_up, w_down, rows=T)
-    require_ieee_fp32_matmul(op, x)
-    if _stacked(w_gate, w_up):  # one GEMM over the [2F, D] block (optimized.weights lays them so)
-        gu = x @ w_gate.as_strided((2 * F, D), (D, 1)).T
-        h = _silu_mul(gu[:, :F], gu[:, F:], x.dtype)
-    else:
-        h = _silu_mul(x @ w_gate.T, x @ w_up.T, x.dtype)
-    return h @ w_down.T
-
-
-def _check_swiglu(op, x, w_gate, w_up, w_down) -> torch.Tensor:
-    """``swiglu``'s argument checks; returns x."""
     for name, t in (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
         check_float(op, name, t)
         if t.dtype != x.dtype:
@@ -221,38 +203,19 @@ def _check_swiglu(op, x, w_gate, w_up, w_down) -> torch.Tensor:
     check_shape(op, "w_up", w_up, (F, D), "[F, D]")
     check_shape(op, "w_down", w_down, (D, F), "[D, F]")
     check_same_device(op, x=x, w_gate=w_gate, w_up=w_up, w_down=w_down)
-    return x
-
-
-def _swiglu_rows(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *,
-                 rows: int) -> torch.Tensor:
-    """Row-block GEMV form of ``swiglu`` (checked arguments): y [N, D] for x [N, D], the first
-    ``rows`` rows computed, the rest zeros (a decode tile's padding rows: no weight read for them).
-    A row's bits depend on neither N nor ``rows`` (``ROWS`` tokens per block, a constant)."""
-    N, D = x.shape
-    F = w_gate.shape[0]
-    y = torch.empty((N, D), dtype=x.dtype, device=x.device)
-    if N == 0 or D == 0:
+    if T <= GEMV_MAX_PAIRS:  # decode: the experts' GEMV kernels (two launches; h rounded once)
+        y = torch.empty((T, D), dtype=x.dtype, device=x.device)
+        if T:
+            wg, wu, wd, xc = (t if t.stride(-1) == 1 else t.contiguous() for t in (w_gate, w_up, w_down, x))
+            _gemv(xc, None, None, wg[None], wd[None], wu[None], y, T=T, D=D, KE=1, F=F)
         return y
-    wg, wu, wd, x = (t if t.stride(-1) == 1 else t.contiguous() for t in (w_gate, w_up, w_down, x))
-    cfg = {**SWIGLU_ROWS, **(SWIGLU_ROWS_CPU if x.device.type == "cpu" else {}), **_TUNE}
-    if x.dtype == torch.float64:  # lifted runs only: tiles small enough for fp64 accumulators
-        cfg.update(rows_d=min(cfg["rows_d"], 128), rows_down_f=min(cfg["rows_down_f"], 128))
-    R = cfg["rows"]
-    cd = tl_compute_dtype(x.dtype)
-    h = torch.empty((max(rows, 1), F), dtype=x.dtype, device=x.device)
-    if rows and F:
-        bf = min(cfg["rows_f"], triton.next_power_of_2(F))
-        bd = min(cfg["rows_d"], triton.next_power_of_2(D))
-        _rows_gate_up_kernel[(triton.cdiv(rows, R), triton.cdiv(F, bf))](
-            x, wg, wu, h, rows, D, F, x.stride(0), wg.stride(0), wu.stride(0), h.stride(0), CD=cd,
-            ROWS=R, BLOCK_F=bf, BLOCK_D=bd, num_warps=cfg["rows_warps"])
-    bdo = min(cfg["rows_down_d"], triton.next_power_of_2(D))
-    bf2 = min(cfg["rows_down_f"], triton.next_power_of_2(max(F, 1)))
-    _rows_down_kernel[(triton.cdiv(N, R), triton.cdiv(D, bdo))](
-        h, wd, y, rows if F else 0, N, D, F, h.stride(0), wd.stride(0), y.stride(0), CD=cd, ROWS=R,
-        BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=cfg["rows_down_warps"])
-    return y
+    require_ieee_fp32_matmul(op, x)
+    if _stacked(w_gate, w_up):  # one GEMM over the [2F, D] block (optimized.weights lays them so)
+        gu = x @ w_gate.as_strided((2 * F, D), (D, 1)).T
+        h = _silu_mul(gu[:, :F], gu[:, F:], x.dtype)
+    else:
+        h = _silu_mul(x @ w_gate.T, x @ w_up.T, x.dtype)
+    return h @ w_down.T
 
 
 def _stacked(top: torch.Tensor, bottom: torch.Tensor) -> bool:
@@ -308,25 +271,30 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch
     return _experts(op, x, weights, ids, w1, w2, w3, form=None)
 
 
-def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h, add=False):
-    """GEMV form into ``y`` (``add``: added to y's values)."""
+def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False):
+    """GEMV form into ``y`` (``add``: added to y's values); ``ids is None``: one dense expert (w* of
+    shape [1, ...]), weight 1."""
+    dense = ids is None
+    if h is None:
+        h = torch.empty((T * KE, F), dtype=x.dtype, device=x.device)
     cd = tl_compute_dtype(x.dtype)
     cfg = {**GEMV_GATE_UP, **GEMV_DOWN, **(GEMV_GATE_UP_CPU if x.device.type == "cpu" else {}), **_TUNE}
     bf = min(cfg["gemv_f"], triton.next_power_of_2(F))
     bd = min(cfg["gemv_d"], triton.next_power_of_2(D))
     _gemv_gate_up_kernel[(T * KE, triton.cdiv(F, bf))](
-        x, ids, w1, w3, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
-        w3.stride(0), w3.stride(1), h.stride(0), CD=cd, BLOCK_F=bf, BLOCK_D=bd,
+        x, x if dense else ids, w1, w3, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
+        w3.stride(0), w3.stride(1), h.stride(0), CD=cd, DENSE=dense, BLOCK_F=bf, BLOCK_D=bd,
         num_warps=cfg["gemv_warps"])
     bdo = min(cfg["down_d"], triton.next_power_of_2(D))
     bf2 = min(cfg["down_f"], triton.next_power_of_2(F))
-    out = torch.empty((T * KE, D), dtype=compute_dtype(x.dtype), device=x.device)
+    out = y if dense else torch.empty((T * KE, D), dtype=compute_dtype(x.dtype), device=x.device)
     _gemv_down_kernel[(T * KE, triton.cdiv(D, bdo))](
-        h, ids, w2, out, D, F, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        CD=cd, BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=cfg["down_warps"])
-    bc = min(1024, triton.next_power_of_2(D))
-    _combine_kernel[(T, triton.cdiv(D, bc))](
-        out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, ADD=add, num_warps=4)
+        h, x if dense else ids, w2, out, D, F, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+        CD=cd, DENSE=dense, BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=cfg["down_warps"])
+    if not dense:
+        bc = min(1024, triton.next_power_of_2(D))
+        _combine_kernel[(T, triton.cdiv(D, bc))](
+            out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, ADD=add, num_warps=4)
     return y
 
 

@@ -135,12 +135,16 @@ def _silu_mul_kernel(g_ptr, u_ptr, h_ptr, n_rows, F, sg, su, sh, CD: tl.constexp
 
 @triton.jit
 def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
-                         sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr,
+                         sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr, DENSE: tl.constexpr,
                          BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
     # grid (T * k_e pairs, cdiv(F, BLOCK_F)); h[pair, f] = silu(w1[e] x)[f] * (w3[e] x)[f]
+    # DENSE: one expert (e = 0) and no ids (the dense MLP / shared expert)
     pair = tl.program_id(0).to(tl.int64)
     tok = pair // KE
-    e = tl.load(ids_ptr + pair).to(tl.int64)
+    if DENSE:
+        e = 0
+    else:
+        e = tl.load(ids_ptr + pair).to(tl.int64)
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fm = f < F
     d0 = tl.arange(0, BLOCK_D)
@@ -161,13 +165,16 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
 
 @triton.jit
 def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, out_ptr, D, F, sh, s2e, s2d, so, CD: tl.constexpr,
-                      BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
+                      DENSE: tl.constexpr, BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
     # grid (T * k_e pairs, cdiv(D, BLOCK_DO)); out[pair, d] = (w2[e] h[pair])[d]: one program per
     # (pair, D tile), so a single token's 8 experts stream their rows in parallel (a program per D
     # tile looping over the experts left too few loads in flight). _combine_kernel then sums the
-    # pairs of a token in order.
+    # pairs of a token in order; DENSE: out is y itself (one expert, weight 1).
     pair = tl.program_id(0).to(tl.int64)
-    e = tl.load(ids_ptr + pair).to(tl.int64)
+    if DENSE:
+        e = 0
+    else:
+        e = tl.load(ids_ptr + pair).to(tl.int64)
     d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
     dm = d < D
     f0 = tl.arange(0, BLOCK_F)
@@ -179,64 +186,6 @@ def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, out_ptr, D, F, sh, s2e, s2d, so, C
         hv = tl.load(h_ptr + pair * sh + f, mask=fm, other=0.0).to(CD)
         acc += tl.load(w2row + f[None, :], mask=dm[:, None] & fm[None, :], other=0.0).to(CD) * hv[None, :]
     tl.store(out_ptr + pair * so + d, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=dm)
-
-
-# ----------------------------------------------------------------------------------------------
-# row-block GEMV form (the dense MLP / shared expert in decode)
-
-
-@triton.jit
-def _rows_gate_up_kernel(x_ptr, w1_ptr, w3_ptr, h_ptr, T, D, F, sx, s1, s3, sh, CD: tl.constexpr,
-                         ROWS: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
-    # grid (cdiv(T, ROWS), cdiv(F, BLOCK_F)); h[t, f] = silu(w1 x[t])[f] * (w3 x[t])[f]. A block of
-    # ROWS tokens shares each weight tile (read from HBM once per block, not once per token); the
-    # row block is the fastest grid axis, so the blocks that read one tile run together (L2 hits).
-    # One 2-D tile of ROWS * BLOCK_F (token, f) lines, each the products of its token's x with its
-    # f's weight row (a weight row appears once per token of the block: later copies hit the
-    # cache; padding tokens are masked and load nothing), BLOCK_D lanes summed by one tl.sum: every
-    # line the same order whatever T and its place in the block (ROWS is a constant, never T's).
-    i = tl.arange(0, ROWS * BLOCK_F)
-    r = tl.program_id(0) * ROWS + i // BLOCK_F
-    f = tl.program_id(1) * BLOCK_F + i % BLOCK_F
-    lm = (r < T) & (f < F)
-    d0 = tl.arange(0, BLOCK_D)
-    acc1 = tl.zeros([ROWS * BLOCK_F, BLOCK_D], CD)
-    acc3 = tl.zeros([ROWS * BLOCK_F, BLOCK_D], CD)
-    x_rows = x_ptr + r[:, None].to(tl.int64) * sx
-    w1row = w1_ptr + f[:, None].to(tl.int64) * s1
-    w3row = w3_ptr + f[:, None].to(tl.int64) * s3
-    for k0 in range(0, D, BLOCK_D):
-        d = k0 + d0
-        m = lm[:, None] & (d < D)[None, :]
-        xv = tl.load(x_rows + d[None, :], mask=m, other=0.0).to(CD)
-        acc1 += tl.load(w1row + d[None, :], mask=m, other=0.0).to(CD) * xv
-        acc3 += tl.load(w3row + d[None, :], mask=m, other=0.0).to(CD) * xv
-    h = silu_f(tl.sum(acc1, axis=1)) * tl.sum(acc3, axis=1)
-    tl.store(h_ptr + r.to(tl.int64) * sh + f, h.to(h_ptr.dtype.element_ty), mask=lm)
-
-
-@triton.jit
-def _rows_down_kernel(h_ptr, w2_ptr, y_ptr, T, N, D, F, sh, s2, sy, CD: tl.constexpr,
-                      ROWS: tl.constexpr, BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
-    # grid (cdiv(N, ROWS), cdiv(D, BLOCK_DO)); y[t, d] = (w2 h[t])[d] for t < T, zeros for the
-    # padding rows T <= t < N (a block of padding rows skips its loop: no weight is read for it).
-    # (token, d) lines as in _rows_gate_up_kernel.
-    rb = tl.program_id(0) * ROWS
-    i = tl.arange(0, ROWS * BLOCK_DO)
-    r = rb + i // BLOCK_DO
-    d = tl.program_id(1) * BLOCK_DO + i % BLOCK_DO
-    lm = (r < T) & (d < D)
-    f0 = tl.arange(0, BLOCK_F)
-    acc = tl.zeros([ROWS * BLOCK_DO, BLOCK_F], CD)
-    h_rows = h_ptr + r[:, None].to(tl.int64) * sh
-    w2row = w2_ptr + d[:, None].to(tl.int64) * s2
-    f_end = tl.where(rb < T, F, 0)
-    for k0 in range(0, f_end, BLOCK_F):
-        f = k0 + f0
-        m = lm[:, None] & (f < F)[None, :]
-        acc += tl.load(w2row + f[None, :], mask=m, other=0.0).to(CD) * tl.load(h_rows + f[None, :], mask=m, other=0.0).to(CD)
-    tl.store(y_ptr + r.to(tl.int64) * sy + d, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty),
-             mask=(r < N) & (d < D))
 
 
 # ----------------------------------------------------------------------------------------------
