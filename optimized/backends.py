@@ -178,11 +178,12 @@ class Ops:
         return self._opt["kda"].fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias,
                                               initial_state=initial_state)
 
-    def kda_decode_(self, q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids):
+    def kda_decode_(self, q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, out=None):
         """One recurrent step for B sequences (q, k [B,H,K], v [B,HV,V], g_raw [B,HV,K],
-        beta_logits [B,HV]); states in ``state_pool`` at ``slot_ids`` updated in place; -> o [B,HV,V]."""
+        beta_logits [B,HV]); states in ``state_pool`` at ``slot_ids`` updated in place; -> o [B,HV,V]
+        (written into ``out`` when given)."""
         if self._is_ref("kda"):
-            o = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+            o = torch.zeros(v.shape, dtype=q.dtype, device=q.device) if out is None else out.zero_()
             real = slot_ids >= 0  # negative slot id: a padding row (output 0, no state touched)
             if bool(real.any()):
                 slots = slot_ids[real]
@@ -194,7 +195,7 @@ class Ops:
                 o[real] = _back(out[:, 0], q)
             return o
         return self._opt["kda"].fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias,
-                                                       state_pool, slot_ids)
+                                                       state_pool, slot_ids, out=out)
 
     # -- mla ------------------------------------------------------------------------------------
     def mla_prefill(self, q, latent, k_pe, w_kvb):
@@ -213,13 +214,14 @@ class Ops:
             return
         cache.write(latent, k_pe, slot_mapping)
 
-    def mla_decode(self, q, w_kvb, cache, batch, *, num_splits):
+    def mla_decode(self, q, w_kvb, cache, batch, *, num_splits, out=None):
         """q [B,N,P+R], one new token per row, over the paged ``cache`` described by ``batch``
         (``optimized.cache.DecodeBatch``: block tables, lengths including this token, slot mapping
-        (negative = padding row)); -> o [B,N,Vh]. ``num_splits`` fixed by the model, never from B."""
+        (negative = padding row)); -> o [B,N,Vh] (written into ``out`` when given). ``num_splits``
+        fixed by the model, never from B."""
         if self._is_ref("mla"):
-            o = torch.zeros(q.shape[:2] + (w_kvb.shape[0] // q.shape[1] - (q.shape[2] - cache.R),),
-                            dtype=q.dtype, device=q.device)
+            shape = q.shape[:2] + (w_kvb.shape[0] // q.shape[1] - (q.shape[2] - cache.R),)
+            o = torch.zeros(shape, dtype=q.dtype, device=q.device) if out is None else out.zero_()
             real = (batch.slot_mapping >= 0).tolist()
             for b, is_real in enumerate(real):
                 if not is_real:
@@ -230,7 +232,7 @@ class Ops:
                 o[b] = _back(out[0, 0], q)
             return o
         return self._opt["mla"].paged_decode(q, cache, batch.block_tables, batch.seq_lens, w_kvb,
-                                             num_splits=num_splits)
+                                             num_splits=num_splits, out=out)
 
     # -- moe ------------------------------------------------------------------------------------
     def router_logits(self, x, weight):

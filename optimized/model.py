@@ -135,7 +135,7 @@ class Model:
         # decode steps without a trace replay captured CUDA graphs (optimized.graphs)
         self.cuda_graphs = bool(cuda_graphs)
         self._graphs = None
-        self._zero_rows: dict[tuple, torch.Tensor] = {}
+        self._tile_bufs: dict[tuple, torch.Tensor] = {}
         if self.cuda_graphs:
             from .graphs import DecodeGraphs
 
@@ -380,16 +380,18 @@ class Model:
         h = self._stack(h, mixer, rows=rows, trace=trace)
         return self._logits(h, rows)
 
-    def _pad_rows(self, t: torch.Tensor, rows: int) -> torch.Tensor:
-        """``t [B, ...]`` followed by zero rows up to ``rows``: one copy, the zeros read from a
-        buffer made once (by the first, eager step: a captured step only reads it); ``t`` when full."""
-        if t.shape[0] == rows:
-            return t
-        key = (rows, *t.shape[1:], t.dtype)
-        zeros = self._zero_rows.get(key)
-        if zeros is None:
-            zeros = self._zero_rows[key] = t.new_zeros((rows, *t.shape[1:]))
-        return torch.cat([t, zeros[t.shape[0]:]])
+    def _tile_out(self, rows: int, B: int, shape: tuple) -> torch.Tensor:
+        """The ``[rows, *shape]`` tile a decode step's mixer writes its B sequences' output into
+        (its first B rows, in place), so the tile's GEMM reads it without a padding copy. Rows B..
+        are zeros for good: one buffer per (rows, B, shape), made by the first, eager step (a
+        captured step only writes its first B rows); layers reuse it, each one's output read by
+        its own norm/GEMM before the next layer writes."""
+        key = (rows, B, *shape)
+        buf = self._tile_bufs.get(key)
+        if buf is None:
+            buf = self._tile_bufs[key] = torch.zeros((rows, *shape), dtype=self.dtype,
+                                                     device=self.device)
+        return buf
 
     # -- KDA (b.10) ------------------------------------------------------------------------------
     def _kda_split(self, kw: KDAWeights, x: torch.Tensor):
@@ -442,10 +444,11 @@ class Model:
         st = pool.kda[i]
         y = ops.short_conv_step_(qkv[:B], kw.conv, st.conv, slots[:B])  # strided rows, read in place
         q, k, v = torch.split(y, kw.splits[:3], dim=-1)
-        o = ops.kda_decode_(q.reshape(B, H, K), k.reshape(B, H, K), v.reshape(B, HV, V),
-                            g_raw[:B].reshape(B, HV, K), b[:B].reshape(B, HV), kw.A_log, kw.dt_bias,
-                            st.state, slots[:B])
-        return self._kda_out(kw, self._pad_rows(o, x.shape[0]), gate)
+        tile = self._tile_out(x.shape[0], B, (HV, V))
+        ops.kda_decode_(q.reshape(B, H, K), k.reshape(B, H, K), v.reshape(B, HV, V),
+                        g_raw[:B].reshape(B, HV, K), b[:B].reshape(B, HV), kw.A_log, kw.dt_bias,
+                        st.state, slots[:B], out=tile[:B])
+        return self._kda_out(kw, tile, gate)
 
     # -- MLA (b.11 / b.12) ------------------------------------------------------------------------
     def _mla_split(self, mw, x: torch.Tensor):
@@ -479,9 +482,10 @@ class Model:
         q, latent, k_pe = self._mla_split(mw, x)
         real = DecodeBatch(batch.block_tables[:B], batch.seq_lens[:B], batch.slot_mapping[:B])
         self.ops.mla_write(pool.mla[i], latent[:B], k_pe[:B], real.slot_mapping)
-        o = self.ops.mla_decode(q[:B].reshape(B, N, P + R), mw.w_kvb, pool.mla[i], real,
-                                num_splits=self.mla_decode_splits)
-        return _linear(self._pad_rows(o.reshape(B, N * Vh), x.shape[0]), mw.o_proj)
+        tile = self._tile_out(x.shape[0], B, (N * Vh,))
+        self.ops.mla_decode(q[:B].reshape(B, N, P + R), mw.w_kvb, pool.mla[i], real,
+                            num_splits=self.mla_decode_splits, out=tile[:B].view(B, N, Vh))
+        return _linear(tile, mw.o_proj)
 
     # -- MoE (b.13 / b.14) ------------------------------------------------------------------------
     def _moe(self, i: int, x: torch.Tensor, *, rows: int | None, trace: dict | None) -> torch.Tensor:

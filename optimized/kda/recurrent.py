@@ -169,7 +169,7 @@ def fused_recurrent(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, 
 
 
 def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *,
-                           scale=None):
+                           scale=None, out=None):
     """One decode step for a batch of sequences, updating their states IN PLACE in a pool.
 
     q, k: [B,H,K] (raw; l2-normalized in kernel); v: [B,HV,V]; g_raw: [B,HV,K]; beta_logits: [B,HV];
@@ -177,7 +177,9 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
     (float64 for fp64 runs), K-first; slot_ids: [B] ints on the pool's device. Sequence b reads and
     writes only ``state_pool[slot_ids[b]]``; other slots are never touched. ``slot_ids[b] < 0`` marks a
     padding entry (output 0, no state access). Slot ids must be distinct and < num_slots (not checked:
-    that would need a host sync). Returns o [B,HV,V] in q.dtype.
+    that would need a host sync). Returns o [B,HV,V] in q.dtype; ``out`` (optional, a contiguous
+    [B,HV,V] tensor of q's dtype on q's device, e.g. the first rows of a padded decode tile): o
+    is written there and returned.
     """
     _counters.record("kda.fused_recurrent_decode")
     # The per-token hot path: one combined test of everything; the detailed checks (which name the
@@ -200,7 +202,7 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
     if not ok:
         _decode_checks(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids)
     scale = K ** -0.5 if scale is None else float(scale)
-    o = torch.empty(B, HV, V, dtype=q.dtype, device=q.device)
+    o = _out_tensor("kda.fused_recurrent_decode", out, (B, HV, V), q)
     if B == 0:
         return o
     BV = min(_BV, max(16, next_pow2(V)))
@@ -212,6 +214,18 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
         H=H, HV=HV, K=K, V=V, BK=block_k(K), BV=BV, FUSED=True, HAS_H0=True, IS_VARLEN=False,
         USE_SLOTS=True, num_warps=4)
     return o
+
+
+def _out_tensor(op: str, out, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+    """``out`` checked to be a contiguous ``shape`` tensor of like's dtype and device, or a new one."""
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    if (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape) or out.dtype != like.dtype
+            or out.device != like.device or not out.is_contiguous()):
+        got = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"{op}: out: expected a contiguous {tuple(shape)} {like.dtype} tensor on "
+                         f"{like.device}, got {got}")
+    return out
 
 
 def _token_rows(x: torch.Tensor) -> torch.Tensor:

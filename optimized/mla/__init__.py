@@ -367,7 +367,7 @@ class PagedLatentCache:
 
 def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, w_kvb: torch.Tensor, *, scale: float | None = None,
-                 num_splits: int | None = None) -> torch.Tensor:
+                 num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Absorbed MLA decode over a paged cache: one query token per sequence.
 
     q: [B, N, P+R] (the token at position ``seq_lens[b] - 1``, already written to the cache);
@@ -378,7 +378,9 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
     order of :func:`absorbed` on the contiguous cache, so the results are bitwise equal.
     ``num_splits`` defaults to :data:`DECODE_SPLITS` on a GPU (1 on CPU): a constant, never chosen
     from the batch or the block-table width, so a sequence's output is bitwise the same whatever
-    it is batched with (each sequence's slices depend only on its own length).
+    it is batched with (each sequence's slices depend only on its own length). ``out``
+    (optional, a contiguous [B, N, Vh] tensor of q's dtype on q's device, e.g. the first rows of a
+    padded decode tile): o is written there and returned.
     """
     op = "mla.paged_decode"
     _counters.record(op)
@@ -406,7 +408,15 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
     w_uk, w_uv = _w_views(w_kvb, N, P, Vh)
     q4 = q[:, None]  # [B, 1, N, P+R]
     q_lat = _q_lat(q4[..., :P], w_uk)
-    o = torch.empty((B, 1, N, Vh), dtype=q.dtype, device=q.device)
+    if out is None:
+        o = torch.empty((B, 1, N, Vh), dtype=q.dtype, device=q.device)
+    elif (isinstance(out, torch.Tensor) and tuple(out.shape) == (B, N, Vh) and out.dtype == q.dtype
+          and out.device == q.device and out.is_contiguous()):
+        o = out[:, None]
+    else:
+        got = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"{op}: out: expected a contiguous {(B, N, Vh)} {q.dtype} tensor on {q.device}, "
+                         f"got {got}")
     kv = cache.kv.view(-1, L + R)
     _attend(q_lat, q4[..., P:], kv, kv[:, L:], kv, o, T=1, S=capacity, N=N, D1=L, R=R, DV=L,
             scale=scale, shared_kv=True, num_splits=num_splits,

@@ -142,6 +142,26 @@ def test_decode_run_to_run_and_padding_slot():
     assert torch.equal(p1[1], before[1]), "slot 1 is named by nobody: untouched"
 
 
+def test_decode_into_out_rows_of_a_padded_tile_bitwise():
+    """``out`` = the first B rows of a wider zero tile (the model's decode tile): the bits of a fresh
+    output, written there and returned; the tile's other rows untouched; a wrong ``out`` is one
+    ValueError naming it, raised before any state is updated."""
+    slots = [3, 1, 0]
+    d, pool, sl = make_step(3, 2, 4, 32, 16, torch.bfloat16, 6, slots, seed=6)
+    p_out, p_new = pool.clone(), pool.clone()
+    tile = torch.zeros((5, 4, 16), dtype=torch.bfloat16, device=DEV)
+    o = decode(d, p_out, sl, out=tile[:3])
+    want = decode(d, p_new, sl)
+    assert o.data_ptr() == tile.data_ptr()
+    assert torch.equal(tile[:3], want) and torch.equal(p_out, p_new)
+    assert not tile[3:].any(), "rows past B must stay as they were"
+    for bad in (tile[:2], tile[:3].float(), tile[:3, :, ::2], torch.zeros((3, 4, 32), dtype=torch.bfloat16)):
+        before = p_out.clone()
+        with pytest.raises(ValueError, match=r"^kda.fused_recurrent_decode: out: expected a contiguous") as e:
+            decode(d, p_out, sl, out=bad)
+        assert "\n" not in str(e.value) and torch.equal(p_out, before)
+
+
 def test_decode_continues_prefill_bitwise():
     """fused_recurrent over T tokens, then decode token T from the returned state (in a pool slot) ==
     fused_recurrent over T + 1 tokens: the output in bytes, the state in bytes under the interpreter

@@ -181,6 +181,22 @@ def test_idle_rows_give_zeros_and_leave_the_live_rows_bitwise_unchanged(splits):
     assert torch.equal(o[2].view(torch.int16), full[2].view(torch.int16))
 
 
+def test_paged_decode_into_out_rows_of_a_padded_tile_bitwise():
+    """``out`` = the first B rows of a wider zero tile (the model's decode tile): the bits of a fresh
+    output, written there; the other rows untouched; a wrong ``out`` is one ValueError naming it."""
+    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup([21, 13, 8], torch.bfloat16, seed=9)
+    N, Vh = SMALL["N"], SMALL["Vh"]
+    want = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=2)
+    tile = torch.zeros((5, N * Vh), dtype=torch.bfloat16, device=DEV)
+    o = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=2, out=tile[:3].view(3, N, Vh))
+    assert o.data_ptr() == tile.data_ptr() and o.shape == (3, N, Vh)
+    assert torch.equal(tile[:3].view(3, N, Vh), want) and not tile[3:].any()
+    for bad in (tile[:2].view(2, N, Vh), tile[:3].view(3, N, Vh).float(), tile[:3].view(3, N, Vh)[:, :, ::2]):
+        with pytest.raises(ValueError, match=r"^mla.paged_decode: out: expected a contiguous") as e:
+            mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=2, out=bad)
+        assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_paged_decode_split_grids_padding_blocks(dtype, monkeypatch):
     """The column splits of the two GEMV-like kernels (q_lat over L, the merge + W_UV epilogue over
