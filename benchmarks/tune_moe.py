@@ -28,8 +28,8 @@ GATE_UP = [{"gemv_f": f, "gemv_d": d, "gemv_warps": w}
            for f, d, w in itertools.product((8, 16, 32, 64), (128, 256, 512), (2, 4, 8))]
 DOWN = [{"down_d": d, "down_f": f, "down_warps": w}
         for d, f, w in itertools.product((4, 8, 16, 32, 64), (128, 256, 512, 1024), (2, 4, 8))]
-ROUTER = [{"router_e": e, "router_d": d, "router_warps": w}
-          for e, d, w in itertools.product((1, 2, 4), (256, 1024, 2048), (4, 8))]
+ROUTER = [{"router_t": t, "router_e": e, "router_d": d, "router_warps": w}
+          for t, e, d, w in itertools.product((1, 8), (1, 2), (1024, 2048, 4096), (4, 8))]
 KERNEL = {"gate_up": "_gemv_gate_up_kernel", "down": "_gemv_down_kernel", "router": "_router_logits_kernel"}
 SETTINGS = {"gate_up": GATE_UP, "down": DOWN, "router": ROUTER}
 #: the decode tile's rows (optimized.model): router_logits runs on the real rows, timed at B = 1 and 64

@@ -40,11 +40,11 @@ GEMV_DOWN = {"down_d": 32, "down_f": 128, "down_warps": 8, "fused_combine": True
 #: Under the CPU interpreter a program costs its Python overhead, not its loads: 32 gate/up rows
 #: per program there (a 4x shorter grid; rows per program never change a value).
 GEMV_GATE_UP_CPU = {"gemv_f": 32}
-#: ``router_logits`` tiles (bf16/fp32 x): experts per program, lanes (the order of each logit's
-#: sum), warps. From ``benchmarks/tune_moe.py --kernels router`` on an H200 (18 settings, weights
+#: ``router_logits`` tiles (bf16/fp32 x): tokens and experts per program, lanes (the order of each
+#: logit's sum), warps. From ``benchmarks/tune_moe.py --kernels router`` on an H200 (18 settings, weights
 #: from HBM): 4.7 us at B=1 (17.5 us at B=64) against 8.8 us (10.7) for 4 experts x 256 lanes: a
 #: 1024-lane slice makes each program's chain of dependent loads 3 long instead of 9.
-ROUTER_LOGITS = {"router_e": 2, "router_d": 1024, "router_warps": 4}
+ROUTER_LOGITS = {"router_t": 8, "router_e": 2, "router_d": 1024, "router_warps": 4}
 
 
 def router_logits_config(E: int, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -63,7 +63,7 @@ def router_logits_config(E: int, D: int, dtype: torch.dtype = torch.bfloat16) ->
         return {"BLOCK_T": 8, "BLOCK_E": 4, "BLOCK_D": min(64, max(16, triton.next_power_of_2(max(D, 1)))),
                 "num_warps": 4, "num_stages": 3}
     cfg = {**ROUTER_LOGITS, **{k: v for k, v in _TUNE.items() if k in ROUTER_LOGITS}}
-    return {"BLOCK_T": 8, "BLOCK_E": cfg["router_e"],
+    return {"BLOCK_T": cfg["router_t"], "BLOCK_E": cfg["router_e"],
             "BLOCK_D": min(cfg["router_d"], max(16, triton.next_power_of_2(max(D, 1)))),
             "num_warps": cfg["router_warps"], "num_stages": 3}
 
