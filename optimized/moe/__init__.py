@@ -36,7 +36,7 @@ _TUNE: dict = {}
 #: weights from HBM; 36 gate/up and 60 down settings): gate/up 21.7 us (floor 17.6), down 11.1 us
 #: (floor 8.8) against 15.8 us for the previous down setting (32 rows, 256-wide lanes, 4 warps).
 GEMV_GATE_UP = {"gemv_f": 8, "gemv_d": 256, "gemv_warps": 2}
-GEMV_DOWN = {"down_d": 32, "down_f": 128, "down_warps": 8, "fused_combine": True}
+GEMV_DOWN = {"down_d": 32, "down_f": 128, "down_warps": 8}
 #: Under the CPU interpreter a program costs its Python overhead, not its loads: 32 gate/up rows
 #: per program there (a 4x shorter grid; rows per program never change a value).
 GEMV_GATE_UP_CPU = {"gemv_f": 32}
@@ -288,31 +288,14 @@ def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False):
     bdo = min(cfg["down_d"], triton.next_power_of_2(D))
     bf2 = min(cfg["down_f"], triton.next_power_of_2(F))
     out = y if dense else torch.empty((T * KE, D), dtype=compute_dtype(x.dtype), device=x.device)
-    n_tiles = triton.cdiv(D, bdo)
-    fused = not dense and cfg["fused_combine"]
-    cnt = _combine_counters(x.device, T * n_tiles) if fused else out
-    _gemv_down_kernel[(T * KE, n_tiles)](
+    _gemv_down_kernel[(T * KE, triton.cdiv(D, bdo))](
         h, x if dense else ids, w2, out, D, F, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        out if dense else weights, y, cnt, KE, y.stride(0), CD=cd, DENSE=dense, BLOCK_DO=bdo, BLOCK_F=bf2,
-        COMBINE=fused, ADD=add, num_warps=cfg["down_warps"])
-    if not dense and not fused:
+        CD=cd, DENSE=dense, BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=cfg["down_warps"])
+    if not dense:
         bc = min(1024, triton.next_power_of_2(D))
         _combine_kernel[(T, triton.cdiv(D, bc))](
             out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, ADD=add, num_warps=4)
     return y
-
-
-_COUNTERS: dict = {}
-
-
-def _combine_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 counters for the fused combine of the GEMV down kernel, one per (token, D tile):
-    every launch leaves them zero again, so one buffer per device serves every call (grown, never
-    shrunk; made by an eager call before a CUDA graph captures the step)."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[device] = torch.zeros(max(n, 1 << 13), dtype=torch.int32, device=device)
-    return buf
 
 
 def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None):

@@ -164,15 +164,12 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
 
 
 @triton.jit
-def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, out_ptr, D, F, sh, s2e, s2d, so, wts_ptr, y_ptr, cnt_ptr,
-                      KE, sy, CD: tl.constexpr, DENSE: tl.constexpr, BLOCK_DO: tl.constexpr,
-                      BLOCK_F: tl.constexpr, COMBINE: tl.constexpr, ADD: tl.constexpr):
+def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, out_ptr, D, F, sh, s2e, s2d, so, CD: tl.constexpr,
+                      DENSE: tl.constexpr, BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
     # grid (T * k_e pairs, cdiv(D, BLOCK_DO)); out[pair, d] = (w2[e] h[pair])[d]: one program per
     # (pair, D tile), so a single token's 8 experts stream their rows in parallel (a program per D
-    # tile looping over the experts left too few loads in flight). DENSE: out is y itself (one
-    # expert, weight 1). COMBINE: the token's combine for this D tile runs here, in the program
-    # that finishes it last (below), instead of in _combine_kernel: the same loads and arithmetic
-    # in the same order, so the same bits, one launch fewer.
+    # tile looping over the experts left too few loads in flight). _combine_kernel then sums the
+    # pairs of a token in order; DENSE: out is y itself (one expert, weight 1).
     pair = tl.program_id(0).to(tl.int64)
     if DENSE:
         e = 0
@@ -189,25 +186,6 @@ def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, out_ptr, D, F, sh, s2e, s2d, so, w
         hv = tl.load(h_ptr + pair * sh + f, mask=fm, other=0.0).to(CD)
         acc += tl.load(w2row + f[None, :], mask=dm[:, None] & fm[None, :], other=0.0).to(CD) * hv[None, :]
     tl.store(out_ptr + pair * so + d, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=dm)
-    if COMBINE:
-        # one counter per (token, D tile), zero between launches: each of the token's KE programs
-        # for this tile adds 1 after its stores (the barrier orders every thread's stores before
-        # the release); the one that sees KE - 1 has all KE rows visible (acquire), resets the
-        # counter and combines, k ascending as _combine_kernel, reading the rows from L2 (.cg)
-        tok = pair // KE
-        slot = cnt_ptr + tok * tl.num_programs(1) + tl.program_id(1)
-        tl.debug_barrier()
-        if tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu") == KE - 1:
-            tl.store(slot, 0)
-            y = tl.zeros([BLOCK_DO], CD)
-            for k in range(0, KE):
-                p = tok * KE + k
-                y += tl.load(wts_ptr + p).to(CD) * tl.load(out_ptr + p * so + d, mask=dm, other=0.0,
-                                                           cache_modifier=".cg").to(CD)
-            y = y.to(y_ptr.dtype.element_ty)
-            if ADD:
-                y = (y.to(CD) + tl.load(y_ptr + tok * sy + d, mask=dm, other=0.0).to(CD)).to(y_ptr.dtype.element_ty)
-            tl.store(y_ptr + tok * sy + d, y, mask=dm)
 
 
 # ----------------------------------------------------------------------------------------------

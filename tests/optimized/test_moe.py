@@ -381,29 +381,6 @@ def test_experts_add_to_is_the_add_bitwise(dtype):
         moe._experts("test", x, weights, ids, w1, w2, w3, form="grouped", add_to=shared.clone())
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("add", [False, True])
-def test_experts_gemv_fused_combine_is_the_combine_kernel_bitwise(dtype, add, monkeypatch):
-    """The GEMV form's combine run by the last of a token's down programs per D tile (an atomic
-    counter per (token, D tile)) gives the bits of the separate _combine_kernel, with and without
-    ``add_to``, over ragged D tiles; the counters are left zero for the next launch. Repeated: on a
-    GPU the program that finishes last changes from run to run, the bits must not."""
-    T, D, F, E, KE = 5, 72, 40, 9, 4
-    x, w1, w2, w3 = make_ffn(T, D, F, E, dtype, seed=21)
-    weights, ids = route(T, E, KE, seed=22)
-    shared = make_ffn(T, D, F, 1, dtype, seed=23)[0]
-    monkeypatch.setitem(moe._TUNE, "down_d", 16)  # 5 D tiles, the last one ragged
-    runs = {}
-    for fused in (True, False, True, True):  # fused first: its rows buffer is fresh memory
-        monkeypatch.setitem(moe._TUNE, "fused_combine", fused)
-        y = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv",
-                         add_to=shared.clone() if add else None)
-        runs.setdefault(fused, []).append(y)
-    for y in runs[True]:
-        assert torch.equal(y, runs[False][0])
-    assert not moe._COUNTERS[x.device].any(), "a counter left non-zero would corrupt the next launch"
-
-
 def test_swiglu_refuses_tf32_in_fp32():
     x, w1, w2, w3 = make_ffn(20, 16, 8, 1, torch.float32, seed=0)  # > GEMV_MAX_PAIRS: torch GEMMs
     old = torch.backends.cuda.matmul.allow_tf32
