@@ -1,7 +1,6 @@
 """Launch-configuration sweep of the MoE decode kernels (``optimized.moe._TUNE``): the routed
-experts' GEMV form (one layer's 8 experts at B=1), ``router_logits`` and the shared expert's
-dense GEMV form (at B=1 and B=64; rotations of 64 router weights and 16 shared experts keep them
-in HBM), per-kernel GPU time at the 48B model's sizes (bf16, E=256,
+experts' GEMV form (one layer's 8 experts at B=1) and ``router_logits`` (at B=1 and B=64; a
+64-copy rotation of router weights keeps them in HBM), per-kernel GPU time at the 48B model's sizes (bf16, E=256,
 D=2304, F=1024) for each setting, so the defaults are chosen from measurements.
 
 Each call routes the token to the next 8 of 256 experts (a fixed random permutation): one expert's
@@ -10,8 +9,7 @@ BLOCK_D (gate/up) and BLOCK_F (down) set the lane sums of each dot product (its 
 a new default changes bits and is re-certified (``parity certify --device cuda``); nothing here
 depends on the number of rows.
 
-    python benchmarks/tune_moe.py [--kernels gate_up down router shared_gate_up shared_down]
-                                  [--best-out best.json]
+    python benchmarks/tune_moe.py [--kernels gate_up down router] [--best-out best.json]
 """
 from __future__ import annotations
 
@@ -32,16 +30,9 @@ DOWN = [{"down_d": d, "down_f": f, "down_warps": w}
         for d, f, w in itertools.product((4, 8, 16, 32, 64), (128, 256, 512, 1024), (2, 4, 8))]
 ROUTER = [{"router_t": t, "router_e": e, "router_d": d, "router_warps": w}
           for t, e, d, w in itertools.product((1, 8), (1, 2), (1024, 2048, 4096), (4, 8))]
-SHARED_GATE_UP = [{"dense_tpp": t, "dense_f": f, "dense_d": d, "dense_warps": w}
-                  for t, f, d, w in itertools.product((4, 16), (4, 8, 16), (256, 512), (2, 4))]
-SHARED_DOWN = [{"dense_tpp": t, "dense_down_d": d, "dense_down_f": f, "dense_down_warps": w}
-               for t, d, f, w in itertools.product((4, 16), (8, 16, 32), (128, 256), (4, 8))]
-KERNEL = {"gate_up": "_gemv_gate_up_kernel", "down": "_gemv_down_kernel", "router": "_router_logits_kernel",
-          "shared_gate_up": "_gemv_gate_up_kernel", "shared_down": "_gemv_down_kernel"}
-SETTINGS = {"gate_up": GATE_UP, "down": DOWN, "router": ROUTER, "shared_gate_up": SHARED_GATE_UP,
-            "shared_down": SHARED_DOWN}
-#: the decode tile's rows (optimized.model): router_logits and the shared expert run on the real
-#: rows, timed at B = 1 and 64
+KERNEL = {"gate_up": "_gemv_gate_up_kernel", "down": "_gemv_down_kernel", "router": "_router_logits_kernel"}
+SETTINGS = {"gate_up": GATE_UP, "down": DOWN, "router": ROUTER}
+#: the decode tile's rows (optimized.model): router_logits runs on the real rows, timed at B = 1 and 64
 TILE = 64
 
 
@@ -64,8 +55,6 @@ def main(argv=None):
     perm = torch.randperm(E, generator=g, device="cuda").view(E // KE, 1, KE)
     out = torch.zeros((1, D), device="cuda", dtype=bf16)
     routers = torch.randn((64, E, D), generator=g, device="cuda") * 0.02  # 151 MB, taken in turn: from HBM
-    shared = torch.randn((16, 3 * F, D), generator=g, device="cuda", dtype=bf16) * 0.02  # 226 MB, in turn
-    shared_down = torch.randn((16, D, F), generator=g, device="cuda", dtype=bf16) * 0.02
     call = itertools.count()
 
     def layer(B):
@@ -75,27 +64,11 @@ def main(argv=None):
     def router(B):
         moe.router_logits(x[:B], routers[next(call) % routers.shape[0]])
 
-    def shared_expert(B, gemv=True):  # the decode step's call (GEMV form) or torch's GEMMs on the tile
-        i = next(call) % shared.shape[0]
-        args = (x, shared[i, :F], shared[i, F:2 * F], shared_down[i])
-        moe._swiglu_gemv(*args, rows=B) if gemv else moe.swiglu(*args)
-
-    run = {"gate_up": layer, "down": layer, "router": router, "shared_gate_up": shared_expert,
-           "shared_down": shared_expert}
-    sizes = {"gate_up": (1,), "down": (1,), "router": (1, TILE), "shared_gate_up": (1, TILE),
-             "shared_down": (1, TILE)}
+    run = {"gate_up": layer, "down": layer, "router": router}
+    sizes = {"gate_up": (1,), "down": (1,), "router": (1, TILE)}
     floor_us = {"gate_up": 2 * KE * F * D * 2 / HBM_BYTES_PER_S * 1e6,
                 "down": KE * D * F * 2 / HBM_BYTES_PER_S * 1e6,
-                "router": E * D * 4 / HBM_BYTES_PER_S * 1e6,
-                "shared_gate_up": 2 * F * D * 2 / HBM_BYTES_PER_S * 1e6,
-                "shared_down": D * F * 2 / HBM_BYTES_PER_S * 1e6}
-    if any(k.startswith("shared") for k in args.kernels):
-        for B in (1, TILE):
-            for gemv in (True, False):
-                prof = kernel_profile(lambda: shared_expert(B, gemv), reps=32)
-                print(f"shared expert, {'GEMV form on the real rows' if gemv else 'torch GEMMs on the tile'}"
-                      f" (B={B}): {sum(us for _, us in prof.values()):.2f} us of kernels "
-                      f"({len(prof)} kernels)", flush=True)
+                "router": E * D * 4 / HBM_BYTES_PER_S * 1e6}
     best: dict = {}
     for which in args.kernels:
         for settings in SETTINGS[which]:

@@ -269,22 +269,8 @@ class Ops:
             raise ValueError("experts: add_to is a decode-only option")
         return moe.experts(x, weights, ids, w1, w2, w3)
 
-    def swiglu(self, x, w_gate, w_up, w_down, *, rows: int | None = None):
-        """Dense SwiGLU MLP. ``rows`` (decode): only x's first ``rows`` rows are tokens; they run in
-        the GEMV form whatever their number (``optimized.moe`` picks GEMV or GEMMs by the row
-        count, and the two round differently: a sequence's decode must not depend on its batch);
-        the other rows of the result are zeros."""
-        if rows is not None and not 0 <= rows <= x.shape[0]:
-            raise ValueError(f"swiglu: rows: expected 0 <= rows <= {x.shape[0]}, got {rows}")
+    def swiglu(self, x, w_gate, w_up, w_down):
         if self._is_ref("moe"):
-            xr = x if rows is None else x[:rows]
-            y = _back(self._r("moe", "swiglu")(_np(xr), _np(w_gate), _np(w_up), _np(w_down)), x)
-            return y if rows is None else torch.cat([y, x.new_zeros((x.shape[0] - rows, y.shape[1]))])
-        moe = self._opt["moe"]
-        if rows is None:
-            return moe.swiglu(x, w_gate, w_up, w_down)
-        # no public switch for the form: the module's own entry point with the form forced
-        _counters.record("moe.swiglu")
-        return moe._swiglu_gemv(moe._check_swiglu("moe.swiglu", x, w_gate, w_up, w_down),
-                                w_gate, w_up, w_down, rows=rows)
+            return _back(self._r("moe", "swiglu")(_np(x), _np(w_gate), _np(w_up), _np(w_down)), x)
+        return self._opt["moe"].swiglu(x, w_gate, w_up, w_down)
 

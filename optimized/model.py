@@ -520,7 +520,7 @@ class Model:
             return y
         # shared + routed: the routed sum added to the shared expert's real rows inside the combine
         # kernel (bf16 addition commutes: the bits of routed + shared, without a zero fill or an add)
-        y = ops.swiglu(x, mw.shared.gate, mw.shared.up, mw.shared.down, rows=rows)
+        y = ops.swiglu(x, mw.shared.gate, mw.shared.up, mw.shared.down)
         ops.experts(x[:rows], weights, ids, mw.w1, mw.w2, mw.w3, decode=True, add_to=y[:rows])
         return y
 

@@ -28,8 +28,8 @@ __all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 #: the grouped tl.dot form above it. The two forms round differently (within the same bound).
 GEMV_MAX_PAIRS = 16
 
-#: Launch-configuration overrides (benchmarks/tuning only): any key of GEMV_GATE_UP, GEMV_DOWN,
-#: ROUTER_LOGITS or DENSE_GEMV. Speed only; they change the rounding order.
+#: Launch-configuration overrides (benchmarks/tuning only): any key of GEMV_GATE_UP, GEMV_DOWN or
+#: ROUTER_LOGITS. Speed only; they change the rounding order.
 _TUNE: dict = {}
 
 #: GEMV-form defaults, from ``benchmarks/tune_moe.py`` on an H200 (one layer's 8 experts at B=1,
@@ -45,13 +45,6 @@ GEMV_GATE_UP_CPU = {"gemv_f": 32}
 #: from HBM): 4.7 us at B=1 (17.5 us at B=64) against 8.8 us (10.7) for 4 experts x 256 lanes: a
 #: 1024-lane slice makes each program's chain of dependent loads 3 long instead of 9.
 ROUTER_LOGITS = {"router_t": 8, "router_e": 2, "router_d": 1024, "router_warps": 4}
-#: GEMV form of ``swiglu`` (the dense MLP / shared expert in decode): ``dense_tpp`` tokens per
-#: program (the weight tile's re-reads for the next tokens hit the cache), gate/up tiles of
-#: ``dense_f`` rows x ``dense_d`` lanes, down tiles of ``dense_down_d`` rows x ``dense_down_f``
-#: lanes. The lane widths fix the rounding order; tokens per program never change a bit.
-DENSE_GEMV = {"dense_tpp": 8, "dense_f": 8, "dense_d": 256, "dense_warps": 2,
-              "dense_down_d": 8, "dense_down_f": 128, "dense_down_warps": 4}
-DENSE_GEMV_CPU = {"dense_tpp": 16, "dense_f": 32, "dense_down_d": 32}
 
 
 def router_logits_config(E: int, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
@@ -189,29 +182,14 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: to
     """Dense SwiGLU MLP ``w_down (silu(w_gate x) * (w_up x))`` (dense MLP, shared expert).
 
     x: [T, D]; w_gate, w_up: [F, D]; w_down: [D, F]; all one dtype. Returns [T, D] in x's dtype.
-    Up to ``GEMV_MAX_PAIRS`` tokens (decode) it runs the GEMV kernels of ``experts`` in their dense
-    form (two launches, several tokens per program, ``h`` rounded once to x's dtype); above, torch GEMMs (fp32 accumulation for bf16; float32
+    Up to ``GEMV_MAX_PAIRS`` tokens (decode) it runs the GEMV kernels of ``experts`` (two launches,
+    ``h`` rounded once to x's dtype); above, torch GEMMs (fp32 accumulation for bf16; float32
     refuses TF32) and a Triton kernel for ``silu(g) * u`` in fp32 (g and u rounded to x's dtype by
     the GEMMs, as in HF/vLLM). When ``w_up``'s rows directly follow ``w_gate``'s in memory (the
     model's layout), gate and up are one GEMM over that ``[2F, D]`` block.
     """
     op = "moe.swiglu"
     _counters.record(op)
-    T, D = _check_swiglu(op, x, w_gate, w_up, w_down).shape
-    F = w_gate.shape[0]
-    if T <= GEMV_MAX_PAIRS:  # decode: the GEMV kernels (two launches; h rounded once)
-        return _swiglu_gemv(x, w_gate, w_up, w_down, rows=T)
-    require_ieee_fp32_matmul(op, x)
-    if _stacked(w_gate, w_up):  # one GEMM over the [2F, D] block (optimized.weights lays them so)
-        gu = x @ w_gate.as_strided((2 * F, D), (D, 1)).T
-        h = _silu_mul(gu[:, :F], gu[:, F:], x.dtype)
-    else:
-        h = _silu_mul(x @ w_gate.T, x @ w_up.T, x.dtype)
-    return h @ w_down.T
-
-
-def _check_swiglu(op, x, w_gate, w_up, w_down) -> torch.Tensor:
-    """``swiglu``'s argument checks; returns x."""
     for name, t in (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
         check_float(op, name, t)
         if t.dtype != x.dtype:
@@ -225,38 +203,19 @@ def _check_swiglu(op, x, w_gate, w_up, w_down) -> torch.Tensor:
     check_shape(op, "w_up", w_up, (F, D), "[F, D]")
     check_shape(op, "w_down", w_down, (D, F), "[D, F]")
     check_same_device(op, x=x, w_gate=w_gate, w_up=w_up, w_down=w_down)
-    return x
-
-
-def _swiglu_gemv(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *,
-                 rows: int) -> torch.Tensor:
-    """GEMV form of ``swiglu`` (arguments checked): y [N, D] for x [N, D], its first ``rows`` rows
-    computed (``DENSE_GEMV["dense_tpp"]`` tokens per program, each token the arithmetic of a token
-    alone: a row's bits depend on neither N nor ``rows``), the rest zeros (a decode tile's padding
-    rows: no weight read for them)."""
-    N, D = x.shape
-    F = w_gate.shape[0]
-    y = torch.empty((N, D), dtype=x.dtype, device=x.device)
-    if N == 0 or D == 0:
+    if T <= GEMV_MAX_PAIRS:  # decode: the experts' GEMV kernels (two launches; h rounded once)
+        y = torch.empty((T, D), dtype=x.dtype, device=x.device)
+        if T:
+            wg, wu, wd, xc = (t if t.stride(-1) == 1 else t.contiguous() for t in (w_gate, w_up, w_down, x))
+            _gemv(xc, None, None, wg[None], wd[None], wu[None], y, T=T, D=D, KE=1, F=F)
         return y
-    wg, wu, wd, x = (t if t.stride(-1) == 1 else t.contiguous() for t in (w_gate, w_up, w_down, x))
-    cfg = {**DENSE_GEMV, **(DENSE_GEMV_CPU if x.device.type == "cpu" else {}), **_TUNE}
-    tpp = cfg["dense_tpp"]
-    cd = tl_compute_dtype(x.dtype)
-    rows = rows if F else 0  # no hidden units: y = 0
-    h = torch.empty((max(rows, 1), F), dtype=x.dtype, device=x.device)
-    if rows:
-        bf = min(cfg["dense_f"], triton.next_power_of_2(F))
-        bd = min(cfg["dense_d"], triton.next_power_of_2(D))
-        _gemv_gate_up_kernel[(triton.cdiv(rows, tpp), triton.cdiv(F, bf))](
-            x, x, wg, wu, h, rows, tpp, D, F, 1, x.stride(0), 0, wg.stride(0), 0, wu.stride(0),
-            h.stride(0), CD=cd, DENSE=True, BLOCK_F=bf, BLOCK_D=bd, num_warps=cfg["dense_warps"])
-    bdo = min(cfg["dense_down_d"], triton.next_power_of_2(D))
-    bf2 = min(cfg["dense_down_f"], triton.next_power_of_2(max(F, 1)))
-    _gemv_down_kernel[(triton.cdiv(N, tpp), triton.cdiv(D, bdo))](
-        h, x, wd, y, rows, N, tpp, D, F, h.stride(0), 0, wd.stride(0), y.stride(0), CD=cd, DENSE=True,
-        BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=cfg["dense_down_warps"])
-    return y
+    require_ieee_fp32_matmul(op, x)
+    if _stacked(w_gate, w_up):  # one GEMM over the [2F, D] block (optimized.weights lays them so)
+        gu = x @ w_gate.as_strided((2 * F, D), (D, 1)).T
+        h = _silu_mul(gu[:, :F], gu[:, F:], x.dtype)
+    else:
+        h = _silu_mul(x @ w_gate.T, x @ w_up.T, x.dtype)
+    return h @ w_down.T
 
 
 def _stacked(top: torch.Tensor, bottom: torch.Tensor) -> bool:
@@ -312,26 +271,30 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch
     return _experts(op, x, weights, ids, w1, w2, w3, form=None)
 
 
-def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h, add=False):
-    """Routed GEMV form into ``y`` (``add``: added to y's values)."""
+def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False):
+    """GEMV form into ``y`` (``add``: added to y's values); ``ids is None``: one dense expert (w* of
+    shape [1, ...]), weight 1."""
+    dense = ids is None
+    if h is None:
+        h = torch.empty((T * KE, F), dtype=x.dtype, device=x.device)
     cd = tl_compute_dtype(x.dtype)
     cfg = {**GEMV_GATE_UP, **GEMV_DOWN, **(GEMV_GATE_UP_CPU if x.device.type == "cpu" else {}), **_TUNE}
     bf = min(cfg["gemv_f"], triton.next_power_of_2(F))
     bd = min(cfg["gemv_d"], triton.next_power_of_2(D))
-    M = T * KE
-    _gemv_gate_up_kernel[(M, triton.cdiv(F, bf))](
-        x, ids, w1, w3, h, M, 1, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
-        w3.stride(0), w3.stride(1), h.stride(0), CD=cd, DENSE=False, BLOCK_F=bf, BLOCK_D=bd,
+    _gemv_gate_up_kernel[(T * KE, triton.cdiv(F, bf))](
+        x, x if dense else ids, w1, w3, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
+        w3.stride(0), w3.stride(1), h.stride(0), CD=cd, DENSE=dense, BLOCK_F=bf, BLOCK_D=bd,
         num_warps=cfg["gemv_warps"])
     bdo = min(cfg["down_d"], triton.next_power_of_2(D))
     bf2 = min(cfg["down_f"], triton.next_power_of_2(F))
-    out = torch.empty((M, D), dtype=compute_dtype(x.dtype), device=x.device)
-    _gemv_down_kernel[(M, triton.cdiv(D, bdo))](
-        h, ids, w2, out, M, M, 1, D, F, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        CD=cd, DENSE=False, BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=cfg["down_warps"])
-    bc = min(1024, triton.next_power_of_2(D))
-    _combine_kernel[(T, triton.cdiv(D, bc))](
-        out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, ADD=add, num_warps=4)
+    out = y if dense else torch.empty((T * KE, D), dtype=compute_dtype(x.dtype), device=x.device)
+    _gemv_down_kernel[(T * KE, triton.cdiv(D, bdo))](
+        h, x if dense else ids, w2, out, D, F, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+        CD=cd, DENSE=dense, BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=cfg["down_warps"])
+    if not dense:
+        bc = min(1024, triton.next_power_of_2(D))
+        _combine_kernel[(T, triton.cdiv(D, bc))](
+            out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, ADD=add, num_warps=4)
     return y
 
 

@@ -134,90 +134,58 @@ def _silu_mul_kernel(g_ptr, u_ptr, h_ptr, n_rows, F, sg, su, sh, CD: tl.constexp
 
 
 @triton.jit
-def _gate_up_row(x_row, w1row, w3row, h_row, f, fm, D, CD: tl.constexpr, BLOCK_F: tl.constexpr,
-                 BLOCK_D: tl.constexpr):
-    """h_row[f] = silu(w1 x)[f] * (w3 x)[f] for one token's x row (w1row, w3row: [BLOCK_F, 1]
-    pointers to the tile's weight rows): BLOCK_D lane sums over D, then one tree (tl.sum)."""
+def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
+                         sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr, DENSE: tl.constexpr,
+                         BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
+    # grid (T * k_e pairs, cdiv(F, BLOCK_F)); h[pair, f] = silu(w1[e] x)[f] * (w3[e] x)[f]
+    # DENSE: one expert (e = 0) and no ids (the dense MLP / shared expert)
+    pair = tl.program_id(0).to(tl.int64)
+    tok = pair // KE
+    if DENSE:
+        e = 0
+    else:
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    fm = f < F
     d0 = tl.arange(0, BLOCK_D)
     acc1 = tl.zeros([BLOCK_F, BLOCK_D], CD)
     acc3 = tl.zeros([BLOCK_F, BLOCK_D], CD)
+    w1row = w1_ptr + e * s1e + f[:, None].to(tl.int64) * s1f
+    w3row = w3_ptr + e * s3e + f[:, None].to(tl.int64) * s3f
     for k0 in range(0, D, BLOCK_D):
         d = k0 + d0
         dm = d < D
-        xv = tl.load(x_row + d, mask=dm, other=0.0).to(CD)
+        xv = tl.load(x_ptr + tok * sx + d, mask=dm, other=0.0).to(CD)
         m = fm[:, None] & dm[None, :]
         acc1 += tl.load(w1row + d[None, :], mask=m, other=0.0).to(CD) * xv[None, :]
         acc3 += tl.load(w3row + d[None, :], mask=m, other=0.0).to(CD) * xv[None, :]
     h = silu_f(tl.sum(acc1, axis=1)) * tl.sum(acc3, axis=1)
-    tl.store(h_row + f, h.to(h_row.dtype.element_ty), mask=fm)
+    tl.store(h_ptr + pair * sh + f, h.to(h_ptr.dtype.element_ty), mask=fm)
 
 
 @triton.jit
-def _down_row(h_row, w2row, out_row, d, dm, F, CD: tl.constexpr, BLOCK_DO: tl.constexpr,
-              BLOCK_F: tl.constexpr):
-    """out_row[d] = (w2 h)[d] for one row h (w2row: [BLOCK_DO, 1] pointers to the tile's weight
-    rows): BLOCK_F lane sums over F, then one tree (tl.sum)."""
+def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, out_ptr, D, F, sh, s2e, s2d, so, CD: tl.constexpr,
+                      DENSE: tl.constexpr, BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
+    # grid (T * k_e pairs, cdiv(D, BLOCK_DO)); out[pair, d] = (w2[e] h[pair])[d]: one program per
+    # (pair, D tile), so a single token's 8 experts stream their rows in parallel (a program per D
+    # tile looping over the experts left too few loads in flight). _combine_kernel then sums the
+    # pairs of a token in order; DENSE: out is y itself (one expert, weight 1).
+    pair = tl.program_id(0).to(tl.int64)
+    if DENSE:
+        e = 0
+    else:
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
+    dm = d < D
     f0 = tl.arange(0, BLOCK_F)
     acc = tl.zeros([BLOCK_DO, BLOCK_F], CD)
+    w2row = w2_ptr + e * s2e + d[:, None].to(tl.int64) * s2d
     for k0 in range(0, F, BLOCK_F):
         f = k0 + f0
         fm = f < F
-        hv = tl.load(h_row + f, mask=fm, other=0.0).to(CD)
+        hv = tl.load(h_ptr + pair * sh + f, mask=fm, other=0.0).to(CD)
         acc += tl.load(w2row + f[None, :], mask=dm[:, None] & fm[None, :], other=0.0).to(CD) * hv[None, :]
-    tl.store(out_row + d, tl.sum(acc, axis=1).to(out_row.dtype.element_ty), mask=dm)
-
-
-@triton.jit
-def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, T, TPP, D, F, KE,
-                         sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr, DENSE: tl.constexpr,
-                         BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
-    # h[row, f] = silu(w1[e] x)[f] * (w3[e] x)[f].
-    # Routed: grid (T * k_e pairs, cdiv(F, BLOCK_F)), one (token, expert) pair per program.
-    # DENSE (one expert, no ids: the dense MLP / shared expert): grid (cdiv(T, TPP), cdiv(F,
-    # BLOCK_F)), TPP tokens per program one after the other, so the tile's weights come from HBM
-    # once and from the cache for the next tokens; each token is the arithmetic of a token alone
-    # (TPP is a runtime value, not a constant: one compiled kernel whatever T or TPP), so a row's
-    # bits depend on neither.
-    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-    fm = f < F
-    frow = f[:, None].to(tl.int64)
-    if DENSE:
-        t0 = tl.program_id(0).to(tl.int64) * TPP  # int64 rows: the loop variable is the row
-        for row in range(t0, tl.minimum(t0 + TPP, T)):
-            _gate_up_row(x_ptr + row * sx, w1_ptr + frow * s1f, w3_ptr + frow * s3f, h_ptr + row * sh,
-                         f, fm, D, CD, BLOCK_F, BLOCK_D)
-    else:
-        pair = tl.program_id(0).to(tl.int64)
-        e = tl.load(ids_ptr + pair).to(tl.int64)
-        _gate_up_row(x_ptr + (pair // KE) * sx, w1_ptr + e * s1e + frow * s1f, w3_ptr + e * s3e + frow * s3f,
-                     h_ptr + pair * sh, f, fm, D, CD, BLOCK_F, BLOCK_D)
-
-
-@triton.jit
-def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, out_ptr, T, N, TPP, D, F, sh, s2e, s2d, so,
-                      CD: tl.constexpr, DENSE: tl.constexpr, BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
-    # out[row, d] = (w2[e] h[row])[d].
-    # Routed: grid (T * k_e pairs, cdiv(D, BLOCK_DO)), one pair per program, so a single token's 8
-    # experts stream their rows in parallel (a program per D tile looping over the experts left too
-    # few loads in flight); _combine_kernel then sums the pairs of a token in order.
-    # DENSE: grid (cdiv(N, TPP), cdiv(D, BLOCK_DO)), TPP rows per program as in
-    # _gemv_gate_up_kernel; out is y itself (one expert, weight 1): rows t < T computed, rows
-    # T <= t < N (a decode tile's padding) zeros, with no weight read for them.
-    d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
-    dm = d < D
-    drow = d[:, None].to(tl.int64)
-    if DENSE:
-        t0 = tl.program_id(0).to(tl.int64) * TPP
-        t1 = tl.minimum(t0 + TPP, N)
-        for row in range(t0, tl.minimum(t1, T)):
-            _down_row(h_ptr + row * sh, w2_ptr + drow * s2d, out_ptr + row * so, d, dm, F, CD, BLOCK_DO, BLOCK_F)
-        for row in range(tl.maximum(t0, T), t1):
-            tl.store(out_ptr + row * so + d, tl.zeros([BLOCK_DO], out_ptr.dtype.element_ty), mask=dm)
-    else:
-        pair = tl.program_id(0).to(tl.int64)
-        e = tl.load(ids_ptr + pair).to(tl.int64)
-        _down_row(h_ptr + pair * sh, w2_ptr + e * s2e + drow * s2d, out_ptr + pair * so, d, dm, F, CD,
-                  BLOCK_DO, BLOCK_F)
+    tl.store(out_ptr + pair * so + d, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=dm)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -381,29 +381,6 @@ def test_experts_add_to_is_the_add_bitwise(dtype):
         moe._experts("test", x, weights, ids, w1, w2, w3, form="grouped", add_to=shared.clone())
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_swiglu_gemv_rows_do_not_depend_on_the_batch_or_tokens_per_program(dtype, monkeypatch):
-    """The decode form (``rows`` of a padded tile, any number of them): within the bound, each row
-    bitwise the same whatever the tile's other rows, the row count and the tokens per program (a
-    runtime loop: one compiled kernel), the padding rows +0.0."""
-    N, D, F = 11, 40, 24
-    x, w1, w2, w3 = make_ffn(N, D, F, 1, dtype, seed=31)
-    wg, wu, wd = w1[0], w3[0], w2[0]
-    full = moe._swiglu_gemv(x, wg, wu, wd, rows=N)
-    r = torch.from_numpy(R.swiglu(np64(x), np64(wg), np64(wu), np64(wd)))
-    rho = rho_triton(dtype)
-    assert_within("swiglu gemv", full, r, ffn_bound(x, wg, wu, wd, dtype, rho_gu=0.0, rho_h=rho, rho_y=rho)[1])
-    for tpp in (1, 3, 16):
-        monkeypatch.setitem(moe._TUNE, "dense_tpp", tpp)
-        for n in (0, 1, 4, N):
-            part = moe._swiglu_gemv(x, wg, wu, wd, rows=n)
-            assert torch.equal(part[:n], full[:n]), (tpp, n)
-            assert not part[n:].any() and not torch.signbit(part[n:]).any(), "padding rows must be +0.0"
-        other = x.clone()
-        other[1:] = other[1:].flip(0) * 3  # every other row changed and moved
-        assert torch.equal(moe._swiglu_gemv(other, wg, wu, wd, rows=N)[0], full[0])
-
-
 def test_swiglu_refuses_tf32_in_fp32():
     x, w1, w2, w3 = make_ffn(20, 16, 8, 1, torch.float32, seed=0)  # > GEMV_MAX_PAIRS: torch GEMMs
     old = torch.backends.cuda.matmul.allow_tf32
