@@ -42,6 +42,22 @@ def check_shape(op: str, name: str, t: torch.Tensor, expected: tuple, what: str)
         raise ValueError(f"{op}: {name}: expected {what} = {tuple(expected)}, got {tuple(t.shape)}")
 
 
+def out_or_new(op: str, out, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+    """``out`` (an optional output buffer: e.g. the first rows of a padded decode tile) checked to
+    be a contiguous ``shape`` tensor of like's dtype on like's device, or a new one like that;
+    ``ValueError`` naming ``out`` otherwise."""
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    if (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape) or out.dtype != like.dtype
+            or out.device != like.device or not out.is_contiguous()):
+        got = (f"{tuple(out.shape)} {out.dtype} on {out.device}"
+               + ("" if out.is_contiguous() else " (not contiguous)")
+               if isinstance(out, torch.Tensor) else type(out).__name__)
+        raise ValueError(f"{op}: out: expected a contiguous {tuple(shape)} {like.dtype} tensor on "
+                         f"{like.device}, got {got}")
+    return out
+
+
 def check_same_device(op: str, **tensors: torch.Tensor) -> None:
     devices = {name: t.device for name, t in tensors.items() if t is not None}
     if len(set(devices.values())) > 1:

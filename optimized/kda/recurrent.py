@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .. import _counters
+from ..elementwise._precision import out_or_new
 from ._common import (SUM, acc_dtype, block_k, cdiv, check_device, check_gate_params, check_qkv,
                       check_shape, check_tensor, next_pow2, prepare_cu_seqlens, prepare_state)
 
@@ -202,7 +203,7 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
     if not ok:
         _decode_checks(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids)
     scale = K ** -0.5 if scale is None else float(scale)
-    o = _out_tensor("kda.fused_recurrent_decode", out, (B, HV, V), q)
+    o = out_or_new("kda.fused_recurrent_decode", out, (B, HV, V), q)
     if B == 0:
         return o
     BV = min(_BV, max(16, next_pow2(V)))
@@ -214,18 +215,6 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
         H=H, HV=HV, K=K, V=V, BK=block_k(K), BV=BV, FUSED=True, HAS_H0=True, IS_VARLEN=False,
         USE_SLOTS=True, num_warps=4)
     return o
-
-
-def _out_tensor(op: str, out, shape: tuple, like: torch.Tensor) -> torch.Tensor:
-    """``out`` checked to be a contiguous ``shape`` tensor of like's dtype and device, or a new one."""
-    if out is None:
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
-    if (not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape) or out.dtype != like.dtype
-            or out.device != like.device or not out.is_contiguous()):
-        got = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"{op}: out: expected a contiguous {tuple(shape)} {like.dtype} tensor on "
-                         f"{like.device}, got {got}")
-    return out
 
 
 def _token_rows(x: torch.Tensor) -> torch.Tensor:

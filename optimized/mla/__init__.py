@@ -29,7 +29,7 @@ import torch
 import triton
 
 from .. import _counters
-from ..elementwise._precision import (check_float, check_same_device, compute_dtype,
+from ..elementwise._precision import (check_float, check_same_device, compute_dtype, out_or_new,
                                       require_ieee_fp32_matmul, tl_compute_dtype)
 from .kernels import (_mla_attn_kernel, _mla_combine_kernel, _mla_combine_uv_kernel, _paged_write_kernel,
                       _q_lat_kernel)
@@ -408,15 +408,7 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
     w_uk, w_uv = _w_views(w_kvb, N, P, Vh)
     q4 = q[:, None]  # [B, 1, N, P+R]
     q_lat = _q_lat(q4[..., :P], w_uk)
-    if out is None:
-        o = torch.empty((B, 1, N, Vh), dtype=q.dtype, device=q.device)
-    elif (isinstance(out, torch.Tensor) and tuple(out.shape) == (B, N, Vh) and out.dtype == q.dtype
-          and out.device == q.device and out.is_contiguous()):
-        o = out[:, None]
-    else:
-        got = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"{op}: out: expected a contiguous {(B, N, Vh)} {q.dtype} tensor on {q.device}, "
-                         f"got {got}")
+    o = out_or_new(op, out, (B, N, Vh), q)[:, None]  # [B, 1, N, Vh]
     kv = cache.kv.view(-1, L + R)
     _attend(q_lat, q4[..., P:], kv, kv[:, L:], kv, o, T=1, S=capacity, N=N, D1=L, R=R, DV=L,
             scale=scale, shared_kv=True, num_splits=num_splits,
