@@ -7,8 +7,8 @@ them) so that ``experts`` combines with unrounded weights.
 Measured on an H200 (bf16, D=2304, F=1024, E=256, k_e=8, B=1, CUDA-graph replay, weights cold):
 ``experts`` 49 us (floor 26 us: the 8 experts' bytes at 4.3 TB/s), shared-expert ``swiglu`` 13 us,
 ``router`` with its fp32 logits GEMM 10 us; the whole layer 82 us against a 30 us floor (2.7x).
-``router_logits`` (the fp32 gate GEMM, batch invariant, x read in bf16): 6.2 us at T = 8, 9.8 us at
-T = 64 (torch's cast + GEMM: 16 us).
+``router_logits`` (the fp32 gate GEMM, batch invariant, x read in bf16; ``ROUTER_LOGITS`` tiles):
+4.7 us at T = 1 and 17.6 us at T = 64 with its weight read from HBM (``benchmarks/tune_moe.py``).
 """
 from __future__ import annotations
 
