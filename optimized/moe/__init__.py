@@ -35,7 +35,9 @@ _TUNE: dict = {}
 #: GEMV-form defaults, from ``benchmarks/tune_moe.py`` on an H200 (one layer's 8 experts at B=1,
 #: weights from HBM; 36 gate/up and 60 down settings): gate/up 21.7 us (floor 17.6), down 11.1 us
 #: (floor 8.8) against 15.8 us for the previous down setting (32 rows, 256-wide lanes, 4 warps).
-GEMV_GATE_UP = {"gemv_f": 8, "gemv_d": 256, "gemv_warps": 2}
+#: 16 gate/up rows per program instead of 8 (``benchmarks/tune_moe_batch.py``): the same bits at
+#: B=1 and B=64 (checked on the H200), the same time at B=1, 741 against 770 us per layer at B=64.
+GEMV_GATE_UP = {"gemv_f": 16, "gemv_d": 256, "gemv_warps": 2}
 GEMV_DOWN = {"down_d": 32, "down_f": 128, "down_warps": 8}
 #: Under the CPU interpreter a program costs its Python overhead, not its loads: 32 gate/up rows
 #: per program there (a 4x shorter grid; rows per program never change a value).
