@@ -187,12 +187,12 @@ class Ops:
             real = slot_ids >= 0  # negative slot id: a padding row (output 0, no state touched)
             if bool(real.any()):
                 slots = slot_ids[real]
-                out, st = self._r("kda", "fused_recurrent")(
+                res, st = self._r("kda", "fused_recurrent")(
                     _np(q[real])[:, None], _np(k[real])[:, None], _np(v[real])[:, None],
                     _np(g_raw[real])[:, None], _np(beta_logits[real])[:, None], _np(A_log),
                     _np(dt_bias), initial_state=_np(state_pool[slots]))
                 state_pool[slots] = _back(st, state_pool)
-                o[real] = _back(out[:, 0], q)
+                o[real] = _back(res[:, 0], q)
             return o
         return self._opt["kda"].fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias,
                                                        state_pool, slot_ids, out=out)
@@ -227,9 +227,9 @@ class Ops:
                 if not is_real:
                     continue
                 latent, k_pe = cache.gather(batch.block_tables[b], int(batch.seq_lens[b]))
-                out = self._r("mla", "absorbed")(_np(q[b])[None, None], _np(latent)[None],
+                res = self._r("mla", "absorbed")(_np(q[b])[None, None], _np(latent)[None],
                                                  _np(k_pe)[None], _np(w_kvb))
-                o[b] = _back(out[0, 0], q)
+                o[b] = _back(res[0, 0], q)
             return o
         return self._opt["mla"].paged_decode(q, cache, batch.block_tables, batch.seq_lens, w_kvb,
                                              num_splits=num_splits, out=out)
