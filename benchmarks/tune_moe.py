@@ -36,6 +36,17 @@ SETTINGS = {"gate_up": GATE_UP, "down": DOWN, "router": ROUTER}
 TILE = 64
 
 
+#: the 48B model's routed experts: count, hidden size, expert width, experts per token
+E, D, F, KE = 256, 2304, 1024, 8
+
+
+def expert_weights(g: torch.Generator):
+    """Random bf16 routed-expert weights at the 48B sizes on the GPU: (w1, w2, w3), stacked."""
+    w1, w3 = (torch.randn((E, F, D), generator=g, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(2))
+    w2 = torch.randn((E, D, F), generator=g, device="cuda", dtype=torch.bfloat16) * 0.02
+    return w1, w2, w3
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernels", nargs="*", default=list(KERNEL), choices=list(KERNEL))
@@ -45,11 +56,9 @@ def main(argv=None):
         ap.error("needs a CUDA GPU (the sweep times kernels)")
     from optimized import moe
 
-    E, D, F, KE = 256, 2304, 1024, 8
     g = torch.Generator(device="cuda").manual_seed(0)
     bf16 = torch.bfloat16
-    w1, w3 = (torch.randn((E, F, D), generator=g, device="cuda", dtype=bf16) * 0.02 for _ in range(2))
-    w2 = torch.randn((E, D, F), generator=g, device="cuda", dtype=bf16) * 0.02
+    w1, w2, w3 = expert_weights(g)
     x = torch.randn((TILE, D), generator=g, device="cuda", dtype=bf16)
     wts = torch.rand((1, KE), generator=g, device="cuda")
     perm = torch.randperm(E, generator=g, device="cuda").view(E // KE, 1, KE)

@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import kernel_profile  # noqa: E402
+from benchmarks.tune_moe import D, E, KE, expert_weights  # noqa: E402
 
 GATE_UP = [{"gemv_f": f, "gemv_warps": w} for f, w in itertools.product((4, 8, 16, 32, 64), (1, 2, 4, 8))]
 DOWN = [{"down_d": d, "down_warps": w} for d, w in itertools.product((8, 16, 32, 64, 128), (2, 4, 8, 16))]
@@ -32,11 +33,9 @@ def main(argv=None):
         ap.error("needs a CUDA GPU (the sweep times kernels)")
     from optimized import moe
 
-    E, D, F, KE = 256, 2304, 1024, 8
     g = torch.Generator(device="cuda").manual_seed(0)
     bf16 = torch.bfloat16
-    w1, w3 = (torch.randn((E, F, D), generator=g, device="cuda", dtype=bf16) * 0.02 for _ in range(2))
-    w2 = torch.randn((E, D, F), generator=g, device="cuda", dtype=bf16) * 0.02
+    w1, w2, w3 = expert_weights(g)
     cases = {}
     for B in (1, 64):
         x = torch.randn((B, D), generator=g, device="cuda", dtype=bf16)
