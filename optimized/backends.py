@@ -248,14 +248,25 @@ class Ops:
             return _back(w, logits), torch.from_numpy(np.asarray(ids, dtype=np.int64)).to(logits.device)
         return self._opt["moe"].router(logits, bias, **kw)
 
-    def experts(self, x, weights, ids, w1, w2, w3, *, decode: bool = False, add_to=None):
+    def experts(self, x, weights, ids, w1, w2, w3, *, decode: bool = False, add_to=None, shared=None,
+                out=None):
         """Routed experts. ``decode``: the per-(token, expert) GEMV form whatever the number of
         rows (``optimized.moe`` picks GEMV or grouped by the pair count, and the two forms round
-        differently: a sequence's decode must not depend on its batch). ``add_to`` (decode only):
-        ``add_to += experts(...)`` in place (the Triton form adds inside its combine kernel)."""
+        differently: a sequence's decode must not depend on its batch). Decode only: ``add_to``
+        (``add_to += experts(...)`` in place; the Triton form adds inside its combine kernel);
+        ``shared`` ((gate, up, down)): the shared expert's SwiGLU added, in the Triton form inside
+        the same launches, into ``out`` ([T, D]) when given."""
+        if (add_to is not None or shared is not None or out is not None) and not decode:
+            raise ValueError("experts: add_to, shared and out are decode-only options")
         if self._is_ref("moe"):
             y = _back(self._r("moe", "experts")(_np(x), _np(weights), ids.detach().cpu().numpy(),
                                                 _LazyRows(w1), _LazyRows(w2), _LazyRows(w3)), x)
+            if shared is not None:
+                y = y + self.swiglu(x, *shared)
+                if out is None:
+                    return y
+                out.copy_(y)
+                return out
             if add_to is None:
                 return y
             add_to += y
@@ -264,9 +275,8 @@ class Ops:
         if decode:
             # no public switch for the form yet: the module's own entry point with the form forced
             _counters.record("moe.experts")
-            return moe._experts("moe.experts", x, weights, ids, w1, w2, w3, form="gemv", add_to=add_to)
-        if add_to is not None:
-            raise ValueError("experts: add_to is a decode-only option")
+            return moe._experts("moe.experts", x, weights, ids, w1, w2, w3, form="gemv", add_to=add_to,
+                                shared=shared, out=out)
         return moe.experts(x, weights, ids, w1, w2, w3)
 
     def swiglu(self, x, w_gate, w_up, w_down):

@@ -43,8 +43,9 @@ than ``decode_tile`` sequences run as several steps. The conv step, the KDA recu
 cache write and attention (per-row kernels; the padding rows get zero rows, as those kernels gave
 them), the router logits (``moe.router_logits``, a batch-invariant kernel), the top-k and the
 routed experts run on the real rows only, the experts
-in the per-(token, expert) GEMV form whatever their number (their sum added into the shared
-expert's rows inside the combine kernel), and the MLA decode splits its key range into
+in the per-(token, expert) GEMV form whatever their number, with the shared expert as one more pair
+per token in the same launches (added in their combine kernel; the padding rows' FFN output is
+zero), and the MLA decode splits its key range into
 ``model.mla_decode_splits`` slices (fixed per model, never chosen from the batch). Each residual
 add runs fused with the norm after it (``norm.add_rms_norm``, bitwise the add then the norm).
 
@@ -381,8 +382,8 @@ class Model:
         return self._logits(h, rows)
 
     def _tile_out(self, rows: int, B: int, shape: tuple) -> torch.Tensor:
-        """The ``[rows, *shape]`` tile a decode step's mixer writes its B sequences' output into
-        (its first B rows, in place), so the tile's GEMM reads it without a padding copy. Rows B..
+        """The ``[rows, *shape]`` tile a decode step's mixer (or MoE) writes its B sequences' output
+        into (its first B rows, in place), so the tile's GEMM (norm) reads it without a padding copy. Rows B..
         are zeros for good: one buffer per (rows, B, shape), made by the first, eager step (a
         captured step only writes its first B rows); layers reuse it, each one's output read by
         its own norm/GEMM before the next layer writes."""
@@ -518,9 +519,18 @@ class Model:
             y = x.new_zeros(x.shape)
             y[:rows] = ops.experts(x[:rows], weights, ids, mw.w1, mw.w2, mw.w3, decode=True)
             return y
-        # shared + routed: the routed sum added to the shared expert's real rows inside the combine
-        # kernel (bf16 addition commutes: the bits of routed + shared, without a zero fill or an add)
-        y = ops.swiglu(x, mw.shared.gate, mw.shared.up, mw.shared.down)
+        shared = (mw.shared.gate, mw.shared.up, mw.shared.down)
+        if mw.shared.gate.shape[0] == mw.w1.shape[1]:
+            # the shared expert as one more GEMV pair per token in the routed experts' launches,
+            # added in their combine kernel, straight into the tile's first rows (three launches
+            # for the whole FFN instead of six; the padding rows stay zeros)
+            y = self._tile_out(x.shape[0], rows, (x.shape[1],))
+            ops.experts(x[:rows], weights, ids, mw.w1, mw.w2, mw.w3, decode=True, shared=shared,
+                        out=y[:rows])
+            return y
+        # a shared expert wider than a routed one (several shared experts): its own swiglu, the
+        # routed sum added to its real rows inside the combine kernel (the bits of routed + shared)
+        y = ops.swiglu(x, *shared)
         ops.experts(x[:rows], weights, ids, mw.w1, mw.w2, mw.w3, decode=True, add_to=y[:rows])
         return y
 

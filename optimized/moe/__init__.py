@@ -17,7 +17,7 @@ import triton
 
 from .. import _counters
 from ..elementwise._precision import (check_float, check_same_device, check_shape, compute_dtype,
-                                      require_ieee_fp32_matmul, tl_compute_dtype)
+                                      out_or_new, require_ieee_fp32_matmul, tl_compute_dtype)
 from .kernels import (_combine_kernel, _gemv_down_kernel, _gemv_gate_up_kernel,
                       _grouped_down_kernel, _grouped_gate_up_kernel, _router_kernel,
                       _router_logits_kernel, _silu_mul_kernel)
@@ -274,41 +274,74 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch
     return _experts(op, x, weights, ids, w1, w2, w3, form=None)
 
 
-def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False):
+def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False, shared=None):
     """GEMV form into ``y`` (``add``: added to y's values); ``ids is None``: one dense expert (w* of
-    shape [1, ...]), weight 1."""
+    shape [1, ...]), weight 1. ``shared`` ((gate [F, D], up [F, D], down [D, F])): each token's
+    shared expert runs as one more pair in the same launches and is added in the combine."""
     dense = ids is None
-    if h is None:
-        h = torch.empty((T * KE, F), dtype=x.dtype, device=x.device)
+    P = KE + 1 if shared is not None else KE  # pairs per token
+    if h is None or h.shape[0] != T * P:
+        h = torch.empty((T * P, F), dtype=x.dtype, device=x.device)
     cd = tl_compute_dtype(x.dtype)
     cfg = {**GEMV_GATE_UP, **GEMV_DOWN, **(GEMV_GATE_UP_CPU if x.device.type == "cpu" else {}), **_TUNE}
     bf = min(cfg["gemv_f"], triton.next_power_of_2(F))
     bd = min(cfg["gemv_d"], triton.next_power_of_2(D))
-    _gemv_gate_up_kernel[(T * KE, triton.cdiv(F, bf))](
-        x, x if dense else ids, w1, w3, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
-        w3.stride(0), w3.stride(1), h.stride(0), CD=cd, DENSE=dense, BLOCK_F=bf, BLOCK_D=bd,
-        num_warps=cfg["gemv_warps"])
+    sg, su, sd = shared if shared is not None else (w1[0], w3[0], w2[0])  # unread without SHARED
+    _gemv_gate_up_kernel[(T * P, triton.cdiv(F, bf))](
+        x, x if dense else ids, w1, w3, sg, su, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
+        w3.stride(0), w3.stride(1), sg.stride(0), su.stride(0), h.stride(0), CD=cd, DENSE=dense,
+        SHARED=shared is not None, BLOCK_F=bf, BLOCK_D=bd, num_warps=cfg["gemv_warps"])
     bdo = min(cfg["down_d"], triton.next_power_of_2(D))
     bf2 = min(cfg["down_f"], triton.next_power_of_2(F))
-    out = y if dense else torch.empty((T * KE, D), dtype=compute_dtype(x.dtype), device=x.device)
-    _gemv_down_kernel[(T * KE, triton.cdiv(D, bdo))](
-        h, x if dense else ids, w2, out, D, F, h.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        CD=cd, DENSE=dense, BLOCK_DO=bdo, BLOCK_F=bf2, num_warps=cfg["down_warps"])
+    out = y if dense else torch.empty((T * P, D), dtype=compute_dtype(x.dtype), device=x.device)
+    _gemv_down_kernel[(T * P, triton.cdiv(D, bdo))](
+        h, x if dense else ids, w2, sd, out, D, F, KE, h.stride(0), w2.stride(0), w2.stride(1),
+        sd.stride(0), out.stride(0), CD=cd, DENSE=dense, SHARED=shared is not None, BLOCK_DO=bdo,
+        BLOCK_F=bf2, num_warps=cfg["down_warps"])
     if not dense:
         bc = min(1024, triton.next_power_of_2(D))
         _combine_kernel[(T, triton.cdiv(D, bc))](
-            out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, ADD=add, num_warps=4)
+            out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, ADD=add,
+            SHARED=shared is not None, num_warps=4)
     return y
 
 
-def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None):
+def _check_shared(op, shared, x, F, D):
+    if not (isinstance(shared, tuple) and len(shared) == 3):
+        raise TypeError(f"{op}: shared: expected a (gate, up, down) tuple of tensors")
+    for name, w, shape, spec in (("gate", shared[0], (F, D), "[F, D]"), ("up", shared[1], (F, D), "[F, D]"),
+                                 ("down", shared[2], (D, F), "[D, F]")):
+        check_float(op, f"shared {name}", w)
+        if w.dtype != x.dtype:
+            raise TypeError(f"{op}: shared {name}: dtype {w.dtype} differs from x's {x.dtype}")
+        check_shape(op, f"shared {name}", w, shape, spec + " (the routed experts' F)")
+        if w.stride(-1) != 1:
+            raise ValueError(f"{op}: shared {name}: expected a contiguous last dim, got strides {w.stride()}")
+        check_same_device(op, x=x, **{f"shared_{name}": w})
+
+
+def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None, shared=None, out=None):
     """``experts`` with the form forced (``"gemv"``, ``"grouped"``) or chosen (None). ``add_to``
     ([T, D], x's dtype, GEMV form only): the result is added into it in place (``add_to +=
-    experts(...)``, the same bits, without a separate add) and it is returned."""
+    experts(...)``, the same bits, without a separate add) and it is returned. ``shared`` ((gate
+    [F, D], up [F, D], down [D, F]), x's dtype, the routed experts' F; GEMV form only): the shared
+    expert's SwiGLU added, run as one more pair per token in the same three launches: the bits of
+    ``experts(add_to=swiglu(x, gate, up, down))`` with ``swiglu``'s GEMV form at any T. ``out``
+    ([T, D] contiguous, x's dtype; with ``shared``): where the result goes."""
     T, D, KE, E, F = _check_experts(op, x, weights, ids, w1, w2, w3)
     x = x if x.stride(1) == 1 else x.contiguous()
     weights = weights.contiguous()
     ids = ids.contiguous()
+    if shared is not None:
+        if form != "gemv" or add_to is not None:
+            raise ValueError(f"{op}: shared: only with the GEMV form and without add_to")
+        _check_shared(op, shared, x, F, D)
+        y = out_or_new(op, out, (T, D), x)
+        if T and D:
+            _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, shared=shared)
+        return y
+    if out is not None:
+        raise ValueError(f"{op}: out: only with shared")
     if add_to is not None:
         if form != "gemv" or add_to.shape != (T, D) or add_to.dtype != x.dtype or add_to.stride(1) != 1:
             raise ValueError(f"{op}: add_to: expected a [T, D] = {(T, D)} {x.dtype} tensor with "

@@ -134,17 +134,29 @@ def _silu_mul_kernel(g_ptr, u_ptr, h_ptr, n_rows, F, sg, su, sh, CD: tl.constexp
 
 
 @triton.jit
-def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
-                         sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr, DENSE: tl.constexpr,
-                         BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
-    # grid (T * k_e pairs, cdiv(F, BLOCK_F)); h[pair, f] = silu(w1[e] x)[f] * (w3[e] x)[f]
-    # DENSE: one expert (e = 0) and no ids (the dense MLP / shared expert)
-    pair = tl.program_id(0).to(tl.int64)
-    tok = pair // KE
+def _gemv_pair(pair, ids_ptr, KE, DENSE: tl.constexpr, SHARED: tl.constexpr):
+    """(token, expert id, whether the pair is the shared expert's) of a GEMV program's pair. Pairs
+    are token-major: k_e routed pairs per token, plus one more for the shared expert (SHARED)."""
     if DENSE:
-        e = 0
-    else:
-        e = tl.load(ids_ptr + pair).to(tl.int64)
+        return pair, 0, False
+    if SHARED:
+        tok = pair // (KE + 1)
+        k = pair % (KE + 1)
+        is_shared = k == KE
+        e = tl.load(ids_ptr + tok * KE + k, mask=k < KE, other=0).to(tl.int64)
+        return tok, e, is_shared
+    return pair // KE, tl.load(ids_ptr + pair).to(tl.int64), False
+
+
+@triton.jit
+def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr, h_ptr, D, F, KE,
+                         sx, s1e, s1f, s3e, s3f, ss1f, ss3f, sh, CD: tl.constexpr, DENSE: tl.constexpr,
+                         SHARED: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
+    # grid (pairs, cdiv(F, BLOCK_F)); h[pair, f] = silu(w1[e] x)[f] * (w3[e] x)[f]
+    # DENSE: one expert (e = 0) and no ids (the dense MLP / shared expert). SHARED: each token's last
+    # pair runs the shared expert (ws1, ws3) with the very code (and so the bits) of DENSE.
+    pair = tl.program_id(0).to(tl.int64)
+    tok, e, is_shared = _gemv_pair(pair, ids_ptr, KE, DENSE, SHARED)
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fm = f < F
     d0 = tl.arange(0, BLOCK_D)
@@ -152,6 +164,9 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
     acc3 = tl.zeros([BLOCK_F, BLOCK_D], CD)
     w1row = w1_ptr + e * s1e + f[:, None].to(tl.int64) * s1f
     w3row = w3_ptr + e * s3e + f[:, None].to(tl.int64) * s3f
+    if SHARED:
+        w1row = tl.where(is_shared, ws1_ptr + f[:, None].to(tl.int64) * ss1f, w1row)
+        w3row = tl.where(is_shared, ws3_ptr + f[:, None].to(tl.int64) * ss3f, w3row)
     for k0 in range(0, D, BLOCK_D):
         d = k0 + d0
         dm = d < D
@@ -164,22 +179,23 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, h_ptr, D, F, KE,
 
 
 @triton.jit
-def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, out_ptr, D, F, sh, s2e, s2d, so, CD: tl.constexpr,
-                      DENSE: tl.constexpr, BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
-    # grid (T * k_e pairs, cdiv(D, BLOCK_DO)); out[pair, d] = (w2[e] h[pair])[d]: one program per
+def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, KE, sh, s2e, s2d, ss2d, so,
+                      CD: tl.constexpr, DENSE: tl.constexpr, SHARED: tl.constexpr,
+                      BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
+    # grid (pairs, cdiv(D, BLOCK_DO)); out[pair, d] = (w2[e] h[pair])[d]: one program per
     # (pair, D tile), so a single token's 8 experts stream their rows in parallel (a program per D
     # tile looping over the experts left too few loads in flight). _combine_kernel then sums the
-    # pairs of a token in order; DENSE: out is y itself (one expert, weight 1).
+    # pairs of a token in order; DENSE: out is y itself (one expert, weight 1); SHARED: each
+    # token's last pair is the shared expert (ws2).
     pair = tl.program_id(0).to(tl.int64)
-    if DENSE:
-        e = 0
-    else:
-        e = tl.load(ids_ptr + pair).to(tl.int64)
+    tok, e, is_shared = _gemv_pair(pair, ids_ptr, KE, DENSE, SHARED)
     d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
     dm = d < D
     f0 = tl.arange(0, BLOCK_F)
     acc = tl.zeros([BLOCK_DO, BLOCK_F], CD)
     w2row = w2_ptr + e * s2e + d[:, None].to(tl.int64) * s2d
+    if SHARED:
+        w2row = tl.where(is_shared, ws2_ptr + d[:, None].to(tl.int64) * ss2d, w2row)
     for k0 in range(0, F, BLOCK_F):
         f = k0 + f0
         fm = f < F
@@ -265,17 +281,23 @@ def _grouped_down_kernel(h_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w2_ptr, o
 
 @triton.jit
 def _combine_kernel(out_ptr, wts_ptr, y_ptr, D, KE, so, sy, CD: tl.constexpr, BLOCK_D: tl.constexpr,
-                    ADD: tl.constexpr = False):
-    # grid (T, cdiv(D, BLOCK_D)); y[t] = sum_k wts[t, k] * out[t * k_e + k], k ascending; ADD: y[t]
-    # += that sum rounded to y's dtype (the bits of a torch add of the two, one launch fewer)
+                    ADD: tl.constexpr = False, SHARED: tl.constexpr = False):
+    # grid (T, cdiv(D, BLOCK_D)); y[t] = sum_k wts[t, k] * out[t * P + k], k ascending (P = k_e, or
+    # k_e + 1 with SHARED); ADD: y[t] += that sum rounded to y's dtype (the bits of a torch add of
+    # the two, one launch fewer); SHARED: the same add, of out[t * P + k_e] rounded to y's dtype
+    # (the shared expert's output, as its DENSE down GEMV would have stored it)
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dm = d < D
+    P = KE + 1 if SHARED else KE
     y = tl.zeros([BLOCK_D], CD)
     for k in range(0, KE):
-        pair = t * KE + k
-        y += tl.load(wts_ptr + pair).to(CD) * tl.load(out_ptr + pair * so + d, mask=dm, other=0.0).to(CD)
+        pair = t * P + k
+        y += tl.load(wts_ptr + t * KE + k).to(CD) * tl.load(out_ptr + pair * so + d, mask=dm, other=0.0).to(CD)
     y = y.to(y_ptr.dtype.element_ty)
-    if ADD:
+    if SHARED:
+        s = tl.load(out_ptr + (t * P + KE) * so + d, mask=dm, other=0.0).to(y_ptr.dtype.element_ty)
+        y = (y.to(CD) + s.to(CD)).to(y_ptr.dtype.element_ty)
+    elif ADD:
         y = (y.to(CD) + tl.load(y_ptr + t * sy + d, mask=dm, other=0.0).to(CD)).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + t * sy + d, y, mask=dm)

@@ -381,6 +381,37 @@ def test_experts_add_to_is_the_add_bitwise(dtype):
         moe._experts("test", x, weights, ids, w1, w2, w3, form="grouped", add_to=shared.clone())
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_experts_with_the_shared_expert_fused_is_swiglu_plus_experts_bitwise(dtype):
+    """Decode's ``shared`` (the shared expert as one more GEMV pair per token, added in the combine)
+    gives the bits of ``experts(add_to=swiglu(x))`` with swiglu's GEMV form, at T = 3 and, row by
+    row, at T = 20 (where swiglu itself would take the torch GEMMs); into ``out``'s rows only."""
+    D, F, E, KE = 40, 24, 8, 2
+    x, w1, w2, w3 = make_ffn(20, D, F, E, dtype, seed=21)
+    weights, ids = route(20, E, KE, seed=22)
+    _, sg, sd, su = make_ffn(1, D, F, 1, dtype, seed=23)
+    shared = (sg[0], su[0], sd[0])
+    y = moe._experts("test", x[:3], weights[:3], ids[:3], w1, w2, w3, form="gemv", shared=shared)
+    want = moe._experts("test", x[:3], weights[:3], ids[:3], w1, w2, w3, form="gemv",
+                        add_to=moe.swiglu(x[:3], *shared))
+    assert torch.equal(y, want)
+    tile = torch.zeros(24, D, dtype=dtype, device=DEV)
+    moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", shared=shared, out=tile[:20])
+    for t in (0, 7, 19):
+        alone = moe._experts("test", x[t:t + 1], weights[t:t + 1], ids[t:t + 1], w1, w2, w3,
+                             form="gemv", shared=shared)
+        assert torch.equal(tile[t], alone[0]), t
+    assert not tile[20:].any()
+    routed = moe._experts("test", x[:3], weights[:3], ids[:3], w1, w2, w3, form="gemv")
+    assert not torch.equal(y, routed)  # teeth: the shared expert is in it
+    with pytest.raises(ValueError, match="shared"):
+        moe._experts("test", x, weights, ids, w1, w2, w3, form="grouped", shared=shared)
+    with pytest.raises(ValueError, match="shared up"):
+        moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", shared=(sg[0], su[0][:-1], sd[0]))
+    with pytest.raises(ValueError, match="out"):
+        moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", shared=shared, out=tile)
+
+
 def test_swiglu_refuses_tf32_in_fp32():
     x, w1, w2, w3 = make_ffn(20, 16, 8, 1, torch.float32, seed=0)  # > GEMV_MAX_PAIRS: torch GEMMs
     old = torch.backends.cuda.matmul.allow_tf32
