@@ -162,11 +162,15 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr, h_ptr
     d0 = tl.arange(0, BLOCK_D)
     acc1 = tl.zeros([BLOCK_F, BLOCK_D], CD)
     acc3 = tl.zeros([BLOCK_F, BLOCK_D], CD)
-    w1row = w1_ptr + e * s1e + f[:, None].to(tl.int64) * s1f
-    w3row = w3_ptr + e * s3e + f[:, None].to(tl.int64) * s3f
-    if SHARED:
-        w1row = tl.where(is_shared, ws1_ptr + f[:, None].to(tl.int64) * ss1f, w1row)
-        w3row = tl.where(is_shared, ws3_ptr + f[:, None].to(tl.int64) * ss3f, w3row)
+    w1e = w1_ptr + e * s1e
+    w3e = w3_ptr + e * s3e
+    if SHARED:  # scalar selects: a select of pointer tiles would lose their alignment (no vector loads)
+        w1e = tl.where(is_shared, ws1_ptr, w1e)
+        w3e = tl.where(is_shared, ws3_ptr, w3e)
+        s1f = tl.where(is_shared, ss1f, s1f)
+        s3f = tl.where(is_shared, ss3f, s3f)
+    w1row = w1e + f[:, None].to(tl.int64) * s1f
+    w3row = w3e + f[:, None].to(tl.int64) * s3f
     for k0 in range(0, D, BLOCK_D):
         d = k0 + d0
         dm = d < D
@@ -193,9 +197,11 @@ def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, KE, sh, s2
     dm = d < D
     f0 = tl.arange(0, BLOCK_F)
     acc = tl.zeros([BLOCK_DO, BLOCK_F], CD)
-    w2row = w2_ptr + e * s2e + d[:, None].to(tl.int64) * s2d
-    if SHARED:
-        w2row = tl.where(is_shared, ws2_ptr + d[:, None].to(tl.int64) * ss2d, w2row)
+    w2e = w2_ptr + e * s2e
+    if SHARED:  # scalar selects (see the gate/up kernel)
+        w2e = tl.where(is_shared, ws2_ptr, w2e)
+        s2d = tl.where(is_shared, ss2d, s2d)
+    w2row = w2e + d[:, None].to(tl.int64) * s2d
     for k0 in range(0, F, BLOCK_F):
         f = k0 + f0
         fm = f < F
