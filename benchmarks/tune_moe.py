@@ -1,5 +1,5 @@
 """Launch-configuration sweep of the MoE decode kernels (``optimized.moe._TUNE``): the routed
-experts' GEMV form (one layer's 8 experts at B=1) and ``router_logits`` (at B=1 and B=64; a
+experts' GEMV form (one layer's 8 experts and its shared expert at B=1, as the model runs them) and ``router_logits`` (at B=1 and B=64; a
 64-copy rotation of router weights keeps them in HBM), per-kernel GPU time at the 48B model's
 sizes (bf16, E=256, D=2304, F=1024) for each setting, so the defaults are chosen from measurements.
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import HBM_BYTES_PER_S, kernel_profile  # noqa: E402
 
 GATE_UP = [{"gemv_f": f, "gemv_d": d, "gemv_warps": w}
-           for f, d, w in itertools.product((8, 16, 32, 64), (128, 256, 512), (2, 4, 8))]
+           for f, d, w in itertools.product((8, 16, 32, 64), (128, 256, 512), (1, 2, 4, 8))]
 DOWN = [{"down_d": d, "down_f": f, "down_warps": w}
         for d, f, w in itertools.product((4, 8, 16, 32, 64), (128, 256, 512, 1024), (2, 4, 8))]
 ROUTER = [{"router_t": t, "router_e": e, "router_d": d, "router_warps": w}
@@ -51,6 +51,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernels", nargs="*", default=list(KERNEL), choices=list(KERNEL))
     ap.add_argument("--best-out", default=None, help="write the fastest setting per kernel here (JSON)")
+    ap.add_argument("--no-shared", action="store_true",
+                    help="the routed experts alone (default: with the shared expert as a ninth pair, as in the model)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the sweep times kernels)")
@@ -66,17 +68,32 @@ def main(argv=None):
     routers = torch.randn((64, E, D), generator=g, device="cuda") * 0.02  # 151 MB, taken in turn: from HBM
     call = itertools.count()
 
+    groups = perm.shape[0]
+    # the shared expert, as the model runs it (one more GEMV pair per token): an expert of the group
+    # half a rotation away, so it too comes from HBM
+    shared = [(w1[i], w3[i], w2[i]) for i in perm[:, 0, 0].roll(groups // 2).tolist()]
+
+    gcpu = torch.Generator().manual_seed(1)  # B = 64: each token's 8 experts drawn at random
+    ids64 = torch.stack([torch.randperm(E, generator=gcpu)[:KE] for _ in range(4 * TILE)]).view(4, TILE, KE).cuda()
+    wts64 = torch.rand((TILE, KE), generator=g, device="cuda")
+    out64 = torch.zeros((TILE, D), device="cuda", dtype=bf16)
+
     def layer(B):
-        ids = perm[next(call) % perm.shape[0]]
-        moe._experts("moe.experts", x[:1], wts, ids, w1, w2, w3, form="gemv", add_to=out)
+        c = next(call) % groups
+        ids, w, o = (perm[c], wts, out) if B == 1 else (ids64[c % 4], wts64, out64)
+        if args.no_shared:
+            moe._experts("moe.experts", x[:B], w, ids, w1, w2, w3, form="gemv", add_to=o)
+        else:
+            moe._experts("moe.experts", x[:B], w, ids, w1, w2, w3, form="gemv", shared=shared[c], out=o)
 
     def router(B):
         moe.router_logits(x[:B], routers[next(call) % routers.shape[0]])
 
     run = {"gate_up": layer, "down": layer, "router": router}
-    sizes = {"gate_up": (1,), "down": (1,), "router": (1, TILE)}
-    floor_us = {"gate_up": 2 * KE * F * D * 2 / HBM_BYTES_PER_S * 1e6,
-                "down": KE * D * F * 2 / HBM_BYTES_PER_S * 1e6,
+    sizes = {"gate_up": (1, TILE), "down": (1, TILE), "router": (1, TILE)}
+    pairs = KE if args.no_shared else KE + 1
+    floor_us = {"gate_up": 2 * pairs * F * D * 2 / HBM_BYTES_PER_S * 1e6,
+                "down": pairs * D * F * 2 / HBM_BYTES_PER_S * 1e6,
                 "router": E * D * 4 / HBM_BYTES_PER_S * 1e6}
     best: dict = {}
     for which in args.kernels:

@@ -136,16 +136,21 @@ def _silu_mul_kernel(g_ptr, u_ptr, h_ptr, n_rows, F, sg, su, sh, CD: tl.constexp
 @triton.jit
 def _gemv_pair(pair, ids_ptr, KE, DENSE: tl.constexpr, SHARED: tl.constexpr):
     """(token, expert id, whether the pair is the shared expert's) of a GEMV program's pair. Pairs
-    are token-major: k_e routed pairs per token, plus one more for the shared expert (SHARED)."""
-    if DENSE:
-        return pair, 0, False
-    if SHARED:
-        tok = pair // (KE + 1)
-        k = pair % (KE + 1)
-        is_shared = k == KE
-        e = tl.load(ids_ptr + tok * KE + k, mask=k < KE, other=0).to(tl.int64)
-        return tok, e, is_shared
-    return pair // KE, tl.load(ids_ptr + pair).to(tl.int64), False
+    are token-major: k_e routed pairs per token, plus one more for the shared expert (SHARED).
+    (One return of one type in every specialization: Triton 3.6 refuses per-branch returns.)"""
+    tok = pair
+    e = pair * 0
+    is_shared = pair < 0
+    if not DENSE:
+        if SHARED:
+            tok = pair // (KE + 1)
+            k = pair % (KE + 1)
+            is_shared = k == KE
+            e = tl.load(ids_ptr + tok * KE + k, mask=k < KE, other=0).to(tl.int64)
+        else:
+            tok = pair // KE
+            e = tl.load(ids_ptr + pair).to(tl.int64)
+    return tok, e, is_shared
 
 
 @triton.jit
