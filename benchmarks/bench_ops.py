@@ -294,24 +294,27 @@ class MoELayer:
         self.w2 = r(E, D, F_, scale=F_ ** -0.5)
         self.sg, self.su, self.sd = r(Fs, D, scale=D ** -0.5), r(Fs, D, scale=D ** -0.5), r(D, Fs, scale=Fs ** -0.5)
 
-    def route(self, x):
+    def route(self, logits):
         import optimized.moe as omoe
 
         c = self.cfg
-        logits = x.float() @ self.router.T  # fp32, as the model
         return omoe.router(logits, self.bias, top_k=self.k, num_groups=c.num_expert_group,
                            topk_groups=c.topk_group, renormalize=c.moe_renormalize and self.k > 1,
                            scaling=c.routed_scaling_factor)
 
-    def ours(self, x, form=None):
+    def ours(self, x, path="decode"):
+        """``"decode"``: the model's decode step (``router_logits``, the router, the routed experts
+        and the shared expert in one set of GEMV launches); ``"prefill"``: the model's prefill (torch's
+        fp32 router GEMM, ``experts`` in the form its pair count picks, ``swiglu``)."""
         import optimized.moe as omoe
 
-        w, ids = self.route(x)
-        if form is None:
-            y = omoe.experts(x, w, ids, self.w1, self.w2, self.w3)
-        else:  # the model's decode path forces the GEMV form (batch invariance)
-            y = omoe._experts("moe.experts", x, w, ids, self.w1, self.w2, self.w3, form=form)
-        return y + omoe.swiglu(x, self.sg, self.su, self.sd)
+        if path == "decode" and self.sg.shape[0] == self.F:
+            w, ids = self.route(omoe.router_logits(x, self.router))
+            return omoe._experts("moe.experts", x, w, ids, self.w1, self.w2, self.w3, form="gemv",
+                                 shared=(self.sg, self.su, self.sd))
+        w, ids = self.route(x.float() @ self.router.T)
+        return (omoe.experts(x, w, ids, self.w1, self.w2, self.w3)
+                + omoe.swiglu(x, self.sg, self.su, self.sd))
 
     def hf_eager(self, x):
         """HF's eager MoE (DeepseekV3-style ``moe_infer``; Kimi's remote code is the same)."""
@@ -348,7 +351,6 @@ class MoELayer:
 def bench_moe(dev, layer: MoELayer, B, smoke):
     """One MoE layer for B tokens. Floor: the weights that must be read (the distinct routed experts
     the B tokens touch, counted from the router's ids, + the shared expert + the fp32 router) + x, y."""
-    import optimized.moe as omoe
 
     x = Rand(dev, 16 + B)(B, layer.D)
     ours = lambda: layer.ours(x)  # noqa: E731
@@ -358,7 +360,7 @@ def bench_moe(dev, layer: MoELayer, B, smoke):
     diff = rel_diff(ours(), base())
     check(f"moe.layer B={B}", diff, smoke)
     base_ms, _ = measure(base)
-    _, ids = layer.route(x)
+    _, ids = layer.route(x.float() @ layer.router.T)
     distinct = int(torch.unique(ids).numel())
     expert_bytes = nbytes(layer.w1[0], layer.w2[0], layer.w3[0])
     bytes_moved = (distinct * expert_bytes + nbytes(layer.sg, layer.su, layer.sd, layer.router, layer.bias)
@@ -366,15 +368,12 @@ def bench_moe(dev, layer: MoELayer, B, smoke):
     flops = 2 * B * (layer.k + 1) * 3 * layer.D * layer.F + 2 * B * layer.E * layer.D
     extra = {"distinct_experts": distinct, "wall_ms_per_call": wall_ms, "max_rel_diff": diff,
              **(graph_timings(ours) if on_gpu() else {})}
-    M = B * layer.k
-    form = "gemv" if M <= getattr(omoe, "GEMV_MAX_PAIRS", 16) else "grouped"
-    other = "gemv" if form == "grouped" else "grouped"
-    try:  # the model's decode step uses one form whatever the batch: what the other one costs
-        extra[f"{other}_form_ms"] = measure(lambda: layer.ours(x, form=other))[0]
+    try:  # what the prefill path (torch router GEMM, the form the pair count picks) costs here
+        extra["prefill_path_ms"] = measure(lambda: layer.ours(x, path="prefill"))[0]
     except Exception as exc:  # noqa: BLE001
-        print(f"  {other} form failed: {type(exc).__name__}: {exc}")
+        print(f"  prefill path failed: {type(exc).__name__}: {exc}")
     return Result("moe.layer", {"B": B, "D": layer.D, "F": layer.F, "E": layer.E, "k_e": layer.k,
-                                "experts_form": form, "dtype": "bfloat16"},
+                                "path": "decode (GEMV pairs, shared expert fused)", "dtype": "bfloat16"},
                   ms, spread, baseline="torch eager (HF moe_infer loop)", baseline_ms=base_ms,
                   bytes_moved=bytes_moved, flops=flops, extra=extra)
 

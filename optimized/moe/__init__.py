@@ -35,9 +35,11 @@ _TUNE: dict = {}
 #: GEMV-form defaults, from ``benchmarks/tune_moe.py`` on an H200 (one layer's 8 experts at B=1,
 #: weights from HBM; 36 gate/up and 60 down settings): gate/up 21.7 us (floor 17.6), down 11.1 us
 #: (floor 8.8) against 15.8 us for the previous down setting (32 rows, 256-wide lanes, 4 warps).
-#: 16 gate/up rows per program instead of 8 (``benchmarks/tune_moe_batch.py``): the same bits at
-#: B=1 and B=64 (checked on the H200), the same time at B=1, 741 against 770 us per layer at B=64.
-GEMV_GATE_UP = {"gemv_f": 16, "gemv_d": 256, "gemv_warps": 2}
+#: With the shared expert as a ninth pair (session 8, ``tune_moe.py`` with the shared pair, 48
+#: settings): 8 rows x 128 lanes on 8 warps, 23.5 us at B=1 and 704 us per layer at B=64, against
+#: 30.4 and 836 us for the former 16 rows x 256 lanes on 2 warps (its 576 programs per B=1 call
+#: no longer fit the 512-program wave the routed pairs alone made).
+GEMV_GATE_UP = {"gemv_f": 8, "gemv_d": 128, "gemv_warps": 8}
 GEMV_DOWN = {"down_d": 32, "down_f": 128, "down_warps": 8}
 #: Under the CPU interpreter a program costs its Python overhead, not its loads: 32 gate/up rows
 #: per program there (a 4x shorter grid; rows per program never change a value).
