@@ -162,9 +162,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr, h_ptr
     # pair runs the shared expert (ws1, ws3) with the very code (and so the bits) of DENSE.
     pair = tl.program_id(0).to(tl.int64)
     tok, e, is_shared = _gemv_pair(pair, ids_ptr, KE, DENSE, SHARED)
-    # the tile rotated by the token: the programs running at once (pairs vary fastest in the grid)
-    # read different rows, not every token's shared-expert pair the same ones (an L2 hot spot)
-    f = ((tl.program_id(1) + tok) % tl.num_programs(1)) * BLOCK_F + tl.arange(0, BLOCK_F)
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fm = f < F
     d0 = tl.arange(0, BLOCK_D)
     acc1 = tl.zeros([BLOCK_F, BLOCK_D], CD)
@@ -200,7 +198,7 @@ def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, KE, sh, s2
     # token's last pair is the shared expert (ws2).
     pair = tl.program_id(0).to(tl.int64)
     tok, e, is_shared = _gemv_pair(pair, ids_ptr, KE, DENSE, SHARED)
-    d = ((tl.program_id(1) + tok) % tl.num_programs(1)) * BLOCK_DO + tl.arange(0, BLOCK_DO)  # rotated: see gate/up
+    d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
     dm = d < D
     f0 = tl.arange(0, BLOCK_F)
     acc = tl.zeros([BLOCK_DO, BLOCK_F], CD)
