@@ -4,9 +4,10 @@ Compute dtype float32 (float64 for fp64 inputs); outputs in x's dtype, except th
 weights, which are returned in the compute dtype (float32 for bf16/fp32 logits, as HF and vLLM keep
 them) so that ``experts`` combines with unrounded weights.
 
-Measured on an H200 (bf16, D=2304, F=1024, E=256, k_e=8, B=1, CUDA-graph replay, weights cold):
-``experts`` 49 us (floor 26 us: the 8 experts' bytes at 4.3 TB/s), shared-expert ``swiglu`` 13 us,
-``router`` with its fp32 logits GEMM 10 us; the whole layer 82 us against a 30 us floor (2.7x).
+Measured on an H200 (bf16, D=2304, F=1024, E=256, k_e=8, B=1, CUDA-graph replay): the model's
+decode layer (``router_logits``, ``router``, the routed experts with the shared expert as a ninth
+GEMV pair, five launches) 61 us against a 30 us floor (2.01x; 82 us and 2.7x with the shared
+expert in its own launches), ``benchmarks/bench_ops.py --only moe``.
 ``router_logits`` (the fp32 gate GEMM, batch invariant, x read in bf16; ``ROUTER_LOGITS`` tiles):
 4.7 us at T = 1 and 17.6 us at T = 64 with its weight read from HBM (``benchmarks/tune_moe.py``).
 """
