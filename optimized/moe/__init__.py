@@ -21,8 +21,7 @@ from ..elementwise._precision import (check_float, check_same_device, check_shap
                                       out_or_new, require_ieee_fp32_matmul, tl_compute_dtype)
 from .kernels import (_combine_kernel, _gemv_down_kernel, _gemv_gate_up_kernel,
                       _grouped_down_kernel, _grouped_gate_up_kernel, _router_kernel,
-                      _router_logits_kernel, _shared_down_kernel, _shared_gate_up_kernel,
-                      _silu_mul_kernel)
+                      _router_logits_kernel, _silu_mul_kernel)
 
 __all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 
@@ -291,28 +290,17 @@ def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False, sha
     bf = min(cfg["gemv_f"], triton.next_power_of_2(F))
     bd = min(cfg["gemv_d"], triton.next_power_of_2(D))
     sg, su, sd = shared if shared is not None else (w1[0], w3[0], w2[0])  # unread without SHARED
-    # one token: its shared pair in the routed launches (no launch of its own); more: the shared
-    # pairs in programs of 4 tokens that read each weight tile once for the 4, with the same bits
-    multi = shared is not None and T > 1
     _gemv_gate_up_kernel[(T * P, triton.cdiv(F, bf))](
         x, x if dense else ids, w1, w3, sg, su, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
         w3.stride(0), w3.stride(1), sg.stride(0), su.stride(0), h.stride(0), CD=cd, DENSE=dense,
-        SHARED=shared is not None, BLOCK_F=bf, BLOCK_D=bd, SKIP_SHARED=multi, num_warps=cfg["gemv_warps"])
-    if multi:
-        _shared_gate_up_kernel[(triton.cdiv(T, 4), triton.cdiv(F, bf))](
-            x, sg, su, h, T, D, F, KE, x.stride(0), sg.stride(0), su.stride(0), h.stride(0), CD=cd,
-            BLOCK_F=bf, BLOCK_D=bd, num_warps=cfg["gemv_warps"])
+        SHARED=shared is not None, BLOCK_F=bf, BLOCK_D=bd, num_warps=cfg["gemv_warps"])
     bdo = min(cfg["down_d"], triton.next_power_of_2(D))
     bf2 = min(cfg["down_f"], triton.next_power_of_2(F))
     out = y if dense else torch.empty((T * P, D), dtype=compute_dtype(x.dtype), device=x.device)
     _gemv_down_kernel[(T * P, triton.cdiv(D, bdo))](
         h, x if dense else ids, w2, sd, out, D, F, KE, h.stride(0), w2.stride(0), w2.stride(1),
         sd.stride(0), out.stride(0), CD=cd, DENSE=dense, SHARED=shared is not None, BLOCK_DO=bdo,
-        BLOCK_F=bf2, SKIP_SHARED=multi, num_warps=cfg["down_warps"])
-    if multi:
-        _shared_down_kernel[(triton.cdiv(T, 4), triton.cdiv(D, bdo))](
-            h, sd, out, T, D, F, KE, h.stride(0), sd.stride(0), out.stride(0), CD=cd, BLOCK_DO=bdo,
-            BLOCK_F=bf2, num_warps=cfg["down_warps"])
+        BLOCK_F=bf2, num_warps=cfg["down_warps"])
     if not dense:
         bc = min(1024, triton.next_power_of_2(D))
         _combine_kernel[(T, triton.cdiv(D, bc))](

@@ -156,19 +156,14 @@ def _gemv_pair(pair, ids_ptr, KE, DENSE: tl.constexpr, SHARED: tl.constexpr):
 @triton.jit
 def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr, h_ptr, D, F, KE,
                          sx, s1e, s1f, s3e, s3f, ss1f, ss3f, sh, CD: tl.constexpr, DENSE: tl.constexpr,
-                         SHARED: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr,
-                         SKIP_SHARED: tl.constexpr = False):
+                         SHARED: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
     # grid (pairs, cdiv(F, BLOCK_F)); h[pair, f] = silu(w1[e] x)[f] * (w3[e] x)[f]
     # DENSE: one expert (e = 0) and no ids (the dense MLP / shared expert). SHARED: each token's last
-    # pair runs the shared expert (ws1, ws3) with the very code (and so the bits) of DENSE;
-    # SKIP_SHARED: those pairs are left to _shared_gate_up_kernel (several tokens per program).
+    # pair runs the shared expert (ws1, ws3) with the very code (and so the bits) of DENSE.
     pair = tl.program_id(0).to(tl.int64)
     tok, e, is_shared = _gemv_pair(pair, ids_ptr, KE, DENSE, SHARED)
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fm = f < F
-    if SKIP_SHARED:
-        D = tl.where(is_shared, 0, D)  # no loads
-        fm = tl.where(is_shared, False, fm)
     d0 = tl.arange(0, BLOCK_D)
     acc1 = tl.zeros([BLOCK_F, BLOCK_D], CD)
     acc3 = tl.zeros([BLOCK_F, BLOCK_D], CD)
@@ -195,7 +190,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr, h_ptr
 @triton.jit
 def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, KE, sh, s2e, s2d, ss2d, so,
                       CD: tl.constexpr, DENSE: tl.constexpr, SHARED: tl.constexpr,
-                      BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr, SKIP_SHARED: tl.constexpr = False):
+                      BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
     # grid (pairs, cdiv(D, BLOCK_DO)); out[pair, d] = (w2[e] h[pair])[d]: one program per
     # (pair, D tile), so a single token's 8 experts stream their rows in parallel (a program per D
     # tile looping over the experts left too few loads in flight). _combine_kernel then sums the
@@ -205,9 +200,6 @@ def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, KE, sh, s2
     tok, e, is_shared = _gemv_pair(pair, ids_ptr, KE, DENSE, SHARED)
     d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
     dm = d < D
-    if SKIP_SHARED:  # left to _shared_down_kernel
-        F = tl.where(is_shared, 0, F)
-        dm = tl.where(is_shared, False, dm)
     f0 = tl.arange(0, BLOCK_F)
     acc = tl.zeros([BLOCK_DO, BLOCK_F], CD)
     w2e = w2_ptr + e * s2e
@@ -221,97 +213,6 @@ def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, KE, sh, s2
         hv = tl.load(h_ptr + pair * sh + f, mask=fm, other=0.0).to(CD)
         acc += tl.load(w2row + f[None, :], mask=dm[:, None] & fm[None, :], other=0.0).to(CD) * hv[None, :]
     tl.store(out_ptr + pair * so + d, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=dm)
-
-
-@triton.jit
-def _shared_gu_acc(x_ptr, tok, T, sx, d, dm, w1, w3, acc1, acc3, CD: tl.constexpr):
-    xv = tl.load(x_ptr + tok * sx + d, mask=tl.where(tok < T, dm, False), other=0.0).to(CD)
-    return acc1 + w1 * xv[None, :], acc3 + w3 * xv[None, :]
-
-
-@triton.jit
-def _shared_gu_store(h_ptr, tok, T, P, KE, sh, f, fm, acc1, acc3):
-    h = silu_f(tl.sum(acc1, axis=1)) * tl.sum(acc3, axis=1)
-    tl.store(h_ptr + (tok * P + KE) * sh + f, h.to(h_ptr.dtype.element_ty), mask=tl.where(tok < T, fm, False))
-
-
-@triton.jit
-def _shared_gate_up_kernel(x_ptr, ws1_ptr, ws3_ptr, h_ptr, T, D, F, KE, sx, ss1f, ss3f, sh,
-                           CD: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
-    # grid (cdiv(T, 4), cdiv(F, BLOCK_F)): the shared expert's gate/up for 4 tokens per program, each
-    # weight tile loaded once for the 4 (the per-pair kernel re-reads it for every token). Each
-    # token's accumulators see the per-pair kernel's operations in its order, on tiles of its
-    # shape and layout: its bits, whatever the tokens beside it (checked on the GPU by test_moe).
-    t0 = tl.program_id(0).to(tl.int64) * 4
-    P = KE + 1
-    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
-    fm = f < F
-    d0 = tl.arange(0, BLOCK_D)
-    a10 = tl.zeros([BLOCK_F, BLOCK_D], CD)
-    a11 = tl.zeros([BLOCK_F, BLOCK_D], CD)
-    a12 = tl.zeros([BLOCK_F, BLOCK_D], CD)
-    a13 = tl.zeros([BLOCK_F, BLOCK_D], CD)
-    a30 = tl.zeros([BLOCK_F, BLOCK_D], CD)
-    a31 = tl.zeros([BLOCK_F, BLOCK_D], CD)
-    a32 = tl.zeros([BLOCK_F, BLOCK_D], CD)
-    a33 = tl.zeros([BLOCK_F, BLOCK_D], CD)
-    w1row = ws1_ptr + f[:, None].to(tl.int64) * ss1f
-    w3row = ws3_ptr + f[:, None].to(tl.int64) * ss3f
-    for k0 in range(0, D, BLOCK_D):
-        d = k0 + d0
-        dm = d < D
-        m = fm[:, None] & dm[None, :]
-        w1 = tl.load(w1row + d[None, :], mask=m, other=0.0).to(CD)
-        w3 = tl.load(w3row + d[None, :], mask=m, other=0.0).to(CD)
-        a10, a30 = _shared_gu_acc(x_ptr, t0, T, sx, d, dm, w1, w3, a10, a30, CD)
-        a11, a31 = _shared_gu_acc(x_ptr, t0 + 1, T, sx, d, dm, w1, w3, a11, a31, CD)
-        a12, a32 = _shared_gu_acc(x_ptr, t0 + 2, T, sx, d, dm, w1, w3, a12, a32, CD)
-        a13, a33 = _shared_gu_acc(x_ptr, t0 + 3, T, sx, d, dm, w1, w3, a13, a33, CD)
-    _shared_gu_store(h_ptr, t0, T, P, KE, sh, f, fm, a10, a30)
-    _shared_gu_store(h_ptr, t0 + 1, T, P, KE, sh, f, fm, a11, a31)
-    _shared_gu_store(h_ptr, t0 + 2, T, P, KE, sh, f, fm, a12, a32)
-    _shared_gu_store(h_ptr, t0 + 3, T, P, KE, sh, f, fm, a13, a33)
-
-
-@triton.jit
-def _shared_down_acc(h_ptr, tok, T, P, KE, sh, f, fm, w, acc, CD: tl.constexpr):
-    hv = tl.load(h_ptr + (tok * P + KE) * sh + f, mask=tl.where(tok < T, fm, False), other=0.0).to(CD)
-    return acc + w * hv[None, :]
-
-
-@triton.jit
-def _shared_down_store(out_ptr, tok, T, P, KE, so, d, dm, acc):
-    tl.store(out_ptr + (tok * P + KE) * so + d, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty),
-             mask=tl.where(tok < T, dm, False))
-
-
-@triton.jit
-def _shared_down_kernel(h_ptr, ws2_ptr, out_ptr, T, D, F, KE, sh, ss2d, so, CD: tl.constexpr,
-                        BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
-    # grid (cdiv(T, 4), cdiv(D, BLOCK_DO)): the shared expert's down rows for 4 tokens per program,
-    # with the per-pair down kernel's bits (as _shared_gate_up_kernel)
-    t0 = tl.program_id(0).to(tl.int64) * 4
-    P = KE + 1
-    d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
-    dm = d < D
-    f0 = tl.arange(0, BLOCK_F)
-    a0 = tl.zeros([BLOCK_DO, BLOCK_F], CD)
-    a1 = tl.zeros([BLOCK_DO, BLOCK_F], CD)
-    a2 = tl.zeros([BLOCK_DO, BLOCK_F], CD)
-    a3 = tl.zeros([BLOCK_DO, BLOCK_F], CD)
-    w2row = ws2_ptr + d[:, None].to(tl.int64) * ss2d
-    for k0 in range(0, F, BLOCK_F):
-        f = k0 + f0
-        fm = f < F
-        w = tl.load(w2row + f[None, :], mask=dm[:, None] & fm[None, :], other=0.0).to(CD)
-        a0 = _shared_down_acc(h_ptr, t0, T, P, KE, sh, f, fm, w, a0, CD)
-        a1 = _shared_down_acc(h_ptr, t0 + 1, T, P, KE, sh, f, fm, w, a1, CD)
-        a2 = _shared_down_acc(h_ptr, t0 + 2, T, P, KE, sh, f, fm, w, a2, CD)
-        a3 = _shared_down_acc(h_ptr, t0 + 3, T, P, KE, sh, f, fm, w, a3, CD)
-    _shared_down_store(out_ptr, t0, T, P, KE, so, d, dm, a0)
-    _shared_down_store(out_ptr, t0 + 1, T, P, KE, so, d, dm, a1)
-    _shared_down_store(out_ptr, t0 + 2, T, P, KE, so, d, dm, a2)
-    _shared_down_store(out_ptr, t0 + 3, T, P, KE, so, d, dm, a3)
 
 
 # ----------------------------------------------------------------------------------------------
