@@ -1,7 +1,8 @@
 """Launch-configuration sweep of the MoE decode kernels (``optimized.moe._TUNE``): the routed
-experts' GEMV form (one layer's 8 experts and its shared expert at B=1, as the model runs them) and ``router_logits`` (at B=1 and B=64; a
-64-copy rotation of router weights keeps them in HBM), per-kernel GPU time at the 48B model's
-sizes (bf16, E=256, D=2304, F=1024) for each setting, so the defaults are chosen from measurements.
+experts' GEMV form (one layer's 8 experts and its shared expert, as the model runs them, at B=1 and
+B=64) and ``router_logits`` (at B=1 and B=64; a 64-copy rotation of router weights keeps them in
+HBM), per-kernel GPU time at the 48B model's sizes (bf16, E=256, D=2304, F=1024) for each setting,
+so the defaults are chosen from measurements.
 
 Each call routes the token to the next 8 of 256 experts (a fixed random permutation): one expert's
 weights are read once per 32 calls, so they come from HBM as in a decode step, not from the L2.

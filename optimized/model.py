@@ -383,10 +383,10 @@ class Model:
 
     def _tile_out(self, rows: int, B: int, shape: tuple) -> torch.Tensor:
         """The ``[rows, *shape]`` tile a decode step's mixer (or MoE) writes its B sequences' output
-        into (its first B rows, in place), so the tile's GEMM (norm) reads it without a padding copy. Rows B..
-        are zeros for good: one buffer per (rows, B, shape), made by the first, eager step (a
-        captured step only writes its first B rows); layers reuse it, each one's output read by
-        its own norm/GEMM before the next layer writes."""
+        into (its first B rows, in place), so the tile's GEMM (norm) reads it without a padding
+        copy. Rows B.. are zeros for good: one buffer per (rows, B, shape), made by the first,
+        eager step (a captured step only writes its first B rows); layers reuse it, each one's
+        output read by its own norm/GEMM before the next layer writes."""
         key = (rows, B, *shape)
         buf = self._tile_bufs.get(key)
         if buf is None:
