@@ -214,11 +214,11 @@ class Ops:
             return
         cache.write(latent, k_pe, slot_mapping)
 
-    def mla_decode(self, q, w_kvb, cache, batch, *, num_splits, out=None):
+    def mla_decode(self, q, w_kvb, cache, batch, *, out=None):
         """q [B,N,P+R], one new token per row, over the paged ``cache`` described by ``batch``
         (``optimized.cache.DecodeBatch``: block tables, lengths including this token, slot mapping
-        (negative = padding row)); -> o [B,N,Vh] (written into ``out`` when given). ``num_splits``
-        fixed by the model, never from B."""
+        (negative = padding row)); -> o [B,N,Vh] (written into ``out`` when given). The key slices
+        are ``mla.paged_decode``'s default: from each sequence's own length, never from B."""
         if self._is_ref("mla"):
             shape = q.shape[:2] + (w_kvb.shape[0] // q.shape[1] - (q.shape[2] - cache.R),)
             o = torch.zeros(shape, dtype=q.dtype, device=q.device) if out is None else out.zero_()
@@ -232,7 +232,7 @@ class Ops:
                 o[b] = _back(res[0, 0], q)
             return o
         return self._opt["mla"].paged_decode(q, cache, batch.block_tables, batch.seq_lens, w_kvb,
-                                             num_splits=num_splits, out=out)
+                                             out=out)
 
     # -- moe ------------------------------------------------------------------------------------
     def router_logits(self, x, weight):

@@ -45,8 +45,8 @@ them), the router logits (``moe.router_logits``, a batch-invariant kernel), the 
 routed experts run on the real rows only, the experts
 in the per-(token, expert) GEMV form whatever their number, with the shared expert as one more pair
 per token in the same launches (added in their combine kernel; the padding rows' FFN output is
-zero), and the MLA decode splits its key range into
-``model.mla_decode_splits`` slices (fixed per model, never chosen from the batch). Each residual
+zero), and the MLA decode splits each sequence's key range into
+slices by its own length (``mla.paged_decode``'s default, never chosen from the batch). Each residual
 add runs fused with the norm after it (``norm.add_rms_norm``, bitwise the add then the norm).
 
 CUDA graphs (``model.cuda_graphs``, on by default on CUDA with every family on Triton): ``decode`` /
@@ -75,7 +75,6 @@ from . import backends as _backends
 from ._interpreter import interpreting
 from .cache import CachePool, DecodeBatch, SequenceCache
 from .elementwise._precision import require_ieee_fp32_matmul
-from .mla import DECODE_SPLITS
 from .weights import KDAWeights, ModelWeights, load_weights
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
@@ -129,8 +128,6 @@ class Model:
         # rows of one decode step (B sequences + padding; more sequences run as several steps);
         # any fixed value keeps decode batch-invariant, a larger one batches more per launch
         self.decode_tile = DECODE_TILE if device.type == "cuda" else CPU_DECODE_TILE
-        # MLA decode splits the key range in a fixed number of slices (never chosen from the batch)
-        self.mla_decode_splits = 1 if device.type == "cpu" else DECODE_SPLITS
         self.variants = {"moe_combine": moe_combine, "kv_norm_eps": float(kv_norm_eps),
                          "dtype": dtype, "device": str(device), "backends": dict(backends)}
         # decode steps without a trace replay captured CUDA graphs (optimized.graphs)
@@ -485,7 +482,7 @@ class Model:
         self.ops.mla_write(pool.mla[i], latent[:B], k_pe[:B], real.slot_mapping)
         tile = self._tile_out(x.shape[0], B, (N * Vh,))
         self.ops.mla_decode(q[:B].reshape(B, N, P + R), mw.w_kvb, pool.mla[i], real,
-                            num_splits=self.mla_decode_splits, out=tile[:B].view(B, N, Vh))
+                            out=tile[:B].view(B, N, Vh))
         return _linear(tile, mw.o_proj)
 
     # -- MoE (b.13 / b.14) ------------------------------------------------------------------------

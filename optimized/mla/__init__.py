@@ -53,9 +53,12 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-#: Key-range slices of a paged decode (flash-decoding) on a GPU unless the caller names another
-#: count: fixed, for batch invariance; 8 fills an H200 at B=1 with 32 heads.
-DECODE_SPLITS = 8
+#: A paged decode's key slices (flash-decoding) on a GPU unless the caller names a count: one per
+#: DECODE_SPLIT_KEYS keys of the sequence's own length, at most DECODE_MAX_SPLITS. Chosen from the
+#: sequence alone (never from the batch), for batch invariance; a long sequence alone still spreads
+#: over the SMs, and a short one is not cut into slices with nothing in them.
+DECODE_SPLIT_KEYS = 256
+DECODE_MAX_SPLITS = 64
 
 
 def _default_splits(device: torch.device, programs: int, S: int) -> int:
@@ -119,10 +122,12 @@ def _last_contig(t: torch.Tensor) -> torch.Tensor:
 _TUNE: dict = {}
 
 
-def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, num_splits,
+def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, split_keys, max_splits,
             paged=None, seq_lens=None, w_uv=None):
     """Launch the attention kernel and its epilogue. q1/q2: [B, T, N, *] views; k1/k2/v:
-    [B, S, (N,) *] views (or the paged buffers with ``paged = (block_tables, block_size)``).
+    [B, S, (N,) *] views (or the paged buffers with ``paged = (block_tables, block_size)``; S is then
+    their capacity). A sequence of length S_b gets ``cdiv(S_b, split_keys)`` key slices, clamped to
+    ``[1, max_splits]`` (``split_keys = 1``: a fixed count).
     ``w_uv [N, Vh, L]`` given (absorbed form): ``out [B, T, N, Vh]`` receives ``W_UV o_lat``;
     otherwise ``out [B, T, N, DV]`` receives the attention output."""
     B = q1.shape[0]
@@ -130,13 +135,16 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, num
     dt = k1.dtype
     cd = compute_dtype(dt)
     BM = _TUNE.get("BLOCK_M", _block_m(B, T * HP, D1))
-    grid = (B, (N // HP) * triton.cdiv(T * HP, BM), num_splits)
-    direct = w_uv is None and num_splits == 1
+    # the most slices any sequence here can have (S_b <= S): the grid's and the partials' depth.
+    # Clamping max_splits to it never changes a sequence's own count.
+    max_splits = max(1, min(max_splits, triton.cdiv(S, split_keys)))
+    grid = (B, (N // HP) * triton.cdiv(T * HP, BM), max_splits)
+    direct = w_uv is None and max_splits == 1
     if direct:
         pacc = pml = out  # unused
     else:
-        pacc = torch.empty((B, num_splits, T, N, DV), dtype=cd, device=q1.device)
-        pml = torch.empty((B, num_splits, T, N, 2), dtype=cd, device=q1.device)
+        pacc = torch.empty((B, max_splits, T, N, DV), dtype=cd, device=q1.device)
+        pml = torch.empty((B, max_splits, T, N, 2), dtype=cd, device=q1.device)
     if paged is not None:
         block_tables, block_size = paged
         kst = (0, k1.stride(0), 0)
@@ -152,11 +160,11 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, num
     o1 = out if direct else pacc  # only dereferenced when direct
     _mla_attn_kernel[grid](
         q1, q2, k1, k2, v, o1, pacc, pml, bt, seq_lens if seq_lens is not None else q1,
-        T, S, N, D1, R, DV, block_size, float(scale),
+        T, S, N, D1, R, DV, block_size, split_keys, max_splits, float(scale),
         q1.stride(0), q1.stride(1), q1.stride(2), q2.stride(0), q2.stride(1), q2.stride(2),
         *kst, *k2st, *vst, o1.stride(0), o1.stride(1), o1.stride(2), sbt,
         HP=HP, SHARED_KV=shared_kv, PAGED=paged is not None, VAR_LEN=seq_lens is not None,
-        NUM_SPLITS=num_splits, DIRECT=direct, CD=tl_compute_dtype(dt), BLOCK_M=BM,
+        DIRECT=direct, CD=tl_compute_dtype(dt), BLOCK_M=BM,
         BLOCK_N=_block_n(dt), BLOCK_D1=_pow2(D1), BLOCK_R=_pow2(R), BLOCK_DV=_pow2(DV),
         num_warps=_TUNE.get("num_warps", 4),
         # fp32/fp64 tiles of 512-wide keys do not fit shared memory twice: no prefetch stage
@@ -172,16 +180,16 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, num
         bv = _TUNE.get("BLOCK_V", min(16 if dt.itemsize > 4 else 32, _pow2(Vh)) if q1.device.type == "cuda"
                        else min(128 // dt.itemsize, _pow2(Vh)))
         _mla_combine_uv_kernel[(triton.cdiv(Vh, bv), N, triton.cdiv(B * T, br))](
-            pacc, pml, w_uv, out, seq_lens if seq_lens is not None else pml, B * T, T, N, DV, Vh,
+            pacc, pml, w_uv, out, seq_lens if seq_lens is not None else pml, B * T, T, S, N, DV, Vh,
             w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), out.stride(2),
-            NUM_SPLITS=num_splits, VAR_LEN=seq_lens is not None,
+            split_keys, max_splits, VAR_LEN=seq_lens is not None,
             CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV), BLOCK_V=bv,
             num_warps=_TUNE.get("epi_warps", 4), num_stages=2 if dt.itemsize <= 2 else 1)
     elif not direct:
         bdv = min(512, _pow2(DV))
         _mla_combine_kernel[(B * T * N, triton.cdiv(DV, bdv))](
-            pacc, pml, out, T, N, DV, out.stride(0), out.stride(1), out.stride(2),
-            NUM_SPLITS=num_splits, CD=tl_compute_dtype(dt), BLOCK_DV=bdv, num_warps=4)
+            pacc, pml, out, T, S, N, DV, out.stride(0), out.stride(1), out.stride(2), split_keys,
+            max_splits, CD=tl_compute_dtype(dt), BLOCK_DV=bdv, num_warps=4)
     return out
 
 
@@ -249,7 +257,7 @@ def absorbed(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: t
         num_splits = _default_splits(q.device, B * triton.cdiv(T * N, _block_m(B, T * N, L)), S)
     o = torch.empty((B, T, N, Vh), dtype=q.dtype, device=q.device)
     return _attend(q_lat, q[..., P:], latent, k_pe, latent, o, T=T, S=S, N=N, D1=L, R=R, DV=L,
-                   scale=scale, shared_kv=True, num_splits=num_splits, w_uv=w_uv)
+                   scale=scale, shared_kv=True, split_keys=1, max_splits=num_splits, w_uv=w_uv)
 
 
 def naive(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: torch.Tensor, *,
@@ -273,7 +281,7 @@ def naive(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: torc
         num_splits = _default_splits(q.device, B * N * triton.cdiv(T, 16), S)
     o = torch.empty((B, T, N, Vh), dtype=q.dtype, device=q.device)
     _attend(q[..., :P], q[..., P:], kv[..., :P], k_pe, kv[..., P:], o, T=T, S=S, N=N, D1=P, R=R,
-            DV=Vh, scale=scale, shared_kv=False, num_splits=num_splits)
+            DV=Vh, scale=scale, shared_kv=False, split_keys=1, max_splits=num_splits)
     return o
 
 
@@ -367,20 +375,23 @@ class PagedLatentCache:
 
 def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, w_kvb: torch.Tensor, *, scale: float | None = None,
-                 num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                 num_splits: int | None = None, split_keys: int | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
     """Absorbed MLA decode over a paged cache: one query token per sequence.
 
     q: [B, N, P+R] (the token at position ``seq_lens[b] - 1``, already written to the cache);
     block_tables: [B, max_blocks] int32/int64; seq_lens: [B] int32/int64 (each in
     ``[0, max_blocks * block_size]``, not checked on the device; 0 marks an idle row, e.g. the
     padding of a fixed-size decode step: it reads nothing and its output is 0); w_kvb: [N*(P+Vh), L].
-    Returns o [B, N, Vh] in q's dtype. With the same ``num_splits`` the key reduction runs in the
-    order of :func:`absorbed` on the contiguous cache, so the results are bitwise equal.
-    ``num_splits`` defaults to :data:`DECODE_SPLITS` on a GPU (1 on CPU): a constant, never chosen
-    from the batch or the block-table width, so a sequence's output is bitwise the same whatever
-    it is batched with (each sequence's slices depend only on its own length). ``out``
-    (optional, a contiguous [B, N, Vh] tensor of q's dtype on q's device, e.g. the first rows of a
-    padded decode tile): o is written there and returned.
+    Returns o [B, N, Vh] in q's dtype. Key slices (flash-decoding): ``num_splits`` fixes their count
+    (with the same count the key reduction runs in the order of :func:`absorbed` on the contiguous
+    cache, so the results are bitwise equal); ``split_keys`` gives each sequence one slice per
+    ``split_keys`` keys of its own length, at most :data:`DECODE_MAX_SPLITS`. At most one of the two;
+    neither: ``split_keys =`` :data:`DECODE_SPLIT_KEYS` on a GPU, one slice on CPU. Either way a
+    sequence's slices depend only on its own length, never on the batch or the block-table width,
+    so its output is bitwise the same whatever it is batched with. ``out`` (optional, a contiguous
+    [B, N, Vh] tensor of q's dtype on q's device, e.g. the first rows of a padded decode tile): o is
+    written there and returned.
     """
     op = "mla.paged_decode"
     _counters.record(op)
@@ -403,15 +414,24 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
     require_ieee_fp32_matmul(op, q)
     scale = (P + R) ** -0.5 if scale is None else scale
     capacity = block_tables.shape[1] * cache.block_size
-    if num_splits is None:
-        num_splits = DECODE_SPLITS if q.device.type == "cuda" else 1
+    for name, value in (("num_splits", num_splits), ("split_keys", split_keys)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{op}: {name}: expected a positive int, got {value!r}")
+    if num_splits is not None and split_keys is not None:
+        raise ValueError(f"{op}: num_splits and split_keys both given; name one or neither")
+    if num_splits is not None:
+        split_keys, max_splits = 1, num_splits
+    elif split_keys is not None or q.device.type == "cuda":
+        split_keys, max_splits = split_keys or DECODE_SPLIT_KEYS, DECODE_MAX_SPLITS
+    else:
+        split_keys, max_splits = 1, 1
     w_uk, w_uv = _w_views(w_kvb, N, P, Vh)
     q4 = q[:, None]  # [B, 1, N, P+R]
     q_lat = _q_lat(q4[..., :P], w_uk)
     o = out_or_new(op, out, (B, N, Vh), q)[:, None]  # [B, 1, N, Vh]
     kv = cache.kv.view(-1, L + R)
     _attend(q_lat, q4[..., P:], kv, kv[:, L:], kv, o, T=1, S=capacity, N=N, D1=L, R=R, DV=L,
-            scale=scale, shared_kv=True, num_splits=num_splits,
+            scale=scale, shared_kv=True, split_keys=split_keys, max_splits=max_splits,
             paged=(block_tables.contiguous(), cache.block_size), seq_lens=seq_lens.contiguous(),
             w_uv=w_uv)
     return o[:, 0]

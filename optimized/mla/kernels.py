@@ -12,14 +12,16 @@ the paged-cache writer.
 
 Online softmax in the compute dtype (fp32, fp64 for fp64 runs); probabilities are cast to the value
 dtype for the PV product (bf16 in production, as FlashAttention does). Flash-decoding: the key range
-of a sequence is cut into ``NUM_SPLITS`` slices of ``cdiv(cdiv(S_b, NUM_SPLITS), BLOCK_N) * BLOCK_N``
-keys; each program writes its unnormalized partial ``(acc, m, l)`` and an epilogue kernel merges the
-slices in ascending order: ``_mla_combine_uv_kernel`` for the absorbed form (merge, then the W_UV
-product, fused; one program per Vh chunk, each redoing the cheap merge, to spread the W_UV read
-over more SMs at small batch), ``_mla_combine_kernel`` for the naive form (which stores directly
-when there is one slice). Slice boundaries depend only on
-``S_b``, ``NUM_SPLITS`` and ``BLOCK_N``, never on the memory layout, so the paged cache
-(``PAGED``: key position -> block table -> physical row) reduces in exactly the contiguous order.
+of a sequence of length ``S_b`` is cut into ``n = _num_slices(S_b, split_keys, max_splits)`` slices
+(``cdiv(S_b, split_keys)`` clamped to ``[1, max_splits]``: ``split_keys = 1`` gives a fixed count
+``max_splits``) of ``cdiv(cdiv(S_b, n), BLOCK_N) * BLOCK_N`` keys; each program writes its
+unnormalized partial ``(acc, m, l)`` and an epilogue kernel merges the slices in ascending order:
+``_mla_combine_uv_kernel`` for the absorbed form (merge, then the W_UV product, fused; one program
+per Vh chunk, each redoing the cheap merge, to spread the W_UV read over more SMs at small batch),
+``_mla_combine_kernel`` for the naive form (which stores directly when there is one slice). Slice
+boundaries depend only on ``S_b``, ``split_keys``, ``max_splits`` and ``BLOCK_N``, never on the
+memory layout or the batch, so the paged cache (``PAGED``: key position -> block table -> physical
+row) reduces in exactly the contiguous order, and a sequence in any batch in the same order.
 """
 from __future__ import annotations
 
@@ -28,17 +30,25 @@ import triton.language as tl
 
 
 @triton.jit
+def _num_slices(S_b, split_keys, max_splits):
+    """Key slices of a sequence of length S_b: cdiv(S_b, split_keys), clamped to [1, max_splits]. A
+    function of the sequence's own length only (max_splits never binds below what the batch's
+    largest capacity allows, see ``_attend``), so its bits never depend on its batch."""
+    return tl.minimum(tl.maximum(tl.cdiv(S_b, split_keys), 1), max_splits)
+
+
+@triton.jit
 def _mla_attn_kernel(
         q1_ptr, q2_ptr, k1_ptr, k2_ptr, v_ptr, o_ptr, pacc_ptr, pml_ptr, bt_ptr, slen_ptr,
-        T, S, N, D1, R, DV, block_size, scale: tl.float64,
+        T, S, N, D1, R, DV, block_size, split_keys, max_splits, scale: tl.float64,
         sq1b, sq1t, sq1h, sq2b, sq2t, sq2h,
         sk1b, sk1s, sk1h, sk2b, sk2s, svb, svs, svh,
         sob, sot, soh, sbtb,
         HP: tl.constexpr, SHARED_KV: tl.constexpr, PAGED: tl.constexpr, VAR_LEN: tl.constexpr,
-        NUM_SPLITS: tl.constexpr, DIRECT: tl.constexpr, CD: tl.constexpr,
+        DIRECT: tl.constexpr, CD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_R: tl.constexpr,
         BLOCK_DV: tl.constexpr):
-    # grid (B, (N // HP) * cdiv(T * HP, BLOCK_M), NUM_SPLITS). Rows of a program: r -> t = r // HP,
+    # grid (B, (N // HP) * cdiv(T * HP, BLOCK_M), max_splits). Rows of a program: r -> t = r // HP,
     # h = hg * HP + r % HP. HP = N (absorbed: all heads share K/V) or 1 (naive: per-head K/V).
     b = tl.program_id(0).to(tl.int64)
     n_rb = tl.cdiv(T * HP, BLOCK_M)
@@ -51,6 +61,9 @@ def _mla_attn_kernel(
             return
     else:
         S_b = S
+    n_split = _num_slices(S_b, split_keys, max_splits)
+    if split >= n_split:  # past this sequence's slices: no partials, the merge reads n_split of them
+        return
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = r < T * HP
     t = r // HP
@@ -66,7 +79,7 @@ def _mla_attn_kernel(
                  mask=rmask[:, None] & (dr < R)[None, :], other=0.0)
     hoff = hg.to(tl.int64) * (1 - SHARED_KV)  # per-head K/V offset (0 in the shared form)
 
-    split_len = tl.cdiv(tl.cdiv(S_b, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    split_len = tl.cdiv(tl.cdiv(S_b, n_split), BLOCK_N) * BLOCK_N
     start = split * split_len
     last_pos = S_b - T + tl.minimum(rb * BLOCK_M + BLOCK_M - 1, T * HP - 1) // HP
     end = tl.minimum(tl.minimum(start + split_len, S_b), last_pos + 1)
@@ -115,16 +128,16 @@ def _mla_attn_kernel(
         tl.store(o_ptr + b * sob + t64[:, None] * sot + h[:, None] * soh + dv[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=omask)
     else:
-        # partials [B, NUM_SPLITS, T, N, DV] and [B, NUM_SPLITS, T, N, 2], contiguous
-        prow = ((b * NUM_SPLITS + split) * T + t64) * N + h
+        # partials [B, max_splits, T, N, DV] and [B, max_splits, T, N, 2], contiguous
+        prow = ((b * max_splits + split) * T + t64) * N + h
         tl.store(pacc_ptr + prow[:, None] * DV + dv[None, :], acc, mask=omask)
         tl.store(pml_ptr + prow * 2, m_i, mask=rmask)
         tl.store(pml_ptr + prow * 2 + 1, l_i, mask=rmask)
 
 
 @triton.jit
-def _mla_combine_kernel(pacc_ptr, pml_ptr, o_ptr, T, N, DV, sob, sot, soh,
-                        NUM_SPLITS: tl.constexpr, CD: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _mla_combine_kernel(pacc_ptr, pml_ptr, o_ptr, T, S, N, DV, sob, sot, soh, split_keys, max_splits,
+                        CD: tl.constexpr, BLOCK_DV: tl.constexpr):
     # grid (B * T * N, cdiv(DV, BLOCK_DV)); o = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s
     row = tl.program_id(0).to(tl.int64)  # (b * T + t) * N + h
     h = row % N
@@ -133,14 +146,15 @@ def _mla_combine_kernel(pacc_ptr, pml_ptr, o_ptr, T, N, DV, sob, sot, soh,
     t = bt % T
     dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     dmask = dv < DV
+    n_split = _num_slices(S, split_keys, max_splits)
     stride_split = T * N
-    base = b * NUM_SPLITS * stride_split + t * N + h
+    base = b * max_splits * stride_split + t * N + h
     m_max = tl.load(pml_ptr + base * 2)
-    for sp in range(1, NUM_SPLITS):
+    for sp in range(1, n_split):
         m_max = tl.maximum(m_max, tl.load(pml_ptr + (base + sp * stride_split) * 2))
     num = tl.zeros([BLOCK_DV], CD)
     den = tl.sum(tl.zeros([1], CD), axis=0)
-    for sp in range(0, NUM_SPLITS):
+    for sp in range(0, n_split):
         prow = base + sp * stride_split
         wsp = tl.exp(tl.load(pml_ptr + prow * 2) - m_max)  # 0 for an empty slice (m = -inf)
         num += wsp * tl.load(pacc_ptr + prow * DV + dv, mask=dmask, other=0.0)
@@ -167,12 +181,12 @@ def _paged_write_kernel(lat_ptr, kpe_ptr, slot_ptr, kv_ptr, L, R, slat, skpe, sk
 
 
 @triton.jit
-def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, N, L, VH, swh, swv,
-                           sob, sot, soh, NUM_SPLITS: tl.constexpr, VAR_LEN: tl.constexpr,
+def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S, N, L, VH, swh, swv,
+                           sob, sot, soh, split_keys, max_splits, VAR_LEN: tl.constexpr,
                            CD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
                            BLOCK_V: tl.constexpr):
     # grid (cdiv(VH, BLOCK_V), N, cdiv(B*T, BLOCK_R)). For BLOCK_V output columns v, head h and
-    # BLOCK_R query rows (b, t): merge the slices, o_lat = sum_s e^(m_s - M) acc_s /
+    # BLOCK_R query rows (b, t): merge each row's slices (``_num_slices`` of its own length), o_lat = sum_s e^(m_s - M) acc_s /
     # sum_s e^(m_s - M) l_s (slices in ascending order), round o_lat to W_UV's dtype, then
     # o = o_lat @ W_UV[h, v]^T (one tl.dot over the full L, CD accumulation), stored in
     # [B, T, N, Vh]. Fuses the split merge, the W_UV GEMM and the output layout: one launch. The Vh
@@ -191,26 +205,33 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, N
     # live rows: an idle row (sequence length 0, decode padding) has no partials and gets zeros
     live = rmask
     if VAR_LEN:
-        live = rmask & (tl.load(slen_ptr + b, mask=rmask, other=0) > 0)
+        S_r = tl.load(slen_ptr + b, mask=rmask, other=0)
+        live = rmask & (S_r > 0)
         if tl.max(live.to(tl.int32), axis=0) == 0:  # all padding: zeros, W_UV not read
             tl.store(optrs, tl.zeros([BLOCK_R, BLOCK_V], o_ptr.dtype.element_ty), mask=omask)
             return
+    else:
+        S_r = tl.zeros([BLOCK_R], tl.int32) + S
+    n_split = _num_slices(S_r, split_keys, max_splits)  # per row: its sequence's slices
     lo = tl.arange(0, BLOCK_L)
     lmask = lo < L
     stride_split = T * N
-    base = (b * NUM_SPLITS * T + t) * N + h  # partial row of slice 0
+    base = (b * max_splits * T + t) * N + h  # partial row of slice 0
     m_max = tl.load(pml_ptr + base * 2, mask=live, other=0.0)
-    for sp in range(1, NUM_SPLITS):
-        m_max = tl.maximum(m_max, tl.load(pml_ptr + (base + sp * stride_split) * 2, mask=live, other=0.0))
+    n_max = tl.max(tl.where(live, n_split, 1), axis=0)
+    for sp in range(1, n_max):
+        m_sp = tl.load(pml_ptr + (base + sp * stride_split) * 2, mask=live & (sp < n_split), other=float("-inf"))
+        m_max = tl.maximum(m_max, m_sp)
     num = tl.zeros([BLOCK_R, BLOCK_L], CD)
     den = tl.zeros([BLOCK_R], CD)
-    for sp in range(0, NUM_SPLITS):
+    for sp in range(0, n_max):
         prow = base + sp * stride_split
-        wsp = tl.exp(tl.load(pml_ptr + prow * 2, mask=live, other=0.0) - m_max)  # 0 for an empty slice
+        has = live & (sp < n_split)  # a row's slices past its own count add nothing (weight 0)
+        wsp = tl.exp(tl.load(pml_ptr + prow * 2, mask=has, other=float("-inf")) - m_max)  # 0: empty slice
         num += wsp[:, None] * tl.load(pacc_ptr + prow[:, None] * L + lo[None, :],
-                                      mask=live[:, None] & lmask[None, :], other=0.0)
-        den += wsp * tl.load(pml_ptr + prow * 2 + 1, mask=live, other=1.0)
-    o_lat = tl.where(live[:, None], num / den[:, None], 0.0).to(wuv_ptr.dtype.element_ty)
+                                      mask=has[:, None] & lmask[None, :], other=0.0)
+        den += wsp * tl.load(pml_ptr + prow * 2 + 1, mask=has, other=0.0)
+    o_lat = tl.where(live[:, None], num / tl.where(live, den, 1.0)[:, None], 0.0).to(wuv_ptr.dtype.element_ty)
     wt = tl.load(wuv_ptr + h * swh + v[None, :].to(tl.int64) * swv + lo[:, None],
                  mask=lmask[:, None] & vmask[None, :], other=0.0)  # [BLOCK_L, BLOCK_V] = W_UV[h]^T
     o = tl.dot(o_lat, wt, input_precision="ieee", out_dtype=CD)

@@ -181,6 +181,38 @@ def test_idle_rows_give_zeros_and_leave_the_live_rows_bitwise_unchanged(splits):
     assert torch.equal(o[2].view(torch.int16), full[2].view(torch.int16))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=str)
+def test_split_keys_slices_each_sequence_by_its_own_length(dtype, monkeypatch):
+    """``split_keys``: sequence b gets min(cdiv(S_b, split_keys), DECODE_MAX_SPLITS) key slices
+    whatever it is batched with: its row is bitwise the paged decode of that sequence alone with
+    that fixed count (the same slice boundaries), idle rows give zeros, and live rows are within the
+    bound. Lengths cover the clamp (150 keys: 5 slices, clamped to 4), several slices, one slice."""
+    monkeypatch.setattr(mla, "DECODE_MAX_SPLITS", 4)
+    lens = [150, 37, 0, 5, 90]
+    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup(lens, dtype, block_size=8, num_blocks=100, seed=12)
+    o = mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=32)
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert torch.equal(o[b], torch.zeros_like(o[b])), f"idle row {b} not zero"
+            continue
+        count = min(-(-n // 32), 4)
+        alone = mla.paged_decode(q[b:b + 1], cache, bt[b:b + 1], sl[b:b + 1], w_kvb, num_splits=count)
+        assert torch.equal(o[b], alone[0]), f"seq {b} (len {n}): batched differs from alone, {count} slices"
+        args = (q[b:b + 1, None], latent[b:b + 1, :n], k_pe[b:b + 1, :n], w_kvb)
+        r = reference("absorbed", *args)[:, 0]
+        assert_within(f"split_keys seq {b} (len {n})", o[b:b + 1], r, mla_bound("absorbed", *args, dtype)[:, 0])
+
+
+def test_paged_decode_refuses_bad_slicing():
+    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup([5, 7], torch.float32, seed=1)
+    for kw, match in ((dict(num_splits=0), "num_splits: expected a positive int"),
+                      (dict(split_keys=-2), "split_keys: expected a positive int"),
+                      (dict(num_splits=2, split_keys=8), "both given")):
+        with pytest.raises(ValueError, match=r"^mla.paged_decode: .*" + match) as e:
+            mla.paged_decode(q, cache, bt, sl, w_kvb, **kw)
+        assert "\n" not in str(e.value)
+
+
 def test_paged_decode_into_out_rows_of_a_padded_tile_bitwise():
     """``out`` = the first B rows of a wider zero tile (the model's decode tile): the bits of a fresh
     output, written there; the other rows untouched; a wrong ``out`` is one ValueError naming it."""
