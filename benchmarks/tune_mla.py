@@ -3,10 +3,11 @@ paged latent cache) at the 48B model's sizes (bf16, N=32, L=512, R=64, P=Vh=128,
 B in {1, 64} and S in {4096, 32768}: CUDA-graph replay time per call against the memory floor.
 
 Policies set a sequence's key slices (``split_keys`` keys per slice, at most ``max_splits``; or a
-fixed count): they are part of the reduction order, so a new default changes bits and is
-re-certified. Launch settings (``mla._TUNE``: BLOCK_M, num_warps, num_stages) must not: each
-setting's output is compared bit for bit with the default setting's under the same policy, which
-is what lets ``_block_m`` choose rows per program from the batch.
+fixed count) and BLOCK_N the keys per online-softmax step: both are part of the reduction order,
+so a new default changes bits and is re-certified. Launch settings (``mla._TUNE``: BLOCK_M,
+num_stages, merge_unroll) must not: each setting's output is compared bit for bit with the default
+setting's under the same policy, which is what lets ``_block_m`` choose rows per program from the
+batch.
 
     python benchmarks/tune_mla.py [--out tune_mla.json]
 """
@@ -26,9 +27,10 @@ from benchmarks.harness import HBM_BYTES_PER_S, bench, graphed, kernel_profile  
 N, L, R, P, VH, BLOCK = 32, 512, 64, 128, 128, 64
 SHAPES = [(1, 4096), (1, 32768), (64, 4096), (64, 32768)]
 #: (split_keys, max_splits); split_keys None = the fixed count max_splits (the old default: 8)
-POLICIES = [(None, 8)] + list(itertools.product((128, 256, 512, 1024), (32, 64, 128)))
-LAUNCH = [dict(BLOCK_M=m, num_warps=w, num_stages=s) for m, w, s in itertools.product((16, 32), (4, 8), (2, 3))]
-
+POLICIES = [(None, 8), (128, 32), (256, 32), (256, 64), (512, 32), (512, 64), (1024, 32)]
+#: keys per step of the online softmax (part of the reduction order, like the policy)
+BLOCK_NS = (32, 64)
+LAUNCH = [dict(BLOCK_M=m, num_stages=s, merge_unroll=u) for m, s, u in itertools.product((16, 32), (2, 3), (2, 8))]
 
 def setup(B: int, S: int, g: torch.Generator):
     from optimized import mla
@@ -74,32 +76,39 @@ def main(argv=None):
             ms = bench(replay, warmup_ms=10, rep_ms=60)[0]
             return ms, out, replay
 
-        by_policy = []
-        for policy in POLICIES:
-            ms, _, _ = timed(policy, {})
-            by_policy.append((ms, policy))
-            rows.append(dict(B=B, S=S, policy=policy, launch={}, graph_ms=ms, floor_ms=floor_ms, x_floor=ms / floor_ms))
-            print(f"B={B:3d} S={S:6d} policy={policy} graph {ms * 1e3:8.1f} us  {ms / floor_ms:6.2f}x floor", flush=True)
-        by_policy.sort()
-        for _, policy in by_policy[: args.top]:
-            _, ref_out, _ = timed(policy, {})
-            best = None
-            for launch in LAUNCH:
-                try:
-                    ms, out, replay = timed(policy, launch)
-                except Exception as exc:  # noqa: BLE001 - a setting that does not compile is reported
-                    print(f"  {launch}: failed {type(exc).__name__}: {str(exc)[:120]}")
-                    continue
-                same = bool(torch.equal(out, ref_out))
-                rows.append(dict(B=B, S=S, policy=policy, launch=launch, graph_ms=ms, floor_ms=floor_ms,
-                                 x_floor=ms / floor_ms, same_bits=same))
-                print(f"  policy={policy} {launch}: {ms * 1e3:8.1f} us {ms / floor_ms:6.2f}x same_bits={same}", flush=True)
-                if best is None or ms < best[0]:
-                    best = (ms, launch, replay)
-            if best is not None:
-                prof = kernel_profile(best[2])
-                print("   kernels:", ", ".join(f"{k.split('(')[0][:28]} {us:.1f}us" for k, (n, us) in
-                                              sorted(prof.items(), key=lambda kv: -kv[1][1])))
+        for block_n in BLOCK_NS:
+            mla.BLOCK_N_LATENT = block_n
+            first = []
+            for policy in POLICIES:
+                ms, _, _ = timed(policy, {})
+                first.append((ms, policy))
+                rows.append(dict(B=B, S=S, block_n=block_n, policy=policy, launch={}, graph_ms=ms,
+                                 floor_ms=floor_ms, x_floor=ms / floor_ms))
+                print(f"B={B} S={S} BLOCK_N={block_n} {policy}: {ms * 1e3:.1f} us {ms / floor_ms:.2f}x", flush=True)
+            first.sort()
+            for _, policy in first[: args.top]:
+                _, ref_out, _ = timed(policy, {})
+                best = None
+                for launch in LAUNCH:
+                    try:
+                        ms, out, replay = timed(policy, launch)
+                    except Exception as exc:  # noqa: BLE001 - a setting that does not compile is reported
+                        print(f"  {launch}: failed {type(exc).__name__}: {str(exc)[:120]}")
+                        continue
+                    same = bool(torch.equal(out, ref_out))
+                    rows.append(dict(B=B, S=S, block_n=block_n, policy=policy, launch=launch, graph_ms=ms,
+                                     floor_ms=floor_ms, x_floor=ms / floor_ms, same_bits=same))
+                    if not same:
+                        print(f"  {policy} {launch}: BITS DIFFER", flush=True)
+                    if best is None or ms < best[0]:
+                        best = (ms, launch, replay)
+                if best is not None:
+                    prof = kernel_profile(best[2])
+                    print(f"  best BLOCK_N={block_n} {policy} {best[1]}: {best[0] * 1e3:.1f} us "
+                          f"{best[0] / floor_ms:.2f}x;", ", ".join(
+                              f"{k.split('(')[0][5:20]} {us:.1f}" for k, (n, us) in
+                              sorted(prof.items(), key=lambda kv: -kv[1][1])), flush=True)
+        mla.BLOCK_N_LATENT = 64
         mla._TUNE.clear()
         del cache
         torch.cuda.empty_cache()

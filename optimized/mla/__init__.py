@@ -37,10 +37,15 @@ from .kernels import (_mla_attn_kernel, _mla_combine_kernel, _mla_combine_uv_ker
 __all__ = ["naive", "absorbed", "paged_decode", "PagedLatentCache"]
 
 BLOCK_N = 32  # keys per inner step (16 for fp64); part of the reduction order, same for paged and contiguous
+#: the same for the absorbed form's 576-wide latent keys in a 16-bit dtype: 64 (a paged decode's
+#: serial chain halves; tune_mla.py, H200: B=1 32k 80 -> 70 us, B=64 32k 1213 -> 1006 us)
+BLOCK_N_LATENT = 64
 
 
-def _block_n(dtype: torch.dtype) -> int:
-    return 16 if dtype == torch.float64 else BLOCK_N
+def _block_n(dtype: torch.dtype, shared_kv: bool) -> int:
+    if dtype == torch.float64:
+        return 16
+    return BLOCK_N_LATENT if shared_kv and dtype.itemsize == 2 else BLOCK_N
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -138,7 +143,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
     # the most slices any sequence here can have (S_b <= S): the grid's and the partials' depth.
     # Clamping max_splits to it never changes a sequence's own count.
     max_splits = max(1, min(max_splits, triton.cdiv(S, split_keys)))
-    grid = (B, (N // HP) * triton.cdiv(T * HP, BM), max_splits)
+
     direct = w_uv is None and max_splits == 1
     if direct:
         pacc = pml = out  # unused
@@ -158,17 +163,17 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
         vst = (v.stride(0), v.stride(1), v.stride(2) if v.dim() == 4 else 0)
     big = D1 > 256
     o1 = out if direct else pacc  # only dereferenced when direct
+    grid = (B, (N // HP) * triton.cdiv(T * HP, BM), max_splits)
     _mla_attn_kernel[grid](
         q1, q2, k1, k2, v, o1, pacc, pml, bt, seq_lens if seq_lens is not None else q1,
         T, S, N, D1, R, DV, block_size, split_keys, max_splits, float(scale),
         q1.stride(0), q1.stride(1), q1.stride(2), q2.stride(0), q2.stride(1), q2.stride(2),
         *kst, *k2st, *vst, o1.stride(0), o1.stride(1), o1.stride(2), sbt,
-        HP=HP, SHARED_KV=shared_kv, PAGED=paged is not None, VAR_LEN=seq_lens is not None,
+        HP=HP, SHARED_KV=shared_kv, PAGED=paged is not None,
+        PAGE_ALIGNED=paged is not None and block_size % _block_n(dt, shared_kv) == 0, VAR_LEN=seq_lens is not None,
         DIRECT=direct, CD=tl_compute_dtype(dt), BLOCK_M=BM,
-        BLOCK_N=_block_n(dt), BLOCK_D1=_pow2(D1), BLOCK_R=_pow2(R), BLOCK_DV=_pow2(DV),
-        num_warps=_TUNE.get("num_warps", 4),
-        # fp32/fp64 tiles of 512-wide keys do not fit shared memory twice: no prefetch stage
-        num_stages=_TUNE.get("num_stages", 1 if big and dt != torch.bfloat16 and dt != torch.float16 else 2))
+        BLOCK_N=_block_n(dt, shared_kv), BLOCK_D1=_pow2(D1), BLOCK_R=_pow2(R), BLOCK_DV=_pow2(DV),
+        num_warps=_TUNE.get("num_warps", 4), num_stages=_TUNE.get("num_stages", _attn_stages(dt, big, BM)))
     if w_uv is not None:
         Vh = w_uv.shape[1]
         br = _TUNE.get("BLOCK_R", 16)
@@ -182,7 +187,8 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
         _mla_combine_uv_kernel[(triton.cdiv(Vh, bv), N, triton.cdiv(B * T, br))](
             pacc, pml, w_uv, out, seq_lens if seq_lens is not None else pml, B * T, T, S, N, DV, Vh,
             w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), out.stride(2),
-            split_keys, max_splits, VAR_LEN=seq_lens is not None,
+            split_keys, max_splits, VAR_LEN=seq_lens is not None, BLOCK_SP=_pow2(max_splits, 2),
+            MERGE_UNROLL=_TUNE.get("merge_unroll", 8),
             CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV), BLOCK_V=bv,
             num_warps=_TUNE.get("epi_warps", 4), num_stages=2 if dt.itemsize <= 2 else 1)
     elif not direct:
@@ -191,6 +197,15 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
             pacc, pml, out, T, S, N, DV, out.stride(0), out.stride(1), out.stride(2), split_keys,
             max_splits, CD=tl_compute_dtype(dt), BLOCK_DV=bdv, num_warps=4)
     return out
+
+
+def _attn_stages(dtype: torch.dtype, big: bool, block_m: int) -> int:
+    """Pipeline stages of the attention kernel: fp32/fp64 tiles of 512-wide keys do not fit shared
+    memory twice (1); 16-row programs (a small batch: a few per SM, each waiting on its loads) 3,
+    else 2 (tune_mla.py, H200: B=1 32k 68.3 -> 62.3 us with 3; B=64 4k 155.7 -> 180.9 us)."""
+    if big and dtype.itemsize > 2:
+        return 1
+    return 3 if block_m == 16 and big else 2
 
 
 def _block_m(B: int, rows: int, D1: int) -> int:

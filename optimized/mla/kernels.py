@@ -44,8 +44,8 @@ def _mla_attn_kernel(
         sq1b, sq1t, sq1h, sq2b, sq2t, sq2h,
         sk1b, sk1s, sk1h, sk2b, sk2s, svb, svs, svh,
         sob, sot, soh, sbtb,
-        HP: tl.constexpr, SHARED_KV: tl.constexpr, PAGED: tl.constexpr, VAR_LEN: tl.constexpr,
-        DIRECT: tl.constexpr, CD: tl.constexpr,
+        HP: tl.constexpr, SHARED_KV: tl.constexpr, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr,
+        VAR_LEN: tl.constexpr, DIRECT: tl.constexpr, CD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_R: tl.constexpr,
         BLOCK_DV: tl.constexpr):
     # grid (B, (N // HP) * cdiv(T * HP, BLOCK_M), max_splits). Rows of a program: r -> t = r // HP,
@@ -89,12 +89,25 @@ def _mla_attn_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], CD)
     sc = tl.full([BLOCK_M, BLOCK_N], scale, CD)
     dv = tl.arange(0, BLOCK_DV)
+    # paged: the block-table entries of each step are read a step ahead, off the loads' critical path
+    if PAGED and PAGE_ALIGNED:
+        nxt = tl.load(bt_ptr + b * sbtb + start // block_size, mask=start < end, other=0)
+    elif PAGED:
+        s_nxt = start + tl.arange(0, BLOCK_N)
+        nxt = tl.load(bt_ptr + b * sbtb + s_nxt // block_size, mask=s_nxt < end, other=0)
     for s0 in range(start, end, BLOCK_N):
         s = s0 + tl.arange(0, BLOCK_N)
         smask = s < end
         if PAGED:
-            blk = tl.load(bt_ptr + b * sbtb + s // block_size, mask=smask, other=0).to(tl.int64)
-            row = blk * block_size + s % block_size
+            blk = nxt.to(tl.int64)
+            if PAGE_ALIGNED:  # the BLOCK_N keys lie in one page: one table entry
+                nxt = tl.load(bt_ptr + b * sbtb + (s0 + BLOCK_N) // block_size, mask=s0 + BLOCK_N < end,
+                              other=0)
+                row = blk * block_size + s0 % block_size + tl.arange(0, BLOCK_N)
+            else:
+                s_nxt = s + BLOCK_N
+                nxt = tl.load(bt_ptr + b * sbtb + s_nxt // block_size, mask=s_nxt < end, other=0)
+                row = blk * block_size + s % block_size
             k1row = k1_ptr + row * sk1s
             k2row = k2_ptr + row * sk2s
             vrow = v_ptr + row * svs
@@ -184,9 +197,10 @@ def _paged_write_kernel(lat_ptr, kpe_ptr, slot_ptr, kv_ptr, L, R, slat, skpe, sk
 def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S, N, L, VH, swh, swv,
                            sob, sot, soh, split_keys, max_splits, VAR_LEN: tl.constexpr,
                            CD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
-                           BLOCK_V: tl.constexpr):
+                           BLOCK_V: tl.constexpr, BLOCK_SP: tl.constexpr, MERGE_UNROLL: tl.constexpr):
     # grid (cdiv(VH, BLOCK_V), N, cdiv(B*T, BLOCK_R)). For BLOCK_V output columns v, head h and
-    # BLOCK_R query rows (b, t): merge each row's slices (``_num_slices`` of its own length), o_lat = sum_s e^(m_s - M) acc_s /
+    # BLOCK_R query rows (b, t): merge each row's slices (``_num_slices`` of its own length; BLOCK_SP
+    # >= max_splits), o_lat = sum_s e^(m_s - M) acc_s /
     # sum_s e^(m_s - M) l_s (slices in ascending order), round o_lat to W_UV's dtype, then
     # o = o_lat @ W_UV[h, v]^T (one tl.dot over the full L, CD accumulation), stored in
     # [B, T, N, Vh]. Fuses the split merge, the W_UV GEMM and the output layout: one launch. The Vh
@@ -217,20 +231,30 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
     lmask = lo < L
     stride_split = T * N
     base = (b * max_splits * T + t) * N + h  # partial row of slice 0
-    m_max = tl.load(pml_ptr + base * 2, mask=live, other=0.0)
-    n_max = tl.max(tl.where(live, n_split, 1), axis=0)
-    for sp in range(1, n_max):
-        m_sp = tl.load(pml_ptr + (base + sp * stride_split) * 2, mask=live & (sp < n_split), other=float("-inf"))
-        m_max = tl.maximum(m_max, m_sp)
+    # every slice's (m, l) in one tile (a row's slices past its own count: m = -inf, weight 0)
+    spo = tl.arange(0, BLOCK_SP)
+    has = live[:, None] & (spo[None, :] < n_split[:, None])
+    ml = pml_ptr + (base[:, None] + spo[None, :] * stride_split) * 2
+    m_all = tl.load(ml, mask=has, other=float("-inf"))
+    l_all = tl.load(ml + 1, mask=has, other=0.0)
+    m_max = tl.where(live, tl.max(m_all, axis=1), 0.0)
+    w_all = tl.exp(m_all - m_max[:, None])  # 0 for an empty or absent slice
     num = tl.zeros([BLOCK_R, BLOCK_L], CD)
     den = tl.zeros([BLOCK_R], CD)
-    for sp in range(0, n_max):
-        prow = base + sp * stride_split
-        has = live & (sp < n_split)  # a row's slices past its own count add nothing (weight 0)
-        wsp = tl.exp(tl.load(pml_ptr + prow * 2, mask=has, other=float("-inf")) - m_max)  # 0: empty slice
-        num += wsp[:, None] * tl.load(pacc_ptr + prow[:, None] * L + lo[None, :],
-                                      mask=has[:, None] & lmask[None, :], other=0.0)
-        den += wsp * tl.load(pml_ptr + prow * 2 + 1, mask=has, other=0.0)
+    n_max = tl.max(tl.where(live, n_split, 1), axis=0)
+    # the sums run slice by slice in ascending order, as written (a tl.sum over the tile would
+    # group, and contract into FMAs, by how the tile's layout spreads it: by BLOCK_SP, not the
+    # sequence); MERGE_UNROLL partial loads in flight
+    for sp0 in range(0, n_max, MERGE_UNROLL):
+        for j in tl.static_range(MERGE_UNROLL):
+            sp = sp0 + j
+            prow = base + sp * stride_split
+            # column sp of the tiles: one term and zeros, exact
+            wsp = tl.sum(tl.where(spo[None, :] == sp, w_all, 0.0), axis=1)
+            lsp = tl.sum(tl.where(spo[None, :] == sp, l_all, 0.0), axis=1)
+            num += wsp[:, None] * tl.load(pacc_ptr + prow[:, None] * L + lo[None, :],
+                                          mask=(live & (sp < n_split))[:, None] & lmask[None, :], other=0.0)
+            den += wsp * lsp
     o_lat = tl.where(live[:, None], num / tl.where(live, den, 1.0)[:, None], 0.0).to(wuv_ptr.dtype.element_ty)
     wt = tl.load(wuv_ptr + h * swh + v[None, :].to(tl.int64) * swv + lo[:, None],
                  mask=lmask[:, None] & vmask[None, :], other=0.0)  # [BLOCK_L, BLOCK_V] = W_UV[h]^T

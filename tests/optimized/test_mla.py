@@ -181,15 +181,18 @@ def test_idle_rows_give_zeros_and_leave_the_live_rows_bitwise_unchanged(splits):
     assert torch.equal(o[2].view(torch.int16), full[2].view(torch.int16))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=str)
-def test_split_keys_slices_each_sequence_by_its_own_length(dtype, monkeypatch):
+@pytest.mark.parametrize("dtype,block_size", [(torch.bfloat16, 8), (torch.bfloat16, 64), (torch.float64, 32)],
+                         ids=str)
+def test_split_keys_slices_each_sequence_by_its_own_length(dtype, block_size, monkeypatch):
     """``split_keys``: sequence b gets min(cdiv(S_b, split_keys), DECODE_MAX_SPLITS) key slices
     whatever it is batched with: its row is bitwise the paged decode of that sequence alone with
     that fixed count (the same slice boundaries), idle rows give zeros, and live rows are within the
-    bound. Lengths cover the clamp (150 keys: 5 slices, clamped to 4), several slices, one slice."""
+    bound. Lengths cover the clamp (150 keys: 5 slices, clamped to 4), several slices, one slice;
+    pages as long as a step's keys or longer (bf16 64, fp64 32) take the kernel's one-table-entry-
+    per-step path, pages of 8 the per-key one."""
     monkeypatch.setattr(mla, "DECODE_MAX_SPLITS", 4)
     lens = [150, 37, 0, 5, 90]
-    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup(lens, dtype, block_size=8, num_blocks=100, seed=12)
+    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup(lens, dtype, block_size=block_size, num_blocks=100, seed=12)
     o = mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=32)
     for b, n in enumerate(lens):
         if n == 0:
@@ -232,7 +235,8 @@ def test_paged_decode_into_out_rows_of_a_padded_tile_bitwise():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_paged_decode_split_grids_padding_blocks(dtype, monkeypatch):
     """The column splits of the two GEMV-like kernels (q_lat over L, the merge + W_UV epilogue over
-    Vh) with ragged last tiles (L = 40 in q_lat tiles of 16, Vh = 40 in chunks of 16), and a batch
+    Vh) with ragged last tiles (L = 40 in q_lat tiles of 16, Vh = 40 in chunks of 16), the merge
+    unrolled by 3, and a batch
     whose second 16-row block of the epilogue is all padding (seq_len 0) between live rows: live
     rows within the bound of the reference, idle rows zero, and (compiled, on a GPU) bitwise what the
     default tiles give: the tiles only choose which program computes a column, never a reduction
@@ -244,6 +248,7 @@ def test_paged_decode_split_grids_padding_blocks(dtype, monkeypatch):
     default = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=2) if DEV.type == "cuda" else None
     monkeypatch.setitem(mla._TUNE, "q_lat_l", 16)
     monkeypatch.setitem(mla._TUNE, "BLOCK_V", 16)
+    monkeypatch.setitem(mla._TUNE, "merge_unroll", 3)
     o = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=2)
     if default is not None:
         assert torch.equal(o, default), "the q_lat / W_UV column tiles changed a result"
