@@ -117,7 +117,7 @@ def bench_decode(model, B: int, prompt_len: int, steps: int, warmup: int, seed: 
     # the pool holds the whole run from the start: a growing pool doubles its paged cache when it
     # runs out, and the decode step's CUDA graph is recaptured then (tens of ms inside the timed
     # loop); a server sizes its pool up front too
-    block = 16
+    block = 64  # the pool's default MLA page
     blocks_per_seq = -(-(prompt_len + warmup + 1 + 2 * steps) // block)
     pool = model.new_pool(B, block_size=block, num_blocks=B * blocks_per_seq)
     sync()

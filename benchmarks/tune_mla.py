@@ -9,7 +9,11 @@ num_stages, merge_unroll) must not: each setting's output is compared bit for bi
 setting's under the same policy, which is what lets ``_block_m`` choose rows per program from the
 batch.
 
-    python benchmarks/tune_mla.py [--out tune_mla.json]
+    python benchmarks/tune_mla.py [--parts slicing epilogue] [--out tune_mla.json]
+
+``slicing``: policies x BLOCK_N, then the launch settings of the best policies; ``epilogue``: the
+merge + W_UV kernel's settings (warps, partials in flight, Vh columns per program) under the
+default policy, including the short context of the model benchmark.
 """
 from __future__ import annotations
 
@@ -26,11 +30,14 @@ from benchmarks.harness import HBM_BYTES_PER_S, bench, graphed, kernel_profile  
 
 N, L, R, P, VH, BLOCK = 32, 512, 64, 128, 128, 64
 SHAPES = [(1, 4096), (1, 32768), (64, 4096), (64, 32768)]
+#: the epilogue (merge + W_UV) sweep adds the model benchmark's short context (one slice)
+EPILOGUE_SHAPES = [(1, 64), (64, 64)] + SHAPES
 #: (split_keys, max_splits); split_keys None = the fixed count max_splits (the old default: 8)
 POLICIES = [(None, 8), (128, 32), (256, 32), (256, 64), (512, 32), (512, 64), (1024, 32)]
 #: keys per step of the online softmax (part of the reduction order, like the policy)
 BLOCK_NS = (32, 64)
 LAUNCH = [dict(BLOCK_M=m, num_stages=s, merge_unroll=u) for m, s, u in itertools.product((16, 32), (2, 3), (2, 8))]
+EPILOGUE = [dict(epi_warps=w, merge_unroll=u, BLOCK_V=v) for w, u, v in itertools.product((4, 8), (1, 2, 4, 8), (16, 32))]
 
 def setup(B: int, S: int, g: torch.Generator):
     from optimized import mla
@@ -46,8 +53,102 @@ def setup(B: int, S: int, g: torch.Generator):
     return cache, tables, lens, q, w_kvb, floor_ms
 
 
+class Case:
+    """One (B, S) setup and its timed calls."""
+
+    def __init__(self, B: int, S: int, g: torch.Generator):
+        self.B, self.S = B, S
+        self.cache, self.tables, self.lens, self.q, self.w_kvb, self.floor_ms = setup(B, S, g)
+
+    def call(self, policy):
+        from optimized import mla
+
+        keys, most = policy
+        if keys is None:
+            return lambda: mla.paged_decode(self.q, self.cache, self.tables, self.lens, self.w_kvb, num_splits=most)
+        if keys == "default":
+            return lambda: mla.paged_decode(self.q, self.cache, self.tables, self.lens, self.w_kvb)
+        mla.DECODE_MAX_SPLITS = most
+        return lambda: mla.paged_decode(self.q, self.cache, self.tables, self.lens, self.w_kvb, split_keys=keys)
+
+    def timed(self, policy, launch):
+        """(graph ms, output, replay) under ``launch`` (mla._TUNE)."""
+        from optimized import mla
+
+        mla._TUNE.clear()
+        mla._TUNE.update(launch)
+        fn = self.call(policy)
+        out = fn().clone()
+        replay = graphed(fn)
+        ms = bench(replay, warmup_ms=10, rep_ms=60)[0]
+        return ms, out, replay
+
+    def row(self, **fields):
+        ms = fields["graph_ms"]
+        return dict(B=self.B, S=self.S, floor_ms=self.floor_ms, x_floor=ms / self.floor_ms, **fields)
+
+
+def profile_line(replay) -> str:
+    prof = kernel_profile(replay)
+    return ", ".join(f"{k.split('(')[0][5:20]} {us:.1f}" for k, (n, us) in sorted(prof.items(), key=lambda kv: -kv[1][1]))
+
+
+def sweep_slicing(case: Case, top: int, rows: list) -> None:
+    from optimized import mla
+
+    max_splits = mla.DECODE_MAX_SPLITS
+    for block_n in BLOCK_NS:
+        mla.BLOCK_N_LATENT = block_n
+        first = []
+        for policy in POLICIES:
+            ms, _, _ = case.timed(policy, {})
+            first.append((ms, policy))
+            rows.append(case.row(part="slicing", block_n=block_n, policy=policy, launch={}, graph_ms=ms))
+            print(f"B={case.B} S={case.S} BLOCK_N={block_n} {policy}: {ms * 1e3:.1f} us "
+                  f"{ms / case.floor_ms:.2f}x", flush=True)
+        first.sort()
+        for _, policy in first[:top]:
+            _, ref_out, _ = case.timed(policy, {})
+            best = None
+            for launch in LAUNCH:
+                try:
+                    ms, out, replay = case.timed(policy, launch)
+                except Exception as exc:  # noqa: BLE001 - a setting that does not compile is reported
+                    print(f"  {launch}: failed {type(exc).__name__}: {str(exc)[:120]}")
+                    continue
+                same = bool(torch.equal(out, ref_out))
+                rows.append(case.row(part="slicing", block_n=block_n, policy=policy, launch=launch,
+                                     graph_ms=ms, same_bits=same))
+                if not same:
+                    print(f"  {policy} {launch}: BITS DIFFER", flush=True)
+                if best is None or ms < best[0]:
+                    best = (ms, launch, replay)
+            if best is not None:
+                print(f"  best BLOCK_N={block_n} {policy} {best[1]}: {best[0] * 1e3:.1f} us "
+                      f"{best[0] / case.floor_ms:.2f}x; {profile_line(best[2])}", flush=True)
+    mla.BLOCK_N_LATENT, mla.DECODE_MAX_SPLITS = 64, max_splits
+
+
+def sweep_epilogue(case: Case, rows: list) -> None:
+    policy = ("default", None)
+    _, ref_out, _ = case.timed(policy, {})
+    best = None
+    for launch in EPILOGUE:
+        ms, out, replay = case.timed(policy, launch)
+        same = bool(torch.equal(out, ref_out))
+        rows.append(case.row(part="epilogue", policy=policy, launch=launch, graph_ms=ms, same_bits=same))
+        print(f"  epilogue B={case.B} S={case.S} {launch}: {ms * 1e3:.1f} us"
+              f"{'' if same else ' BITS DIFFER'}", flush=True)
+        if best is None or ms < best[0]:
+            best = (ms, launch, replay)
+    ms, _, replay = case.timed(policy, {})
+    print(f"epilogue B={case.B} S={case.S}: default {ms * 1e3:.1f} us ({profile_line(replay)}); "
+          f"best {best[1]} {best[0] * 1e3:.1f} us ({profile_line(best[2])})", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
+    ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"], choices=["slicing", "epilogue"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--top", type=int, default=2, help="policies per shape swept over the launch settings")
     args = ap.parse_args(argv)
@@ -57,60 +158,15 @@ def main(argv=None):
 
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    for B, S in SHAPES:
-        cache, tables, lens, q, w_kvb, floor_ms = setup(B, S, g)
-
-        def run(policy):
-            keys, most = policy
-            if keys is None:
-                return lambda: mla.paged_decode(q, cache, tables, lens, w_kvb, num_splits=most)
-            mla.DECODE_MAX_SPLITS = most
-            return lambda: mla.paged_decode(q, cache, tables, lens, w_kvb, split_keys=keys)
-
-        def timed(policy, launch):
-            mla._TUNE.clear()
-            mla._TUNE.update(launch)
-            fn = run(policy)
-            out = fn().clone()
-            replay = graphed(fn)
-            ms = bench(replay, warmup_ms=10, rep_ms=60)[0]
-            return ms, out, replay
-
-        for block_n in BLOCK_NS:
-            mla.BLOCK_N_LATENT = block_n
-            first = []
-            for policy in POLICIES:
-                ms, _, _ = timed(policy, {})
-                first.append((ms, policy))
-                rows.append(dict(B=B, S=S, block_n=block_n, policy=policy, launch={}, graph_ms=ms,
-                                 floor_ms=floor_ms, x_floor=ms / floor_ms))
-                print(f"B={B} S={S} BLOCK_N={block_n} {policy}: {ms * 1e3:.1f} us {ms / floor_ms:.2f}x", flush=True)
-            first.sort()
-            for _, policy in first[: args.top]:
-                _, ref_out, _ = timed(policy, {})
-                best = None
-                for launch in LAUNCH:
-                    try:
-                        ms, out, replay = timed(policy, launch)
-                    except Exception as exc:  # noqa: BLE001 - a setting that does not compile is reported
-                        print(f"  {launch}: failed {type(exc).__name__}: {str(exc)[:120]}")
-                        continue
-                    same = bool(torch.equal(out, ref_out))
-                    rows.append(dict(B=B, S=S, block_n=block_n, policy=policy, launch=launch, graph_ms=ms,
-                                     floor_ms=floor_ms, x_floor=ms / floor_ms, same_bits=same))
-                    if not same:
-                        print(f"  {policy} {launch}: BITS DIFFER", flush=True)
-                    if best is None or ms < best[0]:
-                        best = (ms, launch, replay)
-                if best is not None:
-                    prof = kernel_profile(best[2])
-                    print(f"  best BLOCK_N={block_n} {policy} {best[1]}: {best[0] * 1e3:.1f} us "
-                          f"{best[0] / floor_ms:.2f}x;", ", ".join(
-                              f"{k.split('(')[0][5:20]} {us:.1f}" for k, (n, us) in
-                              sorted(prof.items(), key=lambda kv: -kv[1][1])), flush=True)
-        mla.BLOCK_N_LATENT = 64
+    shapes = EPILOGUE_SHAPES if "epilogue" in args.parts else SHAPES
+    for B, S in shapes:
+        case = Case(B, S, g)
+        if "slicing" in args.parts and (B, S) in SHAPES:
+            sweep_slicing(case, args.top, rows)
+        if "epilogue" in args.parts:
+            sweep_epilogue(case, rows)
         mla._TUNE.clear()
-        del cache
+        del case
         torch.cuda.empty_cache()
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows}, indent=1) + "\n")

@@ -84,7 +84,7 @@ class CachePool:
     """Slot-indexed KDA/conv state pools and paged MLA latent caches (see the module docstring)."""
 
     def __init__(self, config: KimiConfig, *, device: torch.device, dtype: torch.dtype,
-                 state_dtype: torch.dtype, max_seqs: int = 1, block_size: int = 16,
+                 state_dtype: torch.dtype, max_seqs: int = 1, block_size: int = 64,
                  num_blocks: int | None = None):
         from .mla import PagedLatentCache
 

@@ -143,10 +143,12 @@ class Model:
         return f"optimized.Model({self.source.describe()}, variants={self.variants})"
 
     # -- public API ------------------------------------------------------------------------------
-    def new_pool(self, max_seqs: int = 1, *, block_size: int = 16, num_blocks: int | None = None) -> CachePool:
+    def new_pool(self, max_seqs: int = 1, *, block_size: int = 64, num_blocks: int | None = None) -> CachePool:
         """A state pool for up to ``max_seqs`` sequences decoded together (``decode_batch``): slot-
         indexed KDA/conv states and a paged MLA latent cache (blocks of ``block_size`` tokens; the
-        block count grows on demand when ``num_blocks`` is None)."""
+        block count grows on demand when ``num_blocks`` is None). 64 tokens per block is the MLA
+        page of FlashMLA and vLLM's MLA backends, and a multiple of the MLA decode kernel's step
+        (``mla.paged_decode`` then reads one block-table entry per step)."""
         return CachePool(self.config, device=self.device, dtype=self.dtype, state_dtype=self.state_dtype,
                          max_seqs=max_seqs, block_size=block_size, num_blocks=num_blocks)
 

@@ -89,24 +89,19 @@ def _mla_attn_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], CD)
     sc = tl.full([BLOCK_M, BLOCK_N], scale, CD)
     dv = tl.arange(0, BLOCK_DV)
-    # paged: the block-table entries of each step are read a step ahead, off the loads' critical path
     if PAGED and PAGE_ALIGNED:
         nxt = tl.load(bt_ptr + b * sbtb + start // block_size, mask=start < end, other=0)
-    elif PAGED:
-        s_nxt = start + tl.arange(0, BLOCK_N)
-        nxt = tl.load(bt_ptr + b * sbtb + s_nxt // block_size, mask=s_nxt < end, other=0)
     for s0 in range(start, end, BLOCK_N):
         s = s0 + tl.arange(0, BLOCK_N)
         smask = s < end
         if PAGED:
-            blk = nxt.to(tl.int64)
-            if PAGE_ALIGNED:  # the BLOCK_N keys lie in one page: one table entry
+            if PAGE_ALIGNED:  # the BLOCK_N keys lie in one page: one table entry, read a step ahead
+                blk = nxt.to(tl.int64)
                 nxt = tl.load(bt_ptr + b * sbtb + (s0 + BLOCK_N) // block_size, mask=s0 + BLOCK_N < end,
                               other=0)
                 row = blk * block_size + s0 % block_size + tl.arange(0, BLOCK_N)
-            else:
-                s_nxt = s + BLOCK_N
-                nxt = tl.load(bt_ptr + b * sbtb + s_nxt // block_size, mask=s_nxt < end, other=0)
+            else:  # an entry per key (a [BLOCK_N] vector read a step ahead spills: sm_90, triton 3.9)
+                blk = tl.load(bt_ptr + b * sbtb + s // block_size, mask=smask, other=0).to(tl.int64)
                 row = blk * block_size + s % block_size
             k1row = k1_ptr + row * sk1s
             k2row = k2_ptr + row * sk2s
