@@ -182,14 +182,17 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
         # the W_UV read: 4 chunks per head at Vh = 128 (bf16), launched next to each other so they
         # share the partials through L2. W_UV^T tiles [L, BLOCK_V] fit shared memory in every
         # dtype; at 4 warps and L = 512, ptxas (sm_90) spills with 64 bf16 columns.
-        # (the CPU interpreter, where a program costs its Python overhead, takes 128-byte rows)
+        # (the CPU interpreter, where a program costs its Python overhead, takes 128-byte rows).
+        # Partials in flight per merge step (MERGE_UNROLL, bit-neutral): 8 for a few rows, 1 for
+        # full 16-row blocks, whose tiles then spill (tune_mla.py --parts epilogue, H200: B=1 32k
+        # 72.9 -> 62.8 us with 8; B=64 at 64 keys 42.5 -> 34.6 us, at 4k 200.5 -> 193.8 us with 1)
         bv = _TUNE.get("BLOCK_V", min(16 if dt.itemsize > 4 else 32, _pow2(Vh)) if q1.device.type == "cuda"
                        else min(128 // dt.itemsize, _pow2(Vh)))
         _mla_combine_uv_kernel[(triton.cdiv(Vh, bv), N, triton.cdiv(B * T, br))](
             pacc, pml, w_uv, out, seq_lens if seq_lens is not None else pml, B * T, T, S, N, DV, Vh,
             w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), out.stride(2),
             split_keys, max_splits, VAR_LEN=seq_lens is not None, BLOCK_SP=_pow2(max_splits, 2),
-            MERGE_UNROLL=_TUNE.get("merge_unroll", 8),
+            MERGE_UNROLL=_TUNE.get("merge_unroll", 8 if B * T < 8 else 1),
             CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV), BLOCK_V=bv,
             num_warps=_TUNE.get("epi_warps", 4), num_stages=2 if dt.itemsize <= 2 else 1)
     elif not direct:

@@ -423,7 +423,7 @@ def test_a_prefill_that_grows_the_paged_cache_decodes_as_one_that_fits(bf16_run)
     so the next decode step equals, bit for bit, that of a pool that never grew."""
     model = bf16_run["model"]
     prompt = (PROMPT * 9)[:70]
-    grown, fits = model.new_pool(1), model.new_pool(1, num_blocks=8)
+    grown, fits = model.new_pool(1, block_size=16), model.new_pool(1, block_size=16, num_blocks=8)
     caches = {i: c for i, c in grown.mla.items()}
     blocks0 = grown.num_blocks
     a = model.prefill(prompt, cache=grown.new_sequence())[1]
