@@ -13,7 +13,8 @@ batch.
 
 ``slicing``: policies x BLOCK_N, then the launch settings of the best policies; ``epilogue``: the
 merge + W_UV kernel's settings (warps, partials in flight, Vh columns per program) under the
-default policy, including the short context of the model benchmark.
+default policy, including the short context of the model benchmark; ``stages``: the attention
+kernel's pipeline stages under the default policy, short contexts included.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ N, L, R, P, VH, BLOCK = 32, 512, 64, 128, 128, 64
 SHAPES = [(1, 4096), (1, 32768), (64, 4096), (64, 32768)]
 #: the epilogue (merge + W_UV) sweep adds the model benchmark's short context (one slice)
 EPILOGUE_SHAPES = [(1, 64), (64, 64)] + SHAPES
+#: the attention's pipeline stages at short contexts too (one or two 64-key steps per program)
+STAGES_SHAPES = [(1, 64), (1, 128), (64, 128)] + SHAPES
 #: (split_keys, max_splits); split_keys None = the fixed count max_splits (the old default: 8)
 POLICIES = [(None, 8), (128, 32), (256, 32), (256, 64), (512, 32), (512, 64), (1024, 32)]
 #: keys per step of the online softmax (part of the reduction order, like the policy)
@@ -146,9 +149,21 @@ def sweep_epilogue(case: Case, rows: list) -> None:
           f"best {best[1]} {best[0] * 1e3:.1f} us ({profile_line(best[2])})", flush=True)
 
 
+def sweep_stages(case: Case, rows: list) -> None:
+    policy = ("default", None)
+    _, ref_out, _ = case.timed(policy, {})
+    for stages in (1, 2, 3):
+        ms, out, replay = case.timed(policy, {"num_stages": stages})
+        same = bool(torch.equal(out, ref_out))
+        rows.append(case.row(part="stages", policy=policy, launch={"num_stages": stages}, graph_ms=ms,
+                             same_bits=same))
+        print(f"stages B={case.B} S={case.S} num_stages={stages}: {ms * 1e3:.1f} us"
+              f"{'' if same else ' BITS DIFFER'} ({profile_line(replay)})", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"], choices=["slicing", "epilogue"])
+    ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"], choices=["slicing", "epilogue", "stages"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--top", type=int, default=2, help="policies per shape swept over the launch settings")
     args = ap.parse_args(argv)
@@ -158,13 +173,16 @@ def main(argv=None):
 
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    shapes = EPILOGUE_SHAPES if "epilogue" in args.parts else SHAPES
+    shapes = list(dict.fromkeys(SHAPES + (EPILOGUE_SHAPES if "epilogue" in args.parts else [])
+                                + (STAGES_SHAPES if "stages" in args.parts else [])))
     for B, S in shapes:
         case = Case(B, S, g)
         if "slicing" in args.parts and (B, S) in SHAPES:
             sweep_slicing(case, args.top, rows)
-        if "epilogue" in args.parts:
+        if "epilogue" in args.parts and (B, S) in EPILOGUE_SHAPES:
             sweep_epilogue(case, rows)
+        if "stages" in args.parts and (B, S) in STAGES_SHAPES:
+            sweep_stages(case, rows)
         mla._TUNE.clear()
         del case
         torch.cuda.empty_cache()
