@@ -17,11 +17,12 @@ vLLM's MLA backends do. float32 runs refuse TF32 (torch) and use ``ieee`` tl.dot
 compute in float64.
 
 Decode = 3 launches (q_lat GEMM, attention, merge + W_UV) and no host sync, so it can be captured in
-a CUDA graph. Measured on an H200 (bf16, N=32, L=512, paged, CUDA-graph replay, caches cold in L2;
-floor = cache + w_kvb bytes at 4.3 TB/s): B=64 0.21 ms at 4k (3.0x floor), 1.51 ms at 32k (2.7x);
-B=1 40 us at 4k (13x), 88 us at 32k (8.2x), measured before the L/Vh splits: at B=1 the 32 query
-rows leave the tensor cores and the SMs mostly idle. Eager launches cost ~0.2-0.4 ms of host time
-per call (Triton's launcher).
+a CUDA graph. A sequence's key slices follow its own length (one per DECODE_SPLIT_KEYS keys, at
+most DECODE_MAX_SPLITS), never the batch. Measured on an H200 (bf16, N=32, L=512, pages of 64,
+CUDA-graph replay; floor = cache + w_kvb bytes at 4.3 TB/s; docs/BENCHMARKS.md, session 9):
+B=64 0.193 ms at 4k (2.7x floor), 1.01 ms at 32k (1.8x); B=1 36 us at 4k (11.7x), 62 us at 32k
+(5.8x), where three launches and their gaps are most of the time. Eager launches cost ~0.2 ms of
+host time per call (Triton's launcher).
 """
 from __future__ import annotations
 
