@@ -65,9 +65,6 @@ def _sm_count(device: torch.device) -> int:
 #: over the SMs, and a short one is not cut into slices with nothing in them.
 DECODE_SPLIT_KEYS = 256
 DECODE_MAX_SPLITS = 64
-#: ... and at least one slice per step of the kernel's key loop up to DECODE_MIN_SPLITS, so that a
-#: short sequence's few steps run side by side (the model benchmark's 33 to 100 keys)
-DECODE_MIN_SPLITS = 4
 
 
 def _default_splits(device: torch.device, programs: int, S: int) -> int:
@@ -132,12 +129,11 @@ _TUNE: dict = {}
 
 
 def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, split_keys, max_splits,
-            min_splits=1, paged=None, seq_lens=None, w_uv=None):
+            paged=None, seq_lens=None, w_uv=None):
     """Launch the attention kernel and its epilogue. q1/q2: [B, T, N, *] views; k1/k2/v:
     [B, S, (N,) *] views (or the paged buffers with ``paged = (block_tables, block_size)``; S is then
-    their capacity). A sequence of length S_b gets ``cdiv(S_b, split_keys)`` key slices, at least
-    one per BLOCK_N keys up to ``min_splits``, clamped to ``[1, max_splits]`` (``split_keys = 1``: a
-    fixed count).
+    their capacity). A sequence of length S_b gets ``cdiv(S_b, split_keys)`` key slices, clamped to
+    ``[1, max_splits]`` (``split_keys = 1``: a fixed count).
     ``w_uv [N, Vh, L]`` given (absorbed form): ``out [B, T, N, Vh]`` receives ``W_UV o_lat``;
     otherwise ``out [B, T, N, DV]`` receives the attention output."""
     B = q1.shape[0]
@@ -172,7 +168,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
     grid = (B, (N // HP) * triton.cdiv(T * HP, BM), max_splits)
     _mla_attn_kernel[grid](
         q1, q2, k1, k2, v, o1, pacc, pml, bt, seq_lens if seq_lens is not None else q1,
-        T, S, N, D1, R, DV, block_size, split_keys, max_splits, min_splits, float(scale),
+        T, S, N, D1, R, DV, block_size, split_keys, max_splits, float(scale),
         q1.stride(0), q1.stride(1), q1.stride(2), q2.stride(0), q2.stride(1), q2.stride(2),
         *kst, *k2st, *vst, o1.stride(0), o1.stride(1), o1.stride(2), sbt,
         HP=HP, SHARED_KV=shared_kv, PAGED=paged is not None,
@@ -196,7 +192,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
         _mla_combine_uv_kernel[(triton.cdiv(Vh, bv), N, triton.cdiv(B * T, br))](
             pacc, pml, w_uv, out, seq_lens if seq_lens is not None else pml, B * T, T, S, N, DV, Vh,
             w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), out.stride(2),
-            split_keys, max_splits, min_splits, _block_n(dt, shared_kv), VAR_LEN=seq_lens is not None, BLOCK_SP=_pow2(max_splits, 2),
+            split_keys, max_splits, VAR_LEN=seq_lens is not None, BLOCK_SP=_pow2(max_splits, 2),
             MERGE_UNROLL=_TUNE.get("merge_unroll", 8 if B * T < 8 else 1),
             CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV), BLOCK_V=bv,
             num_warps=_TUNE.get("epi_warps", 4), num_stages=2 if dt.itemsize <= 2 else 1)
@@ -204,8 +200,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
         bdv = min(512, _pow2(DV))
         _mla_combine_kernel[(B * T * N, triton.cdiv(DV, bdv))](
             pacc, pml, out, T, S, N, DV, out.stride(0), out.stride(1), out.stride(2), split_keys,
-            max_splits, min_splits, _block_n(dt, shared_kv), CD=tl_compute_dtype(dt), BLOCK_DV=bdv,
-            num_warps=4)
+            max_splits, CD=tl_compute_dtype(dt), BLOCK_DV=bdv, num_warps=4)
     return out
 
 
@@ -413,8 +408,7 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
     Returns o [B, N, Vh] in q's dtype. Key slices (flash-decoding): ``num_splits`` fixes their count
     (with the same count the key reduction runs in the order of :func:`absorbed` on the contiguous
     cache, so the results are bitwise equal); ``split_keys`` gives each sequence one slice per
-    ``split_keys`` keys of its own length, at least one per step of the kernel's key loop up to
-    :data:`DECODE_MIN_SPLITS`, at most :data:`DECODE_MAX_SPLITS`. At most one of the two;
+    ``split_keys`` keys of its own length, at most :data:`DECODE_MAX_SPLITS`. At most one of the two;
     neither: ``split_keys =`` :data:`DECODE_SPLIT_KEYS` on a GPU, one slice on CPU. Either way a
     sequence's slices depend only on its own length, never on the batch or the block-table width,
     so its output is bitwise the same whatever it is batched with. ``out`` (optional, a contiguous
@@ -448,18 +442,18 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
     if num_splits is not None and split_keys is not None:
         raise ValueError(f"{op}: num_splits and split_keys both given; name one or neither")
     if num_splits is not None:
-        split_keys, max_splits, min_splits = 1, num_splits, 1
+        split_keys, max_splits = 1, num_splits
     elif split_keys is not None or q.device.type == "cuda":
-        split_keys, max_splits, min_splits = split_keys or DECODE_SPLIT_KEYS, DECODE_MAX_SPLITS, DECODE_MIN_SPLITS
+        split_keys, max_splits = split_keys or DECODE_SPLIT_KEYS, DECODE_MAX_SPLITS
     else:
-        split_keys, max_splits, min_splits = 1, 1, 1
+        split_keys, max_splits = 1, 1
     w_uk, w_uv = _w_views(w_kvb, N, P, Vh)
     q4 = q[:, None]  # [B, 1, N, P+R]
     q_lat = _q_lat(q4[..., :P], w_uk)
     o = out_or_new(op, out, (B, N, Vh), q)[:, None]  # [B, 1, N, Vh]
     kv = cache.kv.view(-1, L + R)
     _attend(q_lat, q4[..., P:], kv, kv[:, L:], kv, o, T=1, S=capacity, N=N, D1=L, R=R, DV=L,
-            scale=scale, shared_kv=True, split_keys=split_keys, max_splits=max_splits, min_splits=min_splits,
+            scale=scale, shared_kv=True, split_keys=split_keys, max_splits=max_splits,
             paged=(block_tables.contiguous(), cache.block_size), seq_lens=seq_lens.contiguous(),
             w_uv=w_uv)
     return o[:, 0]

@@ -12,15 +12,14 @@ the paged-cache writer.
 
 Online softmax in the compute dtype (fp32, fp64 for fp64 runs); probabilities are cast to the value
 dtype for the PV product (bf16 in production, as FlashAttention does). Flash-decoding: the key range
-of a sequence of length ``S_b`` is cut into ``n = _num_slices(S_b, ...)`` slices (``cdiv(S_b,
-split_keys)``, at least one per BLOCK_N keys up to ``min_splits``, clamped to ``[1, max_splits]``:
-``split_keys = min_splits = 1`` gives a fixed count ``max_splits``) of ``cdiv(cdiv(S_b, n), BLOCK_N)
-* BLOCK_N`` keys; each program writes its
+of a sequence of length ``S_b`` is cut into ``n = _num_slices(S_b, split_keys, max_splits)`` slices
+(``cdiv(S_b, split_keys)`` clamped to ``[1, max_splits]``: ``split_keys = 1`` gives a fixed count
+``max_splits``) of ``cdiv(cdiv(S_b, n), BLOCK_N) * BLOCK_N`` keys; each program writes its
 unnormalized partial ``(acc, m, l)`` and an epilogue kernel merges the slices in ascending order:
 ``_mla_combine_uv_kernel`` for the absorbed form (merge, then the W_UV product, fused; one program
 per Vh chunk, each redoing the cheap merge, to spread the W_UV read over more SMs at small batch),
 ``_mla_combine_kernel`` for the naive form (which stores directly when there is one slice). Slice
-boundaries depend only on ``S_b``, the three slice counts' parameters and ``BLOCK_N``, never on the
+boundaries depend only on ``S_b``, ``split_keys``, ``max_splits`` and ``BLOCK_N``, never on the
 memory layout or the batch, so the paged cache (``PAGED``: key position -> block table -> physical
 row) reduces in exactly the contiguous order, and a sequence in any batch in the same order.
 """
@@ -31,19 +30,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _num_slices(S_b, split_keys, max_splits, min_splits, step_keys):
-    """Key slices of a sequence of length S_b: cdiv(S_b, split_keys), but at least one per
-    ``step_keys`` (a step of the attention loop) up to ``min_splits``, clamped to [1, max_splits]. A
+def _num_slices(S_b, split_keys, max_splits):
+    """Key slices of a sequence of length S_b: cdiv(S_b, split_keys), clamped to [1, max_splits]. A
     function of the sequence's own length only (max_splits never binds below what the batch's
     largest capacity allows, see ``_attend``), so its bits never depend on its batch."""
-    n = tl.maximum(tl.cdiv(S_b, split_keys), tl.minimum(tl.cdiv(S_b, step_keys), min_splits))
-    return tl.minimum(tl.maximum(n, 1), max_splits)
+    return tl.minimum(tl.maximum(tl.cdiv(S_b, split_keys), 1), max_splits)
 
 
 @triton.jit
 def _mla_attn_kernel(
         q1_ptr, q2_ptr, k1_ptr, k2_ptr, v_ptr, o_ptr, pacc_ptr, pml_ptr, bt_ptr, slen_ptr,
-        T, S, N, D1, R, DV, block_size, split_keys, max_splits, min_splits, scale: tl.float64,
+        T, S, N, D1, R, DV, block_size, split_keys, max_splits, scale: tl.float64,
         sq1b, sq1t, sq1h, sq2b, sq2t, sq2h,
         sk1b, sk1s, sk1h, sk2b, sk2s, svb, svs, svh,
         sob, sot, soh, sbtb,
@@ -64,7 +61,7 @@ def _mla_attn_kernel(
             return
     else:
         S_b = S
-    n_split = _num_slices(S_b, split_keys, max_splits, min_splits, BLOCK_N)
+    n_split = _num_slices(S_b, split_keys, max_splits)
     if split >= n_split:  # past this sequence's slices: no partials, the merge reads n_split of them
         return
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -148,7 +145,7 @@ def _mla_attn_kernel(
 
 @triton.jit
 def _mla_combine_kernel(pacc_ptr, pml_ptr, o_ptr, T, S, N, DV, sob, sot, soh, split_keys, max_splits,
-                        min_splits, step_keys, CD: tl.constexpr, BLOCK_DV: tl.constexpr):
+                        CD: tl.constexpr, BLOCK_DV: tl.constexpr):
     # grid (B * T * N, cdiv(DV, BLOCK_DV)); o = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s
     row = tl.program_id(0).to(tl.int64)  # (b * T + t) * N + h
     h = row % N
@@ -157,7 +154,7 @@ def _mla_combine_kernel(pacc_ptr, pml_ptr, o_ptr, T, S, N, DV, sob, sot, soh, sp
     t = bt % T
     dv = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     dmask = dv < DV
-    n_split = _num_slices(S, split_keys, max_splits, min_splits, step_keys)
+    n_split = _num_slices(S, split_keys, max_splits)
     stride_split = T * N
     base = b * max_splits * stride_split + t * N + h
     m_max = tl.load(pml_ptr + base * 2)
@@ -193,7 +190,7 @@ def _paged_write_kernel(lat_ptr, kpe_ptr, slot_ptr, kv_ptr, L, R, slat, skpe, sk
 
 @triton.jit
 def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S, N, L, VH, swh, swv,
-                           sob, sot, soh, split_keys, max_splits, min_splits, step_keys, VAR_LEN: tl.constexpr,
+                           sob, sot, soh, split_keys, max_splits, VAR_LEN: tl.constexpr,
                            CD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
                            BLOCK_V: tl.constexpr, BLOCK_SP: tl.constexpr, MERGE_UNROLL: tl.constexpr):
     # grid (cdiv(VH, BLOCK_V), N, cdiv(B*T, BLOCK_R)). For BLOCK_V output columns v, head h and
@@ -224,7 +221,7 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
             return
     else:
         S_r = tl.zeros([BLOCK_R], tl.int32) + S
-    n_split = _num_slices(S_r, split_keys, max_splits, min_splits, step_keys)  # per row: its sequence's
+    n_split = _num_slices(S_r, split_keys, max_splits)  # per row: its sequence's slices
     lo = tl.arange(0, BLOCK_L)
     lmask = lo < L
     stride_split = T * N

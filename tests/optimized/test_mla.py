@@ -184,16 +184,13 @@ def test_idle_rows_give_zeros_and_leave_the_live_rows_bitwise_unchanged(splits):
 @pytest.mark.parametrize("dtype,block_size", [(torch.bfloat16, 8), (torch.bfloat16, 64), (torch.float64, 32)],
                          ids=str)
 def test_split_keys_slices_each_sequence_by_its_own_length(dtype, block_size, monkeypatch):
-    """``split_keys``: sequence b gets max(cdiv(S_b, split_keys), min(cdiv(S_b, step),
-    DECODE_MIN_SPLITS)) key slices, at most DECODE_MAX_SPLITS, whatever it is batched with: its row is bitwise the paged decode of that sequence alone with
+    """``split_keys``: sequence b gets min(cdiv(S_b, split_keys), DECODE_MAX_SPLITS) key slices
+    whatever it is batched with: its row is bitwise the paged decode of that sequence alone with
     that fixed count (the same slice boundaries), idle rows give zeros, and live rows are within the
-    bound. Lengths cover the clamp (150 keys: 5 slices, clamped to 4), several slices, one slice,
-    and (fp64, 16-key steps) the per-step minimum (37 keys: 3 slices where split_keys gives 2);
+    bound. Lengths cover the clamp (150 keys: 5 slices, clamped to 4), several slices, one slice;
     pages as long as a step's keys or longer (bf16 64, fp64 32) take the kernel's one-table-entry-
     per-step path, pages of 8 the per-key one."""
     monkeypatch.setattr(mla, "DECODE_MAX_SPLITS", 4)
-    monkeypatch.setattr(mla, "DECODE_MIN_SPLITS", 3)
-    step = mla._block_n(dtype, True)
     lens = [150, 37, 0, 5, 90]
     q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup(lens, dtype, block_size=block_size, num_blocks=100, seed=12)
     o = mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=32)
@@ -201,7 +198,7 @@ def test_split_keys_slices_each_sequence_by_its_own_length(dtype, block_size, mo
         if n == 0:
             assert torch.equal(o[b], torch.zeros_like(o[b])), f"idle row {b} not zero"
             continue
-        count = min(max(-(-n // 32), min(-(-n // step), 3)), 4)
+        count = min(-(-n // 32), 4)
         alone = mla.paged_decode(q[b:b + 1], cache, bt[b:b + 1], sl[b:b + 1], w_kvb, num_splits=count)
         assert torch.equal(o[b], alone[0]), f"seq {b} (len {n}): batched differs from alone, {count} slices"
         args = (q[b:b + 1, None], latent[b:b + 1, :n], k_pe[b:b + 1, :n], w_kvb)
