@@ -144,7 +144,6 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
     # the most slices any sequence here can have (S_b <= S): the grid's and the partials' depth.
     # Clamping max_splits to it never changes a sequence's own count.
     max_splits = max(1, min(max_splits, triton.cdiv(S, split_keys)))
-
     direct = w_uv is None and max_splits == 1
     if direct:
         pacc = pml = out  # unused

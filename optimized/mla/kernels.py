@@ -237,9 +237,9 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
     num = tl.zeros([BLOCK_R, BLOCK_L], CD)
     den = tl.zeros([BLOCK_R], CD)
     n_max = tl.max(tl.where(live, n_split, 1), axis=0)
-    # the sums run slice by slice in ascending order, as written (a tl.sum over the tile would
-    # group, and contract into FMAs, by how the tile's layout spreads it: by BLOCK_SP, not the
-    # sequence); MERGE_UNROLL partial loads in flight
+    # the sums run slice by slice in ascending order, as written: a tl.sum over the tile groups its
+    # terms (and may contract them into FMAs) as the tile's layout spreads them, i.e. by BLOCK_SP,
+    # which follows the batch's capacity, not the sequence. MERGE_UNROLL partial loads in flight.
     for sp0 in range(0, n_max, MERGE_UNROLL):
         for j in tl.static_range(MERGE_UNROLL):
             sp = sp0 + j
