@@ -64,13 +64,14 @@ class Case:
         self.cache, self.tables, self.lens, self.q, self.w_kvb, self.floor_ms = setup(B, S, g)
 
     def call(self, policy):
+        """The decode under ``policy``: None (the module's default), or (split_keys, max_splits)."""
         from optimized import mla
 
+        if policy is None:
+            return lambda: mla.paged_decode(self.q, self.cache, self.tables, self.lens, self.w_kvb)
         keys, most = policy
         if keys is None:
             return lambda: mla.paged_decode(self.q, self.cache, self.tables, self.lens, self.w_kvb, num_splits=most)
-        if keys == "default":
-            return lambda: mla.paged_decode(self.q, self.cache, self.tables, self.lens, self.w_kvb)
         mla.DECODE_MAX_SPLITS = most
         return lambda: mla.paged_decode(self.q, self.cache, self.tables, self.lens, self.w_kvb, split_keys=keys)
 
@@ -109,7 +110,7 @@ def sweep_slicing(case: Case, top: int, rows: list) -> None:
             rows.append(case.row(part="slicing", block_n=block_n, policy=policy, launch={}, graph_ms=ms))
             print(f"B={case.B} S={case.S} BLOCK_N={block_n} {policy}: {ms * 1e3:.1f} us "
                   f"{ms / case.floor_ms:.2f}x", flush=True)
-        first.sort()
+        first.sort(key=lambda row: row[0])
         for _, policy in first[:top]:
             _, ref_out, _ = case.timed(policy, {})
             best = None
@@ -133,7 +134,7 @@ def sweep_slicing(case: Case, top: int, rows: list) -> None:
 
 
 def sweep_epilogue(case: Case, rows: list) -> None:
-    policy = ("default", None)
+    policy = None
     _, ref_out, _ = case.timed(policy, {})
     best = None
     for launch in EPILOGUE:
@@ -150,7 +151,7 @@ def sweep_epilogue(case: Case, rows: list) -> None:
 
 
 def sweep_stages(case: Case, rows: list) -> None:
-    policy = ("default", None)
+    policy = None
     _, ref_out, _ = case.timed(policy, {})
     for stages in (1, 2, 3):
         ms, out, replay = case.timed(policy, {"num_stages": stages})

@@ -163,6 +163,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
         vst = (v.stride(0), v.stride(1), v.stride(2) if v.dim() == 4 else 0)
     big = D1 > 256
     aligned = paged is not None and block_size % _block_n(dt, shared_kv) == 0  # a step within one page
+    per_key_table = paged is not None and not aligned
     o1 = out if direct else pacc  # only dereferenced when direct
     grid = (B, (N // HP) * triton.cdiv(T * HP, BM), max_splits)
     _mla_attn_kernel[grid](
@@ -174,7 +175,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
         PAGE_ALIGNED=aligned, VAR_LEN=seq_lens is not None,
         DIRECT=direct, CD=tl_compute_dtype(dt), BLOCK_M=BM,
         BLOCK_N=_block_n(dt, shared_kv), BLOCK_D1=_pow2(D1), BLOCK_R=_pow2(R), BLOCK_DV=_pow2(DV),
-        num_warps=_TUNE.get("num_warps", 4), num_stages=_TUNE.get("num_stages", _attn_stages(dt, big, BM, aligned)))
+        num_warps=_TUNE.get("num_warps", 4), num_stages=_TUNE.get("num_stages", _attn_stages(dt, big, BM, per_key_table)))
     if w_uv is not None:
         Vh = w_uv.shape[1]
         br = _TUNE.get("BLOCK_R", 16)
@@ -203,7 +204,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
     return out
 
 
-def _attn_stages(dtype: torch.dtype, big: bool, block_m: int, page_aligned: bool) -> int:
+def _attn_stages(dtype: torch.dtype, big: bool, block_m: int, per_key_table: bool) -> int:
     """Pipeline stages of the attention kernel: fp32/fp64 tiles of 512-wide keys do not fit shared
     memory twice (1); 16-row programs (a small batch: a few per SM, each waiting on its loads) 3,
     else 2 (tune_mla.py, H200, pages of 64: B=1 32k 68.3 -> 62.3 us with 3; B=64 4k 155.7 -> 180.9
@@ -211,7 +212,7 @@ def _attn_stages(dtype: torch.dtype, big: bool, block_m: int, page_aligned: bool
     (sm_90 build, triton 3.9: 248 -> 160 bytes of stack at 32 rows)."""
     if big and dtype.itemsize > 2:
         return 1
-    return 3 if big and (block_m == 16 or not page_aligned) else 2
+    return 3 if big and (block_m == 16 or per_key_table) else 2
 
 
 def _block_m(B: int, rows: int, D1: int) -> int:
