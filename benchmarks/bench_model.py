@@ -34,8 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optimized  # noqa: E402  (sets TRITON_INTERPRET=1 when there is no GPU)
 from benchmarks.bench_ops import on_gpu, sync  # noqa: E402
-from benchmarks.harness import (HBM_BYTES_PER_S, Result, kernel_profile, save,  # noqa: E402
-                                show_kernel_profile)
+from benchmarks.harness import (HBM_BYTES_PER_S, Result, add_pdl_option, apply_pdl, kernel_profile,  # noqa: E402
+                                save, show_kernel_profile)
 from reference.config import KimiConfig  # noqa: E402
 from reference.synthetic import SyntheticSource  # noqa: E402
 
@@ -207,7 +207,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=None, help="timed decode steps (default 32; --smoke 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed decode steps (default 3; --smoke 1)")
     ap.add_argument("--profile", action="store_true", help="print the kernels of a step (torch.profiler)")
+    add_pdl_option(ap)
     args = ap.parse_args(argv)
+    apply_pdl(args.pdl)
     if not on_gpu() and not args.smoke:
         ap.error("no CUDA device: the 48B model needs the GPU (use --smoke on CPU)")
     if optimized.interpreting():

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optimized  # noqa: E402  (sets TRITON_INTERPRET=1 when there is no GPU, before any kernel import)
-from benchmarks.harness import Result, bench, graph_timings, save, wall_per_call  # noqa: E402
+from benchmarks.harness import (Result, add_pdl_option, apply_pdl, bench, graph_timings, save,  # noqa: E402
+                                wall_per_call)
 from reference.config import KimiConfig  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -399,7 +400,9 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (preset 'tiny'); runs on CPU")
     ap.add_argument("--only", nargs="*", default=["conv", "norm", "mla", "moe"],
                     choices=["conv", "norm", "mla", "moe"])
+    add_pdl_option(ap)
     args = ap.parse_args(argv)
+    apply_pdl(args.pdl)
     if not on_gpu() and not args.smoke:
         ap.error("no CUDA device: the full-size benchmark needs the GPU (use --smoke on CPU)")
     if optimized.interpreting():

@@ -119,6 +119,8 @@ def environment() -> dict:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "git_revision": rev,
+        # programmatic dependent launch of the decode kernels (optimized._pdl; sm_90 and later)
+        "pdl": os.environ.get("KIMI_PARITY_PDL", "1") != "0",
     }
     try:
         import fla
@@ -127,6 +129,17 @@ def environment() -> dict:
     except ImportError:
         env["fla"] = None
     return env
+
+
+def add_pdl_option(ap) -> None:
+    """``--pdl on|off``: launch the decode kernels with programmatic dependent launch (the default)
+    or without it (the A/B baseline; ``KIMI_PARITY_PDL=0``). Apply with :func:`apply_pdl`."""
+    ap.add_argument("--pdl", choices=["on", "off"], default="on",
+                    help="programmatic dependent launch of the decode kernels (sm_90+; default on)")
+
+
+def apply_pdl(choice: str) -> None:
+    os.environ["KIMI_PARITY_PDL"] = "1" if choice == "on" else "0"
 
 
 def save(results: list[Result], path: str | os.PathLike, *, command: str) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .. import _counters
+from .. import _counters, _pdl
 from ..elementwise._precision import check_float, check_same_device, check_shape, tl_compute_dtype
 from .kernels import _short_conv_kernel, _short_conv_step_kernel
 
@@ -99,12 +99,13 @@ def _step_launch(op, x, weight, state, out_state, slot_ids):
         raise ValueError(f"{op}: weight: W = 1 has no state; use short_conv")
     block_c = min(_TUNE.get("step_block_c", STEP_BLOCK_C if x.device.type == "cuda" else 1024),
                   triton.next_power_of_2(C))
+    pdl = _pdl.enabled(x.device)
     _short_conv_step_kernel[(B, triton.cdiv(C, block_c))](
         x, weight, state, y, out_state, slot_ids if slot_ids is not None else x, C,
         x.stride(0), y.stride(0), state.stride(0), state.stride(1),
         out_state.stride(0), out_state.stride(1),
         W=W, INDEXED=slot_ids is not None, CD=tl_compute_dtype(x.dtype), BLOCK_C=block_c,
-        num_warps=_TUNE.get("step_warps", 4))
+        PDL=pdl, launch_pdl=pdl, num_warps=_TUNE.get("step_warps", 4))
     return y
 
 

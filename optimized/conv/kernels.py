@@ -10,6 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._pdl import pdl_wait
 from ..elementwise.kernels import silu_f
 
 
@@ -60,13 +61,14 @@ def _short_conv_kernel(x_ptr, w_ptr, s0_ptr, y_ptr, sf_ptr, T, C,
 def _short_conv_step_kernel(x_ptr, w_ptr, s_ptr, y_ptr, so_ptr, slot_ptr, C,
                             sxb, syb, ssb, ssc, sob, soc,
                             W: tl.constexpr, INDEXED: tl.constexpr, CD: tl.constexpr,
-                            BLOCK_C: tl.constexpr):
+                            BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
     # grid (B, cdiv(C, BLOCK_C)). Row b reads state row r (r = b, or slot_ids[b] if INDEXED) and
     # writes the shifted state to so row r (so may alias s: all reads of a row precede its writes,
     # and no other program touches that row). A negative slot id is padding: y row = 0, no write.
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = c < C
+    pdl_wait(PDL)
     if INDEXED:
         r = tl.load(slot_ptr + b).to(tl.int64)
         if r < 0:  # padding (most of a decode tile at small B): a zero row, nothing else read

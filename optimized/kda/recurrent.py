@@ -24,7 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _counters
+from .. import _counters, _pdl
+from .._pdl import pdl_wait
 from ..elementwise._precision import out_or_new
 from ._common import (SUM, acc_dtype, block_k, cdiv, check_device, check_gate_params, check_qkv,
                       check_shape, check_tensor, next_pow2, prepare_cu_seqlens, prepare_state)
@@ -37,8 +38,9 @@ _BV = 32  # value columns per program: fixed (bitwise batch invariance), small (
 def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, scale: tl.float64, T,
                       sq, sk, sv, sg, sb, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, FUSED: tl.constexpr, HAS_H0: tl.constexpr,
-                      IS_VARLEN: tl.constexpr, USE_SLOTS: tl.constexpr):
+                      IS_VARLEN: tl.constexpr, USE_SLOTS: tl.constexpr, PDL: tl.constexpr = False):
     ACC = ht.dtype.element_ty
+    pdl_wait(PDL)
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
     i_n = i_nh // HV
@@ -208,12 +210,13 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
         return o
     BV = min(_BV, max(16, next_pow2(V)))
     q, k, v, g_raw, beta_logits = (_token_rows(x) for x in (q, k, v, g_raw, beta_logits))
+    pdl = _pdl.enabled(q.device)
     _recurrent_kernel[(cdiv(V, BV), B * HV)](
         q, k, v, g_raw, beta_logits, A_log, dt_bias, o, state_pool, state_pool, None,
         slot_ids.contiguous(), scale, 1,
         q.stride(0), k.stride(0), v.stride(0), g_raw.stride(0), beta_logits.stride(0),
         H=H, HV=HV, K=K, V=V, BK=block_k(K), BV=BV, FUSED=True, HAS_H0=True, IS_VARLEN=False,
-        USE_SLOTS=True, num_warps=4)
+        USE_SLOTS=True, PDL=pdl, launch_pdl=pdl, num_warps=4)
     return o
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .. import _counters
+from .. import _counters, _pdl
 from ..elementwise._precision import (check_float, check_same_device, compute_dtype, out_or_new,
                                       require_ieee_fp32_matmul, tl_compute_dtype)
 from .kernels import (_mla_attn_kernel, _mla_combine_kernel, _mla_combine_uv_kernel, _paged_write_kernel,
@@ -165,6 +165,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
     aligned = paged is not None and block_size % _block_n(dt, shared_kv) == 0  # a step within one page
     per_key_table = paged is not None and not aligned
     o1 = out if direct else pacc  # only dereferenced when direct
+    pdl = _pdl.enabled(q1.device)
     grid = (B, (N // HP) * triton.cdiv(T * HP, BM), max_splits)
     _mla_attn_kernel[grid](
         q1, q2, k1, k2, v, o1, pacc, pml, bt, seq_lens if seq_lens is not None else q1,
@@ -173,7 +174,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
         *kst, *k2st, *vst, o1.stride(0), o1.stride(1), o1.stride(2), sbt,
         HP=HP, SHARED_KV=shared_kv, PAGED=paged is not None,
         PAGE_ALIGNED=aligned, VAR_LEN=seq_lens is not None,
-        DIRECT=direct, CD=tl_compute_dtype(dt), BLOCK_M=BM,
+        DIRECT=direct, CD=tl_compute_dtype(dt), BLOCK_M=BM, PDL=pdl, launch_pdl=pdl,
         BLOCK_N=_block_n(dt, shared_kv), BLOCK_D1=_pow2(D1), BLOCK_R=_pow2(R), BLOCK_DV=_pow2(DV),
         num_warps=_TUNE.get("num_warps", 4), num_stages=_TUNE.get("num_stages", _attn_stages(dt, big, BM, per_key_table)))
     if w_uv is not None:
@@ -194,13 +195,13 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
             w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), out.stride(2),
             split_keys, max_splits, VAR_LEN=seq_lens is not None, BLOCK_SP=_pow2(max_splits, 2),
             MERGE_UNROLL=_TUNE.get("merge_unroll", 8 if B * T < 8 else 1),
-            CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV), BLOCK_V=bv,
+            CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV), BLOCK_V=bv, PDL=pdl, launch_pdl=pdl,
             num_warps=_TUNE.get("epi_warps", 4), num_stages=2 if dt.itemsize <= 2 else 1)
     elif not direct:
         bdv = min(512, _pow2(DV))
         _mla_combine_kernel[(B * T * N, triton.cdiv(DV, bdv))](
             pacc, pml, out, T, S, N, DV, out.stride(0), out.stride(1), out.stride(2), split_keys,
-            max_splits, CD=tl_compute_dtype(dt), BLOCK_DV=bdv, num_warps=4)
+            max_splits, CD=tl_compute_dtype(dt), BLOCK_DV=bdv, PDL=pdl, launch_pdl=pdl, num_warps=4)
     return out
 
 
@@ -251,10 +252,11 @@ def _q_lat(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
         bm = 16
         # one L tile per program on the CPU interpreter (a program costs its Python overhead there)
         bl = min(_TUNE.get("q_lat_l", Q_LAT_L if q_nope.device.type == "cuda" else _pow2(L)), _pow2(L))
+        pdl = _pdl.enabled(q_nope.device)
         _q_lat_kernel[(N, triton.cdiv(M, bm), triton.cdiv(L, bl))](
             q2, w_uk, out, M, P, L, q2.stride(0), q2.stride(1), w_uk.stride(0), w_uk.stride(1),
             out.stride(0), out.stride(1), CD=tl_compute_dtype(q_nope.dtype), BLOCK_M=bm,
-            BLOCK_P=16 if q_nope.dtype == torch.float64 else 32, BLOCK_L=bl,
+            BLOCK_P=16 if q_nope.dtype == torch.float64 else 32, BLOCK_L=bl, PDL=pdl, launch_pdl=pdl,
             num_warps=4, num_stages=2 if q_nope.dtype.itemsize <= 2 else 1)
     return out.view(B, T, N, L)
 
@@ -382,10 +384,11 @@ class PagedLatentCache:
             return
         latent, k_pe = _last_contig(latent), _last_contig(k_pe)
         kv = self.kv.view(-1, self.L + self.R)
+        pdl = _pdl.enabled(kv.device)
         _paged_write_kernel[(n,)](
             latent, k_pe, slot_mapping.contiguous(), kv, self.L, self.R, latent.stride(0),
             k_pe.stride(0), kv.stride(0), BLOCK_L=triton.next_power_of_2(self.L),
-            BLOCK_R=triton.next_power_of_2(self.R), num_warps=4)
+            BLOCK_R=triton.next_power_of_2(self.R), PDL=pdl, launch_pdl=pdl, num_warps=4)
 
     def gather(self, block_table: torch.Tensor, length: int):
         """(latent [length, L], k_pe [length, R]) of one sequence, in position order (a copy)."""

@@ -28,6 +28,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._pdl import pdl_launch_next, pdl_wait
+
 
 @triton.jit
 def _num_slices(S_b, split_keys, max_splits):
@@ -47,7 +49,7 @@ def _mla_attn_kernel(
         HP: tl.constexpr, SHARED_KV: tl.constexpr, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr,
         VAR_LEN: tl.constexpr, DIRECT: tl.constexpr, CD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_R: tl.constexpr,
-        BLOCK_DV: tl.constexpr):
+        BLOCK_DV: tl.constexpr, PDL: tl.constexpr = False):
     # grid (B, (N // HP) * cdiv(T * HP, BLOCK_M), max_splits). Rows of a program: r -> t = r // HP,
     # h = hg * HP + r % HP. HP = N (absorbed: all heads share K/V) or 1 (naive: per-head K/V).
     b = tl.program_id(0).to(tl.int64)
@@ -55,6 +57,10 @@ def _mla_attn_kernel(
     hg = tl.program_id(1) // n_rb
     rb = tl.program_id(1) % n_rb
     split = tl.program_id(2)
+    # PDL: the epilogue may launch only once every program is past its key loop; launched at the
+    # start, its programs sat on the SMs through the last wave (H200, session 10: B=64 4k 191 ->
+    # 199 us, 32k 990 -> 1023 us; no PDL 193 and 994)
+    pdl_wait(PDL, LAUNCH_NEXT=False)
     if VAR_LEN:
         S_b = tl.load(slen_ptr + b).to(tl.int32)
         if S_b == 0:  # an idle row (decode padding): no partials; the epilogue writes zeros
@@ -130,6 +136,7 @@ def _mla_attn_kernel(
         acc = tl.dot(p.to(vt.dtype), vt, acc, input_precision="ieee", out_dtype=CD)
         m_i = m_new
 
+    pdl_launch_next(PDL)
     omask = rmask[:, None] & (dv < DV)[None, :]
     if DIRECT:  # one slice and no epilogue kernel: normalize and store the output here
         o = acc / l_i[:, None]
@@ -145,8 +152,9 @@ def _mla_attn_kernel(
 
 @triton.jit
 def _mla_combine_kernel(pacc_ptr, pml_ptr, o_ptr, T, S, N, DV, sob, sot, soh, split_keys, max_splits,
-                        CD: tl.constexpr, BLOCK_DV: tl.constexpr):
+                        CD: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr = False):
     # grid (B * T * N, cdiv(DV, BLOCK_DV)); o = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)  # (b * T + t) * N + h
     h = row % N
     bt = row // N
@@ -173,8 +181,9 @@ def _mla_combine_kernel(pacc_ptr, pml_ptr, o_ptr, T, S, N, DV, sob, sot, soh, sp
 
 @triton.jit
 def _paged_write_kernel(lat_ptr, kpe_ptr, slot_ptr, kv_ptr, L, R, slat, skpe, skv,
-                        BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr):
+                        BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr = False):
     # grid (n,): kv[slot[i], :L] = latent[i]; kv[slot[i], L:L+R] = k_pe[i]; slot < 0 = padding
+    pdl_wait(PDL)
     i = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + i).to(tl.int64)
     dl = tl.arange(0, BLOCK_L)
@@ -192,7 +201,8 @@ def _paged_write_kernel(lat_ptr, kpe_ptr, slot_ptr, kv_ptr, L, R, slat, skpe, sk
 def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S, N, L, VH, swh, swv,
                            sob, sot, soh, split_keys, max_splits, VAR_LEN: tl.constexpr,
                            CD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
-                           BLOCK_V: tl.constexpr, BLOCK_SP: tl.constexpr, MERGE_UNROLL: tl.constexpr):
+                           BLOCK_V: tl.constexpr, BLOCK_SP: tl.constexpr, MERGE_UNROLL: tl.constexpr,
+                           PDL: tl.constexpr = False):
     # grid (cdiv(VH, BLOCK_V), N, cdiv(B*T, BLOCK_R)). For BLOCK_V output columns v, head h and
     # BLOCK_R query rows (b, t): merge each row's slices (``_num_slices`` of its own length; BLOCK_SP
     # >= max_splits), o_lat = sum_s e^(m_s - M) acc_s /
@@ -211,6 +221,11 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
     vmask = v < VH
     optrs = o_ptr + b[:, None] * sob + t[:, None] * sot + h * soh + v[None, :]
     omask = rmask[:, None] & vmask[None, :]
+    lo = tl.arange(0, BLOCK_L)
+    lmask = lo < L
+    # W_UV is read after the merge, not before the wait: held through the merge, its tile cost
+    # B=1 32k 64 -> 68 us (H200, session 10)
+    pdl_wait(PDL)
     # live rows: an idle row (sequence length 0, decode padding) has no partials and gets zeros
     live = rmask
     if VAR_LEN:
@@ -222,8 +237,6 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
     else:
         S_r = tl.zeros([BLOCK_R], tl.int32) + S
     n_split = _num_slices(S_r, split_keys, max_splits)  # per row: its sequence's slices
-    lo = tl.arange(0, BLOCK_L)
-    lmask = lo < L
     stride_split = T * N
     base = (b * max_splits * T + t) * N + h  # partial row of slice 0
     # every slice's (m, l) in one tile (a row's slices past its own count: m = -inf, weight 0)
@@ -260,7 +273,7 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
 @triton.jit
 def _q_lat_kernel(q_ptr, w_ptr, o_ptr, M, P, L, sqm, sqh, swh, swp, som, soh,
                   CD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
-                  BLOCK_L: tl.constexpr):
+                  BLOCK_L: tl.constexpr, PDL: tl.constexpr = False):
     # grid (N, cdiv(M, BLOCK_M), cdiv(L, BLOCK_L)): o[m, h, l] = q[m, h, :] @ W_UK[h][:, l] ([P, L]),
     # CD accumulation. A fixed tile and a fixed P order (BLOCK_P chunks, ascending) for every output
     # element: a row's result never depends on the other rows (batch invariance, which a library
@@ -273,6 +286,7 @@ def _q_lat_kernel(q_ptr, w_ptr, o_ptr, M, P, L, sqm, sqh, swh, swp, som, soh,
     lm = lo < L
     po = tl.arange(0, BLOCK_P)
     acc = tl.zeros([BLOCK_M, BLOCK_L], CD)
+    pdl_wait(PDL)
     for p0 in range(0, P, BLOCK_P):
         p = p0 + po
         pm = p < P

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .. import _counters
+from .. import _counters, _pdl
 from ..elementwise._precision import (check_float, check_same_device, check_shape, compute_dtype,
                                       out_or_new, require_ieee_fp32_matmul, tl_compute_dtype)
 from .kernels import (_combine_kernel, _gemv_down_kernel, _gemv_gate_up_kernel,
@@ -107,9 +107,10 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if T == 0 or E == 0:
         return out
     cfg = router_logits_config(E, D, x.dtype)
+    pdl = _pdl.enabled(x.device)
     _router_logits_kernel[(triton.cdiv(E, cfg["BLOCK_E"]), triton.cdiv(T, cfg["BLOCK_T"]))](
         x, weight, out, T, E, D, x.stride(0), weight.stride(0), out.stride(0),
-        CD=tl_compute_dtype(x.dtype), **cfg)
+        CD=tl_compute_dtype(x.dtype), PDL=pdl, launch_pdl=pdl, **cfg)
     return out
 
 
@@ -163,12 +164,13 @@ def router(logits: torch.Tensor, bias: torch.Tensor, *, top_k: int, num_groups: 
     # so the tiling changes the speed, not a bit of the result
     small = T <= 128 and block_e <= 1024
     block_t = 1 if small else max(1, min(16, 4096 // block_e, triton.next_power_of_2(T)))
+    pdl = _pdl.enabled(logits.device)
     _router_kernel[(triton.cdiv(T, block_t),)](
         logits, bias.contiguous(), weights, ids, T, E, EG, logits.stride(0), float(scaling),
         K=top_k, K_PAD=triton.next_power_of_2(top_k), G=num_groups,
         G_PAD=triton.next_power_of_2(num_groups), KG=topk_groups, RENORM=bool(renormalize) and top_k > 1,
         BIASED=combine == "biased", CD=tl_compute_dtype(logits.dtype), BLOCK_T=block_t,
-        BLOCK_E=block_e, num_warps=1 if small else 4)
+        BLOCK_E=block_e, PDL=pdl, launch_pdl=pdl, num_warps=1 if small else 4)
     return weights, ids
 
 
@@ -290,22 +292,24 @@ def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False, sha
     bf = min(cfg["gemv_f"], triton.next_power_of_2(F))
     bd = min(cfg["gemv_d"], triton.next_power_of_2(D))
     sg, su, sd = shared if shared is not None else (w1[0], w3[0], w2[0])  # unread without SHARED
+    pdl = _pdl.enabled(x.device)
     _gemv_gate_up_kernel[(T * P, triton.cdiv(F, bf))](
         x, x if dense else ids, w1, w3, sg, su, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
         w3.stride(0), w3.stride(1), sg.stride(0), su.stride(0), h.stride(0), CD=cd, DENSE=dense,
-        SHARED=shared is not None, BLOCK_F=bf, BLOCK_D=bd, num_warps=cfg["gemv_warps"])
+        SHARED=shared is not None, BLOCK_F=bf, BLOCK_D=bd, PDL=pdl, launch_pdl=pdl,
+        num_warps=cfg["gemv_warps"])
     bdo = min(cfg["down_d"], triton.next_power_of_2(D))
     bf2 = min(cfg["down_f"], triton.next_power_of_2(F))
     out = y if dense else torch.empty((T * P, D), dtype=compute_dtype(x.dtype), device=x.device)
     _gemv_down_kernel[(T * P, triton.cdiv(D, bdo))](
         h, x if dense else ids, w2, sd, out, D, F, KE, h.stride(0), w2.stride(0), w2.stride(1),
         sd.stride(0), out.stride(0), CD=cd, DENSE=dense, SHARED=shared is not None, BLOCK_DO=bdo,
-        BLOCK_F=bf2, num_warps=cfg["down_warps"])
+        BLOCK_F=bf2, PDL=pdl, launch_pdl=pdl, num_warps=cfg["down_warps"])
     if not dense:
         bc = min(1024, triton.next_power_of_2(D))
         _combine_kernel[(T, triton.cdiv(D, bc))](
             out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, ADD=add,
-            SHARED=shared is not None, num_warps=4)
+            SHARED=shared is not None, PDL=pdl, launch_pdl=pdl, num_warps=4)
     return y
 
 

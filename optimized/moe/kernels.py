@@ -20,6 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._pdl import pdl_wait
 from ..elementwise.kernels import sigmoid_f, silu_f
 
 
@@ -27,8 +28,9 @@ from ..elementwise.kernels import sigmoid_f, silu_f
 def _router_kernel(logit_ptr, bias_ptr, w_ptr, id_ptr, T, E, EG, stride_l, scaling: tl.float64,
                    K: tl.constexpr, K_PAD: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                    KG: tl.constexpr, RENORM: tl.constexpr, BIASED: tl.constexpr, CD: tl.constexpr,
-                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):
+                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr = False):
     # One program routes BLOCK_T tokens. Ties in any max go to the lowest index (expert or group).
+    pdl_wait(PDL)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     e = tl.arange(0, BLOCK_E)
@@ -89,7 +91,8 @@ def _router_kernel(logit_ptr, bias_ptr, w_ptr, id_ptr, T, E, EG, stride_l, scali
 
 @triton.jit
 def _router_logits_kernel(x_ptr, w_ptr, out_ptr, T, E, D, sx, sw, so, CD: tl.constexpr,
-                          BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+                          BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
+                          PDL: tl.constexpr = False):
     # grid (cdiv(E, BLOCK_E), cdiv(T, BLOCK_T)); out[t, e] = sum_d x[t, d] w[e, d] in CD.
     # Order of the sum, the same for every output: BLOCK_D lane sums, lane j accumulating the
     # products of d = j, j + BLOCK_D, ... in ascending d, then one fixed tree over the lanes (tl.sum).
@@ -106,12 +109,18 @@ def _router_logits_kernel(x_ptr, w_ptr, out_ptr, T, E, D, sx, sw, so, CD: tl.con
     x_rows = x_ptr + t[:, None].to(tl.int64) * sx        # [BLOCK_T, 1]
     w_rows = w_ptr + e[:, None].to(tl.int64) * sw        # [BLOCK_E, 1]
     acc = tl.zeros([BLOCK_T, BLOCK_E, BLOCK_D], CD)
+    # the weight is read one slice ahead, its first slice before the wait (PDL: while the kernel
+    # before this one drains; the weight is no kernel's output)
+    b_next = tl.load(w_rows + d0[None, :], mask=em[:, None] & (d0 < D)[None, :], other=0.0)
+    pdl_wait(PDL)
     for k0 in range(0, D, BLOCK_D):
         d = k0 + d0
         dm = d < D
         # x widened in registers (bf16/fp16 -> fp32 is exact): no separate cast kernel
         a = tl.load(x_rows + d[None, :], mask=tm[:, None] & dm[None, :], other=0.0).to(CD)
-        b = tl.load(w_rows + d[None, :], mask=em[:, None] & dm[None, :], other=0.0)
+        b = b_next
+        b_next = tl.load(w_rows + (d + BLOCK_D)[None, :], mask=em[:, None] & (d + BLOCK_D < D)[None, :],
+                         other=0.0)
         acc += a[:, None, :] * b[None, :, :]              # CD products and sums: no TF32 anywhere
     out = tl.sum(acc, axis=2)
     tl.store(out_ptr + t[:, None].to(tl.int64) * so + e[None, :], out, mask=tm[:, None] & em[None, :])
@@ -156,11 +165,13 @@ def _gemv_pair(pair, ids_ptr, KE, DENSE: tl.constexpr, SHARED: tl.constexpr):
 @triton.jit
 def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr, h_ptr, D, F, KE,
                          sx, s1e, s1f, s3e, s3f, ss1f, ss3f, sh, CD: tl.constexpr, DENSE: tl.constexpr,
-                         SHARED: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
+                         SHARED: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr,
+                         PDL: tl.constexpr = False):
     # grid (pairs, cdiv(F, BLOCK_F)); h[pair, f] = silu(w1[e] x)[f] * (w3[e] x)[f]
     # DENSE: one expert (e = 0) and no ids (the dense MLP / shared expert). SHARED: each token's last
     # pair runs the shared expert (ws1, ws3) with the very code (and so the bits) of DENSE.
     pair = tl.program_id(0).to(tl.int64)
+    pdl_wait(PDL)  # the expert ids are the router's output
     tok, e, is_shared = _gemv_pair(pair, ids_ptr, KE, DENSE, SHARED)
     f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fm = f < F
@@ -190,13 +201,14 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr, h_ptr
 @triton.jit
 def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, KE, sh, s2e, s2d, ss2d, so,
                       CD: tl.constexpr, DENSE: tl.constexpr, SHARED: tl.constexpr,
-                      BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr):
+                      BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr, PDL: tl.constexpr = False):
     # grid (pairs, cdiv(D, BLOCK_DO)); out[pair, d] = (w2[e] h[pair])[d]: one program per
     # (pair, D tile), so a single token's 8 experts stream their rows in parallel (a program per D
     # tile looping over the experts left too few loads in flight). _combine_kernel then sums the
     # pairs of a token in order; DENSE: out is y itself (one expert, weight 1); SHARED: each
     # token's last pair is the shared expert (ws2).
     pair = tl.program_id(0).to(tl.int64)
+    pdl_wait(PDL)
     tok, e, is_shared = _gemv_pair(pair, ids_ptr, KE, DENSE, SHARED)
     d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
     dm = d < D
@@ -292,7 +304,7 @@ def _grouped_down_kernel(h_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w2_ptr, o
 
 @triton.jit
 def _combine_kernel(out_ptr, wts_ptr, y_ptr, D, KE, so, sy, CD: tl.constexpr, BLOCK_D: tl.constexpr,
-                    ADD: tl.constexpr = False, SHARED: tl.constexpr = False):
+                    ADD: tl.constexpr = False, SHARED: tl.constexpr = False, PDL: tl.constexpr = False):
     # grid (T, cdiv(D, BLOCK_D)); y[t] = sum_k wts[t, k] * out[t * P + k], k ascending (P = k_e, or
     # k_e + 1 with SHARED); ADD: y[t] += that sum rounded to y's dtype (the bits of a torch add of
     # the two, one launch fewer); SHARED: the same add, of out[t * P + k_e] rounded to y's dtype
@@ -302,6 +314,7 @@ def _combine_kernel(out_ptr, wts_ptr, y_ptr, D, KE, so, sy, CD: tl.constexpr, BL
     dm = d < D
     P = KE + 1 if SHARED else KE
     y = tl.zeros([BLOCK_D], CD)
+    pdl_wait(PDL)
     for k in range(0, KE):
         pair = t * P + k
         y += tl.load(wts_ptr + t * KE + k).to(CD) * tl.load(out_ptr + pair * so + d, mask=dm, other=0.0).to(CD)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from .. import _counters
+from .. import _counters, _pdl
 from ..elementwise._precision import check_float, check_same_device, check_shape, tl_compute_dtype
 from .kernels import _row_norm_kernel
 
@@ -63,12 +63,13 @@ def _launch(op: str, x: torch.Tensor, *, weight=None, gate=None, residual=None, 
     # rows per program fixed by D alone (never by n_rows): the reduction tree of a row, and so its
     # bytes, must not depend on how many rows come with it (batch invariance)
     rows = max(1, min(64, _TILE_ELEMS // block_d))
+    pdl = _pdl.enabled(x.device)
     _row_norm_kernel[(triton.cdiv(n_rows, rows),)](
         x2, r2, h2, g2, weight if weight is not None else x2, y2, n_rows, D,
         x2.stride(0), r2.stride(0), h2.stride(0), g2.stride(0), y2.stride(0), float(eps),
         MEAN=mean, HAS_W=weight is not None, HAS_GATE=gate is not None,
         HAS_RES=residual is not None, CD=tl_compute_dtype(x.dtype), ROWS=rows, BLOCK_D=block_d,
-        SINGLE=single, num_warps=4 if block_d <= 1024 else 8)
+        SINGLE=single, PDL=pdl, launch_pdl=pdl, num_warps=4 if block_d <= 1024 else 8)
     return y if residual is None else (y, h)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._pdl import pdl_wait
 from ..elementwise.kernels import sigmoid_f
 
 
@@ -46,7 +47,8 @@ def _load_tile(x_ptr, r_ptr, h_ptr, rows64, cols, m, stride_x, stride_r, stride_
 def _row_norm_kernel(x_ptr, r_ptr, h_ptr, g_ptr, w_ptr, y_ptr, n_rows, D, stride_x, stride_r, stride_h,
                      stride_g, stride_y, eps: tl.float64, MEAN: tl.constexpr, HAS_W: tl.constexpr,
                      HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr, CD: tl.constexpr,
-                     ROWS: tl.constexpr, BLOCK_D: tl.constexpr, SINGLE: tl.constexpr):
+                     ROWS: tl.constexpr, BLOCK_D: tl.constexpr, SINGLE: tl.constexpr,
+                     PDL: tl.constexpr = False):
     # y = x * rsqrt(sum(x^2) [/ D] + eps) [* w] [* sigmoid(g)], statistics in CD (fp32 or fp64);
     # with HAS_RES, x is h = x + r (stored to h_ptr).
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -54,6 +56,7 @@ def _row_norm_kernel(x_ptr, r_ptr, h_ptr, g_ptr, w_ptr, y_ptr, n_rows, D, stride
     rows64 = rows.to(tl.int64)
     cols0 = tl.arange(0, BLOCK_D)
     eps_c = tl.full([ROWS], eps, CD)
+    pdl_wait(PDL)
     if SINGLE:
         m = rmask[:, None] & (cols0[None, :] < D)
         x = _load_tile(x_ptr, r_ptr, h_ptr, rows64, cols0, m, stride_x, stride_r, stride_h,

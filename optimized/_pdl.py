@@ -1,0 +1,68 @@
+"""Programmatic dependent launch (PDL) for the decode path's Triton kernels (sm_90 and later).
+
+A kernel launched with PDL may be placed on the SMs while the kernel before it in the stream still
+runs, so its launch and ramp-up overlap that kernel's tail instead of following it. A decode step
+at B = 1 is hundreds of kernels of a few microseconds each, where that gap is a large share.
+
+One rule keeps it exact, and every kernel that takes a ``PDL`` flag keeps it: ``pdl_wait(PDL)``
+comes before any load of data another kernel writes and before any store, in every program (also
+those that then exit). It waits until the previous kernel has finished and its stores are
+visible; only inputs no kernel writes (weights) may be read before it. As no kernel can then
+finish before the one before it, the order holds down the whole stream, CUDA graphs included (a
+PDL launch is captured as a programmatic edge). The arithmetic is untouched: PDL never changes a
+bit, only when a kernel starts.
+
+Off on CPU, under the Triton interpreter, before sm_90, and with ``KIMI_PARITY_PDL=0`` (for an
+A/B measurement, ``benchmarks/bench_ops.py --pdl off``).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ._interpreter import interpreting
+
+try:  # Triton >= 3.3
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: PDL stays off
+    gdc_launch_dependents = gdc_wait = None
+
+ENV = "KIMI_PARITY_PDL"
+
+
+@functools.cache
+def _capable(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether kernels on ``device`` launch with PDL (read per launch: the environment switch
+    takes effect at once, e.g. between two captures of a benchmark)."""
+    if device.type != "cuda" or gdc_wait is None or interpreting():
+        return False
+    if os.environ.get(ENV, "1") == "0":
+        return False
+    return _capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr, LAUNCH_NEXT: tl.constexpr = True):
+    """Wait for the previous kernel in the stream (its stores visible), then (``LAUNCH_NEXT``) let
+    the next one launch. A no-op without PDL."""
+    if PDL:
+        gdc_wait()
+        if LAUNCH_NEXT:
+            gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_launch_next(PDL: tl.constexpr):
+    """Let the next kernel launch (for a kernel that waited with ``LAUNCH_NEXT=False``: its
+    programs then reach this late, so the next kernel's programs do not sit on the SMs through its
+    whole run). A no-op without PDL."""
+    if PDL:
+        gdc_launch_dependents()
