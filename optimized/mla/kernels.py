@@ -211,7 +211,9 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
     # [B, T, N, Vh]. Fuses the split merge, the W_UV GEMM and the output layout: one launch. The Vh
     # chunks are separate programs so the W_UV read spreads over more SMs at small batch; each
     # redoes the cheap merge (bitwise the same), and they are adjacent in launch order so they
-    # share the partials through L2.
+    # share the partials through L2. BLOCK_R < 16 (a small batch): the merge runs on the live rows
+    # only, and the dot on 16 rows, those rows repeated (a row's dot never depends on the others).
+    DOT_M: tl.constexpr = 16 if BLOCK_R < 16 else BLOCK_R
     v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     h = tl.program_id(1).to(tl.int64)
     r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -219,8 +221,6 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
     b = (r // T).to(tl.int64)
     t = (r % T).to(tl.int64)
     vmask = v < VH
-    optrs = o_ptr + b[:, None] * sob + t[:, None] * sot + h * soh + v[None, :]
-    omask = rmask[:, None] & vmask[None, :]
     lo = tl.arange(0, BLOCK_L)
     lmask = lo < L
     # W_UV is read after the merge, not before the wait: held through the merge, its tile cost
@@ -232,42 +232,50 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
         S_r = tl.load(slen_ptr + b, mask=rmask, other=0)
         live = rmask & (S_r > 0)
         if tl.max(live.to(tl.int32), axis=0) == 0:  # all padding: zeros, W_UV not read
-            tl.store(optrs, tl.zeros([BLOCK_R, BLOCK_V], o_ptr.dtype.element_ty), mask=omask)
+            tl.store(o_ptr + b[:, None] * sob + t[:, None] * sot + h * soh + v[None, :],
+                     tl.zeros([BLOCK_R, BLOCK_V], o_ptr.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
             return
     else:
         S_r = tl.zeros([BLOCK_R], tl.int32) + S
     n_split = _num_slices(S_r, split_keys, max_splits)  # per row: its sequence's slices
     stride_split = T * N
     base = (b * max_splits * T + t) * N + h  # partial row of slice 0
-    # every slice's (m, l) in one tile (a row's slices past its own count: m = -inf, weight 0)
+    # M: the max of every slice's m, read as one tile (a row's slices past its own count: -inf)
     spo = tl.arange(0, BLOCK_SP)
-    has = live[:, None] & (spo[None, :] < n_split[:, None])
-    ml = pml_ptr + (base[:, None] + spo[None, :] * stride_split) * 2
-    m_all = tl.load(ml, mask=has, other=float("-inf"))
-    l_all = tl.load(ml + 1, mask=has, other=0.0)
+    m_all = tl.load(pml_ptr + (base[:, None] + spo[None, :] * stride_split) * 2,
+                    mask=live[:, None] & (spo[None, :] < n_split[:, None]), other=float("-inf"))
     m_max = tl.where(live, tl.max(m_all, axis=1), 0.0)
-    w_all = tl.exp(m_all - m_max[:, None])  # 0 for an empty or absent slice
     num = tl.zeros([BLOCK_R, BLOCK_L], CD)
     den = tl.zeros([BLOCK_R], CD)
     n_max = tl.max(tl.where(live, n_split, 1), axis=0)
     # the sums run slice by slice in ascending order, as written: a tl.sum over the tile groups its
     # terms (and may contract them into FMAs) as the tile's layout spreads them, i.e. by BLOCK_SP,
-    # which follows the batch's capacity, not the sequence. MERGE_UNROLL partial loads in flight.
+    # which follows the batch's capacity, not the sequence. Each slice's (m, l) is loaded again
+    # (an L2 hit): taking a column out of the tile is a cross-lane reduction per slice.
+    # MERGE_UNROLL slices' loads in flight.
     for sp0 in range(0, n_max, MERGE_UNROLL):
         for j in tl.static_range(MERGE_UNROLL):
             sp = sp0 + j
             prow = base + sp * stride_split
-            # column sp of the tiles: one term and zeros, exact
-            wsp = tl.sum(tl.where(spo[None, :] == sp, w_all, 0.0), axis=1)
-            lsp = tl.sum(tl.where(spo[None, :] == sp, l_all, 0.0), axis=1)
+            has = live & (sp < n_split)
+            wsp = tl.exp(tl.load(pml_ptr + prow * 2, mask=has, other=float("-inf")) - m_max)  # 0: absent
+            lsp = tl.load(pml_ptr + prow * 2 + 1, mask=has, other=0.0)
             num += wsp[:, None] * tl.load(pacc_ptr + prow[:, None] * L + lo[None, :],
-                                          mask=(live & (sp < n_split))[:, None] & lmask[None, :], other=0.0)
+                                          mask=has[:, None] & lmask[None, :], other=0.0)
             den += wsp * lsp
     o_lat = tl.where(live[:, None], num / tl.where(live, den, 1.0)[:, None], 0.0).to(wuv_ptr.dtype.element_ty)
+    if BLOCK_R < DOT_M:  # row i of the dot is o_lat row i % BLOCK_R
+        o_lat = tl.reshape(tl.broadcast_to(o_lat[None, :, :], (DOT_M // BLOCK_R, BLOCK_R, BLOCK_L)),
+                           (DOT_M, BLOCK_L))
     wt = tl.load(wuv_ptr + h * swh + v[None, :].to(tl.int64) * swv + lo[:, None],
                  mask=lmask[:, None] & vmask[None, :], other=0.0)  # [BLOCK_L, BLOCK_V] = W_UV[h]^T
     o = tl.dot(o_lat, wt, input_precision="ieee", out_dtype=CD)
-    tl.store(optrs, o.to(o_ptr.dtype.element_ty), mask=omask)
+    i = tl.arange(0, DOT_M)  # the dot's first BLOCK_R rows are the program's rows
+    ro = tl.program_id(2) * BLOCK_R + i
+    bo = (ro // T).to(tl.int64)
+    to = (ro % T).to(tl.int64)
+    tl.store(o_ptr + bo[:, None] * sob + to[:, None] * sot + h * soh + v[None, :], o.to(o_ptr.dtype.element_ty),
+             mask=((i < BLOCK_R) & (ro < BT))[:, None] & vmask[None, :])
 
 
 @triton.jit

@@ -194,6 +194,10 @@ def test_split_keys_slices_each_sequence_by_its_own_length(dtype, block_size, mo
     lens = [150, 37, 0, 5, 90]
     q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup(lens, dtype, block_size=block_size, num_blocks=100, seed=12)
     o = mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=32)
+    # the epilogue's rows per program (8 here, 1 alone below, 16 from 9 rows up) never change a bit
+    monkeypatch.setitem(mla._TUNE, "BLOCK_R", 16)
+    assert torch.equal(mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=32), o), "16-row epilogue"
+    monkeypatch.delitem(mla._TUNE, "BLOCK_R")
     for b, n in enumerate(lens):
         if n == 0:
             assert torch.equal(o[b], torch.zeros_like(o[b])), f"idle row {b} not zero"
