@@ -19,10 +19,11 @@ compute in float64.
 Decode = 3 launches (q_lat GEMM, attention, merge + W_UV) and no host sync, so it can be captured in
 a CUDA graph. A sequence's key slices follow its own length (one per DECODE_SPLIT_KEYS keys, at
 most DECODE_MAX_SPLITS), never the batch. Measured on an H200 (bf16, N=32, L=512, pages of 64,
-CUDA-graph replay; floor = cache + w_kvb bytes at 4.3 TB/s; docs/BENCHMARKS.md, session 9):
-B=64 0.193 ms at 4k (2.7x floor), 1.01 ms at 32k (1.8x); B=1 36 us at 4k (11.7x), 62 us at 32k
-(5.8x), where three launches and their gaps are most of the time. Eager launches cost ~0.2 ms of
-host time per call (Triton's launcher).
+CUDA-graph replay, programmatic dependent launch; floor = cache + w_kvb bytes at 4.3 TB/s;
+docs/BENCHMARKS.md, session 10): B=64 0.184 ms at 4k (2.5x floor), 0.97 ms at 32k (1.7x); B=1
+31 us at 4k (10.3x), 49 us at 32k (4.6x), where a program's serial 64-key steps and the three
+launches are most of the time. Eager launches cost ~0.2 ms of host time per call (Triton's
+launcher).
 """
 from __future__ import annotations
 

@@ -6,8 +6,9 @@ them) so that ``experts`` combines with unrounded weights.
 
 Measured on an H200 (bf16, D=2304, F=1024, E=256, k_e=8, B=1, CUDA-graph replay): the model's
 decode layer (``router_logits``, ``router``, the routed experts with the shared expert as a ninth
-GEMV pair, five launches) 61 us against a 30 us floor (2.01x; 82 us and 2.7x with the shared
-expert in its own launches), ``benchmarks/bench_ops.py --only moe``.
+GEMV pair, five launches) 58 us against a 30 us floor (1.92x; 61 us and 2.03x without programmatic
+dependent launch, 82 us and 2.7x with the shared expert in its own launches),
+``benchmarks/bench_ops.py --only moe``.
 ``router_logits`` (the fp32 gate GEMM, batch invariant, x read in bf16; ``ROUTER_LOGITS`` tiles):
 4.7 us at T = 1 and 17.6 us at T = 64 with its weight read from HBM (``benchmarks/tune_moe.py``).
 """
