@@ -14,7 +14,8 @@ batch.
 ``slicing``: policies x BLOCK_N, then the launch settings of the best policies; ``epilogue``: the
 merge + W_UV kernel's settings (warps, partials in flight, Vh columns per program) under the
 default policy, including the short context of the model benchmark; ``stages``: the attention
-kernel's pipeline stages under the default policy, short contexts included.
+kernel's pipeline stages under the default policy, short contexts included; ``rows``: the
+attention's rows per program (16, 32, or 64: warpgroup MMAs on sm_90), warps and stages.
 """
 from __future__ import annotations
 
@@ -40,7 +41,10 @@ POLICIES = [(None, 8), (128, 32), (256, 32), (256, 64), (512, 32), (512, 64), (1
 #: keys per step of the online softmax (part of the reduction order, like the policy)
 BLOCK_NS = (32, 64)
 LAUNCH = [dict(BLOCK_M=m, num_stages=s, merge_unroll=u) for m, s, u in itertools.product((16, 32), (2, 3), (2, 8))]
-EPILOGUE = [dict(epi_warps=w, merge_unroll=u, BLOCK_V=v) for w, u, v in itertools.product((4, 8), (1, 2, 4, 8), (16, 32))]
+EPILOGUE = [dict(epi_warps=w, merge_unroll=u, BLOCK_V=v) for w, u, v in itertools.product((4, 8), (1, 2, 4, 8, 16, 32), (16, 32))]
+#: the attention's rows per program, warps and stages (64 rows on sm_90: warpgroup MMAs, wgmma)
+ROWS = [dict(BLOCK_M=m, num_warps=w, num_stages=s) for m, w, s in
+        ((16, 4, 3), (32, 4, 2), (32, 8, 2), (64, 4, 2), (64, 8, 1), (64, 8, 2))]
 
 def setup(B: int, S: int, g: torch.Generator):
     from optimized import mla
@@ -162,9 +166,25 @@ def sweep_stages(case: Case, rows: list) -> None:
               f"{'' if same else ' BITS DIFFER'} ({profile_line(replay)})", flush=True)
 
 
+def sweep_rows(case: Case, rows: list) -> None:
+    policy = None
+    _, ref_out, replay = case.timed(policy, {})
+    print(f"rows B={case.B} S={case.S} default: ({profile_line(replay)})", flush=True)
+    for launch in ROWS:
+        try:
+            ms, out, replay = case.timed(policy, launch)
+        except Exception as exc:  # noqa: BLE001 - a setting that does not compile is reported
+            print(f"rows B={case.B} S={case.S} {launch}: failed {type(exc).__name__}: {str(exc)[:120]}")
+            continue
+        same = bool(torch.equal(out, ref_out))
+        rows.append(case.row(part="rows", policy=policy, launch=launch, graph_ms=ms, same_bits=same))
+        print(f"rows B={case.B} S={case.S} {launch}: {ms * 1e3:.1f} us {ms / case.floor_ms:.2f}x"
+              f"{'' if same else ' BITS DIFFER'} ({profile_line(replay)})", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"], choices=["slicing", "epilogue", "stages"])
+    ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"], choices=["slicing", "epilogue", "stages", "rows"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--top", type=int, default=2, help="policies per shape swept over the launch settings")
     args = ap.parse_args(argv)
@@ -184,6 +204,8 @@ def main(argv=None):
             sweep_epilogue(case, rows)
         if "stages" in args.parts and (B, S) in STAGES_SHAPES:
             sweep_stages(case, rows)
+        if "rows" in args.parts and (B, S) in STAGES_SHAPES:
+            sweep_rows(case, rows)
         mla._TUNE.clear()
         del case
         torch.cuda.empty_cache()

@@ -188,17 +188,17 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
         # share the partials through L2. W_UV^T tiles [L, BLOCK_V] fit shared memory in every
         # dtype; at 4 warps and L = 512, ptxas (sm_90) spills with 64 bf16 columns.
         # (the CPU interpreter, where a program costs its Python overhead, takes 128-byte rows).
-        # Slices in flight per merge step (MERGE_UNROLL, bit-neutral): 8 rows' worth (8 // rows),
-        # 1 for 16-row blocks, whose tiles then spill (tune_mla.py --parts epilogue, H200, 16-row
-        # blocks: B=1 32k 72.9 -> 62.8 us with 8; B=64 at 64 keys 42.5 -> 34.6 us, at 4k 200.5 ->
-        # 193.8 us with 1)
+        # Slices in flight per merge step (MERGE_UNROLL, bit-neutral): 16 rows' worth (16 // rows),
+        # so 1 for 16-row blocks, whose tiles spill with more (tune_mla.py --parts epilogue, H200,
+        # session 10: B=1 32k 50.2 / 49.6 / 48.1 / 48.0 us with 1 / 8 / 16 / 32; B=64 64 keys 36.7
+        # us with 1, 419 with 8)
         bv = _TUNE.get("BLOCK_V", min(16 if dt.itemsize > 4 else 32, _pow2(Vh)) if q1.device.type == "cuda"
                        else min(128 // dt.itemsize, _pow2(Vh)))
         _mla_combine_uv_kernel[(triton.cdiv(Vh, bv), N, triton.cdiv(B * T, br))](
             pacc, pml, w_uv, out, seq_lens if seq_lens is not None else pml, B * T, T, S, N, DV, Vh,
             w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), out.stride(2),
             split_keys, max_splits, VAR_LEN=seq_lens is not None, BLOCK_SP=_pow2(max_splits, 2),
-            MERGE_UNROLL=_TUNE.get("merge_unroll", max(1, 8 // br)),
+            MERGE_UNROLL=_TUNE.get("merge_unroll", max(1, 16 // br)),
             CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV), BLOCK_V=bv, PDL=pdl, launch_pdl=pdl,
             num_warps=_TUNE.get("epi_warps", 4), num_stages=2 if dt.itemsize <= 2 else 1)
     elif not direct:
