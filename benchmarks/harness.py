@@ -108,6 +108,8 @@ def environment() -> dict:
     import torch
     import triton
 
+    from optimized._pdl import enabled as pdl_enabled
+
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                              cwd=Path(__file__).parent).stdout.strip() or None
@@ -120,7 +122,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "git_revision": rev,
         # programmatic dependent launch of the decode kernels (optimized._pdl; sm_90 and later)
-        "pdl": os.environ.get("KIMI_PARITY_PDL", "1") != "0",
+        "pdl": torch.cuda.is_available() and pdl_enabled(torch.device("cuda")),
     }
     try:
         import fla
@@ -139,7 +141,9 @@ def add_pdl_option(ap) -> None:
 
 
 def apply_pdl(choice: str) -> None:
-    os.environ["KIMI_PARITY_PDL"] = "1" if choice == "on" else "0"
+    from optimized import _pdl
+
+    os.environ[_pdl.ENV] = "1" if choice == "on" else "0"
 
 
 def save(results: list[Result], path: str | os.PathLike, *, command: str) -> None:

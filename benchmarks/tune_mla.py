@@ -154,31 +154,21 @@ def sweep_epilogue(case: Case, rows: list) -> None:
           f"best {best[1]} {best[0] * 1e3:.1f} us ({profile_line(best[2])})", flush=True)
 
 
-def sweep_stages(case: Case, rows: list) -> None:
-    policy = None
-    _, ref_out, _ = case.timed(policy, {})
-    for stages in (1, 2, 3):
-        ms, out, replay = case.timed(policy, {"num_stages": stages})
-        same = bool(torch.equal(out, ref_out))
-        rows.append(case.row(part="stages", policy=policy, launch={"num_stages": stages}, graph_ms=ms,
-                             same_bits=same))
-        print(f"stages B={case.B} S={case.S} num_stages={stages}: {ms * 1e3:.1f} us"
-              f"{'' if same else ' BITS DIFFER'} ({profile_line(replay)})", flush=True)
-
-
-def sweep_rows(case: Case, rows: list) -> None:
+def sweep_launches(case: Case, rows: list, part: str, launches: list) -> None:
+    """``launches`` (mla._TUNE settings) under the default policy: time, kernels, and whether the
+    output is bitwise the default setting's."""
     policy = None
     _, ref_out, replay = case.timed(policy, {})
-    print(f"rows B={case.B} S={case.S} default: ({profile_line(replay)})", flush=True)
-    for launch in ROWS:
+    print(f"{part} B={case.B} S={case.S} default: ({profile_line(replay)})", flush=True)
+    for launch in launches:
         try:
             ms, out, replay = case.timed(policy, launch)
         except Exception as exc:  # noqa: BLE001 - a setting that does not compile is reported
-            print(f"rows B={case.B} S={case.S} {launch}: failed {type(exc).__name__}: {str(exc)[:120]}")
+            print(f"{part} B={case.B} S={case.S} {launch}: failed {type(exc).__name__}: {str(exc)[:120]}")
             continue
         same = bool(torch.equal(out, ref_out))
-        rows.append(case.row(part="rows", policy=policy, launch=launch, graph_ms=ms, same_bits=same))
-        print(f"rows B={case.B} S={case.S} {launch}: {ms * 1e3:.1f} us {ms / case.floor_ms:.2f}x"
+        rows.append(case.row(part=part, policy=policy, launch=launch, graph_ms=ms, same_bits=same))
+        print(f"{part} B={case.B} S={case.S} {launch}: {ms * 1e3:.1f} us {ms / case.floor_ms:.2f}x"
               f"{'' if same else ' BITS DIFFER'} ({profile_line(replay)})", flush=True)
 
 
@@ -195,7 +185,7 @@ def main(argv=None):
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     shapes = list(dict.fromkeys(SHAPES + (EPILOGUE_SHAPES if "epilogue" in args.parts else [])
-                                + (STAGES_SHAPES if "stages" in args.parts else [])))
+                                + (STAGES_SHAPES if {"stages", "rows"} & set(args.parts) else [])))
     for B, S in shapes:
         case = Case(B, S, g)
         if "slicing" in args.parts and (B, S) in SHAPES:
@@ -203,9 +193,9 @@ def main(argv=None):
         if "epilogue" in args.parts and (B, S) in EPILOGUE_SHAPES:
             sweep_epilogue(case, rows)
         if "stages" in args.parts and (B, S) in STAGES_SHAPES:
-            sweep_stages(case, rows)
+            sweep_launches(case, rows, "stages", [{"num_stages": n} for n in (1, 2, 3)])
         if "rows" in args.parts and (B, S) in STAGES_SHAPES:
-            sweep_rows(case, rows)
+            sweep_launches(case, rows, "rows", ROWS)
         mla._TUNE.clear()
         del case
         torch.cuda.empty_cache()
