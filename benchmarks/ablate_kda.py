@@ -8,7 +8,7 @@ cannot fold away what follows them.
 
 Parts (each a @triton.jit helper of optimized/kda/chunk.py, replaced by module attribute before the
 first compile):
-  diag     `_diag_pairwise`: the diagonal block's 16 pairwise columns (exps, sums over K)
+  diag     `_diag_block`: the diagonal block's pairs through reference rows (4 levels of exps and dots)
   inverse  `_unit_lower_inverse`: the diagonal block's 15 forward-substitution steps
   cols     `_cols_through_ref`: the earlier sub-blocks' column loads, l2norm and exps (their dots stay)
   none     the kernel as built
@@ -30,9 +30,8 @@ PARTS = ("none", "diag", "inverse", "cols")
 
 
 @triton.jit
-def _diag_stand_in(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H: tl.constexpr,
-                   HV: tl.constexpr, K: tl.constexpr, dk, mk, BC: tl.constexpr, L2NORM: tl.constexpr,
-                   ACC: tl.constexpr):
+def _diag_stand_in(k, Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl.constexpr, dk, mk,
+                   BC: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr):
     A = tl.where(c16[:, None] > c16[None, :], 1e-3 * r0.to(ACC), 0.0)
     return A, A
 
@@ -48,7 +47,7 @@ def _cols_stand_in(k, Gc, tokT, okT, i_h, i_hv, H: tl.constexpr, HV: tl.constexp
     return (dk[:, None] + tokT[None, :]).to(ACC) * 1e-6
 
 
-STAND_INS = {"diag": ("_diag_pairwise", _diag_stand_in), "inverse": ("_unit_lower_inverse", _inverse_stand_in),
+STAND_INS = {"diag": ("_diag_block", _diag_stand_in), "inverse": ("_unit_lower_inverse", _inverse_stand_in),
              "cols": ("_cols_through_ref", _cols_stand_in)}
 
 

@@ -16,13 +16,16 @@ Kernels (grid in brackets):
    difference is formed:
    - earlier sub-blocks through the reference row ``r = a*BC``: ``exp(G_i - G_r) * exp(G_r - G_j)``
      with i >= r > j, both factors <= 1, as tl.dot;
-   - the diagonal sub-block pairwise, ``exp(G_i - G_j)`` with the exponent masked to -inf for j > i
-     *before* exp; then its inverse ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution (BC - 1
-     rank-1 steps), stored in place of the block (Akk is kept in ACC). (Through the reference row as
-     dots where the decay span allows, with the inverse as a product of four factors: 16x fewer exps
-     but 10% slower on the H200, 590 against 533 us at T=4096.)
+   - the diagonal sub-block the same way, each pair i > j through the reference row at the highest
+     bit where i and j differ (i >= r > j again): four levels of dots, squares of 8, 4, 2 and 1 rows
+     (``_diag_block``; the pairwise form it replaced, ``exp(G_i - G_j)`` masked before exp, 16
+     [BC, K] exp-and-sum steps, was 5.1 of the kernel's 8.2 ms at T = 65536); then its inverse
+     ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution (BC - 1 rank-1 steps), stored in place
+     of the block (Akk is kept in ACC). In a bf16 run the diagonal block's products, like the other
+     blocks', take bf16 operands.
    Small ``[BC, K]`` tiles: four programs per chunk and head (one whole-chunk program for kernels 2
-   and 3 took 958 us at T=4096 on the H200, these two 634 us).
+   and 3 took 958 us at T=4096 on the H200, these two 634 us), two warps each (a 16-row tl.dot on
+   more warps repeats the product on each; 4 warps 5.2 ms at T = 65536, 2 warps 3.7 ms).
 3. ``_wy_kernel`` [chunks, B*HV]: with N = D Akk_offdiag (strictly block-lower, N^(BT/BC) = 0),
    ``M = (I + N)^-1 D = (I - N)(I + N^2) D`` for BT = 64 (exact algebra, 4 tl.dots), then w and u.
 4. ``_state_kernel`` [V/32, N*HV]: the sequential pass over chunks, S in ACC registers; per chunk two
@@ -95,25 +98,38 @@ def _cols_through_ref(k, Gc, tokT, okT, i_h, i_hv, H: tl.constexpr, HV: tl.const
 
 
 @triton.jit
-def _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H: tl.constexpr,
-                   HV: tl.constexpr, K: tl.constexpr, dk, mk, BC: tl.constexpr, L2NORM: tl.constexpr,
-                   ACC: tl.constexpr):
-    """The diagonal sub-block of (Akk, Aqk), one column j = r0 + s per step, each ``exp(G_i - G_j)``
-    with its exponent masked to -inf for j > i *before* exp: safe for any decay."""
+def _diag_block(k, Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl.constexpr, dk, mk,
+                BC: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr):
+    """The diagonal sub-block of (Akk, Aqk) without an exponent of a positive difference: each pair
+    i > j is formed through the reference row r with i >= r > j at the highest bit where i and j
+    differ (``r = i`` with that bit's lower bits cleared), ``exp(G_i - G_r) * exp(G_r - G_j)``, both
+    factors <= 1. One level per bit (squares of 8, 4, 2, 1 rows for BC = 16), each two tl.dots over K
+    masked to its squares; Aqk's diagonal ``q_i . k_i`` (decay 1) directly. ``log2(BC)`` [BC, K]
+    exp pairs instead of BC pairwise [BC, K] exps and 2 BC cross-lane sums."""
+    tl.static_assert(BC == 16)
     A = tl.zeros([BC, BC], dtype=ACC)
     Qm = tl.zeros([BC, BC], dtype=ACC)
-    for s in tl.static_range(0, BC):  # unrolled: the row loads of later steps issue early
-        j = t0 + r0 + s
-        kj = tl.load(k + (j * H + i_h) * K + dk, mask=mk & (dk * 0 + j < eos), other=0.0).to(ACC)
-        if L2NORM:
-            kj = kj / tl.sqrt(tl.reduce(kj * kj, 0, SUM) + 1e-6)
-        Gj = tl.load(Gc + (tl.minimum(j, last) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
-        kje = kj[None, :] * tl.exp(tl.where((r0 + s <= rows)[:, None], Gm - Gj[None, :], float("-inf")))
-        a_val = tl.reduce(kt * kje, 1, SUM)
-        q_val = tl.reduce(qt * kje, 1, SUM)
-        hit = (c16 == s)[None, :]
-        A = tl.where(hit & (r0 + s < rows)[:, None], a_val[:, None], A)
-        Qm = tl.where(hit, q_val[:, None], Qm)
+    for lvl in tl.static_range(0, 4):
+        s = BC >> (lvl + 1)
+        row_in = (c16 & s) != 0            # rows below a reference row at this level
+        col_in = (c16 & s) == 0            # columns above one
+        ref_r = tl.where(row_in, (c16 // s) * s, c16)      # r <= i (i itself: factor 1)
+        ref_c = tl.where(col_in, (c16 // s + 1) * s, c16)  # r > j (j itself: factor 1)
+        Gq = tl.load(Gc + (tl.minimum(t0 + r0 + ref_c, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                     mask=mk[None, :], other=0.0).to(ACC)
+        right = tl.trans(kt * tl.exp(Gq - Gm))  # [K, BC]
+        sq = ((c16 // (2 * s))[:, None] == (c16 // (2 * s))[None, :]) & row_in[:, None] & col_in[None, :]
+        if s == 1:  # every row is its own reference: the left factor is exp(0) = 1
+            A = tl.where(sq, dot(kt, right, DT, ACC), A)
+            Qm = tl.where(sq, dot(qt, right, DT, ACC), Qm)
+        else:
+            Gr = tl.load(Gc + (tl.minimum(t0 + r0 + ref_r, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                         mask=mk[None, :], other=0.0).to(ACC)
+            left = tl.exp(Gm - Gr)
+            A = tl.where(sq, dot(kt * left, right, DT, ACC), A)
+            Qm = tl.where(sq, dot(qt * left, right, DT, ACC), Qm)
+    qk = tl.reduce(qt * kt, 1, SUM)
+    Qm = tl.where(c16[:, None] == c16[None, :], qk[:, None], Qm)
     return A, Qm
 
 
@@ -168,25 +184,8 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
 
     c16 = tl.arange(0, BC)
     off = (tok * HV + i_hv)[:, None] * BT + c16[None, :]  # + column block * BC
-    # -- earlier sub-blocks bb < a through the reference row r0: exp(G_i - G_r0) exp(G_r0 - G_j) with
-    # i >= r0 > j, both factors <= 1
-    Gr = tl.load(Gc + (tl.minimum(t0 + r0, last) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
-    left = tl.exp(Gm - Gr[None, :])
-    kl = kt * left
-    ql = qt * left
-    for bb in range(0, i_a):
-        tokT = t0 + bb * BC + c16  # all before r0, so < eos
-        rT = _cols_through_ref(k, Gc, tokT, tokT < eos, i_h, i_hv, H, HV, K, dk, mk, last, Gr, L2NORM, ACC)
-        Ab = dot(kl, rT, DT, ACC)
-        Qb = dot(ql, rT, DT, ACC)
-        tl.store(Ak + off + bb * BC, (Ab * b[:, None]).to(Ak.dtype.element_ty), mask=valid[:, None])
-        # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
-        tl.store(Aq + off + bb * BC, (Qb * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
-
-    # -- the diagonal sub-block, pairwise
-    A, Qm = _diag_pairwise(k, Gc, kt, qt, Gm, t0, r0, rows, c16, eos, last, i_h, i_hv, H, HV, K, dk, mk,
-                           BC, L2NORM, ACC)
-    # D = (I + beta*A_aa)^-1
+    # -- the diagonal sub-block, through reference rows inside it, and D = (I + beta*A_aa)^-1
+    A, Qm = _diag_block(k, Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV, K, dk, mk, BC, DT, ACC)
     X = _unit_lower_inverse(A * b[:, None], c16, BC, ACC)
     tl.store(Ak + off + r0, X.to(Ak.dtype.element_ty), mask=valid[:, None])
     tl.store(Aq + off + r0, (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
@@ -201,6 +200,21 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
              (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
     tl.store(qg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
              ((qt * tl.exp(Gm)) * scale).to(qg.dtype.element_ty), mask=m2)
+
+    # -- earlier sub-blocks bb < a through the reference row r0: exp(G_i - G_r0) exp(G_r0 - G_j) with
+    # i >= r0 > j, both factors <= 1. Last, so only the two DT row tiles stay live through the loop.
+    Gr = tl.load(Gc + (tl.minimum(t0 + r0, last) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
+    left = tl.exp(Gm - Gr[None, :])
+    kl = (kt * left).to(DT)
+    ql = (qt * left).to(DT)
+    for bb in range(0, i_a):
+        tokT = t0 + bb * BC + c16  # all before r0, so < eos
+        rT = _cols_through_ref(k, Gc, tokT, tokT < eos, i_h, i_hv, H, HV, K, dk, mk, last, Gr, L2NORM, ACC)
+        Ab = dot(kl, rT, DT, ACC)
+        Qb = dot(ql, rT, DT, ACC)
+        tl.store(Ak + off + bb * BC, (Ab * b[:, None]).to(Ak.dtype.element_ty), mask=valid[:, None])
+        # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
+        tl.store(Aq + off + bb * BC, (Qb * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
 
 
 @triton.jit
@@ -444,7 +458,7 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     _LAUNCHED["blocks"] = _blocks_kernel[(n_chunks, B * HV, BT // BC)](
         q, k, G, beta, Ak, Aq, kg, qg, cu, cidx, scale, T,
         H=H, HV=HV, K=K, BT=BT, BC=BC, BK=BK, L2NORM=fused, IS_VARLEN=varlen,
-        num_warps=_TUNE.get("blocks_warps", 4), num_stages=_TUNE.get("blocks_stages", 2))
+        num_warps=_TUNE.get("blocks_warps", 2), num_stages=_TUNE.get("blocks_stages", 2))
     _LAUNCHED["wy"] = _wy_kernel[(n_chunks, B * HV)](
         k, v, G, beta, w, u, Ak, cu, cidx, T,
         H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV, NV=cdiv(V, BV),
