@@ -1,6 +1,7 @@
 """Launch-configuration sweep of the chunked KDA kernels (``optimized.kda.chunk._TUNE``): per-kernel
 GPU time of ``fused_chunked`` (bf16, H=32, K=V=128) for each setting, so the defaults are chosen from
-measurements. None of the settings changes a row's arithmetic.
+measurements. None of the settings changes a row's arithmetic, except gate_warps: the layout of the
+gate kernel's prefix sum can change its association (within the bounds; re-certify after changing it).
 
     python benchmarks/tune_kda.py [--T 4096 65536]
 """
@@ -16,14 +17,16 @@ from benchmarks.bench_kda import prefill_inputs  # noqa: E402
 from benchmarks.harness import kernel_profile  # noqa: E402
 
 WY = [{"wy_warps": w, "wy_stages": st} for w in (2, 4, 8) for st in (2, 3)]
-BLOCKS = [{"blocks_warps": w} for w in (2, 4, 8)]
+BLOCKS = [{"blocks_warps": w} for w in (1, 2, 4)]
+GATE = [{"gate_warps": w} for w in (1, 2, 4, 8)]
 STATE = [{"state_bv": bv, "state_warps": w} for bv in (16, 32, 64) for w in (2, 4)]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, nargs="*", default=[4096, 65536])
-    ap.add_argument("--kernels", nargs="*", default=["blocks", "wy", "state"], choices=["blocks", "wy", "state"])
+    ap.add_argument("--kernels", nargs="*", default=["gate", "blocks", "wy", "state"],
+                    choices=["gate", "blocks", "wy", "state"])
     ap.add_argument("--best-out", default=None, help="write the fastest setting per kernel here (JSON)")
     args = ap.parse_args(argv)
     best: dict = {}
@@ -32,7 +35,8 @@ def main(argv=None):
 
     for T in args.T:
         inputs = prefill_inputs(1, T)
-        sweep = ([(s, "_blocks_kernel") for s in BLOCKS] if "blocks" in args.kernels else []) + \
+        sweep = ([(s, "_gate_cumsum_kernel") for s in GATE] if "gate" in args.kernels else []) + \
+                ([(s, "_blocks_kernel") for s in BLOCKS] if "blocks" in args.kernels else []) + \
                 ([(s, "_wy_kernel") for s in WY] if "wy" in args.kernels else []) + \
                 ([(s, "_state_kernel") for s in STATE] if "state" in args.kernels else [])
         for settings, kernel in sweep:

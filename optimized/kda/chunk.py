@@ -373,9 +373,10 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
              mask=valid[:, None] & mv[None, :])
 
 
-#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: blocks_warps,
-#: blocks_stages, wy_warps, wy_stages, state_bv, state_warps, state_stages). None of them changes a
-#: row's arithmetic: the state pass splits V columns, which never mix.
+#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: gate_warps,
+#: blocks_warps, blocks_stages, wy_warps, wy_stages, state_bv, state_warps, state_stages). None of them
+#: changes a row's arithmetic (the state pass splits V columns, which never mix) except gate_warps, whose
+#: layout can re-associate the gate's prefix sum.
 _TUNE: dict = {}
 #: The compiled kernels of the last launches, by kernel (benchmarks/tune_kda.py reports their
 #: registers and spills; the interpreter records None).
@@ -445,7 +446,8 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     G, beta_f = gate_chunk_cumsum(g, A_log=A_log if fused else None,
                                   dt_bias=dt_bias if fused else None,
                                   beta_logits=beta if fused else None, chunk_size=BT, cumsum=True,
-                                  cu=cu, cidx=cidx, grid_chunks=n_chunks, acc=acc)
+                                  cu=cu, cidx=cidx, grid_chunks=n_chunks, acc=acc,
+                                  num_warps=_TUNE.get("gate_warps", 8))
     if fused:
         beta = beta_f
     # 2-3. intra-chunk matrices and the diagonal blocks' inverses; the merged inverse and WY
@@ -469,7 +471,7 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     vnew = torch.empty_like(u)
     ht = torch.empty(N, HV, K, V, dtype=acc, device=dev)
     # smaller V blocks: more programs for the sequential pass, fewer registers
-    BVs = _TUNE.get("state_bv", min(32, BV))
+    BVs = _TUNE.get("state_bv", min(16, BV))
     _LAUNCHED["state"] = _state_kernel[(cdiv(V, BVs), N * HV)](
         kg, w, u, G, vnew, h, h0, ht, cu, co, T, NT,
         HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVs, HAS_H0=h0 is not None,

@@ -55,13 +55,14 @@ def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T
 
 
 def gate_chunk_cumsum(g, *, A_log=None, dt_bias=None, beta_logits=None, chunk_size=64,
-                      cumsum=True, cu=None, cidx=None, grid_chunks=None, acc=None):
+                      cumsum=True, cu=None, cidx=None, grid_chunks=None, acc=None, num_warps=4):
     """Launch the gate kernel (internal; no argument checks, no launch counter).
 
     g: [B,T,HV,K] (``g_raw`` when ``A_log``/``dt_bias`` are given, else the log-decay). Returns
     ``(G [B,T,HV,K], beta [B,T,HV] or None)`` in ``acc`` (float32/float64): ``G`` holds the
     within-chunk inclusive prefix sums when ``cumsum`` (chunks of ``chunk_size``; with ``cu``/``cidx``
     from :func:`._common.varlen_chunk_plan` they restart at each sequence start), else the gate itself.
+    ``num_warps`` is a launch setting (no effect on the result).
     """
     B, T, HV, K = g.shape
     acc = acc or acc_dtype(g.dtype)
@@ -76,7 +77,7 @@ def gate_chunk_cumsum(g, *, A_log=None, dt_bias=None, beta_logits=None, chunk_si
     _gate_cumsum_kernel[(nchunks, B * HV)](
         g, A_log, dt_bias, beta_logits, G, beta, cu, cidx, T,
         HV=HV, K=K, BT=BT, BK=block_k(K), RAW=raw, CUMSUM=cumsum, HAS_BETA=has_beta,
-        IS_VARLEN=cidx is not None, num_warps=4)
+        IS_VARLEN=cidx is not None, num_warps=num_warps)
     return G, beta
 
 
