@@ -30,7 +30,7 @@ PARTS = ("none", "diag", "inverse", "cols")
 
 
 @triton.jit
-def _diag_stand_in(k, Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl.constexpr, dk, mk,
+def _diag_stand_in(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl.constexpr, dk, mk,
                    BC: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr):
     A = tl.where(c16[:, None] > c16[None, :], 1e-3 * r0.to(ACC), 0.0)
     return A, A

@@ -28,9 +28,9 @@ Kernels (grid in brackets):
    more warps repeats the product on each; 4 warps 5.2 ms at T = 65536, 2 warps 3.7 ms).
 3. ``_wy_kernel`` [chunks, B*HV]: with N = D Akk_offdiag (strictly block-lower, N^(BT/BC) = 0),
    ``M = (I + N)^-1 D = (I - N)(I + N^2) D`` for BT = 64 (exact algebra, 4 tl.dots), then w and u.
-4. ``_state_kernel`` [V/32, N*HV]: the sequential pass over chunks, S in ACC registers; per chunk two
+4. ``_state_kernel`` [V/16, N*HV]: the sequential pass over chunks, S in ACC registers; per chunk two
    dependent dots; stores the chunk-start state h and v_new, returns the final state.
-5. ``_output_kernel`` [V/64, chunks, B*HV]: o = qg h + Aqk v_new.
+5. ``_output_kernel`` [V/BV, chunks, B*HV]: o = qg h + Aqk v_new (BV = 128 in 16-bit runs).
 
 Ragged final chunks: rows past the sequence end load k = q = v = beta = 0 and G of the last valid
 row (G loads clamp the row index), so G stays non-increasing, finite, and ``G[BT-1] = G_last``.
@@ -98,7 +98,7 @@ def _cols_through_ref(k, Gc, tokT, okT, i_h, i_hv, H: tl.constexpr, HV: tl.const
 
 
 @triton.jit
-def _diag_block(k, Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl.constexpr, dk, mk,
+def _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl.constexpr, dk, mk,
                 BC: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr):
     """The diagonal sub-block of (Akk, Aqk) without an exponent of a positive difference: each pair
     i > j is formed through the reference row r with i >= r > j at the highest bit where i and j
@@ -185,7 +185,7 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
     c16 = tl.arange(0, BC)
     off = (tok * HV + i_hv)[:, None] * BT + c16[None, :]  # + column block * BC
     # -- the diagonal sub-block, through reference rows inside it, and D = (I + beta*A_aa)^-1
-    A, Qm = _diag_block(k, Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV, K, dk, mk, BC, DT, ACC)
+    A, Qm = _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV, K, dk, mk, BC, DT, ACC)
     X = _unit_lower_inverse(A * b[:, None], c16, BC, ACC)
     tl.store(Ak + off + r0, X.to(Ak.dtype.element_ty), mask=valid[:, None])
     tl.store(Aq + off + r0, (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])

@@ -62,7 +62,7 @@ def gate_chunk_cumsum(g, *, A_log=None, dt_bias=None, beta_logits=None, chunk_si
     ``(G [B,T,HV,K], beta [B,T,HV] or None)`` in ``acc`` (float32/float64): ``G`` holds the
     within-chunk inclusive prefix sums when ``cumsum`` (chunks of ``chunk_size``; with ``cu``/``cidx``
     from :func:`._common.varlen_chunk_plan` they restart at each sequence start), else the gate itself.
-    ``num_warps`` is a launch setting (no effect on the result).
+    ``num_warps`` is a launch setting; its layout can re-associate the prefix sum (in bounds).
     """
     B, T, HV, K = g.shape
     acc = acc or acc_dtype(g.dtype)
