@@ -5,12 +5,14 @@ ablate_kda.py), its output and final state compared bitwise with the kernel on m
     python benchmarks/candidates_kda.py [--shapes 1x4096 1x65536] [--warps 2]   # GPU: bits and time
     python benchmarks/candidates_kda.py --inspect [--warps 2 4]                  # no GPU: sm_90 builds
 
-Candidates:
-  diag-stacked  `_diag_block` with each level's key and query products stacked into one 32-row
-                tl.dot ([kt*left; qt*left] @ right): on 2 warps each warp one 16-row tile, where
-                two 16-row dots repeat every product on both warps. Offline (triton 3.9, 2 warps):
-                216 registers and no stack against 255 and 128 B, mma 96 against 160, bar.sync 79
-                against 41. Bitwise equal under the interpreter (tests/benchmarks).
+Candidates (a @triton.jit replacement defined here, registered in CANDIDATES): none pending.
+
+History (H200, session 12, 2 warps, T = 65536; blocks kernel time against main's):
+  diag-shared   `_diag_block` with one [BC, K] exp and one G gather per level, not two (the rows of
+                a level's left factors and the columns of its right factors are complementary):
+                bitwise equal, 3.93 -> 3.63 ms; now main's `_diag_block`.
+  diag-stacked  each level's key and query products as one 32-row dot: bitwise equal under the
+                interpreter but not on the GPU, and 2.3x slower (8.45 ms against 3.65); dropped.
 """
 from __future__ import annotations
 
@@ -22,56 +24,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import triton
-import triton.language as tl
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from optimized.kda._common import SUM, dot  # noqa: E402
 
-
-@triton.jit
-def _stack_rows(a, b, N: tl.constexpr, K: tl.constexpr):
-    """[2N, K]: the rows of a, then those of b."""
-    return tl.reshape(tl.permute(tl.join(a, b), (2, 0, 1)), (2 * N, K))
-
-
-@triton.jit
-def _diag_block_stacked(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl.constexpr, dk,
-                        mk, BC: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr):
-    """optimized.kda.chunk._diag_block with the two products of a level as one 32-row dot."""
-    tl.static_assert(BC == 16)
-    BK: tl.constexpr = kt.shape[1]
-    A = tl.zeros([BC, BC], dtype=ACC)
-    Qm = tl.zeros([BC, BC], dtype=ACC)
-    for lvl in tl.static_range(0, 4):
-        s = BC >> (lvl + 1)
-        row_in = (c16 & s) != 0
-        col_in = (c16 & s) == 0
-        ref_r = tl.where(row_in, (c16 // s) * s, c16)
-        ref_c = tl.where(col_in, (c16 // s + 1) * s, c16)
-        Gq = tl.load(Gc + (tl.minimum(t0 + r0 + ref_c, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                     mask=mk[None, :], other=0.0).to(ACC)
-        right = tl.trans(kt * tl.exp(Gq - Gm))
-        sq = ((c16 // (2 * s))[:, None] == (c16 // (2 * s))[None, :]) & row_in[:, None] & col_in[None, :]
-        if s == 1:
-            lk = kt
-            lq = qt
-        else:
-            Gr = tl.load(Gc + (tl.minimum(t0 + r0 + ref_r, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                         mask=mk[None, :], other=0.0).to(ACC)
-            left = tl.exp(Gm - Gr)
-            lk = kt * left
-            lq = qt * left
-        both = dot(_stack_rows(lk.to(DT), lq.to(DT), BC, BK), right, DT, ACC)  # [2 BC, BC]
-        a_l, q_l = tl.split(tl.permute(tl.reshape(both, (2, BC, BC)), (1, 2, 0)))
-        A = tl.where(sq, a_l, A)
-        Qm = tl.where(sq, q_l, Qm)
-    qk = tl.reduce(qt * kt, 1, SUM)
-    Qm = tl.where(c16[:, None] == c16[None, :], qk[:, None], Qm)
-    return A, Qm
-
-
-CANDIDATES = {"diag-stacked": ("_diag_block", _diag_block_stacked)}
+#: name: (helper of optimized.kda.chunk, the replacement); none registered now (see above)
+CANDIDATES: dict = {}
 
 
 def swap_in(name: str) -> None:

@@ -31,12 +31,11 @@ from triton.compiler import ASTSource  # noqa: E402
 # kernel: (pointer and scalar arguments with their types, constexpr arguments)
 KERNELS = {
     "blocks": ({"q": "*bf16", "k": "*bf16", "Gc": "*fp32", "beta": "*fp32", "Ak": "*fp32", "Aq": "*bf16",
-                "kg": "*bf16", "qg": "*bf16", "cu": "*i32", "cidx": "*i32", "scale": "fp64", "T": "i32"},
+                "kg": "*bf16", "qg": "*bf16", "kb": "*bf16", "cu": "*i32", "cidx": "*i32", "scale": "fp64", "T": "i32"},
                dict(H=32, HV=32, K=128, BT=64, BC=16, BK=128, L2NORM=True, IS_VARLEN=False)),
-    "wy": ({"k": "*bf16", "v": "*bf16", "Gc": "*fp32", "beta": "*fp32", "w": "*bf16", "u": "*bf16",
+    "wy": ({"kb": "*bf16", "v": "*bf16", "beta": "*fp32", "w": "*bf16", "u": "*bf16",
             "Ak": "*fp32", "cu": "*i32", "cidx": "*i32", "T": "i32"},
-           dict(H=32, HV=32, K=128, V=128, BT=64, BC=16, LOG2_NB=2, BK=128, BV=64, NV=2, L2NORM=True,
-                IS_VARLEN=False)),
+           dict(HV=32, K=128, V=128, BT=64, BC=16, LOG2_NB=2, BK=128, BV=64, NV=2, IS_VARLEN=False)),
     "state": ({"kg": "*bf16", "w": "*bf16", "u": "*bf16", "Gc": "*fp32", "vnew": "*bf16", "h": "*bf16",
                "h0": "*fp32", "ht": "*fp32", "cu": "*i32", "co": "*i32", "T": "i32", "NT": "i32"},
               dict(HV=32, K=128, V=128, BT=64, BK=128, BV=32, HAS_H0=True, IS_VARLEN=False)),

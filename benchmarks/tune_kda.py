@@ -1,7 +1,8 @@
 """Launch-configuration sweep of the chunked KDA kernels (``optimized.kda.chunk._TUNE``): per-kernel
 GPU time of ``fused_chunked`` (bf16, H=32, K=V=128) for each setting, so the defaults are chosen from
-measurements. None of the settings changes a row's arithmetic, except gate_warps: the layout of the
-gate kernel's prefix sum can change its association (within the bounds; re-certify after changing it).
+measurements. None of the settings changes a row's arithmetic, except gate_warps and gate_bk: the
+layout of the gate kernel's prefix sum can change its association (within the bounds; re-certify
+after changing it).
 
     python benchmarks/tune_kda.py [--T 4096 65536]
 """
@@ -18,7 +19,7 @@ from benchmarks.harness import kernel_profile  # noqa: E402
 
 WY = [{"wy_warps": w, "wy_stages": st} for w in (2, 4, 8) for st in (2, 3)]
 BLOCKS = [{"blocks_warps": w} for w in (1, 2, 4)]
-GATE = [{"gate_warps": w} for w in (1, 2, 4, 8)]
+GATE = [{"gate_warps": w, "gate_bk": bk} for bk in (32, 64, 128) for w in (2, 4, 8)]
 STATE = [{"state_bv": bv, "state_warps": w} for bv in (16, 32, 64) for w in (2, 4)]
 
 

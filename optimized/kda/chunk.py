@@ -10,32 +10,36 @@ inclusive prefix sum of the log-decay g within the chunk (g <= 0, so G is non-in
 
 Kernels (grid in brackets):
 
-1. ``_gate_cumsum_kernel`` (gate.py) [chunks, B*HV]: G (fused: the gate and beta = sigmoid too).
+1. ``_gate_cumsum_kernel`` (gate.py) [chunks, B*HV, K/64]: G (fused: the gate and beta = sigmoid
+   too); 64-channel programs on 4 warps (0.86 -> 0.70 ms at T = 65536 against 128 on 8).
 2. ``_blocks_kernel`` [chunks, B*HV, BT/BC]: the rows of one ``BC = 16`` row sub-block a of Akk and
-   Aqk, and their kg, qg (every exp of the pipeline is taken here). No exponent of a positive
+   Aqk, and their kg, qg, kb (every exp of the pipeline is taken here). No exponent of a positive
    difference is formed:
    - earlier sub-blocks through the reference row ``r = a*BC``: ``exp(G_i - G_r) * exp(G_r - G_j)``
      with i >= r > j, both factors <= 1, as tl.dot;
    - the diagonal sub-block the same way, each pair i > j through the reference row at the highest
-     bit where i and j differ (i >= r > j again): four levels of dots, squares of 8, 4, 2 and 1 rows
-     (``_diag_block``; the pairwise form it replaced, ``exp(G_i - G_j)`` masked before exp, 16
-     [BC, K] exp-and-sum steps, was 5.1 of the kernel's 8.2 ms at T = 65536); then its inverse
-     ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution (BC - 1 rank-1 steps), stored in place
-     of the block (Akk is kept in ACC). In a bf16 run the diagonal block's products, like the other
-     blocks', take bf16 operands.
+     bit where i and j differ (i >= r > j again): four levels of dots, squares of 8, 4, 2 and 1 rows,
+     one exp tile each (``_diag_block``; the pairwise form it replaced, ``exp(G_i - G_j)`` masked
+     before exp, 16 [BC, K] exp-and-sum steps, was 5.1 of the kernel's 8.2 ms at T = 65536); then
+     its inverse ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution (BC - 1 rank-1 steps),
+     stored in place of the block (Akk is kept in ACC). In a bf16 run the diagonal block's
+     products, like the other blocks', take bf16 operands.
    Small ``[BC, K]`` tiles: four programs per chunk and head (one whole-chunk program for kernels 2
    and 3 took 958 us at T=4096 on the H200, these two 634 us), two warps each (a 16-row tl.dot on
    more warps repeats the product on each; 4 warps 5.2 ms at T = 65536, 2 warps 3.7 ms).
 3. ``_wy_kernel`` [chunks, B*HV]: with N = D Akk_offdiag (strictly block-lower, N^(BT/BC) = 0),
-   ``M = (I + N)^-1 D = (I - N)(I + N^2) D`` for BT = 64 (exact algebra, 4 tl.dots), then w and u.
+   ``M = (I + N)^-1 D = (I - N)(I + N^2) D`` for BT = 64 (exact algebra, 4 tl.dots), then
+   ``w = M kb`` with ``kb = beta k exp(G)`` written by kernel 2 (so this kernel reads neither k nor G:
+   1.39 -> 0.85 ms at T = 65536; the blocks kernel's extra store costs it about 0.28) and
+   ``u = M (beta v)``.
 4. ``_state_kernel`` [V/16, N*HV]: the sequential pass over chunks, S in ACC registers; per chunk two
    dependent dots; stores the chunk-start state h and v_new, returns the final state.
 5. ``_output_kernel`` [V/BV, chunks, B*HV]: o = qg h + Aqk v_new (BV = 128 in 16-bit runs).
 
 Ragged final chunks: rows past the sequence end load k = q = v = beta = 0 and G of the last valid
 row (G loads clamp the row index), so G stays non-increasing, finite, and ``G[BT-1] = G_last``.
-``fused_chunked`` l2-normalizes q and k on load in kernels 2 and 3 (ACC, never written back; the
-later kernels only see qg, kg), and applies the gate and the beta sigmoid in kernel 1.
+``fused_chunked`` l2-normalizes q and k on load in kernel 2 (ACC, never written back; the later
+kernels only see qg, kg, kb), and applies the gate and the beta sigmoid in kernel 1.
 
 Storage dtypes (ACC = float32, float64 for fp64 inputs; DT = the input dtype, bf16 in production):
 
@@ -48,6 +52,7 @@ Akk (D on diag.)    ACC  [B,T,HV,BT]        the inverse is formed from it; its m
 M                   registers only, ACC     tl.dot on DT operands (bf16 tensor cores in bf16)
 Aqk                 DT   [B,T,HV,BT]        only ever a DT tl.dot operand (output kernel)
 w, u, kg            DT                      tl.dot operands of the state pass
+kb (in w's buffer)  DT                      tl.dot operand of the WY kernel; rounded as the dot would
 qg                  DT                      tl.dot operand of the output kernel
 v_new               DT                      tl.dot operand (state update and output)
 h (chunk states)    DT   [chunks,HV,K,V]    tl.dot operand of the output kernel
@@ -104,30 +109,32 @@ def _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl
     i > j is formed through the reference row r with i >= r > j at the highest bit where i and j
     differ (``r = i`` with that bit's lower bits cleared), ``exp(G_i - G_r) * exp(G_r - G_j)``, both
     factors <= 1. One level per bit (squares of 8, 4, 2, 1 rows for BC = 16), each two tl.dots over K
-    masked to its squares; Aqk's diagonal ``q_i . k_i`` (decay 1) directly. ``log2(BC)`` [BC, K]
-    exp pairs instead of BC pairwise [BC, K] exps and 2 BC cross-lane sums."""
+    masked to its squares; Aqk's diagonal ``q_i . k_i`` (decay 1) directly.
+
+    At a level, the rows that take a left factor (the lower half of each square, i) and those that
+    take a right factor (the upper half, j) are complementary, so one [BC, K] exp tile E holds both,
+    each row's own: ``kt * E`` is the left operand on the lower halves and, transposed, the right
+    one on the upper halves (the products in the masked-off halves are discarded). log2(BC) exp
+    tiles in all (the form with separate left and right tiles took 7 and was 0.29 ms slower at
+    T = 65536, the same bits); the pairwise form before it, BC [BC, K] exps and 2 BC cross-lane
+    sums, was 5.1 of the kernel's 8.2 ms."""
     tl.static_assert(BC == 16)
     A = tl.zeros([BC, BC], dtype=ACC)
     Qm = tl.zeros([BC, BC], dtype=ACC)
     for lvl in tl.static_range(0, 4):
         s = BC >> (lvl + 1)
-        row_in = (c16 & s) != 0            # rows below a reference row at this level
-        col_in = (c16 & s) == 0            # columns above one
-        ref_r = tl.where(row_in, (c16 // s) * s, c16)      # r <= i (i itself: factor 1)
-        ref_c = tl.where(col_in, (c16 // s + 1) * s, c16)  # r > j (j itself: factor 1)
-        Gq = tl.load(Gc + (tl.minimum(t0 + r0 + ref_c, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                     mask=mk[None, :], other=0.0).to(ACC)
-        right = tl.trans(kt * tl.exp(Gq - Gm))  # [K, BC]
-        sq = ((c16 // (2 * s))[:, None] == (c16 // (2 * s))[None, :]) & row_in[:, None] & col_in[None, :]
-        if s == 1:  # every row is its own reference: the left factor is exp(0) = 1
-            A = tl.where(sq, dot(kt, right, DT, ACC), A)
-            Qm = tl.where(sq, dot(qt, right, DT, ACC), Qm)
-        else:
-            Gr = tl.load(Gc + (tl.minimum(t0 + r0 + ref_r, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                         mask=mk[None, :], other=0.0).to(ACC)
-            left = tl.exp(Gm - Gr)
-            A = tl.where(sq, dot(kt * left, right, DT, ACC), A)
-            Qm = tl.where(sq, dot(qt * left, right, DT, ACC), Qm)
+        row_in = (c16 & s) != 0  # the lower half of its square: takes the left factor
+        ref = tl.where(row_in, (c16 // s) * s, (c16 // s + 1) * s)  # both halves: the same r
+        Gref = tl.load(Gc + (tl.minimum(t0 + r0 + ref, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                       mask=mk[None, :], other=0.0).to(ACC)
+        # level 1's left factor is exp(G_i - G_i) = exp(0) = 1 exactly
+        E = tl.exp(tl.where(row_in[:, None], Gm - Gref, Gref - Gm))  # <= 1 on every row
+        kE = kt * E
+        right = tl.trans(kE)
+        sq = ((c16 // (2 * s))[:, None] == (c16 // (2 * s))[None, :]) & row_in[:, None] & \
+            (~row_in)[None, :]
+        A = tl.where(sq, dot(kE, right, DT, ACC), A)
+        Qm = tl.where(sq, dot(qt * E, right, DT, ACC), Qm)
     qk = tl.reduce(qt * kt, 1, SUM)
     Qm = tl.where(c16[:, None] == c16[None, :], qk[:, None], Qm)
     return A, Qm
@@ -147,7 +154,7 @@ def _unit_lower_inverse(A, c16, BC: tl.constexpr, ACC: tl.constexpr):
 
 
 @triton.jit
-def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, T,
+def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, kb, cu, cidx, scale: tl.float64, T,
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                    BC: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
                    IS_VARLEN: tl.constexpr):
@@ -193,13 +200,15 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
     for bb in range(i_a + 1, BT // BC):
         tl.store(Ak + off + bb * BC, tl.zeros([BC, BC], dtype=Ak.dtype.element_ty), mask=valid[:, None])
         tl.store(Aq + off + bb * BC, tl.zeros([BC, BC], dtype=Aq.dtype.element_ty), mask=valid[:, None])
-    # kg = k exp(G_last - G) (state update), qg = scale q exp(G) (output): both factors <= 1
+    # kg = k exp(G_last - G) (state update), qg = scale q exp(G) (output), kb = beta k exp(G) (the
+    # WY kernel's right operand, DT as the dot would round it): every factor <= 1
     Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
     m2 = valid[:, None] & mk[None, :]
-    tl.store(kg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
-             (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
-    tl.store(qg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
-             ((qt * tl.exp(Gm)) * scale).to(qg.dtype.element_ty), mask=m2)
+    row_k = (tok * HV + i_hv)[:, None] * K + dk[None, :]
+    tl.store(kg + row_k, (kt * tl.exp(Gl[None, :] - Gm)).to(kg.dtype.element_ty), mask=m2)
+    eG = tl.exp(Gm)
+    tl.store(qg + row_k, ((qt * eG) * scale).to(qg.dtype.element_ty), mask=m2)
+    tl.store(kb + row_k, (kt * eG * b[:, None]).to(kb.dtype.element_ty), mask=m2)
 
     # -- earlier sub-blocks bb < a through the reference row r0: exp(G_i - G_r0) exp(G_r0 - G_j) with
     # i >= r0 > j, both factors <= 1. Last, so only the two DT row tiles stay live through the loop.
@@ -218,25 +227,25 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, cu, cidx, scale: tl.float64, 
 
 
 @triton.jit
-def _wy_kernel(k, v, Gc, beta, w, u, Ak, cu, cidx, T,
-               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _wy_kernel(kb, v, beta, w, u, Ak, cu, cidx, T,
+               HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, LOG2_NB: tl.constexpr, BK: tl.constexpr,
-               BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr):
+               BV: tl.constexpr, NV: tl.constexpr, IS_VARLEN: tl.constexpr):
     # One program per (chunk, sequence*value head): M = (I + beta*Akk)^-1 from _blocks_kernel's rows
     # (beta*Akk off the diagonal blocks, the diagonal blocks' inverses D on them), then the WY form
-    # w = M (beta k exp(G)), u = M (beta v). LOG2_NB = log2(BT // BC), NV = cdiv(V, BV): passed in,
-    # since a local computed from constexprs is not a constexpr for the compiler.
-    ACC = Gc.dtype.element_ty
-    DT = k.dtype.element_ty
+    # w = M kb (kb = beta k exp(G), from _blocks_kernel), u = M (beta v). w may be kb's buffer: the
+    # chunk's kb rows are read (by this program only) before its w rows are written. LOG2_NB =
+    # log2(BT // BC), NV = cdiv(V, BV): passed in, since a local computed from constexprs is not a
+    # constexpr for the compiler.
+    ACC = Ak.dtype.element_ty
+    DT = kb.dtype.element_ty
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // HV
     i_hv = i_bh % HV
-    i_h = i_hv // (HV // H)
     t0, eos, i_n = chunk_span(cu, cidx, i_c, i_b, T, BT, IS_VARLEN)
     if i_n < 0:
         return
-    last = eos - 1
     rows = tl.arange(0, BT)
     cols = tl.arange(0, BT)
     tok = t0 + rows
@@ -257,15 +266,12 @@ def _wy_kernel(k, v, Gc, beta, w, u, Ak, cu, cidx, T,
             if m + 1 < LOG2_NB:
                 P = dot(P, P, DT, ACC)
 
-    # -- WY form: w = M (beta k exp(G)), u = M (beta v); exp(G) <= 1
-    kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, L2NORM)
-    # G rows clamped to the last valid row: padding rows repeat G_last (non-increasing, finite)
-    Gm = tl.load(Gc + (tl.minimum(tok, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                 mask=mk[None, :], other=0.0).to(ACC)
+    # -- WY form: w = M kb, u = M (beta v); rows past the sequence end load 0
+    m2 = valid[:, None] & mk[None, :]
+    kbt = tl.load(kb + (tok * HV + i_hv)[:, None] * K + dk[None, :], mask=m2, other=0.0)
+    wt = dot(X, kbt, DT, ACC)
+    tl.store(w + (tok * HV + i_hv)[:, None] * K + dk[None, :], wt.to(w.dtype.element_ty), mask=m2)
     b = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0).to(ACC)
-    wt = dot(X, kt * tl.exp(Gm) * b[:, None], DT, ACC)
-    tl.store(w + (tok * HV + i_hv)[:, None] * K + dk[None, :], wt.to(w.dtype.element_ty),
-             mask=valid[:, None] & mk[None, :])
     dv = tl.arange(0, BV)
     for iv in tl.static_range(0, NV):
         ov = iv * BV + dv
@@ -374,9 +380,10 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
 
 
 #: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: gate_warps,
-#: blocks_warps, blocks_stages, wy_warps, wy_stages, state_bv, state_warps, state_stages, output_bv,
+#: gate_bk, blocks_warps, blocks_stages, wy_warps, wy_stages, state_bv, state_warps, state_stages, output_bv,
 #: output_warps). None of them changes a row's arithmetic (the state pass and the output kernel split
-#: V columns, which never mix) except gate_warps, whose layout can re-associate the gate's prefix sum.
+#: V columns, which never mix) except gate_warps and gate_bk, whose layout can re-associate the gate's
+#: prefix sum.
 _TUNE: dict = {}
 #: The compiled kernels of the last launches, by kernel (benchmarks/tune_kda.py reports their
 #: registers and spills; the interpreter records None).
@@ -449,7 +456,8 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
                                   dt_bias=dt_bias if fused else None,
                                   beta_logits=beta if fused else None, chunk_size=BT, cumsum=True,
                                   cu=cu, cidx=cidx, grid_chunks=n_chunks, acc=acc,
-                                  num_warps=_TUNE.get("gate_warps", 8))
+                                  num_warps=_TUNE.get("gate_warps", 4),
+                                  block_k_cols=_TUNE.get("gate_bk", 64))
     if fused:
         beta = beta_f
     # 2-3. intra-chunk matrices and the diagonal blocks' inverses; the merged inverse and WY
@@ -459,15 +467,16 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     kg = torch.empty_like(w)
     qg = torch.empty_like(w)
     Ak = torch.empty(B, T, HV, BT, dtype=acc, device=dev)
+    # w's buffer first holds kb = beta k exp(G) (blocks kernel), replaced by w in the WY kernel
     _LAUNCHED["blocks"] = _blocks_kernel[(n_chunks, B * HV, BT // BC)](
-        q, k, G, beta, Ak, Aq, kg, qg, cu, cidx, scale, T,
+        q, k, G, beta, Ak, Aq, kg, qg, w, cu, cidx, scale, T,
         H=H, HV=HV, K=K, BT=BT, BC=BC, BK=BK, L2NORM=fused, IS_VARLEN=varlen,
         num_warps=_TUNE.get("blocks_warps", 2),
         num_stages=_TUNE.get("blocks_stages", _stages("blocks", dt)))
     _LAUNCHED["wy"] = _wy_kernel[(n_chunks, B * HV)](
-        k, v, G, beta, w, u, Ak, cu, cidx, T,
-        H=H, HV=HV, K=K, V=V, BT=BT, BC=BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV, NV=cdiv(V, BV),
-        L2NORM=fused, IS_VARLEN=varlen, num_warps=_TUNE.get("wy_warps", 4),
+        w, v, beta, w, u, Ak, cu, cidx, T,
+        HV=HV, K=K, V=V, BT=BT, BC=BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV, NV=cdiv(V, BV),
+        IS_VARLEN=varlen, num_warps=_TUNE.get("wy_warps", 4),
         num_stages=_TUNE.get("wy_stages", _stages("wy", dt)))
     # 3. sequential state pass
     h = torch.empty((B * NT if not varlen else n_chunks), HV, K, V, dtype=dt, device=dev)

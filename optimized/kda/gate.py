@@ -24,12 +24,14 @@ def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T
                         HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                         RAW: tl.constexpr, CUMSUM: tl.constexpr, HAS_BETA: tl.constexpr,
                         IS_VARLEN: tl.constexpr):
-    # One program per (chunk, sequence*value head): a [BT, BK] tile of tokens x key channels.
-    # RAW: g holds g_raw and the gate is applied; CUMSUM: inclusive prefix sum over the chunk's rows
-    # (chunks restart at every sequence start); HAS_BETA: also beta_out = sigmoid(beta_in).
+    # One program per (chunk, sequence*value head, BK key channels): a [BT, BK] tile of tokens x key
+    # channels. RAW: g holds g_raw and the gate is applied; CUMSUM: inclusive prefix sum over the
+    # chunk's rows (chunks restart at every sequence start); HAS_BETA: also beta_out =
+    # sigmoid(beta_in), by the first channel block's program.
     ACC = G_out.dtype.element_ty
     i_c = tl.program_id(0)
     i_bh = tl.program_id(1)
+    i_k = tl.program_id(2)
     i_b = i_bh // HV
     i_hv = i_bh % HV
     t0, eos, i_n = chunk_span(cu, cidx, i_c, i_b, T, BT, IS_VARLEN)
@@ -37,7 +39,7 @@ def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T
         return
     tok = t0 + tl.arange(0, BT)
     valid = tok < eos
-    dk = tl.arange(0, BK)
+    dk = i_k * BK + tl.arange(0, BK)
     mk = dk < K
     m2 = valid[:, None] & mk[None, :]
     off = (tok * HV + i_hv)[:, None] * K + dk[None, :]
@@ -49,20 +51,22 @@ def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T
     if CUMSUM:
         x = tl.cumsum(x, axis=0)
     tl.store(G_out + off, x.to(G_out.dtype.element_ty), mask=m2)
-    if HAS_BETA:
+    if HAS_BETA and i_k == 0:
         b = tl.load(beta_in + tok * HV + i_hv, mask=valid, other=0.0).to(ACC)
         tl.store(beta_out + tok * HV + i_hv, sigmoid_f(b).to(beta_out.dtype.element_ty), mask=valid)
 
 
 def gate_chunk_cumsum(g, *, A_log=None, dt_bias=None, beta_logits=None, chunk_size=64,
-                      cumsum=True, cu=None, cidx=None, grid_chunks=None, acc=None, num_warps=4):
+                      cumsum=True, cu=None, cidx=None, grid_chunks=None, acc=None, num_warps=4,
+                      block_k_cols=None):
     """Launch the gate kernel (internal; no argument checks, no launch counter).
 
     g: [B,T,HV,K] (``g_raw`` when ``A_log``/``dt_bias`` are given, else the log-decay). Returns
     ``(G [B,T,HV,K], beta [B,T,HV] or None)`` in ``acc`` (float32/float64): ``G`` holds the
     within-chunk inclusive prefix sums when ``cumsum`` (chunks of ``chunk_size``; with ``cu``/``cidx``
     from :func:`._common.varlen_chunk_plan` they restart at each sequence start), else the gate itself.
-    ``num_warps`` is a launch setting; its layout can re-associate the prefix sum (in bounds).
+    ``num_warps`` and ``block_k_cols`` (key channels per program, a power of two; default all) are
+    launch settings; the tile's layout can re-associate the prefix sum (in bounds).
     """
     B, T, HV, K = g.shape
     acc = acc or acc_dtype(g.dtype)
@@ -74,9 +78,10 @@ def gate_chunk_cumsum(g, *, A_log=None, dt_bias=None, beta_logits=None, chunk_si
     nchunks = grid_chunks if grid_chunks is not None else cdiv(T, BT)
     if B * T == 0:
         return G, beta
-    _gate_cumsum_kernel[(nchunks, B * HV)](
+    BK = min(block_k_cols or block_k(K), block_k(K))
+    _gate_cumsum_kernel[(nchunks, B * HV, cdiv(K, BK))](
         g, A_log, dt_bias, beta_logits, G, beta, cu, cidx, T,
-        HV=HV, K=K, BT=BT, BK=block_k(K), RAW=raw, CUMSUM=cumsum, HAS_BETA=has_beta,
+        HV=HV, K=K, BT=BT, BK=BK, RAW=raw, CUMSUM=cumsum, HAS_BETA=has_beta,
         IS_VARLEN=cidx is not None, num_warps=num_warps)
     return G, beta
 
