@@ -38,7 +38,7 @@ KERNELS = {
            dict(HV=32, K=128, V=128, BT=64, BC=16, LOG2_NB=2, BK=128, BV=64, NV=2, IS_VARLEN=False)),
     "state": ({"kg": "*bf16", "w": "*bf16", "u": "*bf16", "Gc": "*fp32", "vnew": "*bf16", "h": "*bf16",
                "h0": "*fp32", "ht": "*fp32", "cu": "*i32", "co": "*i32", "T": "i32", "NT": "i32"},
-              dict(HV=32, K=128, V=128, BT=64, BK=128, BV=32, HAS_H0=True, IS_VARLEN=False)),
+              dict(HV=32, K=128, V=128, BT=64, BK=128, BV=16, HAS_H0=True, IS_VARLEN=False)),
 }
 COUNTS = {"bar.sync": r"\bbar\.sync\b|\bbarrier\.sync\b", "shfl": r"\bshfl\.", "ex2": r"\bex2\.",
           "st.shared": r"\bst\.shared\b", "ld.global": r"\bld\.global\b", "mma": r"\bmma\.sync\b",

@@ -20,7 +20,7 @@ from benchmarks.harness import kernel_profile  # noqa: E402
 WY = [{"wy_warps": w, "wy_stages": st} for w in (2, 4, 8) for st in (2, 3)]
 BLOCKS = [{"blocks_warps": w} for w in (1, 2, 4)]
 GATE = [{"gate_warps": w, "gate_bk": bk} for bk in (32, 64, 128) for w in (2, 4, 8)]
-STATE = [{"state_bv": bv, "state_warps": w} for bv in (16, 32, 64) for w in (2, 4)]
+STATE = [{"state_bv": bv, "state_warps": w} for bv in (16, 32, 64) for w in (2, 4, 8)]
 
 
 def main(argv=None):

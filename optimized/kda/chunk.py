@@ -196,10 +196,8 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, kb, cu, cidx, scale: tl.float
     X = _unit_lower_inverse(A * b[:, None], c16, BC, ACC)
     tl.store(Ak + off + r0, X.to(Ak.dtype.element_ty), mask=valid[:, None])
     tl.store(Aq + off + r0, (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
-    # the blocks right of the diagonal are 0 (both matrices are lower triangular)
-    for bb in range(i_a + 1, BT // BC):
-        tl.store(Ak + off + bb * BC, tl.zeros([BC, BC], dtype=Ak.dtype.element_ty), mask=valid[:, None])
-        tl.store(Aq + off + bb * BC, tl.zeros([BC, BC], dtype=Aq.dtype.element_ty), mask=valid[:, None])
+    # the blocks right of the diagonal (0: both matrices are lower triangular) are never written:
+    # the WY and output kernels mask them on load
     # kg = k exp(G_last - G) (state update), qg = scale q exp(G) (output), kb = beta k exp(G) (the
     # WY kernel's right operand, DT as the dot would round it): every factor <= 1
     Gl = tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
@@ -254,7 +252,8 @@ def _wy_kernel(kb, v, beta, w, u, Ak, cu, cidx, T,
     mk = dk < K
 
     same = (rows // BC)[:, None] == (cols // BC)[None, :]
-    A = tl.load(Ak + (tok * HV + i_hv)[:, None] * BT + cols[None, :], mask=valid[:, None],
+    lower = (rows // BC)[:, None] >= (cols // BC)[None, :]  # the blocks _blocks_kernel writes
+    A = tl.load(Ak + (tok * HV + i_hv)[:, None] * BT + cols[None, :], mask=valid[:, None] & lower,
                 other=0.0).to(ACC)
     X = tl.where(same, A, 0.0)  # D
     if LOG2_NB > 0:
@@ -339,8 +338,8 @@ def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
 
 @triton.jit
 def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
-                   HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr):
+                   HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                   BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr):
     # o = qg h + Aq v_new: qg = scale q exp(G) and Aq (scale included) come from _blocks_kernel.
     ACC = tl.float64 if o.dtype.element_ty == tl.float64 else tl.float32
     DT = h.dtype.element_ty
@@ -371,7 +370,10 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
     hb = tl.load(h + (chunk * HV + i_hv) * K * V + dk[:, None] * V + dv[None, :],
                  mask=mk[:, None] & mv[None, :], other=0.0)
     acc = dot(qgt, hb, DT, ACC)
-    At = tl.load(Aq + (tok * HV + i_hv)[:, None] * BT + rows[None, :], mask=valid[:, None], other=0.0)
+    # Aq's blocks right of the diagonal are never written (0)
+    lower = (rows // BC)[:, None] >= (rows // BC)[None, :]
+    At = tl.load(Aq + (tok * HV + i_hv)[:, None] * BT + rows[None, :], mask=valid[:, None] & lower,
+                 other=0.0)
     vn = tl.load(vnew + (tok * HV + i_hv)[:, None] * V + dv[None, :],
                  mask=valid[:, None] & mv[None, :], other=0.0)
     acc += dot(At, vn, DT, ACC)
@@ -495,10 +497,17 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     BVo = _TUNE.get("output_bv", max(BV, 128) if dt.itemsize == 2 else BV)
     _output_kernel[(cdiv(V, BVo), n_chunks, B * HV)](
         qg, h, vnew, Aq, o, cu, cidx, T, NT,
-        HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVo, IS_VARLEN=varlen, num_warps=_TUNE.get("output_warps", 4),
+        HV=HV, K=K, V=V, BT=BT, BC=BC, BK=BK, BV=BVo, IS_VARLEN=varlen, num_warps=_TUNE.get("output_warps", 4),
         num_stages=_stages("output", dt))
     if stages is not None:
-        stages.update(G=G, w=w, u=u, Aq=Aq, kg=kg, qg=qg, h=h, v_new=vnew)
+        # Aq as the output kernel reads it: the blocks right of the diagonal, never written, as 0
+        t = torch.arange(T, device=dev)
+        if varlen:
+            cu64 = cu.long()
+            t = t - cu64[torch.searchsorted(cu64, t, right=True) - 1]
+        keep = (t % BT // BC)[:, None] >= (torch.arange(BT, device=dev) // BC)[None, :]
+        stages.update(G=G, w=w, u=u, Aq=Aq.masked_fill(~keep[None, :, None, :], 0), kg=kg, qg=qg, h=h,
+                      v_new=vnew)
     return o, ht
 
 

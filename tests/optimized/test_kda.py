@@ -397,6 +397,26 @@ def test_run_to_run_bitwise():
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), op
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_no_kernel_reads_unwritten_memory(dtype, monkeypatch):
+    """Every buffer the chunk pipeline allocates starts as NaN: the output and state keep their bits,
+    so no kernel reads an element no kernel wrote (the blocks right of Akk's and Aqk's diagonal, rows
+    past a sequence end), ragged and varlen."""
+    cu = [0, 5, 5, 70, 130]
+    d = make_inputs(1, 130, 1, 2, 32, 32, dtype, seed=21, h0=True, N=len(cu) - 1)
+    clean = [run("fused_chunked", d, cu_seqlens=cu), run("fused_chunked", d | {"h0": d["h0"][:1]})]
+    empty = torch.empty
+
+    def poisoned(*size, **kw):
+        t = empty(*size, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    dirty = [run("fused_chunked", d, cu_seqlens=cu), run("fused_chunked", d | {"h0": d["h0"][:1]})]
+    for (o, s), (o2, s2) in zip(clean, dirty):
+        assert torch.equal(o, o2) and torch.equal(s, s2)
+
+
 def test_split_prefill():
     """Prefill in two calls carrying the state: bitwise equal to one call when the split is at a
     chunk boundary (chunked) or anywhere (recurrent: the state stays fp32 either way); within the
