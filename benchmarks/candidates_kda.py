@@ -1,11 +1,14 @@
-"""Candidate replacements for helpers of the chunked KDA's `_blocks_kernel` that must keep its bits:
-each swapped in by module attribute before the first compile (a fresh process per candidate, as in
-ablate_kda.py), its output and final state compared bitwise with the kernel on main, then timed.
+"""Candidate replacements for helpers of the chunked KDA's `_blocks_kernel`: each swapped in by
+module attribute before the first compile (a fresh process per candidate, as in ablate_kda.py), its
+output and final state compared bitwise with the kernel on main (required of a bit-keeping
+candidate, informative for the others), then timed.
 
     python benchmarks/candidates_kda.py [--shapes 1x4096 1x65536] [--warps 2]   # GPU: bits and time
     python benchmarks/candidates_kda.py --inspect [--warps 2 4]                  # no GPU: sm_90 builds
 
-Candidates (a @triton.jit replacement defined here, registered in CANDIDATES): none pending.
+Candidates (@triton.jit replacements defined here, registered in CANDIDATES with whether they must
+keep the bits; one that need not is checked against test_kda's bound by tests/benchmarks and, if
+promoted, re-certified): none pending.
 
 History (H200, session 12, 2 warps, T = 65536; blocks kernel time against main's):
   diag-shared   `_diag_block` with one [BC, K] exp and one G gather per level, not two (the rows of
@@ -13,6 +16,12 @@ History (H200, session 12, 2 warps, T = 65536; blocks kernel time against main's
                 bitwise equal, 3.93 -> 3.63 ms; now main's `_diag_block`.
   diag-stacked  each level's key and query products as one 32-row dot: bitwise equal under the
                 interpreter but not on the GPU, and 2.3x slower (8.45 ms against 3.65); dropped.
+  l2norm-rcp    the fused l2norm as x * (1 / sqrt(sum x^2 + eps)), one division per row, not per
+                element (`_load_rows`, `_cols_through_ref`): 3.62 -> 3.56 ms, the same bits at
+                1x16384 and 1x65536 (other bits possible: not exact by construction); now main's.
+  inverse-halves  `_unit_lower_inverse` by 8x8 halves, the two halves by forward substitution side
+                by side (7 steps, not 15), the lower-left block as -X22 (A21 X11) in two fp32 dots:
+                3.62 -> 3.59 ms (the same output bits at those shapes); not kept for 1%.
 """
 from __future__ import annotations
 
@@ -26,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-#: name: (helper of optimized.kda.chunk, the replacement); none registered now (see above)
+#: name: (((helper of optimized.kda.chunk, replacement), ...), keeps the bits)
 CANDIDATES: dict = {}
 
 
@@ -35,8 +44,8 @@ def swap_in(name: str) -> None:
     if name != "main":
         from optimized.kda import chunk
 
-        attr, fn = CANDIDATES[name]
-        setattr(chunk, attr, fn)
+        for attr, fn in CANDIDATES[name][0]:
+            setattr(chunk, attr, fn)
 
 
 def child(name: str, shapes: list[str], warps: int, inspect: bool, ref_dir: Path) -> None:

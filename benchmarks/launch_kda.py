@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-#: the defaults first (the comparison base), then one change at a time
-SETTINGS = [{}, {"blocks_stages": 1}, {"blocks_stages": 2}, {"blocks_stages": 3}, {"output_bv": 64},
-            {"output_bv": 128}, {"output_bv": 128, "output_warps": 8}, {"output_warps": 8}, {"output_bv": 32},
-            {"state_stages": 2}, {"state_stages": 4}]
+#: the defaults first (the comparison base), then one change at a time (session 11's settings, now
+#: defaults or measured slower, are in docs/BENCHMARKS.md)
+SETTINGS = [{}, {"blocks_maxnreg": 128}, {"blocks_maxnreg": 160}, {"blocks_maxnreg": 200},
+            {"blocks_maxnreg": 128, "blocks_stages": 2}, {"blocks_maxnreg": 96}]
 
 
 def main(argv=None):

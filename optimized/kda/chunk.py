@@ -72,18 +72,20 @@ import triton.language as tl
 
 from .. import _counters
 from ._common import (SUM, acc_dtype, block_k, cdiv, check_gate_params, check_qkv, check_shape,
-                      check_tensor, chunk_span, dot, l2norm_rows, next_pow2, prepare_cu_seqlens,
+                      check_tensor, chunk_span, dot, next_pow2, prepare_cu_seqlens,
                       prepare_state, varlen_chunk_plan)
 from .gate import gate_chunk_cumsum
 
 @triton.jit
 def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md, ACC: tl.constexpr,
                L2NORM: tl.constexpr):
-    """Rows ``tok`` of a [*, NH, D] tensor at head ``head``, widened to ACC, optionally l2-normalized."""
+    """Rows ``tok`` of a [*, NH, D] tensor at head ``head``, widened to ACC, optionally l2-normalized
+    (``x * (1 / sqrt(sum x^2 + 1e-6))``: one division per row, not per element, as the bound's
+    l2norm model has it; 62 us less at T = 65536)."""
     x = tl.load(ptr + (tok * NH + head)[:, None] * D + dd[None, :],
                 mask=valid[:, None] & md[None, :], other=0.0).to(ACC)
     if L2NORM:
-        x = l2norm_rows(x)
+        x = x * (1.0 / tl.sqrt(tl.reduce(x * x, 1, SUM) + 1e-6))[:, None]
     return x
 
 
@@ -96,7 +98,7 @@ def _cols_through_ref(k, Gc, tokT, okT, i_h, i_hv, H: tl.constexpr, HV: tl.const
     kT = tl.load(k + (tokT * H + i_h)[None, :] * K + dk[:, None], mask=mk[:, None] & okT[None, :],
                  other=0.0).to(ACC)
     if L2NORM:
-        kT = kT / tl.sqrt(tl.reduce(kT * kT, 0, SUM) + 1e-6)[None, :]
+        kT = kT * (1.0 / tl.sqrt(tl.reduce(kT * kT, 0, SUM) + 1e-6))[None, :]
     GT = tl.load(Gc + (tl.minimum(tokT, last) * HV + i_hv)[None, :] * K + dk[:, None], mask=mk[:, None],
                  other=0.0).to(ACC)
     return kT * tl.exp(Gr[:, None] - GT)
@@ -381,11 +383,11 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
              mask=valid[:, None] & mv[None, :])
 
 
-#: Launch-configuration overrides (benchmarks/tune_kda.py and diag_kda.py only; keys: gate_warps,
-#: gate_bk, blocks_warps, blocks_stages, wy_warps, wy_stages, state_bv, state_warps, state_stages, output_bv,
-#: output_warps). None of them changes a row's arithmetic (the state pass and the output kernel split
-#: V columns, which never mix) except gate_warps and gate_bk, whose layout can re-associate the gate's
-#: prefix sum.
+#: Launch-configuration overrides (benchmarks/tune_kda.py, launch_kda.py and diag_kda.py only; keys:
+#: gate_warps, gate_bk, blocks_warps, blocks_maxnreg, blocks_stages, wy_warps, wy_stages, state_bv,
+#: state_warps, state_stages, output_bv, output_warps). None of them changes a row's arithmetic (the
+#: state pass and the output kernel split V columns, which never mix) except gate_warps and gate_bk,
+#: whose layout can re-associate the gate's prefix sum.
 _TUNE: dict = {}
 #: The compiled kernels of the last launches, by kernel (benchmarks/tune_kda.py reports their
 #: registers and spills; the interpreter records None).
@@ -469,12 +471,16 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     kg = torch.empty_like(w)
     qg = torch.empty_like(w)
     Ak = torch.empty(B, T, HV, BT, dtype=acc, device=dev)
-    # w's buffer first holds kb = beta k exp(G) (blocks kernel), replaced by w in the WY kernel
+    # w's buffer first holds kb = beta k exp(G) (blocks kernel), replaced by w in the WY kernel.
+    # A register cap (maxnreg, a launch option of Triton's CUDA backend) trades spills for programs
+    # per SM; unset, the compiler's choice
+    cap = _TUNE.get("blocks_maxnreg")
     _LAUNCHED["blocks"] = _blocks_kernel[(n_chunks, B * HV, BT // BC)](
         q, k, G, beta, Ak, Aq, kg, qg, w, cu, cidx, scale, T,
         H=H, HV=HV, K=K, BT=BT, BC=BC, BK=BK, L2NORM=fused, IS_VARLEN=varlen,
         num_warps=_TUNE.get("blocks_warps", 2),
-        num_stages=_TUNE.get("blocks_stages", _stages("blocks", dt)))
+        num_stages=_TUNE.get("blocks_stages", _stages("blocks", dt)),
+        **({"maxnreg": cap} if cap else {}))
     _LAUNCHED["wy"] = _wy_kernel[(n_chunks, B * HV)](
         w, v, beta, w, u, Ak, cu, cidx, T,
         HV=HV, K=K, V=V, BT=BT, BC=BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV, NV=cdiv(V, BV),
@@ -497,7 +503,8 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     BVo = _TUNE.get("output_bv", max(BV, 128) if dt.itemsize == 2 else BV)
     _output_kernel[(cdiv(V, BVo), n_chunks, B * HV)](
         qg, h, vnew, Aq, o, cu, cidx, T, NT,
-        HV=HV, K=K, V=V, BT=BT, BC=BC, BK=BK, BV=BVo, IS_VARLEN=varlen, num_warps=_TUNE.get("output_warps", 4),
+        HV=HV, K=K, V=V, BT=BT, BC=BC, BK=BK, BV=BVo, IS_VARLEN=varlen,
+        num_warps=_TUNE.get("output_warps", 4),
         num_stages=_stages("output", dt))
     if stages is not None:
         # Aq as the output kernel reads it: the blocks right of the diagonal, never written, as 0
