@@ -413,7 +413,7 @@ def _check_chunk_size(op, chunk_size):
 def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_size, cu_seqlens,
               fused, stages=None):
     """The five launches. ``stages``, a dict, receives the intermediates (tests localize a wrong
-    kernel with them): G, w, u, Aq, h, v_new."""
+    kernel with them): G, w, u, Aq, kg, qg, h, v_new."""
     B, T, H, HV, K, V = check_qkv(op, q, k, v)
     BT = _check_chunk_size(op, chunk_size)
     gname, bname = ("g_raw", "beta_logits") if fused else ("g", "beta")
