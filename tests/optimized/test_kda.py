@@ -397,6 +397,14 @@ def test_run_to_run_bitwise():
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), op
 
 
+def test_gate_channel_blocks():
+    """K = 96 > 64: the gate kernel runs two channel programs per (chunk, head), the second one
+    partly masked, and only the first writes beta (the real K = 128 takes two full ones)."""
+    d = make_inputs(1, 70, 1, 2, 96, 16, torch.float32, seed=22, h0=True)
+    o, s = run("fused_chunked", d)
+    check("fused_chunked K=96", d, o, s, fused=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_no_kernel_reads_unwritten_memory(dtype, monkeypatch):
     """Every buffer the chunk pipeline allocates starts as NaN: the output and state keep their bits,
