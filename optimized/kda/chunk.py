@@ -317,11 +317,17 @@ def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
     else:
         S = tl.zeros([BK, BV], dtype=ACC)
     rows = tl.arange(0, BT)
+    # G_last of each chunk, fetched one chunk ahead: the compiler's pipeline prefetches only the dot
+    # operands' tiles, and a load issued in the step that uses it stalls the chain a memory latency
+    Gl_next = tl.load(Gc + ((tl.minimum(bos + BT, eos) - 1) * HV + i_hv) * K + dk,
+                      mask=mk & (dk * 0 < nt), other=0.0)
     for c in range(0, nt):
         t0 = bos + c * BT
         tok = t0 + rows
         valid = tok < eos
-        last = tl.minimum(t0 + BT, eos) - 1
+        Gl = Gl_next.to(ACC)
+        Gl_next = tl.load(Gc + ((tl.minimum(t0 + 2 * BT, eos) - 1) * HV + i_hv) * K + dk,
+                          mask=mk & (dk * 0 + c + 1 < nt), other=0.0)
         tl.store(h + ((c0 + c) * HV + i_hv) * K * V + kv_off, S.to(h.dtype.element_ty), mask=mkv)
         wt = tl.load(w + (tok * HV + i_hv)[:, None] * K + dk[None, :],
                      mask=valid[:, None] & mk[None, :], other=0.0)
@@ -333,7 +339,6 @@ def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
         # kg^T loaded as a [BK, BT] tile (transposed addressing, no register transpose)
         kgT = tl.load(kg + (tok * HV + i_hv)[None, :] * K + dk[:, None],
                       mask=mk[:, None] & valid[None, :], other=0.0)
-        Gl = tl.load(Gc + (last * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
         S = S * tl.exp(Gl)[:, None] + dot(kgT, vn, DT, ACC)
     tl.store(ht + i_nh.to(tl.int64) * K * V + kv_off, S.to(ht.dtype.element_ty), mask=mkv)
 
