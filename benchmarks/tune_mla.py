@@ -15,7 +15,8 @@ batch.
 merge + W_UV kernel's settings (warps, partials in flight, Vh columns per program) under the
 default policy, including the short context of the model benchmark; ``stages``: the attention
 kernel's pipeline stages under the default policy, short contexts included; ``rows``: the
-attention's rows per program (16, 32, or 64: warpgroup MMAs on sm_90), warps and stages.
+attention's rows per program (16, 32, or 64: warpgroup MMAs on sm_90), warps and stages; ``loads``:
+the key tiles' loads (rows past a slice's end masked, or clamped to its last key) by rows and stages.
 """
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ EPILOGUE = [dict(epi_warps=w, merge_unroll=u, BLOCK_V=v) for w, u, v in itertool
 #: the attention's rows per program, warps and stages (64 rows on sm_90: warpgroup MMAs, wgmma)
 ROWS = [dict(BLOCK_M=m, num_warps=w, num_stages=s) for m, w, s in
         ((16, 4, 3), (32, 4, 2), (32, 8, 2), (64, 4, 2), (64, 8, 1), (64, 8, 2))]
+#: how the attention loads its key tiles: rows past a slice's end masked, or read as the last key's
+#: row (no predicates), at 16 and 32 rows per program, 2 and 3 stages
+LOADS = [dict(row_mask=m, BLOCK_M=r, num_stages=s) for m, r, s in itertools.product((False, True), (16, 32), (2, 3))]
 
 def setup(B: int, S: int, g: torch.Generator):
     from optimized import mla
@@ -174,7 +178,7 @@ def sweep_launches(case: Case, rows: list, part: str, launches: list) -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"], choices=["slicing", "epilogue", "stages", "rows"])
+    ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"], choices=["slicing", "epilogue", "stages", "rows", "loads"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--top", type=int, default=2, help="policies per shape swept over the launch settings")
     args = ap.parse_args(argv)
@@ -185,7 +189,7 @@ def main(argv=None):
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     shapes = list(dict.fromkeys(SHAPES + (EPILOGUE_SHAPES if "epilogue" in args.parts else [])
-                                + (STAGES_SHAPES if {"stages", "rows"} & set(args.parts) else [])))
+                                + (STAGES_SHAPES if {"stages", "rows", "loads"} & set(args.parts) else [])))
     for B, S in shapes:
         case = Case(B, S, g)
         if "slicing" in args.parts and (B, S) in SHAPES:
@@ -196,6 +200,8 @@ def main(argv=None):
             sweep_launches(case, rows, "stages", [{"num_stages": n} for n in (1, 2, 3)])
         if "rows" in args.parts and (B, S) in STAGES_SHAPES:
             sweep_launches(case, rows, "rows", ROWS)
+        if "loads" in args.parts and (B, S) in STAGES_SHAPES:
+            sweep_launches(case, rows, "loads", LOADS)
         mla._TUNE.clear()
         del case
         torch.cuda.empty_cache()

@@ -125,7 +125,8 @@ def _last_contig(t: torch.Tensor) -> torch.Tensor:
 
 
 #: Launch-configuration overrides (benchmarks/tuning only; keys: BLOCK_M, num_warps, num_stages,
-#: BLOCK_R, BLOCK_V, epi_warps, q_lat_l). They change speed, never the reduction order (BLOCK_N does).
+#: row_mask, BLOCK_R, BLOCK_V, epi_warps, merge_unroll, q_lat_l). They change speed, never the
+#: reduction order (BLOCK_N does).
 _TUNE: dict = {}
 
 
@@ -175,7 +176,9 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
         *kst, *k2st, *vst, o1.stride(0), o1.stride(1), o1.stride(2), sbt,
         HP=HP, SHARED_KV=shared_kv, PAGED=paged is not None,
         PAGE_ALIGNED=aligned, VAR_LEN=seq_lens is not None,
-        DIRECT=direct, CD=tl_compute_dtype(dt), BLOCK_M=BM, PDL=pdl, launch_pdl=pdl,
+        DIRECT=direct, EVEN_D=D1 == _pow2(D1) and R == _pow2(R) and DV == _pow2(DV),
+        ROW_MASK=_TUNE.get("row_mask", _row_mask(BM)), CD=tl_compute_dtype(dt), BLOCK_M=BM, PDL=pdl,
+        launch_pdl=pdl,
         BLOCK_N=_block_n(dt, shared_kv), BLOCK_D1=_pow2(D1), BLOCK_R=_pow2(R), BLOCK_DV=_pow2(DV),
         num_warps=_TUNE.get("num_warps", 4), num_stages=_TUNE.get("num_stages", _attn_stages(dt, big, BM, per_key_table)))
     if w_uv is not None:
@@ -218,6 +221,15 @@ def _attn_stages(dtype: torch.dtype, big: bool, block_m: int, per_key_table: boo
     if big and dtype.itemsize > 2:
         return 1
     return 3 if big and (block_m == 16 or per_key_table) else 2
+
+
+def _row_mask(block_m: int) -> bool:
+    """How the attention loads a partial step's key tiles (the same bits either way): rows past the
+    slice's end masked (32-row programs), or read as its last key's row and masked out of the scores
+    (16-row programs; their loads then carry no predicates). Measured on the H200 (tune_mla.py
+    --parts loads, session 13): 16 rows B=1 4k 30.3 -> 27.8 us, 32k 46.0 -> 42.1 us unmasked; 32
+    rows B=64 4k 181.8 against 198.9 us, 32k 940 against 1033 us masked."""
+    return block_m >= 32
 
 
 def _block_m(B: int, rows: int, D1: int) -> int:

@@ -40,6 +40,22 @@ def _num_slices(S_b, split_keys, max_splits):
 
 
 @triton.jit
+def _load_tile(rows, cols, n_cols, rows_ok, ROW_MASK: tl.constexpr, EVEN: tl.constexpr):
+    """Load the tile ``rows[:, None] + cols[None, :]`` (row pointers, column offsets); rows not
+    ``rows_ok`` (when ROW_MASK) and columns ``>= n_cols`` (unless EVEN: there are none) read as 0.
+    With neither mask the load carries no predicate."""
+    ptrs = rows[:, None] + cols[None, :]
+    if ROW_MASK and EVEN:
+        return tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+    elif ROW_MASK:
+        return tl.load(ptrs, mask=rows_ok[:, None] & (cols < n_cols)[None, :], other=0.0)
+    elif EVEN:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=(cols < n_cols)[None, :], other=0.0)
+
+
+@triton.jit
 def _mla_attn_kernel(
         q1_ptr, q2_ptr, k1_ptr, k2_ptr, v_ptr, o_ptr, pacc_ptr, pml_ptr, bt_ptr, slen_ptr,
         T, S, N, D1, R, DV, block_size, split_keys, max_splits, scale: tl.float64,
@@ -47,11 +63,13 @@ def _mla_attn_kernel(
         sk1b, sk1s, sk1h, sk2b, sk2s, svb, svs, svh,
         sob, sot, soh, sbtb,
         HP: tl.constexpr, SHARED_KV: tl.constexpr, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr,
-        VAR_LEN: tl.constexpr, DIRECT: tl.constexpr, CD: tl.constexpr,
+        VAR_LEN: tl.constexpr, DIRECT: tl.constexpr, EVEN_D: tl.constexpr, ROW_MASK: tl.constexpr,
+        CD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_R: tl.constexpr,
         BLOCK_DV: tl.constexpr, PDL: tl.constexpr = False):
     # grid (B, (N // HP) * cdiv(T * HP, BLOCK_M), max_splits). Rows of a program: r -> t = r // HP,
     # h = hg * HP + r % HP. HP = N (absorbed: all heads share K/V) or 1 (naive: per-head K/V).
+    # EVEN_D: D1, R and DV equal their blocks, so the key and value tiles load without column masks.
     b = tl.program_id(0).to(tl.int64)
     n_rb = tl.cdiv(T * HP, BLOCK_M)
     hg = tl.program_id(1) // n_rb
@@ -100,25 +118,37 @@ def _mla_attn_kernel(
     for s0 in range(start, end, BLOCK_N):
         s = s0 + tl.arange(0, BLOCK_N)
         smask = s < end
+        # ROW_MASK: keys past the end load as 0. Otherwise they load key end - 1's row (in the
+        # step's page when PAGE_ALIGNED), finite, and the scores mask them (p = 0): the same bits,
+        # and loads without row predicates (in the sm_90 build the masks' selects and compares
+        # were a fifth of the step's instructions)
+        if ROW_MASK:
+            j_ld = tl.arange(0, BLOCK_N)
+        else:
+            j_ld = tl.minimum(tl.arange(0, BLOCK_N), end - 1 - s0)
+        s_ld = s0 + j_ld
         if PAGED:
             if PAGE_ALIGNED:  # the BLOCK_N keys lie in one page: one table entry, read a step ahead
                 blk = nxt.to(tl.int64)
                 nxt = tl.load(bt_ptr + b * sbtb + (s0 + BLOCK_N) // block_size, mask=s0 + BLOCK_N < end,
                               other=0)
-                row = blk * block_size + s0 % block_size + tl.arange(0, BLOCK_N)
+                row = blk * block_size + s0 % block_size + j_ld
             else:  # an entry per key (a [BLOCK_N] vector read a step ahead spills: sm_90, triton 3.9)
-                blk = tl.load(bt_ptr + b * sbtb + s // block_size, mask=smask, other=0).to(tl.int64)
-                row = blk * block_size + s % block_size
+                if ROW_MASK:
+                    blk = tl.load(bt_ptr + b * sbtb + s // block_size, mask=smask, other=0).to(tl.int64)
+                else:
+                    blk = tl.load(bt_ptr + b * sbtb + s_ld // block_size).to(tl.int64)
+                row = blk * block_size + s_ld % block_size
             k1row = k1_ptr + row * sk1s
             k2row = k2_ptr + row * sk2s
             vrow = v_ptr + row * svs
         else:
-            s64 = s.to(tl.int64)
+            s64 = s_ld.to(tl.int64)
             k1row = k1_ptr + b * sk1b + s64 * sk1s + hoff * sk1h
             k2row = k2_ptr + b * sk2b + s64 * sk2s
             vrow = v_ptr + b * svb + s64 * svs + hoff * svh
-        k1 = tl.load(k1row[:, None] + d1[None, :], mask=smask[:, None] & (d1 < D1)[None, :], other=0.0)
-        k2 = tl.load(k2row[:, None] + dr[None, :], mask=smask[:, None] & (dr < R)[None, :], other=0.0)
+        k1 = _load_tile(k1row, d1, D1, smask, ROW_MASK, EVEN_D)
+        k2 = _load_tile(k2row, dr, R, smask, ROW_MASK, EVEN_D)
         qk = tl.dot(q1, tl.trans(k1), input_precision="ieee", out_dtype=CD)
         qk = tl.dot(q2, tl.trans(k2), qk, input_precision="ieee", out_dtype=CD)
         visible = smask[None, :] & (s[None, :] <= pos[:, None])
@@ -131,7 +161,7 @@ def _mla_attn_kernel(
         if SHARED_KV:
             vt = k1  # the latent is the value: same tile
         else:
-            vt = tl.load(vrow[:, None] + dv[None, :], mask=smask[:, None] & (dv < DV)[None, :], other=0.0)
+            vt = _load_tile(vrow, dv, DV, smask, ROW_MASK, EVEN_D)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(vt.dtype), vt, acc, input_precision="ieee", out_dtype=CD)
         m_i = m_new

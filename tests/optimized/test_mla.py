@@ -210,6 +210,29 @@ def test_split_keys_slices_each_sequence_by_its_own_length(dtype, block_size, mo
         assert_within(f"split_keys seq {b} (len {n})", o[b:b + 1], r, mla_bound("absorbed", *args, dtype)[:, 0])
 
 
+@pytest.mark.parametrize("block_size", [4, 32])
+def test_attention_load_forms_agree_bitwise_and_never_read_past_a_sequence(block_size, monkeypatch):
+    """The attention kernel's two ways to load a partial step's key tiles (rows past the slice's
+    end masked to 0, or read as the last key's row and masked out of the scores) give the same bits,
+    on the one-table-entry-per-step path (pages of 32 = an fp32 step) and the per-key one (pages of
+    4). Every cache row no sequence wrote is NaN, so a load that reached past a sequence's last key
+    would turn its row NaN."""
+    lens = [37, 5, 70, 1]
+    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup(lens, torch.float32, block_size=block_size,
+                                                        num_blocks=96, seed=13, fill=None)
+    written = torch.zeros(cache.kv.shape[:2], dtype=torch.bool, device=DEV)
+    for b, n in enumerate(lens):
+        pos = torch.arange(n, device=DEV)
+        written[bt[b, pos // block_size].long(), pos % block_size] = True
+    cache.kv[~written] = float("nan")
+    outs = {}
+    for row_mask in (True, False):
+        monkeypatch.setitem(mla._TUNE, "row_mask", row_mask)
+        outs[row_mask] = mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=16)
+    assert torch.isfinite(outs[False]).all(), "a key tile load read an unwritten (NaN) cache row"
+    assert torch.equal(outs[True], outs[False]), "the masked and clamped key loads differ"
+
+
 def test_paged_decode_refuses_bad_slicing():
     q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup([5, 7], torch.float32, seed=1)
     for kw, match in ((dict(num_splits=0), "num_splits: expected a positive int"),
