@@ -16,7 +16,9 @@ merge + W_UV kernel's settings (warps, partials in flight, Vh columns per progra
 default policy, including the short context of the model benchmark; ``stages``: the attention
 kernel's pipeline stages under the default policy, short contexts included; ``rows``: the
 attention's rows per program (16, 32, or 64: warpgroup MMAs on sm_90), warps and stages; ``loads``:
-the key tiles' loads (rows past a slice's end masked, or clamped to its last key) by rows and stages.
+the key tiles' loads (rows past a slice's end masked, or clamped to its last key) by rows and stages;
+``prefetch``: L2 prefetches before the PDL wait; ``occupancy``: 16 or 32 rows per attention program
+at B in {8, 16, 64} and short to medium contexts.
 """
 from __future__ import annotations
 
@@ -49,6 +51,13 @@ ROWS = [dict(BLOCK_M=m, num_warps=w, num_stages=s) for m, w, s in
 #: how the attention loads its key tiles: rows past a slice's end masked, or read as the last key's
 #: row (no predicates), at 16 and 32 rows per program, 2 and 3 stages
 LOADS = [dict(row_mask=m, BLOCK_M=r, num_stages=s) for m, r, s in itertools.product((False, True), (16, 32), (2, 3))]
+#: L2 prefetches before the PDL wait: the attention's first key steps, the q_lat / epilogue weight tiles
+PREFETCH = [dict(prefetch_keys=1), dict(prefetch_keys=2), dict(prefetch_w=True),
+            dict(prefetch_keys=2, prefetch_w=True), dict(prefetch_keys=4, prefetch_w=True)]
+PREFETCH_SHAPES = [(1, 64), (1, 4096), (1, 32768), (64, 4096), (64, 32768)]
+#: rows per attention program against the grid's size (16 rows: 3 stages, unmasked loads; 32: 2, masked)
+OCCUPANCY = [dict(BLOCK_M=16), dict(BLOCK_M=32)]
+OCCUPANCY_SHAPES = [(b, s) for b in (8, 16, 64) for s in (128, 1024, 4096)]
 
 def setup(B: int, S: int, g: torch.Generator):
     from optimized import mla
@@ -178,7 +187,7 @@ def sweep_launches(case: Case, rows: list, part: str, launches: list) -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"], choices=["slicing", "epilogue", "stages", "rows", "loads"])
+    ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"], choices=["slicing", "epilogue", "stages", "rows", "loads", "prefetch", "occupancy"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--top", type=int, default=2, help="policies per shape swept over the launch settings")
     args = ap.parse_args(argv)
@@ -189,7 +198,9 @@ def main(argv=None):
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     shapes = list(dict.fromkeys(SHAPES + (EPILOGUE_SHAPES if "epilogue" in args.parts else [])
-                                + (STAGES_SHAPES if {"stages", "rows", "loads"} & set(args.parts) else [])))
+                                + (STAGES_SHAPES if {"stages", "rows", "loads"} & set(args.parts) else [])
+                                + (PREFETCH_SHAPES if "prefetch" in args.parts else [])
+                                + (OCCUPANCY_SHAPES if "occupancy" in args.parts else [])))
     for B, S in shapes:
         case = Case(B, S, g)
         if "slicing" in args.parts and (B, S) in SHAPES:
@@ -202,6 +213,10 @@ def main(argv=None):
             sweep_launches(case, rows, "rows", ROWS)
         if "loads" in args.parts and (B, S) in STAGES_SHAPES:
             sweep_launches(case, rows, "loads", LOADS)
+        if "prefetch" in args.parts and (B, S) in PREFETCH_SHAPES:
+            sweep_launches(case, rows, "prefetch", PREFETCH)
+        if "occupancy" in args.parts and (B, S) in OCCUPANCY_SHAPES:
+            sweep_launches(case, rows, "occupancy", OCCUPANCY)
         mla._TUNE.clear()
         del case
         torch.cuda.empty_cache()

@@ -7,7 +7,9 @@ at B = 1 is hundreds of kernels of a few microseconds each, where that gap is a 
 One rule keeps it exact, and every kernel that takes a ``PDL`` flag keeps it: ``pdl_wait(PDL)``
 comes before any load of data another kernel writes and before any store, in every program (also
 those that then exit). It waits until the previous kernel has finished and its stores are
-visible; only inputs no kernel writes (weights) may be read before it. As no kernel can then
+visible; only inputs no kernel writes (weights) may be read before it. The one exception is an
+L2 prefetch (``prefetch_l2``): a hint that feeds no value, so its addresses may be computed from
+anything, e.g. a block table the kernel before may still be writing. As no kernel can then
 finish before the one before it, the order holds down the whole stream, CUDA graphs included (a
 PDL launch is captured as a programmatic edge). The arithmetic is untouched: PDL never changes a
 bit, only when a kernel starts.
@@ -66,3 +68,16 @@ def pdl_launch_next(PDL: tl.constexpr):
     whole run). A no-op without PDL."""
     if PDL:
         gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(ptrs, ENABLE: tl.constexpr):
+    """Ask L2 for the 128-byte lines holding ``ptrs`` (any shape; one ``prefetch.global.L2`` per
+    element), then go on without waiting. A hint: it returns nothing and changes no value, so it
+    may precede ``pdl_wait`` and its addresses may come from data another kernel is still writing
+    (the stale line is a wasted fetch; L2 is where the GPU's writes meet, so the loads after the
+    wait see the written data). A no-op unless ENABLE (GPU launches with PDL only: the interpreter
+    has no inline PTX)."""
+    if ENABLE:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)

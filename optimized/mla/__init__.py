@@ -125,8 +125,8 @@ def _last_contig(t: torch.Tensor) -> torch.Tensor:
 
 
 #: Launch-configuration overrides (benchmarks/tuning only; keys: BLOCK_M, num_warps, num_stages,
-#: row_mask, BLOCK_R, BLOCK_V, epi_warps, merge_unroll, q_lat_l). They change speed, never the
-#: reduction order (BLOCK_N does).
+#: row_mask, prefetch_keys, prefetch_w, BLOCK_R, BLOCK_V, epi_warps, merge_unroll, q_lat_l). They
+#: change speed, never the reduction order (BLOCK_N does).
 _TUNE: dict = {}
 
 
@@ -142,10 +142,11 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
     HP = N if shared_kv else 1
     dt = k1.dtype
     cd = compute_dtype(dt)
-    BM = _TUNE.get("BLOCK_M", _block_m(B, T * HP, D1))
     # the most slices any sequence here can have (S_b <= S): the grid's and the partials' depth.
     # Clamping max_splits to it never changes a sequence's own count.
     max_splits = max(1, min(max_splits, triton.cdiv(S, split_keys)))
+    sms = _sm_count(q1.device)
+    BM = _TUNE.get("BLOCK_M", _block_m(B, T * HP, D1, max_splits, sms))
     direct = w_uv is None and max_splits == 1
     if direct:
         pacc = pml = out  # unused
@@ -169,6 +170,14 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
     o1 = out if direct else pacc  # only dereferenced when direct
     pdl = _pdl.enabled(q1.device)
     grid = (B, (N // HP) * triton.cdiv(T * HP, BM), max_splits)
+    # L2 prefetches before the PDL wait (hints, never a bit): the first key step of each program's
+    # slice when the grid is one wave (more programs than SMs: the later ones start after the wait
+    # anyway, and the extra requests cost B=64 4k 182 -> 191 us), and the q_lat / W_UV weight
+    # tiles. H200 (tune_mla.py --parts prefetch, session 13): B=1 4k 27.5 -> 26.6 us (keys),
+    # B=64 32k 940 -> 922 us (weights)
+    one_wave = grid[0] * grid[1] * grid[2] <= sms
+    prefetch_keys = _TUNE.get("prefetch_keys", 1 if one_wave else 0) if pdl and aligned and shared_kv \
+        and dt.itemsize == 2 else 0
     _mla_attn_kernel[grid](
         q1, q2, k1, k2, v, o1, pacc, pml, bt, seq_lens if seq_lens is not None else q1,
         T, S, N, D1, R, DV, block_size, split_keys, max_splits, float(scale),
@@ -178,7 +187,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
         PAGE_ALIGNED=aligned, VAR_LEN=seq_lens is not None,
         DIRECT=direct, EVEN_D=D1 == _pow2(D1) and R == _pow2(R) and DV == _pow2(DV),
         ROW_MASK=_TUNE.get("row_mask", _row_mask(BM)), CD=tl_compute_dtype(dt), BLOCK_M=BM, PDL=pdl,
-        launch_pdl=pdl,
+        launch_pdl=pdl, PREFETCH=prefetch_keys,
         BLOCK_N=_block_n(dt, shared_kv), BLOCK_D1=_pow2(D1), BLOCK_R=_pow2(R), BLOCK_DV=_pow2(DV),
         num_warps=_TUNE.get("num_warps", 4), num_stages=_TUNE.get("num_stages", _attn_stages(dt, big, BM, per_key_table)))
     if w_uv is not None:
@@ -203,6 +212,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
             split_keys, max_splits, VAR_LEN=seq_lens is not None, BLOCK_SP=_pow2(max_splits, 2),
             MERGE_UNROLL=_TUNE.get("merge_unroll", max(1, 16 // br)),
             CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV), BLOCK_V=bv, PDL=pdl, launch_pdl=pdl,
+            PREFETCH=pdl and _pow2(DV) % 64 == 0 and _TUNE.get("prefetch_w", True),
             num_warps=_TUNE.get("epi_warps", 4), num_stages=2 if dt.itemsize <= 2 else 1)
     elif not direct:
         bdv = min(512, _pow2(DV))
@@ -232,13 +242,18 @@ def _row_mask(block_m: int) -> bool:
     return block_m >= 32
 
 
-def _block_m(B: int, rows: int, D1: int) -> int:
-    """Query rows per program (measured on an H200: 16 for small batches, where more programs
-    matter, 32 for B >= 8 with 512-wide keys)."""
+def _block_m(B: int, rows: int, D1: int, depth: int, sms: int) -> int:
+    """Query rows per program (rows: a sequence's query rows, T * N or T; depth: key slices per
+    sequence, the grid's third axis). 512-wide keys: 32 once 32-row programs fill the GPU (at least
+    one per SM), else 16 (more programs; each reads its key tiles, which the other row block of
+    the sequence reads too). Never a bit: a row's arithmetic is the same in either. H200, pages of
+    64 (tune_mla.py --parts occupancy, session 13), 16 / 32 rows: B=8 4k 51.0 / 53.7 us (128
+    programs of 32), B=16 1k 34.9 / 49.5 (64), B=64 128 keys 32.5 / 45.4 (64); B=16 4k 87.0 / 66.8
+    (256), B=64 1k 89.5 / 68.4 (256)."""
     if rows <= 16:
         return 16
     if D1 > 256:
-        return 32 if B >= 8 else 16
+        return 32 if B * depth * triton.cdiv(rows, 32) >= sms else 16
     return 64
 
 
@@ -273,6 +288,7 @@ def _q_lat(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
             q2, w_uk, out, M, P, L, q2.stride(0), q2.stride(1), w_uk.stride(0), w_uk.stride(1),
             out.stride(0), out.stride(1), CD=tl_compute_dtype(q_nope.dtype), BLOCK_M=bm,
             BLOCK_P=16 if q_nope.dtype == torch.float64 else 32, BLOCK_L=bl, PDL=pdl, launch_pdl=pdl,
+            PREFETCH=_pow2(P) if pdl and bl % 64 == 0 and _TUNE.get("prefetch_w", True) else 0,
             num_warps=4, num_stages=2 if q_nope.dtype.itemsize <= 2 else 1)
     return out.view(B, T, N, L)
 
@@ -294,7 +310,8 @@ def absorbed(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: t
     q_lat = _q_lat(q[..., :P], w_uk)
     latent, k_pe = _last_contig(latent), _last_contig(k_pe)
     if num_splits is None:
-        num_splits = _default_splits(q.device, B * triton.cdiv(T * N, _block_m(B, T * N, L)), S)
+        bm = _block_m(B, T * N, L, 1, _sm_count(q.device))
+        num_splits = _default_splits(q.device, B * triton.cdiv(T * N, bm), S)
     o = torch.empty((B, T, N, Vh), dtype=q.dtype, device=q.device)
     return _attend(q_lat, q[..., P:], latent, k_pe, latent, o, T=T, S=S, N=N, D1=L, R=R, DV=L,
                    scale=scale, shared_kv=True, split_keys=1, max_splits=num_splits, w_uv=w_uv)

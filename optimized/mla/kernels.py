@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._pdl import pdl_launch_next, pdl_wait
+from .._pdl import pdl_launch_next, pdl_wait, prefetch_l2
 
 
 @triton.jit
@@ -56,6 +56,28 @@ def _load_tile(rows, cols, n_cols, rows_ok, ROW_MASK: tl.constexpr, EVEN: tl.con
 
 
 @triton.jit
+def _prefetch_keys(kv_ptr, bt_ptr, slen_ptr, b, split, S, ROW, block_size, split_keys, max_splits, skv,
+                   sbtb, VAR_LEN: tl.constexpr, STEPS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Prefetch into L2 the paged rows (ROW elements each, 2-byte) of the first STEPS steps of this
+    program's key slice, from the sequence length and block table as they read now (a hint: see
+    ``prefetch_l2``)."""
+    if VAR_LEN:
+        S_b = tl.load(slen_ptr + b).to(tl.int32)
+    else:
+        S_b = S
+    n_split = _num_slices(S_b, split_keys, max_splits)
+    split_len = tl.cdiv(tl.cdiv(S_b, n_split), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    line = tl.minimum(tl.arange(0, 16) * 64, ROW - 1)  # a 128-byte line's first element; 16 >= ROW / 64
+    for i in tl.static_range(STEPS):
+        s0 = start + i * BLOCK_N
+        if (split < n_split) & (s0 < tl.minimum(start + split_len, S_b)):
+            blk = tl.load(bt_ptr + b * sbtb + s0 // block_size).to(tl.int64)
+            row = blk * block_size + s0 % block_size + tl.arange(0, BLOCK_N)
+            prefetch_l2(kv_ptr + row[:, None] * skv + line[None, :], True)
+
+
+@triton.jit
 def _mla_attn_kernel(
         q1_ptr, q2_ptr, k1_ptr, k2_ptr, v_ptr, o_ptr, pacc_ptr, pml_ptr, bt_ptr, slen_ptr,
         T, S, N, D1, R, DV, block_size, split_keys, max_splits, scale: tl.float64,
@@ -66,15 +88,19 @@ def _mla_attn_kernel(
         VAR_LEN: tl.constexpr, DIRECT: tl.constexpr, EVEN_D: tl.constexpr, ROW_MASK: tl.constexpr,
         CD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_R: tl.constexpr,
-        BLOCK_DV: tl.constexpr, PDL: tl.constexpr = False):
+        BLOCK_DV: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
     # grid (B, (N // HP) * cdiv(T * HP, BLOCK_M), max_splits). Rows of a program: r -> t = r // HP,
     # h = hg * HP + r % HP. HP = N (absorbed: all heads share K/V) or 1 (naive: per-head K/V).
     # EVEN_D: D1, R and DV equal their blocks, so the key and value tiles load without column masks.
+    # PREFETCH (paged, page-aligned, shared form, with PDL): steps of keys prefetched into L2 first.
     b = tl.program_id(0).to(tl.int64)
     n_rb = tl.cdiv(T * HP, BLOCK_M)
     hg = tl.program_id(1) // n_rb
     rb = tl.program_id(1) % n_rb
     split = tl.program_id(2)
+    if PREFETCH > 0:  # the slice's first key rows into L2 while the kernel before still runs
+        _prefetch_keys(k1_ptr, bt_ptr, slen_ptr, b, split, S, D1 + R, block_size, split_keys, max_splits,
+                       sk1s, sbtb, VAR_LEN, PREFETCH, BLOCK_N)
     # PDL: the epilogue may launch only once every program is past its key loop; launched at the
     # start, its programs sat on the SMs through the last wave (H200, session 10: B=64 4k 191 ->
     # 199 us, 32k 990 -> 1023 us; no PDL 193 and 994)
@@ -232,7 +258,7 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
                            sob, sot, soh, split_keys, max_splits, VAR_LEN: tl.constexpr,
                            CD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
                            BLOCK_V: tl.constexpr, BLOCK_SP: tl.constexpr, MERGE_UNROLL: tl.constexpr,
-                           PDL: tl.constexpr = False):
+                           PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     # grid (cdiv(VH, BLOCK_V), N, cdiv(B*T, BLOCK_R)). For BLOCK_V output columns v, head h and
     # BLOCK_R query rows (b, t): merge each row's slices (``_num_slices`` of its own length; BLOCK_SP
     # >= max_splits), o_lat = sum_s e^(m_s - M) acc_s /
@@ -254,7 +280,11 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
     lo = tl.arange(0, BLOCK_L)
     lmask = lo < L
     # W_UV is read after the merge, not before the wait: held through the merge, its tile cost
-    # B=1 32k 64 -> 68 us (H200, session 10)
+    # B=1 32k 64 -> 68 us (H200, session 10). PREFETCH: its lines into L2 before the wait instead.
+    if PREFETCH:
+        tl.static_assert(BLOCK_L % 64 == 0)
+        vc = tl.minimum(v, VH - 1)
+        prefetch_l2(wuv_ptr + h * swh + vc[:, None] * swv + (tl.arange(0, BLOCK_L // 64) * 64)[None, :], True)
     pdl_wait(PDL)
     # live rows: an idle row (sequence length 0, decode padding) has no partials and gets zeros
     live = rmask
@@ -311,7 +341,7 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
 @triton.jit
 def _q_lat_kernel(q_ptr, w_ptr, o_ptr, M, P, L, sqm, sqh, swh, swp, som, soh,
                   CD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
-                  BLOCK_L: tl.constexpr, PDL: tl.constexpr = False):
+                  BLOCK_L: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
     # grid (N, cdiv(M, BLOCK_M), cdiv(L, BLOCK_L)): o[m, h, l] = q[m, h, :] @ W_UK[h][:, l] ([P, L]),
     # CD accumulation. A fixed tile and a fixed P order (BLOCK_P chunks, ascending) for every output
     # element: a row's result never depends on the other rows (batch invariance, which a library
@@ -324,6 +354,11 @@ def _q_lat_kernel(q_ptr, w_ptr, o_ptr, M, P, L, sqm, sqh, swh, swp, som, soh,
     lm = lo < L
     po = tl.arange(0, BLOCK_P)
     acc = tl.zeros([BLOCK_M, BLOCK_L], CD)
+    if PREFETCH > 0:  # this program's W_UK lines into L2 while the kernel before still runs
+        tl.static_assert(BLOCK_L % 64 == 0)
+        pc = tl.minimum(tl.arange(0, PREFETCH), P - 1)  # PREFETCH: a power of two >= P
+        lc = tl.minimum(tl.program_id(2) * BLOCK_L + tl.arange(0, BLOCK_L // 64) * 64, L - 1)
+        prefetch_l2(w_ptr + h * swh + pc[:, None].to(tl.int64) * swp + lc[None, :], True)
     pdl_wait(PDL)
     for p0 in range(0, P, BLOCK_P):
         p = p0 + po
