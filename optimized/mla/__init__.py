@@ -20,10 +20,10 @@ Decode = 3 launches (q_lat GEMM, attention, merge + W_UV) and no host sync, so i
 a CUDA graph. A sequence's key slices follow its own length (one per DECODE_SPLIT_KEYS keys, at
 most DECODE_MAX_SPLITS), never the batch. Measured on an H200 (bf16, N=32, L=512, pages of 64,
 CUDA-graph replay, programmatic dependent launch; floor = cache + w_kvb bytes at 4.3 TB/s;
-docs/BENCHMARKS.md, session 10): B=64 0.184 ms at 4k (2.5x floor), 0.95 ms at 32k (1.7x); B=1
-31 us at 4k (10.2x), 48 us at 32k (4.5x), where a program's serial 64-key steps and the three
-launches are most of the time. Eager launches cost ~0.2 ms of host time per call (Triton's
-launcher).
+docs/BENCHMARKS.md, session 13): B=64 0.182 ms at 4k (2.5x floor), 0.93 ms at 32k (1.6x); B=1
+26 us at 4k (8.5x), 41 us at 32k (3.8x), where a program's serial 64-key steps (one 4-warp
+program per SM, latency-bound) and the three launches are most of the time. Eager launches cost
+~0.2 ms of host time per call (Triton's launcher).
 """
 from __future__ import annotations
 
