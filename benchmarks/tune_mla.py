@@ -18,7 +18,8 @@ kernel's pipeline stages under the default policy, short contexts included; ``ro
 attention's rows per program (16, 32, or 64: warpgroup MMAs on sm_90), warps and stages; ``loads``:
 the key tiles' loads (rows past a slice's end masked, or clamped to its last key) by rows and stages;
 ``prefetch``: L2 prefetches before the PDL wait; ``occupancy``: 16 or 32 rows per attention program
-at B in {8, 16, 64} and short to medium contexts.
+at B in {8, 16, 64} and short to medium contexts; ``epilogue_v``: the epilogue's Vh columns per program
+and warps.
 """
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ PREFETCH = [dict(prefetch_keys=1), dict(prefetch_keys=2), dict(prefetch_w=True),
 PREFETCH_SHAPES = [(1, 64), (1, 4096), (1, 32768), (64, 4096), (64, 32768)]
 #: rows per attention program against the grid's size (16 rows: 3 stages, unmasked loads; 32: 2, masked)
 OCCUPANCY = [dict(BLOCK_M=16), dict(BLOCK_M=32)]
+#: the epilogue's Vh columns per program with its W_UV tile prefetched (each program redoes the merge)
+EPILOGUE_V = [dict(BLOCK_V=v, epi_warps=w) for v, w in itertools.product((16, 32, 64, 128), (4, 8))]
+EPILOGUE_V_SHAPES = [(1, 64), (1, 4096), (1, 32768), (64, 128), (64, 4096)]
 OCCUPANCY_SHAPES = [(b, s) for b in (8, 16, 64) for s in (128, 1024, 4096)]
 
 def setup(B: int, S: int, g: torch.Generator):
@@ -187,7 +191,7 @@ def sweep_launches(case: Case, rows: list, part: str, launches: list) -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"], choices=["slicing", "epilogue", "stages", "rows", "loads", "prefetch", "occupancy"])
+    ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"], choices=["slicing", "epilogue", "stages", "rows", "loads", "prefetch", "occupancy", "epilogue_v"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--top", type=int, default=2, help="policies per shape swept over the launch settings")
     args = ap.parse_args(argv)
@@ -200,7 +204,8 @@ def main(argv=None):
     shapes = list(dict.fromkeys(SHAPES + (EPILOGUE_SHAPES if "epilogue" in args.parts else [])
                                 + (STAGES_SHAPES if {"stages", "rows", "loads"} & set(args.parts) else [])
                                 + (PREFETCH_SHAPES if "prefetch" in args.parts else [])
-                                + (OCCUPANCY_SHAPES if "occupancy" in args.parts else [])))
+                                + (OCCUPANCY_SHAPES if "occupancy" in args.parts else [])
+                                + (EPILOGUE_V_SHAPES if "epilogue_v" in args.parts else [])))
     for B, S in shapes:
         case = Case(B, S, g)
         if "slicing" in args.parts and (B, S) in SHAPES:
@@ -217,6 +222,8 @@ def main(argv=None):
             sweep_launches(case, rows, "prefetch", PREFETCH)
         if "occupancy" in args.parts and (B, S) in OCCUPANCY_SHAPES:
             sweep_launches(case, rows, "occupancy", OCCUPANCY)
+        if "epilogue_v" in args.parts and (B, S) in EPILOGUE_V_SHAPES:
+            sweep_launches(case, rows, "epilogue_v", EPILOGUE_V)
         mla._TUNE.clear()
         del case
         torch.cuda.empty_cache()

@@ -20,8 +20,8 @@ Decode = 3 launches (q_lat GEMM, attention, merge + W_UV) and no host sync, so i
 a CUDA graph. A sequence's key slices follow its own length (one per DECODE_SPLIT_KEYS keys, at
 most DECODE_MAX_SPLITS), never the batch. Measured on an H200 (bf16, N=32, L=512, pages of 64,
 CUDA-graph replay, programmatic dependent launch; floor = cache + w_kvb bytes at 4.3 TB/s;
-docs/BENCHMARKS.md, session 13): B=64 0.182 ms at 4k (2.5x floor), 0.93 ms at 32k (1.6x); B=1
-26 us at 4k (8.5x), 41 us at 32k (3.8x), where a program's serial 64-key steps (one 4-warp
+docs/BENCHMARKS.md, session 13): B=64 0.162 ms at 4k (2.2x floor), 0.88 ms at 32k (1.6x); B=1
+26 us at 4k (8.4x), 40 us at 32k (3.7x), where a program's serial 64-key steps (one 4-warp
 program per SM, latency-bound) and the three launches are most of the time. Eager launches cost
 ~0.2 ms of host time per call (Triton's launcher).
 """
@@ -195,17 +195,14 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
         # rows per program: 16, or the batch's rows when fewer (B=1: the merge reads one row's
         # partials, not 16 masked ones; bit-neutral, the dot runs on 16 rows either way)
         br = _TUNE.get("BLOCK_R", min(16, _pow2(B * T, 1)))
-        # one Vh chunk per program (the merge is redone per chunk) so a small batch still spreads
-        # the W_UV read: 4 chunks per head at Vh = 128 (bf16), launched next to each other so they
-        # share the partials through L2. W_UV^T tiles [L, BLOCK_V] fit shared memory in every
-        # dtype; at 4 warps and L = 512, ptxas (sm_90) spills with 64 bf16 columns.
-        # (the CPU interpreter, where a program costs its Python overhead, takes 128-byte rows).
-        # Slices in flight per merge step (MERGE_UNROLL, bit-neutral): 16 rows' worth (16 // rows),
-        # so 1 for 16-row blocks, whose tiles spill with more (tune_mla.py --parts epilogue, H200,
-        # session 10: B=1 32k 50.2 / 49.6 / 48.1 / 48.0 us with 1 / 8 / 16 / 32; B=64 64 keys 36.7
-        # us with 1, 419 with 8)
-        bv = _TUNE.get("BLOCK_V", min(16 if dt.itemsize > 4 else 32, _pow2(Vh)) if q1.device.type == "cuda"
-                       else min(128 // dt.itemsize, _pow2(Vh)))
+        # Vh chunks per head as programs (each redoes the merge, bitwise the same) so a small batch
+        # still spreads the W_UV read; adjacent in launch order, they share the partials through
+        # L2. Slices in flight per merge step (MERGE_UNROLL, bit-neutral): 16 rows' worth (16 //
+        # rows), so 1 for 16-row blocks, whose tiles spill with more (tune_mla.py --parts epilogue,
+        # H200, session 10: B=1 32k 50.2 / 49.6 / 48.1 / 48.0 us with 1 / 8 / 16 / 32; B=64 64
+        # keys 36.7 us with 1, 419 with 8)
+        bv, epi_warps = _epilogue_tile(dt, br, DV, Vh, q1.device)
+        bv, epi_warps = _TUNE.get("BLOCK_V", bv), _TUNE.get("epi_warps", epi_warps)
         _mla_combine_uv_kernel[(triton.cdiv(Vh, bv), N, triton.cdiv(B * T, br))](
             pacc, pml, w_uv, out, seq_lens if seq_lens is not None else pml, B * T, T, S, N, DV, Vh,
             w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), out.stride(2),
@@ -213,7 +210,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
             MERGE_UNROLL=_TUNE.get("merge_unroll", max(1, 16 // br)),
             CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV), BLOCK_V=bv, PDL=pdl, launch_pdl=pdl,
             PREFETCH=pdl and _pow2(DV) % 64 == 0 and _TUNE.get("prefetch_w", True),
-            num_warps=_TUNE.get("epi_warps", 4), num_stages=2 if dt.itemsize <= 2 else 1)
+            num_warps=epi_warps, num_stages=2 if dt.itemsize <= 2 else 1)
     elif not direct:
         bdv = min(512, _pow2(DV))
         _mla_combine_kernel[(B * T * N, triton.cdiv(DV, bdv))](
@@ -231,6 +228,24 @@ def _attn_stages(dtype: torch.dtype, big: bool, block_m: int, per_key_table: boo
     if big and dtype.itemsize > 2:
         return 1
     return 3 if big and (block_m == 16 or per_key_table) else 2
+
+
+def _epilogue_tile(dtype: torch.dtype, rows: int, L: int, Vh: int, device: torch.device) -> tuple[int, int]:
+    """(Vh columns, warps) of a merge + W_UV program over ``rows`` query rows. Bit-neutral: a column
+    is one dot over the full L whichever program computes it. 16-bit on a GPU: 128 columns on 8
+    warps for 16-row blocks, 64 on 4 for fewer rows, the W_UV tile [L, columns] in shared memory
+    (at most 128 KB: fewer columns past L = 512; sm_90 build at L = 512: no spills, triton 3.6
+    and 3.9). H200 with the tile prefetched before the wait
+    (tune_mla.py --parts epilogue_v, session 13), against 32 columns on 4 warps: B=64 4k 181.7 ->
+    162.6 us, B=64 128 keys 32.6 -> 28.6; B=1 32k 40.6 -> 40.1 (64 columns; 128 were slower there).
+    fp32 / fp64 tiles of L x 32 / 16. The CPU interpreter, where a program costs its Python
+    overhead, takes 128-byte rows."""
+    if device.type != "cuda":
+        return min(128 // dtype.itemsize, _pow2(Vh)), 4
+    if dtype.itemsize == 2:
+        cap = max(16, (1 << 16) // _pow2(L))  # columns of an L-deep 2-byte tile in 128 KB
+        return (min(128, cap, _pow2(Vh)), 8) if rows >= 16 else (min(64, cap, _pow2(Vh)), 4)
+    return min(16 if dtype.itemsize > 4 else 32, _pow2(Vh)), 4
 
 
 def _row_mask(block_m: int) -> bool:
