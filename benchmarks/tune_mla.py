@@ -53,15 +53,17 @@ ROWS = [dict(BLOCK_M=m, num_warps=w, num_stages=s) for m, w, s in
 #: row (no predicates), at 16 and 32 rows per program, 2 and 3 stages
 LOADS = [dict(row_mask=m, BLOCK_M=r, num_stages=s) for m, r, s in itertools.product((False, True), (16, 32), (2, 3))]
 #: L2 prefetches before the PDL wait: the attention's first key steps, the q_lat / epilogue weight tiles
-PREFETCH = [dict(prefetch_keys=1), dict(prefetch_keys=2), dict(prefetch_w=True),
+#: (session 13 run 4 timed the first three and the last two against the default of then: no prefetch)
+PREFETCH = [dict(prefetch_keys=0, prefetch_w=False), dict(prefetch_keys=1, prefetch_w=False),
+            dict(prefetch_keys=2, prefetch_w=False), dict(prefetch_keys=0, prefetch_w=True),
             dict(prefetch_keys=2, prefetch_w=True), dict(prefetch_keys=4, prefetch_w=True)]
 PREFETCH_SHAPES = [(1, 64), (1, 4096), (1, 32768), (64, 4096), (64, 32768)]
 #: rows per attention program against the grid's size (16 rows: 3 stages, unmasked loads; 32: 2, masked)
 OCCUPANCY = [dict(BLOCK_M=16), dict(BLOCK_M=32)]
+OCCUPANCY_SHAPES = [(b, s) for b in (8, 16, 64) for s in (128, 1024, 4096)]
 #: the epilogue's Vh columns per program with its W_UV tile prefetched (each program redoes the merge)
 EPILOGUE_V = [dict(BLOCK_V=v, epi_warps=w) for v, w in itertools.product((16, 32, 64, 128), (4, 8))]
 EPILOGUE_V_SHAPES = [(1, 64), (1, 4096), (1, 32768), (64, 128), (64, 4096)]
-OCCUPANCY_SHAPES = [(b, s) for b in (8, 16, 64) for s in (128, 1024, 4096)]
 
 def setup(B: int, S: int, g: torch.Generator):
     from optimized import mla
@@ -191,7 +193,8 @@ def sweep_launches(case: Case, rows: list, part: str, launches: list) -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"], choices=["slicing", "epilogue", "stages", "rows", "loads", "prefetch", "occupancy", "epilogue_v"])
+    ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"],
+                    choices=["slicing", "epilogue", "stages", "rows", "loads", "prefetch", "occupancy", "epilogue_v"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--top", type=int, default=2, help="policies per shape swept over the launch settings")
     args = ap.parse_args(argv)
@@ -201,7 +204,8 @@ def main(argv=None):
 
     g = torch.Generator(device="cuda").manual_seed(0)
     rows = []
-    shapes = list(dict.fromkeys(SHAPES + (EPILOGUE_SHAPES if "epilogue" in args.parts else [])
+    shapes = list(dict.fromkeys((SHAPES if "slicing" in args.parts else [])
+                                + (EPILOGUE_SHAPES if "epilogue" in args.parts else [])
                                 + (STAGES_SHAPES if {"stages", "rows", "loads"} & set(args.parts) else [])
                                 + (PREFETCH_SHAPES if "prefetch" in args.parts else [])
                                 + (OCCUPANCY_SHAPES if "occupancy" in args.parts else [])
