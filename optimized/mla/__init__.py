@@ -325,7 +325,7 @@ def absorbed(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: t
     q_lat = _q_lat(q[..., :P], w_uk)
     latent, k_pe = _last_contig(latent), _last_contig(k_pe)
     if num_splits is None:
-        bm = _block_m(B, T * N, L, 1, _sm_count(q.device))
+        bm = _block_m(B, T * N, L, 1, _sm_count(q.device))  # depth 1: the slices are chosen from it
         num_splits = _default_splits(q.device, B * triton.cdiv(T * N, bm), S)
     o = torch.empty((B, T, N, Vh), dtype=q.dtype, device=q.device)
     return _attend(q_lat, q[..., P:], latent, k_pe, latent, o, T=T, S=S, N=N, D1=L, R=R, DV=L,

@@ -40,6 +40,12 @@ def _num_slices(S_b, split_keys, max_splits):
 
 
 @triton.jit
+def _slice_len(S_b, n_split, BLOCK_N: tl.constexpr):
+    """Keys per slice of a sequence of S_b keys cut into n_split slices: whole steps of BLOCK_N."""
+    return tl.cdiv(tl.cdiv(S_b, n_split), BLOCK_N) * BLOCK_N
+
+
+@triton.jit
 def _load_tile(rows, cols, n_cols, rows_ok, ROW_MASK: tl.constexpr, EVEN: tl.constexpr):
     """Load the tile ``rows[:, None] + cols[None, :]`` (row pointers, column offsets); rows not
     ``rows_ok`` (when ROW_MASK) and columns ``>= n_cols`` (unless EVEN: there are none) read as 0.
@@ -66,7 +72,7 @@ def _prefetch_keys(kv_ptr, bt_ptr, slen_ptr, b, split, S, ROW, block_size, split
     else:
         S_b = S
     n_split = _num_slices(S_b, split_keys, max_splits)
-    split_len = tl.cdiv(tl.cdiv(S_b, n_split), BLOCK_N) * BLOCK_N
+    split_len = _slice_len(S_b, n_split, BLOCK_N)
     start = split * split_len
     line = tl.minimum(tl.arange(0, 16) * 64, ROW - 1)  # a 128-byte line's first element; 16 >= ROW / 64
     for i in tl.static_range(STEPS):
@@ -129,7 +135,7 @@ def _mla_attn_kernel(
                  mask=rmask[:, None] & (dr < R)[None, :], other=0.0)
     hoff = hg.to(tl.int64) * (1 - SHARED_KV)  # per-head K/V offset (0 in the shared form)
 
-    split_len = tl.cdiv(tl.cdiv(S_b, n_split), BLOCK_N) * BLOCK_N
+    split_len = _slice_len(S_b, n_split, BLOCK_N)
     start = split * split_len
     last_pos = S_b - T + tl.minimum(rb * BLOCK_M + BLOCK_M - 1, T * HP - 1) // HP
     end = tl.minimum(tl.minimum(start + split_len, S_b), last_pos + 1)
