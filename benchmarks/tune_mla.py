@@ -19,7 +19,7 @@ attention's rows per program (16, 32, or 64: warpgroup MMAs on sm_90), warps and
 the key tiles' loads (rows past a slice's end masked, or clamped to its last key) by rows and stages;
 ``prefetch``: L2 prefetches before the PDL wait; ``occupancy``: 16 or 32 rows per attention program
 at B in {8, 16, 64} and short to medium contexts; ``epilogue_v``: the epilogue's Vh columns per program
-and warps.
+and warps; ``b1``: more key slices than the default, by keys per step, rows per program and stages.
 """
 from __future__ import annotations
 
@@ -64,6 +64,11 @@ OCCUPANCY_SHAPES = [(b, s) for b in (8, 16, 64) for s in (128, 1024, 4096)]
 #: the epilogue's Vh columns per program with its W_UV tile prefetched (each program redoes the merge)
 EPILOGUE_V = [dict(BLOCK_V=v, epi_warps=w) for v, w in itertools.product((16, 32, 64, 128), (4, 8))]
 EPILOGUE_V_SHAPES = [(1, 64), (1, 4096), (1, 32768), (64, 128), (64, 4096)]
+#: a small batch against the slice count: policies (split_keys, max_splits) x keys per step x rows
+#: per program x stages (fewer stages: more programs per SM, which more slices can fill)
+B1_POLICIES = [(256, 64), (256, 128), (128, 128)]
+B1 = [dict(BLOCK_M=16, num_stages=s) for s in (3, 2)] + [dict(BLOCK_M=32, num_stages=2), dict(BLOCK_M=16, num_stages=1)]
+B1_SHAPES = SHAPES
 
 def setup(B: int, S: int, g: torch.Generator):
     from optimized import mla
@@ -191,10 +196,33 @@ def sweep_launches(case: Case, rows: list, part: str, launches: list) -> None:
               f"{'' if same else ' BITS DIFFER'} ({profile_line(replay)})", flush=True)
 
 
+def sweep_policies(case: Case, rows: list, part: str, policies: list, launches: list) -> None:
+    """Each policy under each launch setting: time and kernels, and whether the output is bitwise
+    the policy's first setting's."""
+    from optimized import mla
+
+    max_splits = mla.DECODE_MAX_SPLITS
+    for policy in policies:
+        ref = None
+        for launch in launches:
+            try:
+                ms, out, replay = case.timed(policy, launch)
+            except Exception as exc:  # noqa: BLE001 - a setting that does not compile is reported
+                print(f"{part} B={case.B} S={case.S} {policy} {launch}: failed {type(exc).__name__}: {str(exc)[:120]}")
+                continue
+            same = ref is None or bool(torch.equal(out, ref))
+            ref = out if ref is None else ref
+            rows.append(case.row(part=part, policy=policy, launch=launch, graph_ms=ms, same_bits=same))
+            print(f"{part} B={case.B} S={case.S} {policy} {launch}: {ms * 1e3:.1f} us {ms / case.floor_ms:.2f}x"
+                  f"{'' if same else ' BITS DIFFER'} ({profile_line(replay)})", flush=True)
+    mla.DECODE_MAX_SPLITS = max_splits
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"],
-                    choices=["slicing", "epilogue", "stages", "rows", "loads", "prefetch", "occupancy", "epilogue_v"])
+                    choices=["slicing", "epilogue", "stages", "rows", "loads", "prefetch", "occupancy", "epilogue_v",
+                             "b1"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--top", type=int, default=2, help="policies per shape swept over the launch settings")
     args = ap.parse_args(argv)
@@ -209,7 +237,8 @@ def main(argv=None):
                                 + (STAGES_SHAPES if {"stages", "rows", "loads"} & set(args.parts) else [])
                                 + (PREFETCH_SHAPES if "prefetch" in args.parts else [])
                                 + (OCCUPANCY_SHAPES if "occupancy" in args.parts else [])
-                                + (EPILOGUE_V_SHAPES if "epilogue_v" in args.parts else [])))
+                                + (EPILOGUE_V_SHAPES if "epilogue_v" in args.parts else [])
+                                + (B1_SHAPES if "b1" in args.parts else [])))
     for B, S in shapes:
         case = Case(B, S, g)
         if "slicing" in args.parts and (B, S) in SHAPES:
@@ -228,6 +257,11 @@ def main(argv=None):
             sweep_launches(case, rows, "occupancy", OCCUPANCY)
         if "epilogue_v" in args.parts and (B, S) in EPILOGUE_V_SHAPES:
             sweep_launches(case, rows, "epilogue_v", EPILOGUE_V)
+        if "b1" in args.parts and (B, S) in B1_SHAPES:
+            for block_n in BLOCK_NS:
+                mla.BLOCK_N_LATENT = block_n
+                sweep_policies(case, rows, f"b1 BLOCK_N={block_n}", B1_POLICIES, B1)
+            mla.BLOCK_N_LATENT = 64
         mla._TUNE.clear()
         del case
         torch.cuda.empty_cache()

@@ -1,0 +1,120 @@
+"""What a decode kernel chain costs before it computes anything, on this GPU: CUDA-graph replay time
+of n empty Triton launches in a row (n = 1, 2, 3; with and without programmatic dependent launch),
+and of one kernel that only reads a B=1 MLA latent cache ([S, 576] bf16, S = 4096 and 32768) and
+sums it. Read against ``mla.paged_decode`` at B=1 (three launches: q_lat, attention, merge + W_UV),
+they say how much of its time no kernel body can remove, and how close a single launch gets to
+the bytes / 4.3 TB/s floor at these sizes.
+
+    python benchmarks/launch_floor.py [--out launch_floor.json]
+
+Each replay starts with a cold L2 (``do_bench`` flushes it), as the decode benchmarks do.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import HBM_BYTES_PER_S, bench, graphed  # noqa: E402
+from optimized import _pdl  # noqa: E402
+
+ROW = 576  # a latent cache row: L = 512 latent + R = 64 k_pe, bf16
+CONTEXTS = (4096, 32768)
+
+
+@triton.jit
+def _empty_kernel(x_ptr, PDL: tl.constexpr):
+    # the PDL rule (optimized/_pdl.py): wait before any store; this kernel has none
+    _pdl.pdl_wait(PDL)
+
+
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, rows, rows_per_program, BLOCK_ROWS: tl.constexpr, PDL: tl.constexpr):
+    # grid (programs,): program p sums rows [p * rows_per_program, ...) of x [rows, 576] in fp32
+    # (the 512 latent columns and the 64 k_pe columns as two tiles) and stores its sum
+    _pdl.pdl_wait(PDL)
+    p = tl.program_id(0)
+    first = p * rows_per_program
+    last = tl.minimum(first + rows_per_program, rows)
+    c1 = tl.arange(0, 512)
+    c2 = 512 + tl.arange(0, 64)
+    acc = tl.zeros([BLOCK_ROWS], tl.float32)
+    for r0 in range(first, last, BLOCK_ROWS):
+        r = r0 + tl.arange(0, BLOCK_ROWS)
+        ok = r < last
+        base = x_ptr + r.to(tl.int64)[:, None] * 576
+        acc += tl.sum(tl.load(base + c1[None, :], mask=ok[:, None], other=0.0).to(tl.float32), axis=1)
+        acc += tl.sum(tl.load(base + c2[None, :], mask=ok[:, None], other=0.0).to(tl.float32), axis=1)
+    tl.store(out_ptr + p, tl.sum(acc, axis=0))
+
+
+def read_sum(x: torch.Tensor, programs: int, block_rows: int = 32, num_warps: int = 4) -> torch.Tensor:
+    """Per-program sums [programs] (fp32) of x [rows, 576] (bf16), rows cut into equal runs."""
+    rows = x.shape[0]
+    out = torch.empty(programs, dtype=torch.float32, device=x.device)
+    per = triton.cdiv(rows, programs)
+    pdl = _pdl.enabled(x.device)
+    _read_kernel[(programs,)](x, out, rows, per, BLOCK_ROWS=block_rows, PDL=pdl, launch_pdl=pdl,
+                              num_warps=num_warps)
+    return out
+
+
+def empty_chain(x: torch.Tensor, n: int, programs: int) -> None:
+    pdl = _pdl.enabled(x.device)
+    for _ in range(n):
+        _empty_kernel[(programs,)](x, PDL=pdl, launch_pdl=pdl, num_warps=4)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (it times launches)")
+    import os
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    x = torch.zeros(8, device="cuda")
+    rows = []
+    for pdl in ("1", "0"):
+        os.environ[_pdl.ENV] = pdl
+        for n in (1, 2, 3):
+            replay = graphed(lambda: empty_chain(x, n, sms))
+            us = bench(replay, warmup_ms=10, rep_ms=100)[0] * 1e3
+            rows.append(dict(kind="empty", launches=n, pdl=pdl == "1", programs=sms, graph_us=us))
+            print(f"{n} empty launch(es) of {sms} programs, PDL {'on' if pdl == '1' else 'off'}: {us:.2f} us",
+                  flush=True)
+    os.environ[_pdl.ENV] = "1"
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for S in CONTEXTS:
+        cache = torch.randn((S, ROW), generator=g, device="cuda").to(torch.bfloat16)
+        floor_us = cache.numel() * 2 / HBM_BYTES_PER_S * 1e6
+        exact = cache.double().sum().item()
+        best = None
+        for programs in (sms, 2 * sms, 4 * sms):
+            for block_rows in (16, 32, 64):
+                for warps in (4, 8):
+                    got = read_sum(cache, programs, block_rows, warps).double().sum().item()
+                    # fp32 sums of |x| <= ~5 over S * 576 terms: far inside 1e-3 relative
+                    assert abs(got - exact) <= 1e-3 * cache.double().abs().sum().item(), (got, exact)
+                    replay = graphed(lambda: read_sum(cache, programs, block_rows, warps))
+                    us = bench(replay, warmup_ms=10, rep_ms=100)[0] * 1e3
+                    rows.append(dict(kind="read", S=S, programs=programs, block_rows=block_rows, warps=warps,
+                                     graph_us=us, floor_us=floor_us))
+                    if best is None or us < best[0]:
+                        best = (us, programs, block_rows, warps)
+        print(f"read [{S}, {ROW}] bf16 ({cache.numel() * 2 / 1e6:.1f} MB, floor {floor_us:.2f} us): best "
+              f"{best[0]:.2f} us ({best[0] / floor_us:.2f}x) with {best[1]} programs, {best[2]} rows, "
+              f"{best[3]} warps", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
