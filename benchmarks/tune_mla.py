@@ -19,7 +19,9 @@ attention's rows per program (16, 32, or 64: warpgroup MMAs on sm_90), warps and
 the key tiles' loads (rows past a slice's end masked, or clamped to its last key) by rows and stages;
 ``prefetch``: L2 prefetches before the PDL wait; ``occupancy``: 16 or 32 rows per attention program
 at B in {8, 16, 64} and short to medium contexts; ``epilogue_v``: the epilogue's Vh columns per program
-and warps; ``b1``: more key slices than the default, by keys per step, rows per program and stages.
+and warps; ``b1``: more key slices than the default, by keys per step, rows per program and stages;
+``warps``: 2 or 4 warps per 16-row attention program, by stages; ``q_lat``: the q_lat GEMM's tile
+(P columns per dot, L columns per program, warps, stages).
 """
 from __future__ import annotations
 
@@ -69,6 +71,16 @@ EPILOGUE_V_SHAPES = [(1, 64), (1, 4096), (1, 32768), (64, 128), (64, 4096)]
 B1_POLICIES = [(256, 64), (256, 128), (128, 128)]
 B1 = [dict(BLOCK_M=16, num_stages=s) for s in (3, 2)] + [dict(BLOCK_M=32, num_stages=2), dict(BLOCK_M=16, num_stages=1)]
 B1_SHAPES = SHAPES
+#: warps per 16-row attention program (each warp re-reads the program's q tile from shared memory
+#: every step, so fewer warps read less of it) by stages
+WARPS = [dict(BLOCK_M=16, num_warps=w, num_stages=s) for w in (4, 2) for s in (3, 2)]
+WARPS_SHAPES = [(1, 4096), (1, 32768)]
+#: the q_lat GEMM's tile: P columns per dot (32: four chained dots over P = 128; 128: one), L
+#: columns per program, warps and stages
+Q_LAT = [dict(q_lat_p=p, q_lat_l=l, q_lat_warps=w, q_lat_stages=s)
+         for p, l, w, s in ((32, 128, 4, 2), (64, 128, 4, 2), (128, 128, 4, 1), (128, 128, 8, 1),
+                            (128, 64, 4, 1), (128, 256, 8, 1), (32, 64, 4, 2))]
+Q_LAT_SHAPES = [(1, 4096), (1, 32768), (64, 4096)]
 
 def setup(B: int, S: int, g: torch.Generator):
     from optimized import mla
@@ -222,7 +234,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"],
                     choices=["slicing", "epilogue", "stages", "rows", "loads", "prefetch", "occupancy", "epilogue_v",
-                             "b1"])
+                             "b1", "warps", "q_lat"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--top", type=int, default=2, help="policies per shape swept over the launch settings")
     args = ap.parse_args(argv)
@@ -238,7 +250,9 @@ def main(argv=None):
                                 + (PREFETCH_SHAPES if "prefetch" in args.parts else [])
                                 + (OCCUPANCY_SHAPES if "occupancy" in args.parts else [])
                                 + (EPILOGUE_V_SHAPES if "epilogue_v" in args.parts else [])
-                                + (B1_SHAPES if "b1" in args.parts else [])))
+                                + (B1_SHAPES if "b1" in args.parts else [])
+                                + (WARPS_SHAPES if "warps" in args.parts else [])
+                                + (Q_LAT_SHAPES if "q_lat" in args.parts else [])))
     for B, S in shapes:
         case = Case(B, S, g)
         if "slicing" in args.parts and (B, S) in SHAPES:
@@ -262,6 +276,10 @@ def main(argv=None):
                 mla.BLOCK_N_LATENT = block_n
                 sweep_policies(case, rows, f"b1 BLOCK_N={block_n}", B1_POLICIES, B1)
             mla.BLOCK_N_LATENT = 64
+        if "warps" in args.parts and (B, S) in WARPS_SHAPES:
+            sweep_launches(case, rows, "warps", WARPS)
+        if "q_lat" in args.parts and (B, S) in Q_LAT_SHAPES:
+            sweep_launches(case, rows, "q_lat", Q_LAT)
         mla._TUNE.clear()
         del case
         torch.cuda.empty_cache()

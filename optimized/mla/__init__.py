@@ -125,7 +125,8 @@ def _last_contig(t: torch.Tensor) -> torch.Tensor:
 
 
 #: Launch-configuration overrides (benchmarks/tuning only; keys: BLOCK_M, num_warps, num_stages,
-#: row_mask, prefetch_keys, prefetch_w, BLOCK_R, BLOCK_V, epi_warps, merge_unroll, q_lat_l). They
+#: row_mask, prefetch_keys, prefetch_w, BLOCK_R, BLOCK_V, epi_warps, merge_unroll, q_lat_l, q_lat_p,
+#: q_lat_warps, q_lat_stages). They
 #: change speed, never the reduction order (BLOCK_N does).
 _TUNE: dict = {}
 
@@ -302,9 +303,10 @@ def _q_lat(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
         _q_lat_kernel[(N, triton.cdiv(M, bm), triton.cdiv(L, bl))](
             q2, w_uk, out, M, P, L, q2.stride(0), q2.stride(1), w_uk.stride(0), w_uk.stride(1),
             out.stride(0), out.stride(1), CD=tl_compute_dtype(q_nope.dtype), BLOCK_M=bm,
-            BLOCK_P=16 if q_nope.dtype == torch.float64 else 32, BLOCK_L=bl, PDL=pdl, launch_pdl=pdl,
+            BLOCK_P=_TUNE.get("q_lat_p", 16 if q_nope.dtype == torch.float64 else 32), BLOCK_L=bl, PDL=pdl, launch_pdl=pdl,
             PREFETCH=_pow2(P) if pdl and bl % 64 == 0 and _TUNE.get("prefetch_w", True) else 0,
-            num_warps=4, num_stages=2 if q_nope.dtype.itemsize <= 2 else 1)
+            num_warps=_TUNE.get("q_lat_warps", 4),
+            num_stages=_TUNE.get("q_lat_stages", 2 if q_nope.dtype.itemsize <= 2 else 1))
     return out.view(B, T, N, L)
 
 
