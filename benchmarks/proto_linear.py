@@ -100,11 +100,11 @@ def in_graph(out: str | None) -> None:
         Path(out).write_text(json.dumps({"results": res, "totals_us": tot}, indent=1))
 
 
-def rows_invariant(M: int = 20, N: int = 48, K: int = 96, dtype=torch.float32) -> bool:
+def rows_invariant(M: int = 20, N: int = 48, K: int = 96, dtype=torch.float32, device="cpu") -> bool:
     """Each row of an M-row product has the bits of that row computed alone (the kernel's claim)."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(M, K, generator=g).to(dtype)
-    w = (torch.randn(N, K, generator=g) * K ** -0.5).to(dtype)
+    x = torch.randn(M, K, generator=g).to(device, dtype)
+    w = (torch.randn(N, K, generator=g) * K ** -0.5).to(device, dtype)
     y = linear(x, w, 16, 32, 4, 3)
     return all(torch.equal(linear(x[i:i + 1], w, 16, 32, 4, 3)[0], y[i]) for i in (0, 7, M - 1))
 

@@ -1,13 +1,15 @@
-"""benchmarks/launch_floor.py: its read kernel sums every row of the cache once, under the interpreter."""
+"""benchmarks/launch_floor.py: its read kernel sums every row of the cache once (compiled on a GPU,
+else under the interpreter)."""
 import torch
 
 from benchmarks import launch_floor
+from tests.optimized._bounds import DEV
 
 
 def test_read_kernel_sums_each_row_once():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(70, launch_floor.ROW, generator=g).to(torch.bfloat16)
-    parts = launch_floor.read_sum(x, programs=3, block_rows=16)
+    parts = launch_floor.read_sum(x.to(DEV), programs=3, block_rows=16).cpu()
     per = 24  # cdiv(70, 3) rows per program, the last program 22
     for p in range(3):
         rows = x[p * per:(p + 1) * per].double()
