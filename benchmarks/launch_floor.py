@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -77,8 +78,6 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (it times launches)")
-    import os
-
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     x = torch.zeros(8, device="cuda")
     rows = []

@@ -190,12 +190,11 @@ def sweep_epilogue(case: Case, rows: list) -> None:
           f"best {best[1]} {best[0] * 1e3:.1f} us ({profile_line(best[2])})", flush=True)
 
 
-def sweep_launches(case: Case, rows: list, part: str, launches: list) -> None:
-    """``launches`` (mla._TUNE settings) under the default policy: time, kernels, and whether the
-    output is bitwise the default setting's."""
-    policy = None
+def sweep_launches(case: Case, rows: list, part: str, launches: list, policy=None) -> None:
+    """``launches`` (mla._TUNE settings) under ``policy`` (None: the default): time, kernels, and
+    whether the output is bitwise the default setting's under that policy."""
     _, ref_out, replay = case.timed(policy, {})
-    print(f"{part} B={case.B} S={case.S} default: ({profile_line(replay)})", flush=True)
+    print(f"{part} B={case.B} S={case.S} {policy or ''} default: ({profile_line(replay)})", flush=True)
     for launch in launches:
         try:
             ms, out, replay = case.timed(policy, launch)
@@ -204,29 +203,17 @@ def sweep_launches(case: Case, rows: list, part: str, launches: list) -> None:
             continue
         same = bool(torch.equal(out, ref_out))
         rows.append(case.row(part=part, policy=policy, launch=launch, graph_ms=ms, same_bits=same))
-        print(f"{part} B={case.B} S={case.S} {launch}: {ms * 1e3:.1f} us {ms / case.floor_ms:.2f}x"
+        print(f"{part} B={case.B} S={case.S} {policy or ''} {launch}: {ms * 1e3:.1f} us {ms / case.floor_ms:.2f}x"
               f"{'' if same else ' BITS DIFFER'} ({profile_line(replay)})", flush=True)
 
 
 def sweep_policies(case: Case, rows: list, part: str, policies: list, launches: list) -> None:
-    """Each policy under each launch setting: time and kernels, and whether the output is bitwise
-    the policy's first setting's."""
+    """``sweep_launches`` under each of ``policies`` (the module's slice limit restored after)."""
     from optimized import mla
 
     max_splits = mla.DECODE_MAX_SPLITS
     for policy in policies:
-        ref = None
-        for launch in launches:
-            try:
-                ms, out, replay = case.timed(policy, launch)
-            except Exception as exc:  # noqa: BLE001 - a setting that does not compile is reported
-                print(f"{part} B={case.B} S={case.S} {policy} {launch}: failed {type(exc).__name__}: {str(exc)[:120]}")
-                continue
-            same = ref is None or bool(torch.equal(out, ref))
-            ref = out if ref is None else ref
-            rows.append(case.row(part=part, policy=policy, launch=launch, graph_ms=ms, same_bits=same))
-            print(f"{part} B={case.B} S={case.S} {policy} {launch}: {ms * 1e3:.1f} us {ms / case.floor_ms:.2f}x"
-                  f"{'' if same else ' BITS DIFFER'} ({profile_line(replay)})", flush=True)
+        sweep_launches(case, rows, part, launches, policy)
     mla.DECODE_MAX_SPLITS = max_splits
 
 
