@@ -1,7 +1,8 @@
 """What a decode kernel chain costs before it computes anything, on this GPU: CUDA-graph replay time
 of n empty Triton launches in a row (n = 1, 2, 3; with and without programmatic dependent launch),
 and of one kernel that only reads a B=1 MLA latent cache ([S, 576] bf16, S = 4096 and 32768) and
-sums it. Read against ``mla.paged_decode`` at B=1 (three launches: q_lat, attention, merge + W_UV),
+sums it, alone and with as many more rows as the op's weights (w_kvb, [32 * 256, 512] bf16: W_UK and
+W_UV) take: every byte the op's floor counts, in one launch. Read against ``mla.paged_decode`` at B=1 (three launches: q_lat, attention, merge + W_UV),
 they say how much of its time no kernel body can remove, and how close a single launch gets to
 the bytes / 4.3 TB/s floor at these sizes.
 
@@ -27,6 +28,8 @@ from optimized import _pdl  # noqa: E402
 
 ROW = 576  # a latent cache row: L = 512 latent + R = 64 k_pe, bf16
 CONTEXTS = (4096, 32768)
+#: w_kvb of the 48B model (N = 32 heads x (P + Vh = 256) rows x L = 512) as rows of ROW elements
+WEIGHT_ROWS = -(-32 * 256 * 512 // ROW)
 
 
 @triton.jit
@@ -91,8 +94,8 @@ def main(argv=None):
                   flush=True)
     os.environ[_pdl.ENV] = "1"
     g = torch.Generator(device="cuda").manual_seed(0)
-    for S in CONTEXTS:
-        cache = torch.randn((S, ROW), generator=g, device="cuda").to(torch.bfloat16)
+    for S, extra in [(S, extra) for S in CONTEXTS for extra in (0, WEIGHT_ROWS)]:
+        cache = torch.randn((S + extra, ROW), generator=g, device="cuda").to(torch.bfloat16)
         floor_us = cache.numel() * 2 / HBM_BYTES_PER_S * 1e6
         exact = cache.double().sum().item()
         best = None
@@ -104,11 +107,11 @@ def main(argv=None):
                     assert abs(got - exact) <= 1e-3 * cache.double().abs().sum().item(), (got, exact)
                     replay = graphed(lambda: read_sum(cache, programs, block_rows, warps))
                     us = bench(replay, warmup_ms=10, rep_ms=100)[0] * 1e3
-                    rows.append(dict(kind="read", S=S, programs=programs, block_rows=block_rows, warps=warps,
+                    rows.append(dict(kind="read", S=S, weights=extra > 0, programs=programs, block_rows=block_rows, warps=warps,
                                      graph_us=us, floor_us=floor_us))
                     if best is None or us < best[0]:
                         best = (us, programs, block_rows, warps)
-        print(f"read [{S}, {ROW}] bf16 ({cache.numel() * 2 / 1e6:.1f} MB, floor {floor_us:.2f} us): best "
+        print(f"read [{S}{' + weights' if extra else ''}, {ROW}] bf16 ({cache.numel() * 2 / 1e6:.1f} MB, floor {floor_us:.2f} us): best "
               f"{best[0]:.2f} us ({best[0] / floor_us:.2f}x) with {best[1]} programs, {best[2]} rows, "
               f"{best[3]} warps", flush=True)
     if args.out:

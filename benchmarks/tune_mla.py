@@ -21,7 +21,10 @@ the key tiles' loads (rows past a slice's end masked, or clamped to its last key
 at B in {8, 16, 64} and short to medium contexts; ``epilogue_v``: the epilogue's Vh columns per program
 and warps; ``b1``: more key slices than the default, by keys per step, rows per program and stages;
 ``warps``: 2 or 4 warps per 16-row attention program, by stages; ``q_lat``: the q_lat GEMM's tile
-(P columns per dot, L columns per program, warps, stages).
+(P columns per dot, L columns per program, warps, stages); ``rows8``: one 32-row program per
+sequence and slice on 8 warps (a sequence's two 16-row halves share each key tile) against 16 and
+32 rows on 4 warps, at the default and doubled slice counts, with each setting's attention also
+compared in fp32 (``attention_bits``: finer than the bf16 output).
 """
 from __future__ import annotations
 
@@ -81,6 +84,13 @@ Q_LAT = [dict(q_lat_p=p, q_lat_l=l, q_lat_warps=w, q_lat_stages=s)
          for p, l, w, s in ((32, 128, 4, 2), (64, 128, 4, 2), (128, 128, 4, 1), (128, 128, 8, 1),
                             (128, 64, 4, 1), (128, 256, 8, 1), (32, 64, 4, 2))]
 Q_LAT_SHAPES = [(1, 4096), (1, 32768), (64, 4096)]
+#: 32 rows on 8 warps: the q.k tile [32, 64 keys] split as two 16-row halves by four key quarters,
+#: each warp's part as a 16-row program on 4 warps has it; with twice the slices at 32k a B=1
+#: sequence still fills the GPU with one program per slice
+ROWS8_POLICIES = [(256, 64), (256, 128), (128, 128)]
+ROWS8 = [dict(BLOCK_M=16, num_warps=4, num_stages=3), dict(BLOCK_M=32, num_warps=4, num_stages=2),
+         dict(BLOCK_M=32, num_warps=8, num_stages=2)]
+ROWS8_SHAPES = SHAPES
 
 def setup(B: int, S: int, g: torch.Generator):
     from optimized import mla
@@ -207,6 +217,49 @@ def sweep_launches(case: Case, rows: list, part: str, launches: list, policy=Non
               f"{'' if same else ' BITS DIFFER'} ({profile_line(replay)})", flush=True)
 
 
+def attention_bits(case: Case, policy, launch) -> torch.Tensor:
+    """The attention alone under ``policy`` ((split_keys, max_splits)) and ``launch``: its slices
+    merged in fp32 by the plain combine kernel ([B, 1, N, L], no W_UV, no bf16 rounding), so a
+    layout that changes a row's sums shows in far more elements than the bf16 output would."""
+    from optimized import mla
+
+    mla._TUNE.clear()
+    mla._TUNE.update(launch)
+    keys, most = policy
+    w_uk, _ = mla._w_views(case.w_kvb, N, P, VH)
+    q4 = case.q[:, None]
+    q_lat = mla._q_lat(q4[..., :P], w_uk)
+    out = torch.empty((case.B, 1, N, L), dtype=torch.float32, device="cuda")
+    kv = case.cache.kv.view(-1, L + R)
+    mla._attend(q_lat, q4[..., P:], kv, kv[:, L:], kv, out, T=1, S=case.tables.shape[1] * BLOCK, N=N, D1=L,
+                R=R, DV=L, scale=(P + R) ** -0.5, shared_kv=True, split_keys=keys, max_splits=most,
+                paged=(case.tables, BLOCK), seq_lens=case.lens)
+    return out
+
+
+def sweep_rows8(case: Case, rows: list) -> None:
+    """ROWS8 under each of ROWS8_POLICIES: time, kernels, and the fp32 attention's bits against the
+    first setting's under the same policy."""
+    from optimized import mla
+
+    max_splits = mla.DECODE_MAX_SPLITS
+    for policy in ROWS8_POLICIES:
+        ref = attention_bits(case, policy, ROWS8[0])
+        for launch in ROWS8:
+            try:
+                ms, _, replay = case.timed(policy, launch)
+                att = attention_bits(case, policy, launch)
+            except Exception as exc:  # noqa: BLE001 - a setting that does not compile is reported
+                print(f"rows8 B={case.B} S={case.S} {policy} {launch}: failed {type(exc).__name__}: {str(exc)[:120]}")
+                continue
+            differ = int((att != ref).sum().item())
+            rows.append(case.row(part="rows8", policy=policy, launch=launch, graph_ms=ms,
+                                 attention_elements_differ=differ))
+            print(f"rows8 B={case.B} S={case.S} {policy} {launch}: {ms * 1e3:.1f} us {ms / case.floor_ms:.2f}x, "
+                  f"fp32 attention {differ} of {ref.numel()} elements differ ({profile_line(replay)})", flush=True)
+    mla.DECODE_MAX_SPLITS = max_splits
+
+
 def sweep_policies(case: Case, rows: list, part: str, policies: list, launches: list) -> None:
     """``sweep_launches`` under each of ``policies`` (the module's slice limit restored after)."""
     from optimized import mla
@@ -221,7 +274,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"],
                     choices=["slicing", "epilogue", "stages", "rows", "loads", "prefetch", "occupancy", "epilogue_v",
-                             "b1", "warps", "q_lat"])
+                             "b1", "warps", "q_lat", "rows8"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--top", type=int, default=2, help="policies per shape swept over the launch settings")
     args = ap.parse_args(argv)
@@ -239,7 +292,8 @@ def main(argv=None):
                                 + (EPILOGUE_V_SHAPES if "epilogue_v" in args.parts else [])
                                 + (B1_SHAPES if "b1" in args.parts else [])
                                 + (WARPS_SHAPES if "warps" in args.parts else [])
-                                + (Q_LAT_SHAPES if "q_lat" in args.parts else [])))
+                                + (Q_LAT_SHAPES if "q_lat" in args.parts else [])
+                                + (ROWS8_SHAPES if "rows8" in args.parts else [])))
     for B, S in shapes:
         case = Case(B, S, g)
         if "slicing" in args.parts and (B, S) in SHAPES:
@@ -267,6 +321,8 @@ def main(argv=None):
             sweep_launches(case, rows, "warps", WARPS)
         if "q_lat" in args.parts and (B, S) in Q_LAT_SHAPES:
             sweep_launches(case, rows, "q_lat", Q_LAT)
+        if "rows8" in args.parts and (B, S) in ROWS8_SHAPES:
+            sweep_rows8(case, rows)
         mla._TUNE.clear()
         del case
         torch.cuda.empty_cache()
