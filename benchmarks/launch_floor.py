@@ -2,11 +2,14 @@
 of n empty Triton launches in a row (n = 1, 2, 3; with and without programmatic dependent launch),
 and of one kernel that only reads a B=1 MLA latent cache ([S, 576] bf16, S = 4096 and 32768) and
 sums it, alone and with as many more rows as the op's weights (w_kvb, [32 * 256, 512] bf16: W_UK and
-W_UV) take: every byte the op's floor counts, in one launch. Read against ``mla.paged_decode`` at B=1 (three launches: q_lat, attention, merge + W_UV),
+W_UV) take: every byte the op's floor counts, in one launch. ``--chain n`` also times n of those
+reads, and n ``mla.paged_decode`` calls at B=1, back to back in one graph, each on its own cache
+and weights (as a model's MLA layers are): the per-call cost once the graph's own launch is
+shared, which is how the op runs inside a decode step. Read against ``mla.paged_decode`` at B=1 (three launches: q_lat, attention, merge + W_UV),
 they say how much of its time no kernel body can remove, and how close a single launch gets to
 the bytes / 4.3 TB/s floor at these sizes.
 
-    python benchmarks/launch_floor.py [--out launch_floor.json]
+    python benchmarks/launch_floor.py [--chain 8] [--out launch_floor.json]
 
 Each replay starts with a cold L2 (``do_bench`` flushes it), as the decode benchmarks do.
 """
@@ -75,10 +78,36 @@ def empty_chain(x: torch.Tensor, n: int, programs: int) -> None:
         _empty_kernel[(programs,)](x, PDL=pdl, launch_pdl=pdl, num_warps=4)
 
 
+def read_chain(S: int, extra: int, n: int, setting: tuple, floor_us: float, g) -> dict:
+    """n reads of distinct [S + extra, ROW] buffers (``setting``: programs, rows, warps) in one graph."""
+    bufs = [torch.randn((S + extra, ROW), generator=g, device="cuda").to(torch.bfloat16) for _ in range(n)]
+    replay = graphed(lambda: [read_sum(b, *setting) for b in bufs])
+    us = bench(replay, warmup_ms=10, rep_ms=100)[0] * 1e3 / n
+    print(f"{n} reads of [{S} + weights, {ROW}] in one graph: {us:.2f} us per read ({us / floor_us:.2f}x)", flush=True)
+    return dict(kind="read_chain", S=S, weights=True, chain=n, per_call_us=us, floor_us=floor_us)
+
+
+def mla_chain(S: int, n: int, g) -> dict:
+    """n ``mla.paged_decode`` calls at B=1 over S cached tokens, each with its own cache and w_kvb
+    (tune_mla's setup: the 48B model's sizes, pages of 64), in one graph."""
+    from benchmarks.tune_mla import setup
+    from optimized import mla
+
+    cases = [setup(1, S, g) for _ in range(n)]
+    floor_us = cases[0][-1] * 1e3
+    replay = graphed(lambda: [mla.paged_decode(q, cache, tables, lens, w) for cache, tables, lens, q, w, _ in cases])
+    us = bench(replay, warmup_ms=10, rep_ms=100)[0] * 1e3 / n
+    print(f"{n} B=1 MLA decodes over {S} tokens in one graph: {us:.2f} us per call ({us / floor_us:.2f}x)", flush=True)
+    return dict(kind="mla_chain", S=S, chain=n, per_call_us=us, floor_us=floor_us)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--chain", type=int, default=0, help="also time this many reads / MLA decodes in one graph")
     args = ap.parse_args(argv)
+    if args.chain < 0:
+        ap.error(f"--chain: expected a count >= 0, got {args.chain}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (it times launches)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -114,6 +143,11 @@ def main(argv=None):
         print(f"read [{S}{' + weights' if extra else ''}, {ROW}] bf16 ({cache.numel() * 2 / 1e6:.1f} MB, floor {floor_us:.2f} us): best "
               f"{best[0]:.2f} us ({best[0] / floor_us:.2f}x) with {best[1]} programs, {best[2]} rows, "
               f"{best[3]} warps", flush=True)
+        if args.chain and extra:
+            rows.append(read_chain(S, extra, args.chain, best[1:], floor_us, g))
+    if args.chain:
+        for S in CONTEXTS:
+            rows.append(mla_chain(S, args.chain, g))
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
 
