@@ -5,14 +5,19 @@ runs, so its launch and ramp-up overlap that kernel's tail instead of following 
 at B = 1 is hundreds of kernels of a few microseconds each, where that gap is a large share.
 
 One rule keeps it exact, and every kernel that takes a ``PDL`` flag keeps it: ``pdl_wait(PDL)``
-comes before any load of data another kernel writes and before any store, in every program (also
-those that then exit). It waits until the previous kernel has finished and its stores are
-visible; only inputs no kernel writes (weights) may be read before it. The one exception is an
-L2 prefetch (``prefetch_l2``): a hint that feeds no value, so its addresses may be computed from
-anything, e.g. a block table the kernel before may still be writing. As no kernel can then
-finish before the one before it, the order holds down the whole stream, CUDA graphs included (a
-PDL launch is captured as a programmatic edge). The arithmetic is untouched: PDL never changes a
-bit, only when a kernel starts.
+comes before any store and before any load of data the kernel just before it may write, in every
+program (also those that then exit). It waits until that kernel has finished and its stores are
+visible. What it writes is all that must wait: every kernel lets the next one launch only after
+its own wait (``pdl_wait`` triggers the launch after waiting; ``pdl_launch_next`` comes later
+still), and a kernel launched without PDL (cuBLAS, torch) lets it launch only as it finishes, so
+when a kernel starts, every kernel before the one just before it has finished, its stores
+visible. Weights and data written two or more kernels back may be read before the wait (a
+decode's attention reads the sequence lengths and block tables there: the q_lat kernel between
+them writes neither). An L2 prefetch (``prefetch_l2``) is a hint that feeds no value, so its
+addresses may be computed from anything, e.g. a block table the kernel before may still be
+writing. As no kernel can finish before the one before it, the order holds down the whole stream,
+CUDA graphs included (a PDL launch is captured as a programmatic edge). The arithmetic is
+untouched: PDL never changes a bit, only when a kernel starts.
 
 Off on CPU, under the Triton interpreter, before sm_90, and with ``KIMI_PARITY_PDL=0`` (for an
 A/B measurement, ``benchmarks/bench_ops.py --pdl off``).

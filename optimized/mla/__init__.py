@@ -501,12 +501,14 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
     else:
         split_keys, max_splits = 1, 1
     w_uk, w_uv = _w_views(w_kvb, N, P, Vh)
+    # copies (if any) before q_lat: the attention reads the lengths and the table before its PDL
+    # wait, which only the kernel just before it (q_lat) may not be writing (optimized/_pdl.py)
+    block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
     q4 = q[:, None]  # [B, 1, N, P+R]
     q_lat = _q_lat(q4[..., :P], w_uk)
     o = out_or_new(op, out, (B, N, Vh), q)[:, None]  # [B, 1, N, Vh]
     kv = cache.kv.view(-1, L + R)
     _attend(q_lat, q4[..., P:], kv, kv[:, L:], kv, o, T=1, S=capacity, N=N, D1=L, R=R, DV=L,
             scale=scale, shared_kv=True, split_keys=split_keys, max_splits=max_splits,
-            paged=(block_tables.contiguous(), cache.block_size), seq_lens=seq_lens.contiguous(),
-            w_uv=w_uv)
+            paged=(block_tables, cache.block_size), seq_lens=seq_lens, w_uv=w_uv)
     return o[:, 0]

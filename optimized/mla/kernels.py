@@ -107,19 +107,14 @@ def _mla_attn_kernel(
     if PREFETCH > 0:  # the slice's first key rows into L2 while the kernel before still runs
         _prefetch_keys(k1_ptr, bt_ptr, slen_ptr, b, split, S, D1 + R, block_size, split_keys, max_splits,
                        sk1s, sbtb, VAR_LEN, PREFETCH, BLOCK_N)
-    # PDL: the epilogue may launch only once every program is past its key loop; launched at the
-    # start, its programs sat on the SMs through the last wave (H200, session 10: B=64 4k 191 ->
-    # 199 us, 32k 990 -> 1023 us; no PDL 193 and 994)
-    pdl_wait(PDL, LAUNCH_NEXT=False)
+    # Before the PDL wait: what the kernel just before (q_lat in a paged decode) does not write (the
+    # _pdl rule), the sequence length and the slice's first block-table entry, so that after the
+    # wait only q and the keys are a memory latency away
     if VAR_LEN:
         S_b = tl.load(slen_ptr + b).to(tl.int32)
-        if S_b == 0:  # an idle row (decode padding): no partials; the epilogue writes zeros
-            return
     else:
         S_b = S
     n_split = _num_slices(S_b, split_keys, max_splits)
-    if split >= n_split:  # past this sequence's slices: no partials, the merge reads n_split of them
-        return
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = r < T * HP
     t = r // HP
@@ -129,24 +124,32 @@ def _mla_attn_kernel(
 
     d1 = tl.arange(0, BLOCK_D1)
     dr = tl.arange(0, BLOCK_R)
-    q1 = tl.load(q1_ptr + b * sq1b + t64[:, None] * sq1t + h[:, None] * sq1h + d1[None, :],
-                 mask=rmask[:, None] & (d1 < D1)[None, :], other=0.0)
-    q2 = tl.load(q2_ptr + b * sq2b + t64[:, None] * sq2t + h[:, None] * sq2h + dr[None, :],
-                 mask=rmask[:, None] & (dr < R)[None, :], other=0.0)
     hoff = hg.to(tl.int64) * (1 - SHARED_KV)  # per-head K/V offset (0 in the shared form)
 
     split_len = _slice_len(S_b, n_split, BLOCK_N)
     start = split * split_len
     last_pos = S_b - T + tl.minimum(rb * BLOCK_M + BLOCK_M - 1, T * HP - 1) // HP
     end = tl.minimum(tl.minimum(start + split_len, S_b), last_pos + 1)
+    if PAGED and PAGE_ALIGNED:
+        nxt = tl.load(bt_ptr + b * sbtb + start // block_size, mask=start < end, other=0)
+    # PDL: the epilogue may launch only once every program is past its key loop; launched at the
+    # start, its programs sat on the SMs through the last wave (H200, session 10: B=64 4k 191 ->
+    # 199 us, 32k 990 -> 1023 us; no PDL 193 and 994)
+    pdl_wait(PDL, LAUNCH_NEXT=False)
+    # an idle row (S_b = 0, decode padding) has no slices, and a program past its sequence's
+    # slices none to compute: no partials (the epilogue writes zeros / merges n_split of them)
+    if (split >= n_split) | (S_b == 0):
+        return
+    q1 = tl.load(q1_ptr + b * sq1b + t64[:, None] * sq1t + h[:, None] * sq1h + d1[None, :],
+                 mask=rmask[:, None] & (d1 < D1)[None, :], other=0.0)
+    q2 = tl.load(q2_ptr + b * sq2b + t64[:, None] * sq2t + h[:, None] * sq2h + dr[None, :],
+                 mask=rmask[:, None] & (dr < R)[None, :], other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), CD)
     l_i = tl.zeros([BLOCK_M], CD)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], CD)
     sc = tl.full([BLOCK_M, BLOCK_N], scale, CD)
     dv = tl.arange(0, BLOCK_DV)
-    if PAGED and PAGE_ALIGNED:
-        nxt = tl.load(bt_ptr + b * sbtb + start // block_size, mask=start < end, other=0)
     for s0 in range(start, end, BLOCK_N):
         s = s0 + tl.arange(0, BLOCK_N)
         smask = s < end
@@ -291,11 +294,13 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
         tl.static_assert(BLOCK_L % 64 == 0)
         vc = tl.minimum(v, VH - 1)
         prefetch_l2(wuv_ptr + h * swh + vc[:, None] * swv + (tl.arange(0, BLOCK_L // 64) * 64)[None, :], True)
+    # the sequence lengths before the wait (written before q_lat, two kernels back: the _pdl rule)
+    if VAR_LEN:
+        S_r = tl.load(slen_ptr + b, mask=rmask, other=0)
     pdl_wait(PDL)
     # live rows: an idle row (sequence length 0, decode padding) has no partials and gets zeros
     live = rmask
     if VAR_LEN:
-        S_r = tl.load(slen_ptr + b, mask=rmask, other=0)
         live = rmask & (S_r > 0)
         if tl.max(live.to(tl.int32), axis=0) == 0:  # all padding: zeros, W_UV not read
             tl.store(o_ptr + b[:, None] * sob + t[:, None] * sot + h * soh + v[None, :],
