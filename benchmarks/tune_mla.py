@@ -24,7 +24,8 @@ and warps; ``b1``: more key slices than the default, by keys per step, rows per 
 (P columns per dot, L columns per program, warps, stages); ``rows8``: one 32-row program per
 sequence and slice on 8 warps (a sequence's two 16-row halves share each key tile) against 16 and
 32 rows on 4 warps, at the default and doubled slice counts, with each setting's attention also
-compared in fp32 (``attention_bits``: finer than the bf16 output).
+compared in fp32 (``attention_bits``: finer than the bf16 output); ``early``: the attention's slice
+bounds and the epilogue's sequence lengths read before or after the PDL wait.
 """
 from __future__ import annotations
 
@@ -91,6 +92,10 @@ ROWS8_POLICIES = [(256, 64), (256, 128), (128, 128)]
 ROWS8 = [dict(BLOCK_M=16, num_warps=4, num_stages=3), dict(BLOCK_M=32, num_warps=4, num_stages=2),
          dict(BLOCK_M=32, num_warps=8, num_stages=2)]
 ROWS8_SHAPES = SHAPES
+#: what is read before the PDL wait: the attention's slice bounds (sequence length, first table
+#: entry), the epilogue's sequence lengths
+EARLY = [dict(early_setup=a, early_lens=e) for a in (False, True) for e in (False, True)]
+EARLY_SHAPES = SHAPES
 
 def setup(B: int, S: int, g: torch.Generator):
     from optimized import mla
@@ -274,7 +279,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", nargs="*", default=["slicing", "epilogue"],
                     choices=["slicing", "epilogue", "stages", "rows", "loads", "prefetch", "occupancy", "epilogue_v",
-                             "b1", "warps", "q_lat", "rows8"])
+                             "b1", "warps", "q_lat", "rows8", "early"])
     ap.add_argument("--out", default=None)
     ap.add_argument("--top", type=int, default=2, help="policies per shape swept over the launch settings")
     args = ap.parse_args(argv)
@@ -293,7 +298,8 @@ def main(argv=None):
                                 + (B1_SHAPES if "b1" in args.parts else [])
                                 + (WARPS_SHAPES if "warps" in args.parts else [])
                                 + (Q_LAT_SHAPES if "q_lat" in args.parts else [])
-                                + (ROWS8_SHAPES if "rows8" in args.parts else [])))
+                                + (ROWS8_SHAPES if "rows8" in args.parts else [])
+                                + (EARLY_SHAPES if "early" in args.parts else [])))
     for B, S in shapes:
         case = Case(B, S, g)
         if "slicing" in args.parts and (B, S) in SHAPES:
@@ -323,6 +329,8 @@ def main(argv=None):
             sweep_launches(case, rows, "q_lat", Q_LAT)
         if "rows8" in args.parts and (B, S) in ROWS8_SHAPES:
             sweep_rows8(case, rows)
+        if "early" in args.parts and (B, S) in EARLY_SHAPES:
+            sweep_launches(case, rows, "early", EARLY + EARLY[::-1])
         mla._TUNE.clear()
         del case
         torch.cuda.empty_cache()

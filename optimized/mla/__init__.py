@@ -126,7 +126,7 @@ def _last_contig(t: torch.Tensor) -> torch.Tensor:
 
 #: Launch-configuration overrides (benchmarks/tuning only; keys: BLOCK_M, num_warps, num_stages,
 #: row_mask, prefetch_keys, prefetch_w, BLOCK_R, BLOCK_V, epi_warps, merge_unroll, q_lat_l, q_lat_p,
-#: q_lat_warps, q_lat_stages). They
+#: q_lat_warps, q_lat_stages, early_setup, early_lens). They
 #: change speed, never the reduction order (BLOCK_N does).
 _TUNE: dict = {}
 
@@ -188,7 +188,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
         PAGE_ALIGNED=aligned, VAR_LEN=seq_lens is not None,
         DIRECT=direct, EVEN_D=D1 == _pow2(D1) and R == _pow2(R) and DV == _pow2(DV),
         ROW_MASK=_TUNE.get("row_mask", _row_mask(BM)), CD=tl_compute_dtype(dt), BLOCK_M=BM, PDL=pdl,
-        launch_pdl=pdl, PREFETCH=prefetch_keys,
+        launch_pdl=pdl, PREFETCH=prefetch_keys, EARLY=bool(_TUNE.get("early_setup", one_wave)),
         BLOCK_N=_block_n(dt, shared_kv), BLOCK_D1=_pow2(D1), BLOCK_R=_pow2(R), BLOCK_DV=_pow2(DV),
         num_warps=_TUNE.get("num_warps", 4), num_stages=_TUNE.get("num_stages", _attn_stages(dt, big, BM, per_key_table)))
     if w_uv is not None:
@@ -211,6 +211,7 @@ def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, spl
             MERGE_UNROLL=_TUNE.get("merge_unroll", max(1, 16 // br)),
             CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV), BLOCK_V=bv, PDL=pdl, launch_pdl=pdl,
             PREFETCH=pdl and _pow2(DV) % 64 == 0 and _TUNE.get("prefetch_w", True),
+            EARLY=bool(_TUNE.get("early_lens", True)),
             num_warps=epi_warps, num_stages=2 if dt.itemsize <= 2 else 1)
     elif not direct:
         bdv = min(512, _pow2(DV))

@@ -84,6 +84,29 @@ def _prefetch_keys(kv_ptr, bt_ptr, slen_ptr, b, split, S, ROW, block_size, split
 
 
 @triton.jit
+def _slice_bounds(slen_ptr, bt_ptr, b, rb, split, S, T, HP: tl.constexpr, block_size, split_keys, max_splits,
+                  sbtb, VAR_LEN: tl.constexpr, PAGE_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """(S_b, n_split, start, end, nxt) of an attention program: its sequence's length and slice
+    count, its slice's key range [start, end) (cut at the program's last query position), and
+    (PAGE_TABLE) the block-table entry of the range's first step (masked when the range is empty;
+    0 without PAGE_TABLE)."""
+    if VAR_LEN:
+        S_b = tl.load(slen_ptr + b).to(tl.int32)
+    else:
+        S_b = S
+    n_split = _num_slices(S_b, split_keys, max_splits)
+    split_len = _slice_len(S_b, n_split, BLOCK_N)
+    start = split * split_len
+    last_pos = S_b - T + tl.minimum(rb * BLOCK_M + BLOCK_M - 1, T * HP - 1) // HP
+    end = tl.minimum(tl.minimum(start + split_len, S_b), last_pos + 1)
+    nxt = start * 0
+    if PAGE_TABLE:
+        nxt = tl.load(bt_ptr + b * sbtb + start // block_size, mask=start < end, other=0)
+    return S_b, n_split, start, end, nxt
+
+
+@triton.jit
 def _mla_attn_kernel(
         q1_ptr, q2_ptr, k1_ptr, k2_ptr, v_ptr, o_ptr, pacc_ptr, pml_ptr, bt_ptr, slen_ptr,
         T, S, N, D1, R, DV, block_size, split_keys, max_splits, scale: tl.float64,
@@ -94,7 +117,8 @@ def _mla_attn_kernel(
         VAR_LEN: tl.constexpr, DIRECT: tl.constexpr, EVEN_D: tl.constexpr, ROW_MASK: tl.constexpr,
         CD: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_R: tl.constexpr,
-        BLOCK_DV: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
+        BLOCK_DV: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+        EARLY: tl.constexpr = False):
     # grid (B, (N // HP) * cdiv(T * HP, BLOCK_M), max_splits). Rows of a program: r -> t = r // HP,
     # h = hg * HP + r % HP. HP = N (absorbed: all heads share K/V) or 1 (naive: per-head K/V).
     # EVEN_D: D1, R and DV equal their blocks, so the key and value tiles load without column masks.
@@ -107,43 +131,40 @@ def _mla_attn_kernel(
     if PREFETCH > 0:  # the slice's first key rows into L2 while the kernel before still runs
         _prefetch_keys(k1_ptr, bt_ptr, slen_ptr, b, split, S, D1 + R, block_size, split_keys, max_splits,
                        sk1s, sbtb, VAR_LEN, PREFETCH, BLOCK_N)
-    # Before the PDL wait: what the kernel just before (q_lat in a paged decode) does not write (the
-    # _pdl rule), the sequence length and the slice's first block-table entry, so that after the
-    # wait only q and the keys are a memory latency away
-    if VAR_LEN:
-        S_b = tl.load(slen_ptr + b).to(tl.int32)
-    else:
-        S_b = S
-    n_split = _num_slices(S_b, split_keys, max_splits)
+    # EARLY (one-wave grids): the sequence length and the slice's first block-table entry are read
+    # before the PDL wait, which the _pdl rule allows (the kernel just before, q_lat in a paged
+    # decode, writes neither), so that after the wait only q and the keys are a memory latency away.
+    # Bit-neutral either way; in grids of several waves the later programs start after the wait
+    # anyway, and the early form cost B=64 11-14% (H200, session 15)
+    if EARLY:
+        S_b, n_split, start, end, nxt = _slice_bounds(slen_ptr, bt_ptr, b, rb, split, S, T, HP, block_size,
+                                                      split_keys, max_splits, sbtb, VAR_LEN, PAGED and PAGE_ALIGNED,
+                                                      BLOCK_M, BLOCK_N)
+    # PDL: the epilogue may launch only once every program is past its key loop; launched at the
+    # start, its programs sat on the SMs through the last wave (H200, session 10: B=64 4k 191 ->
+    # 199 us, 32k 990 -> 1023 us; no PDL 193 and 994)
+    pdl_wait(PDL, LAUNCH_NEXT=False)
+    if not EARLY:
+        S_b, n_split, start, end, nxt = _slice_bounds(slen_ptr, bt_ptr, b, rb, split, S, T, HP, block_size,
+                                                      split_keys, max_splits, sbtb, VAR_LEN, PAGED and PAGE_ALIGNED,
+                                                      BLOCK_M, BLOCK_N)
+    # an idle row (S_b = 0, decode padding) has no slices, and a program past its sequence's
+    # slices none to compute: no partials (the epilogue writes zeros / merges n_split of them)
+    if (split >= n_split) | (S_b == 0):
+        return
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = r < T * HP
     t = r // HP
     h = (hg * HP + r % HP).to(tl.int64)
     t64 = t.to(tl.int64)
     pos = S_b - T + t  # query position; key s is visible iff s <= pos
-
     d1 = tl.arange(0, BLOCK_D1)
     dr = tl.arange(0, BLOCK_R)
-    hoff = hg.to(tl.int64) * (1 - SHARED_KV)  # per-head K/V offset (0 in the shared form)
-
-    split_len = _slice_len(S_b, n_split, BLOCK_N)
-    start = split * split_len
-    last_pos = S_b - T + tl.minimum(rb * BLOCK_M + BLOCK_M - 1, T * HP - 1) // HP
-    end = tl.minimum(tl.minimum(start + split_len, S_b), last_pos + 1)
-    if PAGED and PAGE_ALIGNED:
-        nxt = tl.load(bt_ptr + b * sbtb + start // block_size, mask=start < end, other=0)
-    # PDL: the epilogue may launch only once every program is past its key loop; launched at the
-    # start, its programs sat on the SMs through the last wave (H200, session 10: B=64 4k 191 ->
-    # 199 us, 32k 990 -> 1023 us; no PDL 193 and 994)
-    pdl_wait(PDL, LAUNCH_NEXT=False)
-    # an idle row (S_b = 0, decode padding) has no slices, and a program past its sequence's
-    # slices none to compute: no partials (the epilogue writes zeros / merges n_split of them)
-    if (split >= n_split) | (S_b == 0):
-        return
     q1 = tl.load(q1_ptr + b * sq1b + t64[:, None] * sq1t + h[:, None] * sq1h + d1[None, :],
                  mask=rmask[:, None] & (d1 < D1)[None, :], other=0.0)
     q2 = tl.load(q2_ptr + b * sq2b + t64[:, None] * sq2t + h[:, None] * sq2h + dr[None, :],
                  mask=rmask[:, None] & (dr < R)[None, :], other=0.0)
+    hoff = hg.to(tl.int64) * (1 - SHARED_KV)  # per-head K/V offset (0 in the shared form)
 
     m_i = tl.full([BLOCK_M], float("-inf"), CD)
     l_i = tl.zeros([BLOCK_M], CD)
@@ -267,7 +288,8 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
                            sob, sot, soh, split_keys, max_splits, VAR_LEN: tl.constexpr,
                            CD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
                            BLOCK_V: tl.constexpr, BLOCK_SP: tl.constexpr, MERGE_UNROLL: tl.constexpr,
-                           PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+                           PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+                           EARLY: tl.constexpr = False):
     # grid (cdiv(VH, BLOCK_V), N, cdiv(B*T, BLOCK_R)). For BLOCK_V output columns v, head h and
     # BLOCK_R query rows (b, t): merge each row's slices (``_num_slices`` of its own length; BLOCK_SP
     # >= max_splits), o_lat = sum_s e^(m_s - M) acc_s /
@@ -294,13 +316,16 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
         tl.static_assert(BLOCK_L % 64 == 0)
         vc = tl.minimum(v, VH - 1)
         prefetch_l2(wuv_ptr + h * swh + vc[:, None] * swv + (tl.arange(0, BLOCK_L // 64) * 64)[None, :], True)
-    # the sequence lengths before the wait (written before q_lat, two kernels back: the _pdl rule)
-    if VAR_LEN:
+    # EARLY: the sequence lengths before the wait (the _pdl rule allows it: the attention just
+    # before does not write them)
+    if VAR_LEN and EARLY:
         S_r = tl.load(slen_ptr + b, mask=rmask, other=0)
     pdl_wait(PDL)
     # live rows: an idle row (sequence length 0, decode padding) has no partials and gets zeros
     live = rmask
     if VAR_LEN:
+        if not EARLY:
+            S_r = tl.load(slen_ptr + b, mask=rmask, other=0)
         live = rmask & (S_r > 0)
         if tl.max(live.to(tl.int32), axis=0) == 0:  # all padding: zeros, W_UV not read
             tl.store(o_ptr + b[:, None] * sob + t[:, None] * sot + h * soh + v[None, :],

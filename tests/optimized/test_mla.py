@@ -233,6 +233,24 @@ def test_attention_load_forms_agree_bitwise_and_never_read_past_a_sequence(block
     assert torch.equal(outs[True], outs[False]), "the masked and clamped key loads differ"
 
 
+@pytest.mark.parametrize("block_size", [8, 64])
+def test_early_setup_forms_agree_bitwise(block_size, monkeypatch):
+    """The attention's slice bounds (sequence length, first block-table entry) and the epilogue's
+    sequence lengths read before the PDL wait (one-wave grids) or after it: the same bits, with idle
+    rows and programs past their sequence's slices (which return) in the batch, on the
+    one-table-entry-per-step path (pages of 64) and the per-key one (pages of 8)."""
+    lens = [150, 0, 37, 1, 90]
+    q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup(lens, torch.bfloat16, block_size=block_size,
+                                                        num_blocks=100, seed=14)
+    outs = {}
+    for early in (False, True):
+        monkeypatch.setitem(mla._TUNE, "early_setup", early)
+        monkeypatch.setitem(mla._TUNE, "early_lens", early)
+        outs[early] = mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=64)
+    assert torch.equal(outs[True], outs[False]), "reading the bounds before the wait changed a result"
+    assert not outs[True][1].any() and outs[True][0].abs().sum() > 0
+
+
 def test_paged_decode_refuses_bad_slicing():
     q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup([5, 7], torch.float32, seed=1)
     for kw, match in ((dict(num_splits=0), "num_splits: expected a positive int"),
