@@ -84,26 +84,14 @@ def _prefetch_keys(kv_ptr, bt_ptr, slen_ptr, b, split, S, ROW, block_size, split
 
 
 @triton.jit
-def _slice_bounds(slen_ptr, bt_ptr, b, rb, split, S, T, HP: tl.constexpr, block_size, split_keys, max_splits,
-                  sbtb, VAR_LEN: tl.constexpr, PAGE_TABLE: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
-    """(S_b, n_split, start, end, nxt) of an attention program: its sequence's length and slice
-    count, its slice's key range [start, end) (cut at the program's last query position), and
-    (PAGE_TABLE) the block-table entry of the range's first step (masked when the range is empty;
-    0 without PAGE_TABLE)."""
-    if VAR_LEN:
-        S_b = tl.load(slen_ptr + b).to(tl.int32)
-    else:
-        S_b = S
-    n_split = _num_slices(S_b, split_keys, max_splits)
+def _slice_range(S_b, n_split, rb, split, T, HP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[start, end): an attention program's keys, its slice of the sequence's S_b keys cut at the
+    program's last query position."""
     split_len = _slice_len(S_b, n_split, BLOCK_N)
     start = split * split_len
     last_pos = S_b - T + tl.minimum(rb * BLOCK_M + BLOCK_M - 1, T * HP - 1) // HP
     end = tl.minimum(tl.minimum(start + split_len, S_b), last_pos + 1)
-    nxt = start * 0
-    if PAGE_TABLE:
-        nxt = tl.load(bt_ptr + b * sbtb + start // block_size, mask=start < end, other=0)
-    return S_b, n_split, start, end, nxt
+    return start, end
 
 
 @triton.jit
@@ -131,33 +119,45 @@ def _mla_attn_kernel(
     if PREFETCH > 0:  # the slice's first key rows into L2 while the kernel before still runs
         _prefetch_keys(k1_ptr, bt_ptr, slen_ptr, b, split, S, D1 + R, block_size, split_keys, max_splits,
                        sk1s, sbtb, VAR_LEN, PREFETCH, BLOCK_N)
-    # EARLY (one-wave grids): the sequence length and the slice's first block-table entry are read
-    # before the PDL wait, which the _pdl rule allows (the kernel just before, q_lat in a paged
-    # decode, writes neither), so that after the wait only q and the keys are a memory latency away.
-    # Bit-neutral either way; in grids of several waves the later programs start after the wait
-    # anyway, and the early form cost B=64 11-14% (H200, session 15)
+    # EARLY (one-wave grids): the sequence length, the slice's range and its first block-table entry
+    # are read before the PDL wait, which the _pdl rule allows (the kernel just before, q_lat in a
+    # paged decode, writes neither), so that after the wait only q and the keys are a memory latency
+    # away (H200, session 15: 8 B=1 32k decodes in one graph 34.3 -> 33.4 us each). Bit-neutral. Not
+    # in grids of several waves, whose later programs start after the wait anyway: there the
+    # reordered prologue cost B=64 11-14%, so they keep the order below
     if EARLY:
-        S_b, n_split, start, end, nxt = _slice_bounds(slen_ptr, bt_ptr, b, rb, split, S, T, HP, block_size,
-                                                      split_keys, max_splits, sbtb, VAR_LEN, PAGED and PAGE_ALIGNED,
-                                                      BLOCK_M, BLOCK_N)
+        if VAR_LEN:
+            S_b = tl.load(slen_ptr + b).to(tl.int32)
+        else:
+            S_b = S
+        n_split = _num_slices(S_b, split_keys, max_splits)
+        start, end = _slice_range(S_b, n_split, rb, split, T, HP, BLOCK_M, BLOCK_N)
+        if PAGED and PAGE_ALIGNED:
+            nxt = tl.load(bt_ptr + b * sbtb + start // block_size, mask=start < end, other=0)
     # PDL: the epilogue may launch only once every program is past its key loop; launched at the
     # start, its programs sat on the SMs through the last wave (H200, session 10: B=64 4k 191 ->
     # 199 us, 32k 990 -> 1023 us; no PDL 193 and 994)
     pdl_wait(PDL, LAUNCH_NEXT=False)
-    if not EARLY:
-        S_b, n_split, start, end, nxt = _slice_bounds(slen_ptr, bt_ptr, b, rb, split, S, T, HP, block_size,
-                                                      split_keys, max_splits, sbtb, VAR_LEN, PAGED and PAGE_ALIGNED,
-                                                      BLOCK_M, BLOCK_N)
-    # an idle row (S_b = 0, decode padding) has no slices, and a program past its sequence's
-    # slices none to compute: no partials (the epilogue writes zeros / merges n_split of them)
-    if (split >= n_split) | (S_b == 0):
-        return
+    if EARLY:
+        if (split >= n_split) | (S_b == 0):  # see below
+            return
+    else:
+        if VAR_LEN:
+            S_b = tl.load(slen_ptr + b).to(tl.int32)
+            if S_b == 0:  # an idle row (decode padding): no partials; the epilogue writes zeros
+                return
+        else:
+            S_b = S
+        n_split = _num_slices(S_b, split_keys, max_splits)
+        if split >= n_split:  # past this sequence's slices: no partials, the merge reads n_split of them
+            return
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = r < T * HP
     t = r // HP
     h = (hg * HP + r % HP).to(tl.int64)
     t64 = t.to(tl.int64)
     pos = S_b - T + t  # query position; key s is visible iff s <= pos
+
     d1 = tl.arange(0, BLOCK_D1)
     dr = tl.arange(0, BLOCK_R)
     q1 = tl.load(q1_ptr + b * sq1b + t64[:, None] * sq1t + h[:, None] * sq1h + d1[None, :],
@@ -166,11 +166,15 @@ def _mla_attn_kernel(
                  mask=rmask[:, None] & (dr < R)[None, :], other=0.0)
     hoff = hg.to(tl.int64) * (1 - SHARED_KV)  # per-head K/V offset (0 in the shared form)
 
+    if not EARLY:
+        start, end = _slice_range(S_b, n_split, rb, split, T, HP, BLOCK_M, BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), CD)
     l_i = tl.zeros([BLOCK_M], CD)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], CD)
     sc = tl.full([BLOCK_M, BLOCK_N], scale, CD)
     dv = tl.arange(0, BLOCK_DV)
+    if PAGED and PAGE_ALIGNED and not EARLY:
+        nxt = tl.load(bt_ptr + b * sbtb + start // block_size, mask=start < end, other=0)
     for s0 in range(start, end, BLOCK_N):
         s = s0 + tl.arange(0, BLOCK_N)
         smask = s < end
