@@ -122,7 +122,7 @@ def _mla_attn_kernel(
     # EARLY (one-wave grids): the sequence length, the slice's range and its first block-table entry
     # are read before the PDL wait, which the _pdl rule allows (the kernel just before, q_lat in a
     # paged decode, writes neither), so that after the wait only q and the keys are a memory latency
-    # away (H200, session 15: 8 B=1 32k decodes in one graph 34.3 -> 33.4 us each). Bit-neutral. Not
+    # away (H200, session 15: 8 B=1 32k decodes in one graph 34.3 -> 33.5 us each). Bit-neutral. Not
     # in grids of several waves, whose later programs start after the wait anyway: there the
     # reordered prologue cost B=64 11-14%, so they keep the order below
     if EARLY:
