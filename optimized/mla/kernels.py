@@ -124,7 +124,9 @@ def _mla_attn_kernel(
     # paged decode, writes neither), so that after the wait only q and the keys are a memory latency
     # away (H200, session 15: 8 B=1 32k decodes in one graph 34.3 -> 33.5 us each). Bit-neutral. Not
     # in grids of several waves, whose later programs start after the wait anyway: there the
-    # reordered prologue cost B=64 11-14%, so they keep the order below
+    # reordered prologue cost B=64 11-14%, so they keep the order below. The PREFETCH hints above
+    # load the length and first table entry on their own: handing them these values instead
+    # (prefetches issued after both loads) lost the whole gain (H200: 33.7 -> 34.3 us, run 9)
     if EARLY:
         if VAR_LEN:
             S_b = tl.load(slen_ptr + b).to(tl.int32)
