@@ -10,7 +10,7 @@ import pytest
 
 from reference.checkpoint import (CheckpointConfigError, CheckpointError, CheckpointWarning,
                                   bf16_bits_to_float64, float_to_bf16_bits, open_source, plan_shards,
-                                  save_checkpoint)
+                                  read_header, save_checkpoint)
 from reference.config import ConfigError, KimiConfig
 from reference.fixtures import write_fixture
 from reference.synthetic import SyntheticSource
@@ -41,6 +41,32 @@ def rewrite_header(file: Path, edit) -> None:
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
     file.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+
+
+def stored_tensors(file: Path) -> dict:
+    """name -> (dtype code, shape, bytes) of a safetensors file, in file order."""
+    raw = file.read_bytes()
+    h = read_header(file)
+    return {n: (t.dtype, list(t.shape), raw[h.data_start + t.begin:h.data_start + t.end])
+            for n, t in h.tensors.items()}
+
+
+def write_tensors(file: Path, tensors: dict) -> None:
+    """A valid safetensors file of name -> (dtype code, shape, bytes), tensors in the given order."""
+    header, data = {}, b""
+    for name, (code, shape, blob) in tensors.items():
+        header[name] = {"dtype": code, "shape": shape, "data_offsets": [len(data), len(data) + len(blob)]}
+        data += blob
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    file.write_bytes(len(text).to_bytes(8, "little") + text + data)
+
+
+def edit_tensors(file: Path, edit) -> None:
+    """Apply ``edit(tensors)`` to ``stored_tensors(file)`` and write the file back, valid."""
+    tensors = stored_tensors(file)
+    edit(tensors)
+    write_tensors(file, tensors)
 
 
 def patch_data(file: Path, name: str, data: bytes, at: int = 0) -> None:
@@ -177,9 +203,8 @@ def test_we_read_float_tensors_written_by_safetensors_numpy(tmp_path):
         warnings.simplefilter("ignore")
         with pytest.raises(CheckpointError, match="missing tensor model.embed_tokens.weight"):
             open_source(out)  # a real checkpoint needs the model's tensors...
-    from reference.checkpoint import read_header
-    start, header, _ = read_header(out / "model.safetensors")  # ...but the file itself parses
-    assert header["v"]["dtype"] == "F16" and header["w"]["shape"] == [5]
+    header = read_header(out / "model.safetensors")  # ...but the file itself parses
+    assert header.tensors["v"].dtype == "F16" and header.tensors["w"].shape == (5,)
 
 
 def test_two_dimensional_conv_weights_are_accepted_and_reshaped(tiny_dir, tmp_path):
@@ -222,7 +247,7 @@ def test_a_directory_without_weights_is_named(tiny_dir, tmp_path):
 
 def test_a_missing_tensor_is_named_with_its_shape(tiny_dir, tmp_path):
     d = copy_of(tiny_dir, tmp_path)
-    rewrite_header(d / "model.safetensors", lambda h: h.pop(Q_PROJ))
+    edit_tensors(d / "model.safetensors", lambda t: t.pop(Q_PROJ))
     with pytest.raises(CheckpointError, match=rf"model\.safetensors: missing tensor {Q_PROJ} "
                                               r"\(expected shape \(64, 64\)\)"):
         open_source(d)
@@ -240,7 +265,7 @@ def test_a_wrong_shape_is_named_with_the_expected_shape(tiny_dir, tmp_path):
 def test_an_unsupported_dtype_is_named(tiny_dir, tmp_path):
     d = copy_of(tiny_dir, tmp_path)
     rewrite_header(d / "model.safetensors", lambda h: h[DT_BIAS].update(dtype="I32"))
-    with pytest.raises(CheckpointError, match=rf"{DT_BIAS}: unsupported dtype I32; expected one of BF16, F16, F32"):
+    with pytest.raises(CheckpointError, match=rf"{DT_BIAS}: unsupported dtype I32; expected one of BF16, F16, F32, F64"):
         open_source(d)
 
 
@@ -248,7 +273,7 @@ def test_a_truncated_file_is_detected(tiny_dir, tmp_path):
     d = copy_of(tiny_dir, tmp_path)
     f = d / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-100])
-    with pytest.raises(CheckpointError, match=r"data_offsets .* run past the end of the data .*truncated"):
+    with pytest.raises(CheckpointError, match=r"data_offsets .* past the end of the data .*truncated"):
         open_source(d)
     f.write_bytes(f.read_bytes()[:200])
     with pytest.raises(CheckpointError, match="header length .* runs past the end of the file"):
@@ -273,7 +298,7 @@ def test_a_header_that_is_not_json_is_named(tiny_dir, tmp_path):
     raw[8] = ord("[")
     raw[9] = ord("}")
     f.write_bytes(bytes(raw))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: header is not JSON"):
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: header: not valid JSON"):
         open_source(d)
 
 
@@ -309,9 +334,8 @@ def test_non_finite_values_are_reported_on_get_naming_the_tensor(tiny_dir, tmp_p
 
 def test_unknown_extra_tensors_give_a_warning_listing_them(tiny_dir, tmp_path):
     d = copy_of(tiny_dir, tmp_path)
-    rewrite_header(d / "model.safetensors", lambda h: h.update(  # two extra views of dt_bias's bytes
-        {"model.layers.0.rotary_emb.inv_freq": dict(h[DT_BIAS], shape=[64]),
-         "extra.scale": dict(h[DT_BIAS], shape=[2, 32])}))
+    edit_tensors(d / "model.safetensors", lambda t: t.update(  # two extra tensors with their own bytes
+        {"model.layers.0.rotary_emb.inv_freq": ("F32", [64], bytes(256)), "extra.scale": ("F32", [2, 32], bytes(256))}))
     with pytest.warns(CheckpointWarning, match=r"ignoring 2 unexpected tensor\(s\): model\.layers\.0\.rotary_emb"
                                                r"\.inv_freq, extra\.scale"):
         ckpt = open_source(d)
