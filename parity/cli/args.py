@@ -37,6 +37,16 @@ def check_seed(flag: str, value: int) -> None:
         raise InputError(f"{flag}: expected 0 <= S < 2**32, got {value}")
 
 
+def check_text(flag: str, text: str | None) -> None:
+    """Text from the command line is valid UTF-8 (undecodable argv bytes arrive as lone surrogates)."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"{flag}: not valid UTF-8 text (bad byte at character {exc.start})") from None
+
+
 def write_output(path, write) -> None:
     """Call ``write()``; an OS error (disk full, permission) is an input error naming the file."""
     try:

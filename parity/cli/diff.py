@@ -52,12 +52,13 @@ def register(sub):
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, write_output
+    from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, check_text, write_output
     from parity.diff import build_report, setup, write_json
     from parity.diff.render import print_result
     from parity.diff.report import environment
 
     check_outputs(("--json", args.json), ("--plot", args.plot))
+    check_text("--prompt", args.prompt)
     check_count("--steps", args.steps, MAX_STEPS, "steps")
     check_seed("--seed", args.seed)
     variants = setup.parse_variants(args.variant)

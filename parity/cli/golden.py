@@ -51,12 +51,14 @@ def register(sub):
 
 def run_record(args: argparse.Namespace) -> int:
     from parity import golden
-    from parity.cli.args import MAX_STEPS, MAX_TOP_K, check_count, check_outputs, check_seed, write_output
+    from parity.cli.args import (MAX_STEPS, MAX_TOP_K, check_count, check_outputs, check_seed, check_text,
+                                 write_output)
     from parity.diff import setup
     from parity.diff.report import environment
     from parity.errors import InputError
 
     check_outputs(("--out", args.out))
+    check_text("--prompt", args.prompt)
     check_count("--steps", args.steps, MAX_STEPS, "steps")
     check_seed("--seed", args.seed)
     if not 2 <= args.top_k <= MAX_TOP_K:

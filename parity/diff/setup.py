@@ -203,10 +203,6 @@ def prompt_ids(ckpt: Checkpoint, *, text: str | None, ids: str | None) -> tuple[
         text = None
     else:
         text = BUILTIN_PROMPT if text is None else text
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:  # undecodable bytes in argv arrive as lone surrogates
-            raise InputError(f"--prompt: not valid UTF-8 text (bad byte at character {exc.start})") from None
         out = [int(t) for t in tok.encode(text)]
     if not out:
         raise InputError("the prompt has no tokens")
