@@ -259,6 +259,11 @@ def _ints(value, name: str) -> tuple:
     return tuple(as_list(value, name, max_len=MAX_LAYERS))
 
 
+def _grouping(value):
+    """``num_expert_group`` / ``topk_group``: null or 0 (HF's "no grouping") is one group."""
+    return 1 if value is None or (type(value) is int and value == 0) else value
+
+
 def _special(value, name: str):
     """A special-token id, or (HF form) a list of them: kept as a tuple."""
     if isinstance(value, list):
@@ -357,8 +362,7 @@ def _hub_fields(d, source: str) -> dict:
         num_experts=get("num_experts", 0), num_experts_per_token=get("num_experts_per_token", 0),
         num_shared_experts=get("num_shared_experts", 0), routed_scaling_factor=get("routed_scaling_factor", 1.0),
         moe_renormalize=get("moe_renormalize", True),
-        # null or 0: no grouping (one group of all experts)
-        num_expert_group=get("num_expert_group", None) or 1, topk_group=get("topk_group", None) or 1,
+        num_expert_group=_grouping(d.get("num_expert_group")), topk_group=_grouping(d.get("topk_group")),
         rms_norm_eps=get("rms_norm_eps", 1e-5), tie_word_embeddings=get("tie_word_embeddings", False),
         bos_token_id=d.get("bos_token_id"), eos_token_id=_special(d.get("eos_token_id"), "eos_token_id"),
         pad_token_id=d.get("pad_token_id"), torch_dtype="bfloat16" if dtype is None else dtype,
