@@ -340,3 +340,92 @@ def test_unknown_extra_tensors_give_a_warning_listing_them(tiny_dir, tmp_path):
                                                r"\.inv_freq, extra\.scale"):
         ckpt = open_source(d)
     assert "extra.scale" in ckpt.names()
+
+
+# -- the layouts transformers writes: F64 tensors, its names of the dense MLP ------------------------
+
+def test_float64_tensors_load_exactly(tiny_dir, tmp_path):
+    src = open_source(tiny_dir)
+    d = save_checkpoint(tmp_path / "f64", TINY, {n: src.get(n) for n in src.names()}, dtypes=lambda n: "float64")
+    ckpt = open_source(d)
+    for name in src.names():
+        assert ckpt.storage_dtype(name) == "float64"
+        np.testing.assert_array_equal(ckpt.get(name), src.get(name), err_msg=name)
+    rows = [3, 0, 3]
+    np.testing.assert_array_equal(ckpt.get_rows("lm_head.weight", rows), src.get("lm_head.weight")[rows])
+
+
+def test_float64_overflowing_sums_are_finite_but_nans_are_named(tmp_path, tiny_dir):
+    src = open_source(tiny_dir)
+    big = {n: src.get(n) for n in src.names()}
+    big[Q_PROJ] = np.full((64, 64), 1e308)  # finite values whose float64 sum overflows
+    d = save_checkpoint(tmp_path / "f64", TINY, big, dtypes=lambda n: "float64")
+    assert np.isfinite(open_source(d).get(Q_PROJ)).all()
+    big[Q_PROJ][5, 9] = np.nan
+    d = save_checkpoint(tmp_path / "f64", TINY, big, dtypes=lambda n: "float64", overwrite=True)
+    with pytest.raises(CheckpointError, match=rf"{Q_PROJ}: 1 non-finite values \(first at index \(5, 9\)"):
+        open_source(d).get(Q_PROJ)
+
+
+def _rename_dense_mlp(file: Path, layer: int = 0, keep_hub: bool = False) -> None:
+    def edit(t):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            hub = f"model.layers.{layer}.mlp.{proj}.weight"
+            t[f"model.layers.{layer}.block_sparse_moe.{proj}.weight"] = t[hub] if keep_hub else t.pop(hub)
+    edit_tensors(file, edit)
+
+
+def test_transformers_names_of_the_dense_mlp_read_as_the_hub_names(tiny_dir, tmp_path):
+    d = copy_of(tiny_dir, tmp_path)
+    _rename_dense_mlp(d / "model.safetensors")
+    ckpt, hub = open_source(d), open_source(tiny_dir)
+    assert sorted(ckpt.names()) == sorted(hub.names())
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        name = f"model.layers.0.mlp.{proj}.weight"
+        np.testing.assert_array_equal(ckpt.get(name), hub.get(name))
+
+
+def test_both_layouts_of_the_dense_mlp_at_once_are_an_error(tiny_dir, tmp_path):
+    d = copy_of(tiny_dir, tmp_path)
+    _rename_dense_mlp(d / "model.safetensors", keep_hub=True)
+    with pytest.raises(CheckpointError, match=r"both model\.layers\.0\.mlp\.gate_proj\.weight \(hub layout\) and "
+                                              r"model\.layers\.0\.block_sparse_moe\.gate_proj\.weight \(transformers "
+                                              r"layout\) are present"):
+        open_source(d)
+
+
+def test_a_non_finite_value_under_a_transformers_name_is_reported_by_that_name(tiny_dir, tmp_path):
+    d = copy_of(tiny_dir, tmp_path)
+    _rename_dense_mlp(d / "model.safetensors")
+    alt = "model.layers.0.block_sparse_moe.up_proj.weight"
+    patch_data(d / "model.safetensors", alt, (0x7FC0).to_bytes(2, "little"))
+    with pytest.raises(CheckpointError, match=rf"{alt}: 1 non-finite values"):
+        open_source(d).get("model.layers.0.mlp.up_proj.weight")
+
+
+# -- nothing outside the checkpoint is read --------------------------------------------------------
+
+def test_a_link_inside_the_folder_is_followed_and_one_outside_is_named(tiny_dir, tmp_path):
+    d = copy_of(tiny_dir, tmp_path)
+    (d / "model.safetensors").rename(d / "weights.bin")
+    (d / "model.safetensors").symlink_to("weights.bin")
+    open_source(d)
+    outside = tmp_path / "elsewhere.safetensors"
+    (d / "weights.bin").rename(outside)
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors").symlink_to(outside)
+    with pytest.raises(CheckpointError, match=r"copy/model\.safetensors: a link to a file outside the checkpoint "
+                                              r"folder; only a hub-cache snapshot's links into its blobs/ are followed$"):
+        open_source(d)
+
+
+def test_an_index_naming_a_path_instead_of_a_file_name_is_refused(tmp_path):
+    d = write_fixture("tiny", tmp_path / "s", seed=1, shards=2)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    name = next(iter(index["weight_map"]))
+    for shard in ("../s/model-00001-of-00002.safetensors", "..", "/etc/passwd", 7):
+        index["weight_map"][name] = shard
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+        with pytest.raises(CheckpointError, match=r"index\.json: .*(must be a file name in the directory|"
+                                                  r"expected a string, got the integer 7)"):
+            open_source(d)
