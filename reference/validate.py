@@ -43,11 +43,17 @@ def label(text, limit: int = MAX_LABEL) -> str:
     """A name from a file, safe to print: non-ASCII and control characters escaped, at most
     ``limit`` characters (longer names are cut and their length is given)."""
     text = str(text)
-    escaped = text.encode("ascii", "backslashreplace").decode("ascii")
-    escaped = re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\x{ord(m.group()):02x}", escaped)
+    escaped = one_line(text).encode("ascii", "backslashreplace").decode("ascii")
     if len(escaped) > limit:
         return f"{escaped[:limit]}...({len(text)} characters)"
     return escaped
+
+
+def one_line(text: str) -> str:
+    """``text`` as one printable line: control characters (a newline in a path from a file) and
+    lone surrogates (undecodable bytes of argv) escaped, everything else kept."""
+    text = re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\x{ord(m.group()):02x}", str(text))
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def kind(value) -> str:
