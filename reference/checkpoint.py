@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ConfigError, KimiConfig
+from .config import MAX_TENSORS, ConfigError, KimiConfig
 from .safetensors_format import Header
 from .safetensors_format import read_header as read_st_header
 from .tensors import alternative_shapes, expected_tensors, transformers_aliases
@@ -48,7 +48,6 @@ CODE_OF = {v: k for k, v in DTYPE_CODES.items()}
 RAW_NUMPY = {"bfloat16": np.dtype("<u2"), "float16": np.dtype("<f2"), "float32": np.dtype("<f4"),
              "float64": np.dtype("<f8")}
 MAX_INDEX_BYTES = 64 << 20  # the 48B model's index (20,493 entries) is 1.9 MB
-MAX_TENSORS = 1_000_000     # 50x the 48B model's tensor count
 
 
 class CheckpointError(ValueError):

@@ -47,6 +47,7 @@ HUB_KEYS = {"kda_num_heads": "linear_attn_config.num_heads", "kda_head_dim": "li
             "kda_layers": "linear_attn_config.kda_layers",
             "full_attn_layers": "linear_attn_config.full_attn_layers", "torch_dtype": "dtype"}
 MAX_CONFIG_BYTES = 16 << 20  # a hub config.json is a few kB
+MAX_TENSORS = 1_000_000  # 50x the 48B model's 20,493
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class KimiConfig:
             self._check_types()
             self._check_layers()
             self._check_moe()
+            self._check_size()
         except InvalidInput as exc:
             raise ConfigError(str(exc)) from None
 
@@ -149,6 +151,14 @@ class KimiConfig:
                                f"num_experts {self.num_experts}")
         if not 0 < self.topk_group <= self.num_expert_group:
             raise InvalidInput(f"topk_group: expected 1..{self.num_expert_group}, got {self.topk_group}")
+
+    def _check_size(self):
+        # each limit alone is generous; their product must not make a tensor table that cannot fit
+        moe = sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
+        count = 3 + 16 * self.num_hidden_layers + moe * (3 * self.num_experts + 5)
+        if count > MAX_TENSORS:
+            raise InvalidInput(f"num_experts: {self.num_experts} experts in {moe} MoE layers make {count} tensors, "
+                               f"more than the limit of {MAX_TENSORS}")
 
     # -- derived sizes ---------------------------------------------------------------------------
     @property

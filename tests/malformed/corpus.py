@@ -227,6 +227,13 @@ def _too_many_experts(tmp):
     return diff(edit_config(tmp, lambda c: c.update(num_experts=10 ** 6))), "num_experts: 1000000 is above the limit of 65536"
 
 
+def _tensor_table_too_large(tmp):  # each size under its limit, their product not
+    def edit(c):
+        c.update(num_experts=65536, num_hidden_layers=1024)
+        c["linear_attn_config"].update(kda_layers=list(range(1, 1025)), full_attn_layers=[])
+    return diff(edit_config(tmp, edit)), "make 201151486 tensors, more than the limit of 1000000"
+
+
 def _vocabulary_too_large(tmp):
     return diff(edit_config(tmp, lambda c: c.update(vocab_size=2 ** 40))), "vocab_size: 1099511627776 is above the limit"
 
@@ -352,6 +359,7 @@ CASES = {
     "num_hidden_layers 10**9": _billion_layers_int,
     "num_experts 10**6": _too_many_experts,
     "vocab_size 2**40": _vocabulary_too_large,
+    "experts x layers: 2e8 tensors": _tensor_table_too_large,
     "prompt not UTF-8": _undecodable_prompt,
     **GOLDEN_CASES,
     **output_cases(["golden", "check", str(GOLDEN)], "--json"),
