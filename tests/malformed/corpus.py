@@ -372,6 +372,7 @@ CASES = {
     "diff --steps 10**9": lambda tmp: (["diff", "--steps", str(10 ** 9)], "more than the limit of 100000 steps"),
     "golden record --top-k 10**6": lambda tmp: (["golden", "record", "--out", str(tmp / "g.json"), "--top-k", "1000000"],
                                                 "--top-k 1000000: expected 2 to 4096"),
+    "fixture OUT_DIR empty": lambda tmp: (["fixture", "tiny", ""], "OUT_DIR: empty path"),
     "diff --seed -1": lambda tmp: (["diff", "--synthetic", "tiny", "--seed", "-1"], "--seed: expected 0 <= S < 2**32"),
 }
 
