@@ -52,15 +52,15 @@ def register(sub):
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, check_text, write_output
     from parity.diff import build_report, setup, write_json
     from parity.diff.render import print_result
     from parity.diff.report import environment
-    from parity.errors import InputError
 
-    if args.steps is not None and args.steps < 1:
-        raise InputError(f"--steps {args.steps}: expected a positive number of steps")
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        setup.check_output(flag, path)
+    check_outputs(("--json", args.json), ("--plot", args.plot))
+    check_text("--prompt", args.prompt)
+    check_count("--steps", args.steps, MAX_STEPS, "steps")
+    check_seed("--seed", args.seed)
     variants = setup.parse_variants(args.variant)
     backends = setup.parse_backends(args.backend)
     device = setup.check_device(args.device)
@@ -109,27 +109,17 @@ def run(args: argparse.Namespace) -> int:
                               env=env, prompt=prompt, backends=backends,
                               optimized_checkpoint=opt_ckpt.info if opt_ckpt else None)
         if args.json:
-            _write(lambda: write_json(args.json, report), args.json)
+            write_output(args.json, lambda: write_json(args.json, report))
         if args.plot:
             from parity.diff.plot import write_plot
 
             moe = [i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)]
-            _write(lambda: write_plot(result, args.plot, moe_layers=moe), args.plot)
+            write_output(args.plot, lambda: write_plot(result, args.plot, moe_layers=moe))
     return 1 if result.verdict == "diverged" else 0
 
 
 def _variants(model) -> dict:
     return dict(getattr(model, "variants", {}) or {})
-
-
-def _write(fn, path):
-    """Run a writer; an OS error (disk full, permission) is an input error naming the file."""
-    from parity.errors import InputError
-
-    try:
-        fn()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
 def _decode(ref, opt, ids, config, args, err, rounding):
