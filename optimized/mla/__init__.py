@@ -43,7 +43,8 @@ __all__ = ["naive", "absorbed", "paged_decode", "PagedLatentCache"]
 
 BLOCK_N = 32  # keys per inner step (16 for fp64); part of the reduction order, same for paged and contiguous
 #: the same for the absorbed form's 576-wide latent keys in a 16-bit dtype: 64 (a paged decode's
-#: serial chain halves; tune_mla.py, H200: B=1 32k 80 -> 70 us, B=64 32k 1213 -> 1006 us)
+#: serial chain halves; H200, pages of 64: B=1 32k 80 -> 70 us, B=64 32k 1213 -> 1006 us, by the
+#: key-slice sweep of the former benchmarks/tune_mla.py: ``git log -- benchmarks/tune_mla.py``)
 BLOCK_N_LATENT = 64
 
 
@@ -306,8 +307,8 @@ def _launch_combine(pacc, pml, out, call: _Call, B: int, dt: torch.dtype):
 def _attn_stages(dtype: torch.dtype, big: bool, block_m: int, per_key_table: bool) -> int:
     """Pipeline stages of the attention kernel: fp32/fp64 tiles of 512-wide keys do not fit shared
     memory twice (1); 16-row programs (a small batch: a few per SM, each waiting on its loads) 3,
-    else 2 (tune_mla.py, H200, pages of 64: B=1 32k 68.3 -> 62.3 us with 3; B=64 4k 155.7 -> 180.9
-    us); 3 for pages shorter than a step, whose per-key table entries spill registers with 2
+    else 2 (``benchmarks/tune.py mla --parts stages``, H200, pages of 64: B=1 32k 68.3 -> 62.3 us
+    with 3; B=64 4k 155.7 -> 180.9 us); 3 for pages shorter than a step, whose per-key table entries spill registers with 2
     (sm_90 build, triton 3.9: 248 -> 160 bytes of stack at 32 rows)."""
     if big and dtype.itemsize > 2:
         return 1
@@ -320,7 +321,7 @@ def _epilogue_tile(dtype: torch.dtype, rows: int, L: int, Vh: int, device: torch
     warps for 16-row blocks, 64 on 4 for fewer rows, the W_UV tile [L, columns] in shared memory
     (at most 128 KB: fewer columns past L = 512; sm_90 build at L = 512: no spills, triton 3.6
     and 3.9). H200 with the tile prefetched before the wait
-    (tune_mla.py --parts epilogue_v, session 13), against 32 columns on 4 warps: B=64 4k 181.7 ->
+    (``benchmarks/tune.py mla --parts epilogue_v``), against 32 columns on 4 warps: B=64 4k 181.7 ->
     162.6 us, B=64 128 keys 32.6 -> 28.6; B=1 32k 40.6 -> 40.1 (64 columns; 128 were slower there).
     fp32 / fp64 tiles of L x 32 / 16. The CPU interpreter, where a program costs its Python
     overhead, takes 128-byte rows."""
@@ -335,8 +336,8 @@ def _epilogue_tile(dtype: torch.dtype, rows: int, L: int, Vh: int, device: torch
 def _row_mask(block_m: int) -> bool:
     """How the attention loads a partial step's key tiles (the same bits either way): rows past the
     slice's end masked (32-row programs), or read as its last key's row and masked out of the scores
-    (16-row programs; their loads then carry no predicates). Measured on the H200 (tune_mla.py
-    --parts loads, session 13): 16 rows B=1 4k 30.3 -> 27.8 us, 32k 46.0 -> 42.1 us unmasked; 32
+    (16-row programs; their loads then carry no predicates). Measured on the H200
+    (``benchmarks/tune.py mla --parts loads``): 16 rows B=1 4k 30.3 -> 27.8 us, 32k 46.0 -> 42.1 us unmasked; 32
     rows B=64 4k 181.8 against 198.9 us, 32k 940 against 1033 us masked."""
     return block_m >= 32
 
@@ -346,7 +347,7 @@ def _block_m(B: int, rows: int, D1: int, depth: int, sms: int) -> int:
     sequence, the grid's third axis). 512-wide keys: 32 once 32-row programs fill the GPU (at least
     one per SM), else 16 (more programs; each reads its key tiles, which the other row block of
     the sequence reads too). Never a bit: a row's arithmetic is the same in either. H200, pages of
-    64 (tune_mla.py --parts occupancy, session 13), 16 / 32 rows: B=8 4k 51.0 / 53.7 us (128
+    64 (``benchmarks/tune.py mla --parts occupancy``), 16 / 32 rows: B=8 4k 51.0 / 53.7 us (128
     programs of 32), B=16 1k 34.9 / 49.5 (64), B=64 128 keys 32.5 / 45.4 (64); B=16 4k 87.0 / 66.8
     (256), B=64 1k 89.5 / 68.4 (256)."""
     if rows <= 16:
