@@ -20,11 +20,11 @@ Decode = 3 launches (q_lat GEMM, attention, merge + W_UV) and no host sync, so i
 a CUDA graph. A sequence's key slices follow its own length (one per DECODE_SPLIT_KEYS keys, at
 most DECODE_MAX_SPLITS), never the batch. Measured on an H200 (bf16, N=32, L=512, pages of 64,
 CUDA-graph replay, programmatic dependent launch; floor = cache + w_kvb bytes at 4.3 TB/s;
-docs/BENCHMARKS.md, session 13): B=64 0.162 ms at 4k (2.2x floor), 0.88 ms at 32k (1.6x); B=1
-26 us at 4k (8.4x), 40 us at 32k (3.7x), where a program's serial 64-key steps (one 4-warp
-program per SM, latency-bound) and the three launches are most of the time (8 B=1 decodes back to
-back in one graph, session 15: 20.9 us per call at 4k, 33.5 at 32k, 3.13x). Eager launches cost
-~0.2 ms of host time per call (Triton's launcher).
+``benchmarks/bench_ops.py --only mla``, docs/BENCHMARKS.md): B=64 0.162 ms at 4k (2.2x floor),
+0.89 ms at 32k (1.6x); B=1 26 us at 4k (8.5x), 39 us at 32k (3.7x), where a program's serial
+64-key steps (one 4-warp program per SM, latency-bound) and the three launches are most of the time
+(8 B=1 decodes back to back in one graph, ``benchmarks/launch_floor.py --chain 8``: 20.9 us per call
+at 4k, 33.5 at 32k, 3.13x). Eager launches cost ~0.2 ms of host time per call (Triton's launcher).
 """
 from __future__ import annotations
 
