@@ -42,6 +42,9 @@ class StepLaunch:
     num_warps: int = 4
 
 
+STEP_LAUNCH = StepLaunch()  # the defaults (frozen, so one instance serves every call)
+
+
 def _weight(op: str, weight: torch.Tensor) -> torch.Tensor:
     check_float(op, "weight", weight)
     if weight.dim() == 3 and weight.shape[1] == 1:
@@ -101,7 +104,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, *, initial_state: torch.Te
 
 
 def _step_launch(op, x, weight, state, out_state, slot_ids, launch):
-    launch = _launch.resolve(op, launch, StepLaunch())
+    launch = _launch.resolve(op, launch, STEP_LAUNCH)
     C, W = weight.shape
     B = x.shape[0]
     y = torch.empty((B, C), dtype=x.dtype, device=x.device)

@@ -423,6 +423,9 @@ class ChunkLaunch:
     output_warps: int = 4
 
 
+CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)
+
+
 def _num_stages(kernel: str, dtype: torch.dtype) -> int:
     """Software-pipelining depth per kernel: the state pass prefetches whole [BT, K] tiles of w, k,
     G and u per stage, which at fp32/fp64 would exceed the H200's 227 KiB of shared memory."""
@@ -576,7 +579,7 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
               fused, stages=None, launch=None):
     """The five launches. ``stages``, a dict, receives the intermediates (tests localize a wrong
     kernel with them): G, w, u, Aq, kg, qg, h, v_new. ``launch``: a :class:`ChunkLaunch`."""
-    launch = _launch.resolve(op, launch, ChunkLaunch())
+    launch = _launch.resolve(op, launch, CHUNK_LAUNCH)
     sizes, BT, A_log, dt_bias = _check_inputs(op, q, k, v, g, beta, A_log, dt_bias, chunk_size, fused)
     B, T, H, HV, K, V = sizes
     dev, dt = q.device, q.dtype

@@ -134,7 +134,9 @@ def _last_contig(t: torch.Tensor) -> torch.Tensor:
 class Launch:
     """Launch settings of the MLA kernels; each None is chosen per call by the heuristic named
     beside it. None of them changes a bit (``BLOCK_N`` and the key slices do): a row's arithmetic is
-    the same whichever program computes it and however its loads are issued.
+    the same whichever program computes it and however its loads are issued (compiled; under the
+    interpreter, whose tl.dot is np.matmul, ``q_lat_block_l`` and ``epi_block_v`` can change how
+    BLAS rounds a float32 column).
 
     Attention (``_mla_attn_kernel``): ``attn_block_m`` query rows per program (:func:`_block_m`),
     ``attn_warps``, ``attn_stages`` (:func:`_attn_stages`), ``attn_row_mask`` (:func:`_row_mask`),
@@ -166,6 +168,9 @@ class Launch:
     q_lat_warps: int = 4
     q_lat_stages: int | None = None
     prefetch_w: bool = True
+
+
+LAUNCH = Launch()  # the defaults (frozen, so one instance serves every call)
 
 
 def _pick(value, default):
@@ -207,7 +212,9 @@ def _attend(q1, q2, k1, k2, v, out, call: _Call, launch: Launch, w_uv=None):
     B = q1.shape[0]
     # the most slices any sequence here can have (S_b <= S): the grid's and the partials' depth.
     # Clamping max_splits to it never changes a sequence's own count.
-    call = replace(call, max_splits=max(1, min(call.max_splits, triton.cdiv(call.S, call.split_keys))))
+    depth = max(1, min(call.max_splits, triton.cdiv(call.S, call.split_keys)))
+    if depth != call.max_splits:
+        call = replace(call, max_splits=depth)
     direct = w_uv is None and call.max_splits == 1
     if direct:
         pacc = pml = out  # unused
@@ -411,7 +418,7 @@ def absorbed(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: t
     _counters.record(op)
     B, T, S, L, R, N, P, Vh = _check_contiguous(op, q, latent, k_pe, w_kvb)
     require_ieee_fp32_matmul(op, q)
-    launch = _launch.resolve(op, launch, Launch())
+    launch = _launch.resolve(op, launch, LAUNCH)
     scale = (P + R) ** -0.5 if scale is None else scale
     w_uk, w_uv = _w_views(w_kvb, N, P, Vh)
     q_lat = _q_lat(q[..., :P], w_uk, launch)
@@ -439,7 +446,7 @@ def naive(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: torc
     _counters.record(op)
     B, T, S, L, R, N, P, Vh = _check_contiguous(op, q, latent, k_pe, w_kvb)
     require_ieee_fp32_matmul(op, q)
-    launch = _launch.resolve(op, launch, Launch())
+    launch = _launch.resolve(op, launch, LAUNCH)
     scale = (P + R) ** -0.5 if scale is None else scale
     kv = (latent @ w_kvb.T).view(B, S, N, P + Vh)
     k_pe = _last_contig(k_pe)
@@ -582,7 +589,7 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
                          f"{tuple(seq_lens.shape)} {seq_lens.dtype}")
     check_same_device(op, q=q, block_tables=block_tables, seq_lens=seq_lens, cache=cache.kv)
     require_ieee_fp32_matmul(op, q)
-    launch = _launch.resolve(op, launch, Launch())
+    launch = _launch.resolve(op, launch, LAUNCH)
     scale = (P + R) ** -0.5 if scale is None else scale
     capacity = block_tables.shape[1] * cache.block_size
     for name, value in (("num_splits", num_splits), ("split_keys", split_keys)):
