@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from .config import ConfigError, KimiConfig
+from .executor import bf16_bits_to_float64  # noqa: F401  (the exact, multi-threaded conversion)
+from .executor import to_numpy
 from .tensors import alternative_shapes, expected_tensors
 
 SINGLE_FILE = "model.safetensors"
@@ -60,14 +62,6 @@ class CheckpointWarning(UserWarning):
 
 
 # -- bf16 <-> float ----------------------------------------------------------------------------------
-
-def bf16_bits_to_float64(bits: np.ndarray) -> np.ndarray:
-    """bf16 bit patterns (``uint16``) -> float64, exactly (bf16 is the top half of a float32)."""
-    bits = np.asarray(bits)
-    if bits.dtype != np.uint16:
-        raise TypeError(f"bf16 bits must be uint16, got {bits.dtype}")
-    return np.left_shift(bits, np.uint32(16), dtype=np.uint32).view(np.float32).astype(np.float64)
-
 
 def _float64_to_float32_round_to_odd(x: np.ndarray) -> np.ndarray:
     """float64 -> float32 bits rounded toward zero with the last bit forced to 1 when inexact.
@@ -158,6 +152,32 @@ class WeightSource:
     def get_rows(self, name: str, rows) -> np.ndarray:
         """Rows ``rows`` (1-D integer indices) of ``name`` along its first axis, float64."""
         return self._check_finite(name, self.get(name)[np.asarray(rows, dtype=np.int64)])
+
+    def get_raw_rows(self, name: str, rows) -> np.ndarray:
+        """The storage bits of rows ``rows`` of ``name`` (see ``get_raw``)."""
+        return self.get_raw(name)[np.asarray(rows, dtype=np.int64)]
+
+    # -- on an executor (reference.executor): float64 where the model runs --------------------------
+    def get_on(self, name: str, executor):
+        """``name`` as float64 on ``executor``, validated like ``get``. The bits are read on the
+        host and converted on the device (a GPU copies 2 bytes per bf16 weight, not 8)."""
+        if executor.name == "numpy":
+            return self.get(name)
+        return self.check_finite_on(name, executor.from_storage(self.get_raw(name),
+                                                                self.storage_dtype(name)), executor)
+
+    def get_rows_on(self, name: str, rows, executor):
+        """``get_rows`` on ``executor``."""
+        if executor.name == "numpy":
+            return self.get_rows(name, rows)
+        raw = self.get_raw_rows(name, rows)
+        return self.check_finite_on(name, executor.from_storage(raw, self.storage_dtype(name)), executor)
+
+    def check_finite_on(self, name: str, values, executor):
+        """``values`` if all finite (one reduction on the device), else ``CheckpointError``."""
+        if math.isfinite(float(executor.xp.sum(values))):
+            return values
+        return self._check_finite(name, to_numpy(values))
 
     def _check_finite(self, name: str, values: np.ndarray) -> np.ndarray:
         # values come from bf16/f16/f32 (|x| < 3.5e38), so their float64 sum cannot overflow: it is
@@ -287,9 +307,11 @@ class SafetensorsSource(WeightSource):
         return self._check_finite(name, raw_to_float64(self._view(name), self.storage_dtype(name)))
 
     def get_rows(self, name: str, rows) -> np.ndarray:
-        view = self._view(name)
-        raw = view[np.asarray(rows, dtype=np.int64)]
+        raw = self.get_raw_rows(name, rows)
         return self._check_finite(name, raw_to_float64(raw, self.storage_dtype(name)))
+
+    def get_raw_rows(self, name: str, rows) -> np.ndarray:
+        return self._view(name)[np.asarray(rows, dtype=np.int64)]
 
 
 def open_source(path: str | os.PathLike) -> SafetensorsSource:
