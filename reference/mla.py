@@ -13,7 +13,7 @@ running max and sum (the online softmax: each block's scores are shifted by the 
 earlier sums rescaled by ``exp(m_old - m_new)``), so any score magnitude is stable and the working
 set is bounded: a score block holds at most ``SCORE_BLOCK_BYTES`` (``[B, N, tq, tk]`` float64) and
 three temporaries of its size exist at a time, beside the ``[B, N, tq, .]`` accumulators and, in
-the naive form, the expanded per-head keys and values ``[B, N, S, P + Vh]`` (linear in S).
+the naive form, the expanded per-head keys and values ``[B, N, S, P + R + Vh]`` (linear in S).
 ``attention_bytes`` states the whole working set.
 """
 from __future__ import annotations
@@ -28,19 +28,20 @@ def naive(q, latent, k_pe, w_kvb, *, scale=None):
     """Expanded ("compute-friendly") form: per head ``k_nope = W_UK c``, ``v = W_UV c``, then causal
     softmax attention with key ``[k_nope ; k_pe]`` and value ``v``. Shapes in the module docstring."""
     xp, q, latent, k_pe, w_uk, w_uv, scale = _prepare(q, latent, k_pe, w_kvb, scale)
-    P = w_uk.shape[1]
-    lat = latent[:, None, ...]  # [B, 1, S, L]
-    k_nope = lat @ xp.matrix_transpose(w_uk)[None, ...]  # [B, N, S, P]
-    v = lat @ xp.matrix_transpose(w_uv)[None, ...]  # [B, N, S, Vh]
-    q_nope, q_pe = _heads_first(xp, q, P)  # [B, N, T, P], [B, N, T, R]
-    k_pe_t = xp.matrix_transpose(k_pe)[:, None, ...]  # [B, 1, R, S]
+    B, T, N, _ = q.shape
+    S, R = k_pe.shape[1:]
+    lat_t = xp.matrix_transpose(latent)[:, None, ...]  # [B, 1, L, S]
+    # keys transposed and contiguous, [k_nope ; k_pe] per head: one BLAS product per score block
+    # (NumPy's batched matmul loops without BLAS over a transposed view, ~100x slower)
+    k_t = xp.concat([w_uk[None, ...] @ lat_t,
+                     xp.broadcast_to(xp.matrix_transpose(k_pe)[:, None, ...], (B, N, R, S))], axis=2)
+    v = latent[:, None, ...] @ xp.matrix_transpose(w_uv)[None, ...]  # [B, N, S, Vh]
+    qh = xp.permute_dims(q, (0, 2, 1, 3))  # [B, N, T, P+R]
 
     def scores(t0, t1, s0, s1):
-        return (q_nope[:, :, t0:t1, :] @ xp.matrix_transpose(k_nope[:, :, s0:s1, :])
-                + q_pe[:, :, t0:t1, :] @ k_pe_t[..., s0:s1])
+        return qh[:, :, t0:t1, :] @ k_t[..., s0:s1]
 
-    o = _causal_attention(xp, scores, lambda s0, s1: v[:, :, s0:s1, :], q.shape[:3], latent.shape[1],
-                          v.shape[-1], scale)
+    o = _causal_attention(xp, scores, lambda s0, s1: v[:, :, s0:s1, :], (B, T, N), S, v.shape[-1], scale)
     return xp.permute_dims(o, (0, 2, 1, 3))  # [B, T, N, Vh]
 
 
@@ -49,17 +50,18 @@ def absorbed(q, latent, k_pe, w_kvb, *, scale=None):
     over the shared ``[latent ; k_pe]`` keys with value ``latent``, then ``o = W_UV o_lat``.
     Same result as ``naive`` (``q_nope . (W_UK c) = (W_UK^T q_nope) . c``)."""
     xp, q, latent, k_pe, w_uk, w_uv, scale = _prepare(q, latent, k_pe, w_kvb, scale)
+    B, T, N, _ = q.shape
+    S, L = latent.shape[1:]
     P = w_uk.shape[1]
-    q_nope, q_pe = _heads_first(xp, q, P)
-    q_lat = q_nope @ w_uk[None, ...]  # [B, N, T, L]
-    lat = latent[:, None, ...]  # [B, 1, S, L]
-    lat_t, k_pe_t = xp.matrix_transpose(lat), xp.matrix_transpose(k_pe)[:, None, ...]  # [B, 1, L|R, S]
+    qh = xp.permute_dims(q, (0, 2, 1, 3))  # [B, N, T, P+R]
+    q_abs = xp.concat([qh[..., :P] @ w_uk[None, ...], qh[..., P:]], axis=-1)  # [q_lat ; q_pe]
+    k_t = xp.concat([xp.matrix_transpose(latent), xp.matrix_transpose(k_pe)], axis=1)[:, None, ...]
+    lat = latent[:, None, ...]  # [B, 1, S, L]: the values
 
     def scores(t0, t1, s0, s1):
-        return q_lat[:, :, t0:t1, :] @ lat_t[..., s0:s1] + q_pe[:, :, t0:t1, :] @ k_pe_t[..., s0:s1]
+        return q_abs[:, :, t0:t1, :] @ k_t[..., s0:s1]
 
-    o_lat = _causal_attention(xp, scores, lambda s0, s1: lat[:, :, s0:s1, :], q.shape[:3],
-                              latent.shape[1], latent.shape[2], scale)  # [B, N, T, L]
+    o_lat = _causal_attention(xp, scores, lambda s0, s1: lat[:, :, s0:s1, :], (B, T, N), S, L, scale)
     o = o_lat @ xp.matrix_transpose(w_uv)[None, ...]  # [B, N, T, Vh]
     return xp.permute_dims(o, (0, 2, 1, 3))
 
@@ -74,14 +76,14 @@ def blocks(B: int, N: int, T: int) -> tuple[int, int]:
 def attention_bytes(B: int, T: int, S: int, N: int, P: int, R: int, Vh: int, L: int, *,
                     form: str) -> int:
     """Peak float64 bytes of ``naive``/``absorbed`` beyond their inputs and output: three score
-    blocks, the accumulators of one query block, the heads-first copies of q (and q_lat), and for
-    the naive form the per-head keys and values of all S positions."""
+    blocks, the accumulators of one query block, the finished query blocks and their
+    concatenation, the heads-first queries (and q_lat), and for the naive form the per-head keys
+    and values of all S positions."""
     tq, tk = blocks(B, N, T)
     tk = min(tk, S)
     width = Vh if form == "naive" else L
-    total = 3 * B * N * tq * tk + 2 * B * N * tq * (width + 2) + B * N * T * (P + R + L + width)
-    if form == "naive":
-        total += B * N * S * (P + Vh)
+    total = 3 * B * N * tq * tk + 2 * B * N * tq * (width + 2) + 2 * B * N * T * width + B * N * T * (P + R)
+    total += B * N * S * (P + R + Vh) if form == "naive" else B * N * T * (2 * L + R) + B * S * (L + R)
     return 8 * total
 
 
