@@ -198,6 +198,15 @@ class Executor:
         return self.asarray(raw_to_float64(to_storage(to_numpy(values), storage), storage))
 
     # -- device ---------------------------------------------------------------------------------
+    def oom_errors(self) -> tuple:
+        """What running out of this executor's memory raises (NumPy's ArrayMemoryError is a
+        MemoryError; torch's OutOfMemoryError is not)."""
+        if self.name == "torch":
+            import torch
+
+            return (MemoryError, torch.OutOfMemoryError)
+        return (MemoryError,)
+
     def synchronize(self) -> None:
         if self.name == "torch" and self.device.startswith("cuda"):
             import torch

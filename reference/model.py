@@ -219,6 +219,11 @@ class Model:
             raise ValueError(f"segment: expected a positive multiple of the KDA chunk 64, got {segment!r}")
         self.segment = int(segment)
 
+    @property
+    def shares_weights(self) -> bool:
+        """Whether tensors given as ``shared_weights`` are read instead of the source."""
+        return bool(self._w.shared)
+
     def __repr__(self) -> str:
         return (f"reference.Model({self.source.describe()}, variants={self.variants}, "
                 f"executor={self.executor.describe()})")
@@ -349,12 +354,23 @@ class Model:
     def _run(self, ids: np.ndarray, cache: ModelCache | None, trace: dict | None, routing: dict | None = None,
              *, logits: str = "all", call: str = "forward"):
         """Run ``ids`` after ``cache`` (None: a fresh sequence, chunked/naive forms; else the decode
-        forms), replaying ``routing`` (checked) where given. Returns (logits [T or 1, vocab], new cache)."""
+        forms), replaying ``routing`` (checked) where given. Returns (logits [T or 1, vocab], new cache).
+        Refuses a call that cannot fit before it allocates; running out anyway is ``DoesNotFit`` too."""
         if logits not in LOGITS:
             raise ValueError(f"logits: expected one of {LOGITS}, got {logits!r}")
-        c, w = self.config, self._w
         cached = 0 if cache is None else cache.length
         self._check_fits(len(ids), cached, trace, logits, call)
+        try:
+            return self._stack(ids, cache, trace, routing or {}, logits, call)
+        except self.executor.oom_errors() as exc:
+            if isinstance(exc, DoesNotFit):
+                raise
+            where = "host memory" if self.executor.device == "cpu" else self.executor.device
+            raise DoesNotFit(f"the float64 reference ran out of {where} in its {call} of {len(ids)} "
+                             f"token(s) after {cached} ({_oom_text(exc)})") from None
+
+    def _stack(self, ids, cache, trace, routing, logits, call):
+        c, w = self.config, self._w
         eps = c.rms_norm_eps
         t0 = time.perf_counter()
         h = self._embed(ids)
@@ -370,7 +386,7 @@ class Model:
             new_layers.append(lc)
             h = h + a
             x = norm.rms_norm(h, w(p + "post_attention_layernorm.weight"), eps=eps)
-            f = self._moe(i, x, trace, (routing or {}).get(i)) if c.is_moe_layer(i) else self._dense(i, x)
+            f = self._moe(i, x, trace, routing.get(i)) if c.is_moe_layer(i) else self._dense(i, x)
             h = h + f
             if trace is not None:
                 trace[f"layers.{i}.mixer"] = a
@@ -382,8 +398,8 @@ class Model:
         h = norm.rms_norm(h, w("model.norm.weight"), eps=eps)
         if trace is not None:
             trace["final_norm"] = h
-        out = self._lm_head(h if logits == "all" else h[-1:])
-        return out, ModelCache(new_layers, len(ids) + cached)
+        out = self._lm_head(h if logits == "all" else h[-1:, ...])
+        return out, ModelCache(new_layers, len(ids) + (0 if cache is None else cache.length))
 
     def _embed(self, ids: np.ndarray):
         name = "model.embed_tokens.weight"
@@ -509,6 +525,12 @@ class Model:
 
 def _shape(a) -> tuple:
     return tuple(a.shape)
+
+
+def _oom_text(exc) -> str:
+    """The first line of an out-of-memory error ('Tried to allocate 2.00 GiB ...' for torch)."""
+    lines = str(exc).strip().splitlines()
+    return " ".join(lines[0].split())[:200] if lines else type(exc).__name__
 
 
 def _gib(n: int) -> str:
