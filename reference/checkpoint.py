@@ -32,7 +32,7 @@ import numpy as np
 
 from .config import ConfigError, KimiConfig
 from .executor import bf16_bits_to_float64  # noqa: F401  (the exact, multi-threaded conversion)
-from .executor import to_numpy
+from .executor import all_finite, to_numpy
 from .tensors import alternative_shapes, expected_tensors
 
 SINGLE_FILE = "model.safetensors"
@@ -181,8 +181,9 @@ class WeightSource:
 
     def _check_finite(self, name: str, values: np.ndarray) -> np.ndarray:
         # values come from bf16/f16/f32 (|x| < 3.5e38), so their float64 sum cannot overflow: it is
-        # finite exactly when every value is. One pass, no temporary; locate the culprit only on failure.
-        if math.isfinite(np.sum(values)):
+        # finite exactly when every value is. One pass on every core, no temporary; locate the
+        # culprit only on failure.
+        if all_finite(values):
             return values
         bad = ~np.isfinite(values)
         if bad.any():

@@ -19,6 +19,7 @@ free memory. torch is imported only when a torch executor is asked for.
 """
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -89,6 +90,22 @@ def parallel_blocks(fn, n: int, block: int) -> None:
     jobs = [_pool().submit(fn, lo, min(n, lo + block)) for lo in range(0, n, block)]
     for j in jobs:
         j.result()
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """Whether every value of a float NumPy array is finite: block sums on every core (a sum of
+    finite storage values, |x| < 3.5e38 each, cannot overflow float64, so it is finite exactly
+    when they all are)."""
+    flat = a.reshape(-1)
+    if flat.size <= _CONVERT_BLOCK:
+        return math.isfinite(float(np.sum(flat)))
+    ok = [True] * (-(-flat.size // _CONVERT_BLOCK))
+
+    def block(lo, hi):
+        ok[lo // _CONVERT_BLOCK] = math.isfinite(float(np.sum(flat[lo:hi])))
+
+    parallel_blocks(block, flat.size, _CONVERT_BLOCK)
+    return all(ok)
 
 
 def _bf16_block(src: np.ndarray, dst: np.ndarray) -> None:
