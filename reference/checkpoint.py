@@ -158,26 +158,49 @@ class WeightSource:
         return self.get_raw(name)[np.asarray(rows, dtype=np.int64)]
 
     # -- on an executor (reference.executor): float64 where the model runs --------------------------
-    def get_on(self, name: str, executor):
+    def get_on(self, name: str, executor, *, pending: list | None = None):
         """``name`` as float64 on ``executor``, validated like ``get``. The bits are read on the
-        host and converted on the device (a GPU copies 2 bytes per bf16 weight, not 8)."""
+        host and converted on the device (a GPU copies 2 bytes per bf16 weight, not 8). With
+        ``pending`` (a list) the finiteness check is queued there (``check_pending``) instead of
+        synchronizing with the device now."""
         if executor.name == "numpy":
             return self.get(name)
-        return self.check_finite_on(name, executor.from_storage(self.get_raw(name),
-                                                                self.storage_dtype(name)), executor)
+        values = executor.from_storage(self.get_raw(name), self.storage_dtype(name))
+        return self.check_finite_on(name, values, executor, pending=pending)
 
-    def get_rows_on(self, name: str, rows, executor):
+    def get_rows_on(self, name: str, rows, executor, *, pending: list | None = None):
         """``get_rows`` on ``executor``."""
         if executor.name == "numpy":
             return self.get_rows(name, rows)
         raw = self.get_raw_rows(name, rows)
-        return self.check_finite_on(name, executor.from_storage(raw, self.storage_dtype(name)), executor)
+        values = executor.from_storage(raw, self.storage_dtype(name))
+        return self.check_finite_on(name, values, executor, pending=pending)
 
-    def check_finite_on(self, name: str, values, executor):
-        """``values`` if all finite (one reduction on the device), else ``CheckpointError``."""
-        if math.isfinite(float(executor.xp.sum(values))):
+    def check_finite_on(self, name: str, values, executor, *, pending: list | None = None):
+        """``values`` if all finite (one reduction on the device), else ``CheckpointError``; with
+        ``pending``, the reduction is queued as ``(name, sum)`` and checked by ``check_pending``."""
+        total = executor.xp.sum(values)
+        if pending is not None:
+            pending.append((name, total))
+            return values
+        if math.isfinite(float(total)):
             return values
         return self._check_finite(name, to_numpy(values))
+
+    def check_pending(self, pending: list, executor) -> None:
+        """Check the queued sums of ``check_finite_on(..., pending=)`` in one synchronization; the
+        first non-finite tensor raises ``CheckpointError`` naming it (read again for the detail)."""
+        if not pending:
+            return
+        xp = executor.xp
+        finite = to_numpy(xp.isfinite(xp.stack([t for _, t in pending])))
+        names = [n for n, _ in pending]
+        pending.clear()
+        for name, ok in zip(names, finite.tolist()):
+            if not ok:
+                self.check_finite_on(name, executor.from_storage(self.get_raw(name), self.storage_dtype(name)),
+                                     executor)
+                raise CheckpointError(f"{self._where(name)}: {name}: non-finite values; expected finite weights")
 
     def _check_finite(self, name: str, values: np.ndarray) -> np.ndarray:
         # values come from bf16/f16/f32 (|x| < 3.5e38), so their float64 sum cannot overflow: it is

@@ -212,23 +212,24 @@ class SyntheticSource(WeightSource):
     def get_raw_rows(self, name: str, rows) -> np.ndarray:
         return to_storage(self._row_values(name, rows, np, None), storage_dtype(name))
 
-    def get_on(self, name: str, executor):
+    def get_on(self, name: str, executor, *, pending: list | None = None):
         """Generated where the executor runs on a GPU (no host work, no copy); on the CPU by NumPy
         on every core (torch's int64 CPU kernels are ~5x slower at this hash)."""
         if executor.device == "cpu":
-            return super().get_on(name, executor)
+            return super().get_on(name, executor, pending=pending)
         shape = self.shape(name)
         mean, std = synthetic_init(self.config, name)
         values = synthetic_values(self.seed, name, math.prod(shape), mean=mean, std=std,
                                   xp=executor.xp, device=executor.device)
         out = executor.round_to_storage(executor.xp.reshape(values, shape), storage_dtype(name))
-        return self.check_finite_on(name, out, executor)
+        return self.check_finite_on(name, out, executor, pending=pending)
 
-    def get_rows_on(self, name: str, rows, executor):
+    def get_rows_on(self, name: str, rows, executor, *, pending: list | None = None):
         if executor.device == "cpu":
-            return super().get_rows_on(name, rows, executor)
+            return super().get_rows_on(name, rows, executor, pending=pending)
         values = self._row_values(name, rows, executor.xp, executor.device)
-        return self.check_finite_on(name, executor.round_to_storage(values, storage_dtype(name)), executor)
+        return self.check_finite_on(name, executor.round_to_storage(values, storage_dtype(name)), executor,
+                                    pending=pending)
 
     def _row_values(self, name: str, rows, xp, device):
         """float32 values ``[len(rows), *shape[1:]]`` of rows ``rows`` (host ints) of ``name``."""
