@@ -152,11 +152,9 @@ class Executor:
         if self.name == "torch":
             import torch
 
-            if isinstance(x, np.ndarray):
-                x = torch.from_numpy(np.ascontiguousarray(x))
+            if isinstance(x, np.ndarray):  # a writable contiguous copy only where needed
+                x = torch.from_numpy(x if x.flags.c_contiguous and x.flags.writeable else x.copy())
             return torch.as_tensor(x, device=self.device).to(dtype)
-        if self.name == "array-api-strict" and isinstance(x, np.ndarray):
-            return xp.asarray(x.tolist() if x.dtype == object else x, dtype=dtype)
         return xp.asarray(x, dtype=dtype)
 
     def ints(self, x):
@@ -187,13 +185,14 @@ class Executor:
     def _torch_from_storage(self, raw, storage: str):
         import torch
 
+        if isinstance(raw, np.ndarray) and not (raw.flags.c_contiguous and raw.flags.writeable):
+            raw = raw.copy()
         if isinstance(raw, torch.Tensor):
             exact = _HOLDS_EXACTLY[storage]
             if str(raw.dtype).removeprefix("torch.") not in exact:
                 raise TypeError(f"a {raw.dtype} tensor cannot hold {storage} weights exactly "
                                 f"(expected one of {', '.join(exact)})")
         elif isinstance(raw, np.ndarray):
-            raw = np.ascontiguousarray(raw)
             if storage == "bfloat16":
                 if raw.dtype != np.uint16:
                     raise TypeError(f"bf16 storage expected as uint16 bits, got {raw.dtype}")
