@@ -53,6 +53,16 @@ def _gpu_peak() -> dict:
             "gpu_total_GB": torch.cuda.get_device_properties(0).total_memory / 1e9}
 
 
+def _gpu_allocated(*, reset: bool = False, peak: bool = False) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    if reset:
+        torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.max_memory_allocated() if peak else torch.cuda.memory_allocated()
+
+
 def _sync(ex):
     ex.synchronize()
     return time.perf_counter()
@@ -112,19 +122,23 @@ def cmd_decode(args) -> dict:
             times.append(time.perf_counter() - t0)
         out["optimized_decode_ms"] = statistics.median(times[1:]) * 1e3
         del ol, oc
+    out.update(_gpu_peak())  # decode-phase peaks (the long prefill below resets the counter)
     if args.prefill_tokens:
         n = args.prefill_tokens
         out["long_prefill"] = {"tokens": n, "estimate_GB": ref.memory_estimate(n, logits="last") / 1e9,
                                "free_GB": (ex.free_bytes() or 0) / 1e9}
         long_ids = _ids(cfg.vocab_size, n, 1)
+        base = _gpu_allocated(reset=True)
         t0 = _sync(ex)
         try:
             logits, _ = ref.prefill(long_ids, logits="last")
             out["long_prefill"]["s"] = _sync(ex) - t0
+            # the estimate must bound what the call really held at its peak
+            out["long_prefill"]["measured_peak_GB"] = (_gpu_allocated(peak=True) - base) / 1e9
             out["long_prefill"]["finite"] = bool(np.isfinite(ex.to_numpy(logits)).all())
         except (MemoryError, RuntimeError) as exc:  # DoesNotFit, or torch's OutOfMemoryError
             out["long_prefill"]["error"] = " ".join(str(exc).split())[:400]
-    out.update(_gpu_peak())
+        out["long_prefill"].update(_gpu_peak())
     out["host_peak_rss_GB"] = _rss_gb()
     return out
 
