@@ -69,7 +69,8 @@ def to_numpy(x) -> np.ndarray:
 
 # -- bf16 -> float64 on the host: every core, an integer shift per element ------------------------
 
-_CONVERT_BLOCK = 1 << 20  # elements per task: 4 MB of uint32 + 8 MB of float64, cache-friendly
+_CONVERT_BLOCK = 1 << 20  # elements per task at most: 4 MB of uint32 + 8 MB of float64, cache-friendly
+_MIN_BLOCK = 1 << 16  # and at least (a task costs ~10 us to hand out)
 _POOL: ThreadPoolExecutor | None = None
 
 
@@ -97,14 +98,15 @@ def all_finite(a: np.ndarray) -> bool:
     finite storage values, |x| < 3.5e38 each, cannot overflow float64, so it is finite exactly
     when they all are)."""
     flat = a.reshape(-1)
-    if flat.size <= _CONVERT_BLOCK:
+    size = _block(flat.size)
+    if flat.size <= size:
         return math.isfinite(float(np.sum(flat)))
-    ok = [True] * (-(-flat.size // _CONVERT_BLOCK))
+    ok = [True] * (-(-flat.size // size))
 
     def block(lo, hi):
-        ok[lo // _CONVERT_BLOCK] = math.isfinite(float(np.sum(flat[lo:hi])))
+        ok[lo // size] = math.isfinite(float(np.sum(flat[lo:hi])))
 
-    parallel_blocks(block, flat.size, _CONVERT_BLOCK)
+    parallel_blocks(block, flat.size, size)
     return all(ok)
 
 
@@ -120,12 +122,18 @@ def bf16_bits_to_float64(bits: np.ndarray) -> np.ndarray:
     if bits.dtype != np.uint16:
         raise TypeError(f"bf16 bits must be uint16, got {bits.dtype}")
     out = np.empty(bits.shape, dtype=np.float64)
-    if bits.size <= _CONVERT_BLOCK:
+    if bits.size <= _block(bits.size):
         _bf16_block(bits, out)
         return out
     src, dst = bits.reshape(-1), out.reshape(-1)  # reshape(-1) of a non-contiguous view copies: fine
-    parallel_blocks(lambda lo, hi: _bf16_block(src[lo:hi], dst[lo:hi]), src.size, _CONVERT_BLOCK)
+    parallel_blocks(lambda lo, hi: _bf16_block(src[lo:hi], dst[lo:hi]), src.size, _block(src.size))
     return out
+
+
+def _block(n: int) -> int:
+    """Elements per task: at most ``_CONVERT_BLOCK``, and small enough that a tensor of ``n`` (one
+    48B expert matrix is 2.4M) gives every core two tasks."""
+    return max(_MIN_BLOCK, min(_CONVERT_BLOCK, -(-n // (2 * cpu_count()))))
 
 
 # float dtypes that hold every value of a storage dtype exactly (a shared tensor may be wider)
