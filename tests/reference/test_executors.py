@@ -122,7 +122,7 @@ class _no_raise:
 
 # -- whole models ------------------------------------------------------------------------------------
 
-PRESETS = {"tiny": 24, "small": 12, "medium": 6}  # prompt tokens (each a few seconds on 2 cores)
+PRESETS = {"tiny": 24, "small": 12, "medium": 4}  # prompt tokens (each a few seconds on 2 cores)
 
 
 @pytest.fixture(scope="module", params=list(PRESETS))
