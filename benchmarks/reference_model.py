@@ -153,28 +153,13 @@ def _reduced_config(preset: str, experts: int):
 
 def _write_checkpoint(cfg, directory: Path) -> float:
     """The synthetic model of ``cfg`` as a sharded bf16 checkpoint (generated on the GPU when there
-    is one: the same bits as NumPy's, about 100x faster). Returns the seconds it took."""
-    import numpy as np
-
+    is one: the same bits as NumPy's, without the host's hashing). Returns the seconds it took."""
     from reference.checkpoint import save_checkpoint
     from reference.synthetic import SyntheticSource
     from reference.tensors import storage_dtype
 
     src = SyntheticSource(cfg, 0)
-    raw = src.get_raw
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            from optimized.synthetic import DeviceGenerator
-
-            gen = DeviceGenerator(src, "cuda")
-
-            def raw(name):  # noqa: F811  (storage bits: uint16 for bf16)
-                t = gen(name).cpu()
-                return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
-    except ImportError:
-        pass
+    raw = _gpu_raw(src) or src.get_raw
 
     class Lazy(dict):
         def __iter__(self):
@@ -186,6 +171,27 @@ def _write_checkpoint(cfg, directory: Path) -> float:
     t0 = time.perf_counter()
     save_checkpoint(directory, cfg, Lazy(), dtypes=storage_dtype, shard_max_bytes=4 << 30, overwrite=True)
     return time.perf_counter() - t0
+
+
+def _gpu_raw(src):
+    """``name -> storage bits`` (uint16 for bf16) generated on the GPU, or None without one."""
+    import numpy as np
+
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    from optimized.synthetic import DeviceGenerator
+
+    gen = DeviceGenerator(src, "cuda")
+
+    def raw(name):
+        t = gen(name).cpu()
+        return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+
+    return raw
 
 
 def cmd_cpu_checkpoint(args) -> dict:
