@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from .config import MAX_TENSORS, ConfigError, KimiConfig
+from .executor import bf16_bits_to_float64  # noqa: F401  (the exact, multi-threaded conversion)
+from .executor import all_finite, to_numpy
 from .safetensors_format import Header
 from .safetensors_format import read_header as read_st_header
 from .tensors import alternative_shapes, expected_tensors, transformers_aliases
@@ -63,14 +65,6 @@ class CheckpointWarning(UserWarning):
 
 
 # -- bf16 <-> float ----------------------------------------------------------------------------------
-
-def bf16_bits_to_float64(bits: np.ndarray) -> np.ndarray:
-    """bf16 bit patterns (``uint16``) -> float64, exactly (bf16 is the top half of a float32)."""
-    bits = np.asarray(bits)
-    if bits.dtype != np.uint16:
-        raise TypeError(f"bf16 bits must be uint16, got {bits.dtype}")
-    return np.left_shift(bits, np.uint32(16), dtype=np.uint32).view(np.float32).astype(np.float64)
-
 
 def _float64_to_float32_round_to_odd(x: np.ndarray) -> np.ndarray:
     """float64 -> float32 bits rounded toward zero with the last bit forced to 1 when inexact.
@@ -165,11 +159,60 @@ class WeightSource:
         """Rows ``rows`` (1-D integer indices) of ``name`` along its first axis, float64."""
         return self._check_finite(name, self.get(name)[np.asarray(rows, dtype=np.int64)])
 
+    def get_raw_rows(self, name: str, rows) -> np.ndarray:
+        """The storage bits of rows ``rows`` of ``name`` (see ``get_raw``)."""
+        return self.get_raw(name)[np.asarray(rows, dtype=np.int64)]
+
+    # -- on an executor (reference.executor): float64 where the model runs --------------------------
+    def get_on(self, name: str, executor, *, pending: list | None = None):
+        """``name`` as float64 on ``executor``, validated like ``get``. The bits are read on the
+        host and converted on the device (a GPU copies 2 bytes per bf16 weight, not 8). With
+        ``pending`` (a list) the finiteness check is queued there (``check_pending``) instead of
+        synchronizing with the device now."""
+        if executor.name == "numpy":
+            return self.get(name)
+        values = executor.from_storage(self.get_raw(name), self.storage_dtype(name))
+        return self.check_finite_on(name, values, executor, pending=pending)
+
+    def get_rows_on(self, name: str, rows, executor, *, pending: list | None = None):
+        """``get_rows`` on ``executor``."""
+        if executor.name == "numpy":
+            return self.get_rows(name, rows)
+        raw = self.get_raw_rows(name, rows)
+        values = executor.from_storage(raw, self.storage_dtype(name))
+        return self.check_finite_on(name, values, executor, pending=pending)
+
+    def check_finite_on(self, name: str, values, executor, *, pending: list | None = None):
+        """``values`` if all finite (one reduction on the device), else ``CheckpointError``; with
+        ``pending``, the reduction is queued as ``(name, sum)`` and checked by ``check_pending``."""
+        total = executor.xp.sum(values)
+        if pending is not None:
+            pending.append((name, total))
+            return values
+        if math.isfinite(float(total)):
+            return values
+        return self._check_finite(name, to_numpy(values))
+
+    def check_pending(self, pending: list, executor) -> None:
+        """Check the queued sums of ``check_finite_on(..., pending=)`` in one synchronization; the
+        first non-finite tensor raises ``CheckpointError`` naming it (read again for the detail)."""
+        if not pending:
+            return
+        xp = executor.xp
+        finite = to_numpy(xp.isfinite(xp.stack([t for _, t in pending])))
+        names = [n for n, _ in pending]
+        pending.clear()
+        for name, ok in zip(names, finite.tolist()):
+            if not ok:  # a non-finite sum: read again, element by element (it raises, naming the first)
+                self.check_finite_on(name, executor.from_storage(self.get_raw(name), self.storage_dtype(name)),
+                                     executor)
+
     def _check_finite(self, name: str, values: np.ndarray) -> np.ndarray:
-        # a finite float64 sum means every value is finite: one pass, no temporary. An infinite sum
-        # of finite values (float64 storage can overflow it) is told apart by the element check.
+        # a finite float64 sum means every value is finite (block sums on every core, no
+        # temporary). An infinite sum of finite values (float64 storage can overflow it) is told
+        # apart by the element check below.
         with np.errstate(over="ignore", invalid="ignore"):
-            if math.isfinite(np.sum(values)):
+            if all_finite(values):
                 return values
         bad = ~np.isfinite(values)
         if bad.any():
@@ -262,9 +305,11 @@ class SafetensorsSource(WeightSource):
         return self._check_finite(name, raw_to_float64(self._view(name), self.storage_dtype(name)))
 
     def get_rows(self, name: str, rows) -> np.ndarray:
-        view = self._view(name)
-        raw = view[np.asarray(rows, dtype=np.int64)]
+        raw = self.get_raw_rows(name, rows)
         return self._check_finite(name, raw_to_float64(raw, self.storage_dtype(name)))
+
+    def get_raw_rows(self, name: str, rows) -> np.ndarray:
+        return self._view(name)[np.asarray(rows, dtype=np.int64)]
 
 
 def open_source(path: str | os.PathLike) -> SafetensorsSource:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from parity import reference_device
+
 DEFAULT_STEPS = {"cuda": 128, "cpu": 16}  # the Triton interpreter takes ~1-3 s per decode step
 
 
@@ -31,6 +33,7 @@ def register(sub):
                    help="device of the optimized path (default: cuda if present, else cpu)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                    help="compute dtype of the optimized path (default bfloat16)")
+    reference_device.add_argument(p)
     p.add_argument("--variant", action="append", metavar="NAME=VALUE",
                    help="semantic variant for both paths: moe_combine=unbiased|biased, "
                         "kv_norm_eps=1e-6|1e-5 (repeatable)")
@@ -79,10 +82,11 @@ def run(args: argparse.Namespace) -> int:
         out = Console(highlight=False, width=140)
     if not err.is_terminal:
         err = Console(stderr=True, highlight=False, width=140)
-    ref = setup.load_reference(ckpt, variants)
     opt = setup.load_optimized(opt_ckpt or ckpt, device=device, dtype=args.dtype, variants=variants,
                                backends=backends)
+    ref = reference_device.load(ckpt, variants, args.reference_device, share=None if opt_ckpt else opt)
     env = environment(device=device, dtype=args.dtype)
+    env["reference"] = reference_device.info(ref)
     env["rounding"] = rounding = setup.platform_rounding(args.dtype, device)
     err.print(f"reference: {ckpt.info['describe']}", markup=False)
     if opt_ckpt is not None:
@@ -95,10 +99,13 @@ def run(args: argparse.Namespace) -> int:
               + (f" (rounds to {args.dtype} {rounding})" if rounding != "nearest" else "")
               + (f"; backends {backends}" if backends else ""), markup=False)
 
+    err.print(f"float64 reference: {ref.executor.describe()}"
+              + (", reading the optimized model's weights" if ref.shares_weights else ""), markup=False)
     err.print(f"variants: {_variants(ref)}; prompt: {len(ids)} tokens; mode {args.mode}; "
               f"{args.steps} steps", markup=False)
 
-    result = _decode(ref, opt, ids, config, args, err, rounding)
+    with reference_device.memory_errors(args.reference_device, device):
+        result = _decode(ref, opt, ids, config, args, err, rounding)
     decode = (lambda t: tok.decode([t])) if tok is not None else None
     print_result(result, out, decode=decode)
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from parity import reference_device
+
 DEFAULT_STEPS = 32
 
 
@@ -33,6 +35,7 @@ def register(sub):
                         "bounds, the same on every platform; a bfloat16 golden holds the noise of the "
                         "platform it was recorded on)")
     r.add_argument("--variant", action="append", metavar="NAME=VALUE")
+    reference_device.add_argument(r)
     r.add_argument("--synthetic", metavar="PRESET")
     r.add_argument("--seed", type=int, default=0)
     r.set_defaults(func=run_record)
@@ -67,12 +70,13 @@ def run_record(args: argparse.Namespace) -> int:
     device = setup.check_device(args.device)
     ckpt = setup.open_checkpoint(args.checkpoint, synthetic=args.synthetic, seed=args.seed)
     ids, text, _ = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
-    ref = setup.load_reference(ckpt, variants)
     opt = setup.load_optimized(ckpt, device=device, dtype=args.dtype, variants=variants, backends={})
+    ref = reference_device.load(ckpt, variants, args.reference_device, share=opt)
     try:
-        body, result = golden.record(ref, opt, ids, config=ckpt.source.config, steps=args.steps,
-                                     dtype=args.dtype, top_k=args.top_k,
-                                     rounding=setup.platform_rounding(args.dtype, device))
+        with reference_device.memory_errors(args.reference_device, device):
+            body, result = golden.record(ref, opt, ids, config=ckpt.source.config, steps=args.steps,
+                                         dtype=args.dtype, top_k=args.top_k,
+                                         rounding=setup.platform_rounding(args.dtype, device))
     except setup.checkpoint_errors() as exc:
         raise InputError(setup.one_line(exc)) from None
     summary = result.summary()
@@ -84,7 +88,8 @@ def run_record(args: argparse.Namespace) -> int:
     g = golden.make_golden(body, checkpoint=_portable(ckpt.info), config=ckpt.source.config,
                            weights_sha256=golden.weights_fingerprint(ckpt.source),
                            variants=ref.variants, backends={}, dtype=args.dtype,
-                           environment=environment(device=device, dtype=args.dtype),
+                           environment={**environment(device=device, dtype=args.dtype),
+                                        "reference": reference_device.info(ref)},
                            prompt={"text": text, "ids": ids}, summary=summary)
     write_output(args.out, lambda: golden.write(args.out, g))
     print(f"wrote {args.out}: {len(body['steps'])} steps, top-{args.top_k} logits, {args.dtype} bounds")
