@@ -4,7 +4,7 @@
 # the certificate JSON under $OUT; the certificate's verdicts and worst ratios are compared op by op
 # with docs/runs/certificate-cuda.json.
 #
-#   device run (kind nvidia-h200):   bash benchmarks/check_gpu.sh [pytest selection...]
+#   device run (kind nvidia-h200, carry [".whl"]):   bash benchmarks/check_gpu.sh [pytest selection...]
 #   (each selection, default every tests/optimized file, tests/parity and tests/reference, runs as
 #   its own pytest process: a CUDA fault in one file cannot fail the others; logs merged into
 #   pytest.log)
@@ -15,6 +15,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# packages the machine lacks (array-api-compat; fla-core for the peer checks) travel as wheels in .whl
+if ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile \
+        --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >"$OUT/wheels.log" 2>&1; then
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 # installed (not just on PYTHONPATH) so pytest finds the parity plugin's entry point
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
     || { echo "pip install -e . failed (see install.log): PYTHONPATH only"; export PYTHONPATH=$PWD; }

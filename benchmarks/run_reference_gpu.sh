@@ -7,11 +7,10 @@
 # cannot hold it. Results: $OUT/reference-gpu-suite.json, one log per part, diff-48b.json,
 # golden-48b.json.
 #
-#   pip download array-api-compat==1.16.0 --no-deps -d .whl-reference   # once, where pip can reach PyPI
-#   device run (kind nvidia-h200, timeout_s 540):   bash benchmarks/run_reference_gpu.sh
+#   pip download array-api-compat==1.16.0 --no-deps -d .whl   # once, where pip can reach PyPI
+#   device run (kind nvidia-h200, carry [".whl"], timeout_s 540):   bash benchmarks/run_reference_gpu.sh
 #
-# The wheel folder travels with the working tree (untracked, not ignored) and is installed only when
-# the device machine lacks array-api-compat.
+# The wheel is installed only when the device machine lacks array-api-compat.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -19,11 +18,11 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if ! "$PY" -c "import array_api_compat" 2>/dev/null; then
-    if ls .whl-reference/*.whl >/dev/null 2>&1 && "$PY" -m pip install -q --no-index --no-deps \
-            --no-compile --target /tmp/site-reference .whl-reference/*.whl; then
+    if ls .whl/array_api_compat-*.whl >/dev/null 2>&1 && "$PY" -m pip install -q --no-index --no-deps \
+            --no-compile --target /tmp/site-reference .whl/array_api_compat-*.whl; then
         export PYTHONPATH=/tmp/site-reference${PYTHONPATH:+:$PYTHONPATH}
     else
-        echo "error: array-api-compat is not installed here and no wheel was carried in .whl-reference/" >&2
+        echo "error: array-api-compat is not installed here and no wheel was carried in .whl/" >&2
         exit 2
     fi
 fi
