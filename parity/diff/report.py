@@ -7,7 +7,7 @@ from pathlib import Path
 from parity.atomic import atomic_write  # noqa: F401  (re-exported for plot, golden, the CLI)
 
 REPORT_FORMAT = "kimi-parity/diff-report"
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: the engine, the past-bound run verdict, the logits check
 
 
 def environment(*, device: str, dtype: str) -> dict:

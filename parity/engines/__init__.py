@@ -74,8 +74,15 @@ def _fixed_variants(name: str, asked: dict, runs: dict) -> None:
 
 
 def _import(module: str):
-    """``pkg.mod`` (importable, or from the current folder) or ``path/to/file.py``."""
-    if module.endswith(".py") or "/" in module:
+    """``pkg.mod`` or ``path/to/file.py``, with the current folder importable (``parity`` is a
+    console script: its ``sys.path`` lacks the folder it runs in)."""
+    here = str(Path.cwd())
+    added = here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        if not (module.endswith(".py") or "/" in module):
+            return importlib.import_module(module)
         path = Path(module)
         if not path.is_file():
             raise EngineError(f"--engine {module}: no such file")
@@ -83,12 +90,6 @@ def _import(module: str):
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod
-    here = str(Path.cwd())
-    added = here not in sys.path
-    if added:  # `parity` is a console script: its sys.path lacks the folder it runs in
-        sys.path.insert(0, here)
-    try:
-        return importlib.import_module(module)
     finally:
         if added:
             sys.path.remove(here)
