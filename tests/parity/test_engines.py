@@ -42,6 +42,17 @@ def test_transformers_at_float32_on_the_bundled_checkpoint_has_no_step_diverged_
     assert "engine: transformers (TransformersEngine), float32 on cpu" in err
 
 
+@needs_transformers
+def test_golden_check_holds_transformers_to_the_committed_golden(capsys):
+    from reference.fixtures import default_checkpoint_path
+
+    golden = default_checkpoint_path().parent / "golden" / "default.json"
+    rc, out, err = run_cli(capsys, "golden", "check", str(golden), "--engine", "transformers", "--device", "cpu",
+                           "--steps", "3")
+    assert rc == 0, out + err
+    assert out.strip().splitlines()[-1] == "golden: 3/3 steps match, 0 near-tie, 0 diverged"
+
+
 @pytest.mark.parametrize("factory", ["fb_doubled", pytest.param("fb_doubled_transformers", marks=needs_transformers)])
 def test_llama_cpp_doubled_f_b_exits_1_and_is_localized_to_that_layers_mixer(tmp_path, capsys, factory):
     rc, out, err, report = _diff(capsys, tmp_path, f"{PLANTED}:{factory}")
@@ -91,6 +102,8 @@ ENGINE_ERRORS = {
                                    "--variant and --backend apply to the built-in engines"),
     "transformers on synthetic weights": (["--engine", "transformers", "--synthetic", "tiny"],
                                           "--engine transformers loads a checkpoint directory"),
+    "a variant transformers does not run": (["--engine", "transformers", "--variant", "moe_combine=biased"],
+                                            "the transformers engine runs moe_combine=unbiased"),
 }
 
 
