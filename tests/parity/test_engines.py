@@ -43,6 +43,18 @@ def test_transformers_at_float32_on_the_bundled_checkpoint_has_no_step_diverged_
 
 
 @needs_transformers
+@pytest.mark.parity_gpu
+def test_transformers_in_bfloat16_on_cuda_has_no_step_diverged_over_128_steps(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    rc, out, err = run_cli(capsys, "diff", "--engine", "transformers", "--dtype", "bfloat16", "--device", "cuda",
+                           "--steps", "128", "--no-progress", "--json", str(report))
+    assert rc == 0, out + err
+    report = json.loads(report.read_text())
+    check_consistent(report)
+    assert report["summary"]["diverged"] == 0 and report["summary"]["past_bound"] is None
+
+
+@needs_transformers
 def test_golden_check_holds_transformers_to_the_committed_golden(capsys):
     from reference.fixtures import default_checkpoint_path
 
