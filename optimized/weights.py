@@ -29,7 +29,8 @@ import torch
 
 from reference.config import KimiConfig
 
-_STORAGE_TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_STORAGE_TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                  "float64": torch.float64}
 
 
 def raw_to_torch(raw: np.ndarray, storage_dtype: str) -> torch.Tensor:

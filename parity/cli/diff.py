@@ -62,13 +62,13 @@ def register(sub):
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, check_text
     from parity.diff import setup
-    from parity.errors import InputError
 
-    if args.steps is not None and args.steps < 1:
-        raise InputError(f"--steps {args.steps}: expected a positive number of steps")
-    for flag, path in (("--json", args.json), ("--plot", args.plot), ("--plan", args.plan)):
-        setup.check_output(flag, path)
+    check_outputs(("--json", args.json), ("--plot", args.plot), ("--plan", args.plan))
+    check_text("--prompt", args.prompt)
+    check_count("--steps", args.steps, MAX_STEPS, "steps")
+    check_seed("--seed", args.seed)
     variants = setup.parse_variants(args.variant)
     backends = setup.parse_backends(args.backend)
     device = setup.check_device(args.device)
@@ -136,6 +136,7 @@ def _describe_engine(args, engine, env, rounding, backends) -> str:
 def _diff(args, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backends, device, err) -> int:
     from rich.console import Console
 
+    from parity.cli.args import write_output
     from parity.diff import build_report, setup, write_json
     from parity.diff.render import print_result
     from parity.diff.report import environment
@@ -169,17 +170,18 @@ def _diff(args, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backen
                               optimized_checkpoint=opt_ckpt.info if opt_ckpt else None,
                               engine=args.engine)
         if args.json:
-            _write(lambda: write_json(args.json, report), args.json)
+            write_output(args.json, lambda: write_json(args.json, report))
         if args.plot:
             from parity.diff.plot import write_plot
 
             moe = [i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)]
-            _write(lambda: write_plot(result, args.plot, moe_layers=moe), args.plot)
+            write_output(args.plot, lambda: write_plot(result, args.plot, moe_layers=moe))
     return 1 if result.verdict in ("diverged", "past-bound") else 0
 
 
 def _write_plan(args, ckpt, variants, device, err) -> int:
     """``--plan PATH``: the reference alone, greedy; the plan an engine teacher-forces."""
+    from parity.cli.args import write_output
     from parity.diff import setup
     from parity.engines.plan import make_plan, write_plan
     from parity.errors import InputError
@@ -194,7 +196,7 @@ def _write_plan(args, ckpt, variants, device, err) -> int:
         plan = make_plan(ref, ids, steps=steps, config=ckpt.source.config, checkpoint=ckpt.info)
     except setup.checkpoint_errors() as exc:
         raise InputError(setup.one_line(exc)) from None
-    _write(lambda: write_plan(args.plan, plan), args.plan)
+    write_output(args.plan, lambda: write_plan(args.plan, plan))
     print(f"wrote {args.plan}: prefill the {len(ids)} prompt ids, then decode tokens[1:] ({steps - 1} tokens); "
           f"write the logits of all {steps} steps to a dump (docs/dump-format.md)")
     return 0
@@ -202,16 +204,6 @@ def _write_plan(args, ckpt, variants, device, err) -> int:
 
 def _variants(model) -> dict:
     return dict(getattr(model, "variants", {}) or {})
-
-
-def _write(fn, path):
-    """Run a writer; an OS error (disk full, permission) is an input error naming the file."""
-    from parity.errors import InputError
-
-    try:
-        fn()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
 def _decode(ref, opt, ids, config, args, err, rounding, tokens, lm_head):

@@ -66,9 +66,10 @@ def parse_backends(items: list[str] | None) -> dict:
 
 
 def check_output(flag: str, path: str | None) -> None:
-    """An output file's folder must exist before the run, not after it."""
-    if path is not None and not Path(path).resolve().parent.is_dir():
-        raise InputError(f"{flag} {path}: folder {Path(path).parent} does not exist")
+    """An output file must be writable before the run, not after it (``parity.cli.args``)."""
+    from parity.cli.args import check_outputs
+
+    check_outputs((flag, path))
 
 
 def check_device(device: str | None) -> str:

@@ -13,7 +13,6 @@ consumed (else the dump did not follow the plan). Every problem is a ``DumpError
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ METADATA_KEY = "kimi-parity"
 LOGIT_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 INT_DTYPES = ("I64", "I32")
 MODES = ("forced", "free")
+MAX_STEPS = 100_000  # as parity diff --steps (parity.cli.args.MAX_STEPS)
 
 
 class DumpError(EngineError):
@@ -34,27 +34,31 @@ class DumpError(EngineError):
 
 
 def _header(path: Path) -> tuple[dict, dict]:
-    """({tensor name: {"dtype", "shape", ...}}, metadata) of a safetensors file, its size checked
-    against the header (a truncated file is refused here)."""
-    from reference.checkpoint import CheckpointError, read_header
+    """({tensor name: TensorInfo}, metadata) of a safetensors file, validated as the safetensors
+    library validates it (``reference.safetensors_format``: a truncated file is refused here)."""
+    from reference.safetensors_format import read_header
+    from reference.validate import InvalidInput
 
     try:
-        _, tensors, meta = read_header(path)
-    except CheckpointError as exc:
+        header = read_header(path)
+    except InvalidInput as exc:
         raise DumpError(str(exc)) from None
-    return tensors, meta
+    return header.tensors, header.metadata or {}
 
 
 def _json_header(path: Path, meta: dict) -> dict:
+    """The header JSON, strict (``reference.validate.parse_json``: no NaN, no repeated key), then
+    its schema (``parity/schemas/dump.schema.json``)."""
     from parity.schema import errors, load
+    from reference.validate import InvalidInput, parse_json
 
     raw = meta.get(METADATA_KEY)
     if not isinstance(raw, str):
         raise DumpError(f"{path}: not a kimi-parity dump (no {METADATA_KEY!r} entry in the safetensors metadata)")
     try:
-        head = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise DumpError(f"{path}: the {METADATA_KEY!r} metadata is not JSON ({exc})") from None
+        head = parse_json(raw, what=f"{path}: the {METADATA_KEY!r} metadata")
+    except InvalidInput as exc:
+        raise DumpError(str(exc)) from None
     if not isinstance(head, dict) or head.get("format") != FORMAT:
         got = head.get("format") if isinstance(head, dict) else None
         raise DumpError(f"{path}: format {got!r}, expected {FORMAT!r}")
@@ -63,6 +67,8 @@ def _json_header(path: Path, meta: dict) -> dict:
     bad = errors(head, load("dump"))
     if bad:
         raise DumpError(f"{path}: header: {bad[0]}")
+    if not head["prompt_ids"] or head["steps"] > MAX_STEPS:
+        raise DumpError(f"{path}: header: expected a prompt and 1 to {MAX_STEPS} steps")
     return head
 
 
@@ -105,6 +111,8 @@ class DumpEngine:
 
     # -- validation ----------------------------------------------------------------------------
     def _check_tensors(self, infos: dict) -> None:
+        from reference.validate import label
+
         c, path, N = self.config, self.path, self.steps
         rows = len(self.prompt_ids) - 1 + N
         need, extra, width = expected(c), optional(c), widths(c)
@@ -119,18 +127,16 @@ class DumpEngine:
                 want[name] = ((rows, width[{**need, **extra}[name]]), kinds)
         for name in infos:
             if name not in want:
-                raise DumpError(f"{path}: unknown tensor {name!r} (names: docs/dump-format.md)")
+                raise DumpError(f"{path}: unknown tensor '{label(name)}' (names: docs/dump-format.md)")
         for name, (shape, kinds) in want.items():
             if name not in infos:
                 raise DumpError(f"{path}: no {name!r} tensor")
             got = infos[name]
-            if tuple(got["shape"]) != shape:
-                why = " (a missing step?)" if name in ("logits", "tokens") and got["shape"][:1] != [N] else ""
-                raise DumpError(f"{path}: {name}: shape {tuple(got['shape'])}, expected {shape}{why}")
-            if got["dtype"] not in kinds:
-                raise DumpError(f"{path}: {name}: dtype {got['dtype']}, expected one of {', '.join(kinds)}")
-        if "logits" in infos and infos["logits"]["shape"][1:] != [c.vocab_size]:
-            raise DumpError(f"{path}: logits of another vocabulary")
+            if got.shape != shape:
+                why = " (a missing step?)" if name in ("logits", "tokens") and got.shape[:1] != (N,) else ""
+                raise DumpError(f"{path}: {name}: shape {got.shape}, expected {shape}{why}")
+            if got.dtype not in kinds:
+                raise DumpError(f"{path}: {name}: dtype {got.dtype}, expected one of {', '.join(kinds)}")
 
     def _load(self, names: list[str]) -> dict:
         from safetensors import SafetensorError, safe_open

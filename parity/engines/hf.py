@@ -17,6 +17,12 @@ indices. ``.hf_model`` is the transformers model itself, for a user's own hooks.
 
 transformers' KimiLinear combines the experts with unbiased scores and normalizes the MLA latent
 with eps 1e-6 (``KimiLinearRMSNorm``'s default): it runs ``moe_combine=unbiased, kv_norm_eps=1e-6``.
+
+Which KDA and short-conv code runs is chosen by transformers when it imports the model: fla-core's
+and causal-conv1d's kernels when those packages import, else its own PyTorch functions. The
+kernels are Triton/CUDA only (fla-core 0.6.0 on a CPU tensor: "0 active drivers"), so on CPU the
+engine runs transformers' PyTorch functions (the originals the kernel wrappers keep as
+``__wrapped__``), swapped in for its own calls only; ``variants["kernels"]`` says what ran.
 """
 from __future__ import annotations
 
@@ -29,6 +35,9 @@ from .checked import EngineError
 MIN_VERSION = 5
 VARIANTS = {"moe_combine": "unbiased", "kv_norm_eps": 1e-6}
 TORCH_DTYPES = ("bfloat16", "float32")
+# the model's functions transformers may hand to an outside kernel package at import
+KERNEL_FUNCTIONS = ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention", "causal_conv1d_fn",
+                    "causal_conv1d_update")
 
 
 def _import():
@@ -42,6 +51,26 @@ def _import():
         raise EngineError(f"--engine transformers needs transformers>=5 with KimiLinear; "
                           f"transformers {transformers.__version__} has none (pip install 'kimi-parity[peers]')")
     return transformers
+
+
+def _chosen(fn):
+    """The implementation behind one of ``KERNEL_FUNCTIONS``: (callable, is transformers' own)."""
+    own = getattr(fn, "__wrapped__", fn)
+    impl = inspect.getclosurevars(fn).nonlocals.get("implementation", own) if own is not fn else fn
+    return impl, impl is own
+
+
+@contextlib.contextmanager
+def _torch_functions(module, names: list[str]):
+    """transformers' own PyTorch functions in place of the outside kernels ``names``, for one call."""
+    saved = {n: getattr(module, n) for n in names}
+    try:
+        for n in names:
+            setattr(module, n, saved[n].__wrapped__)
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(module, n, fn)
 
 
 @contextlib.contextmanager
@@ -82,8 +111,9 @@ class TransformersEngine:
                               f"{missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
         self.hf_model = model.to(self.device).eval()
         self._check_layout()
+        self._modeling, self._swap, kernels = self._kernels()
         self.variants = {**VARIANTS, "dtype": dtype, "device": str(self.device),
-                         "transformers": tf.__version__}
+                         "transformers": tf.__version__, "kernels": kernels}
         params = inspect.signature(self.hf_model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"  # renamed in 5.2x
         self._trace: dict | None = None
@@ -98,6 +128,27 @@ class TransformersEngine:
             if theirs != (mixer, ffn):
                 raise EngineError(f"--engine transformers reads this config as layer {i} = {theirs[0]} + "
                                   f"{theirs[1]}; the reference reads {mixer} + {ffn}")
+
+    def _kernels(self):
+        """(modeling module, outside kernels to swap for transformers' own, what runs per function)."""
+        import importlib
+
+        module = importlib.import_module(type(self.hf_model).__module__)
+        swap, runs = [], {}
+        for name in KERNEL_FUNCTIONS:
+            fn = getattr(module, name, None)
+            if fn is None:
+                continue
+            impl, own = _chosen(fn)
+            where = f"{impl.__module__}.{impl.__name__}"
+            if own:
+                runs[name] = "transformers (PyTorch)"
+            elif self.device.type == "cpu":
+                swap.append(name)
+                runs[name] = f"transformers (PyTorch), not {where} (a GPU kernel)"
+            else:
+                runs[name] = where
+        return module, swap, runs
 
     # -- hooks ---------------------------------------------------------------------------------
     def _install_hooks(self) -> list:
@@ -135,7 +186,7 @@ class TransformersEngine:
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         self._trace = trace
         try:
-            with torch.inference_mode(), _quiet(self.transformers):
+            with torch.inference_mode(), _quiet(self.transformers), _torch_functions(self._modeling, self._swap):
                 out = self.hf_model(input_ids=x, use_cache=True, **{self._cache_kw: cache})
         finally:
             self._trace = None

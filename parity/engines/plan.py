@@ -19,6 +19,7 @@ from .checked import EngineError
 
 FORMAT = "kimi-parity/plan"
 VERSION = 1
+MAX_PLAN_BYTES = 64 << 20  # 100,000 steps of ids: ~1 MB
 
 
 def make_plan(ref_model, prompt_ids: list[int], *, steps: int, config, checkpoint: dict,
@@ -44,16 +45,16 @@ def write_plan(path, plan: dict) -> Path:
 
 
 def load_plan(path) -> dict:
-    """Read and validate a plan (``EngineError`` names the problem)."""
+    """Read and validate a plan (strict JSON, ``reference.validate``; its schema; ``EngineError``
+    names the problem)."""
     from parity.schema import errors, load
+    from reference.validate import InvalidInput, read_json_file
 
     path = Path(path)
     try:
-        plan = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise EngineError(f"{path}: no such plan file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EngineError(f"{path}: not a JSON plan ({exc})") from None
+        plan = read_json_file(path, max_bytes=MAX_PLAN_BYTES)
+    except InvalidInput as exc:
+        raise EngineError(str(exc)) from None
     if not isinstance(plan, dict) or plan.get("format") != FORMAT or plan.get("version") != VERSION:
         raise EngineError(f"{path}: not a plan (format {FORMAT!r}, version {VERSION} expected)")
     bad = errors(plan, load("plan"))
