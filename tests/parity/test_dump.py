@@ -10,10 +10,9 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import reference
-from .diff_helpers import PROMPT_IDS, run_cli
+from .diff_helpers import PROMPT_IDS, one_line_error, run_cli
 from .engines_planted import fb_doubled_source
 from .test_diff_cli import SCHEMA, check_consistent
-from .test_engines import one_line_error
 from parity.cli import main
 from parity.engines.dump import record
 from parity.engines.dump_writer import write_dump

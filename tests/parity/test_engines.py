@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .diff_helpers import run_cli
+from .diff_helpers import PROMPT_IDS, one_line_error, run_cli
 from .test_diff_cli import SCHEMA, check_consistent
 from parity.schema import errors
 
@@ -124,19 +124,10 @@ def test_an_unusable_engine_is_one_line_exit_2_and_nothing_written(tmp_path, cap
     argv, message = ENGINE_ERRORS[case]
     report = tmp_path / "r.json"
     rc, out, err = run_cli(capsys, "diff", *argv, "--dtype", "float32", "--device", "cpu", "--steps", "2",
-                           "--prompt-ids", "75,107,104,117,35,108,104,111,104,100,117,35,115,100,117,104,35,102,114,106",
+                           "--prompt-ids", PROMPT_IDS,
                            "--no-progress", "--json", str(report))
     one_line_error(rc, out, err, message)
     assert list(tmp_path.iterdir()) == []
-
-
-def one_line_error(rc, out, err, message):
-    """Exit 2 and one ``error:`` line, the last on stderr (an engine that breaks the protocol mid-run
-    does so after the header lines that say what was loaded)."""
-    assert rc == 2, out + err
-    lines = err.strip().splitlines()
-    assert lines[-1].startswith("error: ") and sum(x.startswith("error:") for x in lines) == 1, err
-    assert message in lines[-1] and "Traceback" not in out + err, err
 
 
 def test_the_lm_head_bound_holds_for_lm_head_outputs_and_has_teeth():
