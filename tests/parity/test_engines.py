@@ -5,7 +5,6 @@ Cheap on purpose (CI, 2 cores): float32, 2-3 steps; the planted engines run on N
 (``engines_planted.py``), transformers' model on the tiny checkpoint takes ~1 s a run after its import."""
 import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
