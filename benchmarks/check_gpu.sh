@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Correctness on one GPU in one call: the test suite on CUDA (GPU-only tests included) and
 # `parity certify --device cuda`, side by side (correctness only; nothing here is timed), logs and
-# the certificate JSON under $OUT.
+# the certificate JSON under $OUT; the certificate's verdicts and worst ratios are compared op by op
+# with docs/runs/certificate-cuda.json.
 #
 #   device run (kind nvidia-h200):   bash benchmarks/check_gpu.sh [pytest selection...]
 #   (each selection, default every tests/optimized file, tests/parity and tests/reference, runs as
@@ -35,3 +36,12 @@ done
 for f in "$OUT"/pytest-*.log; do echo "######## $(basename "$f")"; cat "$f"; done >"$OUT/pytest.log"
 rm -f "$OUT"/pytest-*.log
 tail -n 40 "$OUT/certify-cuda.log"
+# op by op against the committed certificate: a change that keeps every bit keeps every verdict and
+# worst ratio (certify's inputs are derandomized)
+python3 - "$OUT/certificate-cuda.json" docs/runs/certificate-cuda.json <<'PY' || true
+import json, sys
+new, old = ({o["op"]: (o["verdict"], o["worst_ratio"]) for o in json.load(open(p))["ops"]} for p in sys.argv[1:])
+differ = sorted(op for op in new.keys() | old.keys() if new.get(op) != old.get(op))
+print(f"certificate against {sys.argv[2]}: {len(new)} ops, verdicts and worst ratios "
+      + ("the same" if not differ else "differ: " + "; ".join(f"{op} {old.get(op)} -> {new.get(op)}" for op in differ)))
+PY

@@ -195,9 +195,9 @@ def test_split_keys_slices_each_sequence_by_its_own_length(dtype, block_size, mo
     q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup(lens, dtype, block_size=block_size, num_blocks=100, seed=12)
     o = mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=32)
     # the epilogue's rows per program (8 here, 1 alone below, 16 from 9 rows up) never change a bit
-    monkeypatch.setitem(mla._TUNE, "BLOCK_R", 16)
-    assert torch.equal(mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=32), o), "16-row epilogue"
-    monkeypatch.delitem(mla._TUNE, "BLOCK_R")
+    sixteen = mla.Launch(epi_block_r=16)
+    assert torch.equal(mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=32, launch=sixteen), o), \
+        "16-row epilogue"
     for b, n in enumerate(lens):
         if n == 0:
             assert torch.equal(o[b], torch.zeros_like(o[b])), f"idle row {b} not zero"
@@ -211,7 +211,7 @@ def test_split_keys_slices_each_sequence_by_its_own_length(dtype, block_size, mo
 
 
 @pytest.mark.parametrize("block_size", [4, 32])
-def test_attention_load_forms_agree_bitwise_and_never_read_past_a_sequence(block_size, monkeypatch):
+def test_attention_load_forms_agree_bitwise_and_never_read_past_a_sequence(block_size):
     """The attention kernel's two ways to load a partial step's key tiles (rows past the slice's
     end masked to 0, or read as the last key's row and masked out of the scores) give the same bits,
     on the one-table-entry-per-step path (pages of 32 = an fp32 step) and the per-key one (pages of
@@ -227,14 +227,14 @@ def test_attention_load_forms_agree_bitwise_and_never_read_past_a_sequence(block
     cache.kv[~written] = float("nan")
     outs = {}
     for row_mask in (True, False):
-        monkeypatch.setitem(mla._TUNE, "row_mask", row_mask)
-        outs[row_mask] = mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=16)
+        outs[row_mask] = mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=16,
+                                          launch=mla.Launch(attn_row_mask=row_mask))
     assert torch.isfinite(outs[False]).all(), "a key tile load read an unwritten (NaN) cache row"
     assert torch.equal(outs[True], outs[False]), "the masked and clamped key loads differ"
 
 
 @pytest.mark.parametrize("block_size", [8, 64])
-def test_early_setup_forms_agree_bitwise(block_size, monkeypatch):
+def test_early_setup_forms_agree_bitwise(block_size):
     """The attention's slice bounds (sequence length, first block-table entry) and the epilogue's
     sequence lengths read before the PDL wait (one-wave grids) or after it: the same bits, with idle
     rows and programs past their sequence's slices (which return) in the batch, on the
@@ -244,9 +244,8 @@ def test_early_setup_forms_agree_bitwise(block_size, monkeypatch):
                                                         num_blocks=100, seed=14)
     outs = {}
     for early in (False, True):
-        monkeypatch.setitem(mla._TUNE, "early_setup", early)
-        monkeypatch.setitem(mla._TUNE, "early_lens", early)
-        outs[early] = mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=64)
+        outs[early] = mla.paged_decode(q, cache, bt, sl, w_kvb, split_keys=64,
+                                       launch=mla.Launch(attn_early=early, epi_early=early))
     assert torch.equal(outs[True], outs[False]), "reading the bounds before the wait changed a result"
     assert not outs[True][1].any() and outs[True][0].abs().sum() > 0
 
@@ -278,7 +277,7 @@ def test_paged_decode_into_out_rows_of_a_padded_tile_bitwise():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_paged_decode_split_grids_padding_blocks(dtype, monkeypatch):
+def test_paged_decode_split_grids_padding_blocks(dtype):
     """The column splits of the two GEMV-like kernels (q_lat over L, the merge + W_UV epilogue over
     Vh) with ragged last tiles (L = 40 in q_lat tiles of 16, Vh = 40 in chunks of 16), the merge
     unrolled by 3, and a batch
@@ -291,10 +290,8 @@ def test_paged_decode_split_grids_padding_blocks(dtype, monkeypatch):
     lens = [(3 + 5 * b) % 13 + 1 if b % 3 else 0 for b in range(16)] + [0] * 16 + [7, 12]
     q, latent, k_pe, w_kvb, cache, bt, sl = paged_setup(lens, dtype, num_blocks=160, seed=10, dims=dims)
     default = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=2) if DEV.type == "cuda" else None
-    monkeypatch.setitem(mla._TUNE, "q_lat_l", 16)
-    monkeypatch.setitem(mla._TUNE, "BLOCK_V", 16)
-    monkeypatch.setitem(mla._TUNE, "merge_unroll", 3)
-    o = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=2)
+    o = mla.paged_decode(q, cache, bt, sl, w_kvb, num_splits=2,
+                         launch=mla.Launch(q_lat_block_l=16, epi_block_v=16, epi_unroll=3))
     if default is not None:
         assert torch.equal(o, default), "the q_lat / W_UV column tiles changed a result"
     for b, n in enumerate(lens):
