@@ -42,6 +42,22 @@ def test_transformers_at_float32_on_the_bundled_checkpoint_has_no_step_diverged_
 
 
 @needs_transformers
+@pytest.mark.parametrize("held", ["float32", "float64"])
+def test_transformers_loads_a_checkpoint_it_saved_itself(tmp_path, capsys, held):
+    """save_pretrained's layout (the dense MLP as block_sparse_moe, F32/F64 tensors) as it is."""
+    import torch
+
+    from parity.engines import load_engine
+    from reference.fixtures import default_checkpoint_path
+
+    engine = load_engine("transformers", default_checkpoint_path(), dtype="float32", device="cpu")
+    engine.hf_model.to(getattr(torch, held)).save_pretrained(tmp_path / "saved")
+    rc, out, err, report = _diff(capsys, tmp_path, "transformers", str(tmp_path / "saved"))
+    assert rc == 0, out + err
+    assert report["summary"]["verdict"] == "match"
+
+
+@needs_transformers
 @pytest.mark.parity_gpu
 def test_transformers_in_bfloat16_on_cuda_has_no_step_diverged_over_128_steps(tmp_path, capsys):
     report = tmp_path / "r.json"
