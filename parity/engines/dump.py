@@ -79,8 +79,10 @@ def _same_config(path: Path, theirs: dict, config) -> None:
         ran = KimiConfig.from_hub_dict(theirs, source=f"{path}: header config")
     except ConfigError as exc:
         raise DumpError(str(exc)) from None
-    if ran != config:
-        field = next(f for f in config.__dataclass_fields__ if getattr(ran, f) != getattr(config, f))
+    # the weights' storage dtype in config.json is no part of the model: the header's dtype says how it ran
+    differs = [f for f in config.__dataclass_fields__ if f != "torch_dtype" and getattr(ran, f) != getattr(config, f)]
+    if differs:
+        field = differs[0]
         what = "another vocabulary" if field == "vocab_size" else "another config"
         raise DumpError(f"{path}: the dump ran {what}: {field} {getattr(ran, field)!r}, the checkpoint has "
                         f"{getattr(config, field)!r}")
