@@ -1,7 +1,9 @@
 """``parity golden record`` / ``parity golden check``: freeze the reference's answer, check against it.
 
-Exit status: record 0 (written), 1 (a step diverged: nothing written); check 0 (no step diverged),
-1 (a step diverged); 2 unusable input. Format: parity/golden.py, docs/cli.md.
+Exit status: record 0 (written), 1 (a step diverged or numbers are past their bound: nothing
+written); check 0 (no step diverged), 1 (a step diverged); 2 unusable input. ``check --engine``
+holds any engine to the golden (``parity.engines``: transformers, dump:PATH, module:factory).
+Format: parity/golden.py, docs/cli.md.
 """
 from __future__ import annotations
 
@@ -40,8 +42,11 @@ def register(sub):
     r.add_argument("--seed", type=int, default=0)
     r.set_defaults(func=run_record)
 
-    c = gsub.add_parser("check", help="run the optimized path and compare it with a golden file")
+    c = gsub.add_parser("check", help="run an engine (default: the optimized path) and compare it with a golden file")
     c.add_argument("file", metavar="FILE", help="golden file")
+    c.add_argument("--engine", default="optimized", metavar="ENGINE",
+                   help="optimized (default), transformers, dump:PATH (a dump forced on the golden's "
+                        "tokens) or module:factory")
     c.add_argument("--checkpoint", metavar="DIR",
                    help="checkpoint directory (default: the one recorded in the golden file)")
     c.add_argument("--device", choices=("cpu", "cuda"), default=None)
@@ -85,6 +90,9 @@ def run_record(args: argparse.Namespace) -> int:
         print(f"not recorded: a golden certifies agreement, and step "
               f"{next(s.step for s in result.steps if s.verdict == 'diverged')} diverged")
         return 1
+    if result.verdict == "past-bound":
+        print("not recorded: a golden certifies agreement, and numbers are past their bound")
+        return 1
     g = golden.make_golden(body, checkpoint=_portable(ckpt.info), config=ckpt.source.config,
                            weights_sha256=golden.weights_fingerprint(ckpt.source),
                            variants=ref.variants, backends={}, dtype=args.dtype,
@@ -107,6 +115,7 @@ def run_check(args: argparse.Namespace) -> int:
     from parity import golden
     from parity.cli.args import MAX_STEPS, check_count, check_outputs, write_output
     from parity.diff import setup
+    from parity.engines import EngineError
     from parity.errors import InputError
 
     check_outputs(("--json", args.json))
@@ -133,8 +142,14 @@ def run_check(args: argparse.Namespace) -> int:
                          "(weights_sha256 differs)")
     vocab = ckpt.source.config.vocab_size  # the golden's own ids were checked against its config, equal to this one
     variants = {k: v for k, v in (g.get("variants") or {}).items() if k in setup.VARIANTS}
-    opt = setup.load_optimized(ckpt, device=device, dtype=g["dtype"], variants=variants, backends=backends)
-    result = golden.check(g, opt, vocab_size=vocab, steps=args.steps)
+    if args.engine not in ("optimized", "transformers"):  # a dump or a factory runs its own semantics:
+        variants = {}                                        # the numbers will say if they differ
+    opt = setup.load_engine(args.engine, ckpt, dtype=g["dtype"], device=device, variants=variants,
+                            backends=backends)
+    try:
+        result = golden.check(g, opt, vocab_size=vocab, steps=args.steps)
+    except EngineError as exc:
+        raise InputError(setup.one_line(exc)) from None
     for s in result.steps:
         if s.verdict != "match":
             print(f"step {s.step}: {s.verdict}: token {s.opt_token} (golden {s.token}), "
