@@ -76,6 +76,9 @@ def _ids(vocab: int, n: int, seed: int = 0):
 
 # -- decode: the reference (and the optimized model) at 48B -------------------------------------------
 
+OPT_STEPS = 11  # the optimized model's decode steps timed beside the reference's (the first is warm-up)
+
+
 def cmd_decode(args) -> dict:
     import numpy as np
 
@@ -99,7 +102,7 @@ def cmd_decode(args) -> dict:
                          weight_cache_bytes=args.weight_cache_mb << 20)
     ex = ref.executor
     out["executor"] = ex.info()
-    ids = _ids(cfg.vocab_size, args.prompt_tokens + args.steps + 1)
+    ids = _ids(cfg.vocab_size, args.prompt_tokens + max(args.steps + 1, OPT_STEPS))
     t0 = _sync(ex)
     _, cache = ref.prefill(ids[:args.prompt_tokens], logits="last")
     out["ref_prefill_s"] = _sync(ex) - t0
@@ -114,7 +117,7 @@ def cmd_decode(args) -> dict:
 
         ol, oc = opt.prefill([int(i) for i in ids[:args.prompt_tokens]])
         times = []
-        for t in range(args.prompt_tokens, args.prompt_tokens + 11):
+        for t in range(args.prompt_tokens, args.prompt_tokens + OPT_STEPS):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             ol, oc = opt.decode(int(ids[t]), oc)
