@@ -89,8 +89,12 @@ def unit_rows(r: np.random.Generator, shape) -> np.ndarray:
 
 def log_decays(r: np.random.Generator, shape, strength: str = "mixed") -> np.ndarray:
     """Log-space decays g <= 0 as the KDA gate makes them: ``-exp(a) softplus(z)``. ``mixed``
-    spans per-step decays from ~1 (g ~ -0.01) to ~e^-12; ``moderate`` stays in e^-0.05..e^-1."""
+    spans per-step decays from ~1 (g ~ -0.01) to ~e^-12; ``moderate`` stays in e^-0.05..e^-1;
+    ``strong`` is ~e^-5 .. e^-130 (a chunk's prefix sums reach thousands: past exp's range)."""
     z = r.standard_normal(shape)
+    if strength == "strong":
+        a = r.uniform(0.0, 2.8, size=shape[:-1] + (1,))
+        return -np.exp(a) * np.log1p(np.exp(z + 6.0))
     sp = np.log1p(np.exp(z))
     if strength == "moderate":
         a = r.uniform(-2.5, -0.5, size=shape[:-1] + (1,))
@@ -109,11 +113,3 @@ def elementwise_values(r: np.random.Generator, shape) -> np.ndarray:
     marks = np.array([0.0, 20.0, -20.0, 1.0, -1.0, 19.9, 20.1])
     flat[: min(len(marks), flat.size)] = marks[: flat.size]
     return flat.reshape(shape)
-
-
-def cases(op: str):
-    """The registered input builder of ``op`` (a strategy of :class:`parity.registry.Case`), for
-    users' own properties: ``@given(parity.strategies.cases("kda.chunked"))``."""
-    from .registry import get
-
-    return get(op).inputs()

@@ -56,3 +56,18 @@ def l2norm(x, *, eps=1e-6):
     """
     x = np.asarray(x, dtype=np.float64)
     return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def add_rms_norm(x, residual, weight, *, eps):
+    """The residual add and the norm after it (spec b.2): ``h = x + residual``,
+    ``y = rms_norm(h, weight, eps=eps)``; returns ``(y, h)``.
+
+    x, residual: [..., D] (same shape); weight: [D]. Returns two [..., D] float64 arrays. (The
+    optimized op rounds h to x's dtype before the norm, as a separate add would.)
+    """
+    x = np.asarray(x, dtype=np.float64)
+    residual = np.asarray(residual, dtype=np.float64)
+    if residual.shape != x.shape:
+        raise ValueError(f"add_rms_norm: residual: expected the shape of x {x.shape}, got {residual.shape}")
+    h = x + residual
+    return _rms_norm("add_rms_norm", h, weight, eps), h

@@ -11,7 +11,8 @@ import torch
 import triton
 
 from .. import _counters, _pdl
-from ..elementwise._precision import check_float, check_same_device, check_shape, tl_compute_dtype
+from .._checks import check_float, check_same_device, check_shape
+from ..elementwise._precision import tl_compute_dtype
 from .kernels import _row_norm_kernel
 
 __all__ = ["rms_norm", "gated_rms_norm", "l2norm", "add_rms_norm"]

@@ -62,12 +62,12 @@ def _setup_device(device):
 
 
 def run(args) -> int:
-    from parity import registry, strategies
+    from parity import ops, strategies
 
     if args.examples is not None and args.examples < 1:
         raise InputError(f"--examples: expected a positive number, got {args.examples}")
     try:
-        records = registry.select(args.ops)
+        records = ops.select(args.ops)
     except KeyError as exc:
         raise InputError(str(exc.args[0])) from None
     dtypes = tuple(dict.fromkeys(args.dtypes or ("float32", "bfloat16")))
