@@ -20,7 +20,7 @@ from ..registry import Case, Mutant, OpRecord, Ref
 from ..strategies import bucket, normal, rng, seeds
 
 # (T, E, top_k, num_groups, topk_groups)
-ROUTER = [(6, 16, 4, 4, 2), (5, 8, 2, 1, 1), (9, 16, 3, 1, 1)]
+ROUTER_SHAPES = [(6, 16, 4, 4, 2), (5, 8, 2, 1, 1), (9, 16, 3, 1, 1)]
 
 
 def router_logits(r, T, E, top_k, G, KG):
@@ -50,7 +50,7 @@ def router_logits(r, T, E, top_k, G, KG):
 
 @st.composite
 def router_cases(draw):
-    T, E, top_k, G, KG = draw(bucket(ROUTER))
+    T, E, top_k, G, KG = draw(bucket(ROUTER_SHAPES))
     combine = draw(bucket(["unbiased", "biased"]))
     renorm = draw(bucket([True, False]))
     scaling = draw(bucket([2.446, 1.0]))

@@ -3,7 +3,8 @@ independent of M."""
 import torch
 
 from benchmarks import proto_linear
-from tests.optimized._bounds import DEV
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled on a GPU, else interpreted
 
 
 def test_linear_prototype_matches_torch_and_rows_do_not_depend_on_m():
