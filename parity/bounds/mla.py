@@ -30,6 +30,11 @@ def _split(x):
     return q[..., :P], q[..., P:], lat, kpe, W[:, :P], W[:, P:], (B, T, N, P, R, L, Vh)
 
 
+def _scale(kw, P, R):
+    s = kw.get("scale")
+    return (P + R) ** -0.5 if s is None else float(s)
+
+
 def _softmax_rel(sc, dsc, mask, ua, us):
     """(p, relative bound of each p_s): a perturbation d sigma moves p_s by p_s (|d sigma_s| +
     sum p d sigma); exp, the S-long sum, the divide; p stored in the run dtype for the PV dot."""
@@ -49,8 +54,7 @@ def attention_bound(x, kw, ref_o, p, uo, *, lengths=None):
     the query being its last position) or None (queries are the last T of S positions)."""
     qn, qp, c, kpe, Wuk, Wuv, (B, T, N, P, R, L, Vh) = _split(x)
     S = c.shape[1]
-    scale = kw.get("scale")
-    scale = (P + R) ** -0.5 if scale is None else float(scale)
+    scale = _scale(kw, P, R)
     ua, us = p.ua, p.u
     ql = np.einsum("btnp,npl->btnl", qn, Wuk)
     # scores: the fp32 accumulations of q_lat (P-long) and of the score (L+R-long), the scale
@@ -92,8 +96,7 @@ def naive_bound(x, kw, ref_o, p, uo):
     """Bound of o [B, T, N, Vh] of the naive form (queries the last T of S positions, causal)."""
     qn, qp, c, kpe, Wuk, Wuv, (B, T, N, P, R, L, Vh) = _split(x)
     S = c.shape[1]
-    scale = kw.get("scale")
-    scale = (P + R) ** -0.5 if scale is None else float(scale)
+    scale = _scale(kw, P, R)
     ua, us = p.ua, p.u
     kn = np.einsum("npl,bsl->bsnp", Wuk, c)
     v = np.einsum("nvl,bsl->bsnv", Wuv, c)
