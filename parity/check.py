@@ -107,10 +107,10 @@ def prepare(record: OpRecord, case: Case, dtype: str, device: str | None = None,
     the float64 reference of the rounded values."""
     dtype = dtype_name(dtype)
     device = default_device(device)
-    tensors, f64 = _rounded(record, case, dtype, device)
+    cand_inputs, f64 = _rounded(record, case, dtype, device)
     ref_inputs = {k: v for k, v in f64.items() if not k.startswith("_")}
     ref = {k: np.asarray(v) for k, v in record.call(record.reference, ref_inputs, case.kwargs).items()}
-    return Prepared(record, case, dtype, device, tensors, f64, ref, rounding)
+    return Prepared(record, case, dtype, device, cand_inputs, f64, ref, rounding)
 
 
 @dataclass
