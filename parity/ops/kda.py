@@ -46,6 +46,8 @@ def core_case(B, T, H, HV, K, V, seed, *, chunk=None, fused=False, has_state=Tru
     """One input of the core (``fused=False``: unit q, k rows, log-space g, beta) or fused ops (raw
     q, k, gate parameters, beta logits); ``chunk``: the chunk size (chunked ops); ``varlen`` (B = 1):
     two sequences cut at a random point, or ``cu_seqlens`` given; ``strength``: one of STRENGTHS."""
+    if strength not in STRENGTHS:
+        raise ValueError(f"strength: expected one of {STRENGTHS}, got {strength!r}")
     r = rng(seed)
     a = {}
     if fused:
