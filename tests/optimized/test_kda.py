@@ -93,8 +93,9 @@ def test_chunked_fp32(B, T, H, HV, K, V, h0):
 # bound (o at b=1, t=28, value head 1; 0.50 with chunk 16, where the WY kernel merges no diagonal
 # blocks; 0.55-0.76 at seeds 2-6 with chunk 64; the float32 stand-in 0.235). The bf16 chunked bound
 # does not yet model the rounding of the WY merge's bf16 tl.dot operands (chunk.py: M = (I - N)
-# (I + N^2) D). Strict: once the bound is fixed this passes and the marker must go.
-CHUNK64_BF16 = pytest.mark.xfail(strict=True, reason="kda.chunked bf16 bound: WY merge operand roundings "
+# (I + N^2) D). Strict under the interpreter: once the bound is fixed this passes and the marker must
+# go; on a GPU the tensor cores round the dots in another order, so this input may land under 1.
+CHUNK64_BF16 = pytest.mark.xfail(strict=not CUDA, reason="kda.chunked bf16 bound: WY merge operand roundings "
                                  "not modelled (1.14x at chunk 64)")
 
 
