@@ -49,12 +49,12 @@ import numpy as np
 
 from . import conv, embed, kda, mla, moe, norm
 from .checkpoint import WeightSource, open_source
+from .checks import check_token_id, check_token_ids, check_variants
 from .config import KimiConfig
 from .elementwise import sigmoid
 from .executor import NUMPY, Executor, get_executor, to_numpy
 from .tensors import expert_name, layer_prefix
 
-MOE_COMBINES = ("unbiased", "biased")
 LOGITS = ("all", "last")
 WEIGHT_CACHE_BYTES = 64 << 20  # default LRU of float64 weights: all of tiny/small, a few tensors of 48b
 LM_HEAD_BLOCK_ROWS = 4096  # a large lm_head is read in blocks of rows (75 MB float64 at 48b)
@@ -202,15 +202,6 @@ class _Experts(Sequence):
         return self._w(expert_name(self._layer, e, self._which))
 
 
-def check_variants(*, moe_combine, kv_norm_eps) -> None:
-    """``ValueError`` for an unknown ``moe_combine`` or a non-positive / non-finite ``kv_norm_eps``."""
-    if moe_combine not in MOE_COMBINES:
-        raise ValueError(f"moe_combine: expected one of {MOE_COMBINES}, got {moe_combine!r}")
-    if (not isinstance(kv_norm_eps, numbers.Real) or isinstance(kv_norm_eps, bool)
-            or not math.isfinite(kv_norm_eps) or kv_norm_eps <= 0):
-        raise ValueError(f"kv_norm_eps: expected a positive finite number, got {kv_norm_eps!r}")
-
-
 # -- the model ---------------------------------------------------------------------------------------
 
 class Model:
@@ -265,10 +256,8 @@ class Model:
     def decode(self, token_id, cache: ModelCache, *, trace: dict | None = None):
         """``(logits [vocab], new cache)`` for one more token; ``cache`` is left untouched."""
         if hasattr(token_id, "shape") and not isinstance(token_id, np.ndarray):
-            token_id = to_numpy(token_id)
-        if np.ndim(token_id) != 0:
-            raise ValueError(f"token_id: expected one integer token id, got shape {np.shape(token_id)}")
-        ids = self._check_ids(np.reshape(token_id, (1,)), what="token_id")
+            token_id = to_numpy(token_id)  # a torch scalar from a GPU engine
+        ids = np.array([check_token_id(token_id, self.config.vocab_size)], dtype=np.int64)
         self._check_cache(cache)
         logits, new = self._run(ids, cache, trace, call="decode")
         return logits[0], new
@@ -320,19 +309,9 @@ class Model:
             checked[int(layer)] = self.executor.ints(ids)
         return checked
 
-    def _check_ids(self, token_ids, what: str = "token_ids") -> np.ndarray:
-        ids = to_numpy(token_ids) if hasattr(token_ids, "shape") else np.asarray(token_ids)
-        if ids.ndim != 1 or ids.size == 0:
-            raise ValueError(f"{what}: expected a non-empty 1-D sequence of token ids, got shape {ids.shape}")
-        if ids.dtype.kind not in "iu":
-            raise ValueError(f"{what}: expected integer token ids, got dtype {ids.dtype}")
-        V = self.config.vocab_size
-        bad = np.flatnonzero((ids < 0) | (ids >= V))
-        if bad.size:
-            pos = int(bad[0])
-            raise ValueError(f"{what}: token id {int(ids[pos])} at position {pos} is outside the "
-                             f"vocabulary [0, {V})")
-        return ids.astype(np.int64)
+    def _check_ids(self, token_ids) -> np.ndarray:
+        ids = to_numpy(token_ids) if hasattr(token_ids, "shape") else token_ids
+        return check_token_ids(ids, self.config.vocab_size)
 
     def _check_cache(self, cache) -> None:
         c = self.config

@@ -59,3 +59,20 @@ def l2norm(x, *, eps=1e-6):
     xp = namespace(x)
     x = xp.asarray(x, dtype=xp.float64)
     return x / xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def add_rms_norm(x, residual, weight, *, eps):
+    """The residual add and the norm after it (spec b.2): ``h = x + residual``,
+    ``y = rms_norm(h, weight, eps=eps)``; returns ``(y, h)``.
+
+    x, residual: [..., D] (same shape); weight: [D]. Returns two [..., D] float64 arrays. (The
+    optimized op rounds h to x's dtype before the norm, as a separate add would.)
+    """
+    xp = namespace(x, residual, weight)
+    x = xp.asarray(x, dtype=xp.float64)
+    residual = xp.asarray(residual, dtype=xp.float64)
+    if residual.shape != x.shape:
+        raise ValueError(f"add_rms_norm: residual: expected the shape of x {tuple(x.shape)}, "
+                         f"got {tuple(residual.shape)}")
+    h = x + residual
+    return _rms_norm("add_rms_norm", h, weight, eps), h

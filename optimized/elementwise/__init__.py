@@ -10,7 +10,8 @@ import torch
 import triton
 
 from .. import _counters, _interpreter
-from ._precision import check_float, tl_compute_dtype
+from .._checks import check_float
+from ._precision import tl_compute_dtype
 from .kernels import _unary_kernel
 
 _interpreter.ensure_faithful(__name__)  # the kernels above, if interpreted: bf16 dots as on a GPU

@@ -482,9 +482,9 @@ def _check_inputs(op, q, k, v, g, beta, A_log, dt_bias, chunk_size, fused):
     BT = _check_chunk_size(op, chunk_size)
     gname, bname = ("g_raw", "beta_logits") if fused else ("g", "beta")
     check_tensor(op, gname, g)
-    check_shape(op, gname, g, (B, T, HV, K), "B,T,HV,K")
+    check_shape(op, gname, g, (B, T, HV, K), "[B,T,HV,K]")
     check_tensor(op, bname, beta)
-    check_shape(op, bname, beta, (B, T, HV), "B,T,HV")
+    check_shape(op, bname, beta, (B, T, HV), "[B,T,HV]")
     if fused:
         A_log, dt_bias = check_gate_params(op, A_log, dt_bias, HV, K, q)
     return (B, T, H, HV, K, V), BT, A_log, dt_bias

@@ -34,8 +34,8 @@ import torch
 import triton
 
 from .. import _counters, _interpreter, _launch, _pdl
-from ..elementwise._precision import (check_float, check_same_device, compute_dtype, out_or_new,
-                                      require_ieee_fp32_matmul, tl_compute_dtype)
+from .._checks import check_float, check_same_device, out_or_new, require_ieee_fp32_matmul
+from ..elementwise._precision import compute_dtype, tl_compute_dtype
 from .kernels import (_mla_attn_kernel, _mla_combine_kernel, _mla_combine_uv_kernel, _paged_write_kernel,
                       _q_lat_kernel)
 

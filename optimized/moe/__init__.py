@@ -20,8 +20,8 @@ import torch
 import triton
 
 from .. import _counters, _interpreter, _launch, _pdl
-from ..elementwise._precision import (check_float, check_same_device, check_shape, compute_dtype,
-                                      out_or_new, require_ieee_fp32_matmul, tl_compute_dtype)
+from .._checks import check_float, check_same_device, check_shape, out_or_new, require_ieee_fp32_matmul
+from ..elementwise._precision import compute_dtype, tl_compute_dtype
 from .kernels import (_combine_kernel, _gemv_down_kernel, _gemv_gate_up_kernel,
                       _grouped_down_kernel, _grouped_gate_up_kernel, _router_kernel,
                       _router_logits_kernel, _silu_mul_kernel)

@@ -63,12 +63,12 @@ def _setup_device(device):
 
 
 def run(args) -> int:
-    from parity import registry, strategies
+    from parity import ops, strategies
 
     check_outputs(("--json", args.json_path))
     check_count("--examples", args.examples, MAX_EXAMPLES, "examples")
     try:
-        records = registry.select(args.ops)
+        records = ops.select(args.ops)
     except KeyError as exc:
         raise InputError(str(exc.args[0])) from None
     dtypes = tuple(dict.fromkeys(args.dtypes or ("float32", "bfloat16")))

@@ -7,6 +7,7 @@ import pytest
 
 from .diff_helpers import run_cli
 from parity import golden
+from parity.bounds.core import unit_roundoff
 
 COMMITTED = Path(__file__).resolve().parents[2] / "fixtures" / "golden" / "default.json"
 
@@ -45,7 +46,7 @@ def test_recording_reproduces_the_committed_golden(recorded):
     mine, committed = golden.load(recorded), golden.load(COMMITTED)
     assert committed["prompt"] == mine["prompt"] and committed["weights_sha256"] == mine["weights_sha256"]
     same_arithmetic = all(mine["environment"][k] == committed["environment"][k] for k in ("numpy", "platform"))
-    scale = 2.0**-53 / {"float32": 2.0**-24, "bfloat16": 2.0**-8}[committed["dtype"]]
+    scale = unit_roundoff("float64") / unit_roundoff(committed["dtype"])
     for a, b in zip(mine["steps"], committed["steps"]):
         assert (a["token"], a["top_ids"]) == (b["token"], b["top_ids"])
         if same_arithmetic:

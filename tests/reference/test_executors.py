@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import reference
-from parity import registry
+from parity import ops
 from reference.config import KimiConfig
 from reference.executor import get_executor, to_numpy
 from reference.synthetic import SyntheticSource
@@ -19,24 +19,8 @@ TOL = 1e-12
 DEVICES = [pytest.param("cpu", id="torch-cpu"),
            pytest.param("cuda", id="torch-cuda", marks=pytest.mark.skipif(
                "not __import__('torch').cuda.is_available()", reason="needs a CUDA device"))]
-# References composed in parity/ops with NumPy calls (pool.copy(), np.zeros, np.stack) rather than
-# from array API ops: they run on NumPy only until those compositions are ported (xfail strict: the
-# test fails the day they pass, so the entry is removed then).
-NUMPY_COMPOSED = {"kda.fused_recurrent_decode": "parity/ops/slots.py _per_row: pool.copy(), np.zeros",
-                  "conv.short_conv_step_": "parity/ops/slots.py _per_row: pool.copy(), np.zeros",
-                  "mla.paged_decode": "parity/ops/mla.py reference_decode: np.stack, 1-axis indexing"}
-
-
-def _ops(executor: str, device: str = "cpu"):
-    """Record names, the NumPy compositions marked as the known failures they are on ``executor``
-    (np.stack still accepts torch CPU tensors, so mla.paged_decode passes there)."""
-    out = []
-    for r in registry.records():
-        why = NUMPY_COMPOSED.get(r.name)
-        fails = why is not None and (executor == "strict" or device == "cuda" or "slots" in why)
-        out.append(pytest.param(r.name, id=r.name, marks=pytest.mark.xfail(strict=True, reason=why))
-                   if fails else r.name)
-    return out
+def _ops():
+    return [r.name for r in ops.records()]
 
 
 def rel(a, b) -> float:
@@ -73,17 +57,17 @@ def assert_agrees(rec, ex, case):
 
 
 # a few examples per op (the ops' own tests cover the shapes); no shrinking: a failure is reported
-# as drawn, and the known failures below cost one draw
+# as drawn
 FEW = dict(deadline=None, phases=[Phase.explicit, Phase.generate],
            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("op", _ops("torch"))
+@pytest.mark.parametrize("op", _ops())
 @settings(max_examples=3, **FEW)
 @given(data=st.data())
 def test_every_registered_op_agrees_on_torch_and_numpy(op, device, data):
-    rec = registry.get(op)
+    rec = ops.get(op)
     assert_agrees(rec, get_executor(device, "torch"), data.draw(rec.inputs()))
 
 
@@ -94,11 +78,11 @@ def strict():
         yield get_executor("cpu", "array-api-strict")
 
 
-@pytest.mark.parametrize("op", _ops("strict"))
+@pytest.mark.parametrize("op", _ops())
 @settings(max_examples=2, **FEW)
 @given(data=st.data())
 def test_every_registered_op_runs_on_array_api_strict(op, strict, data):
-    rec = registry.get(op)
+    rec = ops.get(op)
     assert_agrees(rec, strict, data.draw(rec.inputs()))
 
 
