@@ -1,20 +1,27 @@
 """What is judged against an op's record: a :class:`Candidate`, any callable with the record's
 signature. The registered optimized op is one candidate (``optimized``), the float32 stand-in
 another (``reference-f32``); :func:`of` makes one of any other callable (an adapter fitting an
-outside kernel to the record's signature).
+outside kernel to the record's signature), :func:`load` finds one named ``module:function`` or
+``path/to/file.py:function`` (``parity certify --impl``).
 
 A candidate says how it is called (normalized: ``cand(inputs, kwargs) -> {output: tensor}``),
 which launch counter must move on every call (the repository's kernels only), whether the bounds
 take the platform's measured store rounding (Triton kernels: parity.platform) or IEEE round to
-nearest, and where it runs by default.
+nearest, the arithmetic contract it claims (parity.bounds.core.CONTRACTS), and where it runs by
+default. An outside candidate has no launch counter: its calls and outputs are witnessed instead
+(:class:`Witnessed`: called on every input, its outputs fresh tensors, finite or non-finite exactly
+where the reference is). An adapter declares its contract and what it wraps with :func:`adapter`.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from .errors import CandidateError, Unsupported  # noqa: F401  (part of this module's interface)
 from .platform import NEAREST, default_device, store_rounding
 from .registry import OpRecord, describe
 
@@ -29,8 +36,12 @@ class Candidate:
     rowwise: bool = False          # evaluated one batch row at a time (see :func:`rowwise`)
     triton: bool = False           # runs this repository's Triton kernels (rounding measured)
     home: str | None = None        # default device (None: cuda if available, else cpu)
+    contract: str = "ieee"         # the arithmetic it claims (parity.bounds.core.CONTRACTS)
+    outside: bool = False          # from outside the repository: calls and outputs witnessed
 
     def normalized(self, record: OpRecord) -> Callable:
+        if self.outside:
+            return Witnessed(record, self.fn)
         cand = record.candidate(self.fn)
         return rowwise(record, cand) if self.rowwise else cand
 
@@ -40,6 +51,28 @@ class Candidate:
     def rounding(self, dtype: str, device: str) -> str:
         """How the candidate's stores round at ``dtype`` on ``device``."""
         return store_rounding(dtype, device) if self.triton else NEAREST
+
+    def implementation(self) -> dict | None:
+        """Who an outside candidate is (:func:`identify`); None for the repository's own."""
+        return identify(self.fn) if self.outside else None
+
+
+class Witnessed:
+    """A normalized outside candidate that counts the calls of the user's callable (``calls``):
+    ``parity.check.run_candidate`` then holds it to having been called and to returning its own
+    outputs (``parity.check.own_outputs``)."""
+
+    def __init__(self, record: OpRecord, fn: Callable):
+        self.calls = 0
+        self._fn = fn
+        self._cand = record.candidate(self._spy)
+
+    def _spy(self, *args, **kwargs):
+        self.calls += 1
+        return self._fn(*args, **kwargs)
+
+    def __call__(self, inputs: dict, kwargs: dict) -> dict:
+        return self._cand(inputs, kwargs)
 
 
 def optimized(record: OpRecord) -> Candidate:
@@ -57,25 +90,206 @@ def standin(record: OpRecord) -> Candidate:
     return Candidate("reference-f32", record.emulated, rowwise=True, home="cpu")
 
 
-def of(fn: Callable, *, name: str | None = None, triton: bool = False) -> Candidate:
+def of(fn: Callable, *, name: str | None = None, triton: bool = False, contract: str | None = None) -> Candidate:
     """Any callable with the record's signature: no launch counter; IEEE rounding, or the rounding
     measured for this repository's Triton kernels (``triton=True``: a kernel test calling one of
-    them another way)."""
-    return Candidate(name or describe(fn), fn, triton=triton)
+    them another way). Without ``triton`` it is an outside candidate (witnessed). ``contract``: the
+    arithmetic it claims (default: what it declares with :func:`adapter`, else ``ieee``)."""
+    from .bounds.core import contract_named
+
+    contract = contract or getattr(fn, "parity_contract", None) or "ieee"
+    try:
+        contract_named(contract)
+    except ValueError as exc:
+        raise CandidateError(f"{describe(fn)}: {exc}") from None
+    return Candidate(name or describe(fn), fn, triton=triton, contract=contract, outside=not triton)
 
 
-def named(record: OpRecord, candidate) -> Candidate:
+def named(record: OpRecord, candidate, contract: str | None = None) -> Candidate:
     """``candidate`` as a :class:`Candidate`: itself, ``"optimized"``, ``"reference-f32"``, or a
-    callable (:func:`of`)."""
+    callable (:func:`of`); ``contract`` (given) replaces the one it claims."""
     if isinstance(candidate, Candidate):
-        return candidate
-    if candidate == "optimized":
-        return optimized(record)
-    if candidate == "reference-f32":
-        return standin(record)
-    if callable(candidate):
-        return of(candidate)
-    raise ValueError(f"candidate: expected one of {NAMES}, a Candidate or a callable, got {candidate!r}")
+        cand = candidate
+    elif candidate == "optimized":
+        cand = optimized(record)
+    elif candidate == "reference-f32":
+        cand = standin(record)
+    elif callable(candidate):
+        return of(candidate, contract=contract)
+    else:
+        raise ValueError(f"candidate: expected one of {NAMES}, a Candidate or a callable, got {candidate!r}")
+    if contract is not None and contract != cand.contract:
+        from dataclasses import replace
+
+        from .bounds.core import contract_named
+
+        cand = replace(cand, contract=contract_named(contract).name)
+    return cand
+
+
+# -- outside implementations: declaring, loading, identifying, probing -------------------------------
+def adapter(*, contract: str = "ieee", wraps: str | None = None):
+    """Decorate an adapter (a function with a record's signature that calls an outside API) with
+    the arithmetic contract its implementation claims (``parity_contract``) and the outside
+    callable it wraps, as ``"module:attr"`` (``parity_wraps``; the certificate names that one, with
+    its package and version, and the adapter beside it). Nothing is imported until asked."""
+    def mark(fn):
+        fn.parity_contract = contract
+        fn.parity_wraps = wraps
+        return fn
+
+    return mark
+
+
+def load(spec: str) -> Callable:
+    """The callable named ``module:function`` or ``path/to/file.py:function`` (a dotted function
+    for a class attribute); CandidateError, one line, for anything that does not resolve."""
+    from .loading import attribute, import_module_or_file, split_spec
+
+    parts = split_spec(spec)
+    if parts is None:
+        raise CandidateError(f"{spec!r}: expected module:function or path/to/file.py:function")
+    module, attr = parts
+    try:
+        mod = import_module_or_file(module)
+    except FileNotFoundError:
+        raise CandidateError(f"{spec}: no such file {module}") from None
+    except Exception as exc:  # the user's module failed to import, whatever the reason
+        raise CandidateError(f"{spec}: cannot import {module}: {type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())}") from None
+    try:
+        fn = attribute(mod, attr)
+    except AttributeError:
+        raise CandidateError(f"{spec}: {module} has no attribute {attr!r}") from None
+    if not callable(fn):
+        raise CandidateError(f"{spec}: {attr} is not callable")
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _distributions() -> dict:
+    import importlib.metadata
+
+    return importlib.metadata.packages_distributions()
+
+
+def _identity(obj) -> dict:
+    import importlib.metadata
+    import os
+
+    from .environment import git_revision
+
+    module = getattr(obj, "__module__", None) or "?"
+    try:
+        path = inspect.getsourcefile(inspect.unwrap(obj))
+    except (TypeError, ValueError):
+        path = None
+    dists = _distributions().get(module.split(".")[0], [])
+    package = dists[0] if dists else None
+    try:
+        version = importlib.metadata.version(package) if package else None
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    git = git_revision(os.path.dirname(path), path) if path else {"revision": None, "dirty": None}
+    return {"module": module, "function": getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj))),
+            "file": path, "package": package, "version": version, "git": git}
+
+
+def identify(fn: Callable) -> dict:
+    """Who ``fn`` is: ``module``, ``function``, ``file``, ``package`` and ``version`` (the installed
+    distribution of its top-level module, importlib.metadata), ``git`` (``revision``, ``dirty``:
+    the work tree holding its file, both None outside one). For an :func:`adapter` the wrapped
+    callable is named and the adapter goes under ``adapter``."""
+    me = _identity(fn)
+    wraps = getattr(fn, "parity_wraps", None)
+    if not wraps:
+        return dict(me, adapter=None)
+    from .loading import attribute, split_spec
+
+    module, attr = split_spec(wraps)
+    import importlib
+
+    try:
+        inner = _identity(attribute(importlib.import_module(module), attr))
+    except Exception as exc:  # named, not imported: the certificate says what it could not find
+        inner = {"module": module, "function": attr, "file": None, "package": None, "version": None,
+                 "git": {"revision": None, "dirty": None}, "error": f"{type(exc).__name__}: {exc}"}
+    return dict(inner, adapter=me)
+
+
+def first_case(record: OpRecord):
+    """The first input hypothesis draws from the record's builder (derandomized: the same every
+    time), for probing a candidate before a run."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    found = []
+
+    @settings(max_examples=1, database=None, derandomize=True, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(record.inputs())
+    def draw(case):
+        found.append(case)
+
+    draw()
+    return found[0]
+
+
+def check_signature(record: OpRecord, fn: Callable, kwargs=()) -> None:
+    """``fn`` takes the record's call: its positional arrays, its array keyword arguments and the
+    scalar keyword arguments ``kwargs``; CandidateError naming the signature otherwise."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: the call itself will tell
+    want = ", ".join(record.args) + "".join(f", {k}=" for k in (*record.kwarg_arrays, *kwargs))
+    try:
+        sig.bind(*record.args, **{k: None for k in (*record.kwarg_arrays, *kwargs)})
+    except TypeError as exc:
+        raise CandidateError(f"{describe(fn)}{sig}: not the signature of {record.name} ({want}): {exc}") from None
+
+
+def _dtype_ok(got: torch.dtype, ref_kind: str, run_dtype: str) -> bool:
+    """An integer output is an integer tensor; a float output has the run dtype, or is float32 or
+    float64 and at least as precise (the states of a bf16 run come back in float32)."""
+    from .bounds.core import UNIT_ROUNDOFF, dtype_name
+
+    if ref_kind in "iub":
+        return not (got.is_floating_point or got.is_complex)
+    if got == getattr(torch, run_dtype):
+        return True
+    return got in (torch.float32, torch.float64) and UNIT_ROUNDOFF[dtype_name(got)] <= UNIT_ROUNDOFF[run_dtype]
+
+
+def probe(record: OpRecord, cand: Candidate, dtype: str, device: str) -> None:
+    """Call an outside candidate once, on the record's first input at ``dtype`` on ``device``, and
+    check what a certification cannot judge: its signature, and that it returns the record's
+    outputs as tensors of the reference's shapes, each float output of the run dtype or a wider
+    float (float32/float64), each integer output an integer tensor. CandidateError, one line.
+    An :class:`Unsupported` input or an exception inside the implementation is left to the run."""
+    from .check import prepare
+
+    case = first_case(record)
+    check_signature(record, cand.fn, tuple(case.kwargs))
+    prep = prepare(record, case, dtype, device, cand.rounding(dtype, device), cand.contract)
+    try:
+        out = record.call(cand.fn, prep.inputs(), dict(case.kwargs))
+    except TypeError as exc:
+        if f"{record.name}: expected outputs" in str(exc):
+            raise CandidateError(f"{cand.name}: {exc}") from None
+        return
+    except Exception:
+        return
+    for name in record.outputs:
+        t, ref = out[name], prep.ref[name]
+        if not isinstance(t, torch.Tensor):
+            raise CandidateError(f"{cand.name}: output {name} is a {type(t).__name__}, not a torch tensor")
+        if tuple(t.shape) != tuple(ref.shape):
+            raise CandidateError(f"{cand.name}: output {name} has shape {tuple(t.shape)}, expected "
+                                 f"{tuple(ref.shape)} ({record.name}, {case.label})")
+        if not _dtype_ok(t.dtype, ref.dtype.kind, prep.dtype):
+            want = "an integer dtype" if ref.dtype.kind in "iub" else f"{prep.dtype} or a wider float"
+            raise CandidateError(f"{cand.name}: output {name} is {str(t.dtype).replace('torch.', '')}, "
+                                 f"expected {want} ({record.name} at {prep.dtype})")
 
 
 def rowwise(record: OpRecord, cand):

@@ -9,7 +9,13 @@ controls (an all-zeros and an all-NaN candidate, which must fail). For a counted
 optimized ops) the launch counter must show the kernel ran on every call.
 
 What is certified is a :class:`parity.candidate.Candidate`: the record's optimized op, the float32
-stand-in, or any callable with the record's signature.
+stand-in, or any callable with the record's signature (an outside implementation: its calls and
+outputs are witnessed instead of a launch counter, and the certificate names it). The bounds are
+those of the arithmetic contract the candidate claims (``ieee`` unless it declares or is given
+another, parity.bounds.core.CONTRACTS). When an input fails, two diagnoses are added: the bound
+ratios of the same input under each weaker contract (the certificate says which weaker contract,
+if any, the failures are consistent with), and the error's similarity to each mutant's, run around
+the stand-in on the same input (parity.fingerprint: the nearest known bug).
 
 Verdict: ``certified`` when, at every dtype run, every input passed, the kernel ran, every mutant
 was killed and both controls were rejected, and the bytes checks held if the record claims bytes.
@@ -24,12 +30,16 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from hypothesis import Phase, given, settings, target
+from hypothesis import HealthCheck, Phase, given, reject, settings, target
+from hypothesis.errors import Unsatisfiable
 
 from . import strategies
+from . import fingerprint
+from .bounds.core import weaker_contracts
 from .candidate import NAMES as CANDIDATES
-from .candidate import named, standin
+from .candidate import named, probe, standin
 from .check import bytes_checks, check, judge, prepare, run_candidate, strength_of
+from .errors import Unsupported
 from .metrics import nearer_truth
 from .mutants import CONTROLS
 from .platform import default_device
@@ -38,6 +48,17 @@ from .registry import OpRecord
 
 def _fin(x):
     return None if x is None or not math.isfinite(x) else float(x)
+
+
+def _r(x) -> str:
+    return "inf" if x is None or not math.isfinite(x) else f"{x:.3g}"
+
+
+def _case_dict(c: dict) -> dict:
+    out = {k: (_fin(v) if k == "ratio" else v) for k, v in c.items()}
+    if "contracts" in out:
+        out["contracts"] = {k: _fin(v) for k, v in out["contracts"].items()}
+    return out
 
 
 @dataclass
@@ -70,6 +91,8 @@ class DtypeRun:
     bytes: dict = field(default_factory=dict)
     seconds: float = 0.0
     rounding: str = "nearest"
+    contract: str = "ieee"
+    unsupported: dict = field(default_factory=dict)   # why -> inputs the implementation refused
 
     @property
     def worst_ratio(self) -> float:
@@ -92,11 +115,34 @@ class DtypeRun:
         vals = [v for k, v in self.bytes.items() if k in ("run_to_run", "batch") and v is not None]
         return all(vals) if vals else None
 
+    def contract_verdict(self) -> dict:
+        """The claimed contract at this dtype: ``holds`` (every input within its bounds), the worst
+        ratio, and on a failure the worst ratio of the failing inputs under each weaker contract
+        and the strongest weaker one they all fit (``consistent_with``; None if none does, or if
+        an input failed without outputs to judge). Inputs that passed the claimed contract pass
+        every weaker one: bounds grow with every unit roundoff."""
+        out = {"name": self.contract, "holds": self.passed, "worst_ratio": _fin(self.worst_ratio),
+               "weaker": {}, "consistent_with": None}
+        failing = [c for c in self.cases if not c["passed"]]
+        if not failing:
+            return out
+        weaker = {}
+        for c in failing:
+            for k, r in c.get("contracts", {}).items():
+                weaker[k] = max(weaker.get(k, 0.0), r)
+        out["weaker"] = {k: _fin(v) for k, v in weaker.items()}
+        if all("contracts" in c for c in failing):
+            fits = [k for k, v in weaker.items() if v <= 1.0]
+            if fits:
+                out["consistent_with"] = {"contract": fits[0], "ratio": _fin(weaker[fits[0]])}
+        return out
+
     def to_dict(self) -> dict:
         return {"dtype": self.dtype, "strength": self.strength, "rounding": self.rounding, "passed": self.passed,
+                "contract": self.contract_verdict(), "unsupported": dict(self.unsupported),
                 "worst_ratio": _fin(self.worst_ratio), "kernel_ran": self.kernel_ran,
                 "bytes": dict(self.bytes), "controls": dict(self.controls), "seconds": round(self.seconds, 3),
-                "cases": [{k: (_fin(v) if k == "ratio" else v) for k, v in c.items()} for c in self.cases],
+                "cases": [_case_dict(c) for c in self.cases],
                 "mutants": [m.to_dict() for m in self.mutants.values()]}
 
 
@@ -107,10 +153,39 @@ class OpCertificate:
     runs: dict = field(default_factory=dict)        # dtype -> DtypeRun
     error: str | None = None
     counter: str | None = None                      # the launch counter that had to move
+    contract: str = "ieee"                          # the arithmetic the candidate claims
+    implementation: dict | None = None              # an outside candidate: who it is
+    outside: bool = False
 
     @property
     def op(self) -> str:
         return self.record.name
+
+    def nearest_bug(self) -> tuple[dict | None, dict]:
+        """(``{"mutant", "similarity"}`` or None, mutant -> mean score) over the fingerprinted
+        failing inputs of every dtype (parity.fingerprint)."""
+        return fingerprint.nearest([c["bug_similarity"] for r in self.runs.values() for c in r.cases
+                                    if c.get("bug_similarity")])
+
+    def contract_summary(self) -> str:
+        """One line per dtype: ``fails ieee at float32 by 86x; consistent with tf32 at 0.4 units``."""
+        parts = []
+        for d, r in self.runs.items():
+            v = r.contract_verdict()
+            w = r.worst_ratio
+            if not r.cases:
+                parts.append(f"{v['name']} at {d}: no input judged")
+            elif v["holds"]:
+                parts.append(f"holds {v['name']} at {d} ({_r(w)} units)")
+            else:
+                line = f"fails {v['name']} at {d} by {_r(w)}x"
+                if v["consistent_with"]:
+                    c = v["consistent_with"]
+                    line += f"; consistent with {c['contract']} at {_r(c['ratio'])} units"
+                elif weaker_contracts(v["name"]):
+                    line += "; consistent with no weaker contract"
+                parts.append(line)
+        return "; ".join(parts)
 
     def reached(self) -> list:
         out = []
@@ -148,6 +223,10 @@ class OpCertificate:
                 why.append(f"{d}: {len(bad)}/{len(r.cases)} input(s) failed, first {c['label']}: {c['summary']}")
             if self.counter is not None and r.kernel_ran is False:
                 why.append(f"{d}: the optimized kernel did not record a launch (counter {self.counter})")
+            if self.outside and r.kernel_ran is False:
+                c = next(c for c in r.cases if c["kernel_ran"] is False)
+                why.append(f"{d}: the implementation did not return its own, honest outputs on every input, "
+                           f"first {c['label']}: {c.get('witness')}")
             for m in r.mutants.values():
                 if not m.killed:
                     why.append(f"{d}: mutant {m.name} survived (teeth {m.teeth:.3g})")
@@ -176,6 +255,7 @@ class OpCertificate:
 
     def to_dict(self) -> dict:
         k, n = self.mutants_killed()
+        bug, scores = self.nearest_bug()
         return {"op": self.op, "verdict": self.verdict, "candidate": self.candidate,
                 "claimed": list(self.record.strengths), "reached": self.reached(),
                 "worst_ratio": {d: _fin(r.worst_ratio) for d, r in self.runs.items()},
@@ -183,7 +263,8 @@ class OpCertificate:
                 "teeth": {m: _fin(t) for m, t in self.teeth().items()},
                 "shapes": self.shapes(), "reasons": self.reasons(),
                 "bound_model": self.record.bound_doc, "reductions": self.record.reductions,
-                "counter": self.counter,
+                "counter": self.counter, "contract": self.contract, "contract_verdict": self.contract_summary(),
+                "implementation": self.implementation, "nearest_bug": bug, "bug_similarity": scores,
                 "runs": {d: r.to_dict() for d, r in self.runs.items()}}
 
 
@@ -201,41 +282,56 @@ def _summary(j) -> str:
 
 def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str | None = None,
                candidate="optimized", examples: int | None = None, bytes_cases: int = 1,
-               on_case=None) -> OpCertificate:
+               on_case=None, contract: str | None = None) -> OpCertificate:
     """Certify one op (module docstring). ``candidate``: ``"optimized"``, ``"reference-f32"``, a
-    :class:`parity.candidate.Candidate` or a callable with the record's signature. ``examples``:
-    drawn inputs per dtype (default: the hypothesis profile's max_examples); ``on_case(op, dtype,
-    case_dict)`` is called after each input. ``device``: where the candidate runs (None: its
-    default; the optimized ops on cuda if available, else cpu; the stand-in on cpu)."""
+    :class:`parity.candidate.Candidate` or a callable with the record's signature (probed first:
+    a wrong signature or wrong output shapes or dtypes raise ``parity.errors.CandidateError``).
+    ``contract``: the arithmetic claimed (default: the candidate's own, ``ieee`` unless declared).
+    ``examples``: drawn inputs per dtype (default: the hypothesis profile's max_examples);
+    ``on_case(op, dtype, case_dict)`` is called after each input. ``device``: where the candidate
+    runs (None: its default; the optimized ops on cuda if available, else cpu; the stand-in on cpu)."""
     try:
-        cand = named(record, candidate)
+        cand = named(record, candidate, contract)
     except (ImportError, AttributeError) as exc:
         cert = OpCertificate(record, str(candidate), counter=record.counter_name)
         cert.error = f"optimized op unavailable: {type(exc).__name__}: {exc}"
         return cert
     device = cand.device(device)
-    cert = OpCertificate(record, cand.name, counter=cand.counter)
+    if cand.outside:
+        probe(record, cand, dtypes[0], device)
+    cert = OpCertificate(record, cand.name, counter=cand.counter, contract=cand.contract,
+                         implementation=cand.implementation(), outside=cand.outside)
     fn = cand.normalized(record)
-    # on a failure, which of the candidate and the stand-in is nearer the float64 truth
-    nearer = None if cand.rowwise else standin(record).normalized(record)
+    # on a failure: which of the candidate and the stand-in is nearer the float64 truth, and which
+    # mutant (run around the stand-in) errs the same way
+    alt = standin(record).normalized(record)
+    nearer = None if cand.rowwise else alt
     n = examples or strategies.examples()
     for dtype in dtypes:
-        run = DtypeRun(dtype, strength_of(dtype), rounding=cand.rounding(dtype, device))
+        run = DtypeRun(dtype, strength_of(dtype), rounding=cand.rounding(dtype, device), contract=cand.contract)
         run.mutants = {m.name: MutantResult(m.name, m.kind, m.doc) for m in record.mutants}
         cert.runs[dtype] = run
         t0 = time.perf_counter()
-        evaluate = _evaluator(record, dtype, device, fn, cand.counter, run, bytes_cases, on_case, nearer)
+        evaluate = _evaluator(record, dtype, device, fn, cand.counter, run, bytes_cases, on_case, nearer, alt)
         runner = settings(settings.default, max_examples=n, database=None,
-                          phases=[Phase.explicit, Phase.generate, Phase.target])(given(record.inputs())(evaluate))
-        runner()
+                          phases=[Phase.explicit, Phase.generate, Phase.target],
+                          suppress_health_check=[*settings.default.suppress_health_check,
+                                                 HealthCheck.filter_too_much])(given(record.inputs())(evaluate))
+        try:
+            runner()
+        except Unsatisfiable:
+            pass  # every drawn input was unsupported: the run has no case, its reasons say so
         run.seconds = time.perf_counter() - t0
     return cert
 
 
-def _evaluator(record, dtype, device, cand, counter, run, bytes_cases, on_case, standin):
+def _evaluator(record, dtype, device, cand, counter, run, bytes_cases, on_case, nearer, alt):
     def evaluate(case):
         try:
-            _evaluate(record, case, dtype, device, cand, counter, run, bytes_cases, standin)
+            _evaluate(record, case, dtype, device, cand, counter, run, bytes_cases, nearer, alt)
+        except Unsupported as exc:  # an input the implementation does not take: counted, not judged
+            run.unsupported[str(exc)] = run.unsupported.get(str(exc), 0) + 1
+            reject()
         except Exception as exc:  # the reference or the builder failed: recorded, never silent
             run.cases.append({"label": case.label, "passed": False, "ratio": math.inf, "seconds": 0.0,
                               "kernel_ran": None, "summary": f"harness error: {type(exc).__name__}: {exc}",
@@ -248,17 +344,25 @@ def _evaluator(record, dtype, device, cand, counter, run, bytes_cases, on_case, 
     return evaluate
 
 
-def _evaluate(record, case, dtype, device, cand, counter, run: DtypeRun, bytes_cases: int, standin=None):
-    prep = prepare(record, case, dtype, device, run.rounding)
-    out, err, ran, dt = run_candidate(prep, cand, counter=counter)
+def _evaluate(record, case, dtype, device, cand, counter, run: DtypeRun, bytes_cases: int, standin_=None,
+              alt=None):
+    prep = prepare(record, case, dtype, device, run.rounding, run.contract)
+    out, err, ran, dt, why = run_candidate(prep, cand, counter=counter)
     j = judge(prep, out, error=err, seconds=dt, kernel_ran=ran)
     first = len(run.cases) == 0
     summary = _summary(j)
-    if not j.passed and out is not None and standin is not None:
-        summary += _nearer(prep, out, standin)
-    run.cases.append({"label": case.label, "passed": j.passed, "ratio": j.ratio, "seconds": round(dt, 4),
-                      "kernel_ran": ran, "summary": summary,
-                      "outputs": {k: c.to_dict() for k, c in j.outputs.items()}})
+    if why:
+        summary += f"; {why}"
+    if not j.passed and out is not None and standin_ is not None:
+        summary += _nearer(prep, out, standin_)
+    entry = {"label": case.label, "passed": j.passed, "ratio": j.ratio, "seconds": round(dt, 4),
+             "kernel_ran": ran, "summary": summary,
+             "outputs": {k: c.to_dict() for k, c in j.outputs.items()}}
+    if why:
+        entry["witness"] = why
+    if not j.passed and out is not None and not j.error:
+        _diagnose(prep, out, run, entry, alt)
+    run.cases.append(entry)
     if out is not None and "bytes" in record.strengths and len(run.cases) <= bytes_cases:
         b = bytes_checks(prep, cand, first=out)
         prev = run.bytes
@@ -282,8 +386,17 @@ def _evaluate(record, case, dtype, device, cand, counter, run: DtypeRun, bytes_c
             run.controls[name] = not cj.passed
 
 
+def _diagnose(prep, out, run: DtypeRun, entry: dict, alt) -> None:
+    """A failing input with outputs: its ratio under each weaker contract, and (the first
+    fingerprint.MAX_CASES of the run) its similarity to each mutant around the stand-in ``alt``."""
+    entry["contracts"] = {c: judge(prep, out, contract=c).ratio for c in weaker_contracts(run.contract)}
+    done = sum(1 for c in run.cases if c.get("bug_similarity") is not None)
+    if alt is not None and done < fingerprint.MAX_CASES:
+        entry["bug_similarity"] = fingerprint.similarities(prep, out, alt)
+
+
 def _nearer(prep, out, standin) -> str:
-    """On a failure: which of the optimized op and the float32 stand-in is nearer the float64 truth,
+    """On a failure: which of the candidate and the float32 stand-in is nearer the float64 truth,
     per float output (a stand-in nearer the truth points at the kernel, not at the bound)."""
     try:
         alt = standin(prep.inputs(), dict(prep.case.kwargs))
@@ -294,8 +407,8 @@ def _nearer(prep, out, standin) -> str:
         if name in prep.record.exact:
             continue
         n = nearer_truth(prep.ref[name], out[name], alt[name])
-        who = {"a": "optimized", "b": "stand-in", "tie": "tie"}[n["nearer"]]
-        parts.append(f"{name}: {who} (rms err optimized {n['err_a']:.3g}, stand-in {n['err_b']:.3g})")
+        who = {"a": "candidate", "b": "stand-in", "tie": "tie"}[n["nearer"]]
+        parts.append(f"{name}: {who} (rms err candidate {n['err_a']:.3g}, stand-in {n['err_b']:.3g})")
     return "; nearer the float64 truth: " + ", ".join(parts) if parts else ""
 
 
@@ -323,17 +436,19 @@ def cpu_threads(device: str, n: int = 1):
 
 
 def certify(records, *, dtypes=("float32", "bfloat16"), device=None, candidate="optimized",
-            examples=None, on_case=None, on_op=None) -> list:
-    """Certify several records (``candidate`` a name: ``optimized`` or ``reference-f32``); ``on_op(cert)``
-    is called as each finishes."""
+            examples=None, on_case=None, on_op=None, impls=None, contract=None) -> list:
+    """Certify several records (``candidate`` a name: ``optimized`` or ``reference-f32``; ``impls``:
+    op name -> a callable or Candidate certified instead for that op); ``contract`` replaces every
+    candidate's claimed contract; ``on_op(cert)`` is called as each finishes."""
     if candidate not in CANDIDATES:
         raise ValueError(f"candidate: expected one of {CANDIDATES}, got {candidate!r}")
-    device = device or ("cpu" if candidate == "reference-f32" else default_device(None))
+    impls = dict(impls or {})
+    device = device or ("cpu" if candidate == "reference-f32" and not impls else default_device(None))
     out = []
     with cpu_threads(device):
         for rec in records:
-            c = certify_op(rec, dtypes=dtypes, device=device, candidate=candidate, examples=examples,
-                           on_case=on_case)
+            c = certify_op(rec, dtypes=dtypes, device=device, candidate=impls.get(rec.name, candidate),
+                           examples=examples, on_case=on_case, contract=contract)
             out.append(c)
             if on_op:
                 on_op(c)

@@ -12,6 +12,7 @@ import numpy as np
 
 from . import metrics
 from .bounds.core import dtype_name, precision_for
+from .errors import Unsupported
 from .platform import default_device
 from .registry import Case, OpRecord
 
@@ -67,16 +68,19 @@ class Prepared:
     f64: dict
     ref: dict
     rounding: str = "nearest"     # the platform's float32 -> dtype conversion (parity.platform)
+    contract: str = "ieee"        # the arithmetic the candidate claims (parity.bounds.core.CONTRACTS)
     _bounds: dict = field(default_factory=dict)
 
     def inputs(self) -> dict:
         """Fresh copies of the input tensors (a candidate may write its inputs)."""
         return {k: (v.clone() if hasattr(v, "clone") else v) for k, v in self.tensors.items()}
 
-    def bound(self, out_dtypes: dict) -> dict:
-        key = tuple(sorted(out_dtypes.items()))
+    def bound(self, out_dtypes: dict, contract: str | None = None) -> dict:
+        """Per-output bounds for outputs of ``out_dtypes`` under ``contract`` (default: the claimed one)."""
+        contract = contract or self.contract
+        key = (contract, *sorted(out_dtypes.items()))
         if key not in self._bounds:
-            p = precision_for(self.dtype, out_dtypes, self.rounding)
+            p = precision_for(self.dtype, out_dtypes, self.rounding, contract)
             inputs = {k: v for k, v in self.f64.items() if not k.startswith("_")}
             b = self.record.bound(inputs, self.case.kwargs, self.ref, p)
             for name in self.record.exact:
@@ -102,15 +106,15 @@ def tensors(record: OpRecord, case: Case, dtype: str, device: str | None = None)
 
 
 def prepare(record: OpRecord, case: Case, dtype: str, device: str | None = None,
-            rounding: str = "nearest") -> Prepared:
+            rounding: str = "nearest", contract: str = "ieee") -> Prepared:
     """The case's inputs rounded to ``dtype`` on ``device`` (None: cuda if available, else cpu), and
-    the float64 reference of the rounded values."""
+    the float64 reference of the rounded values; bounds under ``contract``."""
     dtype = dtype_name(dtype)
     device = default_device(device)
     cand_inputs, f64 = _rounded(record, case, dtype, device)
     ref_inputs = {k: v for k, v in f64.items() if not k.startswith("_")}
     ref = {k: np.asarray(v) for k, v in record.call(record.reference, ref_inputs, case.kwargs).items()}
-    return Prepared(record, case, dtype, device, cand_inputs, f64, ref, rounding)
+    return Prepared(record, case, dtype, device, cand_inputs, f64, ref, rounding, contract)
 
 
 @dataclass
@@ -124,6 +128,7 @@ class Judgement:
     error: str | None = None                  # the candidate raised
     seconds: float = 0.0
     kernel_ran: bool | None = None
+    witness: str | None = None                # an outside candidate: why its outputs are not its own
 
     def report(self) -> str:
         if self.error:
@@ -132,26 +137,98 @@ class Judgement:
 
 
 def run_candidate(prepared: Prepared, cand, *, counter: str | None = None):
-    """Call a normalized candidate; returns (outputs, error string or None, kernel_ran)."""
+    """Call a normalized candidate; returns (outputs, error string or None, kernel_ran, seconds,
+    why_not_ran). ``kernel_ran``: the launch counter moved (a counted candidate), or, for a witnessed
+    one (``parity.candidate.Witnessed``), it was called and returned its own outputs
+    (:func:`own_outputs`; ``why_not_ran`` says what was wrong); None for any other. An adapter's
+    ``parity.candidate.Unsupported`` passes through."""
     from_counters = None
     if counter is not None:
         from optimized import _counters  # only for a counted kernel: importing optimized picks the backend
 
         before = _counters.launches[counter]
+    calls = getattr(cand, "calls", None)
+    inputs = prepared.inputs()
     t0 = time.perf_counter()
     try:
-        out = cand(prepared.inputs(), dict(prepared.case.kwargs))
+        out = cand(inputs, dict(prepared.case.kwargs))
         err = None
+    except Unsupported:
+        raise  # an input the implementation does not take: the caller skips it
     except Exception as exc:  # a crashing candidate fails the check; the message says why
         out, err = None, f"{type(exc).__name__}: {exc}"
     dt = time.perf_counter() - t0
+    why = None
     if counter is not None:
         from_counters = _counters.launches[counter] > before
-    return out, err, from_counters, dt
+    elif calls is not None:
+        why = "the implementation was not called" if cand.calls == calls else \
+            (own_outputs(prepared, inputs, out) if out is not None else None)
+        from_counters = why is None
+    return out, err, from_counters, dt, why
+
+
+def _span(x):
+    """(device, first byte, end) of the memory behind a tensor's storage or a NumPy array; None
+    for anything else."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        st = x.untyped_storage()
+        return (str(x.device), st.data_ptr(), st.data_ptr() + st.nbytes())
+    if isinstance(x, np.ndarray) and x.size:
+        base = x.__array_interface__["data"][0]
+        lo = base + sum(s * (n - 1) for s, n in zip(x.strides, x.shape) if s < 0)
+        hi = base + sum(s * (n - 1) for s, n in zip(x.strides, x.shape) if s > 0) + x.itemsize
+        return ("cpu", lo, hi)
+    return None
+
+
+def _overlap(a, b) -> bool:
+    return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+
+def own_outputs(prepared: Prepared, inputs: dict, outputs: dict) -> str | None:
+    """Why ``outputs`` are not an outside implementation's own work (None when they are): an output
+    that is not a tensor, shares memory with an input it was handed (an in-place record's output
+    may be the buffer of the same name), with the reference's arrays or with another output, or is
+    non-finite where the reference is finite or finite where it is not ("honest")."""
+    import torch
+
+    rec = prepared.record
+    spans = {}
+    for name in rec.outputs:
+        t = outputs.get(name)
+        if not isinstance(t, torch.Tensor):
+            return f"output {name} is a {type(t).__name__}, not a tensor"
+        spans[name] = _span(t)
+    for name, s in spans.items():
+        for k, x in inputs.items():
+            if rec.in_place and k == name:
+                continue
+            if _overlap(s, _span(x)):
+                return f"output {name} is the memory of input {k}"
+        for k, r in prepared.ref.items():
+            if _overlap(s, _span(np.asarray(r))):
+                return f"output {name} is the memory of the reference's {k}"
+        for k, s2 in spans.items():
+            if k != name and _overlap(s, s2):
+                return f"outputs {name} and {k} share memory"
+    for name in rec.outputs:
+        t, ref = outputs[name], np.asarray(prepared.ref[name])
+        if not t.is_floating_point() or tuple(t.shape) != ref.shape:
+            continue  # integer outputs are compared exactly; shapes are the comparison's to refuse
+        bad = ~torch.isfinite(t).cpu().numpy()
+        if not np.array_equal(bad, ~np.isfinite(ref)):
+            n = int(np.sum(bad & np.isfinite(ref)))
+            return (f"output {name} is non-finite at {n} element(s) where the reference is finite" if n
+                    else f"output {name} is finite where the reference is not")
+    return None
 
 
 def judge(prepared: Prepared, outputs: dict | None, *, error: str | None = None, seconds: float = 0.0,
-          kernel_ran: bool | None = None) -> Judgement:
+          kernel_ran: bool | None = None, contract: str | None = None) -> Judgement:
+    """Every output against its bound (under ``contract``, default the prepared one)."""
     if error is not None or outputs is None:
         return Judgement(False, float("inf"), error=error or "no outputs", seconds=seconds, kernel_ran=kernel_ran)
     rec = prepared.record
@@ -160,7 +237,7 @@ def judge(prepared: Prepared, outputs: dict | None, *, error: str | None = None,
         return Judgement(False, float("inf"), error=f"missing outputs {missing}", seconds=seconds,
                          kernel_ran=kernel_ran)
     out_dtypes = {n: metrics.dtype_of(outputs[n]) for n in rec.outputs if metrics.dtype_of(outputs[n])}
-    bounds = prepared.bound(out_dtypes)
+    bounds = prepared.bound(out_dtypes, contract)
     comps = {}
     for n in rec.outputs:
         comps[n] = metrics.compare(n, prepared.ref[n], outputs[n], bounds[n])
@@ -170,8 +247,10 @@ def judge(prepared: Prepared, outputs: dict | None, *, error: str | None = None,
 
 
 def check(prepared: Prepared, cand, *, counter: str | None = None) -> Judgement:
-    out, err, ran, dt = run_candidate(prepared, cand, counter=counter)
-    return judge(prepared, out, error=err, seconds=dt, kernel_ran=ran)
+    out, err, ran, dt, why = run_candidate(prepared, cand, counter=counter)
+    j = judge(prepared, out, error=err, seconds=dt, kernel_ran=ran)
+    j.witness = why
+    return j
 
 
 # -- bytes ------------------------------------------------------------------------------------

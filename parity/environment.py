@@ -8,13 +8,27 @@ import sys
 from pathlib import Path
 
 
-def git_revision() -> dict:
-    root = Path(__file__).resolve().parent.parent
+def git_revision(root=None, file=None) -> dict:
+    """``{"revision", "dirty"}`` of the git work tree holding ``root`` (default: this repository):
+    HEAD, and whether tracked files have uncommitted changes or ``file`` (given) is modified or
+    untracked. Both None outside a work tree, without git, or when the work tree ignores ``file``
+    (a package installed in a virtual environment inside it is not its source)."""
+    root = str(root or Path(__file__).resolve().parent.parent)
+
+    def git(*args):
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+
     try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True, timeout=10).stdout.strip()) if rev else None
+        rev = git("rev-parse", "HEAD") or None
+        if rev and file is not None and subprocess.run(["git", "-C", root, "check-ignore", "-q", str(file)],
+                                                       capture_output=True, timeout=10).returncode == 0:
+            rev = None
+        dirty = None
+        if rev:
+            dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+            if file is not None:
+                dirty = dirty or bool(git("status", "--porcelain", "--", str(file)))
     except (OSError, subprocess.SubprocessError):
         rev, dirty = None, None
     return {"revision": rev, "dirty": dirty}

@@ -6,7 +6,9 @@
   marked ``parity_gpu`` (and every test when ``cuda`` is asked for without a GPU) skip cleanly,
   naming the reason.
 - Fixtures: ``parity_device``, ``assert_parity`` (``assert_parity("kda.chunked", inputs)``, see
-  :func:`parity.testing.assert_parity`; the device defaults to ``parity_device``), ``parity_registry``
+  :func:`parity.testing.assert_parity`; the device defaults to ``parity_device``),
+  ``assert_certified`` (``assert_certified("kda.chunked", my_chunk_kda)``: your implementation
+  certified on drawn inputs, :func:`parity.testing.assert_certified`), ``parity_registry``
   (the records by name, from ``parity.ops.records()``). Parametrize over the registry with
   ``parity.testing.op_names()``.
 - Hypothesis: the profiles of :mod:`parity.strategies` are registered and the one named by
@@ -71,6 +73,17 @@ def assert_parity(parity_device):
     def run(op, inputs, **kw):
         kw.setdefault("device", parity_device)
         return check(op, inputs, **kw)
+
+    return run
+
+
+@pytest.fixture
+def assert_certified(parity_device):
+    from parity.testing import assert_certified as certify
+
+    def run(op, candidate, **kw):
+        kw.setdefault("device", parity_device)
+        return certify(op, candidate, **kw)
 
     return run
 

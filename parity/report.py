@@ -41,6 +41,22 @@ def render_op(console, cert) -> None:
     console.print("  teeth (mutant error / bound): " + ", ".join(f"{m} {_r(v)}" for m, v in teeth.items())
                   + f"  [{k}/{n} killed]")
     console.print("  shapes: " + "; ".join(cert.shapes()))
+    if cert.implementation:
+        console.print(f"  implementation: {_who(cert.implementation)}", markup=False)
+    console.print(f"  contract: {cert.contract_summary()}", markup=False)
+    for d, r in cert.runs.items():
+        if r.unsupported:
+            console.print(f"  {d}: skipped, unsupported by the implementation: "
+                          + "; ".join(f"{why} ({n})" for why, n in r.unsupported.items()), markup=False)
+    if not cert.certified:
+        bug, scores = cert.nearest_bug()
+        if bug:
+            tie = f"; as near: {', '.join(bug['ties'])}" if bug["ties"] else ""
+            console.print(f"  nearest known bug: [bold]{bug['mutant']}[/] (similarity {bug['similarity']:.2f}{tie})")
+        elif scores:
+            best = max(scores, key=scores.get)
+            console.print(f"  nearest known bug: none (best {best} at {scores[best]:.2f}, below "
+                          f"{_threshold():.2f})", markup=False)
     for why in cert.reasons()[:6]:
         console.print(f"  [red]x[/] {why}", markup=True, highlight=False)
     if cert.certified:
@@ -51,19 +67,37 @@ def render_summary(console, certs, seconds: float) -> None:
     from rich.table import Table
 
     t = Table(title="summary", title_justify="left")
-    for col in ("op", "reached", "worst x bound", "mutants", "verdict"):
+    for col in ("op", "candidate", "contract", "reached", "worst x bound", "mutants", "nearest bug", "verdict"):
         t.add_column(col)
     for c in certs:
         k, n = c.mutants_killed()
         worst = max((r.worst_ratio for r in c.runs.values()), default=math.inf)
-        t.add_row(c.op, ", ".join(c.reached()) or "-", _r(worst), f"{k}/{n}",
+        bug = None if c.certified else c.nearest_bug()[0]
+        t.add_row(c.op, c.candidate, c.contract, ", ".join(c.reached()) or "-", _r(worst), f"{k}/{n}",
+                  f"{bug['mutant']} ({bug['similarity']:.2f})" if bug else "-",
                   "[green]certified[/]" if c.certified else "[red]not certified[/]")
     console.print(t)
     ok = sum(c.certified for c in certs)
     console.print(f"{ok}/{len(certs)} op(s) certified in {seconds:.1f} s")
 
 
-def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=None) -> dict:
+def _who(impl: dict) -> str:
+    pkg = f"{impl['package']} {impl['version']}" if impl.get("package") else "no installed package"
+    git = impl.get("git") or {}
+    rev = f", git {git['revision'][:12]}{' (dirty)' if git.get('dirty') else ''}" if git.get("revision") else ""
+    ad = impl.get("adapter")
+    via = f" via {ad['module']}:{ad['function']}" if ad else ""
+    return f"{impl['module']}:{impl['function']} ({pkg}{rev}){via}"
+
+
+def _threshold() -> float:
+    from .fingerprint import THRESHOLD
+
+    return THRESHOLD
+
+
+def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=None, contract=None,
+                impls=None) -> dict:
     from .environment import environment
     from .strategies import profile_name
 
@@ -74,7 +108,8 @@ def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=Non
     return {
         "schema": SCHEMA_ID, "version": SCHEMA_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": argv, "candidate": candidate, "device": device, "dtypes": list(dtypes),
+        "command": argv, "candidate": candidate, "contract": contract, "impls": dict(impls or {}),
+        "device": device, "dtypes": list(dtypes),
         "examples": examples, "hypothesis_profile": profile_name(), "seconds": round(seconds, 3),
         "environment": env,
         "ops": [c.to_dict() for c in certs],

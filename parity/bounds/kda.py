@@ -10,9 +10,13 @@ with lam_t the norm bound of what step t rounds (decay, the K-long dot k^T S, th
 product, the add). The chunked kernels round more: intermediates in the run dtype (u, not ua) --
 the key-key matrix A and its inverse M = (I + A)^-1, the WY rows w and u, v_new, the chunk-start
 state h and the query-key matrix Q -- which enter through |M| (|A| + I) (Skeel's bound of the
-triangular solve), |Q| and the decayed keys. Every magnitude is evaluated in float64 from the same
-inputs the candidate saw. The fused ops add the errors of their prologue (l2norm, gate, sigmoid) as
+triangular solve), |Q| and the decayed keys. Their products take operands rounded to the run dtype,
+so A and Q err relative to the sums of their absolute terms (|k||k|, |q||k|), not to |A|, |Q|.
+Every magnitude is evaluated in float64 from the same inputs the candidate saw. The fused ops add the errors of their prologue (l2norm, gate, sigmoid) as
 perturbations of the core inputs.
+
+Arithmetic contracts (parity.bounds.core.CONTRACTS) reach these models through ``Precision.uop``:
+what a matrix product does to its operands (TF32 reads float32 operands with 10 mantissa bits).
 """
 from __future__ import annotations
 
@@ -68,10 +72,14 @@ def core_bound(q, k, v, g, beta, h0, scale, cu, p, *, chunk=None, stored=False, 
     o_b = np.zeros((B, T, HV, V))
     segs = _segments(B, T, cu)
     s_b = np.zeros((len(segs), HV, K, V))
-    gK = gamma(K, ua)
+    # a K-long product of register operands: its accumulation, and under a contract that rounds the
+    # operands (TF32: truncation, errors of one sign) their rounding, carried linearly in D
+    ud0 = 2 * p.uop(False)
+    gK = gamma(K, ua) + ud0
     for (b, t0, t1, n) in segs:
         S = np.zeros((HV, K, V)) if h0 is None else h0[n].copy()
         E2 = np.zeros((HV, V))
+        D = np.zeros((HV, V))
         L = t1 - t0
         C = L if chunk is None else chunk
         for c0 in range(t0, t1, C if chunk else max(L, 1)):
@@ -90,9 +98,11 @@ def core_bound(q, k, v, g, beta, h0, scale, cu, p, *, chunk=None, stored=False, 
                 S = Sp + kt[:, :, None] * e[:, None, :]
                 nSp, nS = _norm(Sp, 1), _norm(S, 1)
                 nk, nq = _norm(kt, 1), _norm(qt, 1)
+                # the K-long dot k^T S~ errs by gamma_K(ua) |k| |S~| (Cauchy-Schwarz): absolute, not a
+                # multiple of ua like the one-rounding terms
                 lam = ua * (exp_rel(np.max(np.abs(gt), axis=1))[:, None] * nSp
-                            + bt[:, None] * nk[:, None] * (gK * nk[:, None] * nSp)
-                            + nSp + nk[:, None] * (bt[:, None] * (np.abs(vt) + np.abs(kS)) + np.abs(e)) + nS)
+                            + nSp + nk[:, None] * (bt[:, None] * (np.abs(vt) + np.abs(kS)) + np.abs(e)) + nS) \
+                    + bt[:, None] * nk[:, None] * (gamma(K, ua) * nk[:, None] * nSp)
                 if extra is not None:
                     dk = extra["dk"][b, t, hmap][:, None]
                     dg = np.max(extra["dg"][b, t], axis=1)[:, None]
@@ -101,24 +111,28 @@ def core_bound(q, k, v, g, beta, h0, scale, cu, p, *, chunk=None, stored=False, 
                         + nk[:, None] * db * np.abs(vt - kS)
                 rho = np.max(a, axis=1) * np.maximum(1.0, np.abs(1.0 - bt * nk * nk))
                 E2 = rho[:, None] ** 2 * E2 + lam ** 2
+                D = rho[:, None] * D + bt[:, None] * nk[:, None] * (ud0 * nk[:, None] * nSp)
                 Gc = Gc + gt
-                ob = scale * (nq[:, None] * LAMBDA * np.sqrt(E2)
+                ob = scale * (nq[:, None] * (LAMBDA * np.sqrt(E2) + D)
                               + gK * np.einsum("hk,hkv->hv", np.abs(qt), np.abs(S)))
                 if extra is not None:
                     ob = ob + scale * extra["dq"][b, t, hmap][:, None] * nS
                 o_b[b, t] = ob
                 rows.append((t, qt, kt, e, bt, Gc.copy()))
             if chunk and stored:
-                E2 = _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2)
-        s_b[n] = LAMBDA * np.sqrt(E2)[:, None, :]
+                E2 = _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, ud=p.uop(stored))
+        s_b[n] = (LAMBDA * np.sqrt(E2) + D)[:, None, :]
     o_b = o_b + (ua + uo_o) * np.abs(o_ref)
     s_b = s_b + uo_s * np.abs(s_ref)
     return o_b, s_b
 
 
-def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2):
+def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, ud=None):
     """Add the chunked algorithm's storage roundings of one chunk to the output bounds (in place)
-    and return the state error with the chunk's contribution added."""
+    and return the state error with the chunk's contribution added. ``ud``: the unit roundoff of a
+    stored intermediate as a matrix product reads it (``Precision.uop(True)``; default ``us``, IEEE):
+    every ``2 ud`` below is a product's two rounded operands, every ``us`` a storage alone."""
+    ud = us if ud is None else ud
     C = len(rows)
     ts = [r[0] for r in rows]
     Q = np.stack([r[1] for r in rows], 1)          # [HV, C, K]
@@ -135,30 +149,43 @@ def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2):
     W = np.exp(Dm)                                  # masked decays, <= 1
     A = np.where(low[None], Bt[:, :, None] * np.einsum("hik,hjk,hijk->hij", Kc, Kc, W), 0.0)
     Qm = np.where(lowd[None], scale * np.einsum("hik,hjk,hijk->hij", Q, Kc, W), 0.0)
-    Ab = np.einsum("hik,hjk,hijk->hij", np.abs(Kc), np.abs(Kc), W) * Bt[:, :, None]
+    # |terms| of the K-long dots behind A and Q: their operands (decayed k and q rows) are rounded to
+    # the run dtype, so each errs relative to these sums, not to |A| or |Q|, which cancel (keys
+    # that repeat or span few directions: 3.3x past the bound without it, T = 9, K = 32)
+    Ab = np.where(low[None], np.einsum("hik,hjk,hijk->hij", np.abs(Kc), np.abs(Kc), W) * Bt[:, :, None], 0.0)
+    Qb = np.where(lowd[None], scale * np.einsum("hik,hjk,hijk->hij", np.abs(Q), np.abs(Kc), W), 0.0)
     I = np.eye(C)[None]
     M = np.linalg.inv(I + A)
-    w = np.einsum("hij,hjk->hik", M, Bt[..., None] * Kc * np.exp(G))
+    Mabs = np.abs(M)
+    Rw = Bt[..., None] * Kc * np.exp(G)             # the right-hand sides: beta k exp(G) ...
+    w = np.einsum("hij,hjk->hik", M, Rw)
     nS0 = _norm(S0, 1)                              # [HV, V]
     # u = M (beta v); recover beta v from v_new + w S0 (v_new = u - w S0)
     uu = Ev + np.einsum("hik,hkv->hiv", w, S0)
-    # triangular solve (Skeel): |dX| <= |M| (us |A| + gamma_C(ua) (I + |A|)) |X|, plus X's storage
-    P = np.einsum("hij,hjl->hil", np.abs(M), us * np.abs(A) + gC * (I + np.where(low[None], Ab, 0)))
-    du = np.einsum("hil,hlv->hiv", P, np.abs(uu)) + us * np.abs(uu)
-    dw = _norm(np.einsum("hil,hlk->hik", P, np.abs(w)) + us * np.abs(w), 2)     # [HV, C]
+    Ru = np.abs(np.einsum("hij,hjv->hiv", I + A, uu))   # ... and beta v
+    # triangular solve (Skeel): |dX| <= |M| (|dA| + gamma_C(ua) (I + Ab)) |X|, |dA| <= us |A| +
+    # (2 us + gamma_K(ua)) Ab; M and the right-hand side R are rounded as operands of X = M R
+    # (2 us |M| |R|); then X's storage
+    P = np.einsum("hij,hjl->hil", Mabs, ud * np.abs(A) + (2 * ud + gK) * Ab + gC * (I + Ab))
+    du = (np.einsum("hil,hlv->hiv", P, np.abs(uu)) + 2 * ud * np.einsum("hij,hjv->hiv", Mabs, Ru)
+          + us * np.abs(uu))
+    dw = _norm(np.einsum("hil,hlk->hik", P, np.abs(w)) + 2 * ud * np.einsum("hij,hjk->hik", Mabs, np.abs(Rw))
+               + us * np.abs(w), 2)                 # [HV, C]
     nw = _norm(w, 2)
-    dv = du + (dw + (us + gK) * nw)[..., None] * nS0[:, None, :] + us * np.abs(Ev)  # [HV, C, V]
-    # outputs: h (chunk-start state) times scale q exp(G), both operands stored; Q and v_new
-    # stored; their dots
+    # w h: h read as an operand (ud), w's storage already in dw, its read by the product (ud - us)
+    dv = du + (dw + (2 * ud - us + gK) * nw)[..., None] * nS0[:, None, :] + us * np.abs(Ev)  # [HV, C, V]
+    # outputs: h (chunk-start state) times scale q exp(G), both operands stored; Q (from rounded
+    # operands, then stored) and v_new stored; their dots
     qg = np.abs(Q) * np.exp(G)
-    oh = scale * (2 * us + gK) * np.einsum("hik,hkv->hiv", qg, np.abs(S0))
-    oq = np.einsum("hij,hjv->hiv", np.abs(Qm), (2 * us + gC) * np.abs(Ev) + dv)
+    oh = scale * (2 * ud + gK) * np.einsum("hik,hkv->hiv", qg, np.abs(S0))
+    oq = (np.einsum("hij,hjv->hiv", np.abs(Qm), (2 * ud + gC) * np.abs(Ev) + dv)
+          + np.einsum("hij,hjv->hiv", (2 * ud + gK) * Qb, np.abs(Ev)))
     for i, t in enumerate(ts):
         o_b[b, t] += oh[:, i] + oq[:, i]
     # state: kg = k exp(G_last - G) and v_new stored, C-long dot
     kg = Kc * np.exp(G[:, -1:, :] - G)
     nkg = _norm(kg, 2)                              # [HV, C]
-    st = np.einsum("hi,hiv->hv", nkg, (2 * us + gC) * np.abs(Ev) + dv) + us * nS0
+    st = np.einsum("hi,hiv->hv", nkg, (2 * ud + gC) * np.abs(Ev) + dv) + us * nS0
     return (np.sqrt(E2) + st) ** 2
 
 

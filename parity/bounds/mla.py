@@ -11,6 +11,9 @@ Naive form, per head: keys k_s = W_UK c_s and values v_s = W_UV c_s (L-long dots
 run dtype by the GEMM that expands them), scores sigma_s = scale (q_nope . k_s + q_pe . k_pe_s)
 (P+R-long), the same softmax, o = sum_s p_s v_s (S-long), normalized (one divide). Reduction
 lengths: L, P + R, the context S.
+
+Every product's accumulation is ``Precision.dot`` (``gamma_n(ua)`` under IEEE, plus the rounding of
+its operands under a TF32 or bf16 contract).
 """
 from __future__ import annotations
 
@@ -59,10 +62,10 @@ def attention_bound(x, kw, ref_o, p, uo, *, lengths=None):
     ql = np.einsum("btnp,npl->btnl", qn, Wuk)
     # scores: the fp32 accumulations of q_lat (P-long) and of the score (L+R-long), the scale
     # multiply; q_lat's storage in the run dtype is propagated separately below (linearized)
-    acc_q = gamma(P, ua) * np.einsum("btnl,bsl->btns", np.einsum("btnp,npl->btnl", np.abs(qn), np.abs(Wuk)), np.abs(c))
+    acc_q = p.dot(P) * np.einsum("btnl,bsl->btns", np.einsum("btnp,npl->btnl", np.abs(qn), np.abs(Wuk)), np.abs(c))
     ab = np.einsum("btnl,bsl->btns", np.abs(ql), np.abs(c)) + np.einsum("btnr,bsr->btns", np.abs(qp), np.abs(kpe))
     sc = scale * (np.einsum("btnl,bsl->btns", ql, c) + np.einsum("btnr,bsr->btns", qp, kpe))
-    dsc = scale * (acc_q + gamma(L + R, ua) * ab) + ua * np.abs(sc)
+    dsc = scale * (acc_q + p.dot(L + R) * ab) + ua * np.abs(sc)
     s_idx = np.arange(S)
     if lengths is None:
         last = S - T + np.arange(T)                 # query t sees s <= S - T + t
@@ -86,9 +89,9 @@ def attention_bound(x, kw, ref_o, p, uo, *, lengths=None):
     # o~ stored in the run dtype (independent per l: probabilistic through W_UV), its S-long fp32
     # accumulation, the L-long fp32 accumulation of W_UV o~, the output rounding
     o_store = LAMBDA * np.sqrt(np.einsum("nvl,btnl->btnv", Wuv * Wuv, (us * ot) ** 2))
-    acc_o = gamma(n_ctx[..., 0][..., None], ua) * np.einsum("nvl,btnl->btnv", np.abs(Wuv),
+    acc_o = p.dot(n_ctx[..., 0][..., None]) * np.einsum("nvl,btnl->btnv", np.abs(Wuv),
                                                              np.einsum("btns,bsl->btnl", pr, np.abs(c)))
-    acc_uv = gamma(L, ua) * np.einsum("nvl,btnl->btnv", np.abs(Wuv), np.abs(ot))
+    acc_uv = p.dot(L) * np.einsum("nvl,btnl->btnv", np.abs(Wuv), np.abs(ot))
     return o_p + o_q + o_store + acc_o + acc_uv + uo * np.abs(ref_o)
 
 
@@ -101,17 +104,17 @@ def naive_bound(x, kw, ref_o, p, uo):
     kn = np.einsum("npl,bsl->bsnp", Wuk, c)
     v = np.einsum("nvl,bsl->bsnv", Wuv, c)
     # the expanding GEMM: L-long fp32 accumulation, then the stored keys and values
-    dkn = gamma(L, ua) * np.einsum("npl,bsl->bsnp", np.abs(Wuk), np.abs(c)) + us * np.abs(kn)
-    dv = gamma(L, ua) * np.einsum("nvl,bsl->bsnv", np.abs(Wuv), np.abs(c)) + us * np.abs(v)
+    dkn = p.dot(L) * np.einsum("npl,bsl->bsnp", np.abs(Wuk), np.abs(c)) + us * np.abs(kn)
+    dv = p.dot(L) * np.einsum("nvl,bsl->bsnv", np.abs(Wuv), np.abs(c)) + us * np.abs(v)
     sc = scale * (np.einsum("btnp,bsnp->btns", qn, kn) + np.einsum("btnr,bsr->btns", qp, kpe))
     ab = np.einsum("btnp,bsnp->btns", np.abs(qn), np.abs(kn)) + np.einsum("btnr,bsr->btns", np.abs(qp), np.abs(kpe))
-    dsc = scale * (np.einsum("btnp,bsnp->btns", np.abs(qn), dkn) + gamma(P + R, ua) * ab) + ua * np.abs(sc)
+    dsc = scale * (np.einsum("btnp,bsnp->btns", np.abs(qn), dkn) + p.dot(P + R) * ab) + ua * np.abs(sc)
     last = S - T + np.arange(T)
     mask = np.broadcast_to((np.arange(S)[None, :] <= last[:, None])[None, :, None, :], sc.shape)
     pr, rel_p, n_ctx = _softmax_rel(sc, dsc, mask, ua, us)
     o_p = np.einsum("btns,bsnv->btnv", pr * rel_p, np.abs(v))
     o_v = np.einsum("btns,bsnv->btnv", pr, dv)
-    acc = gamma(n_ctx, ua) * np.einsum("btns,bsnv->btnv", pr, np.abs(v))
+    acc = p.dot(n_ctx) * np.einsum("btns,bsnv->btnv", pr, np.abs(v))
     return o_p + o_v + acc + (2 * ua + uo) * np.abs(ref_o)
 
 

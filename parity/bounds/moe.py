@@ -1,6 +1,7 @@
 """Bounds of the MoE ops and the LM head (docs/error-bounds.md, sections 6-7).
 
-GEMMs: a D-long dot accumulated in ua errs by gamma_D(ua) |x| |W|^T (componentwise). Values the
+GEMMs: a D-long dot accumulated in ua errs by gamma_D(ua) |x| |W|^T (componentwise; ``Precision.dot``:
+plus the rounding of its operands under a TF32 or bf16 contract). Values the
 kernel stores in the run dtype between GEMMs (the SwiGLU hidden activation, each expert's output)
 err by u relatively; those independent roundings pass the next GEMM as a probabilistic sum
 (LAMBDA sqrt(sum (W e)^2)). Router ids are compared exactly: the input builder keeps distinct
@@ -23,14 +24,14 @@ def swiglu_err(x, wg, wu, wd, p):
     D, F = x.shape[-1], wg.shape[0]
     ua, us = p.ua, p.u
     hg, hu = x @ wg.T, x @ wu.T
-    dhg = gamma(D, ua) * (np.abs(x) @ np.abs(wg).T) + us * np.abs(hg)
-    dhu = gamma(D, ua) * (np.abs(x) @ np.abs(wu).T) + us * np.abs(hu)
+    dhg = p.dot(D) * (np.abs(x) @ np.abs(wg).T) + us * np.abs(hg)
+    dhu = p.dot(D) * (np.abs(x) @ np.abs(wu).T) + us * np.abs(hu)
     sg = hg * sig(hg)
     a = sg * hu
     da = np.abs(_silu_prime(hg)) * dhg * np.abs(hu) + np.abs(sg) * dhu \
         + (ua * (exp_rel(hg) + 5.0) + us) * np.abs(a)
     y = a @ wd.T
-    dy = gamma(F, ua) * (np.abs(a) @ np.abs(wd).T) + LAMBDA * np.sqrt((da * da) @ (wd * wd).T)
+    dy = p.dot(F) * (np.abs(a) @ np.abs(wd).T) + LAMBDA * np.sqrt((da * da) @ (wd * wd).T)
     return y, dy
 
 
@@ -59,7 +60,8 @@ def router_logits(x, kw, ref, p):
     (policy "fp32") and the reference multiplies those same fp32 values; x likewise reaches the
     reference already rounded to the run dtype, so only the fp32 products and sums remain."""
     xx, W = x["x"], x["weight"]
-    return {"logits": gamma(xx.shape[-1], p.ua) * (np.abs(xx) @ np.abs(W).T)
+    # W float32 (float64): held finer than any product's operand format
+    return {"logits": p.dot(xx.shape[-1], held_b=0.0) * (np.abs(xx) @ np.abs(W).T)
             + p.uo("logits") * np.abs(ref["logits"])}
 
 
@@ -92,4 +94,4 @@ def embedding(x, kw, ref, p):
 
 def lm_head(x, kw, ref, p):
     h, W = x["h"], x["weight"]
-    return {"logits": gamma(h.shape[-1], p.ua) * (np.abs(h) @ np.abs(W).T) + p.uo("logits") * np.abs(ref["logits"])}
+    return {"logits": p.dot(h.shape[-1]) * (np.abs(h) @ np.abs(W).T) + p.uo("logits") * np.abs(ref["logits"])}

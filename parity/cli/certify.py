@@ -2,10 +2,16 @@
 
     parity certify [--ops OP|FAMILY ...] [--device cpu|cuda] [--dtype bfloat16|float32|float64 ...]
                    [--examples N] [--json PATH] [--candidate optimized|reference-f32]
+                   [--impl OP=module:function | OP=path/to/file.py:function | fla ...]
+                   [--contract ieee|tf32|bf16-storage]
 
 Prints a table per op (shapes tried, worst error in bound units, strength, mutants killed, teeth,
-verdict) and a summary; ``--json`` writes the certificate (schema: parity/schemas/certificate.schema.json).
-Exit 0 only if every op is certified, 1 otherwise, 2 for unusable arguments.
+verdict, the contract verdict, the nearest known bug of a failure) and a summary; ``--json`` writes
+the certificate (schema: parity/schemas/certificate.schema.json). ``--impl`` certifies your own
+implementation of an op (a callable with the op's registered signature) instead of ``--candidate``;
+without ``--ops`` only the ops given an implementation run. Exit 0 only if every op is certified, 1
+otherwise, 2 for unusable arguments (an implementation that does not import, has another signature
+or returns other shapes or dtypes included).
 """
 from __future__ import annotations
 
@@ -15,8 +21,10 @@ import sys
 import time
 import warnings
 
+from parity.bounds.core import CONTRACTS
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, write_output
-from parity.errors import InputError
+from parity.errors import CandidateError, InputError
+from parity.peers import SHORTHANDS
 
 DTYPES = ("bfloat16", "float32", "float64")
 
@@ -34,6 +42,13 @@ def register(sub):
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the certificate here")
     p.add_argument("--candidate", choices=("optimized", "reference-f32"), default="optimized",
                    help="what is certified: the optimized ops, or the float32 stand-in (parity.emulate)")
+    p.add_argument("--impl", action="append", default=[], metavar="OP=SPEC",
+                   help="certify your implementation of OP instead (repeatable): OP=module:function or "
+                        "OP=path/to/file.py:function, a callable with the op's signature; or a shorthand "
+                        f"for a set of adapters ({', '.join(SHORTHANDS)})")
+    p.add_argument("--contract", choices=tuple(CONTRACTS), default=None,
+                   help="the arithmetic every candidate claims (default: what each declares, else ieee): "
+                        "ieee, tf32 (matrix-product operands read as TF32), bf16-storage")
     p.set_defaults(func=run)
 
 
@@ -67,6 +82,7 @@ def run(args) -> int:
 
     check_outputs(("--json", args.json_path))
     check_count("--examples", args.examples, MAX_EXAMPLES, "examples")
+    named, shorthands = _parse_impls(args.impl)
     try:
         records = ops.select(args.ops)
     except KeyError as exc:
@@ -77,6 +93,8 @@ def run(args) -> int:
     except ValueError as exc:
         raise InputError(str(exc)) from None
     device = _setup_device(args.device)
+    records, impls, specs = _implementations(records, bool(args.ops), named, shorthands, device, dtypes[0],
+                                             args.contract)
 
     from rich.console import Console
 
@@ -85,8 +103,11 @@ def run(args) -> int:
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 132)
     n = args.examples or strategies.examples()
-    console.print(f"parity certify: {len(records)} op(s), candidate {args.candidate}, device {device}, "
-                  f"dtypes {', '.join(dtypes)}, {n} input(s) per dtype (hypothesis profile {profile})")
+    who = f"candidate {args.candidate}" if not impls else \
+        f"implementations {', '.join(f'{op}={s}' for op, s in specs.items())}" + \
+        (f", candidate {args.candidate} for the rest" if len(impls) < len(records) else "")
+    console.print(f"parity certify: {len(records)} op(s), {who}, device {device}, dtypes {', '.join(dtypes)}, "
+                  f"{n} input(s) per dtype (hypothesis profile {profile})")
     t0 = time.perf_counter()
     certs = []
 
@@ -98,19 +119,81 @@ def run(args) -> int:
         def on_case(op, dtype, case):
             status.update(f"{op} [{dtype}] {case['label']}: {_r(case['ratio'])} x bound")
 
-        engine.certify(records, dtypes=dtypes, device=device, candidate=args.candidate, examples=n,
-                       on_case=on_case, on_op=on_op)
+        try:
+            engine.certify(records, dtypes=dtypes, device=device, candidate=args.candidate, examples=n,
+                           on_case=on_case, on_op=on_op, impls=impls, contract=args.contract)
+        except CandidateError as exc:
+            raise InputError(str(exc)) from None
     seconds = time.perf_counter() - t0
     render_summary(console, certs, seconds)
     doc = certificate(certs, device=device, dtypes=dtypes, candidate=args.candidate, examples=n,
                       seconds=seconds, argv=["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"]
-                      else None)
+                      else None, contract=args.contract, impls=specs)
     if args.json_path is not None:
         from parity.report import write_json
 
         write_output(args.json_path, lambda: write_json(args.json_path, doc))
         console.print(f"certificate written to {args.json_path}")
     return 0 if doc["summary"]["verdict"] == "certified" else 1
+
+
+def _parse_impls(values) -> tuple[dict, list]:
+    """``--impl`` values: (op -> spec, shorthands), checked before any work."""
+    from parity import ops
+
+    named, shorthands = {}, []
+    for value in values:
+        op, eq, spec = value.partition("=")
+        if not eq:
+            if value not in SHORTHANDS:
+                raise InputError(f"--impl {value}: expected OP=module:function, OP=path/to/file.py:function "
+                                 f"or one of {', '.join(SHORTHANDS)}")
+            shorthands.append(value)
+            continue
+        try:
+            ops.get(op)
+        except KeyError:
+            raise InputError(f"--impl {value}: unknown op {op!r}") from None
+        if op in named:
+            raise InputError(f"--impl {value}: {op} has an implementation already ({named[op]})")
+        named[op] = spec
+    return named, shorthands
+
+
+def _implementations(records, ops_given, named, shorthands, device, dtype, contract):
+    """(records to run, op -> Candidate, op -> spec) for the ``--impl`` values: each loaded, its
+    contract checked and probed once on the op's first input (CandidateError -> one line, exit 2).
+    Without ``--ops`` the ops given an implementation run; with it, a named op outside it is an error
+    and a shorthand covers the selected ops it has adapters for."""
+    from parity import candidate, ops
+    from parity.peers import implementations
+
+    selected = {r.name for r in records}
+    if ops_given:
+        for op in named:
+            if op not in selected:
+                raise InputError(f"--impl {op}={named[op]}: {op} is not among --ops")
+    fns, specs = {}, {}
+    for name in shorthands:
+        for op, fn in implementations(name, device).items():
+            if (op in selected or not ops_given) and op not in named:
+                fns[op], specs[op] = fn, name
+    try:
+        for op, spec in named.items():
+            fns[op], specs[op] = candidate.load(spec), spec
+        if named or shorthands:
+            if not ops_given:
+                records = [r for r in ops.records() if r.name in fns]
+            if not fns:
+                raise InputError(f"--impl {', '.join(shorthands)}: no implementation of the selected ops on {device}")
+        impls = {}
+        for rec in records:
+            if rec.name in fns:
+                impls[rec.name] = cand = candidate.of(fns[rec.name], contract=contract)
+                candidate.probe(rec, cand, dtype, cand.device(device))
+    except CandidateError as exc:
+        raise InputError(f"--impl: {exc}") from None
+    return records, impls, {op: specs[op] for op in impls}
 
 
 def _r(x):

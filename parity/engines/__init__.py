@@ -17,11 +17,6 @@ which refuses what breaks the protocol with one line (``EngineError``).
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
-
 from .checked import CheckedEngine, EngineError
 from .dump import DumpEngine, DumpError
 
@@ -74,34 +69,25 @@ def _fixed_variants(name: str, asked: dict, runs: dict) -> None:
 
 
 def _import(module: str):
-    """``pkg.mod`` or ``path/to/file.py``, with the current folder importable (``parity`` is a
-    console script: its ``sys.path`` lacks the folder it runs in)."""
-    here = str(Path.cwd())
-    added = here not in sys.path
-    if added:
-        sys.path.insert(0, here)
+    """``pkg.mod`` or ``path/to/file.py`` (parity.loading); a missing file is an EngineError."""
+    from parity.loading import import_module_or_file
+
     try:
-        if not (module.endswith(".py") or "/" in module):
-            return importlib.import_module(module)
-        path = Path(module)
-        if not path.is_file():
-            raise EngineError(f"--engine {module}: no such file")
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        if added:
-            sys.path.remove(here)
+        return import_module_or_file(module)
+    except FileNotFoundError:
+        raise EngineError(f"--engine {module}: no such file") from None
 
 
 def from_factory(spec: str, checkpoint, *, dtype: str, device: str):
     """``module:factory`` -> ``factory(checkpoint, dtype=dtype, device=device)``; every failure
     (no module, no attribute, the factory raising) is one ``EngineError`` line naming ``spec``."""
-    module, sep, attr = spec.rpartition(":")
-    if not sep or not module or not attr:
+    from parity.loading import split_spec
+
+    parts = split_spec(spec)
+    if parts is None:
         raise EngineError(f"unknown engine {spec!r}; built in: {', '.join(BUILTIN)}, dump:PATH; "
                           "or your own as module:factory")
+    module, attr = parts
     try:
         mod = _import(module)
     except EngineError:

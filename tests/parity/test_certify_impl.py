@@ -1,0 +1,220 @@
+"""Certifying outside implementations (``parity certify --impl``): the implementation named in the
+certificate, its calls and outputs witnessed, arithmetic contracts, the nearest known bug of a
+failure, bad input as one-line errors, and fla-core's torch recurrences on the CPU (its Triton
+kernels on a GPU). Small shapes and one or two inputs per dtype: the mechanism, cheaply."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from parity import fingerprint, ops, schema
+from parity.bounds.core import CONTRACTS, precision_for, weaker_contracts
+from parity.candidate import first_case, of
+from parity.certify import certify_op, cpu_threads
+from parity.check import own_outputs, prepare
+from parity.cli import main
+from parity.errors import CandidateError
+
+from . import planted_kda
+
+HERE = Path(__file__).parent
+PLANTED = str(HERE / "planted_kda.py")
+RECURRENT = ops.get("kda.recurrent")
+PARITY = os.path.join(os.path.dirname(sys.executable), "parity")
+
+
+def _certify(fn, dtypes=("float32",), examples=2, record=RECURRENT, **kw):
+    with cpu_threads("cpu"):
+        return certify_op(record, candidate=fn, dtypes=dtypes, examples=examples, device="cpu", **kw)
+
+
+# -- the mechanism -------------------------------------------------------------------------------------
+def test_a_correct_outside_implementation_is_certified_and_named():
+    cert = _certify(planted_kda.recurrent, dtypes=("float32", "bfloat16"))
+    assert cert.certified, cert.reasons()
+    d = cert.to_dict()
+    impl = d["implementation"]
+    assert (impl["module"], impl["function"]) == ("tests.parity.planted_kda", "recurrent")
+    assert impl["file"].endswith("planted_kda.py") and impl["git"]["revision"] and impl["adapter"] is None
+    assert d["contract"] == "ieee" and d["contract_verdict"].startswith("holds ieee at float32")
+    assert all(r["kernel_ran"] is True for r in d["runs"].values())   # called, fresh, honest outputs
+    assert d["nearest_bug"] is None and schema.errors({"ops": [d]}, _op_schema()) == []
+
+
+def _op_schema():
+    s = schema.load()
+    return {"$defs": s["$defs"], "type": "object", "properties": {"ops": {"type": "array", "items": {"$ref": "#/$defs/op"}}}}
+
+
+@pytest.mark.parametrize("bug, nearest", [
+    ("state_v_major", "state_stored_transposed"),
+    ("beta_dropped", "beta_dropped"),
+    ("empty_on_branch", None),
+    ("garbage_rows", None),
+])
+def test_each_replayed_bug_is_not_certified_and_named_where_a_mutant_fits(bug, nearest):
+    cert = _certify(getattr(planted_kda, bug))
+    assert not cert.certified
+    found, scores = cert.nearest_bug()
+    print(bug, scores)
+    if nearest is None:
+        assert found is None and max(scores.values(), default=0.0) < fingerprint.THRESHOLD
+    else:
+        assert found["mutant"] == nearest and found["similarity"] > 0.95 and not found["ties"]
+    # no weaker contract excuses a bug
+    assert cert.runs["float32"].contract_verdict()["consistent_with"] is None
+
+
+def test_outputs_that_are_not_the_implementations_own_are_refused():
+    """An l2norm that normalizes its input in place is right to the last bit and still not
+    certified: its output is the memory it was handed. So is one answering NaN where the
+    reference is finite, and an output that is the reference's own array."""
+    l2 = ops.get("norm.l2norm")
+
+    def in_place(x, *, eps=1e-6):
+        return x.div_(torch.sqrt((x.float() * x.float()).sum(-1, keepdim=True) + eps).to(x.dtype))
+
+    cert = _certify(in_place, record=l2, examples=1)
+    assert cert.runs["float32"].passed and not cert.certified
+    assert any("is the memory of input x" in r for r in cert.reasons())
+
+    prep = prepare(l2, first_case(l2), "float32", "cpu")
+    inputs = prep.inputs()
+    assert own_outputs(prep, inputs, {"y": torch.from_numpy(prep.ref["y"])}) == \
+        "output y is the memory of the reference's y"
+    nan = torch.full(prep.ref["y"].shape, float("nan"))
+    assert "non-finite" in own_outputs(prep, inputs, {"y": nan})
+    assert own_outputs(prep, inputs, {"y": torch.tensor(prep.ref["y"], dtype=torch.float32)}) is None
+
+
+def test_a_wrong_signature_or_output_is_refused_before_any_run():
+    for name, needle in (("wrong_signature", "not the signature of kda.recurrent"),
+                         ("wrong_shape", "output o has shape (2, 36, 2, 32), expected (2, 37, 2, 32)"),
+                         ("wrong_dtype", "output o is float16, expected float32 or a wider float")):
+        with pytest.raises(CandidateError) as err:
+            _certify(getattr(planted_kda, name))
+        assert needle in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(CandidateError, match="contract: expected one of ieee, tf32, bf16-storage"):
+        of(planted_kda.recurrent, contract="fp8")
+
+
+# -- arithmetic contracts -------------------------------------------------------------------------------
+def test_contracts_only_ever_widen_the_bounds_and_ieee_is_what_it_was():
+    """Under IEEE a matrix product reads its operands as held (udot 0): the bounds are the ones every
+    other test holds the kernels to. Each weaker contract's bounds contain the stronger's, for every
+    output of ops with matrix products in their models."""
+    p = precision_for("float32")
+    assert (p.contract, p.udot, p.uop(False), p.uop(True)) == ("ieee", 0.0, 0.0, p.u)
+    assert precision_for("bfloat16", contract="tf32").uop(True) == precision_for("bfloat16").u   # bf16 is exact in TF32
+    assert precision_for("float32", contract="tf32").uop(False) == 2.0 ** -10
+    assert list(CONTRACTS) == ["ieee", *weaker_contracts("ieee")]
+    for op in ("kda.recurrent", "kda.chunked", "mla.naive", "moe.swiglu", "embed.lm_head"):
+        rec = ops.get(op)
+        prep = prepare(rec, first_case(rec), "float32", "cpu")
+        dt = {n: "float32" for n in rec.outputs}
+        bounds = [prep.bound(dt, c) for c in CONTRACTS]
+        for a, b in zip(bounds, bounds[1:]):
+            for n in rec.outputs:
+                assert np.all(b[n] >= a[n]), (op, n)
+        assert any(np.any(bounds[1][n] > bounds[0][n]) for n in rec.outputs), op
+
+
+def test_a_failure_names_the_weaker_contract_it_is_consistent_with():
+    """A recurrence whose products read TF32 operands fails IEEE by two orders of magnitude at
+    float32; the certificate says it is consistent with tf32, and it is certified when it claims
+    tf32 (declared by its adapter, or on the command line)."""
+    cert = _certify(planted_kda.tf32_dots)
+    v = cert.runs["float32"].contract_verdict()
+    assert not v["holds"] and v["worst_ratio"] > 50
+    assert v["consistent_with"]["contract"] == "tf32" and v["consistent_with"]["ratio"] < 1
+    assert "fails ieee at float32 by" in cert.contract_summary() and "consistent with tf32 at" in cert.contract_summary()
+    assert not cert.certified
+    declared = _certify(planted_kda.tf32_declared)
+    assert declared.certified and declared.contract == "tf32", declared.reasons()
+    assert _certify(planted_kda.tf32_dots, contract="tf32").certified
+
+
+# -- the command line -------------------------------------------------------------------------------
+def test_the_command_certifies_a_correct_implementation_and_exits_0(tmp_path):
+    path = tmp_path / "c.json"
+    out = subprocess.run([PARITY, "certify", "--ops", "kda.recurrent", "--impl", f"kda.recurrent={PLANTED}:recurrent",
+                          "--device", "cpu", "--dtype", "float32", "bfloat16", "--examples", "2", "--json", str(path)],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, PARITY_HYPOTHESIS_PROFILE="ci"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "implementation: planted_kda:recurrent" in out.stdout and "holds ieee at bfloat16" in out.stdout
+    doc = json.loads(path.read_text())
+    assert schema.errors(doc) == [] and doc["impls"] == {"kda.recurrent": f"{PLANTED}:recurrent"}
+    assert doc["ops"][0]["implementation"]["function"] == "recurrent" and doc["summary"]["verdict"] == "certified"
+
+
+def test_the_command_exits_1_on_a_bug_and_names_it(tmp_path, capsys):
+    path = tmp_path / "c.json"
+    rc = main(["certify", "--impl", f"kda.recurrent={PLANTED}:state_v_major", "--device", "cpu",
+               "--dtype", "float32", "--examples", "1", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 1 and "nearest known bug: state_stored_transposed" in out
+    op = json.loads(path.read_text())["ops"][0]
+    assert op["nearest_bug"]["mutant"] == "state_stored_transposed" and op["verdict"] == "not certified"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--impl", "kda.recurrent=no_such_module_here:f"], "cannot import no_such_module_here"),
+    (["--impl", f"kda.recurrent={HERE}/nosuch.py:f"], "no such file"),
+    (["--impl", f"kda.recurrent={PLANTED}:wrong_signature"], "not the signature of kda.recurrent"),
+    (["--impl", f"kda.recurrent={PLANTED}:wrong_shape"], "output o has shape"),
+    (["--impl", f"kda.recurrent={PLANTED}:wrong_dtype"], "output o is float16"),
+    (["--impl", f"kda.nosuch={PLANTED}:recurrent"], "unknown op 'kda.nosuch'"),
+    (["--impl", f"kda.recurrent={PLANTED}:recurrent", "--contract", "tf64"], "invalid choice: 'tf64'"),
+    (["--ops", "kda.gate", "--impl", f"kda.recurrent={PLANTED}:recurrent"], "not among --ops"),
+    (["--impl", "nosuchpeer"], "expected OP=module:function"),
+])
+def test_bad_implementations_are_one_line_errors_exit_2(args, needle, capsys):
+    try:
+        rc = main(["certify", "--device", "cpu", *args])
+    except SystemExit as exc:   # argparse's own refusals
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error:") and needle in err and err.count("\n") == 1, err
+
+
+# -- fla-core, the first outside implementation ------------------------------------------------------
+def test_fla_cores_torch_recurrences_are_certified_on_the_cpu():
+    """``--impl fla`` on the CPU: fla-core's own torch recurrences (its Triton kernels need a GPU),
+    named with their package and version and the adapter that fits them."""
+    pytest.importorskip("fla", reason="fla-core is not installed (pip install 'kimi-parity[peers]')")
+    from parity.peers import implementations
+
+    impls = implementations("fla", "cpu")
+    assert set(impls) == {"kda.gate", "kda.recurrent", "kda.chunked"}
+    for op, fn in impls.items():
+        cert = _certify(fn, dtypes=("float32", "bfloat16"), examples=1, record=ops.get(op))
+        assert cert.certified, (op, cert.reasons())
+        impl = cert.implementation
+        assert (impl["package"], impl["version"]) == ("fla-core", "0.6.0") and impl["git"]["revision"] is None
+        assert impl["adapter"]["module"] == "parity.peers.fla"
+
+
+def test_fla_adapters_declare_what_fla_cores_source_does():
+    from parity.peers import fla
+
+    cuda = fla.implementations("cuda")
+    assert {op: fn.parity_contract for op, fn in cuda.items()} == {
+        "kda.gate": "ieee", "kda.recurrent": "ieee", "kda.chunked": "tf32", "kda.fused_recurrent": "ieee",
+        "kda.fused_chunked": "tf32", "norm.l2norm": "ieee", "norm.gated_rms_norm": "ieee"}
+    assert all(fn.parity_wraps.startswith("fla.") for fn in cuda.values())
+
+
+@pytest.mark.parity_gpu
+def test_fla_cores_triton_kernels_on_a_gpu():
+    """fla-core's kernels under their declared contracts (chunk_kda: tf32) on the GPU."""
+    from parity.peers import implementations
+
+    with cpu_threads("cuda"):
+        for op, fn in implementations("fla", "cuda").items():
+            cert = certify_op(ops.get(op), candidate=fn, dtypes=("float32", "bfloat16"), examples=4, device="cuda")
+            assert cert.certified, (op, cert.contract_summary(), cert.reasons())
