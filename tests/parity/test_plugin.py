@@ -26,6 +26,14 @@ USER_TEST = textwrap.dedent("""
         with pytest.raises(AssertionError, match="past the bound"):
             assert_parity("elementwise.silu", {"x": x}, candidate=lambda t: torch.sigmoid(t))
 
+    def test_my_silu_is_certified(assert_certified):
+        cert = assert_certified("elementwise.silu", torch.nn.functional.silu, dtypes=("float32",), examples=1)
+        assert cert.certified and cert.implementation["package"] == "torch"
+
+    def test_a_wrong_implementation_is_not_certified(assert_certified):
+        with pytest.raises(AssertionError, match="not certified"):
+            assert_certified("elementwise.silu", torch.sigmoid, dtypes=("float32",), examples=1)
+
     @pytest.mark.parametrize("op", op_names())
     def test_registry_is_parametrizable(op, parity_registry):
         assert op in parity_registry
