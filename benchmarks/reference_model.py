@@ -236,11 +236,50 @@ def cmd_cpu_checkpoint(args) -> dict:
     ref.progress = None
     out["decode_s"] = {"median": statistics.median(steps), "steps": steps}
     out["decode_layers_s"] = _layer_breakdown(cfg, layers)
+    if args.sweep:
+        out["stream_sweep"] = _stream_sweep(ref.source, cfg)
     out["finite"] = bool(np.isfinite(logits).all())
     out["host_peak_rss_GB"] = _rss_gb()
     if args.cleanup:
         shutil.rmtree(directory, ignore_errors=True)
     return out
+
+
+def _stream_sweep(src, cfg) -> dict:
+    """Milliseconds of one streamed product (``reference.streamed``, T = 1) on the lm_head and on a
+    routed expert's w1, best of a few, for block sizes x task counts: the kernel's speed on this
+    machine's cores, to choose ``streamed.BLOCK``."""
+    import numpy as np
+
+    from reference import streamed
+    from reference.executor import cpu_count
+    from reference.tensors import expert_name
+
+    names = {"lm_head": "lm_head.weight", "expert_w1": expert_name(cfg.first_k_dense_replace, 0, "w1")}
+    x = {k: np.random.default_rng(0).standard_normal(src.shape(n)[1]) for k, n in names.items()}
+    repeats = {"lm_head": 3, "expert_w1": 30}
+    saved = streamed.BLOCK, streamed.THREADS
+    rows = []
+    try:
+        for block in (1 << 16, 1 << 17, 1 << 18, 1 << 19):
+            for threads in sorted({t for t in (4, 8, cpu_count()) if t <= cpu_count()}):
+                streamed.BLOCK, streamed.THREADS = block, threads
+                row = {"block": block, "threads": threads}
+                for k, n in names.items():
+                    src.linear(n, x[k])  # warm
+                    best = min(_timed(lambda: src.linear(n, x[k])) for _ in range(repeats[k]))
+                    row[f"{k}_ms"] = best * 1e3
+                rows.append(row)
+    finally:
+        streamed.BLOCK, streamed.THREADS = saved
+    shapes = {k: list(src.shape(n)) for k, n in names.items()}
+    return {"default_block": saved[0], "shapes": shapes, "rows": rows}
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def _layer_breakdown(cfg, marks: list[list[float]]) -> dict:
@@ -403,6 +442,8 @@ def main(argv=None) -> int:
     c.add_argument("--steps", type=int, default=3)
     c.add_argument("--weight-cache-mb", type=int, default=64)
     c.add_argument("--cleanup", action="store_true", help="delete the checkpoint afterwards")
+    c.add_argument("--no-sweep", dest="sweep", action="store_false",
+                   help="skip the streamed-product sweep (block size x threads)")
     cl = sub.add_parser("cli")
     cl.add_argument("argv", nargs=argparse.REMAINDER)
     g = sub.add_parser("gpu-suite")

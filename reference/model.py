@@ -9,7 +9,10 @@ CPU with ``executor="torch"``); its arrays (logits, caches, traces) are that lib
 Weights are fetched layer by layer as they are used, converted from their storage bits (bf16) to
 float64 on the executor's device, through a byte-bounded LRU (``weight_cache_bytes``): routed
 experts one at a time for the ids the router picked, embedding rows by id and the lm_head in row
-blocks, so the float64 model (393 GB at kimi-linear-48b) is never materialized. With
+blocks, so the float64 model (393 GB at kimi-linear-48b) is never materialized. On NumPy, when the
+LRU cannot hold every weight, the linear layers of a call of at most ``STREAM_TOKENS`` tokens are
+applied straight from the storage bits in cache-sized blocks on every core (``reference.streamed``):
+no float64 copy of such a weight exists at all. With
 ``shared_weights`` (``{name: tensor}`` on the device, e.g. the optimized model's bf16 weights) those
 tensors are read instead of the source: 98 GB of bf16 weights once on one GPU for both models.
 

@@ -146,12 +146,12 @@ def _rows(x: np.ndarray, raw: np.ndarray, storage: str, out: np.ndarray, lo: int
     each one takes the GIL that the other cores' blocks wait for."""
     bits, mask, inf = _BITS[storage]
     mask, inf = bits(mask), bits(inf)
-    views = k = None
+    k = None
     for s in range(lo, hi, rows):
         e = min(hi, s + rows)
         if e - s != k:
             k = e - s
-            check, shifted, wide = views = _block_views(storage, k, raw.shape[1])
+            check, shifted, wide = _block_views(storage, k, raw.shape[1])
             wide_t, as_f32 = wide.T, shifted.view(np.float32)
         block = raw[s:e]
         np.bitwise_and(block.view(bits), mask, out=check)
@@ -166,7 +166,6 @@ def _rows(x: np.ndarray, raw: np.ndarray, storage: str, out: np.ndarray, lo: int
         else:
             np.copyto(wide, block)
             np.matmul(x, wide_t, out=out[:, s:e])
-    del views
     return None
 
 
