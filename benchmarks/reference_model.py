@@ -284,8 +284,8 @@ def _timed(fn) -> float:
 
 def _layer_breakdown(cfg, marks: list[list[float]]) -> dict:
     """Median seconds per decode step by layer kind (``kda+dense``, ``kda+moe``, ``mla+moe``, ...;
-    the first layer's time includes the embedding row) and ``head`` (final norm and lm_head), from
-    each step's elapsed time after every layer followed by the step's total."""
+    the first layer's time includes the embedding row) and ``head`` (final norm, lm_head and the
+    call's checks), from each step's elapsed time after every layer followed by the step's total."""
     import statistics as st
 
     kinds: dict[str, list[float]] = {}
