@@ -216,7 +216,7 @@ def cmd_cpu_checkpoint(args) -> dict:
         directory = Path(tempfile.gettempdir()) / directory.name
     out = {"part": "cpu-checkpoint", "preset": args.preset, "experts": args.experts,
            "layers": cfg.num_hidden_layers, "dir": str(directory), "cores": cpu_count()}
-    if not (directory / "config.json").is_file() or _reduced_config(args.preset, args.experts, args.layers) != _config_of(directory):
+    if _config_of(directory) != cfg:  # none there yet, or another model's
         out["write_s"] = _write_checkpoint(cfg, directory)
     out["checkpoint_GB"] = sum(f.stat().st_size for f in directory.iterdir()) / 1e9
     ref = reference.load(directory, weight_cache_bytes=args.weight_cache_mb << 20)
@@ -292,7 +292,8 @@ def _layer_breakdown(cfg, marks: list[list[float]]) -> dict:
     for m in marks:
         for i, dt in enumerate(b - a for a, b in zip([0.0] + m[:-1], m)):
             if i < cfg.num_hidden_layers:
-                kind = ("kda" if cfg.is_kda_layer(i) else "mla") + ("+moe" if cfg.is_moe_layer(i) else "+dense")
+                kind = "kda" if cfg.is_kda_layer(i) else "mla"
+                kind += "+moe" if cfg.is_moe_layer(i) else "+dense"
             else:
                 kind = "head"
             kinds.setdefault(kind, []).append(dt)

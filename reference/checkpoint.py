@@ -35,8 +35,8 @@ from .config import MAX_TENSORS, ConfigError, KimiConfig
 from .executor import bf16_bits_to_float64  # noqa: F401  (the exact, multi-threaded conversion)
 from .executor import all_finite, to_numpy
 from .safetensors_format import Header
-from .streamed import NonFiniteBlock, StreamedWeight, linear_from_storage
 from .safetensors_format import read_header as read_st_header
+from .streamed import NonFiniteBlock, StreamedWeight, linear_from_storage
 from .tensors import alternative_shapes, expected_tensors, transformers_aliases
 from .validate import InvalidInput, as_object, as_str, field, inside, label, read_json_file
 

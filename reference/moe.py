@@ -127,8 +127,9 @@ def experts(x, weights, ids, w1, w2, w3):
 
     x: [T, D]; weights, ids: [T, k_e] (from ``router``); w1, w3: indexable by expert id giving
     [F, D], w2 giving [D, F] (stacked [E, F, D] / [E, D, F] arrays, or lazy sequences that load one
-    expert on access, as an array or a ``streamed.StreamedWeight``). Only the experts in ``ids`` are fetched, each once, and run on the tokens
-    routed to it (in token order); the sum over k is taken in slot order. Returns [T, D].
+    expert on access, as an array or a ``streamed.StreamedWeight``). Only the experts in ``ids``
+    are fetched, each once, and run on the tokens routed to it (in token order); the sum over k is
+    taken in slot order. Returns [T, D].
 
     Gathers only (no scatter, which the standard lacks): the (token, slot) pairs are sorted by
     expert, each expert's outputs are concatenated in that order, and slot ``k`` of token ``t``
