@@ -25,8 +25,9 @@ import numpy as np
 from .executor import _pool, cpu_count
 
 BLOCK = 1 << 17  # weights per block: 1 MB of float64 + 0.5 MB of uint32 scratch per core (L2-sized)
-THREADS: int | None = None  # tasks per product; None: one per core (benchmarks sweep it)
-# a weight of fewer than 2 * BLOCK values runs on the calling thread (a task costs ~10-20 us)
+THREADS: int | None = None  # tasks per product at most; None: one per core (benchmarks sweep it)
+# and at most one task per BLOCK / 2 weights: handing out a task costs ~10-20 us of the calling
+# thread, ~BLOCK / 10 weights of work (so a 128 x 2304 weight runs as 5 tasks, not 16)
 
 # storage -> (unsigned view of its bits, mask of all but the sign, bits of +inf): a value is not
 # finite exactly when its exponent is all ones, i.e. (bits & mask) >= inf
@@ -92,15 +93,15 @@ def linear_from_storage(x: np.ndarray, raw: np.ndarray, storage: str) -> np.ndar
     if x2.ndim != 2 or x2.shape[1] != D:
         raise ValueError(f"linear: expected x [T, {D}] for a weight {raw.shape}, got {x.shape}")
     out = np.empty((x2.shape[0], N), dtype=np.float64)
-    threads = (THREADS or cpu_count()) if raw.size >= 2 * BLOCK else 1
-    # the same number of blocks for every thread (a contiguous range each), at most BLOCK weights
-    # a block (at least one row)
-    per_thread = max(1, -(-raw.size // (BLOCK * threads)))
-    rows = max(1, -(-N // (per_thread * threads)))
-    if threads == 1:
+    tasks = max(1, min(THREADS or cpu_count(), -(-raw.size // (BLOCK // 2))))
+    # the same number of blocks for every task (a contiguous range of rows each), at most BLOCK
+    # weights a block (at least one row)
+    per_task = max(1, -(-raw.size // (BLOCK * tasks)))
+    rows = max(1, -(-N // (per_task * tasks)))
+    if tasks == 1:
         bad = _rows(x2, raw, storage, out, 0, N, rows)
     else:
-        step = per_thread * rows
+        step = per_task * rows
         with _BLAS_ONE_THREAD:
             jobs = [_pool().submit(_rows, x2, raw, storage, out, lo, min(N, lo + step), rows)
                     for lo in range(0, N, step)]
@@ -116,7 +117,7 @@ _LOCAL = threading.local()
 
 def scratch_bytes() -> int:
     """Bytes of block scratch the streamed products may hold: uint32 and float64 for fewer than
-    ``2 * BLOCK`` weights (a block rounded up to whole rows, or a small weight done whole) per
+    ``2 * BLOCK`` weights (a block rounded up to whole rows of fewer than BLOCK weights) per
     worker and the calling thread."""
     return (cpu_count() + 1) * 2 * BLOCK * 12
 
