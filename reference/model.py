@@ -9,7 +9,10 @@ CPU with ``executor="torch"``); its arrays (logits, caches, traces) are that lib
 Weights are fetched layer by layer as they are used, converted from their storage bits (bf16) to
 float64 on the executor's device, through a byte-bounded LRU (``weight_cache_bytes``): routed
 experts one at a time for the ids the router picked, embedding rows by id and the lm_head in row
-blocks, so the float64 model (393 GB at kimi-linear-48b) is never materialized. With
+blocks, so the float64 model (393 GB at kimi-linear-48b) is never materialized. On NumPy, when the
+LRU cannot hold every weight, the linear layers of a call of at most ``STREAM_TOKENS`` tokens are
+applied straight from the storage bits in cache-sized blocks on every core (``reference.streamed``):
+no float64 copy of such a weight exists at all. With
 ``shared_weights`` (``{name: tensor}`` on the device, e.g. the optimized model's bf16 weights) those
 tensors are read instead of the source: 98 GB of bf16 weights once on one GPU for both models.
 
@@ -53,11 +56,15 @@ from .checks import check_token_id, check_token_ids, check_variants
 from .config import KimiConfig
 from .elementwise import sigmoid
 from .executor import NUMPY, Executor, get_executor, to_numpy
+from .streamed import StreamedWeight, linear
 from .tensors import expert_name, layer_prefix
 
 LOGITS = ("all", "last")
 WEIGHT_CACHE_BYTES = 64 << 20  # default LRU of float64 weights: all of tiny/small, a few tensors of 48b
 LM_HEAD_BLOCK_ROWS = 4096  # a large lm_head is read in blocks of rows (75 MB float64 at 48b)
+STREAM_TOKENS = 64  # NumPy streams a linear layer's weight (``streamed``) for calls of at most this many
+# tokens: there the bf16 -> float64 upcast is the cost; a longer call reuses each float64 weight
+# for enough tokens that converting it whole and multiplying with threaded BLAS is as fast
 MEMORY_MARGIN = 1.25  # the estimate times this must fit: allocator slack, fragmentation
 SEGMENT = 8192  # a long prefill's KDA layers and routed experts run on this many tokens at a time
 # (a multiple of the KDA chunk 64: the chunks, the carried states and so the results are those of
@@ -129,6 +136,10 @@ class _Weights:
         # finiteness of weights fetched during a call, checked at its end in one device sync
         # (a sync per tensor costs ~1200 round trips per 48B decode step); NumPy checks at once
         self.pending: list | None = None if executor.name == "numpy" else []
+        # NumPy applies the linear layers' weights from their storage bits (``streamed``) when the
+        # LRU cannot hold every weight (48B: each step would upcast 3.1 G weights into fresh
+        # float64 arrays and evict them); a model whose weights all fit is upcast once.
+        self.streams = executor.name == "numpy" and not self.shared and not _fits(source, budget)
 
     def __call__(self, name: str):
         a = self._lru.get(name)
@@ -181,6 +192,27 @@ class _Weights:
     def small(self, name: str) -> bool:
         return math.prod(self.source.shape(name)) * 8 <= self.budget // 4
 
+    def linear(self, name: str, x):
+        """``x @ W.T`` for ``x [T, D]`` and the weight ``name`` ``[N, D]``: from the storage bits
+        where the model streams (at most ``STREAM_TOKENS`` tokens, ``name`` not in the LRU), else
+        with the float64 weight."""
+        if self.streams and x.shape[0] <= STREAM_TOKENS and name not in self._lru:
+            return self.source.linear(name, x)
+        return linear(x, self(name))
+
+    def operand(self, name: str):
+        """The weight ``name`` as an op's ``x @ W.T`` operand (``moe.swiglu``): applied by
+        ``linear`` where the model streams, else the float64 array."""
+        if self.streams:
+            return StreamedWeight(self.source.shape(name), lambda x: self.linear(name, x), name)
+        return self(name)
+
+
+def _fits(source: WeightSource, budget: int) -> bool:
+    """Whether an LRU of ``budget`` bytes keeps every float64 weight of ``source``."""
+    sizes = [math.prod(source.shape(n)) * 8 for n in source.names()]
+    return sum(sizes) <= budget and max(sizes, default=0) <= budget // 4
+
 
 def _contiguous(rows: np.ndarray) -> bool:
     return rows.size > 0 and int(rows[-1]) - int(rows[0]) + 1 == rows.size and bool(np.all(np.diff(rows) == 1))
@@ -199,7 +231,7 @@ class _Experts(Sequence):
         e = int(e)
         if not 0 <= e < self._count:
             raise IndexError(f"expert {e} out of range [0, {self._count})")
-        return self._w(expert_name(self._layer, e, self._which))
+        return self._w.operand(expert_name(self._layer, e, self._which))
 
 
 # -- the model ---------------------------------------------------------------------------------------
@@ -409,6 +441,8 @@ class Model:
         name = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
         if self._w.small(name):
             return embed.lm_head(h, self._w(name))
+        if self._w.streams and h.shape[0] <= STREAM_TOKENS:
+            return embed.lm_head(h, self.source.streamed(name))
         V = self.config.vocab_size
         blocks = [embed.lm_head(h, self._w.rows(name, np.arange(lo, min(V, lo + LM_HEAD_BLOCK_ROWS))))
                   for lo in range(0, V, LM_HEAD_BLOCK_ROWS)]
@@ -436,7 +470,7 @@ class Model:
         H, K = c.kda_num_heads, c.kda_head_dim
         conv_out, conv_states = [], []
         for which in "qkv":
-            proj = x @ w(a + f"{which}_proj.weight").T  # [T, H*K]
+            proj = w.linear(a + f"{which}_proj.weight", x)  # [T, H*K]
             cw = w(a + f"{which}_conv1d.weight")[:, 0, :]  # [C, W]
             if fresh:
                 init = None if prev is None else getattr(prev, f"conv_{which}")[None]
@@ -448,8 +482,8 @@ class Model:
             conv_out.append(xp.reshape(y, (1, T, H, K)))
             conv_states.append(st[0])
         q, k, v = conv_out
-        g_raw = xp.reshape((x @ w(a + "f_a_proj.weight").T) @ w(a + "f_b_proj.weight").T, (1, T, H, K))
-        beta_logits = xp.reshape(x @ w(a + "b_proj.weight").T, (1, T, H))
+        g_raw = xp.reshape(w.linear(a + "f_b_proj.weight", w.linear(a + "f_a_proj.weight", x)), (1, T, H, K))
+        beta_logits = xp.reshape(w.linear(a + "b_proj.weight", x), (1, T, H))
         A_log = xp.reshape(w(a + "A_log"), (H,))
         dt_bias = w(a + "dt_bias")
         if fresh:
@@ -458,9 +492,9 @@ class Model:
         else:
             o, S = kda.fused_recurrent(q, k, v, g_raw, beta_logits, A_log, dt_bias,
                                        initial_state=prev.state[None])
-        gate = xp.reshape((x @ w(a + "g_a_proj.weight").T) @ w(a + "g_b_proj.weight").T, (T, H, K))
+        gate = xp.reshape(w.linear(a + "g_b_proj.weight", w.linear(a + "g_a_proj.weight", x)), (T, H, K))
         o = norm.gated_rms_norm(o[0], gate, w(a + "o_norm.weight"), eps=c.rms_norm_eps)
-        out = xp.reshape(o, (T, H * K)) @ w(a + "o_proj.weight").T
+        out = w.linear(a + "o_proj.weight", xp.reshape(o, (T, H * K)))
         return out, KDACache(*conv_states, S[0])
 
     def _mla(self, i: int, x, prev: MLACache | None):
@@ -471,8 +505,8 @@ class Model:
         T = x.shape[0]
         N, P, R, Vh, L = (c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
                           c.v_head_dim, c.kv_lora_rank)
-        q = xp.reshape(x @ w(a + "q_proj.weight").T, (1, T, N, P + R))
-        kv = x @ w(a + "kv_a_proj_with_mqa.weight").T  # [T, L+R]
+        q = xp.reshape(w.linear(a + "q_proj.weight", x), (1, T, N, P + R))
+        kv = w.linear(a + "kv_a_proj_with_mqa.weight", x)  # [T, L+R]
         latent = norm.rms_norm(kv[:, :L], w(a + "kv_a_layernorm.weight"), eps=self.variants["kv_norm_eps"])
         k_pe = kv[:, L:]
         if prev is not None:
@@ -480,19 +514,19 @@ class Model:
             k_pe = xp.concat([prev.k_pe, k_pe], axis=0)
         attend = mla.naive if prev is None else mla.absorbed
         o = attend(q, latent[None], k_pe[None], w(a + "kv_b_proj.weight"))  # [1, T, N, Vh]
-        out = xp.reshape(o[0], (T, N * Vh)) @ w(a + "o_proj.weight").T
+        out = w.linear(a + "o_proj.weight", xp.reshape(o[0], (T, N * Vh)))
         return out, MLACache(latent, k_pe)
 
     def _dense(self, i: int, x):
         m, w = layer_prefix(i) + "mlp.", self._w
-        return moe.swiglu(x, w(m + "gate_proj.weight"), w(m + "up_proj.weight"), w(m + "down_proj.weight"))
+        return moe.swiglu(x, *(w.operand(m + f"{p}_proj.weight") for p in ("gate", "up", "down")))
 
     def _moe(self, i: int, x, trace: dict | None, forced=None):
         """Sigmoid-routed MoE (b.13/b.14): router logits ``x @ W.T`` in float64, routed experts
         loaded one by one for the selected ids (``forced``: these instead), plus the shared expert."""
         c, w = self.config, self._w
         m = layer_prefix(i) + "block_sparse_moe."
-        logits = x @ w(m + "gate.weight").T  # [T, E]
+        logits = w.linear(m + "gate.weight", x)  # [T, E]
         bias = w(m + "gate.e_score_correction_bias")
         rule = dict(renormalize=c.moe_renormalize, scaling=c.routed_scaling_factor,
                     combine=self.variants["moe_combine"])
@@ -507,15 +541,14 @@ class Model:
             trace[f"layers.{i}.router.scores"] = scores
             trace[f"layers.{i}.router.selection"] = scores + bias
             trace[f"layers.{i}.router.ids"] = ids
-        E = c.num_experts
+        E, n = c.num_experts, self.segment
         w1, w2, w3 = (_Experts(w, i, which, E) for which in ("w1", "w2", "w3"))
-        n = self.segment
         parts = [moe.experts(x[s:s + n, ...], weights[s:s + n, ...], ids[s:s + n, ...], w1, w2, w3)
                  for s in range(0, x.shape[0], n)]
         y = parts[0] if len(parts) == 1 else self.executor.xp.concat(parts, axis=0)
         if c.num_shared_experts:
             s = m + "shared_experts."
-            y = y + moe.swiglu(x, w(s + "gate_proj.weight"), w(s + "up_proj.weight"), w(s + "down_proj.weight"))
+            y = y + moe.swiglu(x, *(w.operand(s + f"{p}_proj.weight") for p in ("gate", "up", "down")))
         return y
 
 
