@@ -74,7 +74,7 @@ def test_every_captured_case_is_within_its_bound(cases_file):
             assert case.source["kind"] == "captured" and case.source["file"] == str(cf.path)
             prep = prepare(rec, case, "bfloat16", "cpu", store_rounding("bfloat16", "cpu"))
             for name, spec in cf.cases[int(case.source["case"][1:])].entry["inputs"].items():
-                if spec is not None and spec["dtype"] == "bfloat16":  # replayed bit for bit
+                if spec is not None and spec["dtype"] in ("bfloat16", "int64"):  # replayed bit for bit
                     assert tensors.digest(prep.tensors[name]) == spec["sha256"], (op, name)
             j = check(prep, cand.normalized(rec), counter=cand.counter)
             assert j.passed and j.kernel_ran, (op, case.label, j.report())
@@ -311,8 +311,8 @@ def test_every_model_op_call_has_a_site_and_each_site_fits_its_record():
 
 @pytest.mark.parity_gpu
 def test_real_size_capture_and_replay_on_cuda(tmp_path, capsys):
-    """T=4096 on the medium preset (heads of 128): the prefill's activations are regenerated, and the
-    KDA prefill and MLA cases certify on the GPU."""
+    """T=4096 on the medium preset (heads of 128): the prefill's activations and the decode step's
+    4097-position MLA context are regenerated, and those cases certify on the GPU."""
     path = tmp_path / "medium.safetensors"
     rc, out, err = run_cli(capsys, "capture", "--synthetic", "medium", "--device", "cuda", "--prompt-length",
                            "4096", "--steps", "1", "--out", str(path))
@@ -321,8 +321,9 @@ def test_real_size_capture_and_replay_on_cuda(tmp_path, capsys):
     kda = next(c for c in cf.cases if c.op == "kda.fused_chunked")
     assert kda.kind == "regenerated" and kda.entry["inputs"]["q"]["shape"] == [1, 4096, 4, 128]
     report = tmp_path / "c.json"
-    rc, out, err = run_cli(capsys, "certify", "--device", "cuda", "--dtype", "bfloat16", "--ops",
-                           "kda.fused_chunked", "mla.naive", "--cases", str(path), "--json", str(report))
+    rc, out, err = run_cli(capsys, "certify", "--device", "cuda", "--dtype", "bfloat16", "--examples", "1",
+                           "--ops", "kda.fused_chunked", "mla.paged_decode", "--cases", str(path),
+                           "--json", str(report))
     doc = json.loads(report.read_text())
     kinds = {e["kind"] for op in doc["ops"] for e in op["replayed"]}
     assert rc == 0 and kinds == {"regenerated"}, out[-3000:]
