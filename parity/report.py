@@ -41,6 +41,11 @@ def render_op(console, cert) -> None:
     console.print("  teeth (mutant error / bound): " + ", ".join(f"{m} {_r(v)}" for m, v in teeth.items())
                   + f"  [{k}/{n} killed]")
     console.print("  shapes: " + "; ".join(cert.shapes()))
+    replayed = cert.replayed()
+    if replayed:
+        console.print("  replayed: " + "; ".join(
+            f"{e['case']} {e['kind']} ({e['call_site']}) {_r(e['ratio'])} x bound{'' if e['passed'] else ' [red]FAILED[/]'}"
+            for e in replayed), highlight=False)
     for why in cert.reasons()[:6]:
         console.print(f"  [red]x[/] {why}", markup=True, highlight=False)
     if cert.certified:
@@ -63,7 +68,9 @@ def render_summary(console, certs, seconds: float) -> None:
     console.print(f"{ok}/{len(certs)} op(s) certified in {seconds:.1f} s")
 
 
-def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=None) -> dict:
+def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=None, cases=None) -> dict:
+    """The certificate document; ``cases``: the ``cases`` entry of a ``--cases`` run (file, sha256,
+    replayed, skipped)."""
     from .environment import environment
     from .strategies import profile_name
 
@@ -78,6 +85,7 @@ def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=Non
         "examples": examples, "hypothesis_profile": profile_name(), "seconds": round(seconds, 3),
         "environment": env,
         "ops": [c.to_dict() for c in certs],
+        **({"cases": cases} if cases is not None else {}),
         "summary": {"ops": len(certs), "certified": ok,
                     "verdict": "certified" if certs and ok == len(certs) else "not certified"},
     }

@@ -1,7 +1,7 @@
 """`parity certify`: certify registered ops against the float64 reference (docs/certificates.md).
 
     parity certify [--ops OP|FAMILY ...] [--device cpu|cuda] [--dtype bfloat16|float32|float64 ...]
-                   [--examples N] [--json PATH] [--candidate optimized|reference-f32]
+                   [--examples N] [--json PATH] [--candidate optimized|reference-f32] [--cases FILE]
 
 Prints a table per op (shapes tried, worst error in bound units, strength, mutants killed, teeth,
 verdict) and a summary; ``--json`` writes the certificate (schema: parity/schemas/certificate.schema.json).
@@ -34,6 +34,9 @@ def register(sub):
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the certificate here")
     p.add_argument("--candidate", choices=("optimized", "reference-f32"), default="optimized",
                    help="what is certified: the optimized ops, or the float32 stand-in (parity.emulate)")
+    p.add_argument("--cases", metavar="FILE", default=None,
+                   help="replay the cases parity capture wrote, beside the drawn inputs (cases of ops "
+                        "--ops leaves out are skipped, with a line)")
     p.set_defaults(func=run)
 
 
@@ -76,6 +79,7 @@ def run(args) -> int:
         profile = strategies.load_profile()
     except ValueError as exc:
         raise InputError(str(exc)) from None
+    cases, cases_info = _cases(args.cases, records)
     device = _setup_device(args.device)
 
     from rich.console import Console
@@ -87,6 +91,8 @@ def run(args) -> int:
     n = args.examples or strategies.examples()
     console.print(f"parity certify: {len(records)} op(s), candidate {args.candidate}, device {device}, "
                   f"dtypes {', '.join(dtypes)}, {n} input(s) per dtype (hypothesis profile {profile})")
+    if cases_info is not None:
+        console.print(_cases_line(cases, cases_info), highlight=False)
     t0 = time.perf_counter()
     certs = []
 
@@ -99,18 +105,42 @@ def run(args) -> int:
             status.update(f"{op} [{dtype}] {case['label']}: {_r(case['ratio'])} x bound")
 
         engine.certify(records, dtypes=dtypes, device=device, candidate=args.candidate, examples=n,
-                       on_case=on_case, on_op=on_op)
+                       on_case=on_case, on_op=on_op, cases=cases)
     seconds = time.perf_counter() - t0
     render_summary(console, certs, seconds)
     doc = certificate(certs, device=device, dtypes=dtypes, candidate=args.candidate, examples=n,
                       seconds=seconds, argv=["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"]
-                      else None)
+                      else None, cases=cases_info)
     if args.json_path is not None:
         from parity.report import write_json
 
         write_output(args.json_path, lambda: write_json(args.json_path, doc))
         console.print(f"certificate written to {args.json_path}")
     return 0 if doc["summary"]["verdict"] == "certified" else 1
+
+
+def _cases(path, records):
+    """``--cases FILE``: (op -> replayed cases of the selected ops, the certificate's ``cases``
+    entry), or (None, None). The file is validated whole (an unknown op is an input error)."""
+    if path is None:
+        return None, None
+    from parity import capture
+
+    cf = capture.casefile.read(path)
+    by_op, skipped = capture.replay_cases(cf, [r.name for r in records])
+    info = {"file": str(cf.path), "sha256": cf.sha256, "replayed": sum(map(len, by_op.values())),
+            "skipped": dict(skipped)}
+    return by_op, info
+
+
+def _cases_line(by_op, info) -> str:
+    kinds = [c.source["kind"] for cs in by_op.values() for c in cs]
+    line = (f"cases: {info['replayed']} replayed from {info['file']} ({kinds.count('captured')} captured, "
+            f"{kinds.count('regenerated')} regenerated)")
+    if info["skipped"]:
+        line += (f"; skipped {sum(info['skipped'].values())} case(s) of ops not selected by --ops: "
+                 + ", ".join(f"{op} ({k})" for op, k in info["skipped"].items()))
+    return line
 
 
 def _r(x):
