@@ -17,7 +17,10 @@ and returns a new one. ``trace`` (a dict) receives float64 arrays, ``[T, ...]`` 
 (T = 1): ``layers.{i}.mixer`` / ``.ffn`` (the branch outputs added to the residual),
 ``layers.{i}.hidden`` (residual stream after layer i), ``layers.{i}.router.scores`` (sigmoid scores
 ``[T, E]``), ``layers.{i}.router.selection`` (scores + bias ``[T, E]``), ``layers.{i}.router.ids``
-(``[T, k_e]``) and ``final_norm``.
+(``[T, k_e]``) and ``final_norm``. With ``model.trace_kda_core = True`` it also receives, per KDA
+layer, the core's inputs ``layers.{i}.kda.{q,k,v,g,beta}`` (after the fused prologue), the state
+it started from ``.initial_state`` ``[HV, K, V]`` and the gated norm's output ``.normed``
+``[T, HV, V]``: the localization's bound replays the recurrence on them.
 
 Semantic variants (spec §(e)), reported in ``model.variants``: ``moe_combine`` ("unbiased": combine
 weights from the sigmoid scores, as vLLM; "biased": from scores + correction bias, as the HF remote
@@ -153,6 +156,7 @@ class Model:
         self.config: KimiConfig = source.config
         self.variants = {"moe_combine": moe_combine, "kv_norm_eps": float(kv_norm_eps)}
         self._w = _Weights(source, WEIGHT_CACHE_BYTES)
+        self.trace_kda_core = False  # traces also carry layers.{i}.kda.* (the localization sets it)
 
     def __repr__(self) -> str:
         return f"reference.Model({self.source.describe()}, variants={self.variants})"
@@ -267,7 +271,7 @@ class Model:
             prev = None if cache is None else cache.layers[i]
             x = norm.rms_norm(h, w(p + "input_layernorm.weight"), eps=eps)
             if c.is_kda_layer(i):
-                a, lc = self._kda(i, x, prev)
+                a, lc = self._kda(i, x, prev, trace)
             else:
                 a, lc = self._mla(i, x, prev)
             new_layers.append(lc)
@@ -302,7 +306,7 @@ class Model:
                   for lo in range(0, V, LM_HEAD_BLOCK_ROWS)]
         return np.concatenate(blocks, axis=-1)
 
-    def _kda(self, i: int, x: np.ndarray, prev: KDACache | None):
+    def _kda(self, i: int, x: np.ndarray, prev: KDACache | None, trace: dict | None = None):
         """KDA layer (b.10) on normed ``x [T, D]``; ``prev`` None = fresh sequence (chunked)."""
         c, w = self.config, self._w
         a = layer_prefix(i) + "self_attn."
@@ -332,6 +336,8 @@ class Model:
                                        initial_state=prev.state[None])
         gate = ((x @ w(a + "g_a_proj.weight").T) @ w(a + "g_b_proj.weight").T).reshape(T, H, K)
         o = norm.gated_rms_norm(o[0], gate, w(a + "o_norm.weight"), eps=c.rms_norm_eps)
+        if trace is not None and self.trace_kda_core:
+            _trace_kda(trace, i, (q, k, g_raw, beta_logits, A_log, dt_bias), v, prev, o)
         out = o.reshape(T, H * K) @ w(a + "o_proj.weight").T
         return out, KDACache(*conv_states, S[0])
 
@@ -386,6 +392,18 @@ class Model:
             s = m + "shared_experts."
             y = y + moe.swiglu(x, w(s + "gate_proj.weight"), w(s + "up_proj.weight"), w(s + "down_proj.weight"))
         return y
+
+
+def _trace_kda(trace: dict, i: int, fused_args, v, prev: KDACache | None, normed) -> None:
+    """The KDA core's own inputs (after the fused prologue: l2-normalized q, k, the log decay g,
+    beta), the state it started from and the gated norm's output: the localization's bound replays
+    the recurrence on them."""
+    q, k, g, beta = kda._prologue(*fused_args)
+    p = f"layers.{i}.kda."
+    trace.update({p + "q": q[0], p + "k": k[0], p + "v": v[0], p + "g": g[0], p + "beta": beta[0],
+                  p + "normed": normed})
+    HV, K, V = g.shape[2], g.shape[3], v.shape[3]
+    trace[p + "initial_state"] = np.zeros((HV, K, V)) if prev is None else prev.state
 
 
 def _describe_layer_cache(lc) -> str:

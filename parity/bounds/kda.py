@@ -212,3 +212,33 @@ def fused_recurrent(x, kw, ref, p):
 
 def fused_chunked(x, kw, ref, p):
     return fused(x, kw, ref, p, chunk=int(kw.get("chunk_size", 64)), stored=True)
+
+
+def readout_condition(q, k, v, g, beta, initial_state=None):
+    """Condition number of the read-out ``o_t = scale S_t^T q_t`` at every position, per value head
+    (docs/error-bounds.md, "Model level"): ``kappa = ||diag(q_t) S_t||_F / ||S_t^T q_t||``.
+
+    If every element of ``q_t`` and ``S_t`` errs relatively by at most ``eps`` through independent
+    roundings, each ``o_t[j]`` errs by at most ``LAMBDA eps sqrt(2 sum_d q_d^2 S_dj^2)`` (Hoeffding),
+    so the relative error of ``o_t`` is at most ``sqrt(2) LAMBDA eps kappa``: ``kappa`` is how much
+    the read-out amplifies the relative error its operands carry. It is about 1 for a generic query
+    and large where ``S^T q`` cancels. One sequence: ``q, k [T, H, K]``, ``v [T, HV, V]``,
+    ``g [T, HV, K]``, ``beta [T, HV]`` (the core's inputs, q and k normalized),
+    ``initial_state [HV, K, V]`` or None. Returns ``(kappa [T, HV], final state)``; a read-out that is
+    exactly zero has ``kappa`` inf unless its terms are all zero (then 1).
+    """
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    hmap = np.arange(HV) // (HV // H)
+    S = np.zeros((HV, K, V)) if initial_state is None else np.array(initial_state, dtype=np.float64)
+    kappa = np.ones((T, HV))
+    for t in range(T):
+        kt, qt = k[t, hmap], q[t, hmap]
+        S = np.exp(g[t])[:, :, None] * S
+        e = beta[t][:, None] * (v[t] - np.einsum("hk,hkv->hv", kt, S))
+        S = S + kt[:, :, None] * e[:, None, :]
+        terms = np.sqrt(np.einsum("hk,hkv->h", qt * qt, S * S))
+        out = np.linalg.norm(np.einsum("hk,hkv->hv", qt, S), axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kappa[t] = np.where(terms > 0, terms / out, 1.0)
+    return kappa, S
