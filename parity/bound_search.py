@@ -120,9 +120,10 @@ def kda_cases(draw, record, space: Space = Space(), chunks=None):
     beta_mode = draw(st.sampled_from(["sigmoid", "near_one"]))
     v_scale = draw(st.sampled_from([1.0, 1e-2, 30.0]))
     r = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    qk_scale = draw(st.sampled_from([2.0, 1e-3])) if fused else 1.0   # 1e-3: l2norm's eps matters
     a = {}
     q, k = _tokens(r, B, T, H, K, pattern), _tokens(r, B, T, H, K, pattern)
-    a["q"], a["k"] = (2.0 * q, 2.0 * k) if fused else (_unit(q), _unit(k))
+    a["q"], a["k"] = (qk_scale * q, qk_scale * k) if fused else (_unit(q), _unit(k))
     a["v"] = r.standard_normal((B, T, HV, V)) * v_scale
     logits = r.standard_normal((B, T, HV)) + (6.0 if beta_mode == "near_one" else 0.0)
     if fused:
@@ -144,7 +145,7 @@ def kda_cases(draw, record, space: Space = Space(), chunks=None):
     kw = {"chunk_size": C} if chunked else {}
     label = (f"B={B} T={T} H={H} HV={HV} K={K} V={V}" + (f" C={C}" if chunked else "")
              + (f" varlen{n_seq}" if varlen else "") + (" h0" if has_state else "")
-             + f" {decay} {pattern} beta={beta_mode} v*{v_scale:g}")
+             + f" {decay} {pattern} beta={beta_mode} v*{v_scale:g}" + (f" qk*{qk_scale:g}" if fused else ""))
     return Case({n: a[n] for n in (*record.args, *record.kwarg_arrays)}, kw, label=label)
 
 
@@ -219,23 +220,25 @@ def judge_case(record, case: Case, cand, dtype: str, device: str, rounding: str)
     return j.ratio, worst, j
 
 
-def search(op: str, impl: str, dtype: str, *, device: str = "cpu", examples: int = 10,
+def search(op: str, impl, dtype: str, *, device: str = "cpu", examples: int = 10,
            seconds: float = math.inf, space: Space = Space(), derandomize: bool = True,
-           fail: bool = False, on_example=None) -> Result:
+           fail: bool = False) -> Result:
     """Draw up to ``examples`` inputs of ``op`` (stopping after ``seconds``), climbing toward the
-    worst ratio of ``impl`` at ``dtype``. ``fail``: assert every ratio <= 1 (hypothesis then shrinks
-    a failure to a small configuration); else report the worst."""
+    worst ratio of ``impl`` (a name of ``IMPLS``, or a normalized candidate ``cand(inputs, kwargs)``)
+    at ``dtype``. ``fail``: assert every ratio <= 1 (hypothesis then shrinks a failure to a small
+    configuration); else report the worst."""
     from .platform import store_rounding
 
     record = get_record(op)
-    cand = implementation(record, impl, device)
+    name = impl if isinstance(impl, str) else getattr(impl, "__name__", "candidate")
+    cand = implementation(record, impl, device) if isinstance(impl, str) else impl
     rounding = store_rounding(dtype, device) if impl == "ours" else "nearest"
-    res = Result(op, impl, dtype, device)
+    res = Result(op, name, dtype, device)
     t0 = time.monotonic()
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=derandomize,
               suppress_health_check=list(HealthCheck), print_blob=True)
-    @given(kda_cases(record, space, supported_chunks(impl, device)))
+    @given(kda_cases(record, space, supported_chunks(name, device)))
     def body(case):
         if time.monotonic() - t0 > seconds:
             return
@@ -250,11 +253,9 @@ def search(op: str, impl: str, dtype: str, *, device: str = "cpu", examples: int
         res.past_bound += ratio > 1.0
         if ratio >= res.worst_ratio:
             res.worst_ratio, res.worst_label, res.worst_output = ratio, case.label, name
-        target(min(ratio, RATIO_CAP), label=f"{op} {impl} {dtype}")
-        if on_example is not None:
-            on_example(case, ratio)
+        target(min(ratio, RATIO_CAP), label=f"{op} {name} {dtype}")
         if fail:
-            assert ratio <= 1.0, f"{impl} {op} {dtype} {case.label}: {ratio:.3g}x its bound\n{j.report()}"
+            assert ratio <= 1.0, f"{name} {op} {dtype} {case.label}: {ratio:.3g}x its bound\n{j.report()}"
 
     body()
     res.seconds = time.monotonic() - t0
