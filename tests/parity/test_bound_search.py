@@ -75,3 +75,31 @@ def test_drawn_configurations_are_valid_inputs_of_the_record(case):
     assert cu is None or (B == 1 and cu[0] == 0 and cu[-1] == T and np.all(np.diff(cu) > 0))
     assert a["initial_state"] is None or a["initial_state"].shape == (n, HV, K, V)
     assert case.kwargs["chunk_size"] in (16, 32, 64)
+
+
+def _run_command(tmp_path, *argv):
+    import json
+
+    from parity.bound_search import main
+
+    out = tmp_path / "search.json"
+    assert main([*argv, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_the_command_writes_one_result_per_op_implementation_and_dtype(tmp_path):
+    got = _run_command(tmp_path, "--device", "cpu", "--impls", "standin", "--ops", "kda.recurrent",
+                       "kda.fused_chunked", "--dtypes", "float32", "bfloat16", "--examples", "2", "--cheap")
+    assert got["format"] == "kimi-parity/bound-search" and got["device"] == "cpu"
+    runs = {(r["op"], r["impl"], r["dtype"]): r for r in got["results"]}
+    assert set(runs) == {(op, "standin", dt) for op in ("kda.recurrent", "kda.fused_chunked")
+                         for dt in ("float32", "bfloat16")}
+    assert all(r["examples"] == 2 and 0 < r["worst_ratio"] <= 1 and r["past_bound"] == 0 for r in runs.values())
+
+
+@pytest.mark.parity_gpu
+def test_the_gpu_search_runs_our_kernels_and_fla_on_cuda(tmp_path):
+    got = _run_command(tmp_path, "--device", "cuda", "--impls", "ours", "fla", "--ops", "kda.recurrent",
+                       "kda.chunked", "--examples", "2", "--seconds", "60")
+    ours = [r for r in got["results"] if r["impl"] == "ours"]
+    assert ours and all(r["examples"] >= 1 and r["worst_ratio"] <= 1 for r in ours)
