@@ -69,11 +69,21 @@ class Space:
     chunks: tuple = CHUNKS
     max_T: int = 160
     elements: int = 1 << 22
+    shapes: tuple | None = None   # (H, HV, K, V) drawn from these only (None: any of the above)
 
     @classmethod
     def cheap(cls) -> "Space":
         """A few seconds per example under the Triton interpreter (the suite's search)."""
         return cls(dims=(16, 32, 64), heads=(1, 2, 4), max_T=48, elements=1 << 17)
+
+    @classmethod
+    def buckets(cls) -> "Space":
+        """Head shapes from a fixed list that still spans 1..8 heads, GVA and K, V from 16 to 128
+        (apart and equal): on a GPU every new (H, HV, K, V) compiles and autotunes the kernels
+        (seconds each), so a five-minute search draws its data widely over a few shapes."""
+        return cls(max_T=512, elements=1 << 26,
+                   shapes=((1, 1, 16, 16), (2, 4, 32, 64), (4, 8, 128, 128), (8, 8, 64, 16),
+                           (1, 4, 128, 32), (4, 4, 16, 128), (2, 2, 128, 128)))
 
 
 def _unit(x):
@@ -108,10 +118,12 @@ def kda_cases(draw, record, space: Space = Space(), chunks=None):
     beta_logits, A_log, dt_bias``), as a ``Case`` with the record's argument names."""
     fused = "g_raw" in record.args
     chunked = "chunked" in record.name
-    H = draw(st.sampled_from(space.heads))
-    G = draw(st.sampled_from([g for g in (1, 2, 4) if H * g <= 8]))
-    HV = H * G
-    K, V = draw(st.sampled_from(space.dims)), draw(st.sampled_from(space.dims))
+    if space.shapes:
+        H, HV, K, V = draw(st.sampled_from(space.shapes))
+    else:
+        H = draw(st.sampled_from(space.heads))
+        HV = H * draw(st.sampled_from([g for g in (1, 2, 4) if H * g <= 8]))
+        K, V = draw(st.sampled_from(space.dims)), draw(st.sampled_from(space.dims))
     varlen = draw(st.booleans())
     B = 1 if varlen else draw(st.sampled_from([1, 2]))
     cap = max(2, min(space.max_T, space.elements // (B * HV * K * V)))
@@ -274,7 +286,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if present")
     p.add_argument("--examples", type=int, default=60, help="drawn inputs per op, impl and dtype")
     p.add_argument("--seconds", type=float, default=270.0, help="wall-clock budget of the whole search")
-    p.add_argument("--cheap", action="store_true", help="the suite's small configurations")
+    p.add_argument("--space", choices=["full", "cheap", "buckets"], default=None,
+                   help="what to draw: any head shape (full), the suite's small ones (cheap), or a few "
+                        "fixed head shapes with long sequences (buckets); default buckets on cuda, else full")
     p.add_argument("--random", action="store_true", help="random draws (default: derandomized)")
     p.add_argument("--json", required=True, help="where to write the results")
     return p
@@ -288,7 +302,8 @@ def main(argv=None) -> int:
     runs = [(op, impl, dt) for impl in args.impls for op in args.ops for dt in args.dtypes
             if not (impl == "fla" and device == "cpu" and "fused" in op)]
     budget = args.seconds / max(1, len(runs))
-    space = Space.cheap() if args.cheap else Space()
+    space = {"full": Space, "cheap": Space.cheap, "buckets": Space.buckets}[
+        args.space or ("buckets" if device == "cuda" else "full")]()
     results, t0 = [], time.monotonic()
     for op, impl, dt in runs:
         left = args.seconds - (time.monotonic() - t0)

@@ -13,7 +13,7 @@ MoE), which reads ``mid_i = h_{i-1} + mixer_i`` at the same position. Both strea
 the traces (``mid_i = hidden_i - ffn_i``, ``h_{i-1} = mid_i - mixer_i``; layer 0 reads the exact
 embedding). An op's error is judged against a propagation bound:
 
-    bound = A * (error of its input) + KAPPA_STORAGE * u + KAPPA_ARITH * ua
+    bound = r * (A * (error of its input) + KAPPA_STORAGE * u + KAPPA_ARITH * ua)
 
 ``u`` is the unit roundoff of the optimized run's storage dtype (bf16: 2^-8; doubled where the
 platform truncates instead of rounding to nearest, as the Triton interpreter does:
@@ -23,16 +23,19 @@ platform truncates instead of rounding to nearest, as the Triton interpreter doe
 (projections, conv, norm outputs, the kernels' bf16 intermediates), and fp32 reductions and
 exp/log/sqrt of a few ulps each. ``A`` is the amplification one op may apply to the error it is
 handed (softmax attention with a sharp distribution amplifies most: ~4x measured on the small
-preset). Measured on benign runs (docs/concepts.md): levels stay below 0.6 of their bound in bf16
-and 0.1 in float32; a perturbed ``A_log`` (+-1) in one KDA layer lands at 2-10x. Two checks, in
-this order:
+preset). ``A`` and the ``KAPPA`` terms are calibrated on benign runs (docs/concepts.md: levels stay
+below 0.6 of their bound in bf16; a perturbed ``A_log`` (+-1) in one KDA layer lands at 1.5-10x).
+``r`` is derived, per position: 1, except for a KDA mixer, where it is the read-out's amplification
+(``readout_amplification``): a head whose ``S^T q`` cancels carries a relative error ``kappa`` times
+a generic head's, and the gated RMSNorm after it gives that head its full weight in the output
+(docs/error-bounds.md, "Model level"). Two checks, in this order:
 
-* level: the median of ``e`` over positions, against the bound built from the median error of the
-  input. A wrong op (a perturbed ``A_log``, a mutant) moves its output at most positions; bf16 noise
-  and the odd router flip do not move a median. The first entry, layer by layer, whose level is
+* level: the median of ``e`` over positions, against the median of the per-position bound. A
+  wrong op (a perturbed ``A_log``, a mutant) moves its output at most positions; bf16 noise and the
+  odd router flip do not move a median. The first entry, layer by layer, whose level is
   past its bound is the op that is wrong.
 * spikes: single positions past ``SPIKE * bound`` built from that position's input error (the
-  running maximum over earlier positions for the causal mixer).
+  running maximum over earlier positions for the causal mixer) and its ``r``.
 
 A router flip is what bf16 noise does that no bound can foresee: it swaps a whole expert, so the FFN
 of its layer spikes at exactly the flipped position, and everything above that layer from that
@@ -54,6 +57,8 @@ from parity.metrics import to_numpy
 from .numerics import finite_or_none
 from .router import RouterFlip
 
+# Calibrated, not derived (docs/error-bounds.md, "Model level": the ops' derived bounds chained
+# through a layer are 10^3 above its error, past any bug's reach)
 AMPLIFICATION = 8.0   # A
 KAPPA_STORAGE = 4.0   # fresh rounding of one op: values stored at the run dtype, units of u
 KAPPA_ARITH = 64.0    # ... and its arithmetic (fp32 reductions, exp/log/sqrt), units of ua

@@ -89,7 +89,7 @@ def _run_command(tmp_path, *argv):
 
 def test_the_command_writes_one_result_per_op_implementation_and_dtype(tmp_path):
     got = _run_command(tmp_path, "--device", "cpu", "--impls", "standin", "--ops", "kda.recurrent",
-                       "kda.fused_chunked", "--dtypes", "float32", "bfloat16", "--examples", "2", "--cheap")
+                       "kda.fused_chunked", "--dtypes", "float32", "bfloat16", "--examples", "2", "--space", "cheap")
     assert got["format"] == "kimi-parity/bound-search" and got["device"] == "cpu"
     runs = {(r["op"], r["impl"], r["dtype"]): r for r in got["results"]}
     assert set(runs) == {(op, "standin", dt) for op in ("kda.recurrent", "kda.fused_chunked")
