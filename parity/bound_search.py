@@ -112,12 +112,65 @@ def _log_decays(r, shape, regime):
     return -np.exp(r.uniform(lo, hi, size=shape[:-1] + (1,))) * sp
 
 
-@st.composite
-def kda_cases(draw, record, space: Space = Space(), chunks=None):
-    """A drawn input of a KDA op record (core: ``q, k, v, g, beta``; fused: ``q, k, v, g_raw,
-    beta_logits, A_log, dt_bias``), as a ``Case`` with the record's argument names."""
+@dataclass(frozen=True)
+class Config:
+    """One drawn configuration of a KDA op's input (``make_case`` builds the arrays from it)."""
+
+    B: int
+    T: int
+    H: int
+    HV: int
+    K: int
+    V: int
+    seed: int
+    C: int | None = None              # chunk size (chunked ops)
+    cuts: tuple = ()                  # varlen: the inner sequence boundaries (B == 1)
+    h0: bool = False                  # a carried initial state
+    decay: str = "mixed"              # DECAYS
+    pattern: str = "random"           # PATTERNS
+    beta: str = "sigmoid"             # "sigmoid" or "near_one" (logits shifted by +6)
+    v_scale: float = 1.0
+    qk_scale: float = 2.0             # fused ops: the raw q, k rows' scale (1e-3: l2norm's eps matters)
+
+    def label(self, fused: bool) -> str:
+        return (f"B={self.B} T={self.T} H={self.H} HV={self.HV} K={self.K} V={self.V}"
+                + (f" C={self.C}" if self.C else "") + (f" varlen{len(self.cuts) + 1}" if self.cuts else "")
+                + (" h0" if self.h0 else "") + f" {self.decay} {self.pattern} beta={self.beta} v*{self.v_scale:g}"
+                + (f" qk*{self.qk_scale:g}" if fused else "") + f" seed={self.seed}")
+
+
+def make_case(record, cfg: Config) -> Case:
+    """The input of ``record`` (core: ``q, k, v, g, beta``; fused: ``q, k, v, g_raw, beta_logits,
+    A_log, dt_bias``) that ``cfg`` describes, as a ``Case`` with the record's argument names."""
     fused = "g_raw" in record.args
-    chunked = "chunked" in record.name
+    B, T, H, HV, K, V = cfg.B, cfg.T, cfg.H, cfg.HV, cfg.K, cfg.V
+    r = np.random.default_rng(cfg.seed)
+    a = {}
+    q, k = _tokens(r, B, T, H, K, cfg.pattern), _tokens(r, B, T, H, K, cfg.pattern)
+    a["q"], a["k"] = (cfg.qk_scale * q, cfg.qk_scale * k) if fused else (_unit(q), _unit(k))
+    a["v"] = r.standard_normal((B, T, HV, V)) * cfg.v_scale
+    logits = r.standard_normal((B, T, HV)) + (6.0 if cfg.beta == "near_one" else 0.0)
+    if fused:
+        a["g_raw"] = r.standard_normal((B, T, HV, K)) * 1.5
+        a["beta_logits"] = logits
+        a["A_log"] = {"mixed": r.uniform(-2.0, 1.0, HV), "moderate": r.uniform(-2.5, -0.5, HV),
+                      "slow": r.uniform(-9.0, -5.0, HV)}[cfg.decay]
+        a["dt_bias"] = r.standard_normal(HV * K) * 0.5
+    else:
+        a["g"] = _log_decays(r, (B, T, HV, K), cfg.decay)
+        a["beta"] = 1.0 / (1.0 + np.exp(-logits))
+    a["cu_seqlens"] = np.array([0, *cfg.cuts, T], dtype=np.int64) if cfg.cuts else None
+    n_seq = len(cfg.cuts) + 1 if cfg.cuts else B
+    a["initial_state"] = r.standard_normal((n_seq, HV, K, V)) * 0.5 * cfg.v_scale if cfg.h0 else None
+    kw = {"chunk_size": cfg.C} if cfg.C else {}
+    return Case({n: a[n] for n in (*record.args, *record.kwarg_arrays)}, kw, label=cfg.label(fused))
+
+
+@st.composite
+def configs(draw, record, space: Space = Space(), chunks=None):
+    """A drawn ``Config`` of a KDA op record within ``space`` (``chunks``: the chunk sizes the
+    implementation takes)."""
+    fused = "g_raw" in record.args
     if space.shapes:
         H, HV, K, V = draw(st.sampled_from(space.shapes))
     else:
@@ -128,40 +181,19 @@ def kda_cases(draw, record, space: Space = Space(), chunks=None):
     B = 1 if varlen else draw(st.sampled_from([1, 2]))
     cap = max(2, min(space.max_T, space.elements // (B * HV * K * V)))
     T = draw(st.integers(2 if varlen else 1, cap))
-    C = draw(st.sampled_from(chunks or space.chunks)) if chunked else None
-    has_state = draw(st.booleans())
-    decay = draw(st.sampled_from(DECAYS))
-    pattern = draw(st.sampled_from(PATTERNS))
-    beta_mode = draw(st.sampled_from(["sigmoid", "near_one"]))
-    v_scale = draw(st.sampled_from([1.0, 1e-2, 30.0]))
-    r = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    qk_scale = draw(st.sampled_from([2.0, 1e-3])) if fused else 1.0   # 1e-3: l2norm's eps matters
-    a = {}
-    q, k = _tokens(r, B, T, H, K, pattern), _tokens(r, B, T, H, K, pattern)
-    a["q"], a["k"] = (qk_scale * q, qk_scale * k) if fused else (_unit(q), _unit(k))
-    a["v"] = r.standard_normal((B, T, HV, V)) * v_scale
-    logits = r.standard_normal((B, T, HV)) + (6.0 if beta_mode == "near_one" else 0.0)
-    if fused:
-        a["g_raw"] = r.standard_normal((B, T, HV, K)) * 1.5
-        a["beta_logits"] = logits
-        a["A_log"] = {"mixed": r.uniform(-2.0, 1.0, HV), "moderate": r.uniform(-2.5, -0.5, HV),
-                      "slow": r.uniform(-9.0, -5.0, HV)}[decay]
-        a["dt_bias"] = r.standard_normal(HV * K) * 0.5
-    else:
-        a["g"] = _log_decays(r, (B, T, HV, K), decay)
-        a["beta"] = 1.0 / (1.0 + np.exp(-logits))
-    n_seq = B
-    a["cu_seqlens"] = None
-    if varlen:
-        cuts = sorted(set(int(c) for c in r.integers(1, T, size=draw(st.integers(1, 2)))))
-        a["cu_seqlens"] = np.array([0, *cuts, T], dtype=np.int64)
-        n_seq = len(cuts) + 1
-    a["initial_state"] = r.standard_normal((n_seq, HV, K, V)) * 0.5 * v_scale if has_state else None
-    kw = {"chunk_size": C} if chunked else {}
-    label = (f"B={B} T={T} H={H} HV={HV} K={K} V={V}" + (f" C={C}" if chunked else "")
-             + (f" varlen{n_seq}" if varlen else "") + (" h0" if has_state else "")
-             + f" {decay} {pattern} beta={beta_mode} v*{v_scale:g}" + (f" qk*{qk_scale:g}" if fused else ""))
-    return Case({n: a[n] for n in (*record.args, *record.kwarg_arrays)}, kw, label=label)
+    cuts = tuple(sorted(set(draw(st.lists(st.integers(1, T - 1), min_size=1, max_size=2))))) if varlen else ()
+    return Config(
+        B=B, T=T, H=H, HV=HV, K=K, V=V, seed=draw(st.integers(0, 2**32 - 1)),
+        C=draw(st.sampled_from(chunks or space.chunks)) if "chunked" in record.name else None,
+        cuts=cuts, h0=draw(st.booleans()), decay=draw(st.sampled_from(DECAYS)),
+        pattern=draw(st.sampled_from(PATTERNS)), beta=draw(st.sampled_from(["sigmoid", "near_one"])),
+        v_scale=draw(st.sampled_from([1.0, 1e-2, 30.0])),
+        qk_scale=draw(st.sampled_from([2.0, 1e-3])) if fused else 2.0)
+
+
+def kda_cases(record, space: Space = Space(), chunks=None):
+    """A strategy of drawn inputs (``Case``) of a KDA op record."""
+    return configs(record, space, chunks).map(lambda cfg: make_case(record, cfg))
 
 
 # -- implementations -------------------------------------------------------------------------------
@@ -212,9 +244,10 @@ class Result:
     unsupported: int = 0         # configurations the implementation refused
     errors: list = field(default_factory=list)   # what raised, other than Unsupported (first few)
     seconds: float = 0.0
+    worst_case: Case | None = field(default=None, repr=False)   # the input that reached worst_ratio
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {k: v for k, v in asdict(self).items() if k != "worst_case"}
         d["worst_ratio"] = self.worst_ratio if math.isfinite(self.worst_ratio) else None  # null: inf or not run
         return d
 
@@ -267,7 +300,7 @@ def search(op: str, impl, dtype: str, *, device: str = "cpu", examples: int = 10
             res.errors.append(f"{case.label}: {j.error}")
         res.past_bound += ratio > 1.0
         if ratio >= res.worst_ratio:
-            res.worst_ratio, res.worst_label, res.worst_output = ratio, case.label, name
+            res.worst_ratio, res.worst_label, res.worst_output, res.worst_case = ratio, case.label, name, case
         target(min(ratio, RATIO_CAP), label=f"{op} {name} {dtype}")
         if fail:
             assert ratio <= 1.0, f"{name} {op} {dtype} {case.label}: {ratio:.3g}x its bound\n{j.report()}"
@@ -291,7 +324,28 @@ def _parser() -> argparse.ArgumentParser:
                         "fixed head shapes with long sequences (buckets); default buckets on cuda, else full")
     p.add_argument("--random", action="store_true", help="random draws (default: derandomized)")
     p.add_argument("--json", required=True, help="where to write the results")
+    p.add_argument("--keep", metavar="DIR", help="save each run's worst input past its bound here (.npz)")
     return p
+
+
+def save_case(case: Case, path) -> None:
+    """``case`` as an .npz (arrays; ``kwargs`` and ``label`` as JSON): ``load_case`` reads it back."""
+    arrays = {f"a_{k}": v for k, v in case.arrays.items() if v is not None}
+    meta = json.dumps({"kwargs": case.kwargs, "label": case.label})
+
+    def write(f):
+        np.savez(f, meta=np.array(meta), **arrays)
+
+    from .atomic import atomic_write
+
+    atomic_write(path, writer=write)
+
+
+def load_case(path, record) -> Case:
+    with np.load(path) as z:
+        meta = json.loads(str(z["meta"]))
+        arrays = {n: (z[f"a_{n}"] if f"a_{n}" in z else None) for n in (*record.args, *record.kwarg_arrays)}
+    return Case(arrays, meta["kwargs"], label=meta["label"])
 
 
 def main(argv=None) -> int:
@@ -313,6 +367,8 @@ def main(argv=None) -> int:
         except Exception as exc:  # an implementation that cannot be imported or set up: say so, go on
             r = Result(op, impl, dt, device, worst_ratio=math.nan, errors=[f"{type(exc).__name__}: {exc}"])
         results.append(r.to_dict())
+        if args.keep and r.worst_case is not None and r.worst_ratio > 1:
+            save_case(r.worst_case, f"{args.keep}/{op}-{impl}-{dt}.npz")
         if impl == "fla" and device == "cuda" and "chunked" in op and dt == "float32":
             results[-1]["note"] = TF32_NOTE
         print(f"{op:20s} {impl:8s} {dt:9s} worst {r.worst_ratio:9.3g} over {r.examples:3d} "

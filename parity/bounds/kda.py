@@ -10,8 +10,9 @@ with lam_t the norm bound of what step t rounds (decay, the K-long dot k^T S, th
 product, the add). The chunked kernels round more: intermediates in the run dtype (u, not ua) --
 the key-key matrix A and its inverse M = (I + A)^-1, the WY rows w and u, v_new, the chunk-start
 state h and the query-key matrix Q -- which enter through |M| (|A| + I) (Skeel's bound of the
-triangular solve), |Q| and the decayed keys. Every magnitude is evaluated in float64 from the same
-inputs the candidate saw. The fused ops add the errors of their prologue (l2norm, gate, sigmoid) as
+triangular solve), |Q| and the decayed keys. Their products take operands rounded to the run dtype,
+so A and Q err relative to the sums of their absolute terms (|k||k|, |q||k|), not to |A|, |Q|.
+Every magnitude is evaluated in float64 from the same inputs the candidate saw. The fused ops add the errors of their prologue (l2norm, gate, sigmoid) as
 perturbations of the core inputs.
 """
 from __future__ import annotations
@@ -135,24 +136,36 @@ def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2):
     W = np.exp(Dm)                                  # masked decays, <= 1
     A = np.where(low[None], Bt[:, :, None] * np.einsum("hik,hjk,hijk->hij", Kc, Kc, W), 0.0)
     Qm = np.where(lowd[None], scale * np.einsum("hik,hjk,hijk->hij", Q, Kc, W), 0.0)
-    Ab = np.einsum("hik,hjk,hijk->hij", np.abs(Kc), np.abs(Kc), W) * Bt[:, :, None]
+    # |terms| of the K-long dots behind A and Q: their operands (decayed k and q rows) are rounded to
+    # the run dtype, so each errs relative to these sums, not to |A| or |Q|, which cancel (keys
+    # that repeat or span few directions: 3.3x past the bound without it, T = 9, K = 32)
+    Ab = np.where(low[None], np.einsum("hik,hjk,hijk->hij", np.abs(Kc), np.abs(Kc), W) * Bt[:, :, None], 0.0)
+    Qb = np.where(lowd[None], scale * np.einsum("hik,hjk,hijk->hij", np.abs(Q), np.abs(Kc), W), 0.0)
     I = np.eye(C)[None]
     M = np.linalg.inv(I + A)
-    w = np.einsum("hij,hjk->hik", M, Bt[..., None] * Kc * np.exp(G))
+    Mabs = np.abs(M)
+    Rw = Bt[..., None] * Kc * np.exp(G)             # the right-hand sides: beta k exp(G) ...
+    w = np.einsum("hij,hjk->hik", M, Rw)
     nS0 = _norm(S0, 1)                              # [HV, V]
     # u = M (beta v); recover beta v from v_new + w S0 (v_new = u - w S0)
     uu = Ev + np.einsum("hik,hkv->hiv", w, S0)
-    # triangular solve (Skeel): |dX| <= |M| (us |A| + gamma_C(ua) (I + |A|)) |X|, plus X's storage
-    P = np.einsum("hij,hjl->hil", np.abs(M), us * np.abs(A) + gC * (I + np.where(low[None], Ab, 0)))
-    du = np.einsum("hil,hlv->hiv", P, np.abs(uu)) + us * np.abs(uu)
-    dw = _norm(np.einsum("hil,hlk->hik", P, np.abs(w)) + us * np.abs(w), 2)     # [HV, C]
+    Ru = np.abs(np.einsum("hij,hjv->hiv", I + A, uu))   # ... and beta v
+    # triangular solve (Skeel): |dX| <= |M| (|dA| + gamma_C(ua) (I + Ab)) |X|, |dA| <= us |A| +
+    # (2 us + gamma_K(ua)) Ab; M and the right-hand side R are rounded as operands of X = M R
+    # (2 us |M| |R|); then X's storage
+    P = np.einsum("hij,hjl->hil", Mabs, us * np.abs(A) + (2 * us + gK) * Ab + gC * (I + Ab))
+    du = (np.einsum("hil,hlv->hiv", P, np.abs(uu)) + 2 * us * np.einsum("hij,hjv->hiv", Mabs, Ru)
+          + us * np.abs(uu))
+    dw = _norm(np.einsum("hil,hlk->hik", P, np.abs(w)) + 2 * us * np.einsum("hij,hjk->hik", Mabs, np.abs(Rw))
+               + us * np.abs(w), 2)                 # [HV, C]
     nw = _norm(w, 2)
     dv = du + (dw + (us + gK) * nw)[..., None] * nS0[:, None, :] + us * np.abs(Ev)  # [HV, C, V]
-    # outputs: h (chunk-start state) times scale q exp(G), both operands stored; Q and v_new
-    # stored; their dots
+    # outputs: h (chunk-start state) times scale q exp(G), both operands stored; Q (from rounded
+    # operands, then stored) and v_new stored; their dots
     qg = np.abs(Q) * np.exp(G)
     oh = scale * (2 * us + gK) * np.einsum("hik,hkv->hiv", qg, np.abs(S0))
-    oq = np.einsum("hij,hjv->hiv", np.abs(Qm), (2 * us + gC) * np.abs(Ev) + dv)
+    oq = (np.einsum("hij,hjv->hiv", np.abs(Qm), (2 * us + gC) * np.abs(Ev) + dv)
+          + np.einsum("hij,hjv->hiv", (2 * us + gK) * Qb, np.abs(Ev)))
     for i, t in enumerate(ts):
         o_b[b, t] += oh[:, i] + oq[:, i]
     # state: kg = k exp(G_last - G) and v_new stored, C-long dot
