@@ -30,8 +30,7 @@ def test_our_kernels_are_within_their_bounds(op, dtype):
     assert r.examples == EXAMPLES and r.worst_ratio <= 1
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("op", ["kda.recurrent", "kda.chunked"])
+@pytest.mark.parametrize("op, dtype", [("kda.recurrent", "float32"), ("kda.chunked", "bfloat16")])
 def test_fla_cores_torch_recurrences_are_within_the_bounds(op, dtype):
     pytest.importorskip("fla.ops.kda.naive", reason="fla-core is an optional peer (kimi-parity[peers])")
     r = search(op, "fla", dtype, examples=EXAMPLES, space=CHEAP, fail=True)
