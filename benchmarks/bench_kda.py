@@ -43,11 +43,11 @@ def prefill_inputs(B, T, dev="cuda"):
     return q, k, v, g_raw, beta, A_log, dt_bias
 
 
-def bench_prefill(B, T, chunk_kda):
+def bench_prefill(B, T, chunk_kda, launch=None):
     import optimized.kda as okda
 
     q, k, v, g_raw, beta, A_log, dt_bias = prefill_inputs(B, T)
-    ours = lambda: okda.fused_chunked(q, k, v, g_raw, beta, A_log, dt_bias)  # noqa: E731
+    ours = lambda: okda.fused_chunked(q, k, v, g_raw, beta, A_log, dt_bias, launch=launch)  # noqa: E731
     ms, spread = bench(ours)
     fla_ms = None
     if chunk_kda is not None:
@@ -100,17 +100,18 @@ def main(argv=None):
     ap.add_argument("--out", default="kda.json")
     ap.add_argument("--prefill-T", type=int, nargs="*", default=[1024, 2048, 4096, 16384, 65536])
     ap.add_argument("--decode-B", type=int, nargs="*", default=[1, 8, 64, 256])
-    ap.add_argument("--tune", default=None, help="JSON of optimized.kda.chunk._TUNE settings "
-                    "(from tune_kda.py --best-out) applied before measuring")
+    ap.add_argument("--launch", default=None, help="JSON of kda.ChunkLaunch fields for the prefill "
+                    "(e.g. from tune.py kda --best-out; default: the tuned defaults)")
     args = ap.parse_args(argv)
-    if args.tune:
-        from optimized.kda import chunk
+    launch = None
+    if args.launch:
+        from optimized.kda import ChunkLaunch
 
-        chunk._TUNE.update(json.loads(Path(args.tune).read_text()))
-        print(f"launch settings: {chunk._TUNE}")
+        launch = ChunkLaunch(**json.loads(Path(args.launch).read_text()))
+        print(f"prefill launch settings: {launch}")
     chunk_kda, fused_recurrent_kda = _fla()
     results = []
-    cmd = "python benchmarks/bench_kda.py --out kda.json" + (f" (settings {args.tune})" if args.tune else "")
+    cmd = "python benchmarks/bench_kda.py --out kda.json" + (f" --launch {args.launch}" if args.launch else "")
 
     def done(r):  # saved after every case: a run cut short by its time limit keeps what it measured
         results.append(r)
@@ -120,8 +121,8 @@ def main(argv=None):
     for B in args.decode_B:
         done(bench_decode(B, fused_recurrent_kda))
     for T in args.prefill_T:
-        done(bench_prefill(1, T, chunk_kda))
-    done(bench_prefill(8, 4096, chunk_kda))
+        done(bench_prefill(1, T, chunk_kda, launch))
+    done(bench_prefill(8, 4096, chunk_kda, launch))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Correctness on one GPU in one call: the test suite on CUDA (GPU-only tests included) and
 # `parity certify --device cuda`, side by side (correctness only; nothing here is timed), logs and
-# the certificate JSON under $OUT.
+# the certificate JSON under $OUT; the certificate's verdicts and worst ratios are compared op by op
+# with docs/runs/certificate-cuda.json.
 #
-#   device run (kind nvidia-h200):   bash benchmarks/check_gpu.sh [pytest selection...]
+#   device run (kind nvidia-h200, carry [".whl"]):   bash benchmarks/check_gpu.sh [pytest selection...]
 #   (each selection, default every tests/optimized file, tests/parity and tests/reference, runs as
 #   its own pytest process: a CUDA fault in one file cannot fail the others; logs merged into
 #   pytest.log)
@@ -14,6 +15,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# packages the machine lacks (array-api-compat; fla-core for the peer checks) travel as wheels in .whl
+if ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile \
+        --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >"$OUT/wheels.log" 2>&1; then
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 # installed (not just on PYTHONPATH) so pytest finds the parity plugin's entry point
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
     || { echo "pip install -e . failed (see install.log): PYTHONPATH only"; export PYTHONPATH=$PWD; }
@@ -35,3 +41,12 @@ done
 for f in "$OUT"/pytest-*.log; do echo "######## $(basename "$f")"; cat "$f"; done >"$OUT/pytest.log"
 rm -f "$OUT"/pytest-*.log
 tail -n 40 "$OUT/certify-cuda.log"
+# op by op against the committed certificate: a change that keeps every bit keeps every verdict and
+# worst ratio (certify's inputs are derandomized)
+python3 - "$OUT/certificate-cuda.json" docs/runs/certificate-cuda.json <<'PY' || true
+import json, sys
+new, old = ({o["op"]: (o["verdict"], o["worst_ratio"]) for o in json.load(open(p))["ops"]} for p in sys.argv[1:])
+differ = sorted(op for op in new.keys() | old.keys() if new.get(op) != old.get(op))
+print(f"certificate against {sys.argv[2]}: {len(new)} ops, verdicts and worst ratios "
+      + ("the same" if not differ else "differ: " + "; ".join(f"{op} {old.get(op)} -> {new.get(op)}" for op in differ)))
+PY

@@ -89,11 +89,11 @@ def read_chain(S: int, extra: int, n: int, setting: tuple, floor_us: float, g) -
 
 def mla_chain(S: int, n: int, g) -> dict:
     """n ``mla.paged_decode`` calls at B=1 over S cached tokens, each with its own cache and w_kvb
-    (tune_mla's setup: the 48B model's sizes, pages of 64), in one graph."""
-    from benchmarks.tune_mla import setup
+    (``tune.mla_case``: the 48B model's sizes, pages of 64), in one graph."""
+    from benchmarks.tune import mla_case
     from optimized import mla
 
-    cases = [setup(1, S, g) for _ in range(n)]
+    cases = [mla_case(1, S, g) for _ in range(n)]
     floor_us = cases[0][-1] * 1e3
     replay = graphed(lambda: [mla.paged_decode(q, cache, tables, lens, w) for cache, tables, lens, q, w, _ in cases])
     us = bench(replay, warmup_ms=10, rep_ms=100)[0] * 1e3 / n

@@ -2,7 +2,9 @@
 
 On a machine without CUDA the kernels run on CPU under the Triton interpreter. The interpreter is
 selected by ``TRITON_INTERPRET=1`` at the time kernels are defined, so it is set here, before any
-kernel module is imported, when no GPU is present; ``optimized.backend_info()`` reports it.
+kernel module is imported, when no GPU is present; ``optimized.backend_info()`` reports it. Under
+the interpreter the faithful bf16 dot and rounding (``_interpreter.py``) are put in force here, so
+every entry point computes what a GPU computes (each family checks again as it defines its kernels).
 """
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from ._interpreter import install_faithful_bf16_dot, interpreting, interpreter_is_faithful  # noqa: E402
+from ._interpreter import (ensure_faithful, install_faithful_bf16_dot, interpreting,  # noqa: E402,F401
+                           interpreter_is_faithful)
+
+ensure_faithful("optimized")
 
 
 def load(path_or_source, **kwargs):

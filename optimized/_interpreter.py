@@ -12,8 +12,12 @@ rounds to nearest even. The same function makes fp32/fp64 -> bf16 casts round to
 NaN kept quiet (fp64 goes through fp32 first: a double rounding the GPU does not do, which can
 differ only on exact fp32 ties, far below any bound used here).
 
-This is installed explicitly by the test harness (``tests/conftest.py``) and by the parity CLI when it
-runs kernels on CPU; ``interpreter_is_faithful()`` lets a report state it.
+``optimized`` installs it itself whenever its kernels run under the interpreter: on import (where it
+selects the interpreter when there is no GPU) and again when a family's kernels are defined (were
+``TRITON_INTERPRET`` set later), so no public entry point (``optimized.load``, the ops, ``parity``)
+can run the interpreter's raw-bit bf16 dot; where the patch cannot be installed (a Triton whose
+interpreter lacks the hooks), defining the kernels fails with a one-line error instead.
+``interpreter_is_faithful()`` lets a report state it.
 """
 from __future__ import annotations
 
@@ -86,3 +90,19 @@ def install_faithful_bf16_dot() -> None:
 
 def interpreter_is_faithful() -> bool:
     return _INSTALLED
+
+
+def ensure_faithful(where: str) -> None:
+    """Under the interpreter, make bf16 dots and casts faithful (:func:`install_faithful_bf16_dot`),
+    or raise a one-line RuntimeError naming ``where`` when that is impossible; nothing on a GPU."""
+    if _INSTALLED or not interpreting():
+        return
+    try:
+        install_faithful_bf16_dot()
+    except Exception as exc:  # noqa: BLE001 - any failure to patch: refuse rather than compute wrong
+        import triton
+
+        raise RuntimeError(
+            f"{where}: the Triton kernels run under the interpreter (TRITON_INTERPRET=1), whose bf16 "
+            f"tl.dot multiplies raw bit patterns, and its faithful replacement cannot be installed in "
+            f"triton {triton.__version__} ({type(exc).__name__}: {exc}); refusing to run them") from None

@@ -66,19 +66,18 @@ from __future__ import annotations
 import numbers
 import os
 
-import numpy as np
 import torch
 
+from reference.checks import check_token_id, check_token_ids, check_variants
 from reference.config import KimiConfig
 
 from . import backends as _backends
 from ._interpreter import interpreting
 from .cache import CachePool, DecodeBatch, SequenceCache
-from .elementwise._precision import require_ieee_fp32_matmul
+from ._checks import require_ieee_fp32_matmul
 from .weights import KDAWeights, ModelWeights, load_weights
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
-MOE_COMBINES = ("unbiased", "biased")
 DECODE_TILE = 64  # a decode step always runs on this many rows (padded): batch invariance
 CPU_DECODE_TILE = 4  # under the Triton interpreter every padding program costs as much as a real one
 
@@ -238,34 +237,15 @@ class Model:
     # -- validation ------------------------------------------------------------------------------
     def _check_ids(self, token_ids, what: str = "token_ids") -> torch.Tensor:
         if isinstance(token_ids, torch.Tensor):
-            arr = token_ids.detach().cpu().numpy()
-        else:
-            arr = np.asarray(token_ids)
-        if arr.ndim != 1 or arr.size == 0:
-            raise ValueError(f"{what}: expected a non-empty 1-D sequence of token ids, got shape {arr.shape}")
-        if arr.dtype.kind not in "iu":
-            raise ValueError(f"{what}: expected integer token ids, got dtype {arr.dtype}")
-        V = self.config.vocab_size
-        bad = np.flatnonzero((arr < 0) | (arr >= V))
-        if bad.size:
-            pos = int(bad[0])
-            raise ValueError(f"{what}: token id {int(arr[pos])} at position {pos} is outside the "
-                             f"vocabulary [0, {V})")
-        return torch.as_tensor(arr.astype(np.int64), device=self.device)
+            token_ids = token_ids.detach().cpu().numpy()
+        return torch.as_tensor(check_token_ids(token_ids, self.config.vocab_size, what), device=self.device)
 
     def _check_token(self, token_id) -> int:
         if isinstance(token_id, torch.Tensor):
             if token_id.numel() != 1 or token_id.dim() > 1:
                 raise ValueError(f"token_id: expected one integer token id, got shape {tuple(token_id.shape)}")
             token_id = token_id.reshape(()).item()
-        if np.ndim(token_id) != 0 or not isinstance(token_id, (numbers.Integral, np.integer)) \
-                or isinstance(token_id, bool):
-            raise ValueError(f"token_id: expected one integer token id, got {token_id!r}")
-        token_id = int(token_id)
-        if not 0 <= token_id < self.config.vocab_size:
-            raise ValueError(f"token_id: token id {token_id} is outside the vocabulary "
-                             f"[0, {self.config.vocab_size})")
-        return token_id
+        return check_token_id(token_id, self.config.vocab_size)
 
     def _check_caches(self, caches, *, decode: bool = False) -> None:
         for i, c in enumerate(caches):
@@ -549,11 +529,7 @@ def load(path_or_source, *, device=None, dtype="bfloat16", moe_combine: str = "u
     ``CheckpointError`` for a broken checkpoint (including non-finite weights, named)."""
     from reference.checkpoint import WeightSource, open_source
 
-    if moe_combine not in MOE_COMBINES:
-        raise ValueError(f"moe_combine: expected one of {MOE_COMBINES}, got {moe_combine!r}")
-    if (not isinstance(kv_norm_eps, numbers.Real) or isinstance(kv_norm_eps, bool)
-            or not np.isfinite(kv_norm_eps) or kv_norm_eps <= 0):
-        raise ValueError(f"kv_norm_eps: expected a positive finite number, got {kv_norm_eps!r}")
+    check_variants(moe_combine=moe_combine, kv_norm_eps=kv_norm_eps)
     dtype_name = _dtype_name(dtype)
     choice = _backends.resolve(backends)
     dev = resolve_device(device)

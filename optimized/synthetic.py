@@ -2,37 +2,29 @@
 
 ``reference.synthetic.synthetic_values`` documents the recipe (a counter-based 32-bit hash of the
 flat element index, keyed by ``(seed, tensor name)``, mapped to a uniform float64 value, rounded to
-float32, then to the storage dtype). This module computes the same integers with int64 tensors (every
-intermediate is < 2**63: values < 2**32 times constants < 2**31), the same two separately rounded
-float64 operations (``mul`` then ``add``: two kernels, so no fused multiply-add), and the same
-round-to-nearest-even casts (float64 -> float32 -> bfloat16), so the tensors equal the NumPy ones
-bit for bit on any device. It is how the 48B model is built on one H200 without a 98 GB file.
-
-The per-tensor keys and ``(mean, std)`` come from the reference module itself (pure Python), so
-the two sides cannot drift apart in anything but the element-wise arithmetic tested here.
+float32, then to the storage dtype) and computes it, written once against the array API standard:
+here it runs on torch tensors on the device (int64 arithmetic, every intermediate < 2**63; the
+float64 multiply and add are two kernels, so no fused multiply-add), then torch rounds to the
+storage dtype (nearest even). So the tensors equal the NumPy ones bit for bit on any device. It is
+how the 48B model is built on one H200 without a 98 GB file.
 """
 from __future__ import annotations
 
 import math
 
+import array_api_compat
 import torch
 
-from reference.synthetic import MASK32, MUL1, MUL2, SyntheticSource, synthetic_init, tensor_keys
+from reference import synthetic as _reference
+from reference.synthetic import SyntheticSource, synthetic_init
 
 _STORAGE = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _BLOCK = 1 << 24  # elements per pass: bounds the int64/float64 temporaries (~400 MB on the GPU)
+_XP = array_api_compat.array_namespace(torch.empty(0))
 
 
 def is_synthetic(source) -> bool:
     return isinstance(source, SyntheticSource)
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    x = x ^ (x >> 16)
-    x = (x * MUL1) & MASK32
-    x = x ^ (x >> 15)
-    x = (x * MUL2) & MASK32
-    return x ^ (x >> 16)
 
 
 def synthetic_values(seed: int, name: str, count: int, *, start: int = 0, mean: float = 0.0,
@@ -44,17 +36,12 @@ def synthetic_values(seed: int, name: str, count: int, *, start: int = 0, mean: 
     if count < 0 or start < 0 or start + count > 1 << 32:
         raise ValueError(f"synthetic_values: need 0 <= start, 0 <= count, start + count <= 2**32; "
                          f"got start={start}, count={count}")
-    k1, k2 = tensor_keys(seed, name)
-    half = std * math.sqrt(3.0)  # Python float, as in the reference
     if out is None:
         out = torch.empty(count, dtype=torch.float32, device=device)
     for lo in range(0, count, _BLOCK):
         hi = min(count, lo + _BLOCK)
-        h = (torch.arange(start + lo, start + hi, dtype=torch.int64, device=out.device) + k1) & MASK32
-        h = _mix32(_mix32(h) ^ k2)
-        z = ((h >> 9) * 2 + (1 - (1 << 23))).to(torch.float64) * 2.0 ** -23  # exact
-        v = (z * half).add_(mean).to(torch.float32)
-        out[lo:hi] = v  # float32 -> storage dtype: round to nearest even
+        out[lo:hi] = _reference.synthetic_values(seed, name, hi - lo, start=start + lo, mean=mean,
+                                                 std=std, xp=_XP, device=out.device)
     return out
 
 

@@ -29,7 +29,8 @@ import torch
 
 from reference.config import KimiConfig
 
-_STORAGE_TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_STORAGE_TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                  "float64": torch.float64}
 
 
 def raw_to_torch(raw: np.ndarray, storage_dtype: str) -> torch.Tensor:
@@ -220,3 +221,47 @@ def load_weights(source, *, device: torch.device, dtype: torch.dtype) -> ModelWe
     # tied embeddings: the checkpoint holds no lm_head.weight (reference.tensors.expected_tensors)
     weights.lm_head = weights.embed if cfg.tie_word_embeddings else w("lm_head.weight")
     return weights
+
+
+def named_views(weights: ModelWeights, config: KimiConfig) -> dict[str, torch.Tensor]:
+    """``{checkpoint tensor name: view}`` of resident ``weights``: every tensor of spec §(c) as a view
+    into the fused/stacked blocks (no copy; shapes as stored here, e.g. conv taps ``[C, W]``). The
+    float64 reference reads these instead of its source (``reference.load(..., shared_weights=)``),
+    so one GPU holds the 48B model's bf16 weights once for both paths. Values are the checkpoint's
+    exactly at any model dtype that holds them (bf16, float32, float64)."""
+    out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": weights.embed, "model.norm.weight": weights.norm}
+    if not config.tie_word_embeddings:
+        out["lm_head.weight"] = weights.lm_head
+    for i, lw in enumerate(weights.layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        out[p + "input_layernorm.weight"], out[p + "post_attention_layernorm.weight"] = lw.input_norm, lw.post_norm
+        mx = lw.mixer
+        if isinstance(mx, KDAWeights):
+            names = ("q_proj", "k_proj", "v_proj", "f_a_proj", "g_a_proj", "b_proj")
+            out.update({a + f"{n}.weight": t for n, t in zip(names, mx.w_in.split(mx.splits))})
+            C = (mx.conv.shape[0]) // 3
+            out.update({a + f"{x}_conv1d.weight": mx.conv[j * C:(j + 1) * C] for j, x in enumerate("qkv")})
+            out.update({a + "f_b_proj.weight": mx.f_b, a + "g_b_proj.weight": mx.g_b, a + "A_log": mx.A_log,
+                        a + "dt_bias": mx.dt_bias, a + "o_norm.weight": mx.o_norm, a + "o_proj.weight": mx.o_proj})
+        else:
+            q, kv_a = mx.w_in.split(mx.splits)
+            out.update({a + "q_proj.weight": q, a + "kv_a_proj_with_mqa.weight": kv_a,
+                        a + "kv_a_layernorm.weight": mx.kv_norm, a + "kv_b_proj.weight": mx.w_kvb,
+                        a + "o_proj.weight": mx.o_proj})
+        ffn = lw.ffn
+        if isinstance(ffn, MoEWeights):
+            m = p + "block_sparse_moe."
+            out[m + "gate.weight"], out[m + "gate.e_score_correction_bias"] = ffn.router, ffn.bias
+            for k in ("w1", "w2", "w3"):
+                stacked = getattr(ffn, k)
+                out.update({f"{m}experts.{e}.{k}.weight": stacked[e] for e in range(stacked.shape[0])})
+            if ffn.shared is not None:
+                out.update(_dense_views(m + "shared_experts.", ffn.shared))
+        else:
+            out.update(_dense_views(p + "mlp.", ffn))
+    return out
+
+
+def _dense_views(prefix: str, d: DenseWeights) -> dict[str, torch.Tensor]:
+    return {prefix + "gate_proj.weight": d.gate, prefix + "up_proj.weight": d.up, prefix + "down_proj.weight": d.down}

@@ -3,7 +3,8 @@
 Public API (lazily imported, so ``import parity`` stays light):
 
 - ``parity.classify_step`` / ``StepVerdict``: the near-tie primitive (parity/neartie.py);
-- ``parity.registry``: the op records; ``parity.certify``: certification; ``parity.strategies``:
+- ``parity.ops``: the op records (``records()``, ``get``, ``select``), ``parity.registry`` their
+  types; ``parity.candidate``: what is certified; ``parity.certify``: certification; ``parity.strategies``:
   shared hypothesis strategies and profiles; ``parity.bounds``: the error-bound models;
   ``parity.metrics``: comparisons (``compare``, ``nearer_truth``);
 - ``parity.assert_parity(op, inputs, ...)``: one op on given inputs, AssertionError with the worst
@@ -25,8 +26,8 @@ def __getattr__(name):
 
         mod, attr = _LAZY[name]
         return getattr(importlib.import_module(mod), attr)
-    if name in ("registry", "certify", "strategies", "bounds", "metrics", "mutants", "neartie", "check",
-                "emulate", "testing", "platform", "schema", "report", "docs"):
+    if name in ("registry", "ops", "candidate", "certify", "strategies", "bounds", "metrics", "mutants",
+                "neartie", "check", "emulate", "testing", "platform", "schema", "report", "docs"):
         import importlib
 
         return importlib.import_module(f"parity.{name}")

@@ -5,8 +5,11 @@ profile's number of examples, ``hypothesis.target`` climbing toward the worst er
 units). On every drawn input: the candidate is judged against the bound, every mutant is run (a
 mutant is killed when some input makes it fail; its teeth ratio is the worst bound ratio it
 reached), and on the first inputs the bytes checks (run-to-run, batch composition) and the two
-controls (an all-zeros and an all-NaN candidate, which must fail). For the optimized candidate the
-launch counter must show the kernel ran on every call.
+controls (an all-zeros and an all-NaN candidate, which must fail). For a counted candidate (the
+optimized ops) the launch counter must show the kernel ran on every call.
+
+What is certified is a :class:`parity.candidate.Candidate`: the record's optimized op, the float32
+stand-in, or any callable with the record's signature.
 
 Verdict: ``certified`` when, at every dtype run, every input passed, the kernel ran, every mutant
 was killed and both controls were rejected, and the bytes checks held if the record claims bytes.
@@ -20,14 +23,17 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import torch
 from hypothesis import Phase, given, settings, target
 
 from . import strategies
+from .candidate import NAMES as CANDIDATES
+from .candidate import named, standin
 from .check import bytes_checks, check, judge, prepare, run_candidate, strength_of
+from .metrics import nearer_truth
 from .mutants import CONTROLS
+from .platform import default_device
 from .registry import OpRecord
-
-CANDIDATES = ("optimized", "reference-f32")
 
 
 def _fin(x):
@@ -97,9 +103,10 @@ class DtypeRun:
 @dataclass
 class OpCertificate:
     record: OpRecord
-    candidate: str
+    candidate: str                                  # the candidate's name
     runs: dict = field(default_factory=dict)        # dtype -> DtypeRun
     error: str | None = None
+    counter: str | None = None                      # the launch counter that had to move
 
     @property
     def op(self) -> str:
@@ -139,8 +146,8 @@ class OpCertificate:
             if bad:
                 c = bad[0]
                 why.append(f"{d}: {len(bad)}/{len(r.cases)} input(s) failed, first {c['label']}: {c['summary']}")
-            if self.candidate == "optimized" and r.kernel_ran is False:
-                why.append(f"{d}: the optimized kernel did not record a launch (counter {self.record.counter_name})")
+            if self.counter is not None and r.kernel_ran is False:
+                why.append(f"{d}: the optimized kernel did not record a launch (counter {self.counter})")
             for m in r.mutants.values():
                 if not m.killed:
                     why.append(f"{d}: mutant {m.name} survived (teeth {m.teeth:.3g})")
@@ -176,57 +183,8 @@ class OpCertificate:
                 "teeth": {m: _fin(t) for m, t in self.teeth().items()},
                 "shapes": self.shapes(), "reasons": self.reasons(),
                 "bound_model": self.record.bound_doc, "reductions": self.record.reductions,
-                "counter": self.record.counter_name if self.candidate == "optimized" else None,
+                "counter": self.counter,
                 "runs": {d: r.to_dict() for d, r in self.runs.items()}}
-
-
-def candidate_for(record: OpRecord, candidate: str):
-    """(normalized candidate, counter name or None) for ``optimized`` or ``reference-f32``."""
-    if candidate == "optimized":
-        import optimized
-
-        if optimized.interpreting():   # what the GPU computes for bf16 dots (optimized/_interpreter.py)
-            optimized.install_faithful_bf16_dot()
-        return record.candidate(record.optimized_callable()), record.counter_name
-    if candidate == "reference-f32":
-        return rowwise(record, record.candidate(record.emulated)), None
-    raise ValueError(f"candidate: expected one of {CANDIDATES}, got {candidate!r}")
-
-
-def candidate_device(candidate: str, device: str | None) -> str:
-    """``device``, or the default for ``candidate``: the optimized ops on cuda when there is a GPU
-    (else cpu, the interpreter), the reference-f32 stand-in on cpu."""
-    from .platform import default_device
-
-    return default_device(device) if candidate == "optimized" else (device or "cpu")
-
-
-def rowwise(record: OpRecord, cand):
-    """The stand-in evaluated one batch row at a time (rows concatenated), so that its outputs do
-    not depend on the batch composition: torch's CPU matmuls and reductions pick their blocking from
-    the shapes, which no kernel contract forbids, but the bytes strength asks the stand-in for it."""
-    spec = record.batch
-    if not spec:
-        return cand
-
-    def run(inp, kw):
-        import torch
-
-        if inp.get("cu_seqlens") is not None:
-            return cand(inp, kw)
-        axes = {k: a for k, a in spec["inputs"].items() if inp.get(k) is not None}
-        n = inp[next(iter(axes))].shape[next(iter(axes.values()))]
-        parts = []
-        for i in range(n):
-            sub = dict(inp)
-            for k, a in axes.items():
-                sub[k] = inp[k].narrow(a, i, 1)
-            parts.append(cand(sub, kw))
-        # outputs without a batch axis (an in-place pool shared by the rows) come from the last call
-        return {o: torch.cat([p[o] for p in parts], dim=spec["outputs"][o]) if o in spec["outputs"]
-                else parts[-1][o] for o in record.outputs}
-
-    return run
 
 
 def _summary(j) -> str:
@@ -242,32 +200,31 @@ def _summary(j) -> str:
 
 
 def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str | None = None,
-               candidate: str = "optimized", examples: int | None = None, bytes_cases: int = 1,
+               candidate="optimized", examples: int | None = None, bytes_cases: int = 1,
                on_case=None) -> OpCertificate:
-    """Certify one op (module docstring). ``examples``: drawn inputs per dtype (default: the
-    hypothesis profile's max_examples); ``on_case(op, dtype, case_dict)`` is called after each input.
-    ``device``: where the candidate runs (None: the optimized ops on cuda if available, else cpu;
-    the reference-f32 stand-in on cpu)."""
-    device = candidate_device(candidate, device)
-    cert = OpCertificate(record, candidate)
+    """Certify one op (module docstring). ``candidate``: ``"optimized"``, ``"reference-f32"``, a
+    :class:`parity.candidate.Candidate` or a callable with the record's signature. ``examples``:
+    drawn inputs per dtype (default: the hypothesis profile's max_examples); ``on_case(op, dtype,
+    case_dict)`` is called after each input. ``device``: where the candidate runs (None: its
+    default; the optimized ops on cuda if available, else cpu; the stand-in on cpu)."""
     try:
-        cand, counter = candidate_for(record, candidate)
+        cand = named(record, candidate)
     except (ImportError, AttributeError) as exc:
+        cert = OpCertificate(record, str(candidate), counter=record.counter_name)
         cert.error = f"optimized op unavailable: {type(exc).__name__}: {exc}"
         return cert
+    device = cand.device(device)
+    cert = OpCertificate(record, cand.name, counter=cand.counter)
+    fn = cand.normalized(record)
+    # on a failure, which of the candidate and the stand-in is nearer the float64 truth
+    nearer = None if cand.rowwise else standin(record).normalized(record)
     n = examples or strategies.examples()
     for dtype in dtypes:
-        run = DtypeRun(dtype, strength_of(dtype))
-        if candidate == "optimized":
-            from .platform import store_rounding
-
-            run.rounding = store_rounding(dtype, device)
+        run = DtypeRun(dtype, strength_of(dtype), rounding=cand.rounding(dtype, device))
         run.mutants = {m.name: MutantResult(m.name, m.kind, m.doc) for m in record.mutants}
         cert.runs[dtype] = run
         t0 = time.perf_counter()
-
-        evaluate = _evaluator(record, dtype, device, cand, counter, run, bytes_cases, on_case,
-                              rowwise(record, record.candidate(record.emulated)) if candidate == "optimized" else None)
+        evaluate = _evaluator(record, dtype, device, fn, cand.counter, run, bytes_cases, on_case, nearer)
         runner = settings(settings.default, max_examples=n, database=None,
                           phases=[Phase.explicit, Phase.generate, Phase.target])(given(record.inputs())(evaluate))
         runner()
@@ -328,8 +285,6 @@ def _evaluate(record, case, dtype, device, cand, counter, run: DtypeRun, bytes_c
 def _nearer(prep, out, standin) -> str:
     """On a failure: which of the optimized op and the float32 stand-in is nearer the float64 truth,
     per float output (a stand-in nearer the truth points at the kernel, not at the bound)."""
-    from .metrics import nearer_truth
-
     try:
         alt = standin(prep.inputs(), dict(prep.case.kwargs))
     except Exception as exc:  # the stand-in failing is reported, not raised
@@ -356,8 +311,6 @@ def _and(a, b):
 def cpu_threads(device: str, n: int = 1):
     """On CPU, run with ``n`` torch threads (restored after): the test shapes are tiny, and on a shared
     machine torch's thread pool costs milliseconds per small matmul. Certificates record it."""
-    import torch
-
     if device != "cpu":
         yield
         return
@@ -371,8 +324,11 @@ def cpu_threads(device: str, n: int = 1):
 
 def certify(records, *, dtypes=("float32", "bfloat16"), device=None, candidate="optimized",
             examples=None, on_case=None, on_op=None) -> list:
-    """Certify several records; ``on_op(cert)`` is called as each finishes."""
-    device = candidate_device(candidate, device)
+    """Certify several records (``candidate`` a name: ``optimized`` or ``reference-f32``); ``on_op(cert)``
+    is called as each finishes."""
+    if candidate not in CANDIDATES:
+        raise ValueError(f"candidate: expected one of {CANDIDATES}, got {candidate!r}")
+    device = device or ("cpu" if candidate == "reference-f32" else default_device(None))
     out = []
     with cpu_threads(device):
         for rec in records:

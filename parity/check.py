@@ -12,6 +12,7 @@ import numpy as np
 
 from . import metrics
 from .bounds.core import dtype_name, precision_for
+from .platform import default_device
 from .registry import Case, OpRecord
 
 _TORCH = {}
@@ -84,22 +85,32 @@ class Prepared:
         return self._bounds[key]
 
 
-def prepare(record: OpRecord, case: Case, dtype: str, device: str | None = None,
-            rounding: str = "nearest") -> Prepared:
-    """The case's inputs rounded to ``dtype`` on ``device`` (None: cuda if available, else cpu), and
-    the float64 reference of the rounded values."""
-    from .platform import default_device
-
-    dtype = dtype_name(dtype)
-    device = default_device(device)
+def _rounded(record: OpRecord, case: Case, dtype: str, device: str):
     tensors, f64 = {}, {}
     for name, arr in case.arrays.items():
         tensors[name], f64[name] = _to_torch(arr, record.policy.get(name, "io"), dtype, device)
     for name, arr in case.aux.items():
         tensors["_" + name], f64["_" + name] = _to_torch(arr, record.policy.get(name, "io"), dtype, device)
+    return tensors, f64
+
+
+def tensors(record: OpRecord, case: Case, dtype: str, device: str | None = None) -> dict:
+    """The case's arrays as the tensors a candidate at ``dtype`` gets (rounded by the record's
+    input policy), without running the reference: for kernel tests that call the op themselves."""
+    t, _ = _rounded(record, case, dtype_name(dtype), default_device(device))
+    return {k: v for k, v in t.items() if not k.startswith("_")}
+
+
+def prepare(record: OpRecord, case: Case, dtype: str, device: str | None = None,
+            rounding: str = "nearest") -> Prepared:
+    """The case's inputs rounded to ``dtype`` on ``device`` (None: cuda if available, else cpu), and
+    the float64 reference of the rounded values."""
+    dtype = dtype_name(dtype)
+    device = default_device(device)
+    cand_inputs, f64 = _rounded(record, case, dtype, device)
     ref_inputs = {k: v for k, v in f64.items() if not k.startswith("_")}
-    ref = record.run_reference(ref_inputs, case.kwargs)
-    return Prepared(record, case, dtype, device, tensors, f64, ref, rounding)
+    ref = {k: np.asarray(v) for k, v in record.call(record.reference, ref_inputs, case.kwargs).items()}
+    return Prepared(record, case, dtype, device, cand_inputs, f64, ref, rounding)
 
 
 @dataclass
@@ -109,6 +120,7 @@ class Judgement:
     passed: bool
     ratio: float                              # worst error in bound units over all outputs
     outputs: dict = field(default_factory=dict)   # name -> metrics.Comparison
+    values: dict = field(default_factory=dict)    # name -> what the candidate returned
     error: str | None = None                  # the candidate raised
     seconds: float = 0.0
     kernel_ran: bool | None = None
@@ -123,7 +135,7 @@ def run_candidate(prepared: Prepared, cand, *, counter: str | None = None):
     """Call a normalized candidate; returns (outputs, error string or None, kernel_ran)."""
     from_counters = None
     if counter is not None:
-        from optimized import _counters
+        from optimized import _counters  # only for a counted kernel: importing optimized picks the backend
 
         before = _counters.launches[counter]
     t0 = time.perf_counter()
@@ -154,7 +166,7 @@ def judge(prepared: Prepared, outputs: dict | None, *, error: str | None = None,
         comps[n] = metrics.compare(n, prepared.ref[n], outputs[n], bounds[n])
     ratio = max((c.ratio for c in comps.values()), default=0.0)
     passed = all(c.passed for c in comps.values())
-    return Judgement(passed, ratio, comps, seconds=seconds, kernel_ran=kernel_ran)
+    return Judgement(passed, ratio, comps, dict(outputs), seconds=seconds, kernel_ran=kernel_ran)
 
 
 def check(prepared: Prepared, cand, *, counter: str | None = None) -> Judgement:

@@ -9,7 +9,8 @@ import re
 import sys
 from pathlib import Path
 
-from .registry import records
+from .ops import records
+from .registry import describe
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -25,10 +26,10 @@ def bounds_table() -> str:
 def mutants_table() -> str:
     rows = ["| op | reference | optimized | mutants (kind) | strengths | batch rows |", "|---|---|---|---|---|---|"]
     for r in records():
-        ref = getattr(r.reference, "__qualname__", r.reference.__name__)
+        ref, opt = describe(r.reference), describe(r.optimized)
         muts = "<br>".join(f"`{m.name}` ({m.kind}): {m.doc}" for m in r.mutants)
         batch = "yes" if r.batch else "run-to-run only"
-        rows.append(f"| `{r.name}` | `{ref}` | `{r.optimized}` | {muts} | {', '.join(r.strengths)} | {batch} |")
+        rows.append(f"| `{r.name}` | `{ref}` | `{opt}` | {muts} | {', '.join(r.strengths)} | {batch} |")
     return "\n".join(rows)
 
 

@@ -33,6 +33,8 @@ def environment(device: str) -> dict:
         "torch_threads": torch.get_num_threads(),
         "git": git_revision(),
         "hypothesis_profile": os.environ.get("PARITY_HYPOTHESIS_PROFILE", "ci") or "ci",
+        # the float64 reference's executor (the ops run on NumPy unless a command says otherwise)
+        "reference": {"executor": "numpy", "device": "cpu", "library": f"numpy {numpy.__version__}"},
     }
     try:
         import optimized

@@ -21,7 +21,8 @@ loaded: kind, path or preset+seed), ``config`` (hub dict), ``weights_sha256`` (o
 name, storage dtype, shape and stored bytes; null above 1 GiB), ``variants``, ``backends``,
 ``dtype``, ``environment``, ``prompt`` {text, ids}, ``top_k``, ``steps[]`` {step, token,
 logits_sha256, top_ids, top_values, bound}, ``summary``. Floats are written with Python's ``repr``,
-which reads back to the same double.
+which reads back to the same double. ``load`` checks all of it before use (``parity.golden_schema``):
+a corrupt or tampered golden is unusable input, never a verdict on the kernels.
 """
 from __future__ import annotations
 
@@ -36,12 +37,14 @@ import numpy as np
 
 from parity.diff.numerics import finite_or_none
 from parity.diff.report import atomic_write
+from parity.golden_schema import GOLDEN_FORMAT, GOLDEN_VERSION, validate
 from parity.metrics import to_numpy
+from reference.checkpoint import RAW_NUMPY
+from reference.validate import InvalidInput, read_json_file
 
-GOLDEN_FORMAT = "kimi-parity/golden"
-GOLDEN_VERSION = 1
 TOP_K = 16
 FINGERPRINT_MAX_BYTES = 1 << 30
+MAX_GOLDEN_BYTES = 256 << 20  # 100,000 steps of top-16 logits: ~100 MB
 
 
 class GoldenError(ValueError):
@@ -59,7 +62,7 @@ def weights_fingerprint(source) -> str | None:
     names = sorted(source.names())
     total = 0
     for n in names:
-        total += math.prod(source.shape(n)) * (4 if source.storage_dtype(n) == "float32" else 2)
+        total += math.prod(source.shape(n)) * RAW_NUMPY[source.storage_dtype(n)].itemsize
     if total > FINGERPRINT_MAX_BYTES:
         return None
     h = hashlib.sha256()
@@ -107,32 +110,18 @@ def write(path: str | Path, golden: dict) -> Path:
 
 
 def load(path: str | Path) -> dict:
-    """Read and validate a golden file (``GoldenError`` names what is wrong)."""
+    """Read and validate a golden file (``GoldenError`` names the file and the field)."""
     path = Path(path)
+    if not path.exists():
+        raise GoldenError(f"{path}: no such golden file")
     try:
-        g = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise GoldenError(f"{path}: no such golden file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GoldenError(f"{path}: not a JSON golden file ({exc})") from None
-    if not isinstance(g, dict) or g.get("format") != GOLDEN_FORMAT:
-        raise GoldenError(f"{path}: not a golden file (format {g.get('format') if isinstance(g, dict) else None!r}, "
-                          f"expected {GOLDEN_FORMAT!r})")
-    if g.get("version") != GOLDEN_VERSION:
-        raise GoldenError(f"{path}: golden format version {g.get('version')!r}; this tool reads {GOLDEN_VERSION}")
+        g = read_json_file(path, max_bytes=MAX_GOLDEN_BYTES)
+    except InvalidInput as exc:
+        raise GoldenError(f"{str(exc).replace(': not valid JSON', ': not a JSON golden file', 1)}") from None
     try:
-        ids = g["prompt"]["ids"]
-        steps = g["steps"]
-        ok = (isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids) and isinstance(steps, list)
-              and steps and all(isinstance(s["token"], int) and len(s["top_ids"]) == len(s["top_values"])
-                                and s["bound"] is not None and s["bound"] >= 0 for s in steps)
-              and [s["step"] for s in steps] == list(range(len(steps))))
-    except (KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise GoldenError(f"{path}: malformed golden file (prompt ids and steps with token, top_ids, "
-                          "top_values, bound expected)")
-    return g
+        return validate(g)
+    except InvalidInput as exc:
+        raise GoldenError(f"{path}: {exc}") from None
 
 
 @dataclass

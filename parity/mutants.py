@@ -1,6 +1,6 @@
 """Mutation teeth: named semantic bugs, and the controls every check must reject.
 
-Two kinds of mutant (:class:`parity.registry.Mutant`):
+Two kinds of mutant (:class:`parity.registry.Mutant`; ``wrap`` and ``internal`` make them):
 
 - ``wrap``: the real candidate runs, with its inputs, keyword arguments or outputs transformed so
   that the result is exactly what the bug would compute (``A_log + 1`` feeds ``A_log + 1``; "state
@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from functools import partial
 
+import torch
+
+from .check import torch_dtype
 from .registry import Mutant
 
 
@@ -61,10 +64,6 @@ def transposed_state(s):
 
 def zeros_candidate(record, prepared):
     """A control: every float output all zeros (integer outputs zeros too)."""
-    import torch
-
-    from .check import torch_dtype
-
     def cand(inp, kw):
         out = {}
         for n in record.outputs:
@@ -79,10 +78,6 @@ def zeros_candidate(record, prepared):
 def nan_candidate(record, prepared):
     """A control: every float output all NaN (integer outputs copied from the reference, so only the
     NaNs can fail it)."""
-    import torch
-
-    from .check import torch_dtype
-
     def cand(inp, kw):
         out = {}
         for n in record.outputs:

@@ -7,7 +7,8 @@
   naming the reason.
 - Fixtures: ``parity_device``, ``assert_parity`` (``assert_parity("kda.chunked", inputs)``, see
   :func:`parity.testing.assert_parity`; the device defaults to ``parity_device``), ``parity_registry``
-  (the records by name). Parametrize over the registry with ``parity.testing.op_names()``.
+  (the records by name, from ``parity.ops.records()``). Parametrize over the registry with
+  ``parity.testing.op_names()``.
 - Hypothesis: the profiles of :mod:`parity.strategies` are registered and the one named by
   ``PARITY_HYPOTHESIS_PROFILE`` (default ``ci``) is loaded for the whole session.
 
@@ -76,6 +77,6 @@ def assert_parity(parity_device):
 
 @pytest.fixture(scope="session")
 def parity_registry():
-    from parity import registry
+    from parity import ops  # here, not at load: the plugin imports nothing heavy
 
-    return {r.name: r for r in registry.records()}
+    return {r.name: r for r in ops.records()}

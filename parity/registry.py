@@ -1,8 +1,11 @@
-"""The op registry: one :class:`OpRecord` per op, read by the tests, the certify CLI, the pytest
-plugin and the docs tables. Adding an op is adding one record (``parity/ops/<family>.py``).
+"""The record types of the op registry: :class:`OpRecord` (one per op), :class:`Case` (one drawn
+input), :class:`Mutant` (a named semantic bug) and :class:`Ref` (a callable named by module and
+attribute, imported when first called). The records themselves are built by ``parity/ops/``
+(``parity.ops.records()``: a plain list, one module per op family); this module imports nothing of
+the project, so anything may import it.
 
-A record pairs the float64 reference with the optimized callable by name (fused optimized ops with
-the composition of reference ops), and carries the input builder (a hypothesis strategy of
+A record pairs the float64 reference with the optimized op by name (fused optimized ops with the
+reference's own fused forms), and carries the input builder (a hypothesis strategy of
 :class:`Case`), the error-bound model, the outputs compared (every output), the named mutants and
 the strengths it claims. Calls are normalized: a candidate is called as ``fn(*args, **array kwargs,
 **scalar kwargs)`` with the names the record lists, and its result becomes ``{output: tensor}``.
@@ -13,8 +16,6 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
 STRENGTHS = ("bytes", "lifted", "production")
 
 # Input precision policies: how each input is rounded for a run at dtype d.
@@ -22,6 +23,45 @@ STRENGTHS = ("bytes", "lifted", "production")
 #   "fp32"  float32 in bf16/fp16 runs, else the run dtype (states, gate parameters, biases)
 #   "int"   integer data, unchanged (ids, cu_seqlens, lengths)
 POLICIES = ("io", "fp32", "int")
+
+MIN_MUTANTS = 3
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A callable named by ``module`` and ``attr`` (dotted inside the module), imported on its first
+    call. The optimized ops are held this way: importing ``optimized`` picks the Triton backend (the
+    interpreter without a GPU), which the CLI must choose before. ``resolve()`` gives the function
+    (for tools: ``inspect.getsourcefile(record.optimized.resolve())``)."""
+
+    module: str
+    attr: str
+
+    def resolve(self) -> Callable:
+        """The function; ImportError / AttributeError name what is missing."""
+        fn = importlib.import_module(self.module)
+        for part in self.attr.split("."):
+            fn = getattr(fn, part)
+        return fn
+
+    def __call__(self, *args, **kwargs):
+        return self.resolve()(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.attr}"
+
+
+def resolve(fn) -> Callable:
+    """``fn`` itself, or the function a :class:`Ref` names."""
+    return fn.resolve() if isinstance(fn, Ref) else fn
+
+
+def describe(fn) -> str:
+    """``module:qualname`` of a callable or a :class:`Ref` (for tables and certificates)."""
+    if isinstance(fn, Ref):
+        return str(fn)
+    mod = getattr(fn, "__module__", None) or "?"
+    return f"{mod}:{getattr(fn, '__qualname__', getattr(fn, '__name__', repr(fn)))}"
 
 
 @dataclass
@@ -38,10 +78,10 @@ class Case:
 
 @dataclass(frozen=True)
 class Mutant:
-    """A named semantic bug. ``kind="wrap"``: ``build(candidate)`` returns the candidate with its
-    inputs/outputs transformed to emulate the bug (the real kernel runs); ``kind="internal"``: the
-    bug is inside the algorithm, so ``build`` returns a mutated float evaluation at the candidate's
-    dtype (parity.emulate with ``mutation=``). Candidates here are normalized:
+    """A named semantic bug. ``kind="wrap"``: ``build(candidate, record)`` returns the candidate with
+    its inputs/outputs transformed to emulate the bug (the real kernel runs); ``kind="internal"``:
+    the bug is inside the algorithm, so ``build`` returns a mutated float evaluation at the
+    candidate's dtype (parity.emulate with ``mutation=``). Candidates here are normalized:
     ``cand(inputs: dict, kwargs: dict) -> {output: tensor}``."""
 
     name: str
@@ -53,8 +93,8 @@ class Mutant:
 @dataclass(frozen=True)
 class OpRecord:
     name: str                       # "kda.chunked": family.function
-    reference: Callable             # float64 NumPy (or the composition of reference ops)
-    optimized: str                  # "optimized.kda:chunked", imported on first use
+    reference: Callable             # float64 NumPy (reference/ itself, or a parity.ops adapter)
+    optimized: Callable             # the optimized op (a Ref into optimized/, or a parity.ops adapter)
     emulated: Callable              # torch port (parity.emulate): the reference-f32 stand-in
     inputs: Callable                # () -> hypothesis strategy of Case
     bound: Callable                 # parity.bounds model
@@ -71,6 +111,19 @@ class OpRecord:
     counter: str | None = None      # name in optimized._counters (default: name)
     in_place: bool = False          # the candidate may write its inputs: call it on fresh copies
 
+    def __post_init__(self):
+        if len(self.mutants) < MIN_MUTANTS:
+            raise ValueError(f"op {self.name!r}: at least {MIN_MUTANTS} mutants required, got {len(self.mutants)}")
+        names = [m.name for m in self.mutants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"op {self.name!r}: duplicate mutant names {names}")
+        for s in self.strengths:
+            if s not in STRENGTHS:
+                raise ValueError(f"op {self.name!r}: unknown strength {s!r}")
+        for name, pol in self.policy.items():
+            if pol not in POLICIES:
+                raise ValueError(f"op {self.name!r}: input {name!r}: unknown policy {pol!r}")
+
     @property
     def family(self) -> str:
         return self.name.split(".")[0]
@@ -80,20 +133,8 @@ class OpRecord:
         return self.counter or self.name
 
     def optimized_callable(self) -> Callable:
-        """Import the optimized op (``module:attr``); ImportError/AttributeError name it."""
-        mod, _, attr = self.optimized.partition(":")
-        module = importlib.import_module(mod)
-        fn = module
-        for part in attr.split("."):
-            fn = getattr(fn, part)
-        return fn
-
-    def optimized_available(self) -> bool:
-        try:
-            self.optimized_callable()
-            return True
-        except (ImportError, AttributeError):
-            return False
+        """The optimized op (imported now if held as a :class:`Ref`)."""
+        return resolve(self.optimized)
 
     # -- normalized calls -------------------------------------------------------------------
     def call(self, fn: Callable, inputs: dict, kwargs: dict) -> dict:
@@ -110,68 +151,3 @@ class OpRecord:
     def candidate(self, fn: Callable) -> Callable:
         """``fn`` (op signature) as a normalized candidate ``cand(inputs, kwargs) -> dict``."""
         return lambda inputs, kwargs: self.call(fn, inputs, kwargs)
-
-    def run_reference(self, inputs: dict, kwargs: dict) -> dict:
-        out = self.call(self.reference, inputs, kwargs)
-        return {k: np.asarray(v) for k, v in out.items()}
-
-
-_REGISTRY: dict[str, OpRecord] = {}
-_LOADED = False
-
-
-def register(record: OpRecord) -> OpRecord:
-    if record.name in _REGISTRY:
-        raise ValueError(f"op {record.name!r} registered twice")
-    if len(record.mutants) < 3:
-        raise ValueError(f"op {record.name!r}: at least 3 mutants required, got {len(record.mutants)}")
-    names = [m.name for m in record.mutants]
-    if len(set(names)) != len(names):
-        raise ValueError(f"op {record.name!r}: duplicate mutant names {names}")
-    for s in record.strengths:
-        if s not in STRENGTHS:
-            raise ValueError(f"op {record.name!r}: unknown strength {s!r}")
-    _REGISTRY[record.name] = record
-    return record
-
-
-def _load() -> None:
-    global _LOADED
-    if not _LOADED:
-        _LOADED = True
-        from . import ops  # noqa: F401  (registers every family)
-
-
-def names() -> list[str]:
-    _load()
-    return list(_REGISTRY)
-
-
-def get(name: str) -> OpRecord:
-    _load()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown op {name!r}; registered: {', '.join(_REGISTRY)}") from None
-
-
-def records() -> list[OpRecord]:
-    _load()
-    return list(_REGISTRY.values())
-
-
-def select(patterns) -> list[OpRecord]:
-    """Records named by ``patterns``: full names (``kda.chunked``) or families (``kda``). Raises
-    KeyError naming an unknown one."""
-    _load()
-    if not patterns:
-        return records()
-    out: list[OpRecord] = []
-    for p in patterns:
-        hits = [r for r in _REGISTRY.values() if r.name == p or r.family == p]
-        if not hits:
-            raise KeyError(f"unknown op or family {p!r}; registered: {', '.join(_REGISTRY)}")
-        out += [h for h in hits if h not in out]
-    return out
-
-

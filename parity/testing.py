@@ -1,16 +1,18 @@
-"""Helpers for users' own tests: ``assert_parity`` and registry parametrization (the pytest plugin
-exposes them as fixtures)."""
+"""Helpers for users' own tests (and the kernel tests): ``assert_parity`` judges one op on given
+inputs through its record; the pytest plugin exposes it as a fixture."""
 from __future__ import annotations
 
 import numpy as np
 
+from . import ops
+from .candidate import named
 from .check import check, prepare
-from .registry import Case, get, names
+from .registry import Case
 
 
 def _to_case(record, inputs, kwargs) -> Case:
     if isinstance(inputs, Case):
-        return inputs
+        return Case(inputs.arrays, {**inputs.kwargs, **dict(kwargs or {})}, inputs.aux, inputs.label)
     arrays = {}
     for k, v in dict(inputs).items():
         if v is None:
@@ -31,34 +33,27 @@ def assert_parity(op: str, inputs, *, kwargs=None, dtype: str = "float32", devic
     """Check one registered op on the given inputs and raise AssertionError (naming the worst
     elements, their values and bounds) if any output is past its bound.
 
-    ``inputs``: a :class:`parity.registry.Case` or ``{name: array or tensor}`` with the op's
-    parameter names (values are rounded to ``dtype``; the reference sees the rounded values);
-    ``kwargs``: scalar keyword arguments; ``candidate``: a callable with the op's signature
-    (default: the registered optimized op, whose launch counter must move). Returns the Judgement.
+    ``inputs``: a :class:`parity.registry.Case` (from the record's case builders) or ``{name: array
+    or tensor}`` with the op's parameter names (values are rounded to ``dtype`` by the record's
+    policy; the reference sees the rounded values); ``kwargs``: scalar keyword arguments (added to a
+    Case's own); ``candidate``: a callable with the op's signature or a
+    :class:`parity.candidate.Candidate` (default: the registered optimized op, whose launch counter
+    must move); ``rounding``: the candidate's store rounding (default: measured for Triton
+    candidates, else nearest). Returns the Judgement.
     """
-    record = get(op)
+    record = ops.get(op)
     case = _to_case(record, inputs, kwargs)
-    if candidate is None:
-        import optimized
-
-        if optimized.interpreting():
-            optimized.install_faithful_bf16_dot()
-        fn, counter = record.optimized_callable(), record.counter_name
-    else:
-        fn, counter = candidate, None
-    if rounding is None:
-        from .platform import store_rounding
-
-        rounding = store_rounding(dtype, device) if candidate is None else "nearest"
-    prep = prepare(record, case, dtype, device, rounding)
-    j = check(prep, record.candidate(fn), counter=counter)
+    cand = named(record, "optimized" if candidate is None else candidate)
+    device = cand.device(device)
+    prep = prepare(record, case, dtype, device, rounding or cand.rounding(dtype, device))
+    j = check(prep, cand.normalized(record), counter=cand.counter)
     if not j.passed:
-        raise AssertionError(f"{op} at {dtype}: not within its bound\n{j.report()}")
-    if counter is not None and j.kernel_ran is False:
-        raise AssertionError(f"{op}: the optimized kernel did not record a launch ({counter})")
+        raise AssertionError(f"{op} at {dtype} ({case.label}): not within its bound\n{j.report()}")
+    if cand.counter is not None and j.kernel_ran is False:
+        raise AssertionError(f"{op}: the optimized kernel did not record a launch ({cand.counter})")
     return j
 
 
 def op_names() -> list[str]:
     """Every registered op, for ``pytest.mark.parametrize("op", op_names())``."""
-    return names()
+    return ops.names()

@@ -1,5 +1,7 @@
-"""Float64 NumPy reference of Kimi-Linear: every op and the full model. Imports numpy only
-(plus json/mmap to read safetensors checkpoints); never torch or triton.
+"""Float64 reference of Kimi-Linear: every op and the full model, written once against the array
+API standard and run on NumPy (default) or torch float64 on a CPU or GPU (``reference.executor``).
+Imports numpy and array-api-compat only (plus json/mmap to read safetensors checkpoints); torch only
+when a torch executor is asked for (``reference.load(src, device="cuda")``); never triton.
 
 ``reference.load``, the cache classes and the weight sources are imported lazily on first use, so
 ``import reference`` stays cheap and does not pull in the model."""
@@ -11,6 +13,7 @@ _LAZY = {
     "CheckpointError": "checkpoint",
     "SyntheticSource": "synthetic",
     "expected_tensors": "tensors",
+    "get_executor": "executor", "Executor": "executor", "DoesNotFit": "model",
 }
 
 __all__ = ["PRESETS", "ConfigError", "KimiConfig", *_LAZY]

@@ -1,21 +1,22 @@
 """Weight sources: hub-layout safetensors checkpoints, read lazily without torch, and a writer.
 
 A ``WeightSource`` has ``config`` (``KimiConfig``), ``names()``, ``shape(name)``,
-``storage_dtype(name)`` (``"bfloat16" | "float16" | "float32"``), ``get(name)`` (float64, validated:
-shape, finite), ``get_raw(name)`` (the storage bits: ``uint16`` for bf16, ``float16``, ``float32``),
+``storage_dtype(name)`` (``"bfloat16" | "float16" | "float32" | "float64"``), ``get(name)`` (float64,
+validated: shape, finite), ``get_raw(name)`` (the storage bits: ``uint16`` for bf16, ``float16``,
+``float32``, ``float64``),
 ``get_rows(name, rows)`` (float64 rows along the first axis, so a 163840-row embedding or lm_head is
 never converted whole) and ``describe()``. Shapes are the canonical ones of ``expected_tensors``:
 a conv weight stored as ``[C, W]`` is returned as ``[C, 1, W]``.
 
 The safetensors format is read here directly (NumPy cannot represent bf16 and the reference never
-imports torch): an 8-byte little-endian header length ``n``, ``n`` bytes of JSON
-``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``, then the raw
-little-endian bytes, offsets relative to the end of the header. Each file is ``np.memmap``-ed on
-first use and tensors are sliced out one at a time.
+imports torch); ``safetensors_format`` validates each header as the safetensors library does (the
+tensors tile the data section exactly). Each file is ``np.memmap``-ed on first use and tensors are
+sliced out one at a time.
 
 Every problem with a checkpoint raises ``CheckpointError`` (a ``ValueError``) with a one-line message
-naming the file, the tensor and what was expected; a broken ``config.json`` raises
-``CheckpointConfigError``, which is both a ``CheckpointError`` and the config's ``ConfigError``.
+naming the file, the tensor and what was expected, never the file's content; a broken
+``config.json`` raises ``CheckpointConfigError``, which is both a ``CheckpointError`` and the
+config's ``ConfigError``.
 """
 from __future__ import annotations
 
@@ -30,21 +31,25 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ConfigError, KimiConfig
-from .tensors import alternative_shapes, expected_tensors
+from .config import MAX_TENSORS, ConfigError, KimiConfig
+from .executor import bf16_bits_to_float64  # noqa: F401  (the exact, multi-threaded conversion)
+from .executor import all_finite, to_numpy
+from .safetensors_format import Header
+from .safetensors_format import read_header as read_st_header
+from .tensors import alternative_shapes, expected_tensors, transformers_aliases
+from .validate import InvalidInput, as_object, as_str, field, inside, label, read_json_file
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
 
-# safetensors dtype code <-> storage dtype names of the WeightSource API (the ones the model reads)
-DTYPE_CODES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
+# safetensors dtype code <-> storage dtype names of the WeightSource API (the ones the model reads;
+# F64 is what transformers writes for a model held in float64, the reference's own precision)
+DTYPE_CODES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 CODE_OF = {v: k for k, v in DTYPE_CODES.items()}
-RAW_NUMPY = {"bfloat16": np.dtype("<u2"), "float16": np.dtype("<f2"), "float32": np.dtype("<f4")}
-# every dtype of the format, for offset checks of tensors the model does not read
-ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
-            "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}
-MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+RAW_NUMPY = {"bfloat16": np.dtype("<u2"), "float16": np.dtype("<f2"), "float32": np.dtype("<f4"),
+             "float64": np.dtype("<f8")}
+MAX_INDEX_BYTES = 64 << 20  # the 48B model's index (20,493 entries) is 1.9 MB
 
 
 class CheckpointError(ValueError):
@@ -60,14 +65,6 @@ class CheckpointWarning(UserWarning):
 
 
 # -- bf16 <-> float ----------------------------------------------------------------------------------
-
-def bf16_bits_to_float64(bits: np.ndarray) -> np.ndarray:
-    """bf16 bit patterns (``uint16``) -> float64, exactly (bf16 is the top half of a float32)."""
-    bits = np.asarray(bits)
-    if bits.dtype != np.uint16:
-        raise TypeError(f"bf16 bits must be uint16, got {bits.dtype}")
-    return np.left_shift(bits, np.uint32(16), dtype=np.uint32).view(np.float32).astype(np.float64)
-
 
 def _float64_to_float32_round_to_odd(x: np.ndarray) -> np.ndarray:
     """float64 -> float32 bits rounded toward zero with the last bit forced to 1 when inexact.
@@ -147,6 +144,9 @@ class WeightSource:
     def _where(self, name: str) -> str:
         return self.describe()
 
+    def _label(self, name: str) -> str:
+        return label(name)
+
     def __contains__(self, name: str) -> bool:
         return name in set(self.names())
 
@@ -159,70 +159,84 @@ class WeightSource:
         """Rows ``rows`` (1-D integer indices) of ``name`` along its first axis, float64."""
         return self._check_finite(name, self.get(name)[np.asarray(rows, dtype=np.int64)])
 
-    def _check_finite(self, name: str, values: np.ndarray) -> np.ndarray:
-        # values come from bf16/f16/f32 (|x| < 3.5e38), so their float64 sum cannot overflow: it is
-        # finite exactly when every value is. One pass, no temporary; locate the culprit only on failure.
-        if math.isfinite(np.sum(values)):
+    def get_raw_rows(self, name: str, rows) -> np.ndarray:
+        """The storage bits of rows ``rows`` of ``name`` (see ``get_raw``)."""
+        return self.get_raw(name)[np.asarray(rows, dtype=np.int64)]
+
+    # -- on an executor (reference.executor): float64 where the model runs --------------------------
+    def get_on(self, name: str, executor, *, pending: list | None = None):
+        """``name`` as float64 on ``executor``, validated like ``get``. The bits are read on the
+        host and converted on the device (a GPU copies 2 bytes per bf16 weight, not 8). With
+        ``pending`` (a list) the finiteness check is queued there (``check_pending``) instead of
+        synchronizing with the device now."""
+        if executor.name == "numpy":
+            return self.get(name)
+        values = executor.from_storage(self.get_raw(name), self.storage_dtype(name))
+        return self.check_finite_on(name, values, executor, pending=pending)
+
+    def get_rows_on(self, name: str, rows, executor, *, pending: list | None = None):
+        """``get_rows`` on ``executor``."""
+        if executor.name == "numpy":
+            return self.get_rows(name, rows)
+        raw = self.get_raw_rows(name, rows)
+        values = executor.from_storage(raw, self.storage_dtype(name))
+        return self.check_finite_on(name, values, executor, pending=pending)
+
+    def check_finite_on(self, name: str, values, executor, *, pending: list | None = None):
+        """``values`` if all finite (one reduction on the device), else ``CheckpointError``; with
+        ``pending``, the reduction is queued as ``(name, sum)`` and checked by ``check_pending``."""
+        total = executor.xp.sum(values)
+        if pending is not None:
+            pending.append((name, total))
             return values
+        if math.isfinite(float(total)):
+            return values
+        return self._check_finite(name, to_numpy(values))
+
+    def check_pending(self, pending: list, executor) -> None:
+        """Check the queued sums of ``check_finite_on(..., pending=)`` in one synchronization; the
+        first non-finite tensor raises ``CheckpointError`` naming it (read again for the detail)."""
+        if not pending:
+            return
+        xp = executor.xp
+        finite = to_numpy(xp.isfinite(xp.stack([t for _, t in pending])))
+        names = [n for n, _ in pending]
+        pending.clear()
+        for name, ok in zip(names, finite.tolist()):
+            if not ok:  # a non-finite sum: read again, element by element (it raises, naming the first)
+                self.check_finite_on(name, executor.from_storage(self.get_raw(name), self.storage_dtype(name)),
+                                     executor)
+
+    def _check_finite(self, name: str, values: np.ndarray) -> np.ndarray:
+        # a finite float64 sum means every value is finite (block sums on every core, no
+        # temporary). An infinite sum of finite values (float64 storage can overflow it) is told
+        # apart by the element check below.
+        with np.errstate(over="ignore", invalid="ignore"):
+            if all_finite(values):
+                return values
         bad = ~np.isfinite(values)
         if bad.any():
             first = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise CheckpointError(f"{self._where(name)}: {name}: {int(bad.sum())} non-finite values "
+            raise CheckpointError(f"{self._where(name)}: {self._label(name)}: {int(bad.sum())} non-finite values "
                                   f"(first at index {first}: {values[first]}); expected finite weights")
         return values
 
 
 class _Entry:
-    __slots__ = ("file", "code", "stored_shape", "shape", "begin", "end")
+    __slots__ = ("file", "stored_name", "code", "stored_shape", "shape", "begin", "end")
 
-    def __init__(self, file, code, stored_shape, shape, begin, end):
-        self.file, self.code, self.stored_shape, self.shape = file, code, stored_shape, shape
-        self.begin, self.end = begin, end
+    def __init__(self, file, stored_name, code, stored_shape, shape, begin, end):
+        self.file, self.stored_name, self.code = file, stored_name, code
+        self.stored_shape, self.shape, self.begin, self.end = stored_shape, shape, begin, end
 
 
-def read_header(path: Path) -> tuple[int, dict, dict]:
-    """(data start, {name: info}, metadata) of a safetensors file, validated against its size."""
+def read_header(path: Path) -> Header:
+    """The validated header of one safetensors file (``safetensors_format.read_header``), with
+    ``CheckpointError`` for a file the format refuses."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise CheckpointError(f"{path}: truncated file ({size} bytes; a safetensors file "
-                                      "starts with an 8-byte header length)")
-            n = int.from_bytes(head, "little")
-            if n > MAX_HEADER_BYTES or 8 + n > size:
-                raise CheckpointError(f"{path}: header length {n} runs past the end of the file "
-                                      f"({size} bytes): truncated or not a safetensors file")
-            raw = f.read(n)
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: header is not JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: header is not a JSON object")
-    meta = header.pop("__metadata__", None) or {}
-    data_start, data_size = 8 + n, size - 8 - n
-    for name, info in header.items():
-        where = f"{path}: {name}"
-        if not (isinstance(info, dict) and isinstance(info.get("dtype"), str)
-                and isinstance(info.get("shape"), list) and isinstance(info.get("data_offsets"), list)):
-            raise CheckpointError(f"{where}: header entry needs dtype, shape and data_offsets, got {info!r}")
-        code, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
-        if code not in ITEMSIZE:
-            raise CheckpointError(f"{where}: unknown dtype {code!r}")
-        if not all(isinstance(s, int) and s >= 0 for s in shape) or not (
-                len(offs) == 2 and all(isinstance(o, int) for o in offs) and 0 <= offs[0] <= offs[1]):
-            raise CheckpointError(f"{where}: malformed shape {shape!r} or data_offsets {offs!r}")
-        nbytes = math.prod(shape) * ITEMSIZE[code]
-        if offs[1] - offs[0] != nbytes:
-            raise CheckpointError(f"{where}: data_offsets {offs} span {offs[1] - offs[0]} bytes, "
-                                  f"expected {nbytes} for {code} {tuple(shape)}")
-        if offs[1] > data_size:
-            raise CheckpointError(f"{where}: data_offsets {offs} run past the end of the data "
-                                  f"({data_size} bytes): truncated file")
-    return data_start, header, meta
+        return read_st_header(path)
+    except InvalidInput as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 class SafetensorsSource(WeightSource):
@@ -252,7 +266,7 @@ class SafetensorsSource(WeightSource):
     def storage_dtype(self, name: str) -> str:
         e = self._entry(name)
         if e.code not in DTYPE_CODES:
-            raise CheckpointError(f"{e.file}: {name}: unsupported dtype {e.code}; "
+            raise CheckpointError(f"{e.file}: {label(e.stored_name)}: unsupported dtype {e.code}; "
                                   f"expected one of {', '.join(DTYPE_CODES)}")
         return DTYPE_CODES[e.code]
 
@@ -265,6 +279,9 @@ class SafetensorsSource(WeightSource):
     def _where(self, name: str) -> str:
         return str(self._entries[name].file) if name in self._entries else str(self.path)
 
+    def _label(self, name: str) -> str:
+        return label(self._entries[name].stored_name) if name in self._entries else label(name)
+
     def _view(self, name: str) -> np.ndarray:
         """The stored bytes of ``name`` as an (unaligned, read-only) array in its canonical shape."""
         e = self._entry(name)
@@ -273,7 +290,8 @@ class SafetensorsSource(WeightSource):
         if mm is None:
             mm = self._maps[e.file] = np.memmap(e.file, dtype=np.uint8, mode="r")
         if mm.size < self._data_start[e.file] + e.end:  # the file shrank since it was opened
-            raise CheckpointError(f"{e.file}: {name}: data_offsets run past the end of the file: truncated")
+            raise CheckpointError(f"{e.file}: {self._label(name)}: data_offsets run past the end of "
+                                  "the file: truncated")
         count = math.prod(e.stored_shape)
         arr = np.frombuffer(mm, dtype=RAW_NUMPY[dtype], count=count,
                             offset=self._data_start[e.file] + e.begin)
@@ -287,20 +305,26 @@ class SafetensorsSource(WeightSource):
         return self._check_finite(name, raw_to_float64(self._view(name), self.storage_dtype(name)))
 
     def get_rows(self, name: str, rows) -> np.ndarray:
-        view = self._view(name)
-        raw = view[np.asarray(rows, dtype=np.int64)]
+        raw = self.get_raw_rows(name, rows)
         return self._check_finite(name, raw_to_float64(raw, self.storage_dtype(name)))
+
+    def get_raw_rows(self, name: str, rows) -> np.ndarray:
+        return self._view(name)[np.asarray(rows, dtype=np.int64)]
 
 
 def open_source(path: str | os.PathLike) -> SafetensorsSource:
     """Open a checkpoint directory (``config.json`` + ``model.safetensors``, or shards listed in
-    ``model.safetensors.index.json``). Headers are read and validated now (every expected tensor
-    present with its shape and a supported dtype, offsets inside the files); values are read on
-    ``get`` (and checked finite there). Unknown extra tensors give a ``CheckpointWarning``."""
+    ``model.safetensors.index.json``). Every file is validated now: the config (``KimiConfig``),
+    the index, each safetensors header as the format defines it (``safetensors_format``), every
+    expected tensor present with its shape and a supported dtype. Values are read on ``get`` (and
+    checked finite there). Files are followed through links only inside the directory, or from a
+    hub-cache snapshot into its ``blobs/``. transformers 5.x's names of the dense MLP are read as
+    the hub's (``reference.tensors.transformers_aliases``). Unknown extra tensors give a
+    ``CheckpointWarning``."""
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"{root}: no such checkpoint directory")
-    cfg_path = root / CONFIG_FILE
+    cfg_path = _inside(root, CONFIG_FILE)
     if not cfg_path.is_file():
         raise CheckpointError(f"{cfg_path}: not found (a checkpoint directory needs config.json)")
     try:
@@ -308,74 +332,108 @@ def open_source(path: str | os.PathLike) -> SafetensorsSource:
     except ConfigError as exc:
         raise CheckpointConfigError(str(exc)) from None
 
-    single, index = root / SINGLE_FILE, root / INDEX_FILE
+    single, index = _inside(root, SINGLE_FILE), _inside(root, INDEX_FILE)
     if single.is_file():
-        files = [single]
-        weight_map = None
+        files, weight_map = [single], None
     elif index.is_file():
         weight_map = _read_index(index)
         files = []
         for shard in dict.fromkeys(weight_map.values()):
-            f = root / shard
+            f = _inside(root, shard)
             if not f.is_file():
                 example = next(n for n, s in weight_map.items() if s == shard)
-                raise CheckpointError(f"{index}: shard {shard!r} (holding {example}) does not exist")
+                raise CheckpointError(f"{index}: shard '{label(shard)}' (holding {label(example)}) "
+                                      "does not exist")
             files.append(f)
     else:
         raise CheckpointError(f"{root}: no {SINGLE_FILE} or {INDEX_FILE}")
 
-    expected = expected_tensors(config)
-    entries: dict[str, _Entry] = {}
-    data_start: dict[Path, int] = {}
-    for f in files:
-        start, header, _ = read_header(f)
-        data_start[f] = start
-        for name, info in header.items():
-            if weight_map is not None and weight_map.get(name, f.name) != f.name:
-                continue  # the index places it elsewhere; that shard's copy is the one read
-            if name in entries:
-                raise CheckpointError(f"{f}: {name}: also stored in {entries[name].file}")
-            stored = tuple(info["shape"])
-            shape = stored
-            if name in expected:
-                want = expected[name]
-                if stored != want and stored not in alternative_shapes(name, want):
-                    alts = "".join(f" or {a}" for a in alternative_shapes(name, want))
-                    raise CheckpointError(f"{f}: {name}: expected shape {want}{alts}, got {stored}")
-                if info["dtype"] not in DTYPE_CODES:
-                    raise CheckpointError(f"{f}: {name}: unsupported dtype {info['dtype']}; "
-                                          f"expected one of {', '.join(DTYPE_CODES)}")
-                shape = want
-            entries[name] = _Entry(f, info["dtype"], stored, shape, *info["data_offsets"])
-    if weight_map is not None:
-        for name, shard in weight_map.items():
-            if name not in entries:
-                raise CheckpointError(f"{index}: {name} is mapped to {shard}, which does not contain it")
-
-    missing = [n for n in expected if n not in entries]
-    if missing:
-        where = files[0] if weight_map is None else index
-        raise CheckpointError(f"{where}: missing tensor {missing[0]} (expected shape {expected[missing[0]]})"
-                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
-    extra = [n for n in entries if n not in expected]
+    entries, data_start = _collect(files, weight_map, index)
+    entries = _rename_transformers(entries, config)
+    _check_expected(entries, config, files[0] if weight_map is None else index)
+    extra = [n for n in entries if n not in expected_tensors(config)]
     if extra:
-        shown = ", ".join(extra[:5]) + (f", ... ({len(extra)} in all)" if len(extra) > 5 else "")
+        shown = ", ".join(label(n) for n in extra[:5]) + (f", ... ({len(extra)} in all)" if len(extra) > 5 else "")
         warnings.warn(f"{root}: ignoring {len(extra)} unexpected tensor(s): {shown}",
                       CheckpointWarning, stacklevel=2)
     return SafetensorsSource(root, config, entries, data_start)
 
 
-def _read_index(index: Path) -> dict[str, str]:
+def _inside(root: Path, name: str) -> Path:
     try:
-        d = json.loads(index.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{index}: not valid JSON ({exc})") from None
-    wm = d.get("weight_map") if isinstance(d, dict) else None
-    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
-        raise CheckpointError(f"{index}: expected an object with a 'weight_map' of tensor -> shard file")
-    for name, shard in wm.items():
-        if Path(shard).name != shard:
-            raise CheckpointError(f"{index}: {name}: shard {shard!r} must be a file name in the directory")
+        return inside(root, name)
+    except InvalidInput as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def _collect(files: list[Path], weight_map: dict[str, str] | None, index: Path):
+    """Every tensor of the files (validated headers) as ``_Entry``, and each file's data start."""
+    entries: dict[str, _Entry] = {}
+    data_start: dict[Path, int] = {}
+    for f in files:
+        header = read_header(f)
+        data_start[f] = header.data_start
+        for name, info in header.tensors.items():
+            if weight_map is not None and weight_map.get(name, f.name) != f.name:
+                continue  # the index places it elsewhere; that shard's copy is the one read
+            if name in entries:
+                raise CheckpointError(f"{f}: {label(name)}: also stored in {entries[name].file}")
+            entries[name] = _Entry(f, name, info.dtype, info.shape, info.shape, info.begin, info.end)
+    if weight_map is not None:
+        for name, shard in weight_map.items():
+            if name not in entries:
+                raise CheckpointError(f"{index}: {label(name)} is mapped to {label(shard)}, which does "
+                                      "not contain it")
+    return entries, data_start
+
+
+def _rename_transformers(entries: dict[str, _Entry], config: KimiConfig) -> dict[str, _Entry]:
+    """transformers' names of the dense MLP -> the hub's; a layer stored under both is an error."""
+    aliases = transformers_aliases(config)
+    if not any(n in aliases for n in entries):
+        return entries
+    for alt, hub in aliases.items():
+        if alt in entries and hub in entries:
+            raise CheckpointError(f"{entries[alt].file}: both {hub} (hub layout) and {alt} "
+                                  "(transformers layout) are present; a checkpoint holds one of them")
+    return {aliases.get(n, n): e for n, e in entries.items()}
+
+
+def _check_expected(entries: dict[str, _Entry], config: KimiConfig, where: Path) -> None:
+    """Every expected tensor present, with its shape (or an accepted alternative) and a dtype the
+    model reads; the entry takes the canonical shape."""
+    expected = expected_tensors(config)
+    for name, want in expected.items():
+        e = entries.get(name)
+        if e is None:
+            missing = [n for n in expected if n not in entries]
+            raise CheckpointError(f"{where}: missing tensor {name} (expected shape {want})"
+                                  + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+        stored = e.stored_shape
+        if stored != want and stored not in alternative_shapes(name, want):
+            alts = "".join(f" or {a}" for a in alternative_shapes(name, want))
+            raise CheckpointError(f"{e.file}: {label(e.stored_name)}: expected shape {want}{alts}, got {stored}")
+        if e.code not in DTYPE_CODES:
+            raise CheckpointError(f"{e.file}: {label(e.stored_name)}: unsupported dtype {e.code}; "
+                                  f"expected one of {', '.join(DTYPE_CODES)}")
+        e.shape = want
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    """The ``weight_map`` of ``model.safetensors.index.json``: tensor name -> a file name in the
+    directory (no folders, no links out: the shard is opened through ``inside``)."""
+    try:
+        d = as_object(read_json_file(index, max_bytes=MAX_INDEX_BYTES), str(index))
+        wm = as_object(field(d, "weight_map", str(index)), f"{index}: weight_map")
+        if len(wm) > MAX_TENSORS:
+            raise InvalidInput(f"{index}: weight_map: {len(wm)} entries, more than the limit of {MAX_TENSORS}")
+        for name, shard in wm.items():
+            as_str(shard, f"{index}: weight_map: {label(name)}", max_len=255)
+            if shard in ("", ".", "..") or Path(shard).name != shard or "\\" in shard:
+                raise InvalidInput(f"{index}: {label(name)}: shard '{label(shard)}' must be a file "
+                                   "name in the directory")
+    except InvalidInput as exc:
+        raise CheckpointError(str(exc)) from None
     return wm
 
 
@@ -398,12 +456,14 @@ def _shard_name(k: int, n: int) -> str:
 
 
 class _ShardWriter:
-    """Spools one shard's tensors (4-byte dtypes first, so every tensor stays aligned) then writes
+    """Spools one shard's tensors (wider dtypes first, so every tensor stays aligned) then writes
     header + data."""
+
+    WIDTHS = (8, 4, 2)
 
     def __init__(self, tmp: Path, k: int):
         self.path = tmp / f".shard-{k}"
-        self.spools = {4: open(tmp / f".spool-{k}-4", "w+b"), 2: open(tmp / f".spool-{k}-2", "w+b")}
+        self.spools = {w: open(tmp / f".spool-{k}-{w}", "w+b") for w in self.WIDTHS}
         self.items: list[tuple[str, str, tuple, int, int]] = []  # name, code, shape, width, offset
         self.nbytes = 0
 
@@ -416,10 +476,12 @@ class _ShardWriter:
         self.nbytes += raw.nbytes
 
     def close(self) -> None:
-        base4 = self.spools[4].tell()
+        base, start = {}, 0
+        for w in self.WIDTHS:
+            base[w], start = start, start + self.spools[w].tell()
         header: dict = {"__metadata__": {"format": "pt"}}
         for name, code, shape, width, offset in self.items:
-            begin = offset + (0 if width == 4 else base4)
+            begin = offset + base[width]
             header[name] = {"dtype": code, "shape": list(shape),
                             "data_offsets": [begin, begin + math.prod(shape) * width]}
         text = json.dumps(header, separators=(",", ":")).encode()
@@ -427,7 +489,7 @@ class _ShardWriter:
         with open(self.path, "wb") as out:
             out.write(len(text).to_bytes(8, "little"))
             out.write(text)
-            for width in (4, 2):
+            for width in self.WIDTHS:
                 spool = self.spools[width]
                 spool.seek(0)
                 shutil.copyfileobj(spool, out, 1 << 24)

@@ -4,6 +4,10 @@ Field names follow the Kimi ``config.json`` keys (spec §(a)); the two nested
 ``linear_attn_config`` lists are kept **1-indexed**, exactly as the hub writes them, and the
 0-indexed layer map is derived (``is_kda_layer``). Ops never take the config: the model reads the
 scalars it needs from here and passes them explicitly.
+
+Every value is checked as JSON types it (``reference.validate``): sizes are JSON integers below the
+limits of ``LIMITS``, flags JSON booleans, ``rms_norm_eps`` and ``routed_scaling_factor`` finite and
+positive; ``eos_token_id`` may be a list (the HF form). Errors name the key, never echo a string.
 """
 from __future__ import annotations
 
@@ -12,9 +16,38 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .validate import (InvalidInput, as_bool, as_float, as_int, as_list, as_object, as_str, field,
+                       read_json_file)
+from .validate import kind as kind_of
+
 
 class ConfigError(ValueError):
     """A config.json that cannot describe a Kimi-Linear model."""
+
+
+MAX_LAYERS = 1024
+# Upper limits of the sizes (kimi-linear-48b has 27 layers, 32 heads, vocabulary 163,840, 256
+# experts, hidden 2,304, FFN 9,216): generous for any real model, small enough that nothing built
+# from a config (the layer map, the tensor table) can exhaust memory.
+LIMITS = {
+    "vocab_size": 1 << 22, "hidden_size": 1 << 16, "num_hidden_layers": MAX_LAYERS,
+    "num_attention_heads": 1024, "kv_lora_rank": 1 << 16, "qk_nope_head_dim": 4096,
+    "qk_rope_head_dim": 4096, "v_head_dim": 4096, "intermediate_size": 1 << 20,
+    "moe_intermediate_size": 1 << 20, "num_experts": 1 << 16, "num_experts_per_token": 1 << 16,
+    "num_shared_experts": 1024, "first_k_dense_replace": MAX_LAYERS, "moe_layer_freq": MAX_LAYERS,
+    "num_expert_group": 1 << 16, "topk_group": 1 << 16, "kda_num_heads": 1024, "kda_head_dim": 4096,
+    "short_conv_kernel_size": 64,
+}
+POSITIVE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
+            "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kda_num_heads", "kda_head_dim",
+            "short_conv_kernel_size", "moe_layer_freq", "num_expert_group", "topk_group")
+# the config.json key of the fields kept under another name
+HUB_KEYS = {"kda_num_heads": "linear_attn_config.num_heads", "kda_head_dim": "linear_attn_config.head_dim",
+            "short_conv_kernel_size": "linear_attn_config.short_conv_kernel_size",
+            "kda_layers": "linear_attn_config.kda_layers",
+            "full_attn_layers": "linear_attn_config.full_attn_layers", "torch_dtype": "dtype"}
+MAX_CONFIG_BYTES = 16 << 20  # a hub config.json is a few kB
+MAX_TENSORS = 1_000_000  # 50x the 48B model's 20,493
 
 
 @dataclass(frozen=True)
@@ -49,34 +82,83 @@ class KimiConfig:
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
-    eos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None  # a tuple: HF's list of end tokens
     pad_token_id: int | None = None
     torch_dtype: str = "bfloat16"
 
     def __post_init__(self):
-        positive = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                    "kda_num_heads", "kda_head_dim", "short_conv_kernel_size", "moe_layer_freq"]
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
-        layers = set(self.kda_layers) | set(self.full_attn_layers)
-        if set(self.kda_layers) & set(self.full_attn_layers):
-            raise ConfigError("linear_attn_config: a layer is listed as both KDA and full attention: "
-                              f"{sorted(set(self.kda_layers) & set(self.full_attn_layers))}")
-        if layers != set(range(1, self.num_hidden_layers + 1)):
-            raise ConfigError("linear_attn_config: kda_layers + full_attn_layers (1-indexed) must cover "
-                              f"layers 1..{self.num_hidden_layers} exactly, got {sorted(layers)}")
-        if self.has_moe:
-            if not 0 < self.num_experts_per_token <= self.num_experts:
-                raise ConfigError(f"num_experts_per_token: expected 1..{self.num_experts}, "
-                                  f"got {self.num_experts_per_token}")
-            if self.num_experts % self.num_expert_group:
-                raise ConfigError(f"num_expert_group: {self.num_expert_group} does not divide "
-                                  f"num_experts {self.num_experts}")
-            if not 0 < self.topk_group <= self.num_expert_group:
-                raise ConfigError(f"topk_group: expected 1..{self.num_expert_group}, got {self.topk_group}")
+        try:
+            self._check_types()
+            self._check_layers()
+            self._check_moe()
+            self._check_size()
+        except InvalidInput as exc:
+            raise ConfigError(str(exc)) from None
+
+    def _check_types(self):
+        for name, hi in LIMITS.items():
+            as_int(getattr(self, name), HUB_KEYS.get(name, name), lo=1 if name in POSITIVE else 0, hi=hi)
+        as_bool(self.moe_renormalize, "moe_renormalize")
+        as_bool(self.tie_word_embeddings, "tie_word_embeddings")
+        as_float(self.rms_norm_eps, "rms_norm_eps", lo=0.0, lo_open=True, hi=1.0)
+        as_float(self.routed_scaling_factor, "routed_scaling_factor", lo=0.0, lo_open=True, hi=1e6)
+        as_str(self.torch_dtype, "dtype", max_len=64)
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            for t in self.special_ids(name):
+                as_int(t, name, lo=0, hi=self.vocab_size - 1)
+
+    def special_ids(self, name: str) -> tuple[int, ...]:
+        """The ids of a special-token field (``eos_token_id`` may hold several; None: none)."""
+        value = getattr(self, name)
+        if value is None:
+            return ()
+        if isinstance(value, tuple):
+            if not value or len(value) > 1024:
+                raise InvalidInput(f"{name}: expected 1 to 1024 ids, got {len(value)}")
+            return value
+        return (value,)
+
+    def _check_layers(self):
+        n = self.num_hidden_layers
+        seen: dict[int, str] = {}
+        for name in ("kda_layers", "full_attn_layers"):
+            key = HUB_KEYS[name]
+            ids = getattr(self, name)
+            if not isinstance(ids, tuple):
+                raise InvalidInput(f"{key}: expected a list of layer numbers, got {type(ids).__name__}")
+            for x in ids:
+                as_int(x, key, lo=1, hi=n)
+                if x in seen:
+                    raise InvalidInput(f"linear_attn_config: layer {x} is listed twice ({seen[x]} and {key})")
+                seen[x] = key
+        if len(seen) != n:
+            missing = next(i for i in range(1, n + 1) if i not in seen)
+            raise InvalidInput(f"linear_attn_config: kda_layers + full_attn_layers (1-indexed) must cover "
+                               f"layers 1..{n} exactly; layer {missing} is in neither")
+        if self.intermediate_size == 0 and not all(self.is_moe_layer(i) for i in range(n)):
+            raise InvalidInput("intermediate_size: expected a positive integer (a layer has a dense MLP)")
+
+    def _check_moe(self):
+        if not self.has_moe:
+            return
+        if self.moe_intermediate_size == 0:
+            raise InvalidInput("moe_intermediate_size: expected a positive integer (the model has MoE layers)")
+        if not 0 < self.num_experts_per_token <= self.num_experts:
+            raise InvalidInput(f"num_experts_per_token: expected 1..{self.num_experts}, "
+                               f"got {self.num_experts_per_token}")
+        if self.num_experts % self.num_expert_group:
+            raise InvalidInput(f"num_expert_group: {self.num_expert_group} does not divide "
+                               f"num_experts {self.num_experts}")
+        if not 0 < self.topk_group <= self.num_expert_group:
+            raise InvalidInput(f"topk_group: expected 1..{self.num_expert_group}, got {self.topk_group}")
+
+    def _check_size(self):
+        # each limit alone is generous; their product must not make a tensor table that cannot fit
+        moe = sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
+        count = 3 + 16 * self.num_hidden_layers + moe * (3 * self.num_experts + 5)
+        if count > MAX_TENSORS:
+            raise InvalidInput(f"num_experts: {self.num_experts} experts in {moe} MoE layers make {count} tensors, "
+                               f"more than the limit of {MAX_TENSORS}")
 
     # -- derived sizes ---------------------------------------------------------------------------
     @property
@@ -146,7 +228,7 @@ class KimiConfig:
                 "full_attn_layers": list(self.full_attn_layers),
             },
             "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
+            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
             "pad_token_id": self.pad_token_id,
             "dtype": self.torch_dtype,
         }
@@ -154,73 +236,21 @@ class KimiConfig:
 
     @classmethod
     def from_hub_dict(cls, d: dict, *, source: str = "config.json") -> "KimiConfig":
-        """Parse a hub ``config.json`` dict; errors name the key and the file."""
-        if not isinstance(d, dict):
-            raise ConfigError(f"{source}: expected a JSON object, got {type(d).__name__}")
-        lac = d.get("linear_attn_config")
-        if not isinstance(lac, dict):
-            raise ConfigError(f"{source}: missing or malformed 'linear_attn_config'")
-        if d.get("q_lora_rank") not in (None, 0):
-            raise ConfigError(f"{source}: q_lora_rank={d['q_lora_rank']!r} is not supported "
-                              "(Kimi-Linear uses a full-rank q_proj)")
-        if d.get("mla_use_nope", True) is not True:
-            raise ConfigError(f"{source}: mla_use_nope must be true (Kimi-Linear MLA has no rotary)")
-
-        def get(mapping, key, default=dataclasses.MISSING, where=""):
-            if key in mapping:
-                return mapping[key]
-            if default is dataclasses.MISSING:
-                raise ConfigError(f"{source}: missing required key '{where}{key}'")
-            return default
-
+        """Parse a hub ``config.json`` dict (also the one transformers' ``save_pretrained`` writes);
+        errors name the file and the key."""
         try:
-            return cls(
-                vocab_size=get(d, "vocab_size"),
-                hidden_size=get(d, "hidden_size"),
-                num_hidden_layers=get(d, "num_hidden_layers"),
-                num_attention_heads=get(d, "num_attention_heads"),
-                kv_lora_rank=get(d, "kv_lora_rank"),
-                qk_nope_head_dim=get(d, "qk_nope_head_dim"),
-                qk_rope_head_dim=get(d, "qk_rope_head_dim"),
-                v_head_dim=get(d, "v_head_dim"),
-                intermediate_size=get(d, "intermediate_size"),
-                moe_intermediate_size=get(d, "moe_intermediate_size", 0),
-                num_experts=get(d, "num_experts", 0),
-                num_experts_per_token=get(d, "num_experts_per_token", 0),
-                num_shared_experts=get(d, "num_shared_experts", 0),
-                first_k_dense_replace=get(d, "first_k_dense_replace", 0),
-                moe_layer_freq=get(d, "moe_layer_freq", 1),
-                routed_scaling_factor=float(get(d, "routed_scaling_factor", 1.0)),
-                moe_renormalize=bool(get(d, "moe_renormalize", True)),
-                num_expert_group=get(d, "num_expert_group", 1) or 1,
-                topk_group=get(d, "topk_group", 1) or 1,
-                kda_num_heads=get(lac, "num_heads", where="linear_attn_config."),
-                kda_head_dim=get(lac, "head_dim", where="linear_attn_config."),
-                short_conv_kernel_size=get(lac, "short_conv_kernel_size", where="linear_attn_config."),
-                kda_layers=tuple(get(lac, "kda_layers", where="linear_attn_config.")),
-                full_attn_layers=tuple(get(lac, "full_attn_layers", where="linear_attn_config.")),
-                rms_norm_eps=float(get(d, "rms_norm_eps", 1e-5)),
-                tie_word_embeddings=bool(get(d, "tie_word_embeddings", False)),
-                bos_token_id=d.get("bos_token_id"),
-                eos_token_id=d.get("eos_token_id"),
-                pad_token_id=d.get("pad_token_id"),
-                torch_dtype=d.get("dtype", d.get("torch_dtype", "bfloat16")) or "bfloat16",
-            )
-        except ConfigError as exc:
+            return cls(**_hub_fields(d, source))
+        except (ConfigError, InvalidInput) as exc:
             msg = str(exc)
             raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{source}: {exc}") from None
 
     @classmethod
     def from_json(cls, path: str | Path) -> "KimiConfig":
         path = Path(path)
         try:
-            d = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: not found") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+            d = read_json_file(path, max_bytes=MAX_CONFIG_BYTES)
+        except InvalidInput as exc:
+            raise ConfigError(str(exc)) from None
         return cls.from_hub_dict(d, source=str(path))
 
     def to_json(self, path: str | Path) -> None:
@@ -233,6 +263,120 @@ class KimiConfig:
             return PRESETS[name]
         except KeyError:
             raise ConfigError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+def _ints(value, name: str) -> tuple:
+    return tuple(as_list(value, name, max_len=MAX_LAYERS))
+
+
+def _grouping(value):
+    """``num_expert_group`` / ``topk_group``: null or 0 (HF's "no grouping") is one group."""
+    return 1 if value is None or (type(value) is int and value == 0) else value
+
+
+def _special(value, name: str):
+    """A special-token id, or (HF form) a list of them: kept as a tuple."""
+    if isinstance(value, list):
+        return tuple(as_list(value, name, max_len=1024, min_len=1))
+    return value
+
+
+LAYER_TYPES = {"linear_attention": "kda", "full_attention": "mla"}
+MLP_TYPES = ("dense", "sparse")
+
+
+def _per_layer(d: dict, key: str) -> list:
+    """A transformers per-layer list: one entry per layer."""
+    types = as_list(d[key], key, max_len=MAX_LAYERS)
+    n = d.get("num_hidden_layers")
+    if isinstance(n, int) and len(types) != n:
+        raise InvalidInput(f"{key}: {len(types)} entries for num_hidden_layers {n}")
+    return types
+
+
+def _linear_attn(d: dict, source: str) -> dict:
+    """The KDA fields from the hub's ``linear_attn_config``, or from the flat keys transformers
+    writes (``layer_types``, ``linear_num_heads``, ``linear_head_dim``, ``linear_conv_kernel_dim``);
+    when both are present they must agree."""
+    hub = None
+    if "linear_attn_config" in d:
+        lac = as_object(d["linear_attn_config"], "linear_attn_config")
+
+        def sub(key):
+            return field(lac, key, f"{source}: linear_attn_config")
+
+        hub = dict(kda_num_heads=sub("num_heads"), kda_head_dim=sub("head_dim"),
+                   short_conv_kernel_size=sub("short_conv_kernel_size"),
+                   kda_layers=_ints(sub("kda_layers"), "linear_attn_config.kda_layers"),
+                   full_attn_layers=_ints(sub("full_attn_layers"), "linear_attn_config.full_attn_layers"))
+    if "layer_types" not in d:
+        if hub is None:
+            raise InvalidInput(f"{source}: missing required key 'linear_attn_config' (or transformers' "
+                               "'layer_types')")
+        return hub
+    types = _per_layer(d, "layer_types")
+    for i, t in enumerate(types):
+        as_str(t, f"layer_types[{i}]", choices=tuple(LAYER_TYPES))
+    flat = dict(kda_layers=tuple(i + 1 for i, t in enumerate(types) if t == "linear_attention"),
+                full_attn_layers=tuple(i + 1 for i, t in enumerate(types) if t == "full_attention"))
+    if hub is not None:
+        if (set(hub["kda_layers"]), set(hub["full_attn_layers"])) != tuple(map(set, flat.values())):
+            raise InvalidInput("layer_types disagrees with linear_attn_config's kda_layers/full_attn_layers")
+        return hub
+    flat.update(kda_num_heads=field(d, "linear_num_heads", source),
+                kda_head_dim=field(d, "linear_head_dim", source),
+                short_conv_kernel_size=field(d, "linear_conv_kernel_dim", source))
+    return flat
+
+
+def _moe_layout(d: dict) -> dict:
+    """``first_k_dense_replace`` and ``moe_layer_freq``, from the hub keys or from transformers'
+    ``mlp_layer_types`` (dense layers first, then MoE layers: the layouts both describe)."""
+    out = dict(first_k_dense_replace=d.get("first_k_dense_replace", 0), moe_layer_freq=d.get("moe_layer_freq", 1))
+    if "mlp_layer_types" not in d:
+        return out
+    types = _per_layer(d, "mlp_layer_types")
+    for i, t in enumerate(types):
+        as_str(t, f"mlp_layer_types[{i}]", choices=MLP_TYPES)
+    k = next((i for i, t in enumerate(types) if t == "sparse"), len(types))
+    if any(t == "dense" for t in types[k:]):
+        raise InvalidInput("mlp_layer_types: dense layers after a MoE layer are not a layout this model has "
+                           "(expected dense layers first, then MoE layers)")
+    if "first_k_dense_replace" not in d and "moe_layer_freq" not in d:
+        return dict(first_k_dense_replace=k, moe_layer_freq=1)
+    if out["moe_layer_freq"] != 1 or out["first_k_dense_replace"] != k:
+        raise InvalidInput("mlp_layer_types disagrees with first_k_dense_replace/moe_layer_freq")
+    return out
+
+
+def _hub_fields(d, source: str) -> dict:
+    """The constructor's arguments from a hub config dict, as JSON has them (``__post_init__``
+    checks types, limits and domains); only what the hub layout itself constrains is checked here."""
+    d = as_object(d, source)
+    if d.get("q_lora_rank") not in (None, 0):
+        raise InvalidInput(f"q_lora_rank: {kind_of(d['q_lora_rank'])} is not supported (Kimi-Linear uses a "
+                           "full-rank q_proj; expected null or 0)")
+    if d.get("mla_use_nope", True) is not True:
+        raise InvalidInput("mla_use_nope: must be true (Kimi-Linear MLA has no rotary)")
+
+    def get(key, default=dataclasses.MISSING):
+        return field(d, key, source) if default is dataclasses.MISSING else d.get(key, default)
+
+    dtype = d.get("dtype", d.get("torch_dtype"))
+    return dict(**_linear_attn(d, source), **_moe_layout(d),
+        vocab_size=get("vocab_size"), hidden_size=get("hidden_size"),
+        num_hidden_layers=get("num_hidden_layers"), num_attention_heads=get("num_attention_heads"),
+        kv_lora_rank=get("kv_lora_rank"), qk_nope_head_dim=get("qk_nope_head_dim"),
+        qk_rope_head_dim=get("qk_rope_head_dim"), v_head_dim=get("v_head_dim"),
+        intermediate_size=get("intermediate_size"), moe_intermediate_size=get("moe_intermediate_size", 0),
+        num_experts=get("num_experts", 0), num_experts_per_token=get("num_experts_per_token", 0),
+        num_shared_experts=get("num_shared_experts", 0), routed_scaling_factor=get("routed_scaling_factor", 1.0),
+        moe_renormalize=get("moe_renormalize", True),
+        num_expert_group=_grouping(d.get("num_expert_group")), topk_group=_grouping(d.get("topk_group")),
+        rms_norm_eps=get("rms_norm_eps", 1e-5), tie_word_embeddings=get("tie_word_embeddings", False),
+        bos_token_id=d.get("bos_token_id"), eos_token_id=_special(d.get("eos_token_id"), "eos_token_id"),
+        pad_token_id=d.get("pad_token_id"), torch_dtype="bfloat16" if dtype is None else dtype,
+    )
 
 
 def _kimi_48b() -> KimiConfig:

@@ -1,11 +1,11 @@
-"""Elementwise functions (spec b.1), float64, any shape.
+"""Elementwise functions (spec b.1), float64, any shape, on any array API executor.
 
 Every function is written so that no intermediate overflows for any finite input: ``exp`` is only
 ever taken of a non-positive argument.
 """
 from __future__ import annotations
 
-import numpy as np
+from .executor import namespace
 
 
 def sigmoid(x):
@@ -15,14 +15,16 @@ def sigmoid(x):
     so large ``|x|`` neither overflows nor loses relative accuracy (``sigmoid(-700)`` is exact to a
     few ulp, not rounded to 0 via ``1 - 1``).
     """
-    x = np.asarray(x, dtype=np.float64)
-    z = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
+    xp = namespace(x)
+    x = xp.asarray(x, dtype=xp.float64)
+    z = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1.0 / (1.0 + z), z / (1.0 + z))
 
 
 def silu(x):
     """``x * sigmoid(x)`` elementwise; float64, shape of ``x``."""
-    x = np.asarray(x, dtype=np.float64)
+    xp = namespace(x)
+    x = xp.asarray(x, dtype=xp.float64)
     return x * sigmoid(x)
 
 
@@ -32,8 +34,9 @@ def softplus(x, *, threshold=20.0):
     The threshold is kept for faithfulness to the torch/Triton gate kernels (spec b.1); it changes
     float64 results by < 2e-9 at ``x = 20``. Below it the value is computed as
     ``max(x, 0) + log1p(exp(-|x|))``, which equals ``log1p(exp(x))`` and never overflows, so
-    ``threshold=np.inf`` gives the exact softplus everywhere.
+    ``threshold=inf`` gives the exact softplus everywhere.
     """
-    x = np.asarray(x, dtype=np.float64)
-    smooth = np.maximum(x, 0.0) + np.log1p(np.exp(-np.abs(x)))
-    return np.where(x > threshold, x, smooth)
+    xp = namespace(x)
+    x = xp.asarray(x, dtype=xp.float64)
+    smooth = xp.maximum(x, 0.0) + xp.log1p(xp.exp(-xp.abs(x)))
+    return xp.where(x > threshold, x, smooth)

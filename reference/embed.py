@@ -1,7 +1,7 @@
-"""Token embedding and LM head (spec b.15), float64."""
+"""Token embedding and LM head (spec b.15), float64, on any array API executor."""
 from __future__ import annotations
 
-import numpy as np
+from .executor import namespace, to_numpy
 
 
 def embedding(ids, table):
@@ -10,18 +10,20 @@ def embedding(ids, table):
     ids: [T] integer token ids, each in ``[0, vocab)`` (checked: a negative id would otherwise
     silently wrap around); table: [vocab, D]. Returns [T, D] float64.
     """
-    ids = np.asarray(ids)
-    table = np.asarray(table, dtype=np.float64)
+    xp = namespace(ids, table)
+    ids = xp.asarray(ids)
+    table = xp.asarray(table, dtype=xp.float64)
     if table.ndim != 2:
-        raise ValueError(f"table: expected [vocab,D], got {table.shape}")
-    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"ids: expected integer [T], got {ids.dtype} {ids.shape}")
+        raise ValueError(f"table: expected [vocab,D], got {tuple(table.shape)}")
+    if ids.ndim != 1 or not xp.isdtype(ids.dtype, "integral"):
+        raise ValueError(f"ids: expected integer [T], got {ids.dtype} {tuple(ids.shape)}")
     vocab = table.shape[0]
-    bad = np.flatnonzero((ids < 0) | (ids >= vocab))
-    if bad.size:
-        raise ValueError(f"ids: token id {int(ids[bad[0]])} at position {int(bad[0])} is outside "
-                         f"the vocabulary [0, {vocab}) ({bad.size} such ids)")
-    return table[ids]
+    bad = (ids < 0) | (ids >= vocab)
+    if bool(xp.any(bad)):
+        host, where = to_numpy(ids), to_numpy(bad).nonzero()[0]
+        raise ValueError(f"ids: token id {int(host[where[0]])} at position {int(where[0])} is outside "
+                         f"the vocabulary [0, {vocab}) ({where.size} such ids)")
+    return xp.take(table, ids, axis=0)
 
 
 def lm_head(h, weight):
@@ -29,9 +31,10 @@ def lm_head(h, weight):
 
     h: [T, D] (or [D] for one position); weight: [vocab, D]. Returns [T, vocab] (or [vocab]).
     """
-    h = np.asarray(h, dtype=np.float64)
-    weight = np.asarray(weight, dtype=np.float64)
+    xp = namespace(h, weight)
+    h = xp.asarray(h, dtype=xp.float64)
+    weight = xp.asarray(weight, dtype=xp.float64)
     if weight.ndim != 2 or h.ndim not in (1, 2) or h.shape[-1] != weight.shape[1]:
         raise ValueError(f"lm_head: expected h [T,D] and weight [vocab,D] with the same D, "
-                         f"got h {h.shape}, weight {weight.shape}")
+                         f"got h {tuple(h.shape)}, weight {tuple(weight.shape)}")
     return h @ weight.T

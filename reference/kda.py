@@ -12,6 +12,9 @@ Conventions (docs/ARCHITECTURE.md):
   states are ``[N, HV, K, V]``.
 - ``scale`` defaults to ``K ** -0.5``. ``recurrent``/``chunked`` take q, k already normalized;
   ``fused_*`` apply l2norm, the gate and the beta sigmoid first (the composition the kernels fuse).
+
+Written against the array API standard (``reference.executor``): runs on NumPy, torch float64 (CPU
+or CUDA) and array-api-strict alike; no op writes into an array.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from functools import partial
 import numpy as np
 
 from .elementwise import sigmoid, softplus
+from .executor import device_of, namespace, to_numpy
 from .norm import l2norm
 
 # The chunked form evaluates exp(G_i - G_j) as exp(G_i) * exp(-G_j) when every |G| of a chunk is
@@ -37,19 +41,20 @@ def gate(g_raw, A_log, dt_bias):
     [HV*K] (flat index ``hv*K + d``). Returns the log-space decay g [B, T, HV, K] (<= 0). softplus
     uses torch's threshold 20.
     """
-    g_raw = np.asarray(g_raw, dtype=np.float64)
-    A_log = np.asarray(A_log, dtype=np.float64)
-    dt_bias = np.asarray(dt_bias, dtype=np.float64)
+    xp = namespace(g_raw, A_log, dt_bias)
+    g_raw = xp.asarray(g_raw, dtype=xp.float64)
+    A_log = xp.asarray(A_log, dtype=xp.float64)
+    dt_bias = xp.asarray(dt_bias, dtype=xp.float64)
     if g_raw.ndim != 4:
-        raise ValueError(f"g_raw: expected [B,T,HV,K], got {g_raw.shape}")
+        raise ValueError(f"g_raw: expected [B,T,HV,K], got {tuple(g_raw.shape)}")
     HV, K = g_raw.shape[2:]
-    if A_log.shape == (1, 1, HV, 1):
-        A_log = A_log.reshape(HV)
-    if A_log.shape != (HV,):
-        raise ValueError(f"A_log: expected [HV] = ({HV},) or [1,1,HV,1], got {A_log.shape}")
-    if dt_bias.shape != (HV * K,):
-        raise ValueError(f"dt_bias: expected [HV*K] = ({HV * K},), got {dt_bias.shape}")
-    return -np.exp(A_log)[:, None] * softplus(g_raw + dt_bias.reshape(HV, K))
+    if tuple(A_log.shape) == (1, 1, HV, 1):
+        A_log = xp.reshape(A_log, (HV,))
+    if tuple(A_log.shape) != (HV,):
+        raise ValueError(f"A_log: expected [HV] = ({HV},) or [1,1,HV,1], got {tuple(A_log.shape)}")
+    if tuple(dt_bias.shape) != (HV * K,):
+        raise ValueError(f"dt_bias: expected [HV*K] = ({HV * K},), got {tuple(dt_bias.shape)}")
+    return -xp.exp(A_log)[:, None] * softplus(g_raw + xp.reshape(dt_bias, (HV, K)))
 
 
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
@@ -120,44 +125,46 @@ def _prologue(q, k, g_raw, beta_logits, A_log, dt_bias):
 
 
 def _expect(name, x, letters, shape):
-    if x.shape != tuple(shape):
-        raise ValueError(f"{name}: expected [{letters}] = {tuple(shape)}, got {x.shape}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected [{letters}] = {tuple(shape)}, got {tuple(x.shape)}")
+
+
+def _cu_seqlens(cu_seqlens, B, T, shape):
+    """``cu_seqlens`` as host ints (it is metadata: the loop bounds), validated."""
+    if B != 1:
+        raise ValueError(f"cu_seqlens: requires B == 1, got q of shape {shape}")
+    cu = to_numpy(cu_seqlens)
+    if (cu.ndim != 1 or cu.size < 2 or not np.issubdtype(cu.dtype, np.integer)
+            or cu[0] != 0 or cu[-1] != T or np.any(np.diff(cu) < 0)):
+        raise ValueError(f"cu_seqlens: expected non-decreasing ints [N+1] from 0 to T = {T}, "
+                         f"got {cu_seqlens!r}")
+    return [int(c) for c in cu]
 
 
 def _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens):
     """Validate and cast; expand q, k to the HV value heads; returns the core's arguments."""
-    q, k, v, g, beta = (np.asarray(x, dtype=np.float64) for x in (q, k, v, g, beta))
+    xp = namespace(q, k, v, g, beta, initial_state)
+    q, k, v, g, beta = (xp.asarray(x, dtype=xp.float64) for x in (q, k, v, g, beta))
     if q.ndim != 4:
-        raise ValueError(f"q: expected [B,T,H,K], got {q.shape}")
+        raise ValueError(f"q: expected [B,T,H,K], got {tuple(q.shape)}")
     B, T, H, K = q.shape
     _expect("k", k, "B,T,H,K", q.shape)
-    if v.ndim != 4 or v.shape[:2] != (B, T) or v.shape[2] % H != 0 or v.shape[2] == 0:
+    if v.ndim != 4 or tuple(v.shape[:2]) != (B, T) or v.shape[2] % H != 0 or v.shape[2] == 0:
         raise ValueError(f"v: expected [B,T,HV,V] with B,T = {(B, T)} and HV a multiple of "
-                         f"H = {H}, got {v.shape}")
+                         f"H = {H}, got {tuple(v.shape)}")
     HV, V = v.shape[2:]
     _expect("g", g, "B,T,HV,K", (B, T, HV, K))
     _expect("beta", beta, "B,T,HV", (B, T, HV))
-    if cu_seqlens is None:
-        N = B
-    else:
-        cu = np.asarray(cu_seqlens)
-        if B != 1:
-            raise ValueError(f"cu_seqlens: requires B == 1, got q of shape {q.shape}")
-        if (cu.ndim != 1 or cu.size < 2 or not np.issubdtype(cu.dtype, np.integer)
-                or cu[0] != 0 or cu[-1] != T or np.any(np.diff(cu) < 0)):
-            raise ValueError(f"cu_seqlens: expected non-decreasing ints [N+1] from 0 to T = {T}, "
-                             f"got {cu_seqlens!r}")
-        N = cu.size - 1
+    N = B if cu_seqlens is None else len(_cu_seqlens(cu_seqlens, B, T, tuple(q.shape))) - 1
     if initial_state is None:
-        state = np.zeros((N, HV, K, V))
-    else:
-        # copy: the cores update the state in place, the caller's array must stay untouched
-        state = np.array(initial_state, dtype=np.float64, copy=True)
+        state = xp.zeros((N, HV, K, V), dtype=xp.float64, device=device_of(q))
+    else:  # no core writes its state: the caller's array stays untouched without a copy
+        state = xp.asarray(initial_state, dtype=xp.float64)
         _expect("initial_state", state, "B,HV,K,V" if cu_seqlens is None else "N,HV,K,V",
                 (N, HV, K, V))
     scale = K ** -0.5 if scale is None else float(scale)
     if HV != H:  # GVA: value head hv reads qk head hv // (HV // H)
-        q, k = np.repeat(q, HV // H, axis=2), np.repeat(k, HV // H, axis=2)
+        q, k = xp.repeat(q, HV // H, axis=2), xp.repeat(k, HV // H, axis=2)
     return q, k, v, g, beta, scale, state
 
 
@@ -166,72 +173,78 @@ def _over_sequences(core, args, cu_seqlens):
     q, k, v, g, beta, scale, state = args
     if cu_seqlens is None:
         return core(q, k, v, g, beta, scale, state)
-    cu = [int(c) for c in cu_seqlens]
-    o = np.zeros(v.shape)
+    xp = namespace(q)
+    cu = _cu_seqlens(cu_seqlens, 1, q.shape[1], tuple(q.shape))
+    outs, states = [], []
     for n, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
-        o[:, s:e], state[n : n + 1] = core(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e],
-                                           beta[:, s:e], scale, state[n : n + 1])
-    return o, state
+        o, st = core(q[:, s:e, ...], k[:, s:e, ...], v[:, s:e, ...], g[:, s:e, ...], beta[:, s:e, ...], scale,
+                     state[n : n + 1, ...])
+        outs.append(o)
+        states.append(st)
+    return xp.concat(outs, axis=1), xp.concat(states, axis=0)
 
 
 # ---------------------------------------------------------------------------------------------
-# cores: q, k already expanded to [B, T, HV, K]; S [B, HV, K, V] is owned (updated in place)
+# cores: q, k already expanded to [B, T, HV, K]; S [B, HV, K, V] at the start; nothing is written
 
 
 def _recurrent_core(q, k, v, g, beta, scale, S):
+    xp = namespace(q)
     B, T, HV, V = v.shape
-    o = np.zeros((B, T, HV, V))
+    outs = []
     for t in range(T):
-        S *= np.exp(g[:, t])[..., None]
+        S = S * xp.exp(g[:, t, ...])[..., None]
         kt = k[:, t, :, None, :]  # [B, HV, 1, K]
-        e = beta[:, t, :, None] * (v[:, t] - (kt @ S)[..., 0, :])  # [B, HV, V]
-        S += k[:, t, :, :, None] * e[:, :, None, :]
-        o[:, t] = scale * (q[:, t, :, None, :] @ S)[..., 0, :]
+        e = beta[:, t, :, None] * (v[:, t, ...] - (kt @ S)[..., 0, :])  # [B, HV, V]
+        S = S + k[:, t, :, :, None] * e[:, :, None, :]
+        outs.append(scale * (q[:, t, :, None, :] @ S)[..., 0, :])
+    o = xp.stack(outs, axis=1) if outs else xp.zeros((B, 0, HV, V), dtype=xp.float64, device=device_of(q))
     return o, S
 
 
 def _chunked_core(q, k, v, g, beta, scale, S, *, chunk_size):
     # Chunk by chunk, vectorized over B and heads: per-chunk temporaries stay a few MB (whole-sequence
     # temporaries at T = 4096 are 100+ MB each and cost more in page faults than in arithmetic).
+    xp = namespace(q)
     B, T, HV, V = v.shape
-    o = np.empty((B, T, HV, V))
+    outs = []
     for s in range(0, T, chunk_size):
         e = min(s + chunk_size, T)  # a ragged final chunk is just shorter: G_last = G[e-1]
-        qc, kc, vc, gc = (np.moveaxis(x[:, s:e], 1, 2) for x in (q, k, v, g))  # [B, HV, c, *]
-        bc = np.moveaxis(beta[:, s:e], 1, 2)[..., None]  # [B, HV, c, 1]
+        qc, kc, vc, gc = (xp.moveaxis(x[:, s:e, ...], 1, 2) for x in (q, k, v, g))  # [B, HV, c, *]
+        bc = xp.moveaxis(beta[:, s:e, ...], 1, 2)[..., None]  # [B, HV, c, 1]
         oc, S = _chunk(qc, kc, vc, gc, bc, scale, S)
-        o[:, s:e] = np.moveaxis(oc, 1, 2)
+        outs.append(xp.moveaxis(oc, 1, 2))
+    o = xp.concat(outs, axis=1) if outs else xp.zeros((B, 0, HV, V), dtype=xp.float64, device=device_of(q))
     return o, S
 
 
 def _chunk(q, k, v, g, beta, scale, S):
     """One chunk, spec b.9 steps 1-8. q, k, g: [B, HV, c, K]; v: [B, HV, c, V]; beta: [B, HV, c, 1];
     S: [B, HV, K, V] at the chunk start. Returns (o [B, HV, c, V], S at the chunk end)."""
+    xp = namespace(q, k, v, g, beta, S)
     K = k.shape[-1]
-    G = np.array(g)  # inclusive prefix sum within the chunk, as a running sum over rows
-    for i in range(1, G.shape[-2]):
-        G[..., i, :] += G[..., i - 1, :]
+    G = xp.cumulative_sum(g, axis=-2)  # inclusive prefix sum within the chunk (sequential adds)
     G_last = G[..., -1:, :]  # [B, HV, 1, K]
-    eG = np.exp(G)
+    eG = xp.exp(G)
     qg, kg = q * eG, k * eG
-    if np.max(np.abs(G)) <= _FACTORED_RANGE_MAX:
+    if bool(xp.max(xp.abs(G)) <= _FACTORED_RANGE_MAX):
         # exp(G_i - G_j) = exp(G_i) * exp(-G_j): both factors within e^+-600, so every product
         # (also the ones masked away below) is finite; two BLAS products instead of c*c*K exps
         k_inv = k / eG
-        k_inv_t = np.swapaxes(k_inv, -1, -2)
+        k_inv_t = xp.matrix_transpose(k_inv)
         Aqk, Akk = qg @ k_inv_t, kg @ k_inv_t
-        kd = k_inv * np.exp(G_last)  # k exp(G_last - G)
+        kd = k_inv * xp.exp(G_last)  # k exp(G_last - G)
     else:
         Aqk, Akk = _pairwise(q, k, G)
-        kd = k * np.exp(G_last - G)
-    Aqk = scale * np.tril(Aqk)  # query-key, i >= j
-    Akk = beta * np.tril(Akk, -1)  # key-key, i > j
+        kd = k * xp.exp(G_last - G)
+    Aqk = scale * xp.tril(Aqk)  # query-key, i >= j
+    Akk = beta * xp.tril(Akk, k=-1)  # key-key, i > j
     # WY form: solve (I + Akk) [w | u] = [beta k exp(G) | beta v]
-    wu = _solve_unit_lower(Akk, beta * np.concatenate([kg, v], axis=-1))
+    wu = _solve_unit_lower(Akk, beta * xp.concat([kg, v], axis=-1))
     w, u = wu[..., :K], wu[..., K:]
     v_new = u - w @ S
     o = scale * (qg @ S) + Aqk @ v_new
-    S = np.swapaxes(np.exp(G_last), -1, -2) * S + np.swapaxes(kd, -1, -2) @ v_new
+    S = xp.matrix_transpose(xp.exp(G_last)) * S + xp.matrix_transpose(kd) @ v_new
     return o, S
 
 
@@ -240,17 +253,20 @@ def _pairwise(q, k, G, rows=16):
 
     The exponent is set to -inf for j > i BEFORE exp: with strong decays those differences exceed
     float64's exp range. Blocks of ``rows`` query rows bound the [.., rows, c, K] temporaries."""
+    xp = namespace(q, k, G)
     c = G.shape[-2]
-    Aqk = np.zeros(G.shape[:-1] + (c,))
-    Akk = np.zeros_like(Aqk)
+    dev = device_of(G)
+    Aqk, Akk = [], []
     for r0 in range(0, c, rows):
         r1 = min(r0 + rows, c)  # rows r0..r1-1 only reach columns < r1
         diff = G[..., r0:r1, None, :] - G[..., None, :r1, :]  # [B, HV, i, j, K]
-        causal = (np.arange(r0, r1)[:, None] >= np.arange(r1)[None, :])[:, :, None]
-        kd = np.exp(np.where(causal, diff, -np.inf)) * k[..., None, :r1, :]
-        Aqk[..., r0:r1, :r1] = np.einsum("...ik,...ijk->...ij", q[..., r0:r1, :], kd)
-        Akk[..., r0:r1, :r1] = np.einsum("...ik,...ijk->...ij", k[..., r0:r1, :], kd)
-    return Aqk, Akk
+        causal = (xp.arange(r0, r1, device=dev)[:, None] >= xp.arange(r1, device=dev)[None, :])[:, :, None]
+        kd = xp.exp(xp.where(causal, diff, -xp.inf)) * k[..., None, :r1, :]  # [B, HV, i, j, K]
+        pad = xp.zeros(G.shape[:-2] + (r1 - r0, c - r1), dtype=xp.float64, device=dev)
+        for x, out in ((q, Aqk), (k, Akk)):
+            blk = (kd @ x[..., r0:r1, :, None])[..., 0]  # [B, HV, i, j]: sum over K per (i, j)
+            out.append(xp.concat([blk, pad], axis=-1))
+    return xp.concat(Aqk, axis=-2), xp.concat(Akk, axis=-2)
 
 
 def _solve_unit_lower(A, rhs, block=16):
@@ -258,21 +274,28 @@ def _solve_unit_lower(A, rhs, block=16):
 
     Blocked forward substitution: the diagonal ``block x block`` blocks of I + A are inverted row by
     row (all at once), then block row I is ``X_I = inv(I + A_II) (rhs_I - A_I,<I X_<I)``: the
-    product M rhs with M = (I + A)^-1 of the spec, in a handful of numpy calls per chunk."""
+    product M rhs with M = (I + A)^-1 of the spec, in a handful of array calls per chunk."""
+    xp = namespace(A, rhs)
     c = A.shape[-1]
     cp = -(-c // block) * block
+    dev = device_of(A)
     if cp != c:  # zero padding extends I + A by an identity block: inert
-        A = np.pad(A, [(0, 0)] * (A.ndim - 2) + [(0, cp - c), (0, cp - c)])
-        rhs = np.pad(rhs, [(0, 0)] * (rhs.ndim - 2) + [(0, cp - c), (0, 0)])
+        lead = tuple(A.shape[:-2])
+        A = xp.concat([A, xp.zeros(lead + (c, cp - c), dtype=xp.float64, device=dev)], axis=-1)
+        A = xp.concat([A, xp.zeros(lead + (cp - c, cp), dtype=xp.float64, device=dev)], axis=-2)
+        rhs = xp.concat([rhs, xp.zeros(tuple(rhs.shape[:-2]) + (cp - c, rhs.shape[-1]),
+                                       dtype=xp.float64, device=dev)], axis=-2)
     starts = range(0, cp, block)
-    D = np.stack([A[..., s : s + block, s : s + block] for s in starts], axis=-3)
-    N = np.broadcast_to(np.eye(block), D.shape).copy()  # -> inv(I + D), row i after rows < i
+    D = xp.stack([A[..., s : s + block, s : s + block] for s in starts], axis=-3)  # [..., nb, b, b]
+    eye = xp.broadcast_to(xp.eye(block, dtype=xp.float64, device=dev), D.shape)
+    rows = [eye[..., 0, :]]  # row i of inv(I + D) after rows < i: e_i - D[i, :i] N[:i]
     for i in range(1, block):
-        N[..., i, :] -= np.einsum("...j,...jk->...k", D[..., i, :i], N[..., :i, :])
-    X = np.empty_like(rhs)
+        rows.append(eye[..., i, :] - (D[..., i, None, :i] @ xp.stack(rows, axis=-2))[..., 0, :])
+    N = xp.stack(rows, axis=-2)  # [..., nb, b, b]
+    X = []
     for b, s in enumerate(starts):
         r = rhs[..., s : s + block, :]
         if s:
-            r = r - A[..., s : s + block, :s] @ X[..., :s, :]
-        X[..., s : s + block, :] = N[..., b, :, :] @ r
-    return X[..., :c, :]
+            r = r - A[..., s : s + block, :s] @ xp.concat(X, axis=-2)
+        X.append(N[..., b, :, :] @ r)
+    return xp.concat(X, axis=-2)[..., :c, :]

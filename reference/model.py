@@ -1,10 +1,17 @@
 """The float64 Kimi-Linear model (spec b.10-b.17), built from the reference ops, streaming its weights.
 
-``load(path_or_source, *, moe_combine="unbiased", kv_norm_eps=1e-6)`` returns a ``Model`` with
-``forward`` (full recompute), ``prefill`` and ``decode``; one sequence, 1-D token ids. Weights are
-fetched from the ``WeightSource`` layer by layer through a small LRU (``WEIGHT_CACHE_BYTES``), routed
+``load(path_or_source, *, moe_combine="unbiased", kv_norm_eps=1e-6, device="cpu", executor=None,
+shared_weights=None, weight_cache_bytes=None)`` returns a ``Model`` with ``forward`` (full recompute),
+``prefill`` and ``decode``; one sequence, 1-D token ids. The model runs on an executor
+(``reference.executor``): NumPy on the CPU by default, torch float64 on ``device="cuda"`` (or on the
+CPU with ``executor="torch"``); its arrays (logits, caches, traces) are that library's.
+
+Weights are fetched layer by layer as they are used, converted from their storage bits (bf16) to
+float64 on the executor's device, through a byte-bounded LRU (``weight_cache_bytes``): routed
 experts one at a time for the ids the router picked, embedding rows by id and the lm_head in row
-blocks, so memory stays about one layer even for kimi-linear-48b.
+blocks, so the float64 model (393 GB at kimi-linear-48b) is never materialized. With
+``shared_weights`` (``{name: tensor}`` on the device, e.g. the optimized model's bf16 weights) those
+tensors are read instead of the source: 98 GB of bf16 weights once on one GPU for both models.
 
 Which form of each op runs where (both forms of KDA and MLA are exact in float64, so prefill
 followed by decode equals one longer prefill to ~1e-15):
@@ -12,15 +19,21 @@ followed by decode equals one longer prefill to ~1e-15):
 - ``forward`` / ``prefill``: KDA ``fused_chunked`` (chunk 64), MLA ``naive``;
 - ``decode``: conv ``short_conv_step``, KDA ``fused_recurrent``, MLA ``absorbed``.
 
-The reference is functional: ``decode`` never mutates its input cache (its arrays are read-only)
-and returns a new one. ``trace`` (a dict) receives float64 arrays, ``[T, ...]`` also in decode
-(T = 1): ``layers.{i}.mixer`` / ``.ffn`` (the branch outputs added to the residual),
-``layers.{i}.hidden`` (residual stream after layer i), ``layers.{i}.router.scores`` (sigmoid scores
-``[T, E]``), ``layers.{i}.router.selection`` (scores + bias ``[T, E]``), ``layers.{i}.router.ids``
-(``[T, k_e]``) and ``final_norm``. With ``model.trace_kda_core = True`` it also receives, per KDA
-layer, the core's inputs ``layers.{i}.kda.{q,k,v,g,beta}`` (after the fused prologue), the state
-it started from ``.initial_state`` ``[HV, K, V]`` and the gated norm's output ``.normed``
-``[T, HV, V]``: the localization's bound replays the recurrence on them.
+Memory: before a call allocates anything, ``memory_estimate`` bounds its peak (weights in flight,
+activations, MLA attention blocks, trace, logits, cache) and a call that cannot fit in the device's
+free memory raises ``DoesNotFit`` (a ``MemoryError``) with one line saying what and how much.
+
+The reference is functional: ``decode`` never mutates its input cache (no op writes an array; NumPy
+cache arrays are read-only too) and returns a new one. ``trace`` (a dict) receives float64 arrays,
+``[T, ...]`` also in decode (T = 1): ``layers.{i}.mixer`` / ``.ffn`` (the branch outputs added to the
+residual), ``layers.{i}.hidden`` (residual stream after layer i), ``layers.{i}.router.scores``
+(sigmoid scores ``[T, E]``), ``layers.{i}.router.selection`` (scores + bias ``[T, E]``),
+``layers.{i}.router.ids`` (``[T, k_e]``) and ``final_norm``. With ``model.trace_kda_core = True`` it
+also receives, per KDA layer, the core's inputs ``layers.{i}.kda.{q,k,v,g,beta}`` (after the fused
+prologue), the state it started from ``.initial_state`` ``[HV, K, V]`` and the gated norm's output
+``.normed`` ``[T, HV, V]``: the localization's bound replays the recurrence on them.
+``model.progress``, when set, is called after every layer with ``{"call", "layer", "layers",
+"tokens", "elapsed_s"}``.
 
 Semantic variants (spec §(e)), reported in ``model.variants``: ``moe_combine`` ("unbiased": combine
 weights from the sigmoid scores, as vLLM; "biased": from scores + correction bias, as the HF remote
@@ -31,28 +44,42 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import conv, embed, kda, mla, moe, norm
 from .checkpoint import WeightSource, open_source
+from .checks import check_token_id, check_token_ids, check_variants
 from .config import KimiConfig
 from .elementwise import sigmoid
+from .executor import NUMPY, Executor, device_of, get_executor, to_numpy
 from .tensors import expert_name, layer_prefix
 
-MOE_COMBINES = ("unbiased", "biased")
-WEIGHT_CACHE_BYTES = 64 << 20  # LRU of float64 weights: all of tiny/small, a few tensors of 48b
+LOGITS = ("all", "last")
+WEIGHT_CACHE_BYTES = 64 << 20  # default LRU of float64 weights: all of tiny/small, a few tensors of 48b
 LM_HEAD_BLOCK_ROWS = 4096  # a large lm_head is read in blocks of rows (75 MB float64 at 48b)
+MEMORY_MARGIN = 1.25  # the estimate times this must fit: allocator slack, fragmentation
+SEGMENT = 8192  # a long prefill's KDA layers and routed experts run on this many tokens at a time
+# (a multiple of the KDA chunk 64: the chunks, the carried states and so the results are those of
+# one pass; the activations of a 32k-token 48B prefill shrink 4x)
+
+
+class DoesNotFit(MemoryError):
+    """A call whose estimated peak memory exceeds what the executor's device has free (one line)."""
 
 
 # -- caches ------------------------------------------------------------------------------------------
 
-def _frozen(a) -> np.ndarray:
-    a = np.array(a, dtype=np.float64)  # a private copy: the cache owns its arrays
-    a.setflags(write=False)
+def _frozen(a):
+    """A cache array: a private read-only float64 copy for NumPy input; another executor's array as
+    it is (no reference op writes an array, so nobody changes it)."""
+    if isinstance(a, (np.ndarray, list, tuple, numbers.Number)):
+        a = np.array(a, dtype=np.float64)
+        a.setflags(write=False)
     return a
 
 
@@ -94,30 +121,73 @@ class ModelCache:
 # -- weights -----------------------------------------------------------------------------------------
 
 class _Weights:
-    """float64 weights from a source through a byte-bounded LRU (arrays handed out read-only)."""
+    """float64 weights on the executor, from ``shared`` tensors or the source, through a byte-bounded
+    LRU (NumPy arrays handed out read-only)."""
 
-    def __init__(self, source: WeightSource, budget: int):
-        self.source, self.budget = source, budget
-        self._lru: OrderedDict[str, np.ndarray] = OrderedDict()
+    def __init__(self, source: WeightSource, executor: Executor, budget: int,
+                 shared: Mapping | None = None):
+        self.source, self.ex, self.budget = source, executor, budget
+        self.shared = shared or {}
+        self._lru: OrderedDict[str, object] = OrderedDict()
         self._bytes = 0
+        # finiteness of weights fetched during a call, checked at its end in one device sync
+        # (a sync per tensor costs ~1200 round trips per 48B decode step); NumPy checks at once
+        self.pending: list | None = None if executor.name == "numpy" else []
 
-    def __call__(self, name: str) -> np.ndarray:
+    def __call__(self, name: str):
         a = self._lru.get(name)
         if a is not None:
             self._lru.move_to_end(name)
             return a
-        a = self.source.get(name)
-        a.setflags(write=False)
-        if a.nbytes <= self.budget // 4:
+        a = self.ex.freeze(self._fetch(name))
+        nbytes = math.prod(a.shape) * 8
+        if nbytes <= self.budget // 4:
             self._lru[name] = a
-            self._bytes += a.nbytes
+            self._bytes += nbytes
             while self._bytes > self.budget:
                 _, old = self._lru.popitem(last=False)
-                self._bytes -= old.nbytes
+                self._bytes -= math.prod(old.shape) * 8
         return a
+
+    def _fetch(self, name: str):
+        t = self.shared.get(name)
+        if t is None:
+            return self.source.get_on(name, self.ex, pending=self.pending)
+        shape = self.source.shape(name)
+        if math.prod(t.shape) != math.prod(shape):
+            raise ValueError(f"shared_weights[{name!r}]: expected shape {shape}, got {tuple(t.shape)}")
+        try:
+            a = self.ex.from_storage(t, self.source.storage_dtype(name))
+        except TypeError as exc:
+            raise ValueError(f"shared_weights[{name!r}]: {exc}") from None
+        return self.source.check_finite_on(name, self.ex.xp.reshape(a, shape), self.ex, pending=self.pending)
+
+    def rows(self, name: str, rows: np.ndarray):
+        """float64 rows (host int64 indices) of ``name`` along its first axis."""
+        t = self.shared.get(name)
+        if t is None:
+            return self.source.get_rows_on(name, rows, self.ex, pending=self.pending)
+        sub = t[int(rows[0]):int(rows[-1]) + 1] if _contiguous(rows) else t[self.ex.ints(rows)]
+        return self.source.check_finite_on(name, self.ex.from_storage(sub, self.source.storage_dtype(name)),
+                                           self.ex, pending=self.pending)
+
+    def verify(self) -> None:
+        """Raise for a non-finite weight fetched and not yet checked (``CheckpointError``); the
+        LRU is emptied then, so no unchecked weight is ever used again."""
+        if self.pending:
+            try:
+                self.source.check_pending(self.pending, self.ex)
+            except BaseException:
+                self._lru.clear()
+                self._bytes = 0
+                raise
 
     def small(self, name: str) -> bool:
         return math.prod(self.source.shape(name)) * 8 <= self.budget // 4
+
+
+def _contiguous(rows: np.ndarray) -> bool:
+    return rows.size > 0 and int(rows[-1]) - int(rows[0]) + 1 == rows.size and bool(np.all(np.diff(rows) == 1))
 
 
 class _Experts(Sequence):
@@ -136,34 +206,43 @@ class _Experts(Sequence):
         return self._w(expert_name(self._layer, e, self._which))
 
 
-def check_variants(*, moe_combine, kv_norm_eps) -> None:
-    """``ValueError`` for an unknown ``moe_combine`` or a non-positive / non-finite ``kv_norm_eps``."""
-    if moe_combine not in MOE_COMBINES:
-        raise ValueError(f"moe_combine: expected one of {MOE_COMBINES}, got {moe_combine!r}")
-    if (not isinstance(kv_norm_eps, numbers.Real) or isinstance(kv_norm_eps, bool)
-            or not math.isfinite(kv_norm_eps) or kv_norm_eps <= 0):
-        raise ValueError(f"kv_norm_eps: expected a positive finite number, got {kv_norm_eps!r}")
-
-
 # -- the model ---------------------------------------------------------------------------------------
 
 class Model:
-    """Float64 Kimi-Linear over a ``WeightSource`` (see the module docstring)."""
+    """Float64 Kimi-Linear over a ``WeightSource`` on an executor (see the module docstring)."""
 
-    def __init__(self, source: WeightSource, *, moe_combine: str = "unbiased", kv_norm_eps: float = 1e-6):
+    def __init__(self, source: WeightSource, *, moe_combine: str = "unbiased", kv_norm_eps: float = 1e-6,
+                 executor: Executor = NUMPY, shared_weights: Mapping | None = None,
+                 weight_cache_bytes: int | None = None, segment: int = SEGMENT):
         check_variants(moe_combine=moe_combine, kv_norm_eps=kv_norm_eps)
+        budget = WEIGHT_CACHE_BYTES if weight_cache_bytes is None else int(weight_cache_bytes)
+        if budget < 0:
+            raise ValueError(f"weight_cache_bytes: expected a non-negative size, got {weight_cache_bytes!r}")
         self.source = source
         self.config: KimiConfig = source.config
         self.variants = {"moe_combine": moe_combine, "kv_norm_eps": float(kv_norm_eps)}
-        self._w = _Weights(source, WEIGHT_CACHE_BYTES)
+        self.executor = executor
+        self._w = _Weights(source, executor, budget, shared_weights)
+        self.progress: Callable[[dict], None] | None = None
         self.trace_kda_core = False  # traces also carry layers.{i}.kda.* (the localization sets it)
+        if segment < 64 or segment % 64:
+            raise ValueError(f"segment: expected a positive multiple of the KDA chunk 64, got {segment!r}")
+        self.segment = int(segment)
+
+    @property
+    def shares_weights(self) -> bool:
+        """Whether tensors given as ``shared_weights`` are read instead of the source."""
+        return bool(self._w.shared)
 
     def __repr__(self) -> str:
-        return f"reference.Model({self.source.describe()}, variants={self.variants})"
+        return (f"reference.Model({self.source.describe()}, variants={self.variants}, "
+                f"executor={self.executor.describe()})")
 
     # -- public API ------------------------------------------------------------------------------
-    def forward(self, token_ids, *, trace: dict | None = None, routing: dict | None = None) -> np.ndarray:
-        """Logits ``[T, vocab]`` of the whole sequence, recomputed from scratch.
+    def forward(self, token_ids, *, trace: dict | None = None, routing: dict | None = None,
+                logits: str = "all"):
+        """Logits ``[T, vocab]`` of the whole sequence, recomputed from scratch (``logits="last"``:
+        ``[1, vocab]``, the last position's only: a long prompt's ``[T, vocab]`` need not fit).
 
         ``routing`` ``{layer: ids [T, k_e]}``: replay these expert choices in those MoE layers
         instead of the reference's own top-k (the combine weights are still the reference's scores at
@@ -171,35 +250,50 @@ class Model:
         with its choices replayed, what is left between the two is smooth arithmetic error.
         """
         ids = self._check_ids(token_ids)
-        return self._run(ids, None, trace, self._check_routing(routing, len(ids)))[0]
+        return self._run(ids, None, trace, self._check_routing(routing, len(ids)), logits=logits,
+                         call="forward")[0]
 
-    def prefill(self, token_ids, *, trace: dict | None = None) -> tuple[np.ndarray, ModelCache]:
-        """``(logits [T, vocab], cache)`` for a fresh sequence."""
+    def prefill(self, token_ids, *, trace: dict | None = None, logits: str = "all"):
+        """``(logits [T, vocab], cache)`` for a fresh sequence (``logits="last"``: ``[1, vocab]``)."""
         ids = self._check_ids(token_ids)
-        return self._run(ids, None, trace)
+        return self._run(ids, None, trace, logits=logits, call="prefill")
 
-    def decode(self, token_id, cache: ModelCache, *, trace: dict | None = None) -> tuple[np.ndarray, ModelCache]:
+    def decode(self, token_id, cache: ModelCache, *, trace: dict | None = None):
         """``(logits [vocab], new cache)`` for one more token; ``cache`` is left untouched."""
-        if np.ndim(token_id) != 0:
-            raise ValueError(f"token_id: expected one integer token id, got shape {np.shape(token_id)}")
-        ids = self._check_ids(np.reshape(token_id, (1,)), what="token_id")
+        if hasattr(token_id, "shape") and not isinstance(token_id, np.ndarray):
+            token_id = to_numpy(token_id)  # a torch scalar from a GPU engine
+        ids = np.array([check_token_id(token_id, self.config.vocab_size)], dtype=np.int64)
         self._check_cache(cache)
-        logits, new = self._run(ids, cache, trace)
+        logits, new = self._run(ids, cache, trace, call="decode")
         return logits[0], new
 
     def empty_cache(self) -> ModelCache:
         """The cache of an empty sequence (zero conv/KDA states, empty MLA caches): decoding from it
         token by token equals a prefill."""
-        c = self.config
+        c, ex = self.config, self.executor
+        zeros = lambda *shape: ex.xp.zeros(shape, dtype=ex.xp.float64, device=ex.device)  # noqa: E731
         layers = []
         for i in range(c.num_hidden_layers):
             if c.is_kda_layer(i):
                 C, Wm1 = c.kda_dim, c.short_conv_kernel_size - 1
-                z = np.zeros((C, Wm1))
-                layers.append(KDACache(z, z, z, np.zeros((c.kda_num_heads, c.kda_head_dim, c.kda_head_dim))))
+                layers.append(KDACache(zeros(C, Wm1), zeros(C, Wm1), zeros(C, Wm1),
+                                       zeros(c.kda_num_heads, c.kda_head_dim, c.kda_head_dim)))
             else:
-                layers.append(MLACache(np.zeros((0, c.kv_lora_rank)), np.zeros((0, c.qk_rope_head_dim))))
+                layers.append(MLACache(zeros(0, c.kv_lora_rank), zeros(0, c.qk_rope_head_dim)))
         return ModelCache(layers, 0)
+
+    def memory_estimate(self, T: int, *, cached: int = 0, trace: bool = False, logits: str = "all") -> int:
+        """Bytes a call on ``T`` new tokens after ``cached`` ones may hold at its peak on the
+        executor's device, beyond the weights' LRU: see ``reference.memory``."""
+        from .memory import call_bytes
+
+        c = self.config
+        core = 0  # the KDA core's values a trace holds with trace_kda_core: q, k, v, g, normed, beta, state
+        if trace and self.trace_kda_core:
+            n_kda = sum(c.is_kda_layer(i) for i in range(c.num_hidden_layers))
+            core = n_kda * (5 * T * c.kda_dim + T * c.kda_num_heads + c.kda_num_heads * c.kda_head_dim ** 2) * 8
+        return core + call_bytes(c, T, cached=cached, trace=trace, logits=logits, lm_head_rows=LM_HEAD_BLOCK_ROWS,
+                                 weight_bytes=self._w.budget, segment=self.segment)
 
     # -- validation ------------------------------------------------------------------------------
     def _check_routing(self, routing, T: int) -> dict:
@@ -213,7 +307,7 @@ class Model:
             if not (isinstance(layer, numbers.Integral) and 0 <= layer < c.num_hidden_layers
                     and c.is_moe_layer(int(layer))):
                 raise ValueError(f"routing: {layer!r} is not a MoE layer index")
-            ids = np.asarray(ids)
+            ids = to_numpy(ids) if hasattr(ids, "shape") else np.asarray(ids)
             want = (T, c.num_experts_per_token)
             if ids.shape != want or ids.dtype.kind not in "iu":
                 raise ValueError(f"routing[{layer}]: expected integer ids of shape {want}, got {ids.dtype} {ids.shape}")
@@ -222,22 +316,12 @@ class Model:
                                  f"{ids.min()}..{ids.max()}")
             if any(len(set(row)) != len(row) for row in ids.tolist()):
                 raise ValueError(f"routing[{layer}]: a token names the same expert twice")
-            checked[int(layer)] = ids.astype(np.int64)
+            checked[int(layer)] = self.executor.ints(ids)
         return checked
 
-    def _check_ids(self, token_ids, what: str = "token_ids") -> np.ndarray:
-        ids = np.asarray(token_ids)
-        if ids.ndim != 1 or ids.size == 0:
-            raise ValueError(f"{what}: expected a non-empty 1-D sequence of token ids, got shape {ids.shape}")
-        if ids.dtype.kind not in "iu":
-            raise ValueError(f"{what}: expected integer token ids, got dtype {ids.dtype}")
-        V = self.config.vocab_size
-        bad = np.flatnonzero((ids < 0) | (ids >= V))
-        if bad.size:
-            pos = int(bad[0])
-            raise ValueError(f"{what}: token id {int(ids[pos])} at position {pos} is outside the "
-                             f"vocabulary [0, {V})")
-        return ids.astype(np.int64)
+    def _check_ids(self, token_ids) -> np.ndarray:
+        ids = to_numpy(token_ids) if hasattr(token_ids, "shape") else token_ids
+        return check_token_ids(ids, self.config.vocab_size)
 
     def _check_cache(self, cache) -> None:
         c = self.config
@@ -248,22 +332,53 @@ class Model:
         for i, lc in enumerate(cache.layers):
             if c.is_kda_layer(i):
                 C, Wm1, H, K = c.kda_dim, c.short_conv_kernel_size - 1, c.kda_num_heads, c.kda_head_dim
-                ok = (isinstance(lc, KDACache) and lc.conv_q.shape == lc.conv_k.shape == lc.conv_v.shape
-                      == (C, Wm1) and lc.state.shape == (H, K, K))
+                ok = (isinstance(lc, KDACache) and _shape(lc.conv_q) == _shape(lc.conv_k) == _shape(lc.conv_v)
+                      == (C, Wm1) and _shape(lc.state) == (H, K, K))
                 want = f"KDACache with conv states {(C, Wm1)} and state {(H, K, K)}"
             else:
                 S, L, R = cache.length, c.kv_lora_rank, c.qk_rope_head_dim
-                ok = isinstance(lc, MLACache) and lc.latent.shape == (S, L) and lc.k_pe.shape == (S, R)
+                ok = isinstance(lc, MLACache) and _shape(lc.latent) == (S, L) and _shape(lc.k_pe) == (S, R)
                 want = f"MLACache with latent {(S, L)} and k_pe {(S, R)} (length {S})"
             if not ok:
                 raise ValueError(f"cache.layers[{i}]: expected a {want}, got {_describe_layer_cache(lc)}")
 
+    def _check_fits(self, T: int, cached: int, trace, logits: str, call: str) -> None:
+        """``DoesNotFit`` before anything is allocated when the call's estimate exceeds free memory."""
+        need = self.memory_estimate(T, cached=cached, trace=trace is not None, logits=logits)
+        free = self.executor.free_bytes()
+        if free is not None and need * MEMORY_MARGIN > free:
+            where = "host memory" if self.executor.device == "cpu" else self.executor.device
+            raise DoesNotFit(f"the float64 reference's {call} of {T} token(s) after {cached} needs about "
+                             f"{need * MEMORY_MARGIN / 2**30:.1f} GiB on {where} "
+                             f"({_gib(need)} estimated + {MEMORY_MARGIN - 1:.0%} margin), "
+                             f"{_gib(free)} free")
+
     # -- the stack -------------------------------------------------------------------------------
-    def _run(self, ids: np.ndarray, cache: ModelCache | None, trace: dict | None, routing: dict | None = None):
+    def _run(self, ids: np.ndarray, cache: ModelCache | None, trace: dict | None, routing: dict | None = None,
+             *, logits: str = "all", call: str = "forward"):
         """Run ``ids`` after ``cache`` (None: a fresh sequence, chunked/naive forms; else the decode
-        forms), replaying ``routing`` (checked) where given. Returns (logits [T, vocab], new cache)."""
+        forms), replaying ``routing`` (checked) where given. Returns (logits [T or 1, vocab], new cache).
+        Refuses a call that cannot fit before it allocates; running out anyway is ``DoesNotFit`` too."""
+        if logits not in LOGITS:
+            raise ValueError(f"logits: expected one of {LOGITS}, got {logits!r}")
+        cached = 0 if cache is None else cache.length
+        self._check_fits(len(ids), cached, trace, logits, call)
+        self._w.verify()  # what an interrupted call fetched and did not check
+        try:
+            out = self._stack(ids, cache, trace, routing or {}, logits, call)
+            self._w.verify()
+            return out
+        except self.executor.oom_errors() as exc:
+            if isinstance(exc, DoesNotFit):
+                raise
+            where = "host memory" if self.executor.device == "cpu" else self.executor.device
+            raise DoesNotFit(f"the float64 reference ran out of {where} in its {call} of {len(ids)} "
+                             f"token(s) after {cached} ({_oom_text(exc)})") from None
+
+    def _stack(self, ids, cache, trace, routing, logits, call):
         c, w = self.config, self._w
         eps = c.rms_norm_eps
+        t0 = time.perf_counter()
         h = self._embed(ids)
         new_layers = []
         for i in range(c.num_hidden_layers):
@@ -277,38 +392,61 @@ class Model:
             new_layers.append(lc)
             h = h + a
             x = norm.rms_norm(h, w(p + "post_attention_layernorm.weight"), eps=eps)
-            f = self._moe(i, x, trace, (routing or {}).get(i)) if c.is_moe_layer(i) else self._dense(i, x)
+            f = self._moe(i, x, trace, routing.get(i)) if c.is_moe_layer(i) else self._dense(i, x)
             h = h + f
             if trace is not None:
                 trace[f"layers.{i}.mixer"] = a
                 trace[f"layers.{i}.ffn"] = f
                 trace[f"layers.{i}.hidden"] = h
+            if self.progress is not None:
+                self.progress({"call": call, "layer": i + 1, "layers": c.num_hidden_layers,
+                               "tokens": len(ids), "elapsed_s": time.perf_counter() - t0})
         h = norm.rms_norm(h, w("model.norm.weight"), eps=eps)
         if trace is not None:
             trace["final_norm"] = h
-        logits = self._lm_head(h)
-        length = len(ids) + (0 if cache is None else cache.length)
-        return logits, ModelCache(new_layers, length)
+        out = self._lm_head(h if logits == "all" else h[-1:, ...])
+        return out, ModelCache(new_layers, len(ids) + (0 if cache is None else cache.length))
 
-    def _embed(self, ids: np.ndarray) -> np.ndarray:
+    def _embed(self, ids: np.ndarray):
         name = "model.embed_tokens.weight"
+        ex = self.executor
         if self._w.small(name):
-            return embed.embedding(ids, self._w(name))
+            return embed.embedding(ex.ints(ids), self._w(name))
         uniq, inverse = np.unique(ids, return_inverse=True)  # read only the rows of these ids
-        return embed.embedding(inverse.reshape(-1), self.source.get_rows(name, uniq))
+        return embed.embedding(ex.ints(inverse.reshape(-1)), self._w.rows(name, uniq))
 
-    def _lm_head(self, h: np.ndarray) -> np.ndarray:
+    def _lm_head(self, h):
         name = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
         if self._w.small(name):
             return embed.lm_head(h, self._w(name))
         V = self.config.vocab_size
-        blocks = [embed.lm_head(h, self.source.get_rows(name, np.arange(lo, min(V, lo + LM_HEAD_BLOCK_ROWS))))
+        blocks = [embed.lm_head(h, self._w.rows(name, np.arange(lo, min(V, lo + LM_HEAD_BLOCK_ROWS))))
                   for lo in range(0, V, LM_HEAD_BLOCK_ROWS)]
-        return np.concatenate(blocks, axis=-1)
+        return self.executor.xp.concat(blocks, axis=-1)
 
-    def _kda(self, i: int, x: np.ndarray, prev: KDACache | None, trace: dict | None = None):
-        """KDA layer (b.10) on normed ``x [T, D]``; ``prev`` None = fresh sequence (chunked)."""
-        c, w = self.config, self._w
+    def _kda(self, i: int, x, prev: KDACache | None, trace: dict | None = None):
+        """KDA layer (b.10) on normed ``x [T, D]``; ``prev`` None = fresh sequence (chunked), run
+        ``SEGMENT`` tokens at a time with the conv and recurrent states carried between them."""
+        T = x.shape[0]
+        n = self.segment
+        core = [] if trace is not None and self.trace_kda_core else None
+        if prev is not None or T <= n:
+            out, lc = self._kda_part(i, x, prev, fresh=prev is None, core=core)
+        else:
+            outs, lc = [], None
+            for s in range(0, T, n):
+                part, lc = self._kda_part(i, x[s:s + n, ...], lc, fresh=True, core=core)
+                outs.append(part)
+            out = self.executor.xp.concat(outs, axis=0)
+        if core is not None:
+            _trace_kda(trace, i, core, prev, self.executor.xp)
+        return out, lc
+
+    def _kda_part(self, i: int, x, prev: KDACache | None, *, fresh: bool, core: list | None = None):
+        """The KDA layer on ``x [T, D]`` after ``prev`` (None: zero states); ``fresh``: the chunked
+        prefill forms (else the decode forms: conv step and recurrence, T = 1). ``core``: a list
+        that receives the KDA core's arguments and the gated norm's output (for the trace)."""
+        c, w, xp = self.config, self._w, self.executor.xp
         a = layer_prefix(i) + "self_attn."
         T = x.shape[0]
         H, K = c.kda_num_heads, c.kda_head_dim
@@ -316,56 +454,58 @@ class Model:
         for which in "qkv":
             proj = x @ w(a + f"{which}_proj.weight").T  # [T, H*K]
             cw = w(a + f"{which}_conv1d.weight")[:, 0, :]  # [C, W]
-            if prev is None:
-                y, st = conv.short_conv(proj[None], cw)
+            if fresh:
+                init = None if prev is None else getattr(prev, f"conv_{which}")[None]
+                y, st = conv.short_conv(proj[None], cw, initial_state=init)
                 y = y[0]
             else:
                 state = getattr(prev, f"conv_{which}")[None]
                 y, st = conv.short_conv_step(proj, cw, state)
-            conv_out.append(y.reshape(1, T, H, K))
+            conv_out.append(xp.reshape(y, (1, T, H, K)))
             conv_states.append(st[0])
         q, k, v = conv_out
-        g_raw = ((x @ w(a + "f_a_proj.weight").T) @ w(a + "f_b_proj.weight").T).reshape(1, T, H, K)
-        beta_logits = (x @ w(a + "b_proj.weight").T).reshape(1, T, H)
-        A_log = w(a + "A_log").reshape(H)
+        g_raw = xp.reshape((x @ w(a + "f_a_proj.weight").T) @ w(a + "f_b_proj.weight").T, (1, T, H, K))
+        beta_logits = xp.reshape(x @ w(a + "b_proj.weight").T, (1, T, H))
+        A_log = xp.reshape(w(a + "A_log"), (H,))
         dt_bias = w(a + "dt_bias")
-        if prev is None:
-            o, S = kda.fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias)
+        if fresh:
+            o, S = kda.fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias,
+                                     initial_state=None if prev is None else prev.state[None])
         else:
             o, S = kda.fused_recurrent(q, k, v, g_raw, beta_logits, A_log, dt_bias,
                                        initial_state=prev.state[None])
-        gate = ((x @ w(a + "g_a_proj.weight").T) @ w(a + "g_b_proj.weight").T).reshape(T, H, K)
+        gate = xp.reshape((x @ w(a + "g_a_proj.weight").T) @ w(a + "g_b_proj.weight").T, (T, H, K))
         o = norm.gated_rms_norm(o[0], gate, w(a + "o_norm.weight"), eps=c.rms_norm_eps)
-        if trace is not None and self.trace_kda_core:
-            _trace_kda(trace, i, (q, k, g_raw, beta_logits, A_log, dt_bias), v, prev, o)
-        out = o.reshape(T, H * K) @ w(a + "o_proj.weight").T
+        if core is not None:
+            core.append(((q, k, g_raw, beta_logits, A_log, dt_bias), v, o))
+        out = xp.reshape(o, (T, H * K)) @ w(a + "o_proj.weight").T
         return out, KDACache(*conv_states, S[0])
 
-    def _mla(self, i: int, x: np.ndarray, prev: MLACache | None):
+    def _mla(self, i: int, x, prev: MLACache | None):
         """MLA layer (b.11/b.12) on normed ``x [T, D]``; naive form for a fresh sequence, absorbed
         form over the cache in decode."""
-        c, w = self.config, self._w
+        c, w, xp = self.config, self._w, self.executor.xp
         a = layer_prefix(i) + "self_attn."
         T = x.shape[0]
         N, P, R, Vh, L = (c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
                           c.v_head_dim, c.kv_lora_rank)
-        q = (x @ w(a + "q_proj.weight").T).reshape(1, T, N, P + R)
+        q = xp.reshape(x @ w(a + "q_proj.weight").T, (1, T, N, P + R))
         kv = x @ w(a + "kv_a_proj_with_mqa.weight").T  # [T, L+R]
         latent = norm.rms_norm(kv[:, :L], w(a + "kv_a_layernorm.weight"), eps=self.variants["kv_norm_eps"])
         k_pe = kv[:, L:]
         if prev is not None:
-            latent = np.concatenate([prev.latent, latent], axis=0)
-            k_pe = np.concatenate([prev.k_pe, k_pe], axis=0)
+            latent = xp.concat([prev.latent, latent], axis=0)
+            k_pe = xp.concat([prev.k_pe, k_pe], axis=0)
         attend = mla.naive if prev is None else mla.absorbed
         o = attend(q, latent[None], k_pe[None], w(a + "kv_b_proj.weight"))  # [1, T, N, Vh]
-        out = o[0].reshape(T, N * Vh) @ w(a + "o_proj.weight").T
+        out = xp.reshape(o[0], (T, N * Vh)) @ w(a + "o_proj.weight").T
         return out, MLACache(latent, k_pe)
 
-    def _dense(self, i: int, x: np.ndarray) -> np.ndarray:
+    def _dense(self, i: int, x):
         m, w = layer_prefix(i) + "mlp.", self._w
         return moe.swiglu(x, w(m + "gate_proj.weight"), w(m + "up_proj.weight"), w(m + "down_proj.weight"))
 
-    def _moe(self, i: int, x: np.ndarray, trace: dict | None, forced: np.ndarray | None = None) -> np.ndarray:
+    def _moe(self, i: int, x, trace: dict | None, forced=None):
         """Sigmoid-routed MoE (b.13/b.14): router logits ``x @ W.T`` in float64, routed experts
         loaded one by one for the selected ids (``forced``: these instead), plus the shared expert."""
         c, w = self.config, self._w
@@ -386,45 +526,75 @@ class Model:
             trace[f"layers.{i}.router.selection"] = scores + bias
             trace[f"layers.{i}.router.ids"] = ids
         E = c.num_experts
-        y = moe.experts(x, weights, ids, _Experts(w, i, "w1", E), _Experts(w, i, "w2", E),
-                        _Experts(w, i, "w3", E))
+        w1, w2, w3 = (_Experts(w, i, which, E) for which in ("w1", "w2", "w3"))
+        n = self.segment
+        parts = [moe.experts(x[s:s + n, ...], weights[s:s + n, ...], ids[s:s + n, ...], w1, w2, w3)
+                 for s in range(0, x.shape[0], n)]
+        y = parts[0] if len(parts) == 1 else self.executor.xp.concat(parts, axis=0)
         if c.num_shared_experts:
             s = m + "shared_experts."
             y = y + moe.swiglu(x, w(s + "gate_proj.weight"), w(s + "up_proj.weight"), w(s + "down_proj.weight"))
         return y
 
 
-def _trace_kda(trace: dict, i: int, fused_args, v, prev: KDACache | None, normed) -> None:
+def _trace_kda(trace: dict, i: int, parts: list, prev: KDACache | None, xp) -> None:
     """The KDA core's own inputs (after the fused prologue: l2-normalized q, k, the log decay g,
-    beta), the state it started from and the gated norm's output: the localization's bound replays
-    the recurrence on them."""
-    q, k, g, beta = kda._prologue(*fused_args)
+    beta) over the call's segments, the state it started from and the gated norm's output: the
+    localization's bound replays the recurrence on them."""
+    cores = [kda._prologue(*args) + (v,) for args, v, _ in parts]
     p = f"layers.{i}.kda."
-    trace.update({p + "q": q[0], p + "k": k[0], p + "v": v[0], p + "g": g[0], p + "beta": beta[0],
-                  p + "normed": normed})
-    HV, K, V = g.shape[2], g.shape[3], v.shape[3]
-    trace[p + "initial_state"] = np.zeros((HV, K, V)) if prev is None else prev.state
+    for n, j in (("q", 0), ("k", 1), ("g", 2), ("beta", 3), ("v", 4)):
+        trace[p + n] = xp.concat([c[j][0] for c in cores], axis=0)
+    trace[p + "normed"] = xp.concat([o for _, _, o in parts], axis=0)
+    HV, K, V = trace[p + "g"].shape[1], trace[p + "g"].shape[2], trace[p + "v"].shape[2]
+    trace[p + "initial_state"] = (xp.zeros((HV, K, V), dtype=xp.float64, device=device_of(trace[p + "v"]))
+                                  if prev is None else prev.state)
+
+
+def _shape(a) -> tuple:
+    return tuple(a.shape)
+
+
+def _oom_text(exc) -> str:
+    """The first line of an out-of-memory error ('Tried to allocate 2.00 GiB ...' for torch)."""
+    lines = str(exc).strip().splitlines()
+    return " ".join(lines[0].split())[:200] if lines else type(exc).__name__
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
 
 
 def _describe_layer_cache(lc) -> str:
     if isinstance(lc, KDACache):
-        return f"KDACache(conv {lc.conv_q.shape}, state {lc.state.shape})"
+        return f"KDACache(conv {_shape(lc.conv_q)}, state {_shape(lc.state)})"
     if isinstance(lc, MLACache):
-        return f"MLACache(latent {lc.latent.shape}, k_pe {lc.k_pe.shape})"
+        return f"MLACache(latent {_shape(lc.latent)}, k_pe {_shape(lc.k_pe)})"
     return type(lc).__name__
 
 
-def load(path_or_source, *, moe_combine: str = "unbiased", kv_norm_eps: float = 1e-6) -> Model:
+def load(path_or_source, *, moe_combine: str = "unbiased", kv_norm_eps: float = 1e-6,
+         device: str | None = None, executor: str | None = None, shared_weights: Mapping | None = None,
+         weight_cache_bytes: int | None = None) -> Model:
     """The float64 reference model of a checkpoint directory or a ``WeightSource``.
 
     ``moe_combine``: "unbiased" (vLLM, default) or "biased" (HF remote code); ``kv_norm_eps``: the
-    ``kv_a_layernorm`` eps (1e-6 HF, default; 1e-5 vLLM). Raises ``ValueError`` for an unknown
-    variant and ``CheckpointError`` for a broken checkpoint."""
+    ``kv_a_layernorm`` eps (1e-6 HF, default; 1e-5 vLLM). ``device``: "cpu" (default), "cuda" or
+    "cuda:N"; ``executor``: "numpy" (default on cpu), "torch" (default on cuda; also runs on cpu),
+    "array-api-strict" (tests). ``shared_weights``: ``{name: tensor}`` already on the device in the
+    storage dtype or wider (the optimized model's, ``optimized.weights.named_views``), read instead
+    of the source. ``weight_cache_bytes``: the float64 weight LRU (default 64 MiB). Raises
+    ``ValueError`` for an unknown variant, device or executor and ``CheckpointError`` for a broken
+    checkpoint."""
     check_variants(moe_combine=moe_combine, kv_norm_eps=kv_norm_eps)
+    ex = get_executor(device, executor)
+    if shared_weights is not None and ex.name != "torch":
+        raise ValueError(f"shared_weights: needs the torch executor, not {ex.name}")
     if isinstance(path_or_source, WeightSource):
         source = path_or_source
     elif isinstance(path_or_source, (str, os.PathLike)):
         source = open_source(path_or_source)
     else:
         raise TypeError(f"load: expected a checkpoint path or a WeightSource, got {type(path_or_source).__name__}")
-    return Model(source, moe_combine=moe_combine, kv_norm_eps=kv_norm_eps)
+    return Model(source, moe_combine=moe_combine, kv_norm_eps=kv_norm_eps, executor=ex,
+                 shared_weights=shared_weights, weight_cache_bytes=weight_cache_bytes)

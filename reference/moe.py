@@ -2,13 +2,12 @@
 
 Conventions: ``T`` tokens, ``E`` experts, ``k_e`` experts per token, ``D`` hidden, ``F`` FFN
 width. Expert weights follow the checkpoint: ``w1`` = gate ``[F, D]``, ``w3`` = up ``[F, D]``,
-``w2`` = down ``[D, F]``.
+``w2`` = down ``[D, F]``. Written against the array API standard (``reference.executor``).
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .elementwise import sigmoid, silu
+from .executor import device_of, namespace, to_numpy
 
 COMBINE_RULES = ("unbiased", "biased")
 
@@ -18,11 +17,12 @@ def router_logits(x, weight):
 
     x: [T, D]; weight: [E, D]. Returns [T, E] float64 (the input of ``router``).
     """
-    x = np.asarray(x, dtype=np.float64)
-    weight = np.asarray(weight, dtype=np.float64)
+    xp = namespace(x, weight)
+    x = xp.asarray(x, dtype=xp.float64)
+    weight = xp.asarray(weight, dtype=xp.float64)
     if x.ndim != 2 or weight.ndim != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"router_logits: expected x [T,D] and weight [E,D] with the same D, "
-                         f"got x {x.shape}, weight {weight.shape}")
+                         f"got x {tuple(x.shape)}, weight {tuple(weight.shape)}")
     return x @ weight.T
 
 
@@ -43,15 +43,16 @@ def router(logits, bias, *, top_k, num_groups=1, topk_groups=1, renormalize=True
        spec b.13 / e.1).
     5. If ``renormalize`` and ``top_k > 1``: ``w / sum(w)`` (no epsilon). Then ``w * scaling``.
     """
-    logits = np.asarray(logits, dtype=np.float64)
-    bias = np.asarray(bias, dtype=np.float64)
+    xp = namespace(logits, bias)
+    logits = xp.asarray(logits, dtype=xp.float64)
+    bias = xp.asarray(bias, dtype=xp.float64)
     if combine not in COMBINE_RULES:
         raise ValueError(f"combine: expected one of {COMBINE_RULES}, got {combine!r}")
     if logits.ndim != 2:
-        raise ValueError(f"logits: expected [T,E], got {logits.shape}")
+        raise ValueError(f"logits: expected [T,E], got {tuple(logits.shape)}")
     T, E = logits.shape
-    if bias.shape != (E,):
-        raise ValueError(f"bias: expected [E] = ({E},), got {bias.shape}")
+    if tuple(bias.shape) != (E,):
+        raise ValueError(f"bias: expected [E] = ({E},), got {tuple(bias.shape)}")
     if num_groups < 1 or E % num_groups:
         raise ValueError(f"num_groups: expected a divisor of E = {E}, got {num_groups}")
     if not 1 <= topk_groups <= num_groups:
@@ -63,8 +64,8 @@ def router(logits, bias, *, top_k, num_groups=1, topk_groups=1, renormalize=True
     scores = sigmoid(logits)
     selection = scores + bias
     if num_groups > 1:
-        selection = _mask_groups(selection, num_groups, topk_groups)
-    ids = np.argsort(-selection, axis=-1, kind="stable")[:, :top_k]
+        selection = _mask_groups(xp, selection, num_groups, topk_groups)
+    ids = xp.argsort(-selection, axis=-1, stable=True)[:, :top_k]
     return route_weights(scores, bias, ids, renormalize=renormalize, scaling=scaling, combine=combine), ids
 
 
@@ -76,23 +77,24 @@ def route_weights(scores, bias, ids, *, renormalize=True, scaling=1.0, combine="
     """
     if combine not in COMBINE_RULES:
         raise ValueError(f"combine: expected one of {COMBINE_RULES}, got {combine!r}")
-    weights = np.take_along_axis(scores, ids, axis=-1)
+    xp = namespace(scores, bias, ids)
+    weights = xp.take_along_axis(scores, ids, axis=-1)
     if combine == "biased":
-        weights = weights + bias[ids]
+        weights = weights + xp.reshape(xp.take(bias, xp.reshape(ids, (-1,))), ids.shape)
     if renormalize and ids.shape[-1] > 1:
-        weights = weights / np.sum(weights, axis=-1, keepdims=True)
+        weights = weights / xp.sum(weights, axis=-1, keepdims=True)
     return weights * scaling
 
 
-def _mask_groups(selection, num_groups, topk_groups):
+def _mask_groups(xp, selection, num_groups, topk_groups):
     T, E = selection.shape
-    grouped = selection.reshape(T, num_groups, E // num_groups)
-    top2 = -np.sort(-grouped, axis=-1)[..., :2]  # two best per group (one if the group has one)
-    group_score = np.sum(top2, axis=-1)  # [T, num_groups]
-    kept = np.argsort(-group_score, axis=-1, kind="stable")[:, :topk_groups]
-    keep = np.zeros((T, num_groups), dtype=bool)
-    np.put_along_axis(keep, kept, True, axis=-1)
-    return np.where(keep[:, :, None], grouped, -np.inf).reshape(T, E)
+    grouped = xp.reshape(selection, (T, num_groups, E // num_groups))
+    top2 = xp.sort(grouped, axis=-1, descending=True)[..., :2]  # two best per group (one if the group has one)
+    group_score = xp.sum(top2, axis=-1)  # [T, num_groups]
+    kept = xp.argsort(-group_score, axis=-1, stable=True)[:, :topk_groups]  # [T, topk_groups]
+    groups = xp.arange(num_groups, device=device_of(kept))
+    keep = xp.any(kept[:, :, None] == groups[None, None, :], axis=1)  # [T, num_groups]
+    return xp.reshape(xp.where(keep[:, :, None], grouped, -xp.inf), (T, E))
 
 
 def swiglu(x, w_gate, w_up, w_down):
@@ -101,17 +103,18 @@ def swiglu(x, w_gate, w_up, w_down):
     x: [T, D]; w_gate, w_up: [F, D]; w_down: [D, F]. Returns [T, D]. The dense MLP, the shared
     expert and one routed expert (``swiglu(x, w1[e], w3[e], w2[e])``).
     """
-    x, w_gate, w_up, w_down = (np.asarray(a, dtype=np.float64) for a in (x, w_gate, w_up, w_down))
+    xp = namespace(x, w_gate, w_up, w_down)
+    x, w_gate, w_up, w_down = (xp.asarray(a, dtype=xp.float64) for a in (x, w_gate, w_up, w_down))
     if x.ndim != 2:
-        raise ValueError(f"x: expected [T,D], got {x.shape}")
+        raise ValueError(f"x: expected [T,D], got {tuple(x.shape)}")
     D = x.shape[1]
     if w_gate.ndim != 2 or w_gate.shape[1] != D:
-        raise ValueError(f"w_gate: expected [F,D] with D = {D}, got {w_gate.shape}")
+        raise ValueError(f"w_gate: expected [F,D] with D = {D}, got {tuple(w_gate.shape)}")
     F = w_gate.shape[0]
-    if w_up.shape != (F, D):
-        raise ValueError(f"w_up: expected [F,D] = {(F, D)}, got {w_up.shape}")
-    if w_down.shape != (D, F):
-        raise ValueError(f"w_down: expected [D,F] = {(D, F)}, got {w_down.shape}")
+    if tuple(w_up.shape) != (F, D):
+        raise ValueError(f"w_up: expected [F,D] = {(F, D)}, got {tuple(w_up.shape)}")
+    if tuple(w_down.shape) != (D, F):
+        raise ValueError(f"w_down: expected [D,F] = {(D, F)}, got {tuple(w_down.shape)}")
     return (silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
 
 
@@ -120,22 +123,44 @@ def experts(x, weights, ids, w1, w2, w3):
 
     x: [T, D]; weights, ids: [T, k_e] (from ``router``); w1, w3: indexable by expert id giving
     [F, D], w2 giving [D, F] (stacked [E, F, D] / [E, D, F] arrays, or lazy sequences that load one
-    expert on access). Each expert is fetched once and run only on the tokens routed to it; the
-    sum over k is taken in slot order. Returns [T, D].
+    expert on access). Only the experts in ``ids`` are fetched, each once, and run on the tokens
+    routed to it (in token order); the sum over k is taken in slot order. Returns [T, D].
+
+    Gathers only (no scatter, which the standard lacks): the (token, slot) pairs are sorted by
+    expert, each expert's outputs are concatenated in that order, and slot ``k`` of token ``t``
+    is read back at its sorted position.
     """
-    x = np.asarray(x, dtype=np.float64)
-    weights = np.asarray(weights, dtype=np.float64)
-    ids = np.asarray(ids)
+    xp = namespace(x, weights, ids)
+    x = xp.asarray(x, dtype=xp.float64)
+    weights = xp.asarray(weights, dtype=xp.float64)
+    ids = xp.asarray(ids)
     if x.ndim != 2:
-        raise ValueError(f"x: expected [T,D], got {x.shape}")
-    if ids.ndim != 2 or ids.shape[0] != x.shape[0] or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"x: expected [T,D], got {tuple(x.shape)}")
+    if ids.ndim != 2 or ids.shape[0] != x.shape[0] or not xp.isdtype(ids.dtype, "integral"):
         raise ValueError(f"ids: expected integer [T,k_e] with T = {x.shape[0]}, got "
-                         f"{ids.dtype} {ids.shape}")
+                         f"{ids.dtype} {tuple(ids.shape)}")
     if weights.shape != ids.shape:
-        raise ValueError(f"weights: expected [T,k_e] = {ids.shape}, got {weights.shape}")
-    per_slot = np.zeros(ids.shape + (x.shape[1],))  # [T, k_e, D]
-    for e in np.unique(ids):
-        tok, slot = np.nonzero(ids == e)
-        y = swiglu(x[tok], w1[int(e)], w3[int(e)], w2[int(e)])
-        per_slot[tok, slot] = weights[tok, slot, None] * y
-    return np.sum(per_slot, axis=1)
+        raise ValueError(f"weights: expected [T,k_e] = {tuple(ids.shape)}, got {tuple(weights.shape)}")
+    T, k = ids.shape
+    out = xp.zeros((T, x.shape[1]), dtype=xp.float64, device=device_of(x))
+    if T == 0 or k == 0:
+        return out
+    flat = xp.reshape(ids, (-1,))
+    order = xp.argsort(flat, stable=True)  # pairs grouped by expert, token order within an expert
+    token = order // k
+    experts_, counts = (to_numpy(a).tolist() for a in xp.unique_counts(xp.take(flat, order)))
+    ys, start = [], 0
+    for e, n in zip(experts_, counts):
+        rows = token[start:start + n]
+        ys.append(swiglu(xp.take(x, rows, axis=0), _expert(w1, e), _expert(w3, e), _expert(w2, e)))
+        start += n
+    y = xp.concat(ys, axis=0)  # [T*k_e, D], pairs in expert order
+    where = xp.reshape(xp.argsort(order, stable=True), (T, k))  # sorted position of pair (t, slot)
+    for slot in range(k):
+        out = out + weights[:, slot:slot + 1] * xp.take(y, where[:, slot], axis=0)
+    return out
+
+
+def _expert(w, e):
+    """Expert ``e`` of a stacked ``[E, ., .]`` array (``w[e, ...]``) or a lazy sequence (``w[e]``)."""
+    return w[int(e), ...] if hasattr(w, "ndim") else w[int(e)]

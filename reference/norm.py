@@ -1,27 +1,27 @@
-"""Normalizations over the last dim (spec b.2-b.4), float64.
+"""Normalizations over the last dim (spec b.2-b.4), float64, on any array API executor.
 
 Conventions: ``x [..., D]``; ``weight [D]``; statistics over the last axis only. No intermediate
 cast (the bf16 round trips of the torch implementations are the optimized side's business).
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .elementwise import sigmoid
+from .executor import namespace
 
 
 def _check_weight(fn, x, weight):
     if x.ndim < 1:
         raise ValueError(f"{fn}: x: expected [..., D], got a scalar")
-    if weight.shape != (x.shape[-1],):
-        raise ValueError(f"{fn}: weight: expected [D] = ({x.shape[-1]},), got {weight.shape}")
+    if tuple(weight.shape) != (x.shape[-1],):
+        raise ValueError(f"{fn}: weight: expected [D] = ({x.shape[-1]},), got {tuple(weight.shape)}")
 
 
 def _rms_norm(fn, x, weight, eps):
-    x = np.asarray(x, dtype=np.float64)
-    weight = np.asarray(weight, dtype=np.float64)
+    xp = namespace(x, weight)
+    x = xp.asarray(x, dtype=xp.float64)
+    weight = xp.asarray(weight, dtype=xp.float64)
     _check_weight(fn, x, weight)
-    inv_rms = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    inv_rms = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
     return x * inv_rms * weight
 
 
@@ -41,10 +41,12 @@ def gated_rms_norm(x, gate, weight, *, eps):
     x, gate: [..., V] (same shape); weight: [V] (shared by all heads); eps required (1e-5 in
     the model). Returns [..., V] float64.
     """
-    x = np.asarray(x, dtype=np.float64)
-    gate = np.asarray(gate, dtype=np.float64)
+    xp = namespace(x, gate, weight)
+    x = xp.asarray(x, dtype=xp.float64)
+    gate = xp.asarray(gate, dtype=xp.float64)
     if gate.shape != x.shape:
-        raise ValueError(f"gated_rms_norm: gate: expected the shape of x {x.shape}, got {gate.shape}")
+        raise ValueError(f"gated_rms_norm: gate: expected the shape of x {tuple(x.shape)}, "
+                         f"got {tuple(gate.shape)}")
     return _rms_norm("gated_rms_norm", x, weight, eps) * sigmoid(gate)
 
 
@@ -54,5 +56,23 @@ def l2norm(x, *, eps=1e-6):
     x: [..., K]. The ``+eps`` form is the kernels' (not ``F.normalize``'s max-with-eps), so a zero
     vector maps to zero. Returns [..., K] float64.
     """
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+    xp = namespace(x)
+    x = xp.asarray(x, dtype=xp.float64)
+    return x / xp.sqrt(xp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def add_rms_norm(x, residual, weight, *, eps):
+    """The residual add and the norm after it (spec b.2): ``h = x + residual``,
+    ``y = rms_norm(h, weight, eps=eps)``; returns ``(y, h)``.
+
+    x, residual: [..., D] (same shape); weight: [D]. Returns two [..., D] float64 arrays. (The
+    optimized op rounds h to x's dtype before the norm, as a separate add would.)
+    """
+    xp = namespace(x, residual, weight)
+    x = xp.asarray(x, dtype=xp.float64)
+    residual = xp.asarray(residual, dtype=xp.float64)
+    if residual.shape != x.shape:
+        raise ValueError(f"add_rms_norm: residual: expected the shape of x {tuple(x.shape)}, "
+                         f"got {tuple(residual.shape)}")
+    h = x + residual
+    return _rms_norm("add_rms_norm", h, weight, eps), h

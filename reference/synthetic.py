@@ -15,17 +15,20 @@ from __future__ import annotations
 import math
 import zlib
 
+import array_api_compat
 import numpy as np
 
 from .checkpoint import CheckpointError, WeightSource, raw_to_float64, to_storage
 from .config import PRESETS, KimiConfig
+from .executor import parallel_blocks
 from .tensors import expected_tensors, storage_dtype
 
 MASK32 = 0xFFFFFFFF
 MUL1 = 0x7FEB352D  # both multipliers < 2**31: a 32-bit value times one fits in int64
 MUL2 = 0x5BD1E995
 GOLDEN = 0x9E3779B9
-_BLOCK = 1 << 22  # elements generated per NumPy pass (bounds the temporaries)
+_BLOCK = 1 << 16  # elements per NumPy task: its int64 temporaries stay in cache
+_DEVICE_BLOCK = 1 << 24  # elements per pass on a GPU library (~400 MB of temporaries)
 
 
 def mix32(x: int) -> int:
@@ -47,35 +50,43 @@ def tensor_keys(seed: int, name: str) -> tuple[int, int]:
     return k1, k2
 
 
-def _mix32_array(x: np.ndarray) -> np.ndarray:
-    # uint32 arithmetic wraps modulo 2**32: the same as the int64-and-mask recipe
-    x ^= x >> np.uint32(16)
-    x *= np.uint32(MUL1)
-    x ^= x >> np.uint32(15)
-    x *= np.uint32(MUL2)
-    x ^= x >> np.uint32(16)
+def _mix32_inplace(x):
+    # int64 holding values < 2**32: every product is < 2**63 and the mask keeps 32 bits. In-place
+    # operators of the standard, on an array this module allocated: cache-sized blocks of int64
+    # then run within 12% of NumPy's uint32 arithmetic (out-of-place int64 is 2.5x slower).
+    x ^= x >> 16
+    x *= MUL1
+    x &= MASK32
+    x ^= x >> 15
+    x *= MUL2
+    x &= MASK32
+    x ^= x >> 16
     return x
 
 
-def _values_at(k1: int, k2: int, index: np.ndarray, mean: float, std: float) -> np.ndarray:
-    h = index.astype(np.uint32)
-    h += np.uint32(k1)
-    h = _mix32_array(h)
-    h ^= np.uint32(k2)
-    h = _mix32_array(h)
-    h >>= np.uint32(9)
-    # z = (2u + 1 - 2**23) * 2**-23 = u * 2**-22 + (2**-23 - 1): both steps exact in float64
-    z = h.astype(np.float64)
-    z *= 2.0 ** -22
-    z += 2.0 ** -23 - 1.0
+def values_at(xp, k1: int, k2: int, index, mean: float, std: float):
+    """float32 values of the flat element indices ``index`` (int64 ``[n]`` of namespace ``xp``):
+    the recipe of ``synthetic_values``, written once for every executor (NumPy; torch on CPU or
+    GPU, with which the optimized side generates its weights on the device)."""
+    h = index + k1  # a new array: the in-place steps below write nothing of the caller's
+    h &= MASK32
+    h = _mix32_inplace(h)
+    h ^= k2
+    h = _mix32_inplace(h)
+    h >>= 9
+    h *= 2
+    h += 1 - (1 << 23)  # 2u + 1 - 2**23: odd, |.| < 2**23
+    z = xp.astype(h, xp.float64)
+    z *= 2.0 ** -23  # exact
     z *= std * math.sqrt(3.0)  # the two rounded operations of the recipe: multiply, then add
     z += mean
-    return z.astype(np.float32)
+    return xp.astype(z, xp.float32)
 
 
 def synthetic_values(seed: int, name: str, count: int, *, start: int = 0, mean: float = 0.0,
-                     std: float = 1.0) -> np.ndarray:
-    """Elements ``start .. start+count-1`` (flat, row-major) of tensor ``name``: float32 ``[count]``.
+                     std: float = 1.0, xp=None, device=None):
+    """Elements ``start .. start+count-1`` (flat, row-major) of tensor ``name``: float32 ``[count]``,
+    a NumPy array (computed on every core), or an array of namespace ``xp`` on ``device``.
 
     The exact recipe (integers are unsigned 32-bit values held in int64, ``& M`` with
     ``M = 0xFFFFFFFF``; every product is of a value < 2**32 and a constant < 2**31, so it fits in int64
@@ -97,11 +108,25 @@ def synthetic_values(seed: int, name: str, count: int, *, start: int = 0, mean: 
         raise ValueError(f"synthetic_values: need 0 <= start, 0 <= count, start + count <= 2**32; "
                          f"got start={start}, count={count}")
     k1, k2 = tensor_keys(seed, name)
+    if xp is not None and not array_api_compat.is_numpy_namespace(xp):
+        return _values_blocks(xp, device, k1, k2, start, count, mean, std)
     out = np.empty(count, dtype=np.float32)
-    for lo in range(0, count, _BLOCK):
-        hi = min(count, lo + _BLOCK)
-        out[lo:hi] = _values_at(k1, k2, np.arange(start + lo, start + hi, dtype=np.int64), mean, std)
+
+    def block(lo, hi):
+        out[lo:hi] = values_at(np, k1, k2, np.arange(start + lo, start + hi, dtype=np.int64), mean, std)
+
+    parallel_blocks(block, count, _BLOCK)
     return out
+
+
+def _values_blocks(xp, device, k1, k2, start, count, mean, std):
+    # another library (a GPU): large blocks, one kernel per step over 16M elements
+    parts = [values_at(xp, k1, k2, xp.arange(start + lo, start + min(count, lo + _DEVICE_BLOCK),
+                                             dtype=xp.int64, device=device), mean, std)
+             for lo in range(0, count, _DEVICE_BLOCK)]
+    if not parts:
+        return xp.zeros(0, dtype=xp.float32, device=device)
+    return parts[0] if len(parts) == 1 else xp.concat(parts)
 
 
 # The decay parameters: exp(A_log) uniform in log space over [1/16, 1] ("log U(1,16)" scaled down by
@@ -180,6 +205,34 @@ class SyntheticSource(WeightSource):
         return to_storage(values, storage_dtype(name)).reshape(shape)
 
     def get_rows(self, name: str, rows) -> np.ndarray:
+        dtype = storage_dtype(name)
+        values = self._row_values(name, rows, np, None)
+        return self._check_finite(name, raw_to_float64(to_storage(values, dtype), dtype))
+
+    def get_raw_rows(self, name: str, rows) -> np.ndarray:
+        return to_storage(self._row_values(name, rows, np, None), storage_dtype(name))
+
+    def get_on(self, name: str, executor, *, pending: list | None = None):
+        """Generated where the executor runs on a GPU (no host work, no copy); on the CPU by NumPy
+        on every core (torch's int64 CPU kernels are ~5x slower at this hash)."""
+        if executor.device == "cpu":
+            return super().get_on(name, executor, pending=pending)
+        shape = self.shape(name)
+        mean, std = synthetic_init(self.config, name)
+        values = synthetic_values(self.seed, name, math.prod(shape), mean=mean, std=std,
+                                  xp=executor.xp, device=executor.device)
+        out = executor.round_to_storage(executor.xp.reshape(values, shape), storage_dtype(name))
+        return self.check_finite_on(name, out, executor, pending=pending)
+
+    def get_rows_on(self, name: str, rows, executor, *, pending: list | None = None):
+        if executor.device == "cpu":
+            return super().get_rows_on(name, rows, executor, pending=pending)
+        values = self._row_values(name, rows, executor.xp, executor.device)
+        return self.check_finite_on(name, executor.round_to_storage(values, storage_dtype(name)), executor,
+                                    pending=pending)
+
+    def _row_values(self, name: str, rows, xp, device):
+        """float32 values ``[len(rows), *shape[1:]]`` of rows ``rows`` (host ints) of ``name``."""
         shape = self.shape(name)
         rows = np.asarray(rows, dtype=np.int64)
         if rows.ndim != 1 or (rows.size and (rows.min() < 0 or rows.max() >= shape[0])):
@@ -187,15 +240,19 @@ class SyntheticSource(WeightSource):
         width = math.prod(shape[1:])
         mean, std = synthetic_init(self.config, name)
         k1, k2 = tensor_keys(self.seed, name)
-        values = np.empty((rows.size, width), dtype=np.float32)
-        step = max(1, _BLOCK // max(width, 1))  # rows per pass: bounds the temporaries
-        for lo in range(0, rows.size, step):
-            r = rows[lo:lo + step]
-            index = (r[:, None] * width + np.arange(width, dtype=np.int64)).reshape(-1)
-            values[lo:lo + step] = _values_at(k1, k2, index, mean, std).reshape(len(r), width)
-        dtype = storage_dtype(name)
-        out = raw_to_float64(to_storage(values, dtype), dtype).reshape((rows.size, *shape[1:]))
-        return self._check_finite(name, out)
+        if xp is np:
+            values = np.empty((rows.size, width), dtype=np.float32)
+
+            def block(lo, hi):  # rows lo..hi-1 of the request
+                index = (rows[lo:hi, None] * width + np.arange(width, dtype=np.int64)).reshape(-1)
+                values[lo:hi] = values_at(np, k1, k2, index, mean, std).reshape(hi - lo, width)
+
+            parallel_blocks(block, rows.size, max(1, _BLOCK // max(width, 1)))
+        else:
+            r = xp.asarray(rows, device=device)
+            index = xp.reshape(r[:, None] * width + xp.arange(width, dtype=xp.int64, device=device), (-1,))
+            values = xp.reshape(values_at(xp, k1, k2, index, mean, std), (rows.size, width))
+        return xp.reshape(values, (rows.size, *shape[1:]))
 
 
 __all__ = ["SyntheticSource", "synthetic_values", "synthetic_init", "tensor_keys", "mix32",

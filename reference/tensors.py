@@ -3,7 +3,8 @@
 ``expected_tensors(config)`` lists every tensor a hub-layout Kimi-Linear checkpoint holds, in model
 order (embedding, layer 0, ..., layer n-1, final norm, lm_head), as ``{name: shape}``. Shapes are
 the canonical ones of the HF module tree; the only alternative layout accepted on load is the 2-D
-``[C, W]`` depthwise conv weight (``alternative_shapes``), which readers reshape to ``[C, 1, W]``.
+``[C, W]`` depthwise conv weight (``alternative_shapes``), which readers reshape to ``[C, 1, W]``;
+the only alternative names are transformers 5.x's for the dense MLP (``transformers_aliases``).
 
 ``storage_dtype(name)`` is the policy for checkpoints this project writes (synthetic fixtures):
 bfloat16 everywhere except the float32 parameters that vLLM/HF declare as fp32
@@ -100,6 +101,21 @@ def expected_tensors(config: KimiConfig) -> dict[str, Shape]:
     out["model.norm.weight"] = (D,)
     if not config.tie_word_embeddings:
         out["lm_head.weight"] = (V, D)
+    return out
+
+
+DENSE_MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def transformers_aliases(config: KimiConfig) -> dict[str, str]:
+    """transformers 5.x name -> hub name of tensors the two layouts name differently: its
+    ``save_pretrained`` writes a dense layer's MLP as ``model.layers.N.block_sparse_moe.{gate,up,
+    down}_proj.weight`` where the hub checkpoints have ``model.layers.N.mlp.*``."""
+    out = {}
+    for i in range(config.num_hidden_layers):
+        if not config.is_moe_layer(i):
+            for proj in DENSE_MLP_PROJECTIONS:
+                out[f"{layer_prefix(i)}block_sparse_moe.{proj}.weight"] = f"{layer_prefix(i)}mlp.{proj}.weight"
     return out
 
 

@@ -9,11 +9,11 @@ ships ``tiktoken.model`` (Kimi's released tokenizer) and a ``ByteTokenizer`` oth
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from .config import KimiConfig
+from .validate import InvalidInput, as_object, as_str, field, inside, label, read_json_file
 
 
 class TokenizerError(ValueError):
@@ -26,7 +26,7 @@ class ByteTokenizer:
     kind = "bytes"
 
     def __init__(self, config: KimiConfig):
-        specials = {t for t in (config.bos_token_id, config.eos_token_id, config.pad_token_id) if t is not None}
+        specials = {t for name in ("bos_token_id", "eos_token_id", "pad_token_id") for t in config.special_ids(name)}
         for offset in range(0, config.vocab_size - 255):
             if not any(offset <= s < offset + 256 for s in specials):
                 break
@@ -78,15 +78,9 @@ class TiktokenTokenizer:
         ranks = load_tiktoken_bpe(str(model_file))
         n = len(ranks)
         specials = {f"<|reserved_token_{i}|>": i for i in range(n, n + NUM_RESERVED_SPECIAL_TOKENS)}
-        cfg = model_file.parent / "tokenizer_config.json"
-        if cfg.is_file():
-            try:
-                added = json.loads(cfg.read_text()).get("added_tokens_decoder", {})
-            except json.JSONDecodeError as exc:
-                raise TokenizerError(f"{cfg}: not valid JSON ({exc})") from None
-            for i, tok in added.items():
-                specials = {k: v for k, v in specials.items() if v != int(i)}
-                specials[tok["content"]] = int(i)
+        for i, content in _added_tokens(model_file.parent).items():
+            specials = {k: v for k, v in specials.items() if v != i}
+            specials[content] = i
         self._enc = tiktoken.Encoding(name=model_file.parent.name, pat_str=KIMI_PAT_STR,
                                       mergeable_ranks=ranks, special_tokens=specials)
         self.path = model_file
@@ -101,11 +95,37 @@ class TiktokenTokenizer:
         return f"tiktoken ({self.path})"
 
 
+MAX_TOKENIZER_CONFIG_BYTES = 64 << 20
+
+
+def _added_tokens(root: Path) -> dict[int, str]:
+    """id -> content of ``tokenizer_config.json``'s ``added_tokens_decoder`` (none without the file)."""
+    try:
+        cfg = inside(root, "tokenizer_config.json")
+        if not cfg.is_file():
+            return {}
+        d = as_object(read_json_file(cfg, max_bytes=MAX_TOKENIZER_CONFIG_BYTES), str(cfg))
+        added = as_object(d.get("added_tokens_decoder", {}), f"{cfg}: added_tokens_decoder")
+        out = {}
+        for key, tok in added.items():
+            where = f"{cfg}: added_tokens_decoder: {label(key)}"
+            if not (key.isascii() and key.isdigit() and len(key) <= 9):
+                raise InvalidInput(f"{where}: expected a token id (digits)")
+            out[int(key)] = as_str(field(as_object(tok, where), "content", where), f"{where}: content")
+        return out
+    except InvalidInput as exc:
+        raise TokenizerError(str(exc)) from None
+
+
 def load_tokenizer(checkpoint_dir: str | os.PathLike, config: KimiConfig | None = None):
     """The tokenizer of a checkpoint directory: tiktoken when it ships ``tiktoken.model`` (a clear
-    ``TokenizerError`` if the package is missing), otherwise byte-level for its config."""
+    ``TokenizerError`` if the package is missing), otherwise byte-level for its config. Files are
+    followed through links only inside the directory (``validate.inside``)."""
     root = Path(checkpoint_dir)
-    model_file = root / "tiktoken.model"
+    try:
+        model_file = inside(root, "tiktoken.model")
+    except InvalidInput as exc:
+        raise TokenizerError(str(exc)) from None
     if model_file.is_file():
         return TiktokenTokenizer(model_file)
     if config is None:

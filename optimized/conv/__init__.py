@@ -12,23 +12,38 @@ place) accumulate every output in the same order, so they agree bit for bit howe
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 
-from .. import _counters, _pdl
-from ..elementwise._precision import check_float, check_same_device, check_shape, tl_compute_dtype
+from .. import _counters, _interpreter, _launch, _pdl
+from .._checks import check_float, check_same_device, check_shape
+from ..elementwise._precision import tl_compute_dtype
 from .kernels import _short_conv_kernel, _short_conv_step_kernel
+
+_interpreter.ensure_faithful(__name__)  # the kernels above, if interpreted: bf16 dots as on a GPU
 
 __all__ = ["short_conv", "short_conv_step", "short_conv_step_"]
 
-#: Launch overrides of the step kernel (benchmarks/tune_decode.py only): step_block_c, step_warps.
-#: Each channel is computed alone, so they change neither a value nor its rounding.
-_TUNE: dict = {}
-
-#: Channels per step-kernel program: 2.84 us per call against 5.07 us at 1024 (H200, the 48B
-#: decode tile of 64 rows with one real row, C = 12288, 4 warps; ``benchmarks/tune_decode.py``).
-#: The CPU interpreter, where a program costs its Python overhead, takes 1024.
+#: Channels per step-kernel program on a GPU: 2.84 us per call against 5.07 us at 1024 (H200, the
+#: 48B decode tile of 64 rows with one real row, C = 12288, 4 warps; ``benchmarks/tune.py conv``).
 STEP_BLOCK_C = 256
+
+
+@dataclass(frozen=True)
+class StepLaunch:
+    """Launch settings of the decode step kernel (``short_conv_step``, ``short_conv_step_``). Each
+    channel is computed alone, so they change neither a value nor its rounding.
+
+    ``block_c``: channels per program; None: :data:`STEP_BLOCK_C` on a GPU, 1024 under the CPU
+    interpreter (where a program costs its Python overhead, not its loads). ``num_warps``: 4.
+    """
+    block_c: int | None = None
+    num_warps: int = 4
+
+
+STEP_LAUNCH = StepLaunch()  # the defaults (frozen, so one instance serves every call)
 
 
 def _weight(op: str, weight: torch.Tensor) -> torch.Tensor:
@@ -89,7 +104,8 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, *, initial_state: torch.Te
     return y, final
 
 
-def _step_launch(op, x, weight, state, out_state, slot_ids):
+def _step_launch(op, x, weight, state, out_state, slot_ids, launch):
+    launch = _launch.resolve(op, launch, STEP_LAUNCH)
     C, W = weight.shape
     B = x.shape[0]
     y = torch.empty((B, C), dtype=x.dtype, device=x.device)
@@ -97,15 +113,17 @@ def _step_launch(op, x, weight, state, out_state, slot_ids):
         return y
     if W == 1:
         raise ValueError(f"{op}: weight: W = 1 has no state; use short_conv")
-    block_c = min(_TUNE.get("step_block_c", STEP_BLOCK_C if x.device.type == "cuda" else 1024),
-                  triton.next_power_of_2(C))
+    block_c = launch.block_c
+    if block_c is None:
+        block_c = STEP_BLOCK_C if x.device.type == "cuda" else 1024
+    block_c = min(block_c, triton.next_power_of_2(C))
     pdl = _pdl.enabled(x.device)
     _short_conv_step_kernel[(B, triton.cdiv(C, block_c))](
         x, weight, state, y, out_state, slot_ids if slot_ids is not None else x, C,
         x.stride(0), y.stride(0), state.stride(0), state.stride(1),
         out_state.stride(0), out_state.stride(1),
         W=W, INDEXED=slot_ids is not None, CD=tl_compute_dtype(x.dtype), BLOCK_C=block_c,
-        PDL=pdl, launch_pdl=pdl, num_warps=_TUNE.get("step_warps", 4))
+        PDL=pdl, launch_pdl=pdl, num_warps=launch.num_warps)
     return y
 
 
@@ -116,10 +134,12 @@ def _step_x(op: str, x: torch.Tensor, C: int) -> torch.Tensor:
     return x if x.stride(1) == 1 else x.contiguous()
 
 
-def short_conv_step(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor):
+def short_conv_step(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, *,
+                    launch: StepLaunch | None = None):
     """One decode token: ``y = silu(sum_j weight[:, j] * cat(state, x)[:, :, j])``.
 
-    x: [B, C]; weight: [C, W] or [C, 1, W]; state: [B, C, W-1] (oldest first).
+    x: [B, C]; weight: [C, W] or [C, 1, W]; state: [B, C, W-1] (oldest first); launch: a
+    :class:`StepLaunch` (default: the tuned one).
     Returns ``(y [B, C], new_state [B, C, W-1])`` (a new tensor: state shifted left, x appended),
     bitwise equal to ``short_conv`` with T = 1.
     """
@@ -131,19 +151,20 @@ def short_conv_step(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor):
     _state(op, "state", state, x, (x.shape[0], C, W - 1))
     check_same_device(op, x=x, weight=weight, state=state)
     new_state = torch.empty_like(state, memory_format=torch.contiguous_format)
-    y = _step_launch(op, x, weight, state, new_state, None)
+    y = _step_launch(op, x, weight, state, new_state, None, launch)
     return y, new_state
 
 
 def short_conv_step_(x: torch.Tensor, weight: torch.Tensor, state_pool: torch.Tensor,
-                     slot_ids: torch.Tensor) -> torch.Tensor:
+                     slot_ids: torch.Tensor, *, launch: StepLaunch | None = None) -> torch.Tensor:
     """One decode token for B sequences whose states live in a pool, updated **in place**.
 
     x: [B, C]; weight: [C, W] or [C, 1, W]; state_pool: [slots, C, W-1]; slot_ids: [B] int32/int64,
     the pool row of each sequence. Only rows ``state_pool[slot_ids[b]]`` change (shifted left, x
     appended); every other row stays bit-identical. A negative slot id marks a padding row: its
     output row is 0 and no state is touched. Slot ids must be distinct and < slots (not checked on
-    the device: checking would need a host sync). Returns y [B, C].
+    the device: checking would need a host sync). launch: as in :func:`short_conv_step`.
+    Returns y [B, C].
     """
     op = "conv.short_conv_step_"
     _counters.record(op)
@@ -157,4 +178,4 @@ def short_conv_step_(x: torch.Tensor, weight: torch.Tensor, state_pool: torch.Te
         raise ValueError(f"{op}: slot_ids: expected [B] = ({x.shape[0]},) int32/int64, got "
                          f"{tuple(slot_ids.shape)} {slot_ids.dtype}")
     check_same_device(op, x=x, weight=weight, state_pool=state_pool, slot_ids=slot_ids)
-    return _step_launch(op, x, weight, state_pool, state_pool, slot_ids.contiguous())
+    return _step_launch(op, x, weight, state_pool, state_pool, slot_ids.contiguous(), launch)

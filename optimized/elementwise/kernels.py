@@ -54,8 +54,3 @@ def _unary_kernel(x_ptr, y_ptr, n, threshold: tl.float64,
     else:
         y = softplus_f(x, threshold)
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _cast_probe_kernel(x_ptr, y_ptr):
-    tl.store(y_ptr, tl.load(x_ptr).to(tl.bfloat16))

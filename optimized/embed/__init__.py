@@ -1,14 +1,14 @@
 """Token embedding and LM head (spec b.15). Plain torch: a gather and one GEMM are already at their
 memory/compute floors in torch; nothing to fuse at this boundary.
 
-float32 ``lm_head`` runs with TF32 off (asserted, see ``optimized.elementwise._precision``).
+float32 ``lm_head`` runs with TF32 off (asserted, see ``optimized._checks``).
 """
 from __future__ import annotations
 
 import torch
 
 from .. import _counters
-from ..elementwise._precision import check_float, check_same_device, require_ieee_fp32_matmul
+from .._checks import check_float, check_same_device, require_ieee_fp32_matmul
 
 __all__ = ["embedding", "lm_head"]
 

@@ -15,9 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._checks import FLOAT_DTYPES, check_shape  # noqa: F401  (check_shape: re-exported for chunk.py, recurrent.py)
 from ..elementwise.kernels import sigmoid_f, softplus_f  # noqa: F401  (sigmoid_f: re-exported for gate.py)
-
-FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -35,11 +34,6 @@ def check_tensor(op: str, name: str, t, ndim: int | None = None, letters: str = 
     return t
 
 
-def check_shape(op: str, name: str, t: torch.Tensor, expected, letters: str) -> None:
-    if tuple(t.shape) != tuple(expected):
-        raise ValueError(f"{op}: {name}: expected [{letters}] = {tuple(expected)}, got {tuple(t.shape)}")
-
-
 def check_device(op: str, ref: torch.Tensor, **tensors) -> None:
     for name, t in tensors.items():
         if t is not None and t.device != ref.device:
@@ -52,7 +46,7 @@ def check_qkv(op: str, q, k, v):
     check_tensor(op, "k", k, 4, "B,T,H,K")
     check_tensor(op, "v", v, 4, "B,T,HV,V")
     B, T, H, K = q.shape
-    check_shape(op, "k", k, q.shape, "B,T,H,K")
+    check_shape(op, "k", k, q.shape, "[B,T,H,K]")
     if tuple(v.shape[:2]) != (B, T) or v.shape[2] == 0 or v.shape[2] % H != 0:
         raise ValueError(f"{op}: v: expected [B,T,HV,V] with B,T = {(B, T)} and HV a multiple of "
                          f"H = {H}, got {tuple(v.shape)}")
@@ -82,7 +76,7 @@ def prepare_state(op: str, initial_state, N: int, HV: int, K: int, V: int, acc, 
     if initial_state is None:
         return None
     check_tensor(op, "initial_state", initial_state)
-    check_shape(op, "initial_state", initial_state, (N, HV, K, V), "N,HV,K,V" if varlen else "B,HV,K,V")
+    check_shape(op, "initial_state", initial_state, (N, HV, K, V), "[N,HV,K,V]" if varlen else "[B,HV,K,V]")
     check_device(op, ref, initial_state=initial_state)
     return initial_state.to(acc).contiguous()
 

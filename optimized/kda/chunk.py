@@ -66,11 +66,13 @@ an fp32 run rounds nothing below fp32 (ieee dots, no TF32); an fp64 run is fp64 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from .. import _counters
+from .. import _counters, _launch
 from ._common import (SUM, acc_dtype, block_k, cdiv, check_gate_params, check_qkv, check_shape,
                       check_tensor, chunk_span, dot, l2norm_cols, l2norm_rows, next_pow2,
                       prepare_cu_seqlens, prepare_state, varlen_chunk_plan)
@@ -386,18 +388,45 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
              mask=valid[:, None] & mv[None, :])
 
 
-#: Launch-configuration overrides (benchmarks/tune_kda.py, launch_kda.py and diag_kda.py only; keys:
-#: gate_warps, gate_bk, blocks_warps, blocks_maxnreg, blocks_stages, wy_warps, wy_stages, state_bv,
-#: state_warps, state_stages, output_bv, output_warps). None of them changes a row's arithmetic (the
-#: state pass and the output kernel split V columns, which never mix) except gate_warps and gate_bk,
-#: whose layout can re-associate the gate's prefix sum.
-_TUNE: dict = {}
-#: The compiled kernels of the last launches, by kernel (benchmarks/tune_kda.py reports their
-#: registers and spills; the interpreter records None).
-_LAUNCHED: dict = {}
+@dataclass(frozen=True)
+class ChunkLaunch:
+    """Launch settings of the five chunked-KDA kernels; a None is chosen per dtype or V beside the
+    kernel (:func:`_num_stages`, :func:`_output_block_v`). None of them changes a row's arithmetic
+    (the state pass and the output kernel split V columns, which never mix) except ``gate_warps``
+    and ``gate_block_k``, whose layout can re-associate the gate's prefix sum (certified on the
+    H200 with today's values). ``blocks_maxnreg``: a register cap for the blocks kernel (a launch
+    option of Triton's CUDA backend; None: the compiler's choice). Measured on an H200, bf16, B=1,
+    T=65536 (``benchmarks/tune.py kda``):
+
+    - gate on 64-channel programs, 4 warps: 703 us; 32 channels 702 (2 warps) / 766 (4); 128
+      channels 930 (4) / 865 (8);
+    - blocks on 2 warps: 3.70 ms against 5.20 on 4 and 11.25 on 1 (a 16-row tl.dot on more warps
+      repeats the product on each), 3 stages in 16-bit runs (3.69 -> 3.64 ms, bitwise equal);
+      register caps of 200 / 160 / 128 / 96 cost 3.69 / 3.76 / 5.32 / 8.03 ms against 3.56;
+    - WY on 4 warps: 854 us; 2 warps 924 (18 spills), 8 warps 1036;
+    - state pass on 16-column V blocks, 4 warps: 1619 us; 2 warps 1741, 8 warps 2114; 32 columns
+      1739 (4 warps), 64 columns 2090 (4 warps);
+    - output: one 128-column program per chunk and head in 16-bit runs reads qg and Aq once
+      (0.85 -> 0.73 ms).
+    """
+    gate_warps: int = 4
+    gate_block_k: int = 64
+    blocks_warps: int = 2
+    blocks_stages: int | None = None
+    blocks_maxnreg: int | None = None
+    wy_warps: int = 4
+    wy_stages: int | None = None
+    state_block_v: int = 16
+    state_warps: int = 4
+    state_stages: int | None = None
+    output_block_v: int | None = None
+    output_warps: int = 4
 
 
-def _stages(kernel: str, dtype: torch.dtype) -> int:
+CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)
+
+
+def _num_stages(kernel: str, dtype: torch.dtype) -> int:
     """Software-pipelining depth per kernel: the state pass prefetches whole [BT, K] tiles of w, k,
     G and u per stage, which at fp32/fp64 would exceed the H200's 227 KiB of shared memory."""
     if kernel == "state":
@@ -407,137 +436,197 @@ def _stages(kernel: str, dtype: torch.dtype) -> int:
     return 3 if dtype != torch.float64 else 2
 
 
+def _output_block_v(dtype: torch.dtype, BV: int) -> int:
+    """V columns per output program: 128 in 16-bit runs (one program per chunk and head reads qg and
+    Aq once: 0.85 -> 0.73 ms at T=65536), else the pipeline's V tile."""
+    return max(BV, 128) if dtype.itemsize == 2 else BV
+
+
 def _check_chunk_size(op, chunk_size):
     if chunk_size not in (16, 32, 64):
         raise ValueError(f"{op}: chunk_size: expected 16, 32 or 64, got {chunk_size!r}")
     return int(chunk_size)
 
 
-def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_size, cu_seqlens,
-              fused, stages=None):
-    """The five launches. ``stages``, a dict, receives the intermediates (tests localize a wrong
-    kernel with them): G, w, u, Aq, kg, qg, h, v_new."""
+@dataclass(frozen=True)
+class _Plan:
+    """Sizes, tiles and chunk table of one call: ``N`` sequences (B, or the cu_seqlens count),
+    ``NT`` chunks per sequence (0 when varlen), ``n_chunks`` chunk programs; ``cu``, ``cidx``, ``co``
+    the varlen tables (None otherwise)."""
+    B: int
+    T: int
+    H: int
+    HV: int
+    K: int
+    V: int
+    BT: int
+    BC: int
+    BK: int
+    BV: int
+    N: int
+    NT: int
+    n_chunks: int
+    cu: torch.Tensor | None
+    cidx: torch.Tensor | None
+    co: torch.Tensor | None
+
+    @property
+    def varlen(self) -> bool:
+        return self.cu is not None
+
+
+def _check_inputs(op, q, k, v, g, beta, A_log, dt_bias, chunk_size, fused):
+    """Validated sizes ``(B, T, H, HV, K, V)``, chunk size and the gate parameters (contiguous when
+    fused)."""
     B, T, H, HV, K, V = check_qkv(op, q, k, v)
     BT = _check_chunk_size(op, chunk_size)
     gname, bname = ("g_raw", "beta_logits") if fused else ("g", "beta")
     check_tensor(op, gname, g)
-    check_shape(op, gname, g, (B, T, HV, K), "B,T,HV,K")
+    check_shape(op, gname, g, (B, T, HV, K), "[B,T,HV,K]")
     check_tensor(op, bname, beta)
-    check_shape(op, bname, beta, (B, T, HV), "B,T,HV")
+    check_shape(op, bname, beta, (B, T, HV), "[B,T,HV]")
     if fused:
         A_log, dt_bias = check_gate_params(op, A_log, dt_bias, HV, K, q)
-    dev = q.device
-    dt = q.dtype
-    acc = acc_dtype(dt)
-    scale = K ** -0.5 if scale is None else float(scale)
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    return (B, T, H, HV, K, V), BT, A_log, dt_bias
 
-    varlen = cu_seqlens is not None
-    if varlen:
+
+def _plan(op, sizes, BT, dtype, cu_seqlens, dev) -> _Plan:
+    B, T, H, HV, K, V = sizes
+    if cu_seqlens is not None:
         cu, N = prepare_cu_seqlens(op, cu_seqlens, B, T, dev)
         cidx, co, n_chunks = varlen_chunk_plan(cu, N, T, BT)
         NT = 0
     else:
         cu = cidx = co = None
-        N = B
-        NT = cdiv(T, BT)
+        N, NT = B, cdiv(T, BT)
         n_chunks = NT
-    h0 = prepare_state(op, initial_state, N, HV, K, V, acc, q, varlen)
-    if B * T == 0:
-        o = torch.empty(B, T, HV, V, dtype=dt, device=dev)
-        return o, (h0.clone() if h0 is not None else torch.zeros(N, HV, K, V, dtype=acc, device=dev))
-
     BK = block_k(K)
     BV = min(64, max(16, next_pow2(V)))
-    if dt.itemsize == 2:
+    if dtype.itemsize == 2:
         # 16-bit runs compile the real model's tile configuration (128 keys, 64 values), smaller K and
         # V zero-padded by the masks (exact): bf16 with 32-key tiles hit an illegal memory access in
         # the former whole-chunk intra kernel while every fp32 shape ran clean; padded, K = 32 runs
         # clean on the H200 (docs/BENCHMARKS.md).
         BK, BV = max(BK, 128), 64
-    BC = min(16, BT)
-    LOG2_NB = (BT // BC).bit_length() - 1
+    return _Plan(B, T, H, HV, K, V, BT, min(16, BT), BK, BV, N, NT, n_chunks, cu, cidx, co)
 
+
+def _launch_intra(p: _Plan, q, k, v, G, beta, scale, fused, launch: ChunkLaunch):
+    """Kernels 2 and 3: ``(w, u, Aq, kg, qg)``. w's buffer first holds kb = beta k exp(G) (blocks
+    kernel), replaced by w in the WY kernel."""
+    dt, dev, acc = q.dtype, q.device, acc_dtype(q.dtype)
+    B, T, HV = p.B, p.T, p.HV
+    w = torch.empty(B, T, HV, p.K, dtype=dt, device=dev)
+    u = torch.empty(B, T, HV, p.V, dtype=dt, device=dev)
+    Aq = torch.empty(B, T, HV, p.BT, dtype=dt, device=dev)
+    kg = torch.empty_like(w)
+    qg = torch.empty_like(w)
+    Ak = torch.empty(B, T, HV, p.BT, dtype=acc, device=dev)
+    cap = launch.blocks_maxnreg
+    _blocks_kernel[(p.n_chunks, B * HV, p.BT // p.BC)](
+        q, k, G, beta, Ak, Aq, kg, qg, w, p.cu, p.cidx, scale, T,
+        H=p.H, HV=HV, K=p.K, BT=p.BT, BC=p.BC, BK=p.BK, L2NORM=fused, IS_VARLEN=p.varlen,
+        num_warps=launch.blocks_warps,
+        num_stages=_num_stages("blocks", dt) if launch.blocks_stages is None else launch.blocks_stages,
+        **({"maxnreg": cap} if cap is not None else {}))
+    _wy_kernel[(p.n_chunks, B * HV)](
+        w, v, beta, w, u, Ak, p.cu, p.cidx, T,
+        HV=HV, K=p.K, V=p.V, BT=p.BT, BC=p.BC, LOG2_NB=(p.BT // p.BC).bit_length() - 1, BK=p.BK,
+        BV=p.BV, NV=cdiv(p.V, p.BV), IS_VARLEN=p.varlen, num_warps=launch.wy_warps,
+        num_stages=_num_stages("wy", dt) if launch.wy_stages is None else launch.wy_stages)
+    return w, u, Aq, kg, qg
+
+
+def _launch_state(p: _Plan, kg, w, u, G, h0, launch: ChunkLaunch):
+    """Kernel 4, the sequential pass: ``(h, v_new, final state)``. Smaller V blocks: more programs
+    for the pass, fewer registers."""
+    dt, dev = w.dtype, w.device
+    h = torch.empty((p.B * p.NT if not p.varlen else p.n_chunks), p.HV, p.K, p.V, dtype=dt, device=dev)
+    vnew = torch.empty_like(u)
+    ht = torch.empty(p.N, p.HV, p.K, p.V, dtype=acc_dtype(dt), device=dev)
+    BVs = launch.state_block_v
+    _state_kernel[(cdiv(p.V, BVs), p.N * p.HV)](
+        kg, w, u, G, vnew, h, h0, ht, p.cu, p.co, p.T, p.NT,
+        HV=p.HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=BVs, HAS_H0=h0 is not None,
+        IS_VARLEN=p.varlen, num_warps=launch.state_warps,
+        num_stages=_num_stages("state", dt) if launch.state_stages is None else launch.state_stages)
+    return h, vnew, ht
+
+
+def _launch_output(p: _Plan, qg, h, vnew, Aq, launch: ChunkLaunch):
+    """Kernel 5: ``o = qg h + Aqk v_new``."""
+    dt = qg.dtype
+    o = torch.empty(p.B, p.T, p.HV, p.V, dtype=dt, device=qg.device)
+    BVo = _output_block_v(dt, p.BV) if launch.output_block_v is None else launch.output_block_v
+    _output_kernel[(cdiv(p.V, BVo), p.n_chunks, p.B * p.HV)](
+        qg, h, vnew, Aq, o, p.cu, p.cidx, p.T, p.NT,
+        HV=p.HV, K=p.K, V=p.V, BT=p.BT, BC=p.BC, BK=p.BK, BV=BVo, IS_VARLEN=p.varlen,
+        num_warps=launch.output_warps, num_stages=_num_stages("output", dt))
+    return o
+
+
+def _aq_as_read(p: _Plan, Aq, dev):
+    """Aq as the output kernel reads it: the blocks right of the diagonal, never written, as 0."""
+    t = torch.arange(p.T, device=dev)
+    if p.varlen:
+        cu64 = p.cu.long()
+        t = t - cu64[torch.searchsorted(cu64, t, right=True) - 1]
+    keep = (t % p.BT // p.BC)[:, None] >= (torch.arange(p.BT, device=dev) // p.BC)[None, :]
+    return Aq.masked_fill(~keep[None, :, None, :], 0)
+
+
+def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_size, cu_seqlens,
+              fused, stages=None, launch=None):
+    """The five launches. ``stages``, a dict, receives the intermediates (tests localize a wrong
+    kernel with them): G, w, u, Aq, kg, qg, h, v_new. ``launch``: a :class:`ChunkLaunch`."""
+    launch = _launch.resolve(op, launch, CHUNK_LAUNCH)
+    sizes, BT, A_log, dt_bias = _check_inputs(op, q, k, v, g, beta, A_log, dt_bias, chunk_size, fused)
+    B, T, H, HV, K, V = sizes
+    dev, dt = q.device, q.dtype
+    acc = acc_dtype(dt)
+    scale = K ** -0.5 if scale is None else float(scale)
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    p = _plan(op, sizes, BT, dt, cu_seqlens, dev)
+    h0 = prepare_state(op, initial_state, p.N, HV, K, V, acc, q, p.varlen)
+    if B * T == 0:
+        o = torch.empty(B, T, HV, V, dtype=dt, device=dev)
+        return o, (h0.clone() if h0 is not None else torch.zeros(p.N, HV, K, V, dtype=acc, device=dev))
     # 1. gate / prefix sums (fused: the gate and the beta sigmoid too)
-    G, beta_f = gate_chunk_cumsum(g, A_log=A_log if fused else None,
-                                  dt_bias=dt_bias if fused else None,
-                                  beta_logits=beta if fused else None, chunk_size=BT, cumsum=True,
-                                  cu=cu, cidx=cidx, grid_chunks=n_chunks, acc=acc,
-                                  num_warps=_TUNE.get("gate_warps", 4),
-                                  block_k_cols=_TUNE.get("gate_bk", 64))
+    G, beta_f = gate_chunk_cumsum(g, A_log=A_log if fused else None, dt_bias=dt_bias if fused else None,
+                                  beta_logits=beta if fused else None, chunk_size=p.BT, cumsum=True,
+                                  cu=p.cu, cidx=p.cidx, grid_chunks=p.n_chunks, acc=acc,
+                                  num_warps=launch.gate_warps, block_k_cols=launch.gate_block_k)
     if fused:
         beta = beta_f
     # 2-3. intra-chunk matrices and the diagonal blocks' inverses; the merged inverse and WY
-    w = torch.empty(B, T, HV, K, dtype=dt, device=dev)
-    u = torch.empty(B, T, HV, V, dtype=dt, device=dev)
-    Aq = torch.empty(B, T, HV, BT, dtype=dt, device=dev)
-    kg = torch.empty_like(w)
-    qg = torch.empty_like(w)
-    Ak = torch.empty(B, T, HV, BT, dtype=acc, device=dev)
-    # w's buffer first holds kb = beta k exp(G) (blocks kernel), replaced by w in the WY kernel.
-    # A register cap (maxnreg, a launch option of Triton's CUDA backend) trades spills for programs
-    # per SM; unset, the compiler's choice
-    cap = _TUNE.get("blocks_maxnreg")
-    _LAUNCHED["blocks"] = _blocks_kernel[(n_chunks, B * HV, BT // BC)](
-        q, k, G, beta, Ak, Aq, kg, qg, w, cu, cidx, scale, T,
-        H=H, HV=HV, K=K, BT=BT, BC=BC, BK=BK, L2NORM=fused, IS_VARLEN=varlen,
-        num_warps=_TUNE.get("blocks_warps", 2),
-        num_stages=_TUNE.get("blocks_stages", _stages("blocks", dt)),
-        **({"maxnreg": cap} if cap else {}))
-    _LAUNCHED["wy"] = _wy_kernel[(n_chunks, B * HV)](
-        w, v, beta, w, u, Ak, cu, cidx, T,
-        HV=HV, K=K, V=V, BT=BT, BC=BC, LOG2_NB=LOG2_NB, BK=BK, BV=BV, NV=cdiv(V, BV),
-        IS_VARLEN=varlen, num_warps=_TUNE.get("wy_warps", 4),
-        num_stages=_TUNE.get("wy_stages", _stages("wy", dt)))
-    # 3. sequential state pass
-    h = torch.empty((B * NT if not varlen else n_chunks), HV, K, V, dtype=dt, device=dev)
-    vnew = torch.empty_like(u)
-    ht = torch.empty(N, HV, K, V, dtype=acc, device=dev)
-    # smaller V blocks: more programs for the sequential pass, fewer registers
-    BVs = _TUNE.get("state_bv", min(16, BV))
-    _LAUNCHED["state"] = _state_kernel[(cdiv(V, BVs), N * HV)](
-        kg, w, u, G, vnew, h, h0, ht, cu, co, T, NT,
-        HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BVs, HAS_H0=h0 is not None,
-        IS_VARLEN=varlen, num_warps=_TUNE.get("state_warps", 4),
-        num_stages=_TUNE.get("state_stages", _stages("state", dt)))
-    # 4. output
-    o = torch.empty(B, T, HV, V, dtype=dt, device=dev)
-    # 16-bit runs: one program per chunk and head reads qg and Aq once (0.85 -> 0.73 ms at T=65536)
-    BVo = _TUNE.get("output_bv", max(BV, 128) if dt.itemsize == 2 else BV)
-    _output_kernel[(cdiv(V, BVo), n_chunks, B * HV)](
-        qg, h, vnew, Aq, o, cu, cidx, T, NT,
-        HV=HV, K=K, V=V, BT=BT, BC=BC, BK=BK, BV=BVo, IS_VARLEN=varlen,
-        num_warps=_TUNE.get("output_warps", 4),
-        num_stages=_stages("output", dt))
+    w, u, Aq, kg, qg = _launch_intra(p, q, k, v, G, beta, scale, fused, launch)
+    # 4. sequential state pass; 5. output
+    h, vnew, ht = _launch_state(p, kg, w, u, G, h0, launch)
+    o = _launch_output(p, qg, h, vnew, Aq, launch)
     if stages is not None:
-        # Aq as the output kernel reads it: the blocks right of the diagonal, never written, as 0
-        t = torch.arange(T, device=dev)
-        if varlen:
-            cu64 = cu.long()
-            t = t - cu64[torch.searchsorted(cu64, t, right=True) - 1]
-        keep = (t % BT // BC)[:, None] >= (torch.arange(BT, device=dev) // BC)[None, :]
-        stages.update(G=G, w=w, u=u, Aq=Aq.masked_fill(~keep[None, :, None, :], 0), kg=kg, qg=qg, h=h,
-                      v_new=vnew)
+        stages.update(G=G, w=w, u=u, Aq=_aq_as_read(p, Aq, dev), kg=kg, qg=qg, h=h, v_new=vnew)
     return o, ht
 
 
-def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_size=64, cu_seqlens=None):
+def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_size=64, cu_seqlens=None,
+            launch=None):
     """Chunked KDA forward (spec b.9); same result as :func:`optimized.kda.recurrent`.
 
     q, k: [B,T,H,K] (already l2-normalized); v: [B,T,HV,V] (HV a multiple of H; value head hv reads
     qk head hv // (HV//H)); g: [B,T,HV,K] log-space decay (<= 0; any float dtype, float32 typical);
     beta: [B,T,HV]. scale defaults to K**-0.5. initial_state: [B,HV,K,V] K-first (or [N,HV,K,V] with
     cu_seqlens [N+1] ints, B == 1), any float dtype, or None (zeros). chunk_size: 16, 32 or 64.
+    launch: a :class:`ChunkLaunch` (default: the tuned one).
     Returns ``(o [B,T,HV,V] in q.dtype, final_state [N or B,HV,K,V] float32)``; float64 inputs compute
     and return the state in float64.
     """
     _counters.record("kda.chunked")
     return _pipeline("kda.chunked", q, k, v, g, beta, None, None, scale, initial_state,
-                     chunk_size, cu_seqlens, fused=False)
+                     chunk_size, cu_seqlens, fused=False, launch=launch)
 
 
 def fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, initial_state=None,
-                  chunk_size=64, cu_seqlens=None):
+                  chunk_size=64, cu_seqlens=None, launch=None):
     """:func:`chunked` of ``l2norm(q), l2norm(k), gate(g_raw, A_log, dt_bias), sigmoid(beta_logits)``
     with the prologue fused into the kernels (q, k normalized on load in float32, never rounded).
 
@@ -546,4 +635,4 @@ def fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, in
     """
     _counters.record("kda.fused_chunked")
     return _pipeline("kda.fused_chunked", q, k, v, g_raw, beta_logits, A_log, dt_bias, scale,
-                     initial_state, chunk_size, cu_seqlens, fused=True)
+                     initial_state, chunk_size, cu_seqlens, fused=True, launch=launch)

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .. import _counters, _pdl
 from .._pdl import pdl_wait
-from ..elementwise._precision import out_or_new
+from .._checks import out_or_new
 from ._common import (SUM, acc_dtype, block_k, cdiv, check_device, check_gate_params, check_qkv,
                       check_shape, check_tensor, next_pow2, prepare_cu_seqlens, prepare_state)
 
@@ -120,9 +120,9 @@ def _launch(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqle
     B, T, H, HV, K, V = check_qkv(op, q, k, v)
     gname, bname = ("g_raw", "beta_logits") if fused else ("g", "beta")
     check_tensor(op, gname, g)
-    check_shape(op, gname, g, (B, T, HV, K), "B,T,HV,K")
+    check_shape(op, gname, g, (B, T, HV, K), "[B,T,HV,K]")
     check_tensor(op, bname, beta)
-    check_shape(op, bname, beta, (B, T, HV), "B,T,HV")
+    check_shape(op, bname, beta, (B, T, HV), "[B,T,HV]")
     check_device(op, q, **{gname: g, bname: beta})
     if fused:
         A_log, dt_bias = check_gate_params(op, A_log, dt_bias, HV, K, q)
@@ -237,9 +237,9 @@ def _decode_checks(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot
     HV, V = v.shape[1], v.shape[2]
     check_qkv(op, q[:, None], k[:, None], v[:, None])
     check_tensor(op, "g_raw", g_raw)
-    check_shape(op, "g_raw", g_raw, (B, HV, K), "B,HV,K")
+    check_shape(op, "g_raw", g_raw, (B, HV, K), "[B,HV,K]")
     check_tensor(op, "beta_logits", beta_logits)
-    check_shape(op, "beta_logits", beta_logits, (B, HV), "B,HV")
+    check_shape(op, "beta_logits", beta_logits, (B, HV), "[B,HV]")
     check_gate_params(op, A_log, dt_bias, HV, K, q)
     if not (A_log.is_contiguous() and dt_bias.is_contiguous()):
         raise ValueError(f"{op}: A_log and dt_bias must be contiguous")

@@ -20,28 +20,33 @@ Decode = 3 launches (q_lat GEMM, attention, merge + W_UV) and no host sync, so i
 a CUDA graph. A sequence's key slices follow its own length (one per DECODE_SPLIT_KEYS keys, at
 most DECODE_MAX_SPLITS), never the batch. Measured on an H200 (bf16, N=32, L=512, pages of 64,
 CUDA-graph replay, programmatic dependent launch; floor = cache + w_kvb bytes at 4.3 TB/s;
-docs/BENCHMARKS.md, session 13): B=64 0.162 ms at 4k (2.2x floor), 0.88 ms at 32k (1.6x); B=1
-26 us at 4k (8.4x), 40 us at 32k (3.7x), where a program's serial 64-key steps (one 4-warp
-program per SM, latency-bound) and the three launches are most of the time (8 B=1 decodes back to
-back in one graph, session 15: 20.9 us per call at 4k, 33.5 at 32k, 3.13x). Eager launches cost
-~0.2 ms of host time per call (Triton's launcher).
+``benchmarks/bench_ops.py --only mla``, docs/BENCHMARKS.md): B=64 0.162 ms at 4k (2.2x floor),
+0.89 ms at 32k (1.6x); B=1 26 us at 4k (8.5x), 39 us at 32k (3.7x), where a program's serial
+64-key steps (one 4-warp program per SM, latency-bound) and the three launches are most of the time
+(8 B=1 decodes back to back in one graph, ``benchmarks/launch_floor.py --chain 8``: 20.9 us per call
+at 4k, 33.5 at 32k, 3.13x). Eager launches cost ~0.2 ms of host time per call (Triton's launcher).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 
-from .. import _counters, _pdl
-from ..elementwise._precision import (check_float, check_same_device, compute_dtype, out_or_new,
-                                      require_ieee_fp32_matmul, tl_compute_dtype)
+from .. import _counters, _interpreter, _launch, _pdl
+from .._checks import check_float, check_same_device, out_or_new, require_ieee_fp32_matmul
+from ..elementwise._precision import compute_dtype, tl_compute_dtype
 from .kernels import (_mla_attn_kernel, _mla_combine_kernel, _mla_combine_uv_kernel, _paged_write_kernel,
                       _q_lat_kernel)
+
+_interpreter.ensure_faithful(__name__)  # the kernels above, if interpreted: bf16 dots as on a GPU
 
 __all__ = ["naive", "absorbed", "paged_decode", "PagedLatentCache"]
 
 BLOCK_N = 32  # keys per inner step (16 for fp64); part of the reduction order, same for paged and contiguous
 #: the same for the absorbed form's 576-wide latent keys in a 16-bit dtype: 64 (a paged decode's
-#: serial chain halves; tune_mla.py, H200: B=1 32k 80 -> 70 us, B=64 32k 1213 -> 1006 us)
+#: serial chain halves; H200, pages of 64: B=1 32k 80 -> 70 us, B=64 32k 1213 -> 1006 us, by the
+#: key-slice sweep of the former benchmarks/tune_mla.py: ``git log -- benchmarks/tune_mla.py``)
 BLOCK_N_LATENT = 64
 
 
@@ -125,108 +130,194 @@ def _last_contig(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-#: Launch-configuration overrides (benchmarks/tuning only; keys: BLOCK_M, num_warps, num_stages,
-#: row_mask, prefetch_keys, prefetch_w, BLOCK_R, BLOCK_V, epi_warps, merge_unroll, q_lat_l, q_lat_p,
-#: q_lat_warps, q_lat_stages, early_setup, early_lens). They
-#: change speed, never the reduction order (BLOCK_N does).
-_TUNE: dict = {}
+@dataclass(frozen=True)
+class Launch:
+    """Launch settings of the MLA kernels; each None is chosen per call by the heuristic named
+    beside it. None of them changes a bit (``BLOCK_N`` and the key slices do): a row's arithmetic is
+    the same whichever program computes it and however its loads are issued (compiled; under the
+    interpreter, whose tl.dot is np.matmul, ``q_lat_block_l`` and ``epi_block_v`` can change how
+    BLAS rounds a float32 column).
+
+    Attention (``_mla_attn_kernel``): ``attn_block_m`` query rows per program (:func:`_block_m`),
+    ``attn_warps``, ``attn_stages`` (:func:`_attn_stages`), ``attn_row_mask`` (:func:`_row_mask`),
+    ``attn_prefetch_keys`` key steps prefetched into L2 before the PDL wait (1 on one-wave grids of
+    a 16-bit paged decode with page-aligned steps, else 0), ``attn_early`` the slice bounds read
+    before the PDL wait (on one-wave grids).
+    Merge + W_UV epilogue (``_mla_combine_uv_kernel``): ``epi_block_r`` rows per program
+    (min(16, rows)), ``epi_block_v`` Vh columns and ``epi_warps`` (:func:`_epilogue_tile`),
+    ``epi_unroll`` slices in flight per merge step (16 // rows), ``epi_early`` the sequence lengths
+    read before the PDL wait.
+    q_lat GEMM (``_q_lat_kernel``): ``q_lat_block_l`` L columns per program (:data:`Q_LAT_L` on a
+    GPU, all of L on CPU), ``q_lat_block_p`` P columns per dot (16 for fp64, else 32),
+    ``q_lat_warps``, ``q_lat_stages`` (2 for 16-bit, else 1).
+    ``prefetch_w``: q_lat and the epilogue prefetch their weight tiles into L2 before the PDL wait.
+    """
+    attn_block_m: int | None = None
+    attn_warps: int = 4
+    attn_stages: int | None = None
+    attn_row_mask: bool | None = None
+    attn_prefetch_keys: int | None = None
+    attn_early: bool | None = None
+    epi_block_r: int | None = None
+    epi_block_v: int | None = None
+    epi_warps: int | None = None
+    epi_unroll: int | None = None
+    epi_early: bool = True
+    q_lat_block_l: int | None = None
+    q_lat_block_p: int | None = None
+    q_lat_warps: int = 4
+    q_lat_stages: int | None = None
+    prefetch_w: bool = True
 
 
-def _attend(q1, q2, k1, k2, v, out, *, T, S, N, D1, R, DV, scale, shared_kv, split_keys, max_splits,
-            paged=None, seq_lens=None, w_uv=None):
+LAUNCH = Launch()  # the defaults (frozen, so one instance serves every call)
+
+
+def _pick(value, default):
+    """A launch setting: the caller's ``value``, or the heuristic's ``default`` when it is None."""
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One attention call: T queries per sequence over S key positions (the paged store's capacity
+    when paged), N heads, key widths D1 (latent or k_nope) and R (k_pe), value width DV; a sequence
+    of length S_b gets ``cdiv(S_b, split_keys)`` key slices clamped to ``[1, max_splits]``
+    (``split_keys = 1``: a fixed count). Paged: ``block_tables`` and ``block_size``;
+    ``seq_lens``: each sequence's length (None: S)."""
+    T: int
+    S: int
+    N: int
+    D1: int
+    R: int
+    DV: int
+    scale: float
+    shared_kv: bool
+    split_keys: int
+    max_splits: int
+    block_tables: torch.Tensor | None = None
+    block_size: int = 1
+    seq_lens: torch.Tensor | None = None
+
+    @property
+    def paged(self) -> bool:
+        return self.block_tables is not None
+
+
+def _attend(q1, q2, k1, k2, v, out, call: _Call, launch: Launch, w_uv=None):
     """Launch the attention kernel and its epilogue. q1/q2: [B, T, N, *] views; k1/k2/v:
-    [B, S, (N,) *] views (or the paged buffers with ``paged = (block_tables, block_size)``; S is then
-    their capacity). A sequence of length S_b gets ``cdiv(S_b, split_keys)`` key slices, clamped to
-    ``[1, max_splits]`` (``split_keys = 1``: a fixed count).
+    [B, S, (N,) *] views (or rows of the paged store, ``call.paged``).
     ``w_uv [N, Vh, L]`` given (absorbed form): ``out [B, T, N, Vh]`` receives ``W_UV o_lat``;
     otherwise ``out [B, T, N, DV]`` receives the attention output."""
     B = q1.shape[0]
-    HP = N if shared_kv else 1
-    dt = k1.dtype
-    cd = compute_dtype(dt)
     # the most slices any sequence here can have (S_b <= S): the grid's and the partials' depth.
     # Clamping max_splits to it never changes a sequence's own count.
-    max_splits = max(1, min(max_splits, triton.cdiv(S, split_keys)))
-    sms = _sm_count(q1.device)
-    BM = _TUNE.get("BLOCK_M", _block_m(B, T * HP, D1, max_splits, sms))
-    direct = w_uv is None and max_splits == 1
+    depth = max(1, min(call.max_splits, triton.cdiv(call.S, call.split_keys)))
+    if depth != call.max_splits:
+        call = replace(call, max_splits=depth)
+    direct = w_uv is None and call.max_splits == 1
     if direct:
         pacc = pml = out  # unused
     else:
-        pacc = torch.empty((B, max_splits, T, N, DV), dtype=cd, device=q1.device)
-        pml = torch.empty((B, max_splits, T, N, 2), dtype=cd, device=q1.device)
-    if paged is not None:
-        block_tables, block_size = paged
-        kst = (0, k1.stride(0), 0)
-        k2st = (0, k2.stride(0))
-        vst = (0, k1.stride(0), 0)
-        bt, sbt = block_tables, block_tables.stride(0)
-    else:
-        block_size, bt, sbt = 1, q1, 0
-        kst = (k1.stride(0), k1.stride(1), k1.stride(2) if k1.dim() == 4 else 0)
-        k2st = (k2.stride(0), k2.stride(1))
-        vst = (v.stride(0), v.stride(1), v.stride(2) if v.dim() == 4 else 0)
-    big = D1 > 256
-    aligned = paged is not None and block_size % _block_n(dt, shared_kv) == 0  # a step within one page
-    per_key_table = paged is not None and not aligned
-    o1 = out if direct else pacc  # only dereferenced when direct
+        cd = compute_dtype(k1.dtype)
+        pacc = torch.empty((B, call.max_splits, call.T, call.N, call.DV), dtype=cd, device=q1.device)
+        pml = torch.empty((B, call.max_splits, call.T, call.N, 2), dtype=cd, device=q1.device)
+    _launch_attention(q1, q2, k1, k2, v, out if direct else pacc, pacc, pml, call, launch, direct)
+    if w_uv is not None:
+        _launch_epilogue(pacc, pml, w_uv, out, call, launch, B, k1.dtype)
+    elif not direct:
+        _launch_combine(pacc, pml, out, call, B, k1.dtype)
+    return out
+
+
+def _key_strides(k1, k2, v, call: _Call):
+    """(key, k_pe, value) strides of the kernel's (batch, position, head) axes, the block table and
+    its row stride; a paged store has no batch axis (the table holds it) and q1 stands in for an
+    absent table."""
+    if call.paged:
+        return (0, k1.stride(0), 0), (0, k2.stride(0)), (0, k1.stride(0), 0), \
+            call.block_tables, call.block_tables.stride(0)
+    return ((k1.stride(0), k1.stride(1), k1.stride(2) if k1.dim() == 4 else 0),
+            (k2.stride(0), k2.stride(1)),
+            (v.stride(0), v.stride(1), v.stride(2) if v.dim() == 4 else 0), None, 0)
+
+
+def _launch_attention(q1, q2, k1, k2, v, o1, pacc, pml, call: _Call, launch: Launch, direct: bool):
+    """``_mla_attn_kernel`` into ``o1`` (the output when ``direct``, else the slice partials)."""
+    c = call
+    B, dt = q1.shape[0], k1.dtype
+    HP = c.N if c.shared_kv else 1
+    sms = _sm_count(q1.device)
+    BM = _pick(launch.attn_block_m, _block_m(B, c.T * HP, c.D1, c.max_splits, sms))
+    kst, k2st, vst, bt, sbt = _key_strides(k1, k2, v, c)
+    aligned = c.paged and c.block_size % _block_n(dt, c.shared_kv) == 0  # a step within one page
+    per_key_table = c.paged and not aligned
     pdl = _pdl.enabled(q1.device)
-    grid = (B, (N // HP) * triton.cdiv(T * HP, BM), max_splits)
+    grid = (B, (c.N // HP) * triton.cdiv(c.T * HP, BM), c.max_splits)
     # L2 prefetches before the PDL wait (hints, never a bit): the first key step of each program's
     # slice when the grid is one wave (more programs than SMs: the later ones start after the wait
     # anyway, and the extra requests cost B=64 4k 182 -> 191 us), and the q_lat / W_UV weight
-    # tiles. H200 (tune_mla.py --parts prefetch, session 13): B=1 4k 27.5 -> 26.6 us (keys),
+    # tiles. H200 (``benchmarks/tune.py mla --parts prefetch``): B=1 4k 27.5 -> 26.6 us (keys),
     # B=64 32k 940 -> 922 us (weights)
     one_wave = grid[0] * grid[1] * grid[2] <= sms
-    prefetch_keys = _TUNE.get("prefetch_keys", 1 if one_wave else 0) if pdl and aligned and shared_kv \
-        and dt.itemsize == 2 else 0
+    prefetch_keys = _pick(launch.attn_prefetch_keys, 1 if one_wave else 0) \
+        if pdl and aligned and c.shared_kv and dt.itemsize == 2 else 0
+    stages = _attn_stages(dt, c.D1 > 256, BM, per_key_table)
     _mla_attn_kernel[grid](
-        q1, q2, k1, k2, v, o1, pacc, pml, bt, seq_lens if seq_lens is not None else q1,
-        T, S, N, D1, R, DV, block_size, split_keys, max_splits, float(scale),
+        q1, q2, k1, k2, v, o1, pacc, pml, bt if bt is not None else q1,
+        c.seq_lens if c.seq_lens is not None else q1,
+        c.T, c.S, c.N, c.D1, c.R, c.DV, c.block_size, c.split_keys, c.max_splits, float(c.scale),
         q1.stride(0), q1.stride(1), q1.stride(2), q2.stride(0), q2.stride(1), q2.stride(2),
         *kst, *k2st, *vst, o1.stride(0), o1.stride(1), o1.stride(2), sbt,
-        HP=HP, SHARED_KV=shared_kv, PAGED=paged is not None,
-        PAGE_ALIGNED=aligned, VAR_LEN=seq_lens is not None,
-        DIRECT=direct, EVEN_D=D1 == _pow2(D1) and R == _pow2(R) and DV == _pow2(DV),
-        ROW_MASK=_TUNE.get("row_mask", _row_mask(BM)), CD=tl_compute_dtype(dt), BLOCK_M=BM, PDL=pdl,
-        launch_pdl=pdl, PREFETCH=prefetch_keys, EARLY=bool(_TUNE.get("early_setup", one_wave)),
-        BLOCK_N=_block_n(dt, shared_kv), BLOCK_D1=_pow2(D1), BLOCK_R=_pow2(R), BLOCK_DV=_pow2(DV),
-        num_warps=_TUNE.get("num_warps", 4), num_stages=_TUNE.get("num_stages", _attn_stages(dt, big, BM, per_key_table)))
-    if w_uv is not None:
-        Vh = w_uv.shape[1]
-        # rows per program: 16, or the batch's rows when fewer (B=1: the merge reads one row's
-        # partials, not 16 masked ones; bit-neutral, the dot runs on 16 rows either way)
-        br = _TUNE.get("BLOCK_R", min(16, _pow2(B * T, 1)))
-        # Vh chunks per head as programs (each redoes the merge, bitwise the same) so a small batch
-        # still spreads the W_UV read; adjacent in launch order, they share the partials through
-        # L2. Slices in flight per merge step (MERGE_UNROLL, bit-neutral): 16 rows' worth (16 //
-        # rows), so 1 for 16-row blocks, whose tiles spill with more (tune_mla.py --parts epilogue,
-        # H200, session 10: B=1 32k 50.2 / 49.6 / 48.1 / 48.0 us with 1 / 8 / 16 / 32; B=64 64
-        # keys 36.7 us with 1, 419 with 8)
-        bv, epi_warps = _epilogue_tile(dt, br, DV, Vh, q1.device)
-        bv, epi_warps = _TUNE.get("BLOCK_V", bv), _TUNE.get("epi_warps", epi_warps)
-        _mla_combine_uv_kernel[(triton.cdiv(Vh, bv), N, triton.cdiv(B * T, br))](
-            pacc, pml, w_uv, out, seq_lens if seq_lens is not None else pml, B * T, T, S, N, DV, Vh,
-            w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), out.stride(2),
-            split_keys, max_splits, VAR_LEN=seq_lens is not None, BLOCK_SP=_pow2(max_splits, 2),
-            MERGE_UNROLL=_TUNE.get("merge_unroll", max(1, 16 // br)),
-            CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(DV), BLOCK_V=bv, PDL=pdl, launch_pdl=pdl,
-            PREFETCH=pdl and _pow2(DV) % 64 == 0 and _TUNE.get("prefetch_w", True),
-            EARLY=bool(_TUNE.get("early_lens", True)),
-            num_warps=epi_warps, num_stages=2 if dt.itemsize <= 2 else 1)
-    elif not direct:
-        bdv = min(512, _pow2(DV))
-        _mla_combine_kernel[(B * T * N, triton.cdiv(DV, bdv))](
-            pacc, pml, out, T, S, N, DV, out.stride(0), out.stride(1), out.stride(2), split_keys,
-            max_splits, CD=tl_compute_dtype(dt), BLOCK_DV=bdv, PDL=pdl, launch_pdl=pdl, num_warps=4)
-    return out
+        HP=HP, SHARED_KV=c.shared_kv, PAGED=c.paged, PAGE_ALIGNED=aligned, VAR_LEN=c.seq_lens is not None,
+        DIRECT=direct, EVEN_D=c.D1 == _pow2(c.D1) and c.R == _pow2(c.R) and c.DV == _pow2(c.DV),
+        ROW_MASK=_pick(launch.attn_row_mask, _row_mask(BM)), CD=tl_compute_dtype(dt), BLOCK_M=BM,
+        PDL=pdl, launch_pdl=pdl, PREFETCH=prefetch_keys, EARLY=bool(_pick(launch.attn_early, one_wave)),
+        BLOCK_N=_block_n(dt, c.shared_kv), BLOCK_D1=_pow2(c.D1), BLOCK_R=_pow2(c.R), BLOCK_DV=_pow2(c.DV),
+        num_warps=launch.attn_warps, num_stages=_pick(launch.attn_stages, stages))
+
+
+def _launch_epilogue(pacc, pml, w_uv, out, call: _Call, launch: Launch, B: int, dt: torch.dtype):
+    """``_mla_combine_uv_kernel``: the slices merged, then ``W_UV o_lat`` into ``out``."""
+    c = call
+    Vh = w_uv.shape[1]
+    # rows per program: 16, or the batch's rows when fewer (B=1: the merge reads one row's
+    # partials, not 16 masked ones; bit-neutral, the dot runs on 16 rows either way)
+    br = _pick(launch.epi_block_r, min(16, _pow2(B * c.T, 1)))
+    # Vh chunks per head as programs (each redoes the merge, bitwise the same) so a small batch
+    # still spreads the W_UV read; adjacent in launch order, they share the partials through
+    # L2. Slices in flight per merge step (MERGE_UNROLL, bit-neutral): 16 rows' worth (16 //
+    # rows), so 1 for 16-row blocks, whose tiles spill with more (``benchmarks/tune.py mla --parts
+    # epilogue``, H200: B=1 32k 50.2 / 49.6 / 48.1 / 48.0 us with 1 / 8 / 16 / 32; B=64 64
+    # keys 36.7 us with 1, 419 with 8)
+    bv, epi_warps = _epilogue_tile(dt, br, c.DV, Vh, out.device)
+    bv, epi_warps = _pick(launch.epi_block_v, bv), _pick(launch.epi_warps, epi_warps)
+    pdl = _pdl.enabled(out.device)
+    _mla_combine_uv_kernel[(triton.cdiv(Vh, bv), c.N, triton.cdiv(B * c.T, br))](
+        pacc, pml, w_uv, out, c.seq_lens if c.seq_lens is not None else pml, B * c.T, c.T, c.S, c.N,
+        c.DV, Vh, w_uv.stride(0), w_uv.stride(1), out.stride(0), out.stride(1), out.stride(2),
+        c.split_keys, c.max_splits, VAR_LEN=c.seq_lens is not None, BLOCK_SP=_pow2(c.max_splits, 2),
+        MERGE_UNROLL=_pick(launch.epi_unroll, max(1, 16 // br)),
+        CD=tl_compute_dtype(dt), BLOCK_R=br, BLOCK_L=_pow2(c.DV), BLOCK_V=bv, PDL=pdl, launch_pdl=pdl,
+        PREFETCH=pdl and _pow2(c.DV) % 64 == 0 and launch.prefetch_w, EARLY=bool(launch.epi_early),
+        num_warps=epi_warps, num_stages=2 if dt.itemsize <= 2 else 1)
+
+
+def _launch_combine(pacc, pml, out, call: _Call, B: int, dt: torch.dtype):
+    """``_mla_combine_kernel``: the slices merged into ``out`` (the naive form's split path)."""
+    c = call
+    bdv = min(512, _pow2(c.DV))
+    pdl = _pdl.enabled(out.device)
+    _mla_combine_kernel[(B * c.T * c.N, triton.cdiv(c.DV, bdv))](
+        pacc, pml, out, c.T, c.S, c.N, c.DV, out.stride(0), out.stride(1), out.stride(2), c.split_keys,
+        c.max_splits, CD=tl_compute_dtype(dt), BLOCK_DV=bdv, PDL=pdl, launch_pdl=pdl, num_warps=4)
 
 
 def _attn_stages(dtype: torch.dtype, big: bool, block_m: int, per_key_table: bool) -> int:
     """Pipeline stages of the attention kernel: fp32/fp64 tiles of 512-wide keys do not fit shared
     memory twice (1); 16-row programs (a small batch: a few per SM, each waiting on its loads) 3,
-    else 2 (tune_mla.py, H200, pages of 64: B=1 32k 68.3 -> 62.3 us with 3; B=64 4k 155.7 -> 180.9
-    us); 3 for pages shorter than a step, whose per-key table entries spill registers with 2
+    else 2 (``benchmarks/tune.py mla --parts stages``, H200, pages of 64: B=1 32k 68.3 -> 62.3 us
+    with 3; B=64 4k 155.7 -> 180.9 us); 3 for pages shorter than a step, whose per-key table entries spill registers with 2
     (sm_90 build, triton 3.9: 248 -> 160 bytes of stack at 32 rows)."""
     if big and dtype.itemsize > 2:
         return 1
@@ -239,7 +330,7 @@ def _epilogue_tile(dtype: torch.dtype, rows: int, L: int, Vh: int, device: torch
     warps for 16-row blocks, 64 on 4 for fewer rows, the W_UV tile [L, columns] in shared memory
     (at most 128 KB: fewer columns past L = 512; sm_90 build at L = 512: no spills, triton 3.6
     and 3.9). H200 with the tile prefetched before the wait
-    (tune_mla.py --parts epilogue_v, session 13), against 32 columns on 4 warps: B=64 4k 181.7 ->
+    (``benchmarks/tune.py mla --parts epilogue_v``), against 32 columns on 4 warps: B=64 4k 181.7 ->
     162.6 us, B=64 128 keys 32.6 -> 28.6; B=1 32k 40.6 -> 40.1 (64 columns; 128 were slower there).
     fp32 / fp64 tiles of L x 32 / 16. The CPU interpreter, where a program costs its Python
     overhead, takes 128-byte rows."""
@@ -254,8 +345,8 @@ def _epilogue_tile(dtype: torch.dtype, rows: int, L: int, Vh: int, device: torch
 def _row_mask(block_m: int) -> bool:
     """How the attention loads a partial step's key tiles (the same bits either way): rows past the
     slice's end masked (32-row programs), or read as its last key's row and masked out of the scores
-    (16-row programs; their loads then carry no predicates). Measured on the H200 (tune_mla.py
-    --parts loads, session 13): 16 rows B=1 4k 30.3 -> 27.8 us, 32k 46.0 -> 42.1 us unmasked; 32
+    (16-row programs; their loads then carry no predicates). Measured on the H200
+    (``benchmarks/tune.py mla --parts loads``): 16 rows B=1 4k 30.3 -> 27.8 us, 32k 46.0 -> 42.1 us unmasked; 32
     rows B=64 4k 181.8 against 198.9 us, 32k 940 against 1033 us masked."""
     return block_m >= 32
 
@@ -265,7 +356,7 @@ def _block_m(B: int, rows: int, D1: int, depth: int, sms: int) -> int:
     sequence, the grid's third axis). 512-wide keys: 32 once 32-row programs fill the GPU (at least
     one per SM), else 16 (more programs; each reads its key tiles, which the other row block of
     the sequence reads too). Never a bit: a row's arithmetic is the same in either. H200, pages of
-    64 (tune_mla.py --parts occupancy, session 13), 16 / 32 rows: B=8 4k 51.0 / 53.7 us (128
+    64 (``benchmarks/tune.py mla --parts occupancy``), 16 / 32 rows: B=8 4k 51.0 / 53.7 us (128
     programs of 32), B=16 1k 34.9 / 49.5 (64), B=64 128 keys 32.5 / 45.4 (64); B=16 4k 87.0 / 66.8
     (256), B=64 1k 89.5 / 68.4 (256)."""
     if rows <= 16:
@@ -281,12 +372,13 @@ def _w_views(w_kvb: torch.Tensor, N: int, P: int, Vh: int):
     return w[:, :P, :], w[:, P:, :]
 
 
-#: Output columns (of L) per ``_q_lat_kernel`` program (``_TUNE["q_lat_l"]`` overrides): 4 programs
-#: per head and row block at L = 512. Only which program computes a column; never its reduction.
+#: Output columns (of L) per ``_q_lat_kernel`` program on a GPU (``Launch.q_lat_block_l``): 4
+#: programs per head and row block at L = 512. Only which program computes a column; never its
+#: reduction.
 Q_LAT_L = 128
 
 
-def _q_lat(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+def _q_lat(q_nope: torch.Tensor, w_uk: torch.Tensor, launch: Launch) -> torch.Tensor:
     """q_nope [B, T, N, P] -> q_lat [B, T, N, L] = q_nope @ W_UK per head (``_q_lat_kernel``: a row's
     result does not depend on how many rows come with it). Programs per (head, 16 rows, Q_LAT_L
     columns): at decode the few rows alone would leave most SMs idle on the W_UK read."""
@@ -300,44 +392,49 @@ def _q_lat(q_nope: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
     if M:
         bm = 16
         # one L tile per program on the CPU interpreter (a program costs its Python overhead there)
-        bl = min(_TUNE.get("q_lat_l", Q_LAT_L if q_nope.device.type == "cuda" else _pow2(L)), _pow2(L))
+        bl = min(_pick(launch.q_lat_block_l, Q_LAT_L if q_nope.device.type == "cuda" else _pow2(L)), _pow2(L))
         pdl = _pdl.enabled(q_nope.device)
         _q_lat_kernel[(N, triton.cdiv(M, bm), triton.cdiv(L, bl))](
             q2, w_uk, out, M, P, L, q2.stride(0), q2.stride(1), w_uk.stride(0), w_uk.stride(1),
             out.stride(0), out.stride(1), CD=tl_compute_dtype(q_nope.dtype), BLOCK_M=bm,
-            BLOCK_P=_TUNE.get("q_lat_p", 16 if q_nope.dtype == torch.float64 else 32), BLOCK_L=bl, PDL=pdl, launch_pdl=pdl,
-            PREFETCH=_pow2(P) if pdl and bl % 64 == 0 and _TUNE.get("prefetch_w", True) else 0,
-            num_warps=_TUNE.get("q_lat_warps", 4),
-            num_stages=_TUNE.get("q_lat_stages", 2 if q_nope.dtype.itemsize <= 2 else 1))
+            BLOCK_P=_pick(launch.q_lat_block_p, 16 if q_nope.dtype == torch.float64 else 32), BLOCK_L=bl,
+            PDL=pdl, launch_pdl=pdl, PREFETCH=_pow2(P) if pdl and bl % 64 == 0 and launch.prefetch_w else 0,
+            num_warps=launch.q_lat_warps,
+            num_stages=_pick(launch.q_lat_stages, 2 if q_nope.dtype.itemsize <= 2 else 1))
     return out.view(B, T, N, L)
 
 
 def absorbed(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: torch.Tensor, *,
-             scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
+             scale: float | None = None, num_splits: int | None = None,
+             launch: Launch | None = None) -> torch.Tensor:
     """Absorbed ("data-movement-friendly") MLA over a contiguous latent cache.
 
     q: [B, T, N, P+R]; latent: [B, S, L]; k_pe: [B, S, R]; w_kvb: [N*(P+Vh), L]; one dtype.
     Returns o [B, T, N, Vh] in q's dtype. ``num_splits`` (tuning; default: chosen from the GPU size)
     slices the key range for flash-decoding; it changes the reduction order, not the math.
+    ``launch``: a :class:`Launch` (default: the tuned settings; never a bit).
     """
     op = "mla.absorbed"
     _counters.record(op)
     B, T, S, L, R, N, P, Vh = _check_contiguous(op, q, latent, k_pe, w_kvb)
     require_ieee_fp32_matmul(op, q)
+    launch = _launch.resolve(op, launch, LAUNCH)
     scale = (P + R) ** -0.5 if scale is None else scale
     w_uk, w_uv = _w_views(w_kvb, N, P, Vh)
-    q_lat = _q_lat(q[..., :P], w_uk)
+    q_lat = _q_lat(q[..., :P], w_uk, launch)
     latent, k_pe = _last_contig(latent), _last_contig(k_pe)
     if num_splits is None:
         bm = _block_m(B, T * N, L, 1, _sm_count(q.device))  # depth 1: the slices are chosen from it
         num_splits = _default_splits(q.device, B * triton.cdiv(T * N, bm), S)
     o = torch.empty((B, T, N, Vh), dtype=q.dtype, device=q.device)
-    return _attend(q_lat, q[..., P:], latent, k_pe, latent, o, T=T, S=S, N=N, D1=L, R=R, DV=L,
-                   scale=scale, shared_kv=True, split_keys=1, max_splits=num_splits, w_uv=w_uv)
+    call = _Call(T=T, S=S, N=N, D1=L, R=R, DV=L, scale=scale, shared_kv=True, split_keys=1,
+                 max_splits=num_splits)
+    return _attend(q_lat, q[..., P:], latent, k_pe, latent, o, call, launch, w_uv=w_uv)
 
 
 def naive(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: torch.Tensor, *,
-          scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
+          scale: float | None = None, num_splits: int | None = None,
+          launch: Launch | None = None) -> torch.Tensor:
     """Naive ("compute-friendly") MLA: expand ``kv = latent @ w_kvb^T`` into per-head keys
     ``[k_nope_h ; k_pe]`` (P+R) and values ``v_h`` (Vh) with one torch GEMM (rounded to the input
     dtype, as HF does), then per-head causal flash attention in Triton.
@@ -349,6 +446,7 @@ def naive(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: torc
     _counters.record(op)
     B, T, S, L, R, N, P, Vh = _check_contiguous(op, q, latent, k_pe, w_kvb)
     require_ieee_fp32_matmul(op, q)
+    launch = _launch.resolve(op, launch, LAUNCH)
     scale = (P + R) ** -0.5 if scale is None else scale
     kv = (latent @ w_kvb.T).view(B, S, N, P + Vh)
     k_pe = _last_contig(k_pe)
@@ -356,8 +454,9 @@ def naive(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: torc
     if num_splits is None:
         num_splits = _default_splits(q.device, B * N * triton.cdiv(T, 16), S)
     o = torch.empty((B, T, N, Vh), dtype=q.dtype, device=q.device)
-    _attend(q[..., :P], q[..., P:], kv[..., :P], k_pe, kv[..., P:], o, T=T, S=S, N=N, D1=P, R=R,
-            DV=Vh, scale=scale, shared_kv=False, split_keys=1, max_splits=num_splits)
+    call = _Call(T=T, S=S, N=N, D1=P, R=R, DV=Vh, scale=scale, shared_kv=False, split_keys=1,
+                 max_splits=num_splits)
+    _attend(q[..., :P], q[..., P:], kv[..., :P], k_pe, kv[..., P:], o, call, launch)
     return o
 
 
@@ -453,7 +552,7 @@ class PagedLatentCache:
 def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.Tensor,
                  seq_lens: torch.Tensor, w_kvb: torch.Tensor, *, scale: float | None = None,
                  num_splits: int | None = None, split_keys: int | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, launch: Launch | None = None) -> torch.Tensor:
     """Absorbed MLA decode over a paged cache: one query token per sequence.
 
     q: [B, N, P+R] (the token at position ``seq_lens[b] - 1``, already written to the cache);
@@ -468,7 +567,8 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
     sequence's slices depend only on its own length, never on the batch or the block-table width,
     so its output is bitwise the same whatever it is batched with. ``out`` (optional, a contiguous
     [B, N, Vh] tensor of q's dtype on q's device, e.g. the first rows of a padded decode tile): o is
-    written there and returned.
+    written there and returned. ``launch``: a :class:`Launch` (default: the tuned settings; never a
+    bit).
     """
     op = "mla.paged_decode"
     _counters.record(op)
@@ -489,6 +589,7 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
                          f"{tuple(seq_lens.shape)} {seq_lens.dtype}")
     check_same_device(op, q=q, block_tables=block_tables, seq_lens=seq_lens, cache=cache.kv)
     require_ieee_fp32_matmul(op, q)
+    launch = _launch.resolve(op, launch, LAUNCH)
     scale = (P + R) ** -0.5 if scale is None else scale
     capacity = block_tables.shape[1] * cache.block_size
     for name, value in (("num_splits", num_splits), ("split_keys", split_keys)):
@@ -507,10 +608,11 @@ def paged_decode(q: torch.Tensor, cache: PagedLatentCache, block_tables: torch.T
     # wait, which only the kernel just before it (q_lat) may not be writing (optimized/_pdl.py)
     block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
     q4 = q[:, None]  # [B, 1, N, P+R]
-    q_lat = _q_lat(q4[..., :P], w_uk)
+    q_lat = _q_lat(q4[..., :P], w_uk, launch)
     o = out_or_new(op, out, (B, N, Vh), q)[:, None]  # [B, 1, N, Vh]
     kv = cache.kv.view(-1, L + R)
-    _attend(q_lat, q4[..., P:], kv, kv[:, L:], kv, o, T=1, S=capacity, N=N, D1=L, R=R, DV=L,
-            scale=scale, shared_kv=True, split_keys=split_keys, max_splits=max_splits,
-            paged=(block_tables, cache.block_size), seq_lens=seq_lens, w_uv=w_uv)
+    call = _Call(T=1, S=capacity, N=N, D1=L, R=R, DV=L, scale=scale, shared_kv=True,
+                 split_keys=split_keys, max_splits=max_splits, block_tables=block_tables,
+                 block_size=cache.block_size, seq_lens=seq_lens)
+    _attend(q_lat, q4[..., P:], kv, kv[:, L:], kv, o, call, launch, w_uv=w_uv)
     return o[:, 0]

@@ -10,19 +10,23 @@ GEMV pair, five launches) 58 us against a 30 us floor (1.92x; 61 us and 2.03x wi
 dependent launch, 82 us and 2.7x with the shared expert in its own launches),
 ``benchmarks/bench_ops.py --only moe``.
 ``router_logits`` (the fp32 gate GEMM, batch invariant, x read in bf16; ``ROUTER_LOGITS`` tiles):
-4.7 us at T = 1 and 17.6 us at T = 64 with its weight read from HBM (``benchmarks/tune_moe.py``).
+4.7 us at T = 1 and 17.6 us at T = 64 with its weight read from HBM (``benchmarks/tune.py moe``).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 
-from .. import _counters, _pdl
-from ..elementwise._precision import (check_float, check_same_device, check_shape, compute_dtype,
-                                      out_or_new, require_ieee_fp32_matmul, tl_compute_dtype)
+from .. import _counters, _interpreter, _launch, _pdl
+from .._checks import check_float, check_same_device, check_shape, out_or_new, require_ieee_fp32_matmul
+from ..elementwise._precision import compute_dtype, tl_compute_dtype
 from .kernels import (_combine_kernel, _gemv_down_kernel, _gemv_gate_up_kernel,
                       _grouped_down_kernel, _grouped_gate_up_kernel, _router_kernel,
                       _router_logits_kernel, _silu_mul_kernel)
+
+_interpreter.ensure_faithful(__name__)  # the kernels above, if interpreted: bf16 dots as on a GPU
 
 __all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 
@@ -30,52 +34,83 @@ __all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 #: the grouped tl.dot form above it. The two forms round differently (within the same bound).
 GEMV_MAX_PAIRS = 16
 
-#: Launch-configuration overrides (benchmarks/tuning only): any key of GEMV_GATE_UP, GEMV_DOWN or
-#: ROUTER_LOGITS. Speed only; they change the rounding order.
-_TUNE: dict = {}
+@dataclass(frozen=True)
+class GemvLaunch:
+    """Launch settings of the GEMV form's two kernels (``experts`` up to :data:`GEMV_MAX_PAIRS`
+    pairs, the model's decode; ``swiglu`` likewise). ``*_lanes`` is the width of each dot
+    product's lane sums, i.e. its summation order: a new default changes bits and is re-certified.
+    Rows per program and warps choose only which program computes a row, though warps can change
+    the warp layout of the lane sums (H200, 40 such settings compared bit for bit at B=1 and B=64:
+    gate/up 4 rows on 8 warps, down 8 rows on 8 or 16 warps and 16 rows on 16 changed bits), so
+    only a setting whose bits equal the defaults' may be chosen by the batch size.
 
-#: GEMV-form defaults, from ``benchmarks/tune_moe.py`` on an H200 (one layer's 8 experts at B=1,
-#: weights from HBM; 36 gate/up and 60 down settings): gate/up 21.7 us (floor 17.6), down 11.1 us
-#: (floor 8.8) against 15.8 us for the previous down setting (32 rows, 256-wide lanes, 4 warps).
-#: With the shared expert as a ninth pair (session 8, ``tune_moe.py`` with the shared pair, 48
-#: settings): 8 rows x 128 lanes on 8 warps, 23.5 us at B=1 and 704 us per layer at B=64, against
-#: 30.4 and 836 us for the former 16 rows x 256 lanes on 2 warps (its 576 programs per B=1 call
-#: no longer fit the 512-program wave the routed pairs alone made).
-GEMV_GATE_UP = {"gemv_f": 8, "gemv_d": 128, "gemv_warps": 8}
-GEMV_DOWN = {"down_d": 32, "down_f": 128, "down_warps": 8}
+    gate/up: ``gate_up_rows`` rows of F per program, ``gate_up_lanes`` lanes over D, warps;
+    down: ``down_rows`` rows of D per program, ``down_lanes`` lanes over F, warps.
+    """
+    gate_up_rows: int = 8
+    gate_up_lanes: int = 128
+    gate_up_warps: int = 8
+    down_rows: int = 32
+    down_lanes: int = 128
+    down_warps: int = 8
+
+
+#: GEMV-form defaults, from ``benchmarks/tune.py moe`` on an H200 (one layer's 8 routed experts and
+#: its shared expert as a ninth pair, weights from HBM, 48 gate/up and 60 down settings): 8 rows x
+#: 128 lanes on 8 warps, 23.5 us at B=1 and 704 us per layer at B=64, against 30.4 and 836 us for
+#: 16 rows x 256 lanes on 2 warps (its 576 programs per B=1 call do not fit the 512-program wave
+#: the routed pairs alone make); down 32 rows x 128 lanes on 8 warps, 11.1 us (floor 8.8) against
+#: 15.8 for 32 rows x 256 lanes on 4 warps.
+GEMV = GemvLaunch()
 #: Under the CPU interpreter a program costs its Python overhead, not its loads: 32 gate/up rows
 #: per program there (a 4x shorter grid; rows per program never change a value).
-GEMV_GATE_UP_CPU = {"gemv_f": 32}
-#: ``router_logits`` tiles (bf16/fp32 x): tokens and experts per program, lanes (the order of each
-#: logit's sum), warps. ``benchmarks/tune_moe.py --kernels router`` on an H200 (42 settings, weights
-#: from HBM): 4.7 us at B=1 and 17.6 us at B=64, against 8.8 and 10.7 us for the former 4 experts x
-#: 256 lanes: 1024-lane slices make each program's chain of dependent loads 3 long instead of 9.
-#: One token per program with one 4096-lane slice is 2.7 us at B=1 but 60 us at B=64.
-ROUTER_LOGITS = {"router_t": 8, "router_e": 2, "router_d": 1024, "router_warps": 4}
+GEMV_CPU = GemvLaunch(gate_up_rows=32)
 
 
-def router_logits_config(E: int, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Launch configuration of ``router_logits`` for ``E`` experts, hidden size ``D`` and x's dtype.
+@dataclass(frozen=True)
+class RouterLogitsLaunch:
+    """Launch settings of ``router_logits``: ``tokens`` and ``experts`` per program, ``lanes``
+    (BLOCK_D: each logit is BLOCK_D lane sums, then a tree, so it sets the summation order and is
+    never chosen from T, for batch invariance), warps."""
+    tokens: int = 8
+    experts: int = 2
+    lanes: int = 1024
+    num_warps: int = 4
 
-    Never a function of T: BLOCK_D fixes the order of every logit's sum (BLOCK_D lane sums, then a
-    tree), so the token count must not choose it (batch invariance). bf16/fp32 tiles come from
-    ``ROUTER_LOGITS`` (measured there). With the earlier 4 experts x 256 lanes, on an H200 (bf16 x,
-    E = 256, D = 2304, CUDA-graph replay; torch's cast + fp32 GEMM in brackets): T = 1: 6.0 us
-    (6.0), T = 8: 6.2 (16.4), T = 64: 9.8 (15.5), T = 512: 63 (28), T = 2048: 242 (75),
-    T = 8192: 1030 (251): decode-sized T gains, prefill pays for batch invariance (prefill keeps
-    torch's GEMM). fp64 (lifted runs only) takes shorter slices to keep its accumulator in
-    registers. E is not used today.
+
+#: ``router_logits`` tiles for bf16/fp32 x: ``benchmarks/tune.py moe --kernels router`` on an
+#: H200 (42 settings, weights from HBM): 4.7 us at B=1 and 17.6 us at B=64, against 8.8 and 10.7 us
+#: for 4 experts x 256 lanes: 1024-lane slices make each program's chain of dependent loads 3 long
+#: instead of 9. One token per program with one 4096-lane slice is 2.7 us at B=1 but 60 us at B=64.
+ROUTER_LOGITS = RouterLogitsLaunch()
+#: fp64 (lifted runs only) takes shorter slices to keep its accumulator in registers.
+ROUTER_LOGITS_FP64 = RouterLogitsLaunch(tokens=8, experts=4, lanes=64, num_warps=4)
+
+
+def _router_logits_default(dtype: torch.dtype) -> RouterLogitsLaunch:
+    return ROUTER_LOGITS_FP64 if dtype == torch.float64 else ROUTER_LOGITS
+
+
+def router_logits_config(E: int, D: int, dtype: torch.dtype = torch.bfloat16,
+                         launch: RouterLogitsLaunch | None = None) -> dict:
+    """Kernel arguments of ``router_logits`` for ``E`` experts, hidden size ``D``, x's dtype and
+    ``launch`` (default: :data:`ROUTER_LOGITS`, :data:`ROUTER_LOGITS_FP64` for float64 x).
+
+    Never a function of T (batch invariance: see :class:`RouterLogitsLaunch`). With the earlier 4
+    experts x 256 lanes, on an H200 (bf16 x, E = 256, D = 2304, CUDA-graph replay; torch's cast +
+    fp32 GEMM in brackets): T = 1: 6.0 us (6.0), T = 8: 6.2 (16.4), T = 64: 9.8 (15.5), T = 512: 63
+    (28), T = 2048: 242 (75), T = 8192: 1030 (251): decode-sized T gains, prefill pays for batch
+    invariance (prefill keeps torch's GEMM). E is not used today.
     """
-    if dtype == torch.float64:
-        return {"BLOCK_T": 8, "BLOCK_E": 4, "BLOCK_D": min(64, max(16, triton.next_power_of_2(max(D, 1)))),
-                "num_warps": 4, "num_stages": 3}
-    cfg = {**ROUTER_LOGITS, **{k: v for k, v in _TUNE.items() if k in ROUTER_LOGITS}}
-    return {"BLOCK_T": cfg["router_t"], "BLOCK_E": cfg["router_e"],
-            "BLOCK_D": min(cfg["router_d"], max(16, triton.next_power_of_2(max(D, 1)))),
-            "num_warps": cfg["router_warps"], "num_stages": 3}
+    if launch is None:
+        launch = _router_logits_default(dtype)
+    return {"BLOCK_T": launch.tokens, "BLOCK_E": launch.experts,
+            "BLOCK_D": min(launch.lanes, max(16, triton.next_power_of_2(max(D, 1)))),
+            "num_warps": launch.num_warps, "num_stages": 3}
 
 
-def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def router_logits(x: torch.Tensor, weight: torch.Tensor, *,
+                  launch: RouterLogitsLaunch | None = None) -> torch.Tensor:
     """Router logits ``x @ weight.T`` in one Triton kernel (the MoE gate's linear layer).
 
     x: [T, D] bf16/fp16/fp32/fp64 (a row stride other than D is fine; a non-contiguous last dim is
@@ -85,7 +120,8 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
     Batch invariant: the bits of a row do not depend on T or on the row's position (fixed tiles
     from :func:`router_logits_config`, chosen from E, D and the dtype; one fixed summation order
-    per logit; no split-K, no atomics).
+    per logit; no split-K, no atomics). ``launch``: a :class:`RouterLogitsLaunch` (default: the
+    tuned one for x's dtype).
     """
     op = "moe.router_logits"
     _counters.record(op)
@@ -101,13 +137,14 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"{op}: weight: expected {cd} for x of dtype {x.dtype} (the router weight "
                         f"is kept in the compute dtype), got {weight.dtype}")
     check_same_device(op, x=x, weight=weight)
+    launch = _launch.resolve(op, launch, _router_logits_default(x.dtype))
     E = weight.shape[0]
     x = x if x.stride(1) == 1 else x.contiguous()
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
     out = torch.empty((T, E), dtype=cd, device=x.device)
     if T == 0 or E == 0:
         return out
-    cfg = router_logits_config(E, D, x.dtype)
+    cfg = router_logits_config(E, D, x.dtype, launch)
     pdl = _pdl.enabled(x.device)
     _router_logits_kernel[(triton.cdiv(E, cfg["BLOCK_E"]), triton.cdiv(T, cfg["BLOCK_T"]))](
         x, weight, out, T, E, D, x.stride(0), weight.stride(0), out.stride(0),
@@ -280,32 +317,37 @@ def experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w1: torch
     return _experts(op, x, weights, ids, w1, w2, w3, form=None)
 
 
-def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False, shared=None):
+def _gemv_default(device: torch.device) -> GemvLaunch:
+    return GEMV_CPU if device.type == "cpu" else GEMV
+
+
+def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False, shared=None, launch=None):
     """GEMV form into ``y`` (``add``: added to y's values); ``ids is None``: one dense expert (w* of
     shape [1, ...]), weight 1. ``shared`` ((gate [F, D], up [F, D], down [D, F])): each token's
-    shared expert runs as one more pair in the same launches and is added in the combine."""
+    shared expert runs as one more pair in the same launches and is added in the combine.
+    ``launch``: a :class:`GemvLaunch` (default :data:`GEMV`, :data:`GEMV_CPU` on CPU)."""
     dense = ids is None
     P = KE + 1 if shared is not None else KE  # pairs per token
     if h is None:
         h = torch.empty((T * P, F), dtype=x.dtype, device=x.device)
     cd = tl_compute_dtype(x.dtype)
-    cfg = {**GEMV_GATE_UP, **GEMV_DOWN, **(GEMV_GATE_UP_CPU if x.device.type == "cpu" else {}), **_TUNE}
-    bf = min(cfg["gemv_f"], triton.next_power_of_2(F))
-    bd = min(cfg["gemv_d"], triton.next_power_of_2(D))
+    cfg = launch if launch is not None else _gemv_default(x.device)
+    bf = min(cfg.gate_up_rows, triton.next_power_of_2(F))
+    bd = min(cfg.gate_up_lanes, triton.next_power_of_2(D))
     sg, su, sd = shared if shared is not None else (w1[0], w3[0], w2[0])  # unread without SHARED
     pdl = _pdl.enabled(x.device)
     _gemv_gate_up_kernel[(T * P, triton.cdiv(F, bf))](
         x, x if dense else ids, w1, w3, sg, su, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
         w3.stride(0), w3.stride(1), sg.stride(0), su.stride(0), h.stride(0), CD=cd, DENSE=dense,
         SHARED=shared is not None, BLOCK_F=bf, BLOCK_D=bd, PDL=pdl, launch_pdl=pdl,
-        num_warps=cfg["gemv_warps"])
-    bdo = min(cfg["down_d"], triton.next_power_of_2(D))
-    bf2 = min(cfg["down_f"], triton.next_power_of_2(F))
+        num_warps=cfg.gate_up_warps)
+    bdo = min(cfg.down_rows, triton.next_power_of_2(D))
+    bf2 = min(cfg.down_lanes, triton.next_power_of_2(F))
     out = y if dense else torch.empty((T * P, D), dtype=compute_dtype(x.dtype), device=x.device)
     _gemv_down_kernel[(T * P, triton.cdiv(D, bdo))](
         h, x if dense else ids, w2, sd, out, D, F, KE, h.stride(0), w2.stride(0), w2.stride(1),
         sd.stride(0), out.stride(0), CD=cd, DENSE=dense, SHARED=shared is not None, BLOCK_DO=bdo,
-        BLOCK_F=bf2, PDL=pdl, launch_pdl=pdl, num_warps=cfg["down_warps"])
+        BLOCK_F=bf2, PDL=pdl, launch_pdl=pdl, num_warps=cfg.down_warps)
     if not dense:
         bc = min(1024, triton.next_power_of_2(D))
         _combine_kernel[(T, triton.cdiv(D, bc))](
@@ -328,15 +370,17 @@ def _check_shared(op, shared, x, F, D):
         check_same_device(op, x=x, **{f"shared_{name}": w})
 
 
-def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None, shared=None, out=None):
+def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None, shared=None, out=None, launch=None):
     """``experts`` with the form forced (``"gemv"``, ``"grouped"``) or chosen (None). ``add_to``
     ([T, D], x's dtype, GEMV form only): the result is added into it in place (``add_to +=
     experts(...)``, the same bits, without a separate add) and it is returned. ``shared`` ((gate
     [F, D], up [F, D], down [D, F]), x's dtype, the routed experts' F; GEMV form only): the shared
     expert's SwiGLU added, run as one more pair per token in the same three launches: the bits of
     ``experts(add_to=swiglu(x, gate, up, down))`` with ``swiglu``'s GEMV form at any T. ``out``
-    ([T, D] contiguous, x's dtype; with ``shared``): where the result goes."""
+    ([T, D] contiguous, x's dtype; with ``shared``): where the result goes. ``launch``: the GEMV
+    form's :class:`GemvLaunch` (benchmarks and tuning; default: the tuned one)."""
     T, D, KE, E, F = _check_experts(op, x, weights, ids, w1, w2, w3)
+    launch = _launch.resolve(op, launch, _gemv_default(x.device))
     x = x if x.stride(1) == 1 else x.contiguous()
     weights = weights.contiguous()
     ids = ids.contiguous()
@@ -346,7 +390,7 @@ def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None, shared=None,
         _check_shared(op, shared, x, F, D)
         y = out_or_new(op, out, (T, D), x)
         if T and D:
-            _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, shared=shared)
+            _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, shared=shared, launch=launch)
         return y
     if out is not None:
         raise ValueError(f"{op}: out: only with shared")
@@ -365,7 +409,8 @@ def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None, shared=None,
     if form is None:
         form = "gemv" if M <= GEMV_MAX_PAIRS else "grouped"
     if form == "gemv":
-        return _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, h=h, add=add_to is not None)
+        return _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, h=h, add=add_to is not None,
+                     launch=launch)
     if form != "grouped":
         raise ValueError(f"{op}: form: expected 'gemv' or 'grouped', got {form!r}")
     BM = 64 if M >= 64 * E else 16

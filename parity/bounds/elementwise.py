@@ -44,6 +44,17 @@ def rms_norm(x, kw, ref, p):
     return {"y": (_rms_rel(D, p) + 2 * p.ua + p.u + p.uo("y")) * np.abs(y)}
 
 
+def add_rms_norm(x, kw, ref, p):
+    # h = x + residual: one add in ua, one rounding to the run dtype: |dh_i| <= u_h |h_i|. That moves
+    # each h_i by at most u_h relatively and the rms by at most u_h (eps >= 0 only damps it), so the
+    # exact norm of the rounded h is within 2 u_h / (1 - u_h) of y, and at most (1 + u_h) / (1 - u_h)
+    # as large; the kernel's norm of it errs by rms_norm's relative bound c.
+    D = x["x"].shape[-1]
+    uh = p.ua + p.uo("h")
+    c = _rms_rel(D, p) + 2 * p.ua + p.u + p.uo("y")
+    return {"y": (c * (1 + uh) + 2 * uh) / (1 - uh) * np.abs(ref["y"]), "h": uh * np.abs(ref["h"])}
+
+
 def gated_rms_norm(x, kw, ref, p):
     D = x["x"].shape[-1]
     y = ref["y"]

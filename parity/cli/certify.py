@@ -15,6 +15,7 @@ import sys
 import time
 import warnings
 
+from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, write_output
 from parity.errors import InputError
 
 DTYPES = ("bfloat16", "float32", "float64")
@@ -29,7 +30,7 @@ def register(sub):
     p.add_argument("--dtype", nargs="+", choices=DTYPES, default=None, dest="dtypes",
                    help="run dtypes: float32/float64 certify 'lifted', bfloat16 'production' (default: float32 bfloat16)")
     p.add_argument("--examples", type=int, default=None,
-                   help="drawn inputs per op and dtype (default: the hypothesis profile's)")
+                   help=f"drawn inputs per op and dtype, at most {MAX_EXAMPLES} (default: the hypothesis profile's)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the certificate here")
     p.add_argument("--candidate", choices=("optimized", "reference-f32"), default="optimized",
                    help="what is certified: the optimized ops, or the float32 stand-in (parity.emulate)")
@@ -62,12 +63,12 @@ def _setup_device(device):
 
 
 def run(args) -> int:
-    from parity import registry, strategies
+    from parity import ops, strategies
 
-    if args.examples is not None and args.examples < 1:
-        raise InputError(f"--examples: expected a positive number, got {args.examples}")
+    check_outputs(("--json", args.json_path))
+    check_count("--examples", args.examples, MAX_EXAMPLES, "examples")
     try:
-        records = registry.select(args.ops)
+        records = ops.select(args.ops)
     except KeyError as exc:
         raise InputError(str(exc.args[0])) from None
     dtypes = tuple(dict.fromkeys(args.dtypes or ("float32", "bfloat16")))
@@ -76,10 +77,6 @@ def run(args) -> int:
     except ValueError as exc:
         raise InputError(str(exc)) from None
     device = _setup_device(args.device)
-    if args.json_path:
-        parent = os.path.dirname(os.path.abspath(args.json_path))
-        if not os.path.isdir(parent):
-            raise InputError(f"--json {args.json_path}: directory {parent} does not exist")
 
     from rich.console import Console
 
@@ -108,10 +105,10 @@ def run(args) -> int:
     doc = certificate(certs, device=device, dtypes=dtypes, candidate=args.candidate, examples=n,
                       seconds=seconds, argv=["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"]
                       else None)
-    if args.json_path:
+    if args.json_path is not None:
         from parity.report import write_json
 
-        write_json(args.json_path, doc)
+        write_output(args.json_path, lambda: write_json(args.json_path, doc))
         console.print(f"certificate written to {args.json_path}")
     return 0 if doc["summary"]["verdict"] == "certified" else 1
 

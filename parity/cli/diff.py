@@ -1,11 +1,16 @@
-"""``parity diff``: decode on the reference and the optimized path, compare step by step.
+"""``parity diff``: decode on the reference and an engine (default: the optimized model), compare
+step by step.
 
-Exit status: 0 when no step diverged (matches and near-ties only), 1 when a step diverged, 2 for
-unusable input (one ``error:`` line). Documented in docs/cli.md.
+Exit status: 0 when no step diverged and every number is within its bound (matches and near-ties
+only), 1 when a step diverged or numbers are past their bound, 2 for unusable input (one
+``error:`` line). ``--plan PATH`` runs the reference alone and writes a token plan. Documented in
+docs/cli.md.
 """
 from __future__ import annotations
 
 import argparse
+
+from parity import reference_device
 
 DEFAULT_STEPS = {"cuda": 128, "cpu": 16}  # the Triton interpreter takes ~1-3 s per decode step
 
@@ -24,13 +29,21 @@ def register(sub):
     prompt.add_argument("--prompt-ids", metavar="IDS", help="prompt token ids, comma-separated: 1,2,3")
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="decode steps, each one generated token (default 128 on a GPU, 16 on CPU)")
-    p.add_argument("--mode", choices=("forced", "free"), default="forced",
+    p.add_argument("--mode", choices=("forced", "free"), default=None,
                    help="forced: both paths consume the reference's tokens; free: each its own, "
-                        "re-anchored at a split (default forced)")
+                        "re-anchored at a split (default forced; a dump's own)")
+    p.add_argument("--engine", default="optimized", metavar="ENGINE",
+                   help="what is held to the reference: optimized (default), transformers, dump:PATH "
+                        "(a dump file, docs/dump-format.md) or module:factory (your engine, "
+                        "factory(checkpoint, *, dtype, device))")
+    p.add_argument("--plan", metavar="PATH",
+                   help="run the reference alone and write the token plan (prompt + its greedy tokens) "
+                        "an engine teacher-forces to write a forced-mode dump")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                   help="device of the optimized path (default: cuda if present, else cpu)")
-    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                   help="compute dtype of the optimized path (default bfloat16)")
+                   help="device of the engine (default: cuda if present, else cpu)")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                   help="compute dtype of the engine (default bfloat16; a dump's own)")
+    reference_device.add_argument(p)
     p.add_argument("--variant", action="append", metavar="NAME=VALUE",
                    help="semantic variant for both paths: moe_combine=unbiased|biased, "
                         "kv_norm_eps=1e-6|1e-5 (repeatable)")
@@ -41,7 +54,7 @@ def register(sub):
                    help="generated weights of a preset (tiny, small, medium, kimi-linear-48b) instead of a checkpoint")
     p.add_argument("--seed", type=int, default=0, help="seed of --synthetic (default 0)")
     p.add_argument("--optimized-from", metavar="CHECKPOINT",
-                   help="load the optimized path from this checkpoint instead (same config): compare a "
+                   help="load the engine from this checkpoint instead (same config): compare a "
                         "converted or patched checkpoint against the original, or plant a bug")
     p.add_argument("--json", metavar="PATH", help="write the JSON report (docs/diff-report-schema.json)")
     p.add_argument("--plot", metavar="PATH", help="write a PNG: per-step error, bound, margins, router flips")
@@ -52,91 +65,163 @@ def register(sub):
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from parity.diff import build_report, setup, write_json
-    from parity.diff.render import print_result
-    from parity.diff.report import environment
-    from parity.errors import InputError
+    from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, check_text
+    from parity.diff import setup
 
-    if args.steps is not None and args.steps < 1:
-        raise InputError(f"--steps {args.steps}: expected a positive number of steps")
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        setup.check_output(flag, path)
+    check_outputs(("--json", args.json), ("--plot", args.plot), ("--plan", args.plan))
+    check_text("--prompt", args.prompt)
+    check_count("--steps", args.steps, MAX_STEPS, "steps")
+    check_seed("--seed", args.seed)
     variants = setup.parse_variants(args.variant)
     backends = setup.parse_backends(args.backend)
     device = setup.check_device(args.device)
-    if args.steps is None:
-        args.steps = DEFAULT_STEPS[device]
     ckpt = setup.open_checkpoint(args.checkpoint, synthetic=args.synthetic, seed=args.seed)
+    err = Console(stderr=True, highlight=False)
+    if not err.is_terminal:
+        err = Console(stderr=True, highlight=False, width=140)
+    if args.plan:
+        return _write_plan(args, ckpt, variants, device, err)
     opt_ckpt = None
     if args.optimized_from:
         opt_ckpt = setup.open_checkpoint(args.optimized_from)
         setup.same_model(ckpt, opt_ckpt)
-    ids, text, tok = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
-    config = ckpt.source.config
+    engine = setup.load_engine(args.engine, opt_ckpt or ckpt, dtype=args.dtype, device=device,
+                               variants=variants, backends=backends, reference_source=ckpt.source)
+    ids, text, tok, tokens = _run_shape(args, ckpt, engine, device)
+    return _diff(args, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backends, device, err)
 
-    out, err = Console(highlight=False), Console(stderr=True, highlight=False)
+
+def _run_shape(args, ckpt, engine, device):
+    """(prompt ids, text, tokenizer, tokens both paths consume or None): a dump fixes the prompt,
+    the steps, the mode and, in free mode, the tokens; the options may only agree with it."""
+    from parity.diff import setup
+    from parity.engines import DumpEngine
+    from parity.errors import InputError
+
+    dump = engine.engine if isinstance(engine.engine, DumpEngine) else None
+    if dump is None:
+        ids, text, tok = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
+        args.steps = args.steps or DEFAULT_STEPS[device]
+        args.mode = args.mode or "forced"
+        args.dtype = args.dtype or "bfloat16"
+        return ids, text, tok, None
+    ids, text, tok = dump.prompt_ids, None, None
+    if args.prompt is not None or args.prompt_ids is not None:
+        given, text, tok = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
+        if given != ids:
+            raise InputError(f"{dump.path}: the dump ran another prompt ({len(ids)} tokens) than the one given "
+                             f"({len(given)} tokens); leave out --prompt/--prompt-ids")
+    if args.steps is not None and args.steps > dump.steps:
+        raise InputError(f"--steps {args.steps}: {dump.path} holds {dump.steps} steps")
+    if args.mode is not None and args.mode != dump.mode:
+        raise InputError(f"--mode {args.mode}: {dump.path} is a {dump.mode}-mode dump")
+    args.steps, args.mode, args.dtype = args.steps or dump.steps, dump.mode, dump.dtype
+    return ids, text, tok, (dump.tokens if dump.mode == "free" else None)
+
+
+def _describe_engine(args, engine, env, rounding, backends) -> str:
+    device = env["device"]
+    if args.engine == "optimized":
+        info = env["backend_info"]
+        how = "CUDA " + str(info.get("cuda")) if device == "cuda" else (
+            "CPU, Triton interpreter" + (", faithful bf16 dot installed" if info["faithful_bf16_dot"] else "")
+            if info["triton_interpreter"] else "CPU")
+        return (f"optimized path: {args.dtype} on {how}"
+                + (f" (rounds to {args.dtype} {rounding})" if rounding != "nearest" else "")
+                + (f"; backends {backends}" if backends else ""))
+    inner = engine.engine
+    if args.engine.startswith("dump:"):
+        return (f"engine: dump {inner.path} ({inner.engine_name or 'unnamed engine'}, {inner.dtype}, "
+                f"{inner.mode} mode, {inner.steps} steps, {'traces' if inner.traced else 'no traces'})")
+    return f"engine: {args.engine} ({type(inner).__name__}), {args.dtype} on {device}"
+
+
+def _diff(args, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backends, device, err) -> int:
+    from rich.console import Console
+
+    from parity.cli.args import write_output
+    from parity.diff import build_report, setup, write_json
+    from parity.diff.render import print_result
+    from parity.diff.report import environment
+
+    config = ckpt.source.config
+    out = Console(highlight=False)
     if not out.is_terminal:  # a pipe or a file: room for every column
         out = Console(highlight=False, width=140)
-    if not err.is_terminal:
-        err = Console(stderr=True, highlight=False, width=140)
-    ref = setup.load_reference(ckpt, variants)
-    opt = setup.load_optimized(opt_ckpt or ckpt, device=device, dtype=args.dtype, variants=variants,
-                               backends=backends)
+    # on one GPU the reference reads the optimized model's resident weights (same checkpoint only)
+    share = engine.engine if args.engine == "optimized" and opt_ckpt is None else None
+    ref = reference_device.load(ckpt, variants, args.reference_device, share=share)
     env = environment(device=device, dtype=args.dtype)
-    env["rounding"] = rounding = setup.platform_rounding(args.dtype, device)
+    env["reference"] = reference_device.info(ref)
+    rounding = setup.platform_rounding(args.dtype, device) if args.engine == "optimized" else "nearest"
+    env["rounding"] = rounding
     err.print(f"reference: {ckpt.info['describe']}", markup=False)
     if opt_ckpt is not None:
-        err.print(f"optimized: {opt_ckpt.info['describe']}", markup=False)
-    info = env["backend_info"]
-    how = "CUDA " + str(info.get("cuda")) if device == "cuda" else (
-        "CPU, Triton interpreter" + (", faithful bf16 dot installed" if info["faithful_bf16_dot"] else "")
-        if info["triton_interpreter"] else "CPU")
-    err.print(f"optimized path: {args.dtype} on {how}"
-              + (f" (rounds to {args.dtype} {rounding})" if rounding != "nearest" else "")
-              + (f"; backends {backends}" if backends else ""), markup=False)
-
+        err.print(f"{'optimized' if args.engine == 'optimized' else 'engine'}: {opt_ckpt.info['describe']}",
+                  markup=False)
+    err.print(_describe_engine(args, engine, env, rounding, backends), markup=False)
+    err.print(f"float64 reference: {ref.executor.describe()}"
+              + (", reading the optimized model's weights" if ref.shares_weights else ""), markup=False)
     err.print(f"variants: {_variants(ref)}; prompt: {len(ids)} tokens; mode {args.mode}; "
               f"{args.steps} steps", markup=False)
 
-    result = _decode(ref, opt, ids, config, args, err, rounding)
+    lm_head = setup.lm_head_span(ckpt, device)
+    with reference_device.memory_errors(args.reference_device, device):
+        result = _decode(ref, engine, ids, config, args, err, rounding, tokens, lm_head)
     decode = (lambda t: tok.decode([t])) if tok is not None else None
     print_result(result, out, decode=decode)
 
     if args.json or args.plot:
         prompt = {"text": text, "ids": ids}
         report = build_report(result, checkpoint=ckpt.info, config=config,
-                              variants={"reference": _variants(ref), "optimized": _variants(opt)},
+                              variants={"reference": _variants(ref), "optimized": _variants(engine)},
                               env=env, prompt=prompt, backends=backends,
-                              optimized_checkpoint=opt_ckpt.info if opt_ckpt else None)
+                              optimized_checkpoint=opt_ckpt.info if opt_ckpt else None,
+                              engine=args.engine)
         if args.json:
-            _write(lambda: write_json(args.json, report), args.json)
+            write_output(args.json, lambda: write_json(args.json, report))
         if args.plot:
             from parity.diff.plot import write_plot
 
             moe = [i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)]
-            _write(lambda: write_plot(result, args.plot, moe_layers=moe), args.plot)
-    return 1 if result.verdict == "diverged" else 0
+            write_output(args.plot, lambda: write_plot(result, args.plot, moe_layers=moe))
+    return 1 if result.verdict in ("diverged", "past-bound") else 0
+
+
+def _write_plan(args, ckpt, variants, device, err) -> int:
+    """``--plan PATH``: the reference alone, greedy; the plan an engine teacher-forces."""
+    from parity.cli.args import write_output
+    from parity.diff import setup
+    from parity.engines.plan import make_plan, write_plan
+    from parity.errors import InputError
+
+    if args.engine != "optimized" or args.optimized_from or args.backend:
+        raise InputError("--plan runs the reference alone: leave out --engine, --optimized-from and --backend")
+    ids, _, _ = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
+    steps = args.steps or DEFAULT_STEPS[device]
+    ref = reference_device.load(ckpt, variants, args.reference_device)
+    err.print(f"reference: {ckpt.info['describe']}; plan: {len(ids)} prompt tokens, {steps} steps", markup=False)
+    try:
+        with reference_device.memory_errors(args.reference_device, device):
+            plan = make_plan(ref, ids, steps=steps, config=ckpt.source.config, checkpoint=ckpt.info)
+    except setup.checkpoint_errors() as exc:
+        raise InputError(setup.one_line(exc)) from None
+    write_output(args.plan, lambda: write_plan(args.plan, plan))
+    print(f"wrote {args.plan}: prefill the {len(ids)} prompt ids, then decode tokens[1:] ({steps - 1} tokens); "
+          f"write the logits of all {steps} steps to a dump (docs/dump-format.md)")
+    return 0
 
 
 def _variants(model) -> dict:
     return dict(getattr(model, "variants", {}) or {})
 
 
-def _write(fn, path):
-    """Run a writer; an OS error (disk full, permission) is an input error naming the file."""
-    from parity.errors import InputError
-
-    try:
-        fn()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
-
-
-def _decode(ref, opt, ids, config, args, err, rounding):
+def _decode(ref, opt, ids, config, args, err, rounding, tokens, lm_head):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from parity.diff import run_diff
     from parity.diff.setup import checkpoint_errors, one_line
+    from parity.engines import EngineError
     from parity.errors import InputError
 
     show = not args.no_progress and err.is_terminal
@@ -149,7 +234,10 @@ def _decode(ref, opt, ids, config, args, err, rounding):
 
         try:
             return run_diff(ref, opt, ids, config=config, steps=args.steps, mode=args.mode,
-                            dtype=args.dtype, rounding=rounding, on_step=on_step)
+                            dtype=args.dtype, rounding=rounding, on_step=on_step, tokens=tokens,
+                            lm_head=lm_head)
         except checkpoint_errors() as exc:  # the reference reads (and validates) weights as it goes
+            raise InputError(one_line(exc)) from None
+        except EngineError as exc:  # an engine that broke the protocol mid-run: nothing is written
             raise InputError(one_line(exc)) from None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from parity.cli.args import check_seed
 from parity.errors import InputError
 
 
@@ -16,7 +17,7 @@ def register(sub):
                        description="Write SyntheticSource(PRESET, SEED) as a hub-layout checkpoint "
                                    "(config.json + model.safetensors, or N shards + index).")
     p.add_argument("preset", help="config preset: tiny, small, medium or kimi-linear-48b")
-    p.add_argument("out_dir", type=Path, help="checkpoint directory to create")
+    p.add_argument("out_dir", help="checkpoint directory to create")
     p.add_argument("--seed", type=int, default=0, help="weight seed, 0 <= S < 2**32 (default 0)")
     p.add_argument("--shards", type=int, default=None, metavar="N",
                    help="write N safetensors shards plus model.safetensors.index.json")
@@ -32,11 +33,12 @@ def run(args) -> int:
         config = KimiConfig.from_name(args.preset)
     except ConfigError as exc:
         raise InputError(str(exc)) from None
-    if not 0 <= args.seed < 2 ** 32:
-        raise InputError(f"--seed: expected 0 <= S < 2**32, got {args.seed}")
+    check_seed("--seed", args.seed)
     if args.shards is not None and args.shards < 1:
         raise InputError(f"--shards: expected a positive count, got {args.shards}")
-    out = args.out_dir
+    if not str(args.out_dir).strip():
+        raise InputError("OUT_DIR: empty path; give a directory name")
+    out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not args.force:

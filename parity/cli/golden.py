@@ -1,11 +1,15 @@
 """``parity golden record`` / ``parity golden check``: freeze the reference's answer, check against it.
 
-Exit status: record 0 (written), 1 (a step diverged: nothing written); check 0 (no step diverged),
-1 (a step diverged); 2 unusable input. Format: parity/golden.py, docs/cli.md.
+Exit status: record 0 (written), 1 (a step diverged or numbers are past their bound: nothing
+written); check 0 (no step diverged), 1 (a step diverged); 2 unusable input. ``check --engine``
+holds any engine to the golden (``parity.engines``: transformers, dump:PATH, module:factory).
+Format: parity/golden.py, docs/cli.md.
 """
 from __future__ import annotations
 
 import argparse
+
+from parity import reference_device
 
 DEFAULT_STEPS = 32
 
@@ -33,12 +37,16 @@ def register(sub):
                         "bounds, the same on every platform; a bfloat16 golden holds the noise of the "
                         "platform it was recorded on)")
     r.add_argument("--variant", action="append", metavar="NAME=VALUE")
+    reference_device.add_argument(r)
     r.add_argument("--synthetic", metavar="PRESET")
     r.add_argument("--seed", type=int, default=0)
     r.set_defaults(func=run_record)
 
-    c = gsub.add_parser("check", help="run the optimized path and compare it with a golden file")
+    c = gsub.add_parser("check", help="run an engine (default: the optimized path) and compare it with a golden file")
     c.add_argument("file", metavar="FILE", help="golden file")
+    c.add_argument("--engine", default="optimized", metavar="ENGINE",
+                   help="optimized (default), transformers, dump:PATH (a dump forced on the golden's "
+                        "tokens) or module:factory")
     c.add_argument("--checkpoint", metavar="DIR",
                    help="checkpoint directory (default: the one recorded in the golden file)")
     c.add_argument("--device", choices=("cpu", "cuda"), default=None)
@@ -51,25 +59,29 @@ def register(sub):
 
 def run_record(args: argparse.Namespace) -> int:
     from parity import golden
+    from parity.cli.args import (MAX_STEPS, MAX_TOP_K, check_count, check_outputs, check_seed, check_text,
+                                 write_output)
     from parity.diff import setup
     from parity.diff.report import environment
     from parity.errors import InputError
 
-    if args.steps < 1:
-        raise InputError(f"--steps {args.steps}: expected a positive number of steps")
-    if args.top_k < 2:
-        raise InputError(f"--top-k {args.top_k}: expected at least 2")
-    setup.check_output("--out", args.out)
+    check_outputs(("--out", args.out))
+    check_text("--prompt", args.prompt)
+    check_count("--steps", args.steps, MAX_STEPS, "steps")
+    check_seed("--seed", args.seed)
+    if not 2 <= args.top_k <= MAX_TOP_K:
+        raise InputError(f"--top-k {args.top_k}: expected 2 to {MAX_TOP_K}")
     variants = setup.parse_variants(args.variant)
     device = setup.check_device(args.device)
     ckpt = setup.open_checkpoint(args.checkpoint, synthetic=args.synthetic, seed=args.seed)
     ids, text, _ = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
-    ref = setup.load_reference(ckpt, variants)
     opt = setup.load_optimized(ckpt, device=device, dtype=args.dtype, variants=variants, backends={})
+    ref = reference_device.load(ckpt, variants, args.reference_device, share=opt)
     try:
-        body, result = golden.record(ref, opt, ids, config=ckpt.source.config, steps=args.steps,
-                                     dtype=args.dtype, top_k=args.top_k,
-                                     rounding=setup.platform_rounding(args.dtype, device))
+        with reference_device.memory_errors(args.reference_device, device):
+            body, result = golden.record(ref, opt, ids, config=ckpt.source.config, steps=args.steps,
+                                         dtype=args.dtype, top_k=args.top_k,
+                                         rounding=setup.platform_rounding(args.dtype, device))
     except setup.checkpoint_errors() as exc:
         raise InputError(setup.one_line(exc)) from None
     summary = result.summary()
@@ -78,15 +90,16 @@ def run_record(args: argparse.Namespace) -> int:
         print(f"not recorded: a golden certifies agreement, and step "
               f"{next(s.step for s in result.steps if s.verdict == 'diverged')} diverged")
         return 1
+    if result.verdict == "past-bound":
+        print("not recorded: a golden certifies agreement, and numbers are past their bound")
+        return 1
     g = golden.make_golden(body, checkpoint=_portable(ckpt.info), config=ckpt.source.config,
                            weights_sha256=golden.weights_fingerprint(ckpt.source),
                            variants=ref.variants, backends={}, dtype=args.dtype,
-                           environment=environment(device=device, dtype=args.dtype),
+                           environment={**environment(device=device, dtype=args.dtype),
+                                        "reference": reference_device.info(ref)},
                            prompt={"text": text, "ids": ids}, summary=summary)
-    try:
-        golden.write(args.out, g)
-    except OSError as exc:
-        raise InputError(f"{args.out}: cannot write ({exc.strerror or exc})") from None
+    write_output(args.out, lambda: golden.write(args.out, g))
     print(f"wrote {args.out}: {len(body['steps'])} steps, top-{args.top_k} logits, {args.dtype} bounds")
     return 0
 
@@ -100,16 +113,17 @@ def _portable(info: dict) -> dict:
 
 def run_check(args: argparse.Namespace) -> int:
     from parity import golden
+    from parity.cli.args import MAX_STEPS, check_count, check_outputs, write_output
     from parity.diff import setup
+    from parity.engines import EngineError
     from parity.errors import InputError
 
+    check_outputs(("--json", args.json))
+    check_count("--steps", args.steps, MAX_STEPS, "steps")
     try:
         g = golden.load(args.file)
     except golden.GoldenError as exc:
         raise InputError(str(exc)) from None
-    setup.check_output("--json", args.json)
-    if args.steps is not None and args.steps < 1:
-        raise InputError(f"--steps {args.steps}: expected a positive number of steps")
     backends = setup.parse_backends(args.backend)
     device = setup.check_device(args.device)
     info = g["checkpoint"]
@@ -126,25 +140,27 @@ def run_check(args: argparse.Namespace) -> int:
     if g.get("weights_sha256") and golden.weights_fingerprint(ckpt.source) != g["weights_sha256"]:
         raise InputError(f"{args.file}: recorded on different weights than {ckpt.info['describe']} "
                          "(weights_sha256 differs)")
-    vocab = ckpt.source.config.vocab_size
-    bad = [t for t in g["prompt"]["ids"] + [s["token"] for s in g["steps"]] if not 0 <= t < vocab]
-    if bad:
-        raise InputError(f"{args.file}: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    vocab = ckpt.source.config.vocab_size  # the golden's own ids were checked against its config, equal to this one
     variants = {k: v for k, v in (g.get("variants") or {}).items() if k in setup.VARIANTS}
-    opt = setup.load_optimized(ckpt, device=device, dtype=g["dtype"], variants=variants, backends=backends)
-    result = golden.check(g, opt, vocab_size=vocab, steps=args.steps)
+    if args.engine not in ("optimized", "transformers"):  # a dump or a factory runs its own semantics:
+        variants = {}                                        # the numbers will say if they differ
+    opt = setup.load_engine(args.engine, ckpt, dtype=g["dtype"], device=device, variants=variants,
+                            backends=backends)
+    try:
+        result = golden.check(g, opt, vocab_size=vocab, steps=args.steps)
+    except EngineError as exc:
+        raise InputError(setup.one_line(exc)) from None
     for s in result.steps:
         if s.verdict != "match":
             print(f"step {s.step}: {s.verdict}: token {s.opt_token} (golden {s.token}), "
                   f"max|dlogit| {s.max_abs_diff:.3g}, bound {s.bound:.3g}" + (f"; {s.reason}" if s.reason else ""))
     print(result.summary_line())
-    if args.json:
+    if args.json is not None:
         import json
 
         from parity.diff.report import atomic_write
 
-        atomic_write(args.json, json.dumps({"golden": str(args.file), "verdict": result.verdict,
-                                            "summary": result.summary_line(),
-                                            "steps": [s.to_dict() for s in result.steps]},
-                                           indent=1, allow_nan=False) + "\n")
+        text = json.dumps({"golden": str(args.file), "verdict": result.verdict, "summary": result.summary_line(),
+                           "steps": [s.to_dict() for s in result.steps]}, indent=1, allow_nan=False) + "\n"
+        write_output(args.json, lambda: atomic_write(args.json, text))
     return 1 if result.verdict == "diverged" else 0

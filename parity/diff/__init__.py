@@ -5,13 +5,14 @@
     result.summary()["line"]   # '32/32 tokens match, 0 near-ties, 0 diverged'
 
 Modules: ``runner`` (the decode loop, verdicts, summary), ``router`` (router flips and their noise
-bound), ``localize`` (first layer and op past its bound, first NaN/Inf), ``report`` (JSON report,
-atomic writes), ``render`` (rich table), ``plot`` (PNG).
+bound), ``localize`` (first layer and op past its bound, first NaN/Inf), ``logits`` (the logits'
+own bound: their part outside lm_head's span), ``report`` (JSON report, atomic writes), ``render``
+(rich table), ``plot`` (PNG). The optimized side may be any engine (``parity.engines``).
 """
 from .localize import Localization, localize
 from .report import atomic_write, build_report, write_json
 from .router import RouterFlip
-from .runner import MODES, DiffResult, StepRecord, run_diff, summary_line
+from .runner import MODES, RUN_VERDICTS, DiffResult, StepRecord, run_diff, summary_line
 
-__all__ = ["MODES", "DiffResult", "Localization", "RouterFlip", "StepRecord", "atomic_write",
+__all__ = ["MODES", "RUN_VERDICTS", "DiffResult", "Localization", "RouterFlip", "StepRecord", "atomic_write",
            "build_report", "localize", "run_diff", "summary_line", "write_json"]

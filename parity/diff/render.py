@@ -84,4 +84,4 @@ def print_result(result: DiffResult, console: Console, *, decode=None) -> None:
     nonfinite = next((s for s in result.steps if s.nonfinite), None)
     if nonfinite is not None and (loc is None or not loc.nonfinite):
         console.print(f"first NaN/Inf: step {nonfinite.step}, {nonfinite.nonfinite['name']}", markup=False)
-    console.print(result.summary()["line"], markup=False, highlight=False)
+    console.print(result.summary()["line"], markup=False, highlight=False, soft_wrap=True)  # one line: greppable

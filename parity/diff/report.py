@@ -7,7 +7,7 @@ from pathlib import Path
 from parity.atomic import atomic_write  # noqa: F401  (re-exported for plot, golden, the CLI)
 
 REPORT_FORMAT = "kimi-parity/diff-report"
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: the engine, the past-bound run verdict, the logits check
 
 
 def environment(*, device: str, dtype: str) -> dict:
@@ -21,14 +21,16 @@ def environment(*, device: str, dtype: str) -> dict:
 
 
 def build_report(result, *, checkpoint: dict, config, variants: dict, env: dict, prompt: dict,
-                 backends: dict, optimized_checkpoint: dict | None = None) -> dict:
-    """The report dict of one ``run_diff`` result (see docs/diff-report-schema.json)."""
+                 backends: dict, optimized_checkpoint: dict | None = None, engine: str = "optimized") -> dict:
+    """The report dict of one ``run_diff`` result (see docs/diff-report-schema.json). ``engine``: the
+    ``--engine`` spec that was held to the reference."""
     loc = result.localization
     return {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
         "checkpoint": checkpoint,
         "optimized_checkpoint": optimized_checkpoint,
+        "engine": {"name": engine, "traced": result.traced, "follow": result.follow},
         "config": config.to_hub_dict(),
         "variants": variants,
         "backends": backends,

@@ -27,7 +27,18 @@ far (every prompt and decode position, the decode kernels included), and the ver
   no op is past its bound and the router flipped within noise: the flip explains the logit jump.
 
 After the last step the run is localized once more (``DiffResult.final``), so a bug that never
-flipped a token is still reported (the exit status follows the steps' verdicts).
+flipped a token is still reported: numbers past their bound are not a clean run (the run's verdict
+is then ``past-bound``, the CLI exits 1), even when every token agrees.
+
+The optimized path may be any engine (``parity.engines``). One that fills no trace is not localized:
+its steps are judged on their logits alone, and the summary line says so. Every engine's logits are
+also held to their own bound (``logits.py``: the part outside lm_head's span); past it, a step whose
+tokens differ is ``diverged`` and a run whose tokens agree is ``past-bound``.
+
+``tokens`` (a dump's own tokens, ``tokens[0]`` the last prompt token) makes both paths consume
+them instead of the reference's: an engine that already ran (free mode) cannot be re-anchored, so
+the reference follows it, every step compares the same context, and a split is a step where the
+engine's greedy token left the reference's.
 """
 from __future__ import annotations
 
@@ -37,14 +48,18 @@ from typing import Callable
 import numpy as np
 
 from parity.bounds.core import precision_for
-from parity.metrics import to_numpy
+from parity.metrics import dtype_of, to_numpy
 
 from .localize import Localization, TraceStats, first_nonfinite
+from .logits import LmHeadSpan, LogitsCheck, output_roundoff
 from .numerics import finite_or_none, kl_divergence, max_abs_diff
 from .router import NoiseHistory, RouterFlip, trace_router_flips
 
 MODES = ("forced", "free")
 VERDICTS = ("match", "near-tie", "diverged")
+RUN_VERDICTS = ("match", "near-tie", "past-bound", "diverged")  # past-bound: no step diverged, but
+                                                               # numbers are past their bound
+NO_TRACES = "no traces: verdicts from logits only"
 
 
 @dataclass
@@ -67,6 +82,7 @@ class StepRecord:
     cause: str | None = None        # "router": a router flip in noise; "op": an op past its bound
     nonfinite: dict | None = None
     anchored: bool = False   # free mode: the optimized path was re-anchored after this step
+    logits: LogitsCheck | None = None  # the logits' own bound (None: the check did not apply)
     localization: Localization | None = None  # steps whose tokens differ (not in to_dict: the
                                               # report carries the one that matters)
 
@@ -81,6 +97,7 @@ class StepRecord:
             "router": [f.to_dict() for f in self.router], "explanation": self.explanation,
             "cause": self.cause,
             "nonfinite": self.nonfinite, "anchored": self.anchored,
+            "logits": self.logits.to_dict() if self.logits is not None else None,
         }
 
 
@@ -93,15 +110,34 @@ class DiffResult:
     splits: list[dict]  # free mode: {"step", "verdict", "reconverged_at"}
     final: Localization | None = None  # every position of the run, after the last step
     rounding: str = "nearest"          # the platform's conversion to ``dtype``
+    traced: bool = True                # the optimized path filled its traces
+    follow: str = "reference"          # whose tokens both paths consumed: "reference" | "engine"
 
     @property
     def counts(self) -> dict:
         return {v: sum(s.verdict == v for s in self.steps) for v in VERDICTS}
 
     @property
+    def past_bound(self) -> str | None:
+        """What is past its bound although no step diverged (an op, else the logits), or None."""
+        if self.counts["diverged"]:
+            return None
+        f = self.final
+        if f is not None and (f.first is not None or f.nonfinite is not None) and not f.explained_by_router:
+            return f.describe()
+        s = next((s for s in self.steps if s.logits is not None and s.logits.units > 1), None)
+        return f"step {s.step}: {s.logits.describe()}" if s is not None else None
+
+    @property
     def verdict(self) -> str:
+        """``diverged`` (a step diverged), ``past-bound`` (none did, but numbers are past their
+        bound), ``near-tie`` or ``match``."""
         c = self.counts
-        return "diverged" if c["diverged"] else ("near-tie" if c["near-tie"] else "match")
+        if c["diverged"]:
+            return "diverged"
+        if self.past_bound is not None:
+            return "past-bound"
+        return "near-tie" if c["near-tie"] else "match"
 
     @property
     def localization(self) -> Localization | None:
@@ -118,7 +154,8 @@ class DiffResult:
     def summary(self) -> dict:
         c = self.counts
         return {"steps": len(self.steps), "match": c["match"], "near_tie": c["near-tie"],
-                "diverged": c["diverged"], "verdict": self.verdict, "line": summary_line(self)}
+                "diverged": c["diverged"], "verdict": self.verdict, "past_bound": self.past_bound,
+                "traces": self.traced, "line": summary_line(self)}
 
 
 def _fmt(x: float) -> str:
@@ -156,12 +193,13 @@ def summary_line(result: DiffResult) -> str:
     else:
         parts.append("0 diverged")
     line = ", ".join(parts)
-    latent = result.final
-    if not bad and latent is not None and latent.first is not None and not latent.explained_by_router:
-        line += f"; warning: no token flipped, but {latent.describe()}"
+    if result.past_bound is not None:
+        line += f"; not clean: past its bound although no step diverged: {result.past_bound}"
     if result.mode == "free" and result.splits:
         conv = sum(sp["reconverged_at"] is not None for sp in result.splits)
         line += f"; free mode: {len(result.splits)} split(s), {conv} re-converged"
+    if not result.traced:
+        line += f"; {NO_TRACES}"
     return line
 
 
@@ -175,27 +213,22 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
              dtype: str = "bfloat16", rounding: str = "nearest",
              on_step: Callable[[StepRecord], None] | None = None,
              on_logits: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
-             localize: bool = True) -> DiffResult:
+             localize: bool = True, tokens: list[int] | None = None,
+             lm_head: LmHeadSpan | None = None) -> DiffResult:
     """Decode ``steps`` tokens on both paths and compare them step by step (module docstring).
 
-    ``ref_model`` / ``opt_model``: loaded reference and optimized models (same checkpoint, or a
-    checkpoint and a deliberately different one); ``prompt_ids``: at least one token id below
-    ``config.vocab_size``; ``dtype``: the optimized compute dtype and ``rounding`` how its platform
-    converts to it ("nearest" on a GPU, "toward-zero" under the Triton interpreter:
-    ``parity.platform.store_rounding``); together they set ``u`` of the bounds.
+    ``ref_model``: the reference; ``opt_model``: the optimized model or any engine
+    (``parity.engines``), wrapped in ``CheckedEngine`` by callers that take outside engines;
+    ``prompt_ids``: at least one token id below ``config.vocab_size``; ``dtype``: the optimized
+    compute dtype and ``rounding`` how its platform converts to it ("nearest" on a GPU,
+    "toward-zero" under the Triton interpreter: ``parity.platform.store_rounding``); together they
+    set ``u`` of the bounds. ``tokens``: ``[steps]`` tokens both paths consume instead of the
+    reference's (``tokens[0]`` the last prompt token; a free-mode dump's own). ``lm_head``: the
+    checkpoint's ``LmHeadSpan``, to hold the logits to their own bound (None: not checked).
     ``on_step(record)`` is called after each step, ``on_logits(step, ref, opt)`` with both float64
     logit vectors (golden files keep digests of them).
     """
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    if steps < 1:
-        raise ValueError(f"steps: expected a positive number, got {steps}")
-    prompt = [int(t) for t in prompt_ids]
-    if not prompt:
-        raise ValueError("prompt: no tokens")
-    bad = [t for t in prompt if not 0 <= t < config.vocab_size]
-    if bad:
-        raise ValueError(f"prompt token ids outside the vocabulary [0, {config.vocab_size}): {bad[:5]}")
+    prompt = _check_args(mode, steps, prompt_ids, config, tokens)
     precision = precision_for(dtype, rounding=rounding)
 
     seq = list(prompt)      # what both paths have consumed (the optimized path is always re-anchored)
@@ -206,12 +239,14 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
     ref_model.trace_kda_core = True  # the localization bound reads the KDA core's values from it
     flips: list[RouterFlip] = []
     router_noise = NoiseHistory()  # per-layer router-logit noise over the run
+    traced = True
     for step in range(steps):
         rt, ot = {}, {}
         if step == 0:
             ref_logits, ref_cache = ref_model.prefill(list(seq), trace=rt)
             opt_logits, opt_cache = opt_model.prefill(list(seq), trace=ot)
             first_pos, input_token = 0, None
+            traced = bool(ot)
         else:
             input_token = seq[-1]
             ref_logits, ref_cache = ref_model.decode(input_token, ref_cache, trace=rt)
@@ -221,15 +256,8 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
         o = to_numpy(opt_logits).reshape(-1, config.vocab_size)[-1]
         if on_logits is not None:
             on_logits(step, r, o)
-        v = _classify(r, o, dtype)
-        rec = StepRecord(
-            step=step, position=len(seq) - 1, input_token=input_token,
-            ref_token=int(v.ref_token), opt_token=int(v.opt_token), verdict=v.verdict,
-            classified=v.verdict, max_abs_diff=max_abs_diff(r, o), kl=kl_divergence(r, o),
-            ref_margin=float(v.margin), bound=float(v.bound), ratio=float(v.ratio),
-            ref_gap=float(np.diff(np.partition(r, -2)[-2:])[0]) if r.size > 1 else 0.0,
-            router=trace_router_flips(rt, ot, config, first_pos, history=router_noise),
-        )
+        rec = _record(step, len(seq) - 1, input_token, r, o, dtype)
+        rec.router = trace_router_flips(rt, ot, config, first_pos, history=router_noise)
         rec.nonfinite = first_nonfinite(ot, config)
         if rec.nonfinite is not None:
             rec.nonfinite["position"] += first_pos
@@ -238,29 +266,71 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
         if rec.nonfinite is None and not np.all(np.isfinite(o)):
             rec.nonfinite = {"name": "logits", "layer": None, "position": rec.position,
                              "nan": int(np.isnan(o).sum()), "inf": int(np.isinf(o).sum())}
-        if rec.verdict != "match" and localize:
-            loc = rec.localization = stats.localize(step, stats.positions, flips, precision=precision)
-            if loc.first is not None and not loc.explained_by_router:
-                rec.verdict, rec.cause = "diverged", "op"
-                rec.explanation = loc.describe()
-            elif loc.explained_by_router and (rec.verdict == "diverged" or any(
-                    f.position == rec.position for f in loc.explained_by_router)):
-                # a diverged step needs the flip to explain it; a near-tie is attributed to a flip
-                # only when the router flipped in the very call that produced these logits
-                rec.verdict, rec.cause = "near-tie", "router"
-                rec.explanation = "router flip in noise: " + loc.explained_by_router[0].describe()
-        if rec.ref_token != rec.opt_token:
-            if mode == "free":
-                rec.anchored = True
-                splits.append({"step": step, "verdict": rec.verdict, "reconverged_at": None})
-        elif splits and splits[-1]["reconverged_at"] is None:
-            for sp in splits:
-                if sp["reconverged_at"] is None:
-                    sp["reconverged_at"] = step
+        if lm_head is not None:
+            rec.logits = lm_head.check(o, u_out=output_roundoff(precision, dtype_of(opt_logits)),
+                                       ua=precision.ua)
+        if rec.verdict != "match" and localize and traced:
+            _refine(rec, stats.localize(step, stats.positions, flips, precision=precision))
+        if rec.verdict != "match" and rec.cause != "op" and rec.logits is not None and rec.logits.units > 1:
+            rec.verdict, rec.cause, rec.explanation = "diverged", "op", rec.logits.describe()
+        _track_split(rec, splits, free=mode == "free", anchor=tokens is None)
         records.append(rec)
         if on_step is not None:
             on_step(rec)
-        seq.append(rec.ref_token)
-    final = stats.localize(steps - 1, stats.positions, flips, precision=precision) if localize else None
+        seq.append(rec.ref_token if tokens is None or step + 1 >= steps else int(tokens[step + 1]))
+    final = stats.localize(steps - 1, stats.positions, flips, precision=precision) if localize and traced else None
     return DiffResult(mode=mode, dtype=dtype, prompt_ids=prompt, steps=records, splits=splits, final=final,
-                      rounding=rounding)
+                      rounding=rounding, traced=traced, follow="reference" if tokens is None else "engine")
+
+
+def _check_args(mode, steps, prompt_ids, config, tokens) -> list[int]:
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    if steps < 1:
+        raise ValueError(f"steps: expected a positive number, got {steps}")
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("prompt: no tokens")
+    bad = [t for t in prompt + list(tokens or []) if not 0 <= int(t) < config.vocab_size]
+    if bad:
+        raise ValueError(f"token ids outside the vocabulary [0, {config.vocab_size}): {bad[:5]}")
+    if tokens is not None and (len(tokens) < steps or int(tokens[0]) != prompt[-1]):
+        raise ValueError(f"tokens: expected {steps} or more, the first being the last prompt token")
+    return prompt
+
+
+def _record(step: int, position: int, input_token, r: np.ndarray, o: np.ndarray, dtype: str) -> StepRecord:
+    v = _classify(r, o, dtype)
+    return StepRecord(
+        step=step, position=position, input_token=input_token,
+        ref_token=int(v.ref_token), opt_token=int(v.opt_token), verdict=v.verdict,
+        classified=v.verdict, max_abs_diff=max_abs_diff(r, o), kl=kl_divergence(r, o),
+        ref_margin=float(v.margin), bound=float(v.bound), ratio=float(v.ratio),
+        ref_gap=float(np.diff(np.partition(r, -2)[-2:])[0]) if r.size > 1 else 0.0)
+
+
+def _refine(rec: StepRecord, loc: Localization) -> None:
+    """The step's verdict in the light of its localization (module docstring)."""
+    rec.localization = loc
+    if loc.first is not None and not loc.explained_by_router:
+        rec.verdict, rec.cause = "diverged", "op"
+        rec.explanation = loc.describe()
+    elif loc.explained_by_router and (rec.verdict == "diverged" or any(
+            f.position == rec.position for f in loc.explained_by_router)):
+        # a diverged step needs the flip to explain it; a near-tie is attributed to a flip
+        # only when the router flipped in the very call that produced these logits
+        rec.verdict, rec.cause = "near-tie", "router"
+        rec.explanation = "router flip in noise: " + loc.explained_by_router[0].describe()
+
+
+def _track_split(rec: StepRecord, splits: list[dict], *, free: bool, anchor: bool) -> None:
+    """Free mode: a split where the tokens differ (the optimized path re-anchored when ``anchor``;
+    a dump followed by the reference is not), and the step where the paths agree again."""
+    if rec.ref_token != rec.opt_token:
+        if free:
+            rec.anchored = anchor
+            splits.append({"step": rec.step, "verdict": rec.verdict, "reconverged_at": None})
+    elif splits and splits[-1]["reconverged_at"] is None:
+        for sp in splits:
+            if sp["reconverged_at"] is None:
+                sp["reconverged_at"] = rec.step

@@ -66,9 +66,10 @@ def parse_backends(items: list[str] | None) -> dict:
 
 
 def check_output(flag: str, path: str | None) -> None:
-    """An output file's folder must exist before the run, not after it."""
-    if path is not None and not Path(path).resolve().parent.is_dir():
-        raise InputError(f"{flag} {path}: folder {Path(path).parent} does not exist")
+    """An output file must be writable before the run, not after it (``parity.cli.args``)."""
+    from parity.cli.args import check_outputs
+
+    check_outputs((flag, path))
 
 
 def check_device(device: str | None) -> str:
@@ -210,3 +211,45 @@ def prompt_ids(ckpt: Checkpoint, *, text: str | None, ids: str | None) -> tuple[
         raise InputError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})"
                          + (f" ({len(bad)} such ids)" if len(bad) > 1 else ""))
     return out, text, tok
+
+
+def engine_checkpoint(ckpt: Checkpoint):
+    """What an engine's factory is handed: the checkpoint directory (a str), or for --synthetic
+    weights the reference ``WeightSource`` (the only way to reach them)."""
+    path = ckpt.info.get("path")
+    return str(path) if path is not None else ckpt.source
+
+
+def load_engine(spec: str, ckpt: Checkpoint, *, dtype: str | None, device: str, variants: dict,
+                backends: dict, reference_source=None):
+    """``--engine SPEC`` (optimized, transformers, dump:PATH, module:factory) over ``ckpt``, behind
+    ``CheckedEngine``. ``reference_source``: the reference's weights (its router bias completes
+    traces; default: ``ckpt``'s)."""
+    from parity.engines import BUILTIN, DUMP_PREFIX, CheckedEngine, EngineError, from_factory, router_bias
+    from parity.engines import load_engine as builtin
+
+    source = reference_source or ckpt.source
+    try:
+        if spec in BUILTIN or spec.startswith(DUMP_PREFIX):
+            target = ckpt.source if spec == "optimized" else engine_checkpoint(ckpt)
+            engine = builtin(spec, target, dtype=dtype, device=device, variants=variants, backends=backends)
+        else:
+            if variants or backends:
+                raise EngineError(f"--engine {spec}: --variant and --backend apply to the built-in "
+                                  "engines; your engine runs its own semantics")
+            engine = from_factory(spec, engine_checkpoint(ckpt), dtype=dtype or "bfloat16", device=device)
+        return CheckedEngine(engine, source.config, name=spec, bias=router_bias(source))
+    except EngineError as exc:
+        raise InputError(one_line(exc)) from None
+    except load_errors() as exc:
+        raise InputError(one_line(exc)) from None
+
+
+def lm_head_span(ckpt: Checkpoint, device: str):
+    """The checkpoint's ``LmHeadSpan`` (the logits' own bound, ``parity.diff.logits``) on ``device``."""
+    from .logits import LmHeadSpan
+
+    try:
+        return LmHeadSpan(ckpt.source, ckpt.source.config, device=device)
+    except checkpoint_errors() as exc:
+        raise InputError(one_line(exc)) from None

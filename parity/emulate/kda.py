@@ -64,11 +64,24 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=No
     return o.to(v.dtype), S.to(state_dtype(v.dtype))
 
 
+def _stage_buffers(B, T, HV, K, V, C, dtype, device):
+    NT = -(-T // C)
+    z = lambda *shape: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
+    return {"G": z(B, T, HV, K), "Aq": z(B, T, HV, C), "w": z(B, T, HV, K), "u": z(B, T, HV, V),
+            "v_new": z(B, T, HV, V), "h": z(B * NT, HV, K, V), "kg": z(B, T, HV, K), "qg": z(B, T, HV, K)}
+
+
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,
-            mutation=None):
+            mutation=None, stages=None):
+    """``stages`` (a dict, no cu_seqlens): receives the intermediates the chunk kernels store, shaped
+    like their buffers (optimized/kda/chunk.py ``_pipeline(stages=)``): G (prefix sums), Aq (the
+    query-key blocks), w, u (WY rows), v_new, h (each chunk's start state), kg, qg."""
     check_mutation("chunked", mutation, ("chunk_boundary_off_by_one",))
     qe, ke, vc, gc, bc, scale, segs, S = _setup(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     o = torch.zeros_like(vc)
+    if stages is not None:
+        B, T, HV, K = gc.shape
+        stages.update(_stage_buffers(B, T, HV, K, vc.shape[-1], chunk_size, vc.dtype, vc.device))
     for (b, t0, t1, n) in segs:
         St = S[n]                                             # [HV, K, V]
         for c0 in range(t0, t1, chunk_size):
@@ -95,6 +108,14 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None
             last = C - 2 if (mutation == "chunk_boundary_off_by_one" and C > 1) else C - 1
             Gl = G[:, last:last + 1, :]                        # [HV, 1, K]
             kg = kk * torch.exp(Gl - G)
+            if stages is not None:
+                t = slice(c0, c1)
+                NT = stages["h"].shape[0] // stages["G"].shape[0]
+                stages["h"][b * NT + (c0 - t0) // chunk_size] = St
+                for name, val in (("G", G), ("w", w), ("u", u), ("v_new", vnew), ("kg", kg),
+                                  ("qg", scale * qq * torch.exp(G))):
+                    stages[name][b, t] = val.transpose(0, 1)
+                stages["Aq"][b, t, :, :C] = Aqk.transpose(0, 1)
             St = torch.exp(Gl[:, 0, :])[:, :, None] * St + kg.transpose(1, 2) @ vnew
         S[n] = St
     return o.to(v.dtype), S.to(state_dtype(v.dtype))

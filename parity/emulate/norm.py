@@ -30,3 +30,10 @@ def l2norm(x, *, eps=1e-6, mutation=None):
     ss = (xc * xc).mean(-1, keepdim=True) if mutation == "mean_not_sum" else (xc * xc).sum(-1, keepdim=True)
     den = (ss + eps) if mutation == "no_sqrt" else torch.sqrt(ss + eps)
     return (xc / den).to(x.dtype)
+
+
+def add_rms_norm(x, residual, weight, *, eps, mutation=None):
+    """``(rms_norm(h), h)`` with ``h = x + residual`` rounded to x's dtype (as a separate torch add)."""
+    check_mutation("add_rms_norm", mutation, ())
+    h = (x.to(cdt(x.dtype)) + residual.to(cdt(x.dtype))).to(x.dtype)
+    return rms_norm(h, weight, eps=eps), h

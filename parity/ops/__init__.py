@@ -1,2 +1,58 @@
-"""Registry records, one module per op family; importing this package registers them all."""
-from . import elementwise, norm, conv, kda, mla, moe, embed, slots  # noqa: F401
+"""The op records: one module per op family, each with a ``records()`` function; :func:`records`
+returns them all, in family order, as a plain list (nothing registers itself on import).
+
+    >>> from parity import ops
+    >>> ops.get("kda.chunked").bound_doc
+    >>> [r.name for r in ops.select(["conv"])]
+"""
+from __future__ import annotations
+
+from ..registry import OpRecord
+from . import conv, elementwise, embed, kda, mla, moe, norm
+
+FAMILIES = (elementwise, norm, conv, kda, mla, moe, embed)
+
+
+def records() -> list[OpRecord]:
+    """Every op's record, family by family. ValueError if two records share a name."""
+    out = [r for family in FAMILIES for r in family.records()]
+    seen = set()
+    for r in out:
+        if r.name in seen:
+            raise ValueError(f"op {r.name!r} has two records")
+        seen.add(r.name)
+    return out
+
+
+def names() -> list[str]:
+    return [r.name for r in records()]
+
+
+def get(name: str) -> OpRecord:
+    """The record of ``name``; KeyError naming the known ops."""
+    table = {r.name: r for r in records()}
+    try:
+        return table[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}; registered: {', '.join(table)}") from None
+
+
+def select(patterns) -> list[OpRecord]:
+    """Records named by ``patterns``: full names (``kda.chunked``) or families (``kda``); every
+    record when ``patterns`` is empty. KeyError naming an unknown one."""
+    every = records()
+    if not patterns:
+        return every
+    out: list[OpRecord] = []
+    for p in patterns:
+        hits = [r for r in every if r.name == p or r.family == p]
+        if not hits:
+            raise KeyError(f"unknown op or family {p!r}; registered: {', '.join(r.name for r in every)}")
+        out += [h for h in hits if h.name not in {o.name for o in out}]
+    return out
+
+
+def cases(op: str):
+    """The input builder of ``op`` (a hypothesis strategy of :class:`parity.registry.Case`), for
+    users' own properties: ``@given(parity.ops.cases("kda.chunked"))``."""
+    return get(op).inputs()

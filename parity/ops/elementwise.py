@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from .. import bounds
+from reference import elementwise as ref
+
+from ..bounds import elementwise as bounds
 from ..emulate import elementwise as emu
 from ..mutants import internal, wrap
-from ..registry import Case, OpRecord, register
+from ..registry import Case, OpRecord, Ref
 from ..strategies import bucket, elementwise_values, rng, seeds
-from ._util import ROWS, lazy
+from ._util import ROWS
 
 
 @st.composite
@@ -33,11 +35,17 @@ def _half_in(d):
     return d
 
 
+def _threshold_zero(kw):
+    kw["threshold"] = 0.0
+    return kw
+
+
 DOC = "one ua per operation, exp (2 + |x|) ua, one rounding to the output dtype; relative to |y|"
 
-register(OpRecord(
-    name="elementwise.silu", reference=lazy("reference.elementwise:silu"),
-    optimized="optimized.elementwise:silu", emulated=emu.silu, inputs=cases, bound=bounds.elementwise.silu,
+
+SILU = OpRecord(
+    name="elementwise.silu", reference=ref.silu, optimized=Ref("optimized.elementwise", "silu"),
+    emulated=emu.silu, inputs=cases, bound=bounds.silu,
     outputs=("y",), args=("x",), batch=ROWS, bound_doc="((6 + |x|) ua + uo) |y|  (" + DOC + ")",
     reductions="none",
     mutants=(
@@ -45,26 +53,29 @@ register(OpRecord(
              outputs=_neg_out),
         internal("missing_x", "sigmoid(x) without the factor x", emu.silu),
         internal("relu", "ReLU in place of SiLU", emu.silu),
-    )))
+    ))
 
-register(OpRecord(
-    name="elementwise.sigmoid", reference=lazy("reference.elementwise:sigmoid"),
-    optimized="optimized.elementwise:sigmoid", emulated=emu.sigmoid, inputs=cases,
-    bound=bounds.elementwise.sigmoid, outputs=("y",), args=("x",), batch=ROWS,
+SIGMOID = OpRecord(
+    name="elementwise.sigmoid", reference=ref.sigmoid, optimized=Ref("optimized.elementwise", "sigmoid"),
+    emulated=emu.sigmoid, inputs=cases, bound=bounds.sigmoid, outputs=("y",), args=("x",), batch=ROWS,
     bound_doc="((5 + |x|) ua + uo) |y|", reductions="none",
     mutants=(
         wrap("arg_negated", "sigmoid(-x) = 1 - sigmoid(x)", inputs=_neg_in),
         wrap("half_slope", "sigmoid(x / 2)", inputs=_half_in),
         internal("tanh", "tanh in place of the logistic function", emu.sigmoid),
-    )))
+    ))
 
-register(OpRecord(
-    name="elementwise.softplus", reference=lazy("reference.elementwise:softplus"),
-    optimized="optimized.elementwise:softplus", emulated=emu.softplus, inputs=cases,
-    bound=bounds.elementwise.softplus, outputs=("y",), args=("x",), batch=ROWS,
+SOFTPLUS = OpRecord(
+    name="elementwise.softplus", reference=ref.softplus, optimized=Ref("optimized.elementwise", "softplus"),
+    emulated=emu.softplus, inputs=cases, bound=bounds.softplus, outputs=("y",), args=("x",), batch=ROWS,
     bound_doc="ua ((2 + |x|) z/(1+z) + 4 |y|) + uo |y|, z = exp(-|x|)", reductions="none",
     mutants=(
         wrap("arg_negated", "softplus(-x)", inputs=_neg_in),
         internal("relu", "max(x, 0): the log1p(exp(-|x|)) term dropped", emu.softplus),
         internal("beta_two", "softplus with beta = 2", emu.softplus),
-    )))
+        wrap("threshold_zero", "threshold 0 instead of 20: x returned for every x > 0", kwargs=_threshold_zero),
+    ))
+
+
+def records() -> list[OpRecord]:
+    return [SILU, SIGMOID, SOFTPLUS]

@@ -4,12 +4,13 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from .. import bounds
+from reference import embed as ref
+
+from ..bounds import moe as bounds
 from ..emulate import embed as emu
 from ..mutants import wrap
-from ..registry import Case, OpRecord, register
+from ..registry import Case, OpRecord, Ref
 from ..strategies import bucket, normal, rng, seeds
-from ._util import lazy
 
 
 @st.composite
@@ -60,20 +61,20 @@ def _last_dim_dropped(d):
     return d
 
 
-register(OpRecord(
-    name="embed.embedding", reference=lazy("reference.embed:embedding"), optimized="optimized.embed:embedding",
-    emulated=emu.embedding, inputs=embedding_cases, bound=bounds.moe.embedding, outputs=("y",),
+EMBEDDING = OpRecord(
+    name="embed.embedding", reference=ref.embedding, optimized=Ref("optimized.embed", "embedding"),
+    emulated=emu.embedding, inputs=embedding_cases, bound=bounds.embedding, outputs=("y",),
     args=("ids", "table"), policy={"ids": "int"}, exact=("y",), reductions="none",
     batch={"inputs": {"ids": 0}, "outputs": {"y": 0}}, bound_doc="exact (a gather)",
     mutants=(
         wrap("ids_off_by_one", "row id + 1 gathered", inputs=_ids_plus_one),
         wrap("ids_reversed", "tokens gathered in reverse order", inputs=_ids_reversed),
         wrap("columns_rolled", "hidden columns shifted by one", outputs=_roll_cols),
-    )))
+    ))
 
-register(OpRecord(
-    name="embed.lm_head", reference=lazy("reference.embed:lm_head"), optimized="optimized.embed:lm_head",
-    emulated=emu.lm_head, inputs=lm_head_cases, bound=bounds.moe.lm_head, outputs=("logits",),
+LM_HEAD = OpRecord(
+    name="embed.lm_head", reference=ref.lm_head, optimized=Ref("optimized.embed", "lm_head"),
+    emulated=emu.lm_head, inputs=lm_head_cases, bound=bounds.lm_head, outputs=("logits",),
     args=("h", "weight"), reductions="D", batch=None,  # torch GEMMs choose kernels by M: bytes = run-to-run only
     bound_doc="gamma_D(ua) |h| |W|^T + uo |logits|",
     mutants=(
@@ -81,4 +82,8 @@ register(OpRecord(
         wrap("logit_scale_applied", "logits scaled by D^-0.5 (a tied-embedding convention)", outputs=_scaled),
         wrap("hidden_last_dim_dropped", "the last hidden column left out of the contraction",
              inputs=_last_dim_dropped),
-    )))
+    ))
+
+
+def records() -> list[OpRecord]:
+    return [EMBEDDING, LM_HEAD]

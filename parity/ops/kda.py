@@ -1,37 +1,54 @@
-"""Records: kda.gate, kda.recurrent, kda.chunked, kda.fused_recurrent, kda.fused_chunked.
+"""Records: kda.gate, kda.recurrent, kda.chunked, kda.fused_recurrent, kda.fused_chunked and
+kda.fused_recurrent_decode (one token per sequence, states updated in place in a pool by slot id:
+parity/ops/_slots.py).
 
 Inputs keep K != V (a transposed state cannot hide), include GVA (HV = 2 H), ragged final chunks,
 several chunks per sequence (so a chunk-boundary slip reaches the outputs), carried initial states,
-variable-length batches, and decays from ~1 to ~e^-12 per step.
+variable-length batches, and decays from ~1 to ~e^-12 per step (``strong``: ~e^-5 to e^-130, whose
+prefix sums run far past exp's range inside a chunk).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from .. import bounds
+from reference import kda as ref
+
+from ..bounds import kda as bounds
 from ..emulate import kda as emu
 from ..mutants import internal, transposed_state, wrap
-from ..registry import Case, OpRecord, register
+from ..registry import Case, OpRecord, Ref
 from ..strategies import bucket, log_decays, normal, rng, seeds, unit_rows
-from ._util import lazy
+from . import _slots
 
 # (B, T, H, HV, K, V, chunk): the first is hypothesis's first choice (richest: K != V, 3 chunks)
 SHAPES = [(2, 37, 2, 2, 16, 32, 16), (1, 70, 1, 2, 32, 16, 32), (2, 20, 1, 1, 16, 32, 16)]
+STRENGTHS = ("mixed", "moderate", "strong")
 
 
 def _sig(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-@st.composite
-def core_cases(draw, chunked=False, fused=False):
-    B, T, H, HV, K, V, C = draw(bucket(SHAPES))
-    has_state = draw(bucket([True, False]))
-    varlen = B == 1 and draw(bucket([True, False]))
-    strength = draw(bucket(["mixed", "moderate"]))
-    r = rng(draw(seeds()))
+def _gate_params(r, HV, K, strength):
+    """(A_log, dt_bias) of the fused gate: per-token decays exp(A_log) softplus(g_raw + dt_bias)."""
+    if strength == "strong":
+        return r.uniform(0.0, 2.8, size=HV), normal(r, (HV * K,)) + 6.0
+    A_log = r.uniform(-2.0, 1.0, size=HV) if strength == "mixed" else r.uniform(-2.5, -0.5, size=HV)
+    return A_log, normal(r, (HV * K,), 0.5)
+
+
+def core_case(B, T, H, HV, K, V, seed, *, chunk=None, fused=False, has_state=True, varlen=False,
+              strength="mixed", cu_seqlens=None) -> Case:
+    """One input of the core (``fused=False``: unit q, k rows, log-space g, beta) or fused ops (raw
+    q, k, gate parameters, beta logits); ``chunk``: the chunk size (chunked ops); ``varlen`` (B = 1):
+    two sequences cut at a random point, or ``cu_seqlens`` given; ``strength``: one of STRENGTHS."""
+    if strength not in STRENGTHS:
+        raise ValueError(f"strength: expected one of {STRENGTHS}, got {strength!r}")
+    r = rng(seed)
     a = {}
     if fused:
         a["q"], a["k"] = normal(r, (B, T, H, K), 2.0), normal(r, (B, T, H, K), 2.0)
@@ -41,44 +58,110 @@ def core_cases(draw, chunked=False, fused=False):
     if fused:
         a["g_raw"] = normal(r, (B, T, HV, K), 1.5)
         a["beta_logits"] = normal(r, (B, T, HV))
-        a["A_log"] = r.uniform(-2.0, 1.0, size=HV) if strength == "mixed" else r.uniform(-2.5, -0.5, size=HV)
-        a["dt_bias"] = normal(r, (HV * K,), 0.5)
+        a["A_log"], a["dt_bias"] = _gate_params(r, HV, K, strength)
     else:
         a["g"] = log_decays(r, (B, T, HV, K), strength)
         a["beta"] = _sig(normal(r, (B, T, HV)))
     n_seq = B
     if varlen:
         cut = int(r.integers(1, T))
-        a["cu_seqlens"] = np.array([0, cut, T], dtype=np.int64)
-        n_seq = 2
-    else:
-        a["cu_seqlens"] = None
+        cu_seqlens = [0, cut, T]
+    a["cu_seqlens"] = None if cu_seqlens is None else np.array(cu_seqlens, dtype=np.int64)
+    if cu_seqlens is not None:
+        varlen, n_seq = True, len(cu_seqlens) - 1
     a["initial_state"] = normal(r, (n_seq, HV, K, V), 0.5) if has_state else None
-    kw = {"chunk_size": C} if chunked else {}
-    label = f"B={B} T={T} H={H} HV={HV} K={K} V={V}" + (f" C={C}" if chunked else "") \
+    kw = {"chunk_size": chunk} if chunk else {}
+    label = f"B={B} T={T} H={H} HV={HV} K={K} V={V}" + (f" C={chunk}" if chunk else "") \
         + (" varlen" if varlen else "") + (" h0" if has_state else "") + f" {strength}"
     return Case(a, kw, label=label)
 
 
 @st.composite
-def gate_cases(draw):
-    B, T, HV, K = draw(bucket([(2, 5, 3, 16), (1, 9, 2, 32)]))
-    r = rng(draw(seeds()))
+def core_cases(draw, chunked=False, fused=False):
+    B, T, H, HV, K, V, C = draw(bucket(SHAPES))
+    has_state = draw(bucket([True, False]))
+    varlen = B == 1 and draw(bucket([True, False]))
+    strength = draw(bucket(["mixed", "moderate"]))
+    return core_case(B, T, H, HV, K, V, draw(seeds()), chunk=C if chunked else None, fused=fused,
+                     has_state=has_state, varlen=varlen, strength=strength)
+
+
+def gate_case(B, T, HV, K, seed) -> Case:
+    r = rng(seed)
     return Case({"g_raw": normal(r, (B, T, HV, K), 3.0), "A_log": r.uniform(-2.0, 1.5, size=HV),
                  "dt_bias": normal(r, (HV * K,), 1.0)}, label=f"B={B} T={T} HV={HV} K={K}")
 
 
-# -- composition of reference ops for the fused kernels ------------------------------------------
-def _compose(core):
-    def fused(q, k, v, g_raw, beta_logits, A_log, dt_bias, **kw):
-        from reference import elementwise, kda, norm
+@st.composite
+def gate_cases(draw):
+    B, T, HV, K = draw(bucket([(2, 5, 3, 16), (1, 9, 2, 32)]))
+    return gate_case(B, T, HV, K, draw(seeds()))
 
-        f = getattr(kda, core)
-        return f(norm.l2norm(q), norm.l2norm(k), v, kda.gate(g_raw, A_log, dt_bias),
-                 elementwise.sigmoid(beta_logits), **kw)
 
-    fused.__name__ = f"l2norm+gate+sigmoid+{core}"
-    return fused
+def decode_case(B, H, HV, K, V, seed, *, n_slots=None) -> Case:
+    """One decode step of B sequences over a pool of ``n_slots`` (default B + 3) states."""
+    r = rng(seed)
+    n = n_slots or B + 3
+    a = {"q": normal(r, (B, H, K), 2.0), "k": normal(r, (B, H, K), 2.0), "v": normal(r, (B, HV, V)),
+         "g_raw": normal(r, (B, HV, K), 1.5), "beta_logits": normal(r, (B, HV)),
+         "A_log": r.uniform(-2.0, 1.0, size=HV), "dt_bias": normal(r, (HV * K,), 0.5),
+         "state_pool": normal(r, (n, HV, K, V), 0.5), "slot_ids": _slots.slot_ids(r, B, n)}
+    return Case(a, label=f"B={B} slots={n} H={H} HV={HV} K={K} V={V}")
+
+
+@st.composite
+def decode_cases(draw):
+    B, H, HV, K, V = draw(bucket([(4, 2, 2, 16, 32), (3, 1, 2, 32, 16)]))
+    return decode_case(B, H, HV, K, V, draw(seeds()))
+
+
+# -- the decode step: the optimized op updates the pool in place; the record compares it whole ----
+def decode_step(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, scale=None):
+    """optimized.kda.fused_recurrent_decode, returning (o, the pool it updated in place)."""
+    from optimized.kda import fused_recurrent_decode  # here: importing optimized picks the Triton backend
+
+    o = fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, scale=scale)
+    return o, state_pool
+
+
+def decode_step_reference(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, scale=None):
+    """reference.kda.fused_recurrent, one token per named slot."""
+    def step(b, s):
+        one = [t[b, ...][None, None, ...] for t in (q, k, v, g_raw, beta_logits)]
+        o, st_ = ref.fused_recurrent(*one, A_log, dt_bias, initial_state=s[None, ...], scale=scale)
+        return o[0, 0, ...], st_[0, ...]
+
+    return _slots.per_row(step, v, state_pool, slot_ids)
+
+
+def decode_step_emulated(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, scale=None,
+                         mutation=None):
+    o = torch.zeros_like(v)
+    for b, s in enumerate(int(s) for s in slot_ids.tolist()):
+        if s < 0:
+            continue
+        ob, sb = emu.fused_recurrent(q[b][None, None], k[b][None, None], v[b][None, None],
+                                     g_raw[b][None, None], beta_logits[b][None, None], A_log, dt_bias,
+                                     initial_state=state_pool[s][None], scale=scale, mutation=mutation)
+        o[b] = ob[0, 0]
+        state_pool[s] = sb[0].to(state_pool.dtype)
+    return o, state_pool
+
+
+def decode_step_bound(x, kw, r, p):
+    """kda.fused_recurrent's model (T = 1) on the named slots; untouched rows and padding exact."""
+    rows, slots = _slots.valid(x)
+    o_b = np.zeros(np.shape(r["o"]))
+    pool_b = np.zeros(np.shape(r["state_pool"]))
+    if rows.size:
+        sub = {n: x[n][rows][:, None] for n in ("q", "k", "v", "g_raw", "beta_logits")}
+        sub.update(A_log=x["A_log"], dt_bias=x["dt_bias"], initial_state=x["state_pool"][slots], cu_seqlens=None)
+        rr = {"o": r["o"][rows][:, None], "final_state": r["state_pool"][slots]}
+        pp = dataclasses.replace(p, out={"o": p.uo("o"), "final_state": p.uo("state_pool")})
+        b = bounds.fused(sub, kw, rr, pp)
+        o_b[rows] = b["o"][:, 0]
+        pool_b[slots] = b["final_state"]
+    return {"o": o_b, "state_pool": pool_b}
 
 
 # -- wrap mutants ----------------------------------------------------------------------------------
@@ -107,6 +190,12 @@ def _state_T(out, inp):
     return out
 
 
+def _h0_T(d):
+    if d.get("initial_state") is not None:
+        d["initial_state"] = transposed_state(d["initial_state"])
+    return d
+
+
 def _neg_out(out, inp):
     out["g"] = -out["g"]
     return out
@@ -127,10 +216,12 @@ KW = ("initial_state", "cu_seqlens")
 
 STATE_T = wrap("state_stored_transposed", "final state written V-major into the K-major buffer (K != V)",
                outputs=_state_T)
+H0_T = wrap("initial_state_read_transposed", "the carried state read V-major from the K-major buffer "
+            "(K != V; a kernel that loads the state as [V, K])", inputs=_h0_T)
 
-register(OpRecord(
-    name="kda.gate", reference=lazy("reference.kda:gate"), optimized="optimized.kda:gate",
-    emulated=emu.gate, inputs=gate_cases, bound=bounds.kda.gate, outputs=("g",),
+GATE = OpRecord(
+    name="kda.gate", reference=ref.gate, optimized=Ref("optimized.kda", "gate"),
+    emulated=emu.gate, inputs=gate_cases, bound=bounds.gate, outputs=("g",),
     args=("g_raw", "A_log", "dt_bias"), policy=POLICY, reductions="none",
     batch={"inputs": {"g_raw": 0}, "outputs": {"g": 0}},
     bound_doc="exp(A) (sigmoid(z) ua |z| + softplus err) + ((3 + |A_log|) ua + uo) |g|, z = g_raw + dt_bias",
@@ -139,26 +230,27 @@ register(OpRecord(
         wrap("A_log_plus_one", "A_log + 1 (decays e times stronger)", inputs=_A_plus_one),
         wrap("dt_bias_dropped", "dt_bias not added", inputs=_dt_zero),
         internal("A_log_not_exponentiated", "-A_log * softplus(...) (exp of A_log forgotten)", emu.gate),
-    )))
+    ))
 
 _CORE_DOC = ("per value column: E_t^2 = rho_t^2 E_{t-1}^2 + lam_t^2, rho = max exp(g) max(1, |1 - beta|k|^2|); "
              "o: scale (|q| LAMBDA E_t + gamma_K(ua) |q|.|S_t|) + (ua + uo)|o|")
 
-register(OpRecord(
-    name="kda.recurrent", reference=lazy("reference.kda:recurrent"), optimized="optimized.kda:recurrent",
-    emulated=emu.recurrent, inputs=lambda: core_cases(), bound=bounds.kda.recurrent,
+RECURRENT = OpRecord(
+    name="kda.recurrent", reference=ref.recurrent, optimized=Ref("optimized.kda", "recurrent"),
+    emulated=emu.recurrent, inputs=lambda: core_cases(), bound=bounds.recurrent,
     outputs=("o", "final_state"), args=CORE, kwarg_arrays=KW, policy=POLICY, batch=BATCH,
     reductions="K, T", bound_doc=_CORE_DOC + "; state in ua (fp32 registers)",
     mutants=(
         wrap("gate_sign_flipped", "decay exp(-g) instead of exp(g)", inputs=_neg_g),
         wrap("beta_dropped", "beta taken as 1", inputs=_beta_one),
         STATE_T,
+        H0_T,
         internal("output_before_update", "o_t reads the state before step t's update", emu.recurrent),
-    )))
+    ))
 
-register(OpRecord(
-    name="kda.chunked", reference=lazy("reference.kda:chunked"), optimized="optimized.kda:chunked",
-    emulated=emu.chunked, inputs=lambda: core_cases(chunked=True), bound=bounds.kda.chunked,
+CHUNKED = OpRecord(
+    name="kda.chunked", reference=ref.chunked, optimized=Ref("optimized.kda", "chunked"),
+    emulated=emu.chunked, inputs=lambda: core_cases(chunked=True), bound=bounds.chunked,
     outputs=("o", "final_state"), args=CORE, kwarg_arrays=KW, policy=POLICY, batch=BATCH,
     reductions="K, chunk C, T",
     bound_doc=_CORE_DOC + "; plus per chunk the run-dtype storage of A, M, w, u, v_new, h, Q through "
@@ -167,34 +259,56 @@ register(OpRecord(
         wrap("gate_sign_flipped", "decay exp(-g) instead of exp(g)", inputs=_neg_g),
         wrap("beta_dropped", "beta taken as 1", inputs=_beta_one),
         STATE_T,
+        H0_T,
         internal("chunk_boundary_off_by_one", "the carried state decays by G one row short of the chunk end",
                  emu.chunked),
-    )))
+    ))
 
 _FUSED_MUTANTS = (
     wrap("A_log_plus_one", "A_log + 1 inside the fused gate", inputs=_A_plus_one),
     wrap("beta_dropped", "beta taken as 1 (sigmoid(+inf))", inputs=_beta_logits_inf),
     STATE_T,
+    H0_T,
 )
 
-register(OpRecord(
-    name="kda.fused_recurrent", reference=_compose("recurrent"), optimized="optimized.kda:fused_recurrent",
-    emulated=emu.fused_recurrent, inputs=lambda: core_cases(fused=True), bound=bounds.kda.fused_recurrent,
+FUSED_RECURRENT = OpRecord(
+    name="kda.fused_recurrent", reference=ref.fused_recurrent, optimized=Ref("optimized.kda", "fused_recurrent"),
+    emulated=emu.fused_recurrent, inputs=lambda: core_cases(fused=True), bound=bounds.fused_recurrent,
     outputs=("o", "final_state"), args=FUSED, kwarg_arrays=KW, policy=POLICY, batch=BATCH,
     reductions="K, T",
     bound_doc="kda.recurrent's model at the composed inputs + l2norm/gate/sigmoid errors as input perturbations",
     mutants=_FUSED_MUTANTS + (
         internal("l2norm_skipped", "q, k not l2-normalized in the kernel", emu.fused_recurrent),
         internal("gate_sign_flipped", "the fused gate's sign lost", emu.fused_recurrent),
-    )))
+    ))
 
-register(OpRecord(
-    name="kda.fused_chunked", reference=_compose("chunked"), optimized="optimized.kda:fused_chunked",
+FUSED_CHUNKED = OpRecord(
+    name="kda.fused_chunked", reference=ref.fused_chunked, optimized=Ref("optimized.kda", "fused_chunked"),
     emulated=emu.fused_chunked, inputs=lambda: core_cases(chunked=True, fused=True),
-    bound=bounds.kda.fused_chunked, outputs=("o", "final_state"), args=FUSED, kwarg_arrays=KW,
+    bound=bounds.fused_chunked, outputs=("o", "final_state"), args=FUSED, kwarg_arrays=KW,
     policy=POLICY, batch=BATCH, reductions="K, chunk C, T",
     bound_doc="kda.chunked's model at the composed inputs + prologue errors (normalized q, k stored in the run dtype)",
     mutants=_FUSED_MUTANTS + (
         internal("l2norm_skipped", "q, k not l2-normalized in the kernel", emu.fused_chunked),
         internal("beta_sigmoid_skipped", "beta logits used as beta", emu.fused_chunked),
-    )))
+    ))
+
+
+def _l2_skipped(fn):
+    return internal("l2norm_skipped", "q, k not l2-normalized in the kernel", fn)
+
+
+FUSED_RECURRENT_DECODE = OpRecord(
+    name="kda.fused_recurrent_decode", reference=decode_step_reference, optimized=decode_step,
+    emulated=decode_step_emulated, inputs=decode_cases, bound=decode_step_bound, outputs=("o", "state_pool"),
+    args=("q", "k", "v", "g_raw", "beta_logits", "A_log", "dt_bias", "state_pool", "slot_ids"),
+    policy={"state_pool": "fp32", "slot_ids": "int", "A_log": "fp32", "dt_bias": "fp32"},
+    in_place=True, reductions="K",
+    batch={"inputs": {n: 0 for n in ("q", "k", "v", "g_raw", "beta_logits", "slot_ids")}, "outputs": {"o": 0}},
+    bound_doc="kda.fused_recurrent's model (T = 1) on the named slots; untouched pool rows and padding outputs exact",
+    mutants=_slots.MUTANTS + (wrap("A_log_plus_one", "A_log + 1 inside the fused gate", inputs=_A_plus_one),
+                              _l2_skipped(decode_step_emulated)))
+
+
+def records() -> list[OpRecord]:
+    return [GATE, RECURRENT, CHUNKED, FUSED_RECURRENT, FUSED_CHUNKED, FUSED_RECURRENT_DECODE]

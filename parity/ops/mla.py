@@ -1,17 +1,19 @@
-"""Records: mla.absorbed, mla.paged_decode (the paged decode kernel vs the reference absorbed form
-at the last position of each sequence)."""
+"""Records: mla.naive, mla.absorbed, mla.paged_decode (the paged decode kernel vs the reference
+absorbed form at the last position of each sequence)."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from .. import bounds
+from reference import mla as ref
+from reference.executor import namespace
+
+from ..bounds import mla as bounds
 from ..emulate import mla as emu
 from ..mutants import internal, wrap
-from ..registry import Case, Mutant, OpRecord, register
+from ..registry import Case, Mutant, OpRecord, Ref
 from ..strategies import bucket, normal, rng, seeds
-from ._util import lazy
 
 # (B, T, S, N, P, R, L, Vh)
 SHAPES = [(2, 3, 19, 2, 16, 8, 32, 16), (1, 1, 33, 3, 16, 16, 64, 32), (2, 4, 4, 2, 32, 8, 32, 32)]
@@ -25,14 +27,20 @@ def _latent(r, shape, L):
     return normed, raw
 
 
+def attention_case(B, T, S, N, P, R, L, Vh, seed, *, w_scale=1.0) -> Case:
+    """An input of the contiguous forms (naive, absorbed): T queries at the end of S positions;
+    ``w_scale`` scales w_kvb (larger: sharper softmax)."""
+    r = rng(seed)
+    lat, raw = _latent(r, (B, S, L), L)
+    a = {"q": normal(r, (B, T, N, P + R)), "latent": lat, "k_pe": normal(r, (B, S, R)),
+         "w_kvb": normal(r, (N * (P + Vh), L), w_scale * L ** -0.5)}
+    return Case(a, aux={"latent_raw": raw}, label=f"B={B} T={T} S={S} N={N} P={P} R={R} L={L} Vh={Vh}")
+
+
 @st.composite
 def absorbed_cases(draw):
     B, T, S, N, P, R, L, Vh = draw(bucket(SHAPES))
-    r = rng(draw(seeds()))
-    lat, raw = _latent(r, (B, S, L), L)
-    a = {"q": normal(r, (B, T, N, P + R)), "latent": lat, "k_pe": normal(r, (B, S, R)),
-         "w_kvb": normal(r, (N * (P + Vh), L), L ** -0.5)}
-    return Case(a, aux={"latent_raw": raw}, label=f"B={B} T={T} S={S} N={N} P={P} R={R} L={L} Vh={Vh}")
+    return attention_case(B, T, S, N, P, R, L, Vh, draw(seeds()))
 
 
 @st.composite
@@ -54,7 +62,7 @@ def paged_decode_adapter(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, s
     assigned in a seeded random order (plus two spare blocks), positions written through the slot
     mapping, then one decode query per sequence. ``_block_shift`` is a mutant hook (reads the next
     block of the table)."""
-    from optimized.mla import PagedLatentCache, paged_decode
+    from optimized.mla import PagedLatentCache, paged_decode  # here: importing optimized picks the backend
 
     B, S, L = latent.shape
     R = k_pe.shape[-1]
@@ -74,14 +82,12 @@ def paged_decode_adapter(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, s
 
 def reference_decode(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, scale=None):
     """The reference absorbed form, per sequence, with the query at its last position."""
-    from reference import mla
-
     out = []
     for b in range(q.shape[0]):
         n = int(lengths[b])
-        out.append(mla.absorbed(q[b][None, None], latent[b:b + 1, :n], k_pe[b:b + 1, :n], w_kvb,
-                                scale=scale)[0, 0])
-    return np.stack(out)
+        out.append(ref.absorbed(q[b, ...][None, None, ...], latent[b:b + 1, :n, ...], k_pe[b:b + 1, :n, ...],
+                                w_kvb, scale=scale)[0, 0, ...])
+    return namespace(q).stack(out)
 
 
 def emulated_decode(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, scale=None, mutation=None,
@@ -133,22 +139,38 @@ MLA_DOC = ("sum_s p_s rel_p_s |v_s| + LAMBDA scale sqrt(sum_l (u q_lat_l)^2 Cov_
            "+ gamma_S(ua)|W_UV| sum_s p_s|c_s| + gamma_L(ua)|W_UV||o~| + uo|o|; v_s = W_UV c_s, "
            "Cov_l = sum_s p_s (c_sl - o~_l) v_s, rel_p = |d sigma| + sum p d sigma + (4 + |sigma - max|) ua + gamma_S(ua) + u")
 
-register(OpRecord(
-    name="mla.absorbed", reference=lazy("reference.mla:absorbed"), optimized="optimized.mla:absorbed",
-    emulated=emu.absorbed, inputs=absorbed_cases, bound=bounds.mla.absorbed, outputs=("o",),
+ATTENTION_MUTANTS = (
+    WRONG_SCALE,
+    wrap("latent_not_normed", "the raw latent projection used without kv_a_layernorm", inputs=_raw_latent),
+    wrap("k_pe_dropped", "the shared rope key slice left out of the scores", inputs=_no_kpe),
+)
+
+NAIVE = OpRecord(
+    name="mla.naive", reference=ref.naive, optimized=Ref("optimized.mla", "naive"),
+    emulated=emu.naive, inputs=absorbed_cases, bound=bounds.naive, outputs=("o",),
+    args=("q", "latent", "k_pe", "w_kvb"), reductions="L, P + R, context S",
+    batch=None,  # torch GEMMs choose kernels by M: bytes = run-to-run only
+    bound_doc="sum_s p_s rel_p_s |v_s| + sum_s p_s dv_s + gamma_S(ua) sum_s p_s |v_s| + (2 ua + uo)|o|; "
+              "k_s, v_s = W_UK c_s, W_UV c_s stored: dk, dv = gamma_L(ua)|W||c| + u|.|; "
+              "d sigma = scale (|q_nope|.dk + gamma_{P+R}(ua) |q|.|k|) + ua|sigma|; rel_p as mla.absorbed",
+    mutants=ATTENTION_MUTANTS + (
+        internal("causal_off_by_one", "each query also attends to the next position", emu.naive),
+        internal("values_from_keys", "W_UV taken from the W_UK rows of w_kvb", emu.naive),
+    ))
+
+ABSORBED = OpRecord(
+    name="mla.absorbed", reference=ref.absorbed, optimized=Ref("optimized.mla", "absorbed"),
+    emulated=emu.absorbed, inputs=absorbed_cases, bound=bounds.absorbed, outputs=("o",),
     args=("q", "latent", "k_pe", "w_kvb"), reductions="P, L + R, context S, L",
     batch=None, bound_doc=MLA_DOC,  # torch GEMMs choose kernels by M: bytes = run-to-run only
-    mutants=(
-        WRONG_SCALE,
-        wrap("latent_not_normed", "the raw latent projection used without kv_a_layernorm", inputs=_raw_latent),
-        wrap("k_pe_dropped", "the shared rope key slice left out of the scores", inputs=_no_kpe),
+    mutants=ATTENTION_MUTANTS + (
         internal("causal_off_by_one", "each query also attends to the next position", emu.absorbed),
         internal("values_from_keys", "W_UV taken from the W_UK rows of w_kvb", emu.absorbed),
-    )))
+    ))
 
-register(OpRecord(
-    name="mla.paged_decode", reference=reference_decode, optimized="parity.ops.mla:paged_decode_adapter",
-    emulated=emulated_decode, inputs=decode_cases, bound=bounds.mla.paged_decode, outputs=("o",),
+PAGED_DECODE = OpRecord(
+    name="mla.paged_decode", reference=reference_decode, optimized=paged_decode_adapter,
+    emulated=emulated_decode, inputs=decode_cases, bound=bounds.paged_decode, outputs=("o",),
     args=("q", "latent", "k_pe", "w_kvb", "lengths"), policy={"lengths": "int"},
     counter="mla.paged_decode", reductions="P, L + R, context length, L",
     batch={"inputs": {"q": 0, "latent": 0, "k_pe": 0, "lengths": 0}, "outputs": {"o": 0}},
@@ -158,4 +180,8 @@ register(OpRecord(
         wrap("stale_last_token", "decode does not see the token just written (length - 1)", inputs=_stale),
         wrap("latent_not_normed", "raw latent cached", inputs=_raw_latent),
         wrap("block_table_off_by_one", "each position read from the next block of the table", kwargs=_shift_blocks),
-    )))
+    ))
+
+
+def records() -> list[OpRecord]:
+    return [NAIVE, ABSORBED, PAGED_DECODE]

@@ -11,15 +11,16 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from .. import bounds
+from reference import moe as ref
+
+from ..bounds import moe as bounds
 from ..emulate import moe as emu
 from ..mutants import internal, wrap
-from ..registry import Case, Mutant, OpRecord, register
+from ..registry import Case, Mutant, OpRecord, Ref
 from ..strategies import bucket, normal, rng, seeds
-from ._util import lazy
 
 # (T, E, top_k, num_groups, topk_groups)
-ROUTER = [(6, 16, 4, 4, 2), (5, 8, 2, 1, 1), (9, 16, 3, 1, 1)]
+ROUTER_SHAPES = [(6, 16, 4, 4, 2), (5, 8, 2, 1, 1), (9, 16, 3, 1, 1)]
 
 
 def router_logits(r, T, E, top_k, G, KG):
@@ -49,7 +50,7 @@ def router_logits(r, T, E, top_k, G, KG):
 
 @st.composite
 def router_cases(draw):
-    T, E, top_k, G, KG = draw(bucket(ROUTER))
+    T, E, top_k, G, KG = draw(bucket(ROUTER_SHAPES))
     combine = draw(bucket(["unbiased", "biased"]))
     renorm = draw(bucket([True, False]))
     scaling = draw(bucket([2.446, 1.0]))
@@ -123,10 +124,10 @@ def _scores_returned(out, inp):
     return out
 
 
-register(OpRecord(
-    name="moe.router_logits", reference=lazy("reference.moe:router_logits"),
-    optimized="optimized.moe:router_logits", emulated=emu.router_logits, inputs=router_logits_cases,
-    bound=bounds.moe.router_logits, outputs=("logits",), args=("x", "weight"),
+ROUTER_LOGITS = OpRecord(
+    name="moe.router_logits", reference=ref.router_logits,
+    optimized=Ref("optimized.moe", "router_logits"), emulated=emu.router_logits, inputs=router_logits_cases,
+    bound=bounds.router_logits, outputs=("logits",), args=("x", "weight"),
     policy={"weight": "fp32"}, reductions="D", batch={"inputs": {"x": 0}, "outputs": {"logits": 0}},
     bound_doc="gamma_D(ua) |x| |W|^T + uo |logits| (W fp32 in every run: no storage term)",
     mutants=(
@@ -139,7 +140,7 @@ register(OpRecord(
         wrap("tf32_operands", "x and the weight rounded to TF32 (a TF32 tl.dot or cuBLAS GEMM)",
              inputs=_tf32_operands),
         wrap("scores_returned", "sigmoid scores returned in place of the logits", outputs=_scores_returned),
-    )))
+    ))
 
 
 # -- router mutants -------------------------------------------------------------------------------
@@ -174,9 +175,9 @@ def _flip_renorm(kw):
     return kw
 
 
-register(OpRecord(
-    name="moe.router", reference=lazy("reference.moe:router"), optimized="optimized.moe:router",
-    emulated=emu.router, inputs=router_cases, bound=bounds.moe.router, outputs=("weights", "ids"),
+ROUTER = OpRecord(
+    name="moe.router", reference=ref.router, optimized=Ref("optimized.moe", "router"),
+    emulated=emu.router, inputs=router_cases, bound=bounds.router, outputs=("weights", "ids"),
     args=("logits", "bias"), policy={"bias": "fp32"}, exact=("ids",), reductions="k_e",
     batch={"inputs": {"logits": 0}, "outputs": {"weights": 0, "ids": 0}},
     bound_doc="weights: (rel(s_id) + sum rel / sum + gamma_k(ua) + 3 ua + uo) |w|, rel(s) = (5 + |logit|) ua; ids exact",
@@ -185,7 +186,7 @@ register(OpRecord(
         wrap("bias_used_in_combine", "combine weights from score + bias (the other variant)", kwargs=_flip_combine),
         wrap("bias_ignored_in_selection", "the correction bias not added for selection", inputs=_no_bias),
         wrap("renormalize_flipped", "renormalization of the combine weights toggled", kwargs=_flip_renorm),
-    )))
+    ))
 
 
 def _swap_gate_up(d):
@@ -212,20 +213,20 @@ def _weights_one(d):
 SWIGLU_DOC = ("gamma_F(ua)|a||Wd|^T + LAMBDA sqrt(da^2 (Wd^2)^T) + uo|y|, a = silu(h_g) h_u, "
               "da from gamma_D(ua)|x||W|^T and u |h| (stored)")
 
-register(OpRecord(
-    name="moe.swiglu", reference=lazy("reference.moe:swiglu"), optimized="optimized.moe:swiglu",
-    emulated=emu.swiglu, inputs=swiglu_cases, bound=bounds.moe.swiglu, outputs=("y",),
+SWIGLU = OpRecord(
+    name="moe.swiglu", reference=ref.swiglu, optimized=Ref("optimized.moe", "swiglu"),
+    emulated=emu.swiglu, inputs=swiglu_cases, bound=bounds.swiglu, outputs=("y",),
     args=("x", "w_gate", "w_up", "w_down"), reductions="D, F", batch=None,  # torch GEMMs choose kernels by M: bytes = run-to-run only
     bound_doc=SWIGLU_DOC,
     mutants=(
         wrap("gate_up_swapped", "silu applied to the up projection", inputs=_swap_gate_up),
         internal("relu_activation", "ReLU in place of SiLU", emu.swiglu),
         internal("sigmoid_activation", "sigmoid in place of SiLU", emu.swiglu),
-    )))
+    ))
 
-register(OpRecord(
-    name="moe.experts", reference=lazy("reference.moe:experts"), optimized="optimized.moe:experts",
-    emulated=emu.experts, inputs=experts_cases, bound=bounds.moe.experts, outputs=("y",),
+EXPERTS = OpRecord(
+    name="moe.experts", reference=ref.experts, optimized=Ref("optimized.moe", "experts"),
+    emulated=emu.experts, inputs=experts_cases, bound=bounds.experts, outputs=("y",),
     args=("x", "weights", "ids", "w1", "w2", "w3"), policy={"weights": "fp32", "ids": "int"},
     reductions="D, F, k_e", batch={"inputs": {"x": 0, "weights": 0, "ids": 0}, "outputs": {"y": 0}},
     bound_doc="sum_k |w_k| (swiglu bound + u |y_k|) + gamma_k(ua) sum_k |w_k y_k| + (ua + uo)|y|",
@@ -234,4 +235,8 @@ register(OpRecord(
         wrap("weights_ignored", "combine weights taken as 1", inputs=_weights_one),
         wrap("w1_w3_swapped", "gate and up projections swapped", inputs=_swap_13),
         internal("relu_activation", "ReLU in place of SiLU", emu.experts),
-    )))
+    ))
+
+
+def records() -> list[OpRecord]:
+    return [ROUTER_LOGITS, ROUTER, SWIGLU, EXPERTS]

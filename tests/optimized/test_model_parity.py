@@ -1,22 +1,15 @@
 """The optimized model (optimized.load) against the float64 reference model, on CPU.
 
-Logits are judged against a bound derived from the arithmetic (``logit_bound``), never a fixed
-tolerance. The model: every op on the deepest path through the stack (``path_ops``) rounds its output
-once to the model dtype (unit roundoff ``u_out``) and accumulates ``n`` terms in its compute dtype
-(``u_acc``, fp32 for bf16 and fp32 runs); with independent rounding errors (Higham & Mary, 2019) the
-residual stream's relative error is at most ``LAMBDA * sqrt(sum_ops(u_out^2 + n * u_acc^2))``. The
-lm_head adds its own rounding; a logit's error is that relative error times its magnitude
-``sum_k |h_k| |W_jk|`` (reference final-norm output and lm_head weight). Layer gains are taken as 1:
-the norms re-normalize, attention and the MoE combine are convex combinations, the delta rule is
-contractive, and errors entering the residual stream are measured against magnitudes that already
-hold them. Measured at fp32 the worst logit sits at ~0.05 of this bound, at bf16 ~0.2; a wrong op
-misses it by orders of magnitude.
+Logits are judged against parity.bounds.model's logit bound (derived from the arithmetic: every op
+on the deepest path rounds once and accumulates in its arithmetic dtype; docs/error-bounds.md),
+never a fixed tolerance; router flips are judged by parity.diff.router (a flip must be a near-tie),
+then the reference replays the optimized run's expert choices. Measured at fp32 the worst logit sits
+at ~0.05 of the bound, at bf16 ~0.2; a wrong op misses it by orders of magnitude.
 
 CPU time is dear (the Triton interpreter): short prompts, 8 decode steps at bf16 (the GPU tests run
 64), module-scoped runs shared by the tests that read them.
 """
 import copy
-import math
 
 import numpy as np
 import pytest
@@ -26,75 +19,25 @@ import optimized
 import reference
 from optimized import _counters
 from optimized.backends import FAMILIES
+from parity.bounds.model import hidden_rel_bound, logit_bound
+from parity.diff.router import trace_router_flips
+from parity.metrics import compare
 from reference.config import KimiConfig
 from reference.fixtures import default_checkpoint_path
 from reference.synthetic import SyntheticSource
 
 TINY = KimiConfig.from_name("tiny")
 SMALL = KimiConfig.from_name("small")
-U = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float64": 2.0**-53}
-LAMBDA = 4.0
 PROMPT = [1, 17, 300, 42, 5, 99, 256, 7]
 BF16_STEPS = 8
 
 
-# -- the bound -------------------------------------------------------------------------------------
-
-def path_ops(config: KimiConfig, S: int) -> list[tuple[str, int]]:
-    """(op, reduction length) of every op on the deepest path through the stack, for a token at
-    position S-1 (KDA state and attention accumulate over S positions; KDA chunks of 64)."""
-    c = config
-    D, K, W = c.hidden_size, c.kda_head_dim, c.short_conv_kernel_size
-    ops = [("embedding", 1)]
-    for i in range(c.num_hidden_layers):
-        ops.append(("input_norm", D))
-        if c.is_kda_layer(i):
-            ops += [("qkv_proj", D), ("gate_down", D), ("gate_up", K), ("conv", W), ("l2norm", K),
-                    ("kda_state", S + K), ("kda_chunk", min(S, 64) + K), ("o_norm", K),
-                    ("o_proj", c.kda_num_heads * K)]
-        else:
-            L, R, P = c.kv_lora_rank, c.qk_rope_head_dim, c.qk_nope_head_dim
-            ops += [("q_kv_proj", D), ("kv_norm", L), ("q_absorb", P), ("scores", L + R),
-                    ("softmax", S), ("pv", S), ("uv", L), ("o_proj", c.num_attention_heads * c.v_head_dim)]
-        ops += [("residual", 1), ("post_norm", D)]
-        if c.is_moe_layer(i):
-            F = c.moe_intermediate_size
-            ops += [("router", D), ("expert_up", D), ("expert_down", F),
-                    ("combine", c.num_experts_per_token), ("shared_up", D), ("shared_down", F), ("add", 1)]
-        else:
-            ops += [("mlp_up", D), ("mlp_down", c.intermediate_size)]
-        ops.append(("residual", 1))
-    ops.append(("final_norm", D))
-    return ops
-
-
-def hidden_rel_bound(config: KimiConfig, S: int, dtype: str) -> float:
-    """Relative error of the final hidden state (see the module docstring)."""
-    u_out, u_acc = U[dtype], (U["float64"] if dtype == "float64" else U["float32"])
-    return LAMBDA * math.sqrt(sum(u_out**2 + n * u_acc**2 for _, n in path_ops(config, S)))
-
-
-def logit_bound(config, S_of_rows, h_ref: np.ndarray, w_lm: np.ndarray, dtype: str) -> np.ndarray:
-    """[T, vocab] bound for logits whose rows sit at positions ``S_of_rows - 1``."""
-    u_out, u_acc = U[dtype], (U["float64"] if dtype == "float64" else U["float32"])
-    mag = np.abs(h_ref) @ np.abs(w_lm).T
-    D = config.hidden_size
-    lm = LAMBDA * math.sqrt(u_out**2 + D * u_acc**2)
-    rel = np.array([hidden_rel_bound(config, int(S), dtype) for S in np.atleast_1d(S_of_rows)])
-    return (rel[:, None] + lm) * mag
-
-
 def assert_within(opt, ref, bound, what: str) -> float:
-    """Every element within its bound; finite; not degenerate. Returns the worst error / bound."""
-    opt = opt.detach().to("cpu", torch.float64).numpy() if isinstance(opt, torch.Tensor) else np.asarray(opt)
-    assert opt.shape == ref.shape, (what, opt.shape, ref.shape)
-    assert np.isfinite(opt).all(), f"{what}: non-finite values"
-    assert np.std(opt) > 0.1 * np.std(ref), f"{what}: degenerate output (std {np.std(opt)})"
-    units = np.abs(opt - ref) / bound
-    worst = np.unravel_index(np.argmax(units), units.shape)
-    assert units[worst] <= 1.0, (f"{what}: {int((units > 1).sum())} elements past the bound; worst at "
-                                 f"{worst}: opt {opt[worst]!r} ref {ref[worst]!r} bound {bound[worst]!r}")
-    return float(units[worst])
+    """Every element within its bound; finite; not degenerate (parity.metrics.compare). Returns the
+    worst error / bound."""
+    c = compare(what, ref, opt, bound)
+    assert c.passed, c.report()
+    return c.ratio
 
 
 def lm_head_weight(source) -> np.ndarray:
@@ -301,26 +244,6 @@ def test_the_recompute_check_accepts_a_near_tie_split_and_rejects_a_wide_one(tin
         check_greedy_agrees_with_recompute(TINY, tiny_source, PROMPT, tokens, wide)
 
 
-def router_flips(config, ref_trace, opt_trace):
-    """Positions where the optimized router picked other experts than the reference, per MoE layer:
-    [(layer, position, ref margin between the swapped experts, measured selection noise)]."""
-    flips = []
-    for i in range(config.num_hidden_layers):
-        key = f"layers.{i}.router.ids"
-        if key not in ref_trace:
-            continue
-        ref_ids = np.sort(np.asarray(ref_trace[key]), -1)
-        opt_ids = np.sort(opt_trace[key].cpu().numpy(), -1)
-        ref_sel = np.asarray(ref_trace[f"layers.{i}.router.selection"])
-        opt_sel = opt_trace[f"layers.{i}.router.selection"].double().cpu().numpy()
-        for t in np.where((ref_ids != opt_ids).any(-1))[0]:
-            dropped = np.setdiff1d(ref_ids[t], opt_ids[t])
-            added = np.setdiff1d(opt_ids[t], ref_ids[t])
-            margin = ref_sel[t, dropped].min() - ref_sel[t, added].max()
-            flips.append((i, int(t), float(margin), float(np.abs(opt_sel[t] - ref_sel[t]).max())))
-    return flips
-
-
 def traced_rerun(model, prompt, tokens, prefill_logits, steps) -> dict:
     """The router decisions behind a prefill + greedy decode run, one row per position: the run
     again, traced, reproducing the given logits bit for bit (run to run deterministic; a traced
@@ -342,18 +265,17 @@ def traced_rerun(model, prompt, tokens, prefill_logits, steps) -> dict:
 
 def check_bf16_run(config, source, prompt, tokens, prefill_logits, steps, chosen):
     """Logits of a bf16 prefill + greedy decode within the bound of the reference at every row. A
-    router top-k flip is a discontinuity no smooth bound covers: each flip must be a near-tie (the
-    reference margin between the swapped experts within twice the measured selection-score error at
-    that token); then the reference replays the optimized run's expert choices (``chosen``, from
+    router top-k flip is a discontinuity no smooth bound covers: each flip must be a near-tie
+    (parity.diff.router: the reference margin between the swapped experts within the noise bound of
+    the measured router-logit errors); then the reference replays the optimized run's expert choices (``chosen``, from
     ``traced_rerun``) so what is left between the two, at every row, is smooth arithmetic error."""
     ids = list(prompt) + list(tokens[:-1])
     trace = {}
     ref_model = reference.load(source)
     ref = ref_model.forward(ids, trace=trace)
-    flips = router_flips(config, trace, chosen)
-    for layer, pos, margin, noise in flips:
-        assert margin <= 2 * noise, (f"router flip at layer {layer}, position {pos}: margin {margin:.4g} "
-                                     f"is not within the selection noise 2 x {noise:.4g}")
+    flips = trace_router_flips(trace, chosen, config, 0)
+    for f in flips:
+        assert f.within_noise, f"router flip {f.describe()}: not within the selection noise"
     if flips:
         trace = {}
         routing = {i: chosen[f"layers.{i}.router.ids"].cpu().numpy() for i in range(config.num_hidden_layers)

@@ -4,8 +4,8 @@ On a GPU (sm_90 and later): a batch of sequences decoded by CUDA-graph replay wi
 the eager decode without it, step after step, for the tiny and the medium preset (the real head
 sizes). A kernel that read its predecessor's output before its ``pdl_wait`` would race with it and
 fail here: with the wait of the expert gate/up GEMV deleted (it then reads the router's expert ids
-as the router writes them), the tiny case failed with a CUDA error on the H200 (docs/BENCHMARKS.md,
-session 10). On CPU and under the interpreter PDL is off."""
+as the router writes them), the tiny case failed with a CUDA error on the H200 (this file run
+there with that wait deleted). On CPU and under the interpreter PDL is off."""
 import numpy as np
 import pytest
 import torch

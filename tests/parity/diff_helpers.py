@@ -22,6 +22,15 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     return rc, out.out, out.err
 
 
+def one_line_error(rc, out, err, message):
+    """Exit 2 and one ``error:`` line, the last on stderr (an engine that breaks the protocol mid-run
+    does so after the header lines that say what was loaded)."""
+    assert rc == 2, out + err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("error: ") and sum(x.startswith("error:") for x in lines) == 1, err
+    assert message in lines[-1] and "Traceback" not in out + err, err
+
+
 def load_report(path) -> dict:
     return json.loads(path.read_text())
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from parity import bounds, registry
+from parity import bounds, ops
 from parity.bounds.core import gamma, precision_for, unit_roundoff
 from parity.check import prepare
 from parity.registry import Case
@@ -32,7 +32,7 @@ def test_gamma_is_n_u_over_one_minus_n_u():
 def test_bounds_follow_magnitudes_no_absolute_floor(op):
     """Scaling a linear-in-magnitude op's inputs by 2 scales its bound by the same factor: nothing
     absolute hides in the model."""
-    rec = registry.get(op)
+    rec = ops.get(op)
     from hypothesis import given, settings
 
     seen = []
@@ -57,7 +57,7 @@ def test_bounds_follow_magnitudes_no_absolute_floor(op):
 def test_every_model_gives_a_nonnegative_bound_of_the_outputs_shape_and_zero_for_exact_outputs():
     from hypothesis import given, settings
 
-    for rec in registry.records():
+    for rec in ops.records():
         seen = []
 
         @settings(max_examples=1, database=None, derandomize=True)

@@ -1,19 +1,35 @@
 """The certification verdict: what makes an op not certified, and what the report says."""
 import dataclasses
 
-from parity import registry
+from optimized import elementwise
+from parity import ops
+from parity.candidate import Candidate
 from parity.certify import certify_op
 from parity.mutants import wrap
+from parity.registry import Ref
 
-SILU = registry.get("elementwise.silu")
+SILU = ops.get("elementwise.silu")
 
 
 def test_a_wrong_kernel_is_not_certified_and_the_stand_in_is_named_nearer_the_truth():
-    bad = dataclasses.replace(SILU, optimized="optimized.elementwise:sigmoid", counter="elementwise.sigmoid")
-    cert = certify_op(bad, examples=1, dtypes=("float32",))
+    wrong = Candidate("optimized", elementwise.sigmoid, counter="elementwise.sigmoid", triton=True)
+    cert = certify_op(SILU, candidate=wrong, examples=1, dtypes=("float32",))
     assert not cert.certified and "lifted" not in cert.reached()
     why = cert.reasons()[0]
     assert "past the bound" in why and "worst at" in why and "nearer the float64 truth: y: stand-in" in why
+
+
+def test_any_callable_with_the_records_signature_is_a_candidate():
+    """The record's optimized op is one candidate among others: a plain callable is certified by
+    the same engine (its mutants and controls run around it), named by module and function, with no
+    launch counter to move."""
+    from parity.emulate.elementwise import silu
+
+    cert = certify_op(SILU, candidate=silu, examples=1, dtypes=("float32",))
+    assert cert.certified, cert.reasons()
+    d = cert.to_dict()
+    assert d["candidate"] == "parity.emulate.elementwise:silu" and d["counter"] is None
+    assert d["mutants_killed"] == d["mutants_total"] == len(SILU.mutants)
 
 
 def test_an_op_whose_mutant_survives_is_not_certified():
@@ -25,14 +41,16 @@ def test_an_op_whose_mutant_survives_is_not_certified():
 
 
 def test_a_kernel_that_never_records_a_launch_is_not_certified():
-    silent = dataclasses.replace(SILU, optimized="parity.emulate.elementwise:silu")
-    cert = certify_op(silent, examples=1, dtypes=("float32",))
+    from parity.emulate.elementwise import silu
+
+    silent = Candidate("optimized", silu, counter="elementwise.silu")
+    cert = certify_op(SILU, candidate=silent, examples=1, dtypes=("float32",))
     assert cert.runs["float32"].passed and cert.runs["float32"].kernel_ran is False
     assert not cert.certified and any("did not record a launch" in r for r in cert.reasons())
 
 
 def test_an_unavailable_optimized_op_is_reported_not_raised():
-    missing = dataclasses.replace(SILU, optimized="optimized.elementwise:no_such_op")
+    missing = dataclasses.replace(SILU, optimized=Ref("optimized.elementwise", "no_such_op"))
     cert = certify_op(missing, examples=1)
     assert not cert.certified and "unavailable" in cert.reasons()[0]
 

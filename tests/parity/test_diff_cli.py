@@ -40,7 +40,8 @@ def check_consistent(report: dict) -> None:
     assert summary["steps"] == len(steps) == sum(counts.values())
     assert (summary["match"], summary["near_tie"], summary["diverged"]) == (
         counts["match"], counts["near-tie"], counts["diverged"])
-    assert summary["verdict"] == ("diverged" if counts["diverged"] else "near-tie" if counts["near-tie"] else "match")
+    assert summary["verdict"] == ("diverged" if counts["diverged"] else "past-bound" if summary["past_bound"]
+                                  else "near-tie" if counts["near-tie"] else "match")
     assert summary["line"].startswith(f"{counts['match']}/{len(steps)} tokens match, {counts['near-tie']} near-")
 
 

@@ -1,5 +1,5 @@
-"""The decode loop's bookkeeping on scripted logits (no model): verdicts per step, free-mode
-splits, re-anchoring and re-convergence, the summary line."""
+"""The decode loop's bookkeeping on scripted logits (no model, no traces): verdicts per step,
+free-mode splits, re-anchoring and re-convergence, the summary line."""
 import numpy as np
 
 from parity.diff import run_diff
@@ -56,7 +56,7 @@ def test_free_mode_re_anchors_at_each_split_and_reports_re_convergence():
     assert [s.anchored for s in result.steps] == [False, True, True, False, True, False]
     # re-anchored: the optimized path consumed the reference's token, never its own
     assert opt.seen[1:] == ref.seen[1:] == [10, 11, 12, 13, 14]
-    assert result.summary()["line"].endswith("free mode: 3 split(s), 3 re-converged")
+    assert result.summary()["line"].endswith("free mode: 3 split(s), 3 re-converged; no traces: verdicts from logits only")
 
 
 def test_a_split_that_never_re_converges_is_reported_so():
@@ -72,6 +72,7 @@ def test_forced_mode_classifies_without_anchoring_and_a_far_flip_is_diverged():
     assert result.splits == [] and not any(s.anchored for s in result.steps)
     s1, s3 = result.steps[1], result.steps[3]
     assert s1.ref_margin <= s1.bound and s3.ref_margin > s3.bound
-    assert result.summary()["line"].startswith(
+    assert result.summary()["line"] == (
         f"2/4 tokens match, 1 near-tie (step 1, margin {s1.ref_margin:.3g} <= bound {s1.bound:.3g}), "
-        f"1 diverged (first: step 3, margin 2 > bound {s3.bound:.3g}; not localized")
+        f"1 diverged (first: step 3, margin 2 > bound {s3.bound:.3g}); no traces: verdicts from logits only")
+    assert result.localization is None and not result.traced  # scripted logits: nothing to localize

@@ -7,6 +7,7 @@ import pytest
 
 from .diff_helpers import run_cli
 from parity import golden
+from parity.bounds.core import unit_roundoff
 
 COMMITTED = Path(__file__).resolve().parents[2] / "fixtures" / "golden" / "default.json"
 
@@ -45,7 +46,7 @@ def test_recording_reproduces_the_committed_golden(recorded):
     mine, committed = golden.load(recorded), golden.load(COMMITTED)
     assert committed["prompt"] == mine["prompt"] and committed["weights_sha256"] == mine["weights_sha256"]
     same_arithmetic = all(mine["environment"][k] == committed["environment"][k] for k in ("numpy", "platform"))
-    scale = 2.0**-53 / {"float32": 2.0**-24, "bfloat16": 2.0**-8}[committed["dtype"]]
+    scale = unit_roundoff("float64") / unit_roundoff(committed["dtype"])
     for a, b in zip(mine["steps"], committed["steps"]):
         assert (a["token"], a["top_ids"]) == (b["token"], b["top_ids"])
         if same_arithmetic:
@@ -88,3 +89,43 @@ def test_a_golden_of_another_version_or_other_weights_is_refused(recorded, tmp_p
     (tmp_path / "w.json").write_text(json.dumps(dict(g, weights_sha256="0" * 64)))
     rc, _, err = run_cli(capsys, "golden", "check", str(tmp_path / "w.json"))
     assert rc == 2 and "recorded on different weights" in err
+
+
+def test_the_committed_golden_is_valid_and_its_bounds_sit_far_under_the_noise_ceiling():
+    from parity.golden_schema import noise_ceiling
+    from reference.config import KimiConfig
+
+    g = golden.load(COMMITTED)
+    config = KimiConfig.from_hub_dict(g["config"])
+    tokens = len(g["prompt"]["ids"]) + len(g["steps"])
+    worst = max(s["bound"] / noise_ceiling(config, g["dtype"], tokens, s["top_values"]) for s in g["steps"])
+    assert 0 < worst < 0.05, worst  # recorded bounds are 11-28 u * scale; the ceiling ~1,000
+
+
+def test_the_noise_ceiling_grows_with_depth_reduction_length_and_unit_roundoff():
+    from parity.golden_schema import noise_ceiling
+    from reference.config import KimiConfig
+
+    tiny, big = KimiConfig.from_name("tiny"), KimiConfig.from_name("kimi-linear-48b")
+    values = [3.0, -1.0]
+    assert noise_ceiling(tiny, "float32", 50, values) < noise_ceiling(tiny, "float32", 5000, values)
+    assert noise_ceiling(tiny, "float32", 50, values) < noise_ceiling(big, "float32", 50, values)
+    assert noise_ceiling(tiny, "float32", 50, values) < noise_ceiling(tiny, "bfloat16", 50, values)
+    # bf16 noise through 4 layers of 128-long reductions can reach the logits' size, never beyond
+    assert noise_ceiling(tiny, "bfloat16", 50, values) == 2 * 3.0
+    assert noise_ceiling(tiny, "float32", 50, [0.01]) == noise_ceiling(tiny, "float32", 50, [1.0])
+
+
+@pytest.mark.parametrize("bound, message", [
+    (float("inf"), "not a JSON golden file (Infinity is not a JSON number)"),
+    (1e300, "steps[0].bound: 1e+300 is more than float32 rounding noise can explain"),
+    (1.0, "steps[0].bound: 1.0 is more than float32 rounding noise can explain"),
+])
+def test_a_golden_with_an_infinite_or_absurd_bound_is_refused_not_passed(tmp_path, bound, message):
+    g = json.loads(COMMITTED.read_text())
+    for s in g["steps"]:
+        s["bound"] = bound
+    (tmp_path / "g.json").write_text(json.dumps(g))
+    with pytest.raises(golden.GoldenError) as e:
+        golden.load(tmp_path / "g.json")
+    assert message in str(e.value)

@@ -4,10 +4,10 @@ ran, every mutant is killed (teeth printed) and both controls are rejected; run-
 bitwise identical."""
 import pytest
 
-from parity import registry
+from parity import ops
 from parity.certify import certify_op, cpu_threads
 
-OPS = registry.names()
+OPS = ops.names()
 # numpy evaluates masked-off padding lanes under the interpreter; their 0/0 never reaches memory
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
 
@@ -20,7 +20,7 @@ def one_thread():
 
 @pytest.mark.parametrize("op", OPS)
 def test_the_optimized_op_is_certified_at_lifted_and_production_precision(op):
-    cert = certify_op(registry.get(op), candidate="optimized", dtypes=("float32", "bfloat16"), examples=1)
+    cert = certify_op(ops.get(op), candidate="optimized", dtypes=("float32", "bfloat16"), examples=1)
     print(f"{op}: worst " + ", ".join(f"{d} {r.worst_ratio:.3g}" for d, r in cert.runs.items())
           + "; teeth " + ", ".join(f"{m} {t:.3g}" for m, t in cert.teeth().items())
           + "; rounding " + ", ".join(f"{d} {r.rounding}" for d, r in cert.runs.items()))

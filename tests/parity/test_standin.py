@@ -7,12 +7,13 @@ import pytest
 import torch
 from hypothesis import given, strategies as st, target
 
-from parity import registry
-from parity.certify import certify_op, cpu_threads, rowwise
+from parity import ops
+from parity.candidate import rowwise
+from parity.certify import certify_op, cpu_threads
 from parity.check import check, prepare
 from parity.mutants import CONTROLS
 
-OPS = registry.names()
+OPS = ops.names()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -24,7 +25,7 @@ def one_thread():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("op", OPS)
 def test_the_float32_stand_in_is_within_the_bound_on_drawn_inputs(op, dtype):
-    rec = registry.get(op)
+    rec = ops.get(op)
     cand = rec.candidate(rec.emulated)
 
     @given(st.data())
@@ -39,7 +40,7 @@ def test_the_float32_stand_in_is_within_the_bound_on_drawn_inputs(op, dtype):
 
 @pytest.mark.parametrize("op", OPS)
 def test_the_stand_in_certifies_and_every_mutant_is_killed(op):
-    cert = certify_op(registry.get(op), candidate="reference-f32", dtypes=("float32", "bfloat16"), examples=2)
+    cert = certify_op(ops.get(op), candidate="reference-f32", dtypes=("float32", "bfloat16"), examples=2)
     teeth = cert.teeth()
     print(f"{op}: " + ", ".join(f"{m} {t:.3g}" for m, t in teeth.items()))
     assert cert.certified, "\n".join(cert.reasons())
@@ -49,7 +50,7 @@ def test_the_stand_in_certifies_and_every_mutant_is_killed(op):
 
 @pytest.mark.parametrize("op", OPS)
 def test_an_all_zeros_and_a_nan_candidate_fail_for_every_op(op):
-    rec = registry.get(op)
+    rec = ops.get(op)
 
     @given(rec.inputs())
     def rejected(case):
@@ -64,7 +65,7 @@ def test_an_all_zeros_and_a_nan_candidate_fail_for_every_op(op):
 
 
 def test_the_stand_in_is_evaluated_row_by_row_for_batch_invariance():
-    rec = registry.get("moe.experts")
+    rec = ops.get("moe.experts")
     x = torch.randn(3, 4)
     calls = []
 

@@ -10,7 +10,7 @@ import pytest
 
 from reference.checkpoint import (CheckpointConfigError, CheckpointError, CheckpointWarning,
                                   bf16_bits_to_float64, float_to_bf16_bits, open_source, plan_shards,
-                                  save_checkpoint)
+                                  read_header, save_checkpoint)
 from reference.config import ConfigError, KimiConfig
 from reference.fixtures import write_fixture
 from reference.synthetic import SyntheticSource
@@ -41,6 +41,32 @@ def rewrite_header(file: Path, edit) -> None:
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
     file.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+
+
+def stored_tensors(file: Path) -> dict:
+    """name -> (dtype code, shape, bytes) of a safetensors file, in file order."""
+    raw = file.read_bytes()
+    h = read_header(file)
+    return {n: (t.dtype, list(t.shape), raw[h.data_start + t.begin:h.data_start + t.end])
+            for n, t in h.tensors.items()}
+
+
+def write_tensors(file: Path, tensors: dict) -> None:
+    """A valid safetensors file of name -> (dtype code, shape, bytes), tensors in the given order."""
+    header, data = {}, b""
+    for name, (code, shape, blob) in tensors.items():
+        header[name] = {"dtype": code, "shape": shape, "data_offsets": [len(data), len(data) + len(blob)]}
+        data += blob
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    file.write_bytes(len(text).to_bytes(8, "little") + text + data)
+
+
+def edit_tensors(file: Path, edit) -> None:
+    """Apply ``edit(tensors)`` to ``stored_tensors(file)`` and write the file back, valid."""
+    tensors = stored_tensors(file)
+    edit(tensors)
+    write_tensors(file, tensors)
 
 
 def patch_data(file: Path, name: str, data: bytes, at: int = 0) -> None:
@@ -177,9 +203,8 @@ def test_we_read_float_tensors_written_by_safetensors_numpy(tmp_path):
         warnings.simplefilter("ignore")
         with pytest.raises(CheckpointError, match="missing tensor model.embed_tokens.weight"):
             open_source(out)  # a real checkpoint needs the model's tensors...
-    from reference.checkpoint import read_header
-    start, header, _ = read_header(out / "model.safetensors")  # ...but the file itself parses
-    assert header["v"]["dtype"] == "F16" and header["w"]["shape"] == [5]
+    header = read_header(out / "model.safetensors")  # ...but the file itself parses
+    assert header.tensors["v"].dtype == "F16" and header.tensors["w"].shape == (5,)
 
 
 def test_two_dimensional_conv_weights_are_accepted_and_reshaped(tiny_dir, tmp_path):
@@ -222,7 +247,7 @@ def test_a_directory_without_weights_is_named(tiny_dir, tmp_path):
 
 def test_a_missing_tensor_is_named_with_its_shape(tiny_dir, tmp_path):
     d = copy_of(tiny_dir, tmp_path)
-    rewrite_header(d / "model.safetensors", lambda h: h.pop(Q_PROJ))
+    edit_tensors(d / "model.safetensors", lambda t: t.pop(Q_PROJ))
     with pytest.raises(CheckpointError, match=rf"model\.safetensors: missing tensor {Q_PROJ} "
                                               r"\(expected shape \(64, 64\)\)"):
         open_source(d)
@@ -240,7 +265,7 @@ def test_a_wrong_shape_is_named_with_the_expected_shape(tiny_dir, tmp_path):
 def test_an_unsupported_dtype_is_named(tiny_dir, tmp_path):
     d = copy_of(tiny_dir, tmp_path)
     rewrite_header(d / "model.safetensors", lambda h: h[DT_BIAS].update(dtype="I32"))
-    with pytest.raises(CheckpointError, match=rf"{DT_BIAS}: unsupported dtype I32; expected one of BF16, F16, F32"):
+    with pytest.raises(CheckpointError, match=rf"{DT_BIAS}: unsupported dtype I32; expected one of BF16, F16, F32, F64"):
         open_source(d)
 
 
@@ -248,7 +273,7 @@ def test_a_truncated_file_is_detected(tiny_dir, tmp_path):
     d = copy_of(tiny_dir, tmp_path)
     f = d / "model.safetensors"
     f.write_bytes(f.read_bytes()[:-100])
-    with pytest.raises(CheckpointError, match=r"data_offsets .* run past the end of the data .*truncated"):
+    with pytest.raises(CheckpointError, match=r"data_offsets .* past the end of the data .*truncated"):
         open_source(d)
     f.write_bytes(f.read_bytes()[:200])
     with pytest.raises(CheckpointError, match="header length .* runs past the end of the file"):
@@ -273,7 +298,7 @@ def test_a_header_that_is_not_json_is_named(tiny_dir, tmp_path):
     raw[8] = ord("[")
     raw[9] = ord("}")
     f.write_bytes(bytes(raw))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: header is not JSON"):
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: header: not valid JSON"):
         open_source(d)
 
 
@@ -309,10 +334,98 @@ def test_non_finite_values_are_reported_on_get_naming_the_tensor(tiny_dir, tmp_p
 
 def test_unknown_extra_tensors_give_a_warning_listing_them(tiny_dir, tmp_path):
     d = copy_of(tiny_dir, tmp_path)
-    rewrite_header(d / "model.safetensors", lambda h: h.update(  # two extra views of dt_bias's bytes
-        {"model.layers.0.rotary_emb.inv_freq": dict(h[DT_BIAS], shape=[64]),
-         "extra.scale": dict(h[DT_BIAS], shape=[2, 32])}))
+    edit_tensors(d / "model.safetensors", lambda t: t.update(  # two extra tensors with their own bytes
+        {"model.layers.0.rotary_emb.inv_freq": ("F32", [64], bytes(256)), "extra.scale": ("F32", [2, 32], bytes(256))}))
     with pytest.warns(CheckpointWarning, match=r"ignoring 2 unexpected tensor\(s\): model\.layers\.0\.rotary_emb"
                                                r"\.inv_freq, extra\.scale"):
         ckpt = open_source(d)
     assert "extra.scale" in ckpt.names()
+
+
+# -- the layouts transformers writes: F64 tensors, its names of the dense MLP ------------------------
+
+def test_float64_tensors_load_exactly(tiny_dir, tmp_path):
+    src = open_source(tiny_dir)
+    d = save_checkpoint(tmp_path / "f64", TINY, {n: src.get(n) for n in src.names()}, dtypes=lambda n: "float64")
+    ckpt = open_source(d)
+    for name in src.names():
+        assert ckpt.storage_dtype(name) == "float64"
+        np.testing.assert_array_equal(ckpt.get(name), src.get(name), err_msg=name)
+    rows = [3, 0, 3]
+    np.testing.assert_array_equal(ckpt.get_rows("lm_head.weight", rows), src.get("lm_head.weight")[rows])
+
+
+def test_float64_overflowing_sums_are_finite_but_nans_are_named(tmp_path, tiny_dir):
+    src = open_source(tiny_dir)
+    big = {n: src.get(n) for n in src.names()}
+    big[Q_PROJ] = np.full((64, 64), 1e308)  # finite values whose float64 sum overflows
+    d = save_checkpoint(tmp_path / "f64", TINY, big, dtypes=lambda n: "float64")
+    assert np.isfinite(open_source(d).get(Q_PROJ)).all()
+    big[Q_PROJ][5, 9] = np.nan
+    d = save_checkpoint(tmp_path / "f64", TINY, big, dtypes=lambda n: "float64", overwrite=True)
+    with pytest.raises(CheckpointError, match=rf"{Q_PROJ}: 1 non-finite values \(first at index \(5, 9\)"):
+        open_source(d).get(Q_PROJ)
+
+
+def _rename_dense_mlp(file: Path, layer: int = 0, keep_hub: bool = False) -> None:
+    def edit(t):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            hub = f"model.layers.{layer}.mlp.{proj}.weight"
+            t[f"model.layers.{layer}.block_sparse_moe.{proj}.weight"] = t[hub] if keep_hub else t.pop(hub)
+    edit_tensors(file, edit)
+
+
+def test_transformers_names_of_the_dense_mlp_read_as_the_hub_names(tiny_dir, tmp_path):
+    d = copy_of(tiny_dir, tmp_path)
+    _rename_dense_mlp(d / "model.safetensors")
+    ckpt, hub = open_source(d), open_source(tiny_dir)
+    assert sorted(ckpt.names()) == sorted(hub.names())
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        name = f"model.layers.0.mlp.{proj}.weight"
+        np.testing.assert_array_equal(ckpt.get(name), hub.get(name))
+
+
+def test_both_layouts_of_the_dense_mlp_at_once_are_an_error(tiny_dir, tmp_path):
+    d = copy_of(tiny_dir, tmp_path)
+    _rename_dense_mlp(d / "model.safetensors", keep_hub=True)
+    with pytest.raises(CheckpointError, match=r"both model\.layers\.0\.mlp\.gate_proj\.weight \(hub layout\) and "
+                                              r"model\.layers\.0\.block_sparse_moe\.gate_proj\.weight \(transformers "
+                                              r"layout\) are present"):
+        open_source(d)
+
+
+def test_a_non_finite_value_under_a_transformers_name_is_reported_by_that_name(tiny_dir, tmp_path):
+    d = copy_of(tiny_dir, tmp_path)
+    _rename_dense_mlp(d / "model.safetensors")
+    alt = "model.layers.0.block_sparse_moe.up_proj.weight"
+    patch_data(d / "model.safetensors", alt, (0x7FC0).to_bytes(2, "little"))
+    with pytest.raises(CheckpointError, match=rf"{alt}: 1 non-finite values"):
+        open_source(d).get("model.layers.0.mlp.up_proj.weight")
+
+
+# -- nothing outside the checkpoint is read --------------------------------------------------------
+
+def test_a_link_inside_the_folder_is_followed_and_one_outside_is_named(tiny_dir, tmp_path):
+    d = copy_of(tiny_dir, tmp_path)
+    (d / "model.safetensors").rename(d / "weights.bin")
+    (d / "model.safetensors").symlink_to("weights.bin")
+    open_source(d)
+    outside = tmp_path / "elsewhere.safetensors"
+    (d / "weights.bin").rename(outside)
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors").symlink_to(outside)
+    with pytest.raises(CheckpointError, match=r"copy/model\.safetensors: a link to a file outside the checkpoint "
+                                              r"folder; only a hub-cache snapshot's links into its blobs/ are followed$"):
+        open_source(d)
+
+
+def test_an_index_naming_a_path_instead_of_a_file_name_is_refused(tmp_path):
+    d = write_fixture("tiny", tmp_path / "s", seed=1, shards=2)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    name = next(iter(index["weight_map"]))
+    for shard in ("../s/model-00001-of-00002.safetensors", "..", "/etc/passwd", 7):
+        index["weight_map"][name] = shard
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+        with pytest.raises(CheckpointError, match=r"index\.json: .*(must be a file name in the directory|"
+                                                  r"expected a string, got the integer 7)"):
+            open_source(d)

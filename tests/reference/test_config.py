@@ -77,3 +77,65 @@ def test_a_layer_map_that_does_not_cover_every_layer_is_rejected():
 def test_unknown_presets_are_named():
     with pytest.raises(ConfigError, match="unknown preset 'huge'"):
         KimiConfig.from_name("huge")
+
+
+def test_a_list_of_end_tokens_is_the_hf_form_and_survives_a_round_trip():
+    d = PRESETS["tiny"].to_hub_dict()
+    d["eos_token_id"] = [2, 3]
+    c = KimiConfig.from_hub_dict(d)
+    assert c.eos_token_id == (2, 3) and c.special_ids("eos_token_id") == (2, 3)
+    assert c.to_hub_dict()["eos_token_id"] == [2, 3] and KimiConfig.from_hub_dict(c.to_hub_dict()) == c
+    for bad, message in (([], "at least 1"), ([2, 512], "eos_token_id: 512 is above the limit of 511"),
+                         ([2, 2.0], "expected an integer")):
+        d["eos_token_id"] = bad
+        with pytest.raises(ConfigError, match=message):
+            KimiConfig.from_hub_dict(d)
+
+
+def _transformers_form(c: KimiConfig) -> dict:
+    """The config.json transformers' save_pretrained writes for ``c`` (no linear_attn_config)."""
+    d = c.to_hub_dict()
+    lac = d.pop("linear_attn_config")
+    for key in ("first_k_dense_replace", "moe_layer_freq"):
+        d.pop(key, None)
+    d.update(layer_types=["linear_attention" if c.is_kda_layer(i) else "full_attention" for i in range(c.num_hidden_layers)],
+             mlp_layer_types=["sparse" if c.is_moe_layer(i) else "dense" for i in range(c.num_hidden_layers)],
+             linear_num_heads=lac["num_heads"], linear_head_dim=lac["head_dim"],
+             linear_conv_kernel_dim=lac["short_conv_kernel_size"])
+    return d
+
+
+@pytest.mark.parametrize("name", ["tiny", "small", "kimi-linear-48b"])
+def test_the_transformers_form_of_a_config_reads_as_the_hub_form(name):
+    assert KimiConfig.from_hub_dict(_transformers_form(PRESETS[name])) == PRESETS[name]
+
+
+def test_transformers_layer_lists_that_disagree_or_describe_another_model_are_refused():
+    c = PRESETS["tiny"]
+    d = _transformers_form(c)
+    d["mlp_layer_types"] = ["sparse", "dense", "sparse", "sparse"]
+    with pytest.raises(ConfigError, match="mlp_layer_types: dense layers after a MoE layer"):
+        KimiConfig.from_hub_dict(d)
+    d = dict(c.to_hub_dict(), layer_types=["linear_attention"] * 4)
+    with pytest.raises(ConfigError, match="layer_types disagrees with linear_attn_config"):
+        KimiConfig.from_hub_dict(d)
+    d = dict(_transformers_form(c), layer_types=["linear_attention"] * 3)
+    with pytest.raises(ConfigError, match="layer_types: 3 entries for num_hidden_layers 4"):
+        KimiConfig.from_hub_dict(d)
+    d = dict(_transformers_form(c), layer_types=["linear_attention"] * 3 + ["sliding"])
+    with pytest.raises(ConfigError, match=r"layer_types\[3\]: expected one of linear_attention, full_attention"):
+        KimiConfig.from_hub_dict(d)
+
+
+def test_a_layer_listed_twice_or_out_of_range_is_named():
+    d = PRESETS["tiny"].to_hub_dict()
+    d["linear_attn_config"]["kda_layers"] = [1, 2, 3, 4]
+    with pytest.raises(ConfigError, match=r"layer 4 is listed twice \(linear_attn_config.kda_layers and "
+                                          r"linear_attn_config.full_attn_layers\)"):
+        KimiConfig.from_hub_dict(d)
+    d["linear_attn_config"]["kda_layers"] = [1, 2, 9]
+    with pytest.raises(ConfigError, match=r"linear_attn_config.kda_layers: 9 is above the limit of 4"):
+        KimiConfig.from_hub_dict(d)
+    d["linear_attn_config"]["kda_layers"] = "123"
+    with pytest.raises(ConfigError, match=r"linear_attn_config.kda_layers: expected an array, got a string"):
+        KimiConfig.from_hub_dict(d)

@@ -1,0 +1,18 @@
+"""Launch configurations: each kernel family keeps a small frozen dataclass of its launch settings
+(tile sizes, warps, stages) beside its kernels, with today's tuned values or a documented heuristic
+as defaults. An op takes one through ``launch=`` (benchmarks and tuning tools pass their own);
+no module global is read or written. Settings documented as bit-neutral change the speed only; the
+others are part of a reduction order, and a new default for them is re-certified
+(``parity certify --device cuda``)."""
+from __future__ import annotations
+
+
+def resolve(op: str, launch, default):
+    """``launch`` when given (it must be of ``default``'s class), else ``default``."""
+    if launch is None:
+        return default
+    if type(launch) is not type(default):
+        cls = type(default)
+        raise TypeError(f"{op}: launch: expected {cls.__qualname__} ({cls.__module__}), "
+                        f"got {type(launch).__name__}")
+    return launch

@@ -1,0 +1,107 @@
+"""Every engine behind one guard: what it returns is checked before the diff reads it.
+
+An outside engine can raise, return logits of another vocabulary or of every position where one
+was asked for, fill half a trace, or trace the prefill and not the decode. ``CheckedEngine`` turns
+each of these into an ``EngineError`` whose one line names the engine, the call and the problem, so
+the CLI reports it as unusable input (exit 2) instead of diffing wrong numbers.
+"""
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from .trace import TraceError, check_trace
+
+
+class EngineError(ValueError):
+    """An engine that cannot be used: it raised, or returned something outside the protocol."""
+
+
+def _takes_trace(method) -> bool:
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):  # a builtin or C extension: assume the documented signature
+        return True
+    return "trace" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
+
+
+def _shape(x) -> tuple:
+    return tuple(getattr(x, "shape", np.shape(x)))
+
+
+class CheckedEngine:
+    """``engine`` with its outputs validated against ``config``. ``name``: how errors name it;
+    ``bias(layer) -> [E]``: the checkpoint's router correction bias (completes a trace without
+    ``router.selection``). ``traced`` is None until the first call, then whether the engine traces."""
+
+    def __init__(self, engine, config, *, name: str, bias=None):
+        for method in ("prefill", "decode"):
+            if not callable(getattr(engine, method, None)):
+                raise EngineError(f"engine {name}: {type(engine).__name__} has no {method}() method "
+                                  "(an engine has prefill(token_ids, *, trace=None) and "
+                                  "decode(token_id, cache, *, trace=None))")
+        self.engine, self.config, self.name, self.bias = engine, config, name, bias
+        self.traced: bool | None = None
+        self.logits_dtype: str | None = None
+        self.variants = dict(getattr(engine, "variants", {}) or {})
+
+    def __getattr__(self, attr):  # .hf_model, .source, ...: the engine's own attributes
+        if attr == "engine":
+            raise AttributeError(attr)
+        return getattr(self.engine, attr)
+
+    def prefill(self, token_ids, *, trace: dict | None = None):
+        ids = [int(t) for t in token_ids]
+        return self._call("prefill", (ids,), len(ids), trace)
+
+    def decode(self, token_id, cache, *, trace: dict | None = None):
+        return self._call("decode", (int(token_id), cache), 1, trace)
+
+    def _call(self, method: str, args: tuple, rows: int, trace: dict | None):
+        fn = getattr(self.engine, method)
+        own = {} if trace is not None else None
+        try:
+            out = fn(*args, trace=own) if own is not None and _takes_trace(fn) else fn(*args)
+        except EngineError:
+            raise
+        except Exception as exc:  # an outside engine's failure, whatever its type: one line
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            raise EngineError(f"engine {self.name}: {method} raised {type(exc).__name__}: {text}") from None
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise EngineError(f"engine {self.name}: {method} returned {type(out).__name__}; expected a "
+                              "(logits, cache) pair")
+        logits, cache = out
+        self._check_logits(method, logits, rows)
+        if own is not None:
+            self._check_trace(method, own, rows)
+            trace.update(own)
+        return logits, cache
+
+    def _check_logits(self, method: str, logits, rows: int) -> None:
+        V = self.config.vocab_size
+        shape = _shape(logits)
+        n = int(np.prod(shape)) if shape else 0
+        ok = bool(shape) and shape[-1] == V and n // V in ((1, rows) if method == "prefill" else (1,))
+        if not ok:
+            want = f"({rows}, {V}) or ({V},)" if method == "prefill" else f"({V},)"
+            raise EngineError(f"engine {self.name}: {method} returned logits of shape {shape}; "
+                              f"expected {want} (vocab_size {V})")
+        kind = str(getattr(logits, "dtype", "")).replace("torch.", "")
+        if kind not in ("bfloat16", "float16", "float32", "float64"):
+            raise EngineError(f"engine {self.name}: {method} returned logits of dtype {kind or type(logits).__name__}; "
+                              "expected floating point")
+        self.logits_dtype = kind
+
+    def _check_trace(self, method: str, trace: dict, rows: int) -> None:
+        where = f"engine {self.name}: {method}"
+        try:
+            check_trace(trace, self.config, rows, where=where, bias=self.bias)
+        except TraceError as exc:
+            raise EngineError(str(exc)) from None
+        traced = bool(trace)
+        if self.traced is None:
+            self.traced = traced
+        elif traced != self.traced:
+            raise EngineError(f"{where}: " + ("filled a trace although the prefill did not" if traced
+                                              else "filled no trace although the prefill did"))

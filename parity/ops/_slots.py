@@ -1,0 +1,80 @@
+"""Shared pieces of the in-place decode records over a state pool (kda.fused_recurrent_decode,
+conv.short_conv_step_). Each sequence b reads and writes only pool row ``slot_ids[b]``; a negative
+slot id is a padding row (output 0, no state touched). The whole pool is an output: rows named by
+the batch get the op's bound, every other row a bound of 0, so slot isolation (untouched rows
+bit-identical) is part of the check."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from reference.executor import namespace
+
+from ..mutants import wrap
+from ..registry import Mutant
+
+
+def slot_ids(r, B, n_slots):
+    """``B`` distinct pool rows in random order, the second a padding row (-1) when B >= 3."""
+    ids = r.permutation(n_slots)[:B].astype(np.int64)
+    if B >= 3:
+        ids[1] = -1
+    return ids
+
+
+def per_row(step, out_like, pool, slots):
+    """The float64 side, on any array API executor: ``step(b, state) -> (out_b, new state)`` on each
+    named row of the pool; padding rows output zeros. ``out_like``: an array of the outputs' shape
+    (``[B, ...]``). Returns ``(outputs, new pool)``; the input pool is left as it is."""
+    xp = namespace(pool, out_like)
+    rows = [pool[i, ...] for i in range(pool.shape[0])]
+    outs = [xp.zeros_like(out_like[b, ...]) for b in range(out_like.shape[0])]
+    for b in range(slots.shape[0]):
+        s = int(slots[b])
+        if s >= 0:
+            outs[b], rows[s] = step(b, rows[s])
+    return xp.stack(outs), xp.stack(rows)
+
+
+def valid(x):
+    """(batch rows with a slot, their slots)."""
+    ids = np.asarray(x["slot_ids"]).astype(np.int64)
+    rows = np.nonzero(ids >= 0)[0]
+    return rows, ids[rows]
+
+
+def _shift_slots(d):
+    n = d["state_pool"].shape[0]
+    ids = d["slot_ids"]
+    d["slot_ids"] = torch.where(ids >= 0, (ids + 1) % n, ids)
+    return d
+
+
+def _fill_padding(d):
+    """The padding row is given a free slot: it computes and writes a state it must not touch."""
+    ids = d["slot_ids"].clone()
+    used = set(int(i) for i in ids.tolist() if i >= 0)
+    free = [s for s in range(d["state_pool"].shape[0]) if s not in used]
+    ids[ids < 0] = free[0]
+    d["slot_ids"] = ids
+    return d
+
+
+class _NotWrittenBack:
+    """The updated states are computed but never stored: the pool comes back as it went in."""
+
+    def __call__(self, cand, record):
+        def mutated(inp, kw):
+            before = inp["state_pool"].clone()
+            out = dict(cand(inp, kw))
+            out["state_pool"] = before
+            return out
+
+        return mutated
+
+
+MUTANTS = (
+    wrap("slot_ids_shifted", "each sequence reads and writes the next pool row", inputs=_shift_slots),
+    Mutant("state_not_written_back", "the updated states never reach the pool", "wrap", _NotWrittenBack()),
+    wrap("padding_row_computed", "a padding row (slot -1) is computed and written", inputs=_fill_padding),
+)

@@ -1,0 +1,117 @@
+"""The float64 reference in the CLI: where it runs (``--reference-device``), sharing the optimized
+model's weights on one GPU, per-layer progress on stderr, and memory errors as one line.
+
+- ``--reference-device cpu`` (default): NumPy on every core. ``cuda``: torch float64 on the GPU;
+  when both models load the same checkpoint onto the GPU, the reference reads the optimized
+  model's resident weights (``optimized.weights.named_views``): the 48B model's 98 GB of bf16
+  weights once, upcast to float64 layer by layer.
+- progress: a long prefill (``LONG_S`` seconds in, or ``TTY_TOKENS`` tokens on a terminal) prints
+  ``reference prefill: layer i/n`` lines on stderr; never on stdout, never in a report.
+- memory: a call the reference refuses before allocating (``reference.DoesNotFit``) or a device
+  that runs out during the run becomes one ``error:`` line naming what did not fit, how much, and
+  what to try (``--reference-device cpu``), exit 2.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+
+from parity.errors import InputError
+
+DEVICES = ("cpu", "cuda")
+LONG_S = 1.0  # a prefill still running after this long reports every layer
+TTY_TOKENS = 512  # on a terminal, a prefill of this many tokens reports from its first layer
+
+
+def add_argument(parser) -> None:
+    parser.add_argument("--reference-device", choices=DEVICES, default="cpu",
+                        help="where the float64 reference runs: cpu (NumPy, every core; default) or "
+                             "cuda (torch float64, sharing the optimized model's weights on the GPU)")
+
+
+def load(ckpt, variants: dict, device: str, *, share=None):
+    """The reference model of ``ckpt`` on ``device``; ``share``: an optimized model loaded from the
+    same checkpoint whose resident weights the reference reads (CUDA only). Progress is attached."""
+    from parity.diff.setup import load_errors, one_line
+
+    import reference
+
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--reference-device cuda: no CUDA device is available on this machine")
+    shared = None
+    if device == "cuda" and share is not None and getattr(share, "device", None) is not None \
+            and str(share.device).startswith("cuda"):
+        from optimized.weights import named_views
+
+        shared = named_views(share.weights, ckpt.source.config)
+    try:
+        model = reference.load(ckpt.source, device=device, shared_weights=shared, **variants)
+    except load_errors() as exc:
+        raise InputError(one_line(exc)) from None
+    model.progress = Progress(sys.stderr)
+    return model
+
+
+def info(model) -> dict:
+    """For reports: the executor, its device and library, and whether it shared the weights."""
+    out = dict(model.executor.info())
+    out["shared_weights"] = model.shares_weights
+    return out
+
+
+class Progress:
+    """``model.progress`` callback: per-layer lines on ``stream`` during long prefills."""
+
+    def __init__(self, stream, *, long_s: float = LONG_S, tty_tokens: int = TTY_TOKENS):
+        self.stream, self.long_s, self.tty_tokens = stream, long_s, tty_tokens
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+
+    def __call__(self, event: dict) -> None:
+        if event["call"] == "decode":
+            return
+        long = event["elapsed_s"] >= self.long_s or (self.tty and event["tokens"] >= self.tty_tokens)
+        if long:
+            print(f"reference {event['call']}: layer {event['layer']}/{event['layers']} "
+                  f"({event['tokens']} tokens, {event['elapsed_s']:.1f} s)", file=self.stream, flush=True)
+
+
+@contextlib.contextmanager
+def memory_errors(reference_device: str, optimized_device: str | None = None):
+    """Turn running out of memory into one ``InputError`` line: what did not fit and what to try."""
+    from reference import DoesNotFit
+
+    try:
+        yield
+    except DoesNotFit as exc:  # the reference's own estimate, before it allocated
+        raise InputError(f"{_one(exc)}; {_hint(reference_device)}") from None
+    except MemoryError as exc:  # host memory (NumPy's ArrayMemoryError) in the optimized path
+        raise InputError(f"out of host memory: {_one(exc) or type(exc).__name__}; "
+                         f"{_hint(reference_device)}") from None
+    except RuntimeError as exc:
+        if type(exc).__name__ != "OutOfMemoryError":  # torch.cuda.OutOfMemoryError
+            raise
+        raise InputError(f"the optimized model ran out of GPU memory on {optimized_device or 'cuda'}: "
+                         f"{_torch_oom(exc)}; {_hint(reference_device)}") from None
+
+
+def _hint(reference_device: str) -> str:
+    if reference_device == "cuda":
+        return "try --reference-device cpu (the float64 reference then leaves the GPU to the optimized model) or a shorter prompt"
+    return "try a shorter prompt or a machine with more memory"
+
+
+def _one(exc) -> str:
+    return " ".join(str(exc).split())
+
+
+def _torch_oom(exc) -> str:
+    """'tried to allocate 2.00 GiB, 1.10 GiB free' from torch's multi-line message."""
+    text = str(exc)
+    m = re.search(r"Tried to allocate ([\d.]+ [KMG]iB)", text)
+    f = re.search(r"([\d.]+ [KMG]iB) is free", text)
+    parts = ([f"tried to allocate {m.group(1)}"] if m else []) + ([f"{f.group(1)} free"] if f else [])
+    return ", ".join(parts) or text.splitlines()[0][:200]

@@ -1,0 +1,68 @@
+"""How much memory a call of the float64 reference may need at its peak, before it allocates any.
+
+The model (``reference.model``) checks ``call_bytes`` against the executor's free memory first and
+refuses a call that cannot fit with one line (``DoesNotFit``), instead of failing deep inside with
+a traceback after minutes of work. The estimate counts float64 arrays (8 bytes) of the shapes the
+model allocates, by the letters of docs/ARCHITECTURE.md (``T`` new tokens, ``S`` = cached + T
+positions, ``Ts = min(T, SEGMENT)`` tokens of a KDA / routed-expert segment):
+
+- the residual stream and branch outputs: ``4 T D``;
+- the largest layer: KDA ``16 Ts (H K)`` (projections, conv outputs, normalized q/k, gate, decay,
+  output) plus ``2 T (H K)`` for the segment outputs; MLA ``3 T N (P+R) + 3 T N Vh`` plus the
+  blocked attention's working set (``mla.attention_bytes``: score blocks and, in the naive form,
+  the per-head keys and values ``N S (P+Vh)``); MoE ``5 T E`` (router) + ``Ts k_e D + 3 T D``
+  (expert outputs in expert order, gathered back per slot) + ``3 T F_shared``; dense ``4 T F``;
+- the new cache's MLA arrays ``S (L+R)`` per MLA layer;
+- the weights: the LRU's budget plus twice the largest tensor in flight (its raw bits and its
+  float64 form);
+- the trace when asked for: ``3 T D`` per layer, ``2 T E + T k_e`` per MoE layer, ``T D``;
+- the logits ``2 T' vocab`` (blocks and their concatenation; ``T' = 1`` for ``logits="last"``).
+
+It is an upper estimate for the shapes (every named temporary alive at once); the model adds a
+25% margin for allocator slack.
+"""
+from __future__ import annotations
+
+from .config import KimiConfig
+from .mla import attention_bytes
+from .tensors import layer_tensors
+
+F64 = 8
+
+
+def call_bytes(config: KimiConfig, T: int, *, cached: int = 0, trace: bool = False, logits: str = "all",
+               lm_head_rows: int = 4096, weight_bytes: int = 64 << 20, segment: int | None = None) -> int:
+    """Peak bytes of a forward/prefill/decode call on ``T`` new tokens after ``cached`` ones."""
+    from .model import SEGMENT
+
+    c = config
+    S = cached + T
+    Ts = min(T, SEGMENT if segment is None else segment)
+    D, HK, E, k = c.hidden_size, c.kda_dim, c.num_experts, c.num_experts_per_token
+    N, P, R, Vh, L = (c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
+                      c.kv_lora_rank)
+    layers = range(c.num_hidden_layers)
+    kda = 16 * Ts * HK + 2 * T * HK
+    form = "naive" if cached == 0 else "absorbed"
+    mla = 3 * T * N * (P + R) + 3 * T * N * Vh + attention_bytes(1, T, S, N, P, R, Vh, L, form=form) // F64
+    moe = 5 * T * E + Ts * k * D + 3 * T * D + 3 * T * c.moe_intermediate_size * c.num_shared_experts
+    dense = 4 * T * c.intermediate_size
+    largest = max([kda if c.is_kda_layer(i) else mla for i in layers]
+                  + [moe if c.is_moe_layer(i) else dense for i in layers])
+    n_mla = sum(not c.is_kda_layer(i) for i in layers)
+    n_moe = sum(c.is_moe_layer(i) for i in layers)
+    tensor = max(n for i in layers for n in map(_numel, layer_tensors(c, i).values()))
+    tensor = max(tensor, lm_head_rows * D)
+    kept = 4 * T * D + n_mla * S * (L + R)  # alive through the call
+    if trace:
+        kept += c.num_hidden_layers * 3 * T * D + n_moe * (2 * T * E + T * k) + T * D
+    rows = T if logits == "all" else 1
+    peak = max(largest + 2 * tensor, 2 * rows * c.vocab_size + lm_head_rows * D)
+    return (kept + peak) * F64 + weight_bytes
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

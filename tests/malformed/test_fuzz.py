@@ -1,0 +1,138 @@
+"""Hypothesis drives config.json and safetensors-header mutations of the bundled fixture through
+``parity diff`` (in-process): every run ends in exit 2 with one ``error:`` line and no traceback.
+A checkpoint that opens fails on the out-of-vocabulary prompt instead, so no model ever runs; a
+config that opens must have every value of the type JSON gave it."""
+import contextlib
+import io
+import json
+import shutil
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from parity.cli import main
+from reference.config import LIMITS, ConfigError, KimiConfig
+from reference.fixtures import default_checkpoint_path
+from tests.malformed.corpus import BEYOND, OPENED
+
+safetensors = pytest.importorskip("safetensors", reason="the safetensors library is the oracle of the header fuzzer")
+
+FUZZ = settings(max_examples=5 * settings.default.max_examples,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return shutil.copytree(default_checkpoint_path(), tmp_path_factory.mktemp("fuzz") / "ckpt")
+
+
+def run(argv) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:
+            rc = exc.code
+    return rc, out.getvalue() + err.getvalue()
+
+
+def assert_one_line(rc, text):
+    assert rc == 2 and text.startswith("error: ") and text.count("\n") == 1, text
+    assert "Traceback" not in text
+
+
+# -- config.json ------------------------------------------------------------------------------------
+
+BASE = KimiConfig.from_name("tiny").to_hub_dict()
+INT_KEYS = [k for k in LIMITS if k in BASE]
+BOOL_KEYS = ["tie_word_embeddings", "moe_renormalize"]
+FLOAT_KEYS = ["rms_norm_eps", "routed_scaling_factor"]
+KEYS = INT_KEYS + BOOL_KEYS + FLOAT_KEYS + ["eos_token_id", "bos_token_id", "linear_attn_config", "q_lora_rank",
+                                           "layer_types", "mlp_layer_types"]
+VALUES = st.one_of(
+    st.integers(-3, 70), st.integers(-2 ** 70, 2 ** 70), st.sampled_from([0, 1, 2, 8, 512, 10 ** 9]),
+    st.floats(allow_nan=False, allow_infinity=False, width=64), st.sampled_from([8.0, -1.0, 1e-5, 1e9, 0.0]),
+    st.booleans(), st.none(), st.sampled_from(["false", "true", "8", "", "kda"]),
+    st.lists(st.integers(-1, 6), max_size=5), st.just({}),
+    st.just(["linear_attention", "linear_attention", "linear_attention", "full_attention"]),
+)
+
+
+def strictly_typed(key, value) -> bool:
+    """Whether ``value`` has the JSON type ``key`` takes (not whether it is in range)."""
+    if key in ("num_expert_group", "topk_group") and value is None:  # HF's "no grouping"
+        return True
+    if key in INT_KEYS:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if key in BOOL_KEYS:
+        return isinstance(value, bool)
+    if key in FLOAT_KEYS:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return True
+
+
+@FUZZ
+@given(changes=st.dictionaries(st.sampled_from(KEYS), VALUES, min_size=1, max_size=3), drop=st.booleans())
+def test_fuzzed_configs_end_in_one_line_and_exit_2(ckpt, changes, drop):
+    cfg = json.loads(json.dumps(BASE))
+    cfg.update(changes)
+    if drop:
+        cfg.pop(next(iter(changes)))
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    rc, text = run(["diff", str(ckpt), "--prompt-ids", BEYOND])
+    assert_one_line(rc, text)
+    try:
+        KimiConfig.from_hub_dict(cfg)
+    except ConfigError:
+        assert "config.json" in text, text
+    else:  # accepted: every changed value had its JSON type (the tensors may still not fit it)
+        assert all(strictly_typed(k, v) for k, v in changes.items() if k in cfg), (changes, text)
+        assert OPENED in text or "model.safetensors" in text, text
+
+
+# -- safetensors headers ------------------------------------------------------------------------------
+
+ORIGINAL = (default_checkpoint_path() / "model.safetensors").read_bytes()
+N = int.from_bytes(ORIGINAL[:8], "little")
+
+
+@st.composite
+def mutated_files(draw) -> bytes:
+    """The fixture's file with its header length changed, header bytes overwritten or removed, or
+    bytes added or cut at the end."""
+    raw = bytearray(ORIGINAL)
+    kind = draw(st.sampled_from(["length", "overwrite", "delete", "tail"]))
+    if kind == "length":
+        raw[:8] = max(0, N + draw(st.integers(-16, 16))).to_bytes(8, "little")
+    elif kind == "overwrite":
+        at = draw(st.integers(8, 8 + N - 1))
+        raw[at:at + 1] = draw(st.sampled_from([b"0", b"9", b"-", b".", b"e", b"[", b"}", b",", b'"', b"\\", b"\xff"]))
+    elif kind == "delete":
+        at = draw(st.integers(8, 8 + N - 1))
+        del raw[at:at + draw(st.integers(1, 4))]
+        raw[:8] = (N - (len(ORIGINAL) - len(raw))).to_bytes(8, "little")
+    else:
+        cut = draw(st.integers(-8, 8))
+        raw = raw[:len(raw) + cut] if cut < 0 else raw + bytes(cut)
+    return bytes(raw)
+
+
+def library_accepts(raw: bytes) -> bool:
+    try:
+        safetensors.deserialize(raw)
+    except Exception:
+        return False
+    return True
+
+
+@FUZZ
+@given(raw=mutated_files())
+def test_fuzzed_safetensors_files_end_in_one_line_and_exit_2(ckpt, raw):
+    (ckpt / "config.json").write_text(json.dumps(BASE))
+    (ckpt / "model.safetensors").write_bytes(raw)
+    rc, text = run(["diff", str(ckpt), "--prompt-ids", BEYOND])
+    assert_one_line(rc, text)
+    assert "model.safetensors" in text or OPENED in text, text
+    if not library_accepts(raw):  # a file the library refuses never opens
+        assert OPENED not in text, text

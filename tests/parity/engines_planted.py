@@ -1,0 +1,125 @@
+"""Engines the diff tests hold to the reference, each built as a user builds one: a factory
+``factory(checkpoint, *, dtype, device)`` named on the command line as ``module:factory``.
+
+* ``fb_doubled``: llama.cpp's Kimi-Linear bug (ggml-org/llama.cpp pull 17592): a KDA layer's
+  ``f_b_proj`` output doubled. Built as the float64 NumPy model over the checkpoint with that
+  layer's ``f_b_proj.weight`` times 2 (``f_b`` is a bias-free linear map, and a power-of-two scale
+  commutes with every rounding: bitwise the doubled output). NumPy keeps the test at seconds; its
+  float64 numbers are within any float32 bound, so only the planted bug can exceed one.
+* ``fb_doubled_transformers``: the same bug planted in transformers' own model, through a forward
+  hook on its ``forget_gate.f_b_proj`` (the ``.hf_model`` a user hooks).
+* ``untraced``: the NumPy model behind a wrapper that fills no trace; ``bent_logits``: the same
+  with a small bias added to every seventh logit (not lm_head of anything, too small to flip a token).
+* ``raises``, ``wrong_vocab``, ``two_rows``, ``half_traced``, ``not_an_engine``: engines that break
+  the protocol.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tests.parity.diff_helpers import Override
+
+FB_LAYER = 1  # a KDA layer of the bundled checkpoint (layers 0-2 are KDA, 3 is MLA)
+
+
+def _source(checkpoint):
+    from reference.checkpoint import WeightSource, open_source
+
+    return checkpoint if isinstance(checkpoint, WeightSource) else open_source(checkpoint)
+
+
+def fb_doubled_source(source, layer: int = FB_LAYER):
+    name = f"model.layers.{layer}.self_attn.f_b_proj.weight"
+    return Override(source, {name: source.get(name) * 2.0})
+
+
+def fb_doubled(checkpoint, *, dtype, device):
+    import reference
+
+    return reference.load(fb_doubled_source(_source(checkpoint)))
+
+
+def fb_doubled_transformers(checkpoint, *, dtype, device):
+    from parity.engines import load_engine
+
+    engine = load_engine("transformers", checkpoint, dtype=dtype, device=device)
+    f_b = engine.hf_model.model.layers[FB_LAYER].self_attn.forget_gate.f_b_proj
+    f_b.register_forward_hook(lambda module, args, out: out * 2)
+    return engine
+
+
+class _Untraced:
+    def __init__(self, model, bend: float = 0.0):
+        self.model, self.bend = model, bend
+
+    def _bent(self, logits):
+        logits = np.array(logits)
+        logits[..., ::7] += self.bend
+        return logits
+
+    def prefill(self, token_ids):
+        logits, cache = self.model.prefill(token_ids)
+        return self._bent(logits), cache
+
+    def decode(self, token_id, cache):
+        logits, cache = self.model.decode(token_id, cache)
+        return self._bent(logits), cache
+
+
+def untraced(checkpoint, *, dtype, device):
+    import reference
+
+    return _Untraced(reference.load(_source(checkpoint)))
+
+
+def bent_logits(checkpoint, *, dtype, device):
+    import reference
+
+    return _Untraced(reference.load(_source(checkpoint)), bend=1e-3)
+
+
+class _HalfTraced:
+    def __init__(self, model):
+        self.model = model
+
+    def prefill(self, token_ids, *, trace=None):
+        logits, cache = self.model.prefill(token_ids, trace=trace)
+        for key in [k for k in trace if k.startswith("layers.3.")]:
+            del trace[key]
+        return logits, cache
+
+    def decode(self, token_id, cache, *, trace=None):
+        return self.model.decode(token_id, cache, trace=trace)
+
+
+def half_traced(checkpoint, *, dtype, device):
+    import reference
+
+    return _HalfTraced(reference.load(_source(checkpoint)))
+
+
+def raises(checkpoint, *, dtype, device):
+    raise RuntimeError("no GPU driver found")
+
+
+class _Shapes:
+    def __init__(self, vocab, rows):
+        self.vocab, self.rows = vocab, rows
+
+    def prefill(self, token_ids, *, trace=None):
+        return np.zeros((self.rows or len(token_ids), self.vocab), np.float32), None
+
+    def decode(self, token_id, cache, *, trace=None):
+        return np.zeros(self.vocab, np.float32), None
+
+
+def wrong_vocab(checkpoint, *, dtype, device):
+    return _Shapes(_source(checkpoint).config.vocab_size + 1, None)
+
+
+def two_rows(checkpoint, *, dtype, device):
+    return _Shapes(_source(checkpoint).config.vocab_size, 2)
+
+
+def not_an_engine(checkpoint, *, dtype, device):
+    return object()
