@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
 from .check import judge, prepare
+from .peers import Unsupported
 from .registry import Case
 
 KDA_OPS = ("kda.recurrent", "kda.chunked", "kda.fused_recurrent", "kda.fused_chunked")
@@ -197,10 +198,6 @@ def kda_cases(record, space: Space = Space(), chunks=None):
 
 
 # -- implementations -------------------------------------------------------------------------------
-class Unsupported(Exception):
-    """The implementation does not take this configuration (an fla chunk size of 16, say)."""
-
-
 def implementation(record, impl: str, device: str):
     """``impl`` of ``record`` as a normalized candidate ``cand(inputs, kwargs) -> {output: tensor}``."""
     if impl == "ours":

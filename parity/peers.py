@@ -14,9 +14,11 @@ from __future__ import annotations
 FLA_CHUNKS = {True: (32, 64), False: (16, 32, 64)}   # keyed by "on CUDA"
 
 
-def _unsupported(msg):
-    from .bound_search import Unsupported
+class Unsupported(Exception):
+    """The implementation does not take this configuration (an fla chunk size of 16, say)."""
 
+
+def _unsupported(msg):
     return Unsupported(msg)
 
 

@@ -11,9 +11,10 @@ product, the add). The chunked kernels round more: intermediates in the run dtyp
 the key-key matrix A and its inverse M = (I + A)^-1, the WY rows w and u, v_new, the chunk-start
 state h and the query-key matrix Q -- which enter through |M| (|A| + I) (Skeel's bound of the
 triangular solve), |Q| and the decayed keys. Their products take operands rounded to the run dtype,
-so A and Q err relative to the sums of their absolute terms (|k||k|, |q||k|), not to |A|, |Q|.
-Every magnitude is evaluated in float64 from the same inputs the candidate saw. The fused ops add the errors of their prologue (l2norm, gate, sigmoid) as
-perturbations of the core inputs.
+so A and Q err relative to the sums of their absolute terms (|k||k|, |q||k|), not to |A|, |Q|,
+and M built from its diagonal blocks' inverses by such products errs relative to its terms' sum.
+Every magnitude is evaluated in float64 from the same inputs the candidate saw. The fused ops add
+the errors of their prologue (l2norm, gate, sigmoid) as perturbations of the core inputs.
 """
 from __future__ import annotations
 
@@ -110,14 +111,14 @@ def core_bound(q, k, v, g, beta, h0, scale, cu, p, *, chunk=None, stored=False, 
                 o_b[b, t] = ob
                 rows.append((t, qt, kt, e, bt, Gc.copy()))
             if chunk and stored:
-                E2 = _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2)
+                E2 = _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, chunk)
         s_b[n] = LAMBDA * np.sqrt(E2)[:, None, :]
     o_b = o_b + (ua + uo_o) * np.abs(o_ref)
     s_b = s_b + uo_s * np.abs(s_ref)
     return o_b, s_b
 
 
-def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2):
+def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, chunk):
     """Add the chunked algorithm's storage roundings of one chunk to the output bounds (in place)
     and return the state error with the chunk's contribution added."""
     C = len(rows)
@@ -154,9 +155,9 @@ def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2):
     # (2 us + gamma_K(ua)) Ab; M and the right-hand side R are rounded as operands of X = M R
     # (2 us |M| |R|); then X's storage
     P = np.einsum("hij,hjl->hil", Mabs, us * np.abs(A) + (2 * us + gK) * Ab + gC * (I + Ab))
-    du = (np.einsum("hil,hlv->hiv", P, np.abs(uu)) + 2 * us * np.einsum("hij,hjv->hiv", Mabs, Ru)
-          + us * np.abs(uu))
-    dw = _norm(np.einsum("hil,hlk->hik", P, np.abs(w)) + 2 * us * np.einsum("hij,hjk->hik", Mabs, np.abs(Rw))
+    Mop = 2 * us * Mabs + _merge_roundings(A, us, chunk)   # what M errs by as the operand of X = M R
+    du = np.einsum("hil,hlv->hiv", P, np.abs(uu)) + np.einsum("hij,hjv->hiv", Mop, Ru) + us * np.abs(uu)
+    dw = _norm(np.einsum("hil,hlk->hik", P, np.abs(w)) + np.einsum("hij,hjk->hik", Mop, np.abs(Rw))
                + us * np.abs(w), 2)                 # [HV, C]
     nw = _norm(w, 2)
     dv = du + (dw + (us + gK) * nw)[..., None] * nS0[:, None, :] + us * np.abs(Ev)  # [HV, C, V]
@@ -173,6 +174,39 @@ def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2):
     nkg = _norm(kg, 2)                              # [HV, C]
     st = np.einsum("hi,hiv->hv", nkg, (2 * us + gC) * np.abs(Ev) + dv) + us * nS0
     return (np.sqrt(E2) + st) ** 2
+
+
+BLOCK = 16  # rows of the diagonal blocks a chunk's inverse is built from (ours and fla's)
+
+
+def _merge_roundings(A, us, chunk):
+    """``|dM|`` of ``M = (I + A)^-1`` built from the inverses ``D`` of its 16-row diagonal blocks
+    by products whose operands are rounded to the run dtype: ``(I + N)^-1 D``, ``N = D A_off``, as
+    ``(I - N)(I + N^2)...`` (log2(C/16) levels, 2 dots each, less one). Every term of every such
+    product is a path of ``|D|`` and ``|A_off|`` factors, a term of ``sum_k |N|^k |D|`` with
+    ``|N| = |D| |A_off|``, and each dot rounds both operands: ``|dM| <= 2 dots us sum_k |N|^k |D|``
+    (first order). Zero for one block (``D`` itself: formed in ACC, rounded once as M's operand).
+    The levels are the chunk size's, also in a ragged last chunk (its missing rows are zeros)."""
+    HV, C, _ = A.shape
+    nb = -(-C // BLOCK)
+    levels = int(np.ceil(np.log2(max(1, -(-chunk // BLOCK)))))
+    if nb <= 1 or levels == 0:
+        return np.zeros_like(A)
+    D = np.zeros_like(A)
+    for b0 in range(0, C, BLOCK):
+        sl = slice(b0, min(b0 + BLOCK, C))
+        n = sl.stop - sl.start
+        D[:, sl, sl] = np.linalg.inv(np.eye(n)[None] + A[:, sl, sl])
+    off = A.copy()
+    for b0 in range(0, C, BLOCK):
+        off[:, b0:b0 + BLOCK, b0:b0 + BLOCK] = 0.0
+    N = np.abs(D) @ np.abs(off)                      # strictly block-lower: N^nb = 0
+    term, chain = np.abs(D), np.abs(D)
+    for _ in range(nb - 1):
+        term = N @ term
+        chain = chain + term
+    dots = 2 * levels   # N = D A_off, then per level X += P X, and P = P P but at the last
+    return 2 * dots * us * chain
 
 
 def recurrent(x, kw, ref, p, *, chunk=None, stored=False):
