@@ -31,8 +31,12 @@ cache arrays are read-only too) and returns a new one. ``trace`` (a dict) receiv
 ``[T, ...]`` also in decode (T = 1): ``layers.{i}.mixer`` / ``.ffn`` (the branch outputs added to the
 residual), ``layers.{i}.hidden`` (residual stream after layer i), ``layers.{i}.router.scores``
 (sigmoid scores ``[T, E]``), ``layers.{i}.router.selection`` (scores + bias ``[T, E]``),
-``layers.{i}.router.ids`` (``[T, k_e]``) and ``final_norm``. ``model.progress``, when set, is called
-after every layer with ``{"call", "layer", "layers", "tokens", "elapsed_s"}``.
+``layers.{i}.router.ids`` (``[T, k_e]``) and ``final_norm``. With ``model.trace_kda_core = True`` it
+also receives, per KDA layer, the core's inputs ``layers.{i}.kda.{q,k,v,g,beta}`` (after the fused
+prologue), the state it started from ``.initial_state`` ``[HV, K, V]`` and the gated norm's output
+``.normed`` ``[T, HV, V]``: the localization's bound replays the recurrence on them.
+``model.progress``, when set, is called after every layer with ``{"call", "layer", "layers",
+"tokens", "elapsed_s"}``.
 
 Semantic variants (spec §(e)), reported in ``model.variants``: ``moe_combine`` ("unbiased": combine
 weights from the sigmoid scores, as vLLM; "biased": from scores + correction bias, as the HF remote
@@ -55,7 +59,7 @@ from .checkpoint import WeightSource, open_source
 from .checks import check_token_id, check_token_ids, check_variants
 from .config import KimiConfig
 from .elementwise import sigmoid
-from .executor import NUMPY, Executor, get_executor, to_numpy
+from .executor import NUMPY, Executor, device_of, get_executor, to_numpy
 from .streamed import StreamedWeight, linear
 from .tensors import expert_name, layer_prefix
 
@@ -252,6 +256,7 @@ class Model:
         self.executor = executor
         self._w = _Weights(source, executor, budget, shared_weights)
         self.progress: Callable[[dict], None] | None = None
+        self.trace_kda_core = False  # traces also carry layers.{i}.kda.* (the localization sets it)
         if segment < 64 or segment % 64:
             raise ValueError(f"segment: expected a positive multiple of the KDA chunk 64, got {segment!r}")
         self.segment = int(segment)
@@ -314,8 +319,13 @@ class Model:
         executor's device, beyond the weights' LRU: see ``reference.memory``."""
         from .memory import call_bytes
 
-        return call_bytes(self.config, T, cached=cached, trace=trace, logits=logits,
-                          lm_head_rows=LM_HEAD_BLOCK_ROWS, weight_bytes=self._w.budget, segment=self.segment)
+        c = self.config
+        core = 0  # the KDA core's values a trace holds with trace_kda_core: q, k, v, g, normed, beta, state
+        if trace and self.trace_kda_core:
+            n_kda = sum(c.is_kda_layer(i) for i in range(c.num_hidden_layers))
+            core = n_kda * (5 * T * c.kda_dim + T * c.kda_num_heads + c.kda_num_heads * c.kda_head_dim ** 2) * 8
+        return core + call_bytes(c, T, cached=cached, trace=trace, logits=logits, lm_head_rows=LM_HEAD_BLOCK_ROWS,
+                                 weight_bytes=self._w.budget, segment=self.segment)
 
     # -- validation ------------------------------------------------------------------------------
     def _check_routing(self, routing, T: int) -> dict:
@@ -408,7 +418,7 @@ class Model:
             prev = None if cache is None else cache.layers[i]
             x = norm.rms_norm(h, w(p + "input_layernorm.weight"), eps=eps)
             if c.is_kda_layer(i):
-                a, lc = self._kda(i, x, prev)
+                a, lc = self._kda(i, x, prev, trace)
             else:
                 a, lc = self._mla(i, x, prev)
             new_layers.append(lc)
@@ -448,22 +458,28 @@ class Model:
                   for lo in range(0, V, LM_HEAD_BLOCK_ROWS)]
         return self.executor.xp.concat(blocks, axis=-1)
 
-    def _kda(self, i: int, x, prev: KDACache | None):
+    def _kda(self, i: int, x, prev: KDACache | None, trace: dict | None = None):
         """KDA layer (b.10) on normed ``x [T, D]``; ``prev`` None = fresh sequence (chunked), run
         ``SEGMENT`` tokens at a time with the conv and recurrent states carried between them."""
         T = x.shape[0]
         n = self.segment
+        core = [] if trace is not None and self.trace_kda_core else None
         if prev is not None or T <= n:
-            return self._kda_part(i, x, prev, fresh=prev is None)
-        outs, lc = [], None
-        for s in range(0, T, n):
-            out, lc = self._kda_part(i, x[s:s + n, ...], lc, fresh=True)
-            outs.append(out)
-        return self.executor.xp.concat(outs, axis=0), lc
+            out, lc = self._kda_part(i, x, prev, fresh=prev is None, core=core)
+        else:
+            outs, lc = [], None
+            for s in range(0, T, n):
+                part, lc = self._kda_part(i, x[s:s + n, ...], lc, fresh=True, core=core)
+                outs.append(part)
+            out = self.executor.xp.concat(outs, axis=0)
+        if core is not None:
+            _trace_kda(trace, i, core, prev, self.executor.xp)
+        return out, lc
 
-    def _kda_part(self, i: int, x, prev: KDACache | None, *, fresh: bool):
+    def _kda_part(self, i: int, x, prev: KDACache | None, *, fresh: bool, core: list | None = None):
         """The KDA layer on ``x [T, D]`` after ``prev`` (None: zero states); ``fresh``: the chunked
-        prefill forms (else the decode forms: conv step and recurrence, T = 1)."""
+        prefill forms (else the decode forms: conv step and recurrence, T = 1). ``core``: a list
+        that receives the KDA core's arguments and the gated norm's output (for the trace)."""
         c, w, xp = self.config, self._w, self.executor.xp
         a = layer_prefix(i) + "self_attn."
         T = x.shape[0]
@@ -494,6 +510,8 @@ class Model:
                                        initial_state=prev.state[None])
         gate = xp.reshape(w.linear(a + "g_b_proj.weight", w.linear(a + "g_a_proj.weight", x)), (T, H, K))
         o = norm.gated_rms_norm(o[0], gate, w(a + "o_norm.weight"), eps=c.rms_norm_eps)
+        if core is not None:
+            core.append(((q, k, g_raw, beta_logits, A_log, dt_bias), v, o))
         out = w.linear(a + "o_proj.weight", xp.reshape(o, (T, H * K)))
         return out, KDACache(*conv_states, S[0])
 
@@ -550,6 +568,20 @@ class Model:
             s = m + "shared_experts."
             y = y + moe.swiglu(x, *(w.operand(s + f"{p}_proj.weight") for p in ("gate", "up", "down")))
         return y
+
+
+def _trace_kda(trace: dict, i: int, parts: list, prev: KDACache | None, xp) -> None:
+    """The KDA core's own inputs (after the fused prologue: l2-normalized q, k, the log decay g,
+    beta) over the call's segments, the state it started from and the gated norm's output: the
+    localization's bound replays the recurrence on them."""
+    cores = [kda._prologue(*args) + (v,) for args, v, _ in parts]
+    p = f"layers.{i}.kda."
+    for n, j in (("q", 0), ("k", 1), ("g", 2), ("beta", 3), ("v", 4)):
+        trace[p + n] = xp.concat([c[j][0] for c in cores], axis=0)
+    trace[p + "normed"] = xp.concat([o for _, _, o in parts], axis=0)
+    HV, K, V = trace[p + "g"].shape[1], trace[p + "g"].shape[2], trace[p + "v"].shape[2]
+    trace[p + "initial_state"] = (xp.zeros((HV, K, V), dtype=xp.float64, device=device_of(trace[p + "v"]))
+                                  if prev is None else prev.state)
 
 
 def _shape(a) -> tuple:

@@ -10,9 +10,11 @@ with lam_t the norm bound of what step t rounds (decay, the K-long dot k^T S, th
 product, the add). The chunked kernels round more: intermediates in the run dtype (u, not ua) --
 the key-key matrix A and its inverse M = (I + A)^-1, the WY rows w and u, v_new, the chunk-start
 state h and the query-key matrix Q -- which enter through |M| (|A| + I) (Skeel's bound of the
-triangular solve), |Q| and the decayed keys. Every magnitude is evaluated in float64 from the same
-inputs the candidate saw. The fused ops add the errors of their prologue (l2norm, gate, sigmoid) as
-perturbations of the core inputs.
+triangular solve), |Q| and the decayed keys. Their products take operands rounded to the run dtype,
+so A and Q err relative to the sums of their absolute terms (|k||k|, |q||k|), not to |A|, |Q|,
+and M built from its diagonal blocks' inverses by such products errs relative to its terms' sum.
+Every magnitude is evaluated in float64 from the same inputs the candidate saw. The fused ops add
+the errors of their prologue (l2norm, gate, sigmoid) as perturbations of the core inputs.
 """
 from __future__ import annotations
 
@@ -109,14 +111,14 @@ def core_bound(q, k, v, g, beta, h0, scale, cu, p, *, chunk=None, stored=False, 
                 o_b[b, t] = ob
                 rows.append((t, qt, kt, e, bt, Gc.copy()))
             if chunk and stored:
-                E2 = _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2)
+                E2 = _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, chunk)
         s_b[n] = LAMBDA * np.sqrt(E2)[:, None, :]
     o_b = o_b + (ua + uo_o) * np.abs(o_ref)
     s_b = s_b + uo_s * np.abs(s_ref)
     return o_b, s_b
 
 
-def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2):
+def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, chunk):
     """Add the chunked algorithm's storage roundings of one chunk to the output bounds (in place)
     and return the state error with the chunk's contribution added."""
     C = len(rows)
@@ -135,24 +137,36 @@ def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2):
     W = np.exp(Dm)                                  # masked decays, <= 1
     A = np.where(low[None], Bt[:, :, None] * np.einsum("hik,hjk,hijk->hij", Kc, Kc, W), 0.0)
     Qm = np.where(lowd[None], scale * np.einsum("hik,hjk,hijk->hij", Q, Kc, W), 0.0)
-    Ab = np.einsum("hik,hjk,hijk->hij", np.abs(Kc), np.abs(Kc), W) * Bt[:, :, None]
+    # |terms| of the K-long dots behind A and Q: their operands (decayed k and q rows) are rounded to
+    # the run dtype, so each errs relative to these sums, not to |A| or |Q|, which cancel (keys
+    # that repeat or span few directions: 3.3x past the bound without it, T = 9, K = 32)
+    Ab = np.where(low[None], np.einsum("hik,hjk,hijk->hij", np.abs(Kc), np.abs(Kc), W) * Bt[:, :, None], 0.0)
+    Qb = np.where(lowd[None], scale * np.einsum("hik,hjk,hijk->hij", np.abs(Q), np.abs(Kc), W), 0.0)
     I = np.eye(C)[None]
     M = np.linalg.inv(I + A)
-    w = np.einsum("hij,hjk->hik", M, Bt[..., None] * Kc * np.exp(G))
+    Mabs = np.abs(M)
+    Rw = Bt[..., None] * Kc * np.exp(G)             # the right-hand sides: beta k exp(G) ...
+    w = np.einsum("hij,hjk->hik", M, Rw)
     nS0 = _norm(S0, 1)                              # [HV, V]
     # u = M (beta v); recover beta v from v_new + w S0 (v_new = u - w S0)
     uu = Ev + np.einsum("hik,hkv->hiv", w, S0)
-    # triangular solve (Skeel): |dX| <= |M| (us |A| + gamma_C(ua) (I + |A|)) |X|, plus X's storage
-    P = np.einsum("hij,hjl->hil", np.abs(M), us * np.abs(A) + gC * (I + np.where(low[None], Ab, 0)))
-    du = np.einsum("hil,hlv->hiv", P, np.abs(uu)) + us * np.abs(uu)
-    dw = _norm(np.einsum("hil,hlk->hik", P, np.abs(w)) + us * np.abs(w), 2)     # [HV, C]
+    Ru = np.abs(np.einsum("hij,hjv->hiv", I + A, uu))   # ... and beta v
+    # triangular solve (Skeel): |dX| <= |M| (|dA| + gamma_C(ua) (I + Ab)) |X|, |dA| <= us |A| +
+    # (2 us + gamma_K(ua)) Ab; M and the right-hand side R are rounded as operands of X = M R
+    # (2 us |M| |R|); then X's storage
+    P = np.einsum("hij,hjl->hil", Mabs, us * np.abs(A) + (2 * us + gK) * Ab + gC * (I + Ab))
+    Mop = 2 * us * Mabs + _merge_roundings(A, us, chunk)   # what M errs by as the operand of X = M R
+    du = np.einsum("hil,hlv->hiv", P, np.abs(uu)) + np.einsum("hij,hjv->hiv", Mop, Ru) + us * np.abs(uu)
+    dw = _norm(np.einsum("hil,hlk->hik", P, np.abs(w)) + np.einsum("hij,hjk->hik", Mop, np.abs(Rw))
+               + us * np.abs(w), 2)                 # [HV, C]
     nw = _norm(w, 2)
     dv = du + (dw + (us + gK) * nw)[..., None] * nS0[:, None, :] + us * np.abs(Ev)  # [HV, C, V]
-    # outputs: h (chunk-start state) times scale q exp(G), both operands stored; Q and v_new
-    # stored; their dots
+    # outputs: h (chunk-start state) times scale q exp(G), both operands stored; Q (from rounded
+    # operands, then stored) and v_new stored; their dots
     qg = np.abs(Q) * np.exp(G)
     oh = scale * (2 * us + gK) * np.einsum("hik,hkv->hiv", qg, np.abs(S0))
-    oq = np.einsum("hij,hjv->hiv", np.abs(Qm), (2 * us + gC) * np.abs(Ev) + dv)
+    oq = (np.einsum("hij,hjv->hiv", np.abs(Qm), (2 * us + gC) * np.abs(Ev) + dv)
+          + np.einsum("hij,hjv->hiv", (2 * us + gK) * Qb, np.abs(Ev)))
     for i, t in enumerate(ts):
         o_b[b, t] += oh[:, i] + oq[:, i]
     # state: kg = k exp(G_last - G) and v_new stored, C-long dot
@@ -160,6 +174,39 @@ def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2):
     nkg = _norm(kg, 2)                              # [HV, C]
     st = np.einsum("hi,hiv->hv", nkg, (2 * us + gC) * np.abs(Ev) + dv) + us * nS0
     return (np.sqrt(E2) + st) ** 2
+
+
+BLOCK = 16  # rows of the diagonal blocks a chunk's inverse is built from (ours and fla's)
+
+
+def _merge_roundings(A, us, chunk):
+    """``|dM|`` of ``M = (I + A)^-1`` built from the inverses ``D`` of its 16-row diagonal blocks
+    by products whose operands are rounded to the run dtype: ``(I + N)^-1 D``, ``N = D A_off``, as
+    ``(I - N)(I + N^2)...`` (log2(C/16) levels, 2 dots each, less one). Every term of every such
+    product is a path of ``|D|`` and ``|A_off|`` factors, a term of ``sum_k |N|^k |D|`` with
+    ``|N| = |D| |A_off|``, and each dot rounds both operands: ``|dM| <= 2 dots us sum_k |N|^k |D|``
+    (first order). Zero for one block (``D`` itself: formed in ACC, rounded once as M's operand).
+    The levels are the chunk size's, also in a ragged last chunk (its missing rows are zeros)."""
+    HV, C, _ = A.shape
+    nb = -(-C // BLOCK)
+    levels = int(np.ceil(np.log2(max(1, -(-chunk // BLOCK)))))
+    if nb <= 1 or levels == 0:
+        return np.zeros_like(A)
+    D = np.zeros_like(A)
+    for b0 in range(0, C, BLOCK):
+        sl = slice(b0, min(b0 + BLOCK, C))
+        n = sl.stop - sl.start
+        D[:, sl, sl] = np.linalg.inv(np.eye(n)[None] + A[:, sl, sl])
+    off = A.copy()
+    for b0 in range(0, C, BLOCK):
+        off[:, b0:b0 + BLOCK, b0:b0 + BLOCK] = 0.0
+    N = np.abs(D) @ np.abs(off)                      # strictly block-lower: N^nb = 0
+    term, chain = np.abs(D), np.abs(D)
+    for _ in range(nb - 1):
+        term = N @ term
+        chain = chain + term
+    dots = 2 * levels   # N = D A_off, then per level X += P X, and P = P P but at the last
+    return 2 * dots * us * chain
 
 
 def recurrent(x, kw, ref, p, *, chunk=None, stored=False):
@@ -212,3 +259,33 @@ def fused_recurrent(x, kw, ref, p):
 
 def fused_chunked(x, kw, ref, p):
     return fused(x, kw, ref, p, chunk=int(kw.get("chunk_size", 64)), stored=True)
+
+
+def readout_condition(q, k, v, g, beta, initial_state=None):
+    """Condition number of the read-out ``o_t = scale S_t^T q_t`` at every position, per value head
+    (docs/error-bounds.md, "Model level"): ``kappa = ||diag(q_t) S_t||_F / ||S_t^T q_t||``.
+
+    If every element of ``q_t`` and ``S_t`` errs relatively by at most ``eps`` through independent
+    roundings, each ``o_t[j]`` errs by at most ``LAMBDA eps sqrt(2 sum_d q_d^2 S_dj^2)`` (Hoeffding),
+    so the relative error of ``o_t`` is at most ``sqrt(2) LAMBDA eps kappa``: ``kappa`` is how much
+    the read-out amplifies the relative error its operands carry. It is about 1 for a generic query
+    and large where ``S^T q`` cancels. One sequence: ``q, k [T, H, K]``, ``v [T, HV, V]``,
+    ``g [T, HV, K]``, ``beta [T, HV]`` (the core's inputs, q and k normalized),
+    ``initial_state [HV, K, V]`` or None. Returns ``(kappa [T, HV], final state)``; a read-out that is
+    exactly zero has ``kappa`` inf unless its terms are all zero (then 1).
+    """
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    hmap = np.arange(HV) // (HV // H)
+    S = np.zeros((HV, K, V)) if initial_state is None else np.array(initial_state, dtype=np.float64)
+    kappa = np.ones((T, HV))
+    for t in range(T):
+        kt, qt = k[t, hmap], q[t, hmap]
+        S = np.exp(g[t])[:, :, None] * S
+        e = beta[t][:, None] * (v[t] - np.einsum("hk,hkv->hv", kt, S))
+        S = S + kt[:, :, None] * e[:, None, :]
+        terms = np.sqrt(np.einsum("hk,hkv->h", qt * qt, S * S))
+        out = np.linalg.norm(np.einsum("hk,hkv->hv", qt, S), axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kappa[t] = np.where(terms > 0, terms / out, 1.0)
+    return kappa, S
