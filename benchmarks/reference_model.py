@@ -148,10 +148,17 @@ def cmd_decode(args) -> dict:
 
 # -- the CPU target: decode steps from a checkpoint on a RAM disk ---------------------------------
 
-def _reduced_config(preset: str, experts: int):
+def _reduced_config(preset: str, experts: int, layers: int | None = None):
+    """``preset`` with ``experts`` routed experts per layer, and its first ``layers`` layers only
+    (every layer keeps its kind: KDA or MLA, dense or MoE)."""
     from reference.config import KimiConfig
 
-    return dataclasses.replace(KimiConfig.from_name(preset), num_experts=experts)
+    cfg = dataclasses.replace(KimiConfig.from_name(preset), num_experts=experts)
+    if layers is None or layers >= cfg.num_hidden_layers:
+        return cfg
+    return dataclasses.replace(cfg, num_hidden_layers=layers,
+                               kda_layers=tuple(i for i in cfg.kda_layers if i <= layers),
+                               full_attn_layers=tuple(i for i in cfg.full_attn_layers if i <= layers))
 
 
 def _write_checkpoint(cfg, directory: Path) -> float:
@@ -203,12 +210,13 @@ def cmd_cpu_checkpoint(args) -> dict:
     import reference
     from reference.executor import cpu_count
 
-    cfg = _reduced_config(args.preset, args.experts)
+    cfg = _reduced_config(args.preset, args.experts, args.layers)
     directory = Path(args.dir)
     if shutil.disk_usage(directory.parent).free < 3 * _checkpoint_bytes(cfg):  # a small /dev/shm
         directory = Path(tempfile.gettempdir()) / directory.name
-    out = {"part": "cpu-checkpoint", "preset": args.preset, "experts": args.experts, "dir": str(directory), "cores": cpu_count()}
-    if not (directory / "config.json").is_file():
+    out = {"part": "cpu-checkpoint", "preset": args.preset, "experts": args.experts,
+           "layers": cfg.num_hidden_layers, "dir": str(directory), "cores": cpu_count()}
+    if _config_of(directory) != cfg:  # none there yet, or another model's
         out["write_s"] = _write_checkpoint(cfg, directory)
     out["checkpoint_GB"] = sum(f.stat().st_size for f in directory.iterdir()) / 1e9
     ref = reference.load(directory, weight_cache_bytes=args.weight_cache_mb << 20)
@@ -217,17 +225,90 @@ def cmd_cpu_checkpoint(args) -> dict:
     t0 = time.perf_counter()
     _, cache = ref.prefill(ids[:args.prompt_tokens], logits="last")
     out["prefill_s"] = time.perf_counter() - t0
-    steps = []
+    steps, layers = [], []
+    ref.progress = lambda p: layers[-1].append(p["elapsed_s"])
     for t in range(args.prompt_tokens, len(ids)):
+        layers.append([])
         t0 = time.perf_counter()
         logits, cache = ref.decode(int(ids[t]), cache)
         steps.append(time.perf_counter() - t0)
+        layers[-1].append(steps[-1])
+    ref.progress = None
     out["decode_s"] = {"median": statistics.median(steps), "steps": steps}
+    out["decode_layers_s"] = _layer_breakdown(cfg, layers)
+    if args.sweep:
+        out["stream_sweep"] = _stream_sweep(ref.source, cfg)
     out["finite"] = bool(np.isfinite(logits).all())
     out["host_peak_rss_GB"] = _rss_gb()
     if args.cleanup:
         shutil.rmtree(directory, ignore_errors=True)
     return out
+
+
+def _stream_sweep(src, cfg) -> dict:
+    """Milliseconds of one streamed product (``reference.streamed``, T = 1) on the lm_head and on a
+    routed expert's w1, best of a few, for block sizes x task counts: the kernel's speed on this
+    machine's cores, to choose ``streamed.BLOCK``."""
+    import numpy as np
+
+    from reference import streamed
+    from reference.executor import cpu_count
+    from reference.tensors import expert_name
+
+    names = {"lm_head": "lm_head.weight", "expert_w1": expert_name(cfg.first_k_dense_replace, 0, "w1")}
+    x = {k: np.random.default_rng(0).standard_normal(src.shape(n)[1]) for k, n in names.items()}
+    repeats = {"lm_head": 3, "expert_w1": 30}
+    saved = streamed.BLOCK, streamed.THREADS
+    rows = []
+    try:
+        for block in (1 << 16, 1 << 17, 1 << 18, 1 << 19):
+            for threads in sorted({t for t in (4, 8, cpu_count()) if t <= cpu_count()}):
+                streamed.BLOCK, streamed.THREADS = block, threads
+                row = {"block": block, "threads": threads}
+                for k, n in names.items():
+                    src.linear(n, x[k])  # warm
+                    best = min(_timed(lambda: src.linear(n, x[k])) for _ in range(repeats[k]))
+                    row[f"{k}_ms"] = best * 1e3
+                rows.append(row)
+    finally:
+        streamed.BLOCK, streamed.THREADS = saved
+    shapes = {k: list(src.shape(n)) for k, n in names.items()}
+    return {"default_block": saved[0], "shapes": shapes, "rows": rows}
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _layer_breakdown(cfg, marks: list[list[float]]) -> dict:
+    """Median seconds per decode step by layer kind (``kda+dense``, ``kda+moe``, ``mla+moe``, ...;
+    the first layer's time includes the embedding row) and ``head`` (final norm, lm_head and the
+    call's checks), from each step's elapsed time after every layer followed by the step's total."""
+    import statistics as st
+
+    kinds: dict[str, list[float]] = {}
+    for m in marks:
+        for i, dt in enumerate(b - a for a, b in zip([0.0] + m[:-1], m)):
+            if i < cfg.num_hidden_layers:
+                kind = "kda" if cfg.is_kda_layer(i) else "mla"
+                kind += "+moe" if cfg.is_moe_layer(i) else "+dense"
+            else:
+                kind = "head"
+            kinds.setdefault(kind, []).append(dt)
+    per_step = {k: len(v) // len(marks) for k, v in kinds.items()}
+    return {k: {"layers": per_step[k], "median_s": st.median(v), "per_step_s": st.median(v) * per_step[k]}
+            for k, v in kinds.items()}
+
+
+def _config_of(directory: Path):
+    from reference.config import ConfigError, KimiConfig
+
+    try:
+        return KimiConfig.from_json(directory / "config.json")
+    except (ConfigError, OSError):
+        return None
 
 
 def _checkpoint_bytes(cfg) -> int:
@@ -356,11 +437,14 @@ def main(argv=None) -> int:
     c = sub.add_parser("cpu-checkpoint")
     c.add_argument("--preset", default=CFG_48B)
     c.add_argument("--experts", type=int, default=16)
+    c.add_argument("--layers", type=int, default=None, help="the first N layers only (a local check)")
     c.add_argument("--dir", default="/dev/shm/kimi48b-e16")
     c.add_argument("--prompt-tokens", type=int, default=8)
     c.add_argument("--steps", type=int, default=3)
     c.add_argument("--weight-cache-mb", type=int, default=64)
     c.add_argument("--cleanup", action="store_true", help="delete the checkpoint afterwards")
+    c.add_argument("--no-sweep", dest="sweep", action="store_false",
+                   help="skip the streamed-product sweep (block size x threads)")
     cl = sub.add_parser("cli")
     cl.add_argument("argv", nargs=argparse.REMAINDER)
     g = sub.add_parser("gpu-suite")

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from hypothesis import HealthCheck, Phase, given, reject, settings, target
+from hypothesis import HealthCheck, Phase, example, given, reject, settings, target
 from hypothesis.errors import Unsatisfiable
 
 from . import strategies
@@ -253,9 +253,23 @@ class OpCertificate:
                     seen.append(c["label"])
         return seen
 
+    def replayed(self) -> list:
+        """The replayed cases (``certify_op(cases=)``), once each: their source, label, whether they
+        passed at every dtype and their worst ratio."""
+        out: dict = {}
+        for r in self.runs.values():
+            for c in r.cases:
+                if "source" in c:
+                    e = out.setdefault(c["source"]["case"], {**c["source"], "label": c["label"], "passed": True,
+                                                             "ratio": 0.0})
+                    e["passed"] = e["passed"] and c["passed"]
+                    e["ratio"] = max(e["ratio"], c["ratio"])
+        return list(out.values())
+
     def to_dict(self) -> dict:
         k, n = self.mutants_killed()
         bug, scores = self.nearest_bug()
+        replayed = [{**e, "ratio": _fin(e["ratio"])} for e in self.replayed()]
         return {"op": self.op, "verdict": self.verdict, "candidate": self.candidate,
                 "claimed": list(self.record.strengths), "reached": self.reached(),
                 "worst_ratio": {d: _fin(r.worst_ratio) for d, r in self.runs.items()},
@@ -265,6 +279,7 @@ class OpCertificate:
                 "bound_model": self.record.bound_doc, "reductions": self.record.reductions,
                 "counter": self.counter, "contract": self.contract, "contract_verdict": self.contract_summary(),
                 "implementation": self.implementation, "nearest_bug": bug, "bug_similarity": scores,
+                **({"replayed": replayed} if replayed else {}),
                 "runs": {d: r.to_dict() for d, r in self.runs.items()}}
 
 
@@ -282,14 +297,17 @@ def _summary(j) -> str:
 
 def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str | None = None,
                candidate="optimized", examples: int | None = None, bytes_cases: int = 1,
-               on_case=None, contract: str | None = None) -> OpCertificate:
+               on_case=None, contract: str | None = None, cases=()) -> OpCertificate:
     """Certify one op (module docstring). ``candidate``: ``"optimized"``, ``"reference-f32"``, a
     :class:`parity.candidate.Candidate` or a callable with the record's signature (probed first:
     a wrong signature or wrong output shapes or dtypes raise ``parity.errors.CandidateError``).
     ``contract``: the arithmetic claimed (default: the candidate's own, ``ieee`` unless declared).
     ``examples``: drawn inputs per dtype (default: the hypothesis profile's max_examples);
     ``on_case(op, dtype, case_dict)`` is called after each input. ``device``: where the candidate
-    runs (None: its default; the optimized ops on cuda if available, else cpu; the stand-in on cpu)."""
+    runs (None: its default; the optimized ops on cuda if available, else cpu; the stand-in on cpu).
+    ``cases``: :class:`parity.registry.Case` replayed before the draws (hypothesis' explicit
+    examples, e.g. ``parity capture``'s): judged and run against the mutants like a draw, their
+    ``source`` kept in the case's entry; the bytes checks and controls run on the drawn inputs."""
     try:
         cand = named(record, candidate, contract)
     except (ImportError, AttributeError) as exc:
@@ -313,10 +331,13 @@ def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str 
         cert.runs[dtype] = run
         t0 = time.perf_counter()
         evaluate = _evaluator(record, dtype, device, fn, cand.counter, run, bytes_cases, on_case, nearer, alt)
+        runner = given(record.inputs())(evaluate)
+        for case in reversed(cases):  # the outermost example runs first: the file's order
+            runner = example(case)(runner)
         runner = settings(settings.default, max_examples=n, database=None,
                           phases=[Phase.explicit, Phase.generate, Phase.target],
                           suppress_health_check=[*settings.default.suppress_health_check,
-                                                 HealthCheck.filter_too_much])(given(record.inputs())(evaluate))
+                                                 HealthCheck.filter_too_much])(runner)
         try:
             runner()
         except Unsatisfiable:
@@ -335,7 +356,7 @@ def _evaluator(record, dtype, device, cand, counter, run, bytes_cases, on_case, 
         except Exception as exc:  # the reference or the builder failed: recorded, never silent
             run.cases.append({"label": case.label, "passed": False, "ratio": math.inf, "seconds": 0.0,
                               "kernel_ran": None, "summary": f"harness error: {type(exc).__name__}: {exc}",
-                              "outputs": {}})
+                              "outputs": {}, **({"source": dict(case.source)} if case.source else {})})
         if on_case:
             on_case(record.name, dtype, run.cases[-1])
         r = run.cases[-1]["ratio"]
@@ -349,7 +370,8 @@ def _evaluate(record, case, dtype, device, cand, counter, run: DtypeRun, bytes_c
     prep = prepare(record, case, dtype, device, run.rounding, run.contract)
     out, err, ran, dt, why = run_candidate(prep, cand, counter=counter)
     j = judge(prep, out, error=err, seconds=dt, kernel_ran=ran)
-    first = len(run.cases) == 0
+    drawn = sum("source" not in c for c in run.cases) + (case.source is None)  # replayed: no bytes/controls
+    first = case.source is None and drawn == 1
     summary = _summary(j)
     if why:
         summary += f"; {why}"
@@ -360,10 +382,12 @@ def _evaluate(record, case, dtype, device, cand, counter, run: DtypeRun, bytes_c
              "outputs": {k: c.to_dict() for k, c in j.outputs.items()}}
     if why:
         entry["witness"] = why
+    if case.source is not None:
+        entry["source"] = dict(case.source)
     if not j.passed and out is not None and not j.error:
         _diagnose(prep, out, run, entry, alt)
     run.cases.append(entry)
-    if out is not None and "bytes" in record.strengths and len(run.cases) <= bytes_cases:
+    if out is not None and "bytes" in record.strengths and case.source is None and drawn <= bytes_cases:
         b = bytes_checks(prep, cand, first=out)
         prev = run.bytes
         run.bytes = {"run_to_run": b["run_to_run"] and prev.get("run_to_run", True),
@@ -436,10 +460,11 @@ def cpu_threads(device: str, n: int = 1):
 
 
 def certify(records, *, dtypes=("float32", "bfloat16"), device=None, candidate="optimized",
-            examples=None, on_case=None, on_op=None, impls=None, contract=None) -> list:
+            examples=None, on_case=None, on_op=None, impls=None, contract=None, cases=None) -> list:
     """Certify several records (``candidate`` a name: ``optimized`` or ``reference-f32``; ``impls``:
     op name -> a callable or Candidate certified instead for that op); ``contract`` replaces every
-    candidate's claimed contract; ``on_op(cert)`` is called as each finishes."""
+    candidate's claimed contract; ``on_op(cert)`` is called as each finishes; ``cases``: op name ->
+    replayed cases (``certify_op``)."""
     if candidate not in CANDIDATES:
         raise ValueError(f"candidate: expected one of {CANDIDATES}, got {candidate!r}")
     impls = dict(impls or {})
@@ -448,7 +473,8 @@ def certify(records, *, dtypes=("float32", "bfloat16"), device=None, candidate="
     with cpu_threads(device):
         for rec in records:
             c = certify_op(rec, dtypes=dtypes, device=device, candidate=impls.get(rec.name, candidate),
-                           examples=examples, on_case=on_case, contract=contract)
+                           examples=examples, on_case=on_case, contract=contract,
+                           cases=(cases or {}).get(rec.name, ()))
             out.append(c)
             if on_op:
                 on_op(c)

@@ -68,12 +68,15 @@ def describe(fn) -> str:
 class Case:
     """One drawn input: ``arrays`` float64 (or integer) NumPy arrays by parameter name (positional
     ones and array keyword arguments), ``kwargs`` scalar keyword arguments, ``aux`` arrays the op does
-    not take (used by mutants), ``label`` the shape bucket (``"B=2 T=33 K=16 V=32"``)."""
+    not take (used by mutants), ``label`` the shape bucket (``"B=2 T=33 K=16 V=32"``), ``source``
+    where a replayed case comes from (``parity capture``'s file: kind, file, case id, digest; None
+    for a drawn one)."""
 
     arrays: dict
     kwargs: dict = field(default_factory=dict)
     aux: dict = field(default_factory=dict)
     label: str = ""
+    source: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,11 @@ def render_op(console, cert) -> None:
             best = max(scores, key=scores.get)
             console.print(f"  nearest known bug: none (best {best} at {scores[best]:.2f}, below "
                           f"{_threshold():.2f})", markup=False)
+    replayed = cert.replayed()
+    if replayed:
+        console.print("  replayed: " + "; ".join(
+            f"{e['case']} {e['kind']} ({e['call_site']}) {_r(e['ratio'])} x bound{'' if e['passed'] else ' [red]FAILED[/]'}"
+            for e in replayed), highlight=False)
     for why in cert.reasons()[:6]:
         console.print(f"  [red]x[/] {why}", markup=True, highlight=False)
     if cert.certified:
@@ -81,23 +86,10 @@ def render_summary(console, certs, seconds: float) -> None:
     console.print(f"{ok}/{len(certs)} op(s) certified in {seconds:.1f} s")
 
 
-def _who(impl: dict) -> str:
-    pkg = f"{impl['package']} {impl['version']}" if impl.get("package") else "no installed package"
-    git = impl.get("git") or {}
-    rev = f", git {git['revision'][:12]}{' (dirty)' if git.get('dirty') else ''}" if git.get("revision") else ""
-    ad = impl.get("adapter")
-    via = f" via {ad['module']}:{ad['function']}" if ad else ""
-    return f"{impl['module']}:{impl['function']} ({pkg}{rev}){via}"
-
-
-def _threshold() -> float:
-    from .fingerprint import THRESHOLD
-
-    return THRESHOLD
-
-
 def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=None, contract=None,
-                impls=None) -> dict:
+                impls=None, cases=None) -> dict:
+    """The certificate document; ``cases``: the ``cases`` entry of a ``--cases`` run (file, sha256,
+    replayed, skipped)."""
     from .environment import environment
     from .strategies import profile_name
 
@@ -113,6 +105,7 @@ def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=Non
         "examples": examples, "hypothesis_profile": profile_name(), "seconds": round(seconds, 3),
         "environment": env,
         "ops": [c.to_dict() for c in certs],
+        **({"cases": cases} if cases is not None else {}),
         "summary": {"ops": len(certs), "certified": ok,
                     "verdict": "certified" if certs and ok == len(certs) else "not certified"},
     }

@@ -1,6 +1,7 @@
 """Float64 reference of Kimi-Linear: every op and the full model, written once against the array
 API standard and run on NumPy (default) or torch float64 on a CPU or GPU (``reference.executor``).
-Imports numpy and array-api-compat only (plus json/mmap to read safetensors checkpoints); torch only
+Imports numpy and array-api-compat only (plus json/mmap to read safetensors checkpoints, and
+threadpoolctl to hold BLAS at one thread inside the streamed products); torch only
 when a torch executor is asked for (``reference.load(src, device="cuda")``); never triton.
 
 ``reference.load``, the cache classes and the weight sources are imported lazily on first use, so

@@ -36,6 +36,7 @@ from .executor import bf16_bits_to_float64  # noqa: F401  (the exact, multi-thre
 from .executor import all_finite, to_numpy
 from .safetensors_format import Header
 from .safetensors_format import read_header as read_st_header
+from .streamed import NonFiniteBlock, StreamedWeight, linear_from_storage
 from .tensors import alternative_shapes, expected_tensors, transformers_aliases
 from .validate import InvalidInput, as_object, as_str, field, inside, label, read_json_file
 
@@ -162,6 +163,32 @@ class WeightSource:
     def get_raw_rows(self, name: str, rows) -> np.ndarray:
         """The storage bits of rows ``rows`` of ``name`` (see ``get_raw``)."""
         return self.get_raw(name)[np.asarray(rows, dtype=np.int64)]
+
+    # -- applied from the storage bits (NumPy): x @ W.T without the float64 W ---------------------
+    def linear(self, name: str, x: np.ndarray) -> np.ndarray:
+        """``x @ W.T`` (float64 NumPy, ``x [T, D]`` or ``[D]``) for the weight ``W = get(name)``
+        ``[N, D]``, computed from its storage bits in cache-sized row blocks on every core
+        (``streamed.linear_from_storage``): the float64 ``W`` never exists whole. A non-finite
+        weight raises ``CheckpointError`` naming the tensor, as ``get`` does, and no result."""
+        dtype = self.storage_dtype(name)
+        parts = []
+        try:
+            for raw in self._raw_parts(name):
+                parts.append(linear_from_storage(x, raw, dtype))
+        except NonFiniteBlock:
+            self.get(name)  # raises CheckpointError naming the tensor and its first non-finite value
+            raise CheckpointError(f"{self._where(name)}: {self._label(name)}: non-finite values; "
+                                  "expected finite weights") from None
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+
+    def _raw_parts(self, name: str):
+        """The storage bits of ``name`` in consecutive parts along the first axis (one here; a
+        source that makes them, the synthetic generator, yields a few rows at a time)."""
+        yield self.get_raw(name)
+
+    def streamed(self, name: str) -> StreamedWeight:
+        """``name`` as a ``StreamedWeight`` (applied by ``linear``, never upcast whole)."""
+        return StreamedWeight(self.shape(name), lambda x: self.linear(name, x), name)
 
     # -- on an executor (reference.executor): float64 where the model runs --------------------------
     def get_on(self, name: str, executor, *, pending: list | None = None):
@@ -299,6 +326,9 @@ class SafetensorsSource(WeightSource):
 
     def get_raw(self, name: str) -> np.ndarray:
         return np.array(self._view(name))
+
+    def _raw_parts(self, name: str):
+        yield self._view(name)  # the memmap itself: the blocks are read from the page cache
 
     def get(self, name: str) -> np.ndarray:
         # converted straight from the memmap: no intermediate copy of the raw bytes

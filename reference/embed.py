@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .executor import namespace, to_numpy
+from .streamed import StreamedWeight, arrays, linear
 
 
 def embedding(ids, table):
@@ -29,12 +30,14 @@ def embedding(ids, table):
 def lm_head(h, weight):
     """Logits ``h @ weight.T`` (untied, no bias, no logit scale).
 
-    h: [T, D] (or [D] for one position); weight: [vocab, D]. Returns [T, vocab] (or [vocab]).
+    h: [T, D] (or [D] for one position); weight: [vocab, D] (an array or a
+    ``streamed.StreamedWeight``). Returns [T, vocab] (or [vocab]).
     """
-    xp = namespace(h, weight)
+    xp = namespace(h, *arrays(weight))
     h = xp.asarray(h, dtype=xp.float64)
-    weight = xp.asarray(weight, dtype=xp.float64)
+    if not isinstance(weight, StreamedWeight):
+        weight = xp.asarray(weight, dtype=xp.float64)
     if weight.ndim != 2 or h.ndim not in (1, 2) or h.shape[-1] != weight.shape[1]:
         raise ValueError(f"lm_head: expected h [T,D] and weight [vocab,D] with the same D, "
                          f"got h {tuple(h.shape)}, weight {tuple(weight.shape)}")
-    return h @ weight.T
+    return linear(h, weight)

@@ -14,7 +14,8 @@ positions, ``Ts = min(T, SEGMENT)`` tokens of a KDA / routed-expert segment):
   (expert outputs in expert order, gathered back per slot) + ``3 T F_shared``; dense ``4 T F``;
 - the new cache's MLA arrays ``S (L+R)`` per MLA layer;
 - the weights: the LRU's budget plus twice the largest tensor in flight (its raw bits and its
-  float64 form);
+  float64 form), or a streamed product's scratch if larger (``streamed.scratch_bytes``: a block
+  of uint32 and float64 per core);
 - the trace when asked for: ``3 T D`` per layer, ``2 T E + T k_e`` per MoE layer, ``T D``;
 - the logits ``2 T' vocab`` (blocks and their concatenation; ``T' = 1`` for ``logits="last"``).
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from .config import KimiConfig
 from .mla import attention_bytes
+from .streamed import scratch_bytes
 from .tensors import layer_tensors
 
 F64 = 8
@@ -57,7 +59,8 @@ def call_bytes(config: KimiConfig, T: int, *, cached: int = 0, trace: bool = Fal
     if trace:
         kept += c.num_hidden_layers * 3 * T * D + n_moe * (2 * T * E + T * k) + T * D
     rows = T if logits == "all" else 1
-    peak = max(largest + 2 * tensor, 2 * rows * c.vocab_size + lm_head_rows * D)
+    weights = max(2 * tensor, scratch_bytes() // F64)
+    peak = max(largest + weights, 2 * rows * c.vocab_size + lm_head_rows * D)
     return (kept + peak) * F64 + weight_bytes
 
 

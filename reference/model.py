@@ -9,7 +9,10 @@ CPU with ``executor="torch"``); its arrays (logits, caches, traces) are that lib
 Weights are fetched layer by layer as they are used, converted from their storage bits (bf16) to
 float64 on the executor's device, through a byte-bounded LRU (``weight_cache_bytes``): routed
 experts one at a time for the ids the router picked, embedding rows by id and the lm_head in row
-blocks, so the float64 model (393 GB at kimi-linear-48b) is never materialized. With
+blocks, so the float64 model (393 GB at kimi-linear-48b) is never materialized. On NumPy, when the
+LRU cannot hold every weight, the linear layers of a call of at most ``STREAM_TOKENS`` tokens are
+applied straight from the storage bits in cache-sized blocks on every core (``reference.streamed``):
+no float64 copy of such a weight exists at all. With
 ``shared_weights`` (``{name: tensor}`` on the device, e.g. the optimized model's bf16 weights) those
 tensors are read instead of the source: 98 GB of bf16 weights once on one GPU for both models.
 
@@ -28,8 +31,12 @@ cache arrays are read-only too) and returns a new one. ``trace`` (a dict) receiv
 ``[T, ...]`` also in decode (T = 1): ``layers.{i}.mixer`` / ``.ffn`` (the branch outputs added to the
 residual), ``layers.{i}.hidden`` (residual stream after layer i), ``layers.{i}.router.scores``
 (sigmoid scores ``[T, E]``), ``layers.{i}.router.selection`` (scores + bias ``[T, E]``),
-``layers.{i}.router.ids`` (``[T, k_e]``) and ``final_norm``. ``model.progress``, when set, is called
-after every layer with ``{"call", "layer", "layers", "tokens", "elapsed_s"}``.
+``layers.{i}.router.ids`` (``[T, k_e]``) and ``final_norm``. With ``model.trace_kda_core = True`` it
+also receives, per KDA layer, the core's inputs ``layers.{i}.kda.{q,k,v,g,beta}`` (after the fused
+prologue), the state it started from ``.initial_state`` ``[HV, K, V]`` and the gated norm's output
+``.normed`` ``[T, HV, V]``: the localization's bound replays the recurrence on them.
+``model.progress``, when set, is called after every layer with ``{"call", "layer", "layers",
+"tokens", "elapsed_s"}``.
 
 Semantic variants (spec §(e)), reported in ``model.variants``: ``moe_combine`` ("unbiased": combine
 weights from the sigmoid scores, as vLLM; "biased": from scores + correction bias, as the HF remote
@@ -52,12 +59,16 @@ from .checkpoint import WeightSource, open_source
 from .checks import check_token_id, check_token_ids, check_variants
 from .config import KimiConfig
 from .elementwise import sigmoid
-from .executor import NUMPY, Executor, get_executor, to_numpy
+from .executor import NUMPY, Executor, device_of, get_executor, to_numpy
+from .streamed import StreamedWeight, linear
 from .tensors import expert_name, layer_prefix
 
 LOGITS = ("all", "last")
 WEIGHT_CACHE_BYTES = 64 << 20  # default LRU of float64 weights: all of tiny/small, a few tensors of 48b
 LM_HEAD_BLOCK_ROWS = 4096  # a large lm_head is read in blocks of rows (75 MB float64 at 48b)
+STREAM_TOKENS = 64  # NumPy streams a linear layer's weight (``streamed``) for calls of at most this many
+# tokens: there the bf16 -> float64 upcast is the cost; a longer call reuses each float64 weight
+# for enough tokens that converting it whole and multiplying with threaded BLAS is as fast
 MEMORY_MARGIN = 1.25  # the estimate times this must fit: allocator slack, fragmentation
 SEGMENT = 8192  # a long prefill's KDA layers and routed experts run on this many tokens at a time
 # (a multiple of the KDA chunk 64: the chunks, the carried states and so the results are those of
@@ -129,6 +140,10 @@ class _Weights:
         # finiteness of weights fetched during a call, checked at its end in one device sync
         # (a sync per tensor costs ~1200 round trips per 48B decode step); NumPy checks at once
         self.pending: list | None = None if executor.name == "numpy" else []
+        # NumPy applies the linear layers' weights from their storage bits (``streamed``) when the
+        # LRU cannot hold every weight (48B: each step would upcast 3.1 G weights into fresh
+        # float64 arrays and evict them); a model whose weights all fit is upcast once.
+        self.streams = executor.name == "numpy" and not self.shared and not _fits(source, budget)
 
     def __call__(self, name: str):
         a = self._lru.get(name)
@@ -181,6 +196,27 @@ class _Weights:
     def small(self, name: str) -> bool:
         return math.prod(self.source.shape(name)) * 8 <= self.budget // 4
 
+    def linear(self, name: str, x):
+        """``x @ W.T`` for ``x [T, D]`` and the weight ``name`` ``[N, D]``: from the storage bits
+        where the model streams (at most ``STREAM_TOKENS`` tokens, ``name`` not in the LRU), else
+        with the float64 weight."""
+        if self.streams and x.shape[0] <= STREAM_TOKENS and name not in self._lru:
+            return self.source.linear(name, x)
+        return linear(x, self(name))
+
+    def operand(self, name: str):
+        """The weight ``name`` as an op's ``x @ W.T`` operand (``moe.swiglu``): applied by
+        ``linear`` where the model streams, else the float64 array."""
+        if self.streams:
+            return StreamedWeight(self.source.shape(name), lambda x: self.linear(name, x), name)
+        return self(name)
+
+
+def _fits(source: WeightSource, budget: int) -> bool:
+    """Whether an LRU of ``budget`` bytes keeps every float64 weight of ``source``."""
+    sizes = [math.prod(source.shape(n)) * 8 for n in source.names()]
+    return sum(sizes) <= budget and max(sizes, default=0) <= budget // 4
+
 
 def _contiguous(rows: np.ndarray) -> bool:
     return rows.size > 0 and int(rows[-1]) - int(rows[0]) + 1 == rows.size and bool(np.all(np.diff(rows) == 1))
@@ -199,7 +235,7 @@ class _Experts(Sequence):
         e = int(e)
         if not 0 <= e < self._count:
             raise IndexError(f"expert {e} out of range [0, {self._count})")
-        return self._w(expert_name(self._layer, e, self._which))
+        return self._w.operand(expert_name(self._layer, e, self._which))
 
 
 # -- the model ---------------------------------------------------------------------------------------
@@ -220,6 +256,7 @@ class Model:
         self.executor = executor
         self._w = _Weights(source, executor, budget, shared_weights)
         self.progress: Callable[[dict], None] | None = None
+        self.trace_kda_core = False  # traces also carry layers.{i}.kda.* (the localization sets it)
         if segment < 64 or segment % 64:
             raise ValueError(f"segment: expected a positive multiple of the KDA chunk 64, got {segment!r}")
         self.segment = int(segment)
@@ -282,8 +319,13 @@ class Model:
         executor's device, beyond the weights' LRU: see ``reference.memory``."""
         from .memory import call_bytes
 
-        return call_bytes(self.config, T, cached=cached, trace=trace, logits=logits,
-                          lm_head_rows=LM_HEAD_BLOCK_ROWS, weight_bytes=self._w.budget, segment=self.segment)
+        c = self.config
+        core = 0  # the KDA core's values a trace holds with trace_kda_core: q, k, v, g, normed, beta, state
+        if trace and self.trace_kda_core:
+            n_kda = sum(c.is_kda_layer(i) for i in range(c.num_hidden_layers))
+            core = n_kda * (5 * T * c.kda_dim + T * c.kda_num_heads + c.kda_num_heads * c.kda_head_dim ** 2) * 8
+        return core + call_bytes(c, T, cached=cached, trace=trace, logits=logits, lm_head_rows=LM_HEAD_BLOCK_ROWS,
+                                 weight_bytes=self._w.budget, segment=self.segment)
 
     # -- validation ------------------------------------------------------------------------------
     def _check_routing(self, routing, T: int) -> dict:
@@ -376,7 +418,7 @@ class Model:
             prev = None if cache is None else cache.layers[i]
             x = norm.rms_norm(h, w(p + "input_layernorm.weight"), eps=eps)
             if c.is_kda_layer(i):
-                a, lc = self._kda(i, x, prev)
+                a, lc = self._kda(i, x, prev, trace)
             else:
                 a, lc = self._mla(i, x, prev)
             new_layers.append(lc)
@@ -409,34 +451,42 @@ class Model:
         name = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
         if self._w.small(name):
             return embed.lm_head(h, self._w(name))
+        if self._w.streams and h.shape[0] <= STREAM_TOKENS:
+            return embed.lm_head(h, self.source.streamed(name))
         V = self.config.vocab_size
         blocks = [embed.lm_head(h, self._w.rows(name, np.arange(lo, min(V, lo + LM_HEAD_BLOCK_ROWS))))
                   for lo in range(0, V, LM_HEAD_BLOCK_ROWS)]
         return self.executor.xp.concat(blocks, axis=-1)
 
-    def _kda(self, i: int, x, prev: KDACache | None):
+    def _kda(self, i: int, x, prev: KDACache | None, trace: dict | None = None):
         """KDA layer (b.10) on normed ``x [T, D]``; ``prev`` None = fresh sequence (chunked), run
         ``SEGMENT`` tokens at a time with the conv and recurrent states carried between them."""
         T = x.shape[0]
         n = self.segment
+        core = [] if trace is not None and self.trace_kda_core else None
         if prev is not None or T <= n:
-            return self._kda_part(i, x, prev, fresh=prev is None)
-        outs, lc = [], None
-        for s in range(0, T, n):
-            out, lc = self._kda_part(i, x[s:s + n, ...], lc, fresh=True)
-            outs.append(out)
-        return self.executor.xp.concat(outs, axis=0), lc
+            out, lc = self._kda_part(i, x, prev, fresh=prev is None, core=core)
+        else:
+            outs, lc = [], None
+            for s in range(0, T, n):
+                part, lc = self._kda_part(i, x[s:s + n, ...], lc, fresh=True, core=core)
+                outs.append(part)
+            out = self.executor.xp.concat(outs, axis=0)
+        if core is not None:
+            _trace_kda(trace, i, core, prev, self.executor.xp)
+        return out, lc
 
-    def _kda_part(self, i: int, x, prev: KDACache | None, *, fresh: bool):
+    def _kda_part(self, i: int, x, prev: KDACache | None, *, fresh: bool, core: list | None = None):
         """The KDA layer on ``x [T, D]`` after ``prev`` (None: zero states); ``fresh``: the chunked
-        prefill forms (else the decode forms: conv step and recurrence, T = 1)."""
+        prefill forms (else the decode forms: conv step and recurrence, T = 1). ``core``: a list
+        that receives the KDA core's arguments and the gated norm's output (for the trace)."""
         c, w, xp = self.config, self._w, self.executor.xp
         a = layer_prefix(i) + "self_attn."
         T = x.shape[0]
         H, K = c.kda_num_heads, c.kda_head_dim
         conv_out, conv_states = [], []
         for which in "qkv":
-            proj = x @ w(a + f"{which}_proj.weight").T  # [T, H*K]
+            proj = w.linear(a + f"{which}_proj.weight", x)  # [T, H*K]
             cw = w(a + f"{which}_conv1d.weight")[:, 0, :]  # [C, W]
             if fresh:
                 init = None if prev is None else getattr(prev, f"conv_{which}")[None]
@@ -448,8 +498,8 @@ class Model:
             conv_out.append(xp.reshape(y, (1, T, H, K)))
             conv_states.append(st[0])
         q, k, v = conv_out
-        g_raw = xp.reshape((x @ w(a + "f_a_proj.weight").T) @ w(a + "f_b_proj.weight").T, (1, T, H, K))
-        beta_logits = xp.reshape(x @ w(a + "b_proj.weight").T, (1, T, H))
+        g_raw = xp.reshape(w.linear(a + "f_b_proj.weight", w.linear(a + "f_a_proj.weight", x)), (1, T, H, K))
+        beta_logits = xp.reshape(w.linear(a + "b_proj.weight", x), (1, T, H))
         A_log = xp.reshape(w(a + "A_log"), (H,))
         dt_bias = w(a + "dt_bias")
         if fresh:
@@ -458,9 +508,11 @@ class Model:
         else:
             o, S = kda.fused_recurrent(q, k, v, g_raw, beta_logits, A_log, dt_bias,
                                        initial_state=prev.state[None])
-        gate = xp.reshape((x @ w(a + "g_a_proj.weight").T) @ w(a + "g_b_proj.weight").T, (T, H, K))
+        gate = xp.reshape(w.linear(a + "g_b_proj.weight", w.linear(a + "g_a_proj.weight", x)), (T, H, K))
         o = norm.gated_rms_norm(o[0], gate, w(a + "o_norm.weight"), eps=c.rms_norm_eps)
-        out = xp.reshape(o, (T, H * K)) @ w(a + "o_proj.weight").T
+        if core is not None:
+            core.append(((q, k, g_raw, beta_logits, A_log, dt_bias), v, o))
+        out = w.linear(a + "o_proj.weight", xp.reshape(o, (T, H * K)))
         return out, KDACache(*conv_states, S[0])
 
     def _mla(self, i: int, x, prev: MLACache | None):
@@ -471,8 +523,8 @@ class Model:
         T = x.shape[0]
         N, P, R, Vh, L = (c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
                           c.v_head_dim, c.kv_lora_rank)
-        q = xp.reshape(x @ w(a + "q_proj.weight").T, (1, T, N, P + R))
-        kv = x @ w(a + "kv_a_proj_with_mqa.weight").T  # [T, L+R]
+        q = xp.reshape(w.linear(a + "q_proj.weight", x), (1, T, N, P + R))
+        kv = w.linear(a + "kv_a_proj_with_mqa.weight", x)  # [T, L+R]
         latent = norm.rms_norm(kv[:, :L], w(a + "kv_a_layernorm.weight"), eps=self.variants["kv_norm_eps"])
         k_pe = kv[:, L:]
         if prev is not None:
@@ -480,19 +532,19 @@ class Model:
             k_pe = xp.concat([prev.k_pe, k_pe], axis=0)
         attend = mla.naive if prev is None else mla.absorbed
         o = attend(q, latent[None], k_pe[None], w(a + "kv_b_proj.weight"))  # [1, T, N, Vh]
-        out = xp.reshape(o[0], (T, N * Vh)) @ w(a + "o_proj.weight").T
+        out = w.linear(a + "o_proj.weight", xp.reshape(o[0], (T, N * Vh)))
         return out, MLACache(latent, k_pe)
 
     def _dense(self, i: int, x):
         m, w = layer_prefix(i) + "mlp.", self._w
-        return moe.swiglu(x, w(m + "gate_proj.weight"), w(m + "up_proj.weight"), w(m + "down_proj.weight"))
+        return moe.swiglu(x, *(w.operand(m + f"{p}_proj.weight") for p in ("gate", "up", "down")))
 
     def _moe(self, i: int, x, trace: dict | None, forced=None):
         """Sigmoid-routed MoE (b.13/b.14): router logits ``x @ W.T`` in float64, routed experts
         loaded one by one for the selected ids (``forced``: these instead), plus the shared expert."""
         c, w = self.config, self._w
         m = layer_prefix(i) + "block_sparse_moe."
-        logits = x @ w(m + "gate.weight").T  # [T, E]
+        logits = w.linear(m + "gate.weight", x)  # [T, E]
         bias = w(m + "gate.e_score_correction_bias")
         rule = dict(renormalize=c.moe_renormalize, scaling=c.routed_scaling_factor,
                     combine=self.variants["moe_combine"])
@@ -507,16 +559,29 @@ class Model:
             trace[f"layers.{i}.router.scores"] = scores
             trace[f"layers.{i}.router.selection"] = scores + bias
             trace[f"layers.{i}.router.ids"] = ids
-        E = c.num_experts
+        E, n = c.num_experts, self.segment
         w1, w2, w3 = (_Experts(w, i, which, E) for which in ("w1", "w2", "w3"))
-        n = self.segment
         parts = [moe.experts(x[s:s + n, ...], weights[s:s + n, ...], ids[s:s + n, ...], w1, w2, w3)
                  for s in range(0, x.shape[0], n)]
         y = parts[0] if len(parts) == 1 else self.executor.xp.concat(parts, axis=0)
         if c.num_shared_experts:
             s = m + "shared_experts."
-            y = y + moe.swiglu(x, w(s + "gate_proj.weight"), w(s + "up_proj.weight"), w(s + "down_proj.weight"))
+            y = y + moe.swiglu(x, *(w.operand(s + f"{p}_proj.weight") for p in ("gate", "up", "down")))
         return y
+
+
+def _trace_kda(trace: dict, i: int, parts: list, prev: KDACache | None, xp) -> None:
+    """The KDA core's own inputs (after the fused prologue: l2-normalized q, k, the log decay g,
+    beta) over the call's segments, the state it started from and the gated norm's output: the
+    localization's bound replays the recurrence on them."""
+    cores = [kda._prologue(*args) + (v,) for args, v, _ in parts]
+    p = f"layers.{i}.kda."
+    for n, j in (("q", 0), ("k", 1), ("g", 2), ("beta", 3), ("v", 4)):
+        trace[p + n] = xp.concat([c[j][0] for c in cores], axis=0)
+    trace[p + "normed"] = xp.concat([o for _, _, o in parts], axis=0)
+    HV, K, V = trace[p + "g"].shape[1], trace[p + "g"].shape[2], trace[p + "v"].shape[2]
+    trace[p + "initial_state"] = (xp.zeros((HV, K, V), dtype=xp.float64, device=device_of(trace[p + "v"]))
+                                  if prev is None else prev.state)
 
 
 def _shape(a) -> tuple:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .elementwise import sigmoid, silu
 from .executor import device_of, namespace, to_numpy
+from .streamed import StreamedWeight, arrays, linear
 
 COMBINE_RULES = ("unbiased", "biased")
 
@@ -100,11 +101,14 @@ def _mask_groups(xp, selection, num_groups, topk_groups):
 def swiglu(x, w_gate, w_up, w_down):
     """SwiGLU MLP: ``(silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T``.
 
-    x: [T, D]; w_gate, w_up: [F, D]; w_down: [D, F]. Returns [T, D]. The dense MLP, the shared
-    expert and one routed expert (``swiglu(x, w1[e], w3[e], w2[e])``).
+    x: [T, D]; w_gate, w_up: [F, D]; w_down: [D, F] (each an array or a
+    ``streamed.StreamedWeight``). Returns [T, D]. The dense MLP, the shared expert and one routed
+    expert (``swiglu(x, w1[e], w3[e], w2[e])``).
     """
-    xp = namespace(x, w_gate, w_up, w_down)
-    x, w_gate, w_up, w_down = (xp.asarray(a, dtype=xp.float64) for a in (x, w_gate, w_up, w_down))
+    xp = namespace(x, *arrays(w_gate, w_up, w_down))
+    x = xp.asarray(x, dtype=xp.float64)
+    w_gate, w_up, w_down = (w if isinstance(w, StreamedWeight) else xp.asarray(w, dtype=xp.float64)
+                            for w in (w_gate, w_up, w_down))
     if x.ndim != 2:
         raise ValueError(f"x: expected [T,D], got {tuple(x.shape)}")
     D = x.shape[1]
@@ -115,7 +119,7 @@ def swiglu(x, w_gate, w_up, w_down):
         raise ValueError(f"w_up: expected [F,D] = {(F, D)}, got {tuple(w_up.shape)}")
     if tuple(w_down.shape) != (D, F):
         raise ValueError(f"w_down: expected [D,F] = {(D, F)}, got {tuple(w_down.shape)}")
-    return (silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
+    return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)
 
 
 def experts(x, weights, ids, w1, w2, w3):
@@ -123,8 +127,9 @@ def experts(x, weights, ids, w1, w2, w3):
 
     x: [T, D]; weights, ids: [T, k_e] (from ``router``); w1, w3: indexable by expert id giving
     [F, D], w2 giving [D, F] (stacked [E, F, D] / [E, D, F] arrays, or lazy sequences that load one
-    expert on access). Only the experts in ``ids`` are fetched, each once, and run on the tokens
-    routed to it (in token order); the sum over k is taken in slot order. Returns [T, D].
+    expert on access, as an array or a ``streamed.StreamedWeight``). Only the experts in ``ids``
+    are fetched, each once, and run on the tokens routed to it (in token order); the sum over k is
+    taken in slot order. Returns [T, D].
 
     Gathers only (no scatter, which the standard lacks): the (token, slot) pairs are sorted by
     expert, each expert's outputs are concatenated in that order, and slot ``k`` of token ``t``

@@ -28,6 +28,7 @@ MUL1 = 0x7FEB352D  # both multipliers < 2**31: a 32-bit value times one fits in 
 MUL2 = 0x5BD1E995
 GOLDEN = 0x9E3779B9
 _BLOCK = 1 << 16  # elements per NumPy task: its int64 temporaries stay in cache
+_PART = 1 << 23  # values generated at a time for ``linear`` (32 MB of float32 temporaries)
 _DEVICE_BLOCK = 1 << 24  # elements per pass on a GPU library (~400 MB of temporaries)
 
 
@@ -211,6 +212,13 @@ class SyntheticSource(WeightSource):
 
     def get_raw_rows(self, name: str, rows) -> np.ndarray:
         return to_storage(self._row_values(name, rows, np, None), storage_dtype(name))
+
+    def _raw_parts(self, name: str):
+        # rows of at most _PART values at a time: the 48B lm_head is not generated whole
+        shape = self.shape(name)
+        rows = max(1, _PART // max(1, math.prod(shape[1:])))
+        for lo in range(0, shape[0], rows):
+            yield self.get_raw_rows(name, np.arange(lo, min(shape[0], lo + rows)))
 
     def get_on(self, name: str, executor, *, pending: list | None = None):
         """Generated where the executor runs on a GPU (no host work, no copy); on the CPU by NumPy

@@ -11,9 +11,10 @@ product, the add). The chunked kernels round more: intermediates in the run dtyp
 the key-key matrix A and its inverse M = (I + A)^-1, the WY rows w and u, v_new, the chunk-start
 state h and the query-key matrix Q -- which enter through |M| (|A| + I) (Skeel's bound of the
 triangular solve), |Q| and the decayed keys. Their products take operands rounded to the run dtype,
-so A and Q err relative to the sums of their absolute terms (|k||k|, |q||k|), not to |A|, |Q|.
-Every magnitude is evaluated in float64 from the same inputs the candidate saw. The fused ops add the errors of their prologue (l2norm, gate, sigmoid) as
-perturbations of the core inputs.
+so A and Q err relative to the sums of their absolute terms (|k||k|, |q||k|), not to |A|, |Q|,
+and M built from its diagonal blocks' inverses by such products errs relative to its terms' sum.
+Every magnitude is evaluated in float64 from the same inputs the candidate saw. The fused ops add
+the errors of their prologue (l2norm, gate, sigmoid) as perturbations of the core inputs.
 
 Arithmetic contracts (parity.bounds.core.CONTRACTS) reach these models through ``Precision.uop``:
 what a matrix product does to its operands (TF32 reads float32 operands with 10 mantissa bits).
@@ -120,14 +121,14 @@ def core_bound(q, k, v, g, beta, h0, scale, cu, p, *, chunk=None, stored=False, 
                 o_b[b, t] = ob
                 rows.append((t, qt, kt, e, bt, Gc.copy()))
             if chunk and stored:
-                E2 = _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, ud=p.uop(stored))
+                E2 = _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, chunk, ud=p.uop(stored))
         s_b[n] = (LAMBDA * np.sqrt(E2) + D)[:, None, :]
     o_b = o_b + (ua + uo_o) * np.abs(o_ref)
     s_b = s_b + uo_s * np.abs(s_ref)
     return o_b, s_b
 
 
-def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, ud=None):
+def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, chunk, ud=None):
     """Add the chunked algorithm's storage roundings of one chunk to the output bounds (in place)
     and return the state error with the chunk's contribution added. ``ud``: the unit roundoff of a
     stored intermediate as a matrix product reads it (``Precision.uop(True)``; default ``us``, IEEE):
@@ -167,9 +168,9 @@ def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, ud=None):
     # (2 us + gamma_K(ua)) Ab; M and the right-hand side R are rounded as operands of X = M R
     # (2 us |M| |R|); then X's storage
     P = np.einsum("hij,hjl->hil", Mabs, ud * np.abs(A) + (2 * ud + gK) * Ab + gC * (I + Ab))
-    du = (np.einsum("hil,hlv->hiv", P, np.abs(uu)) + 2 * ud * np.einsum("hij,hjv->hiv", Mabs, Ru)
-          + us * np.abs(uu))
-    dw = _norm(np.einsum("hil,hlk->hik", P, np.abs(w)) + 2 * ud * np.einsum("hij,hjk->hik", Mabs, np.abs(Rw))
+    Mop = 2 * ud * Mabs + _merge_roundings(A, ud, chunk)   # what M errs by as the operand of X = M R
+    du = np.einsum("hil,hlv->hiv", P, np.abs(uu)) + np.einsum("hij,hjv->hiv", Mop, Ru) + us * np.abs(uu)
+    dw = _norm(np.einsum("hil,hlk->hik", P, np.abs(w)) + np.einsum("hij,hjk->hik", Mop, np.abs(Rw))
                + us * np.abs(w), 2)                 # [HV, C]
     nw = _norm(w, 2)
     # w h: h read as an operand (ud), w's storage already in dw, its read by the product (ud - us)
@@ -187,6 +188,39 @@ def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, ud=None):
     nkg = _norm(kg, 2)                              # [HV, C]
     st = np.einsum("hi,hiv->hv", nkg, (2 * ud + gC) * np.abs(Ev) + dv) + us * nS0
     return (np.sqrt(E2) + st) ** 2
+
+
+BLOCK = 16  # rows of the diagonal blocks a chunk's inverse is built from (ours and fla's)
+
+
+def _merge_roundings(A, us, chunk):
+    """``|dM|`` of ``M = (I + A)^-1`` built from the inverses ``D`` of its 16-row diagonal blocks
+    by products whose operands are rounded to the run dtype: ``(I + N)^-1 D``, ``N = D A_off``, as
+    ``(I - N)(I + N^2)...`` (log2(C/16) levels, 2 dots each, less one). Every term of every such
+    product is a path of ``|D|`` and ``|A_off|`` factors, a term of ``sum_k |N|^k |D|`` with
+    ``|N| = |D| |A_off|``, and each dot rounds both operands: ``|dM| <= 2 dots us sum_k |N|^k |D|``
+    (first order). Zero for one block (``D`` itself: formed in ACC, rounded once as M's operand).
+    The levels are the chunk size's, also in a ragged last chunk (its missing rows are zeros)."""
+    HV, C, _ = A.shape
+    nb = -(-C // BLOCK)
+    levels = int(np.ceil(np.log2(max(1, -(-chunk // BLOCK)))))
+    if nb <= 1 or levels == 0:
+        return np.zeros_like(A)
+    D = np.zeros_like(A)
+    for b0 in range(0, C, BLOCK):
+        sl = slice(b0, min(b0 + BLOCK, C))
+        n = sl.stop - sl.start
+        D[:, sl, sl] = np.linalg.inv(np.eye(n)[None] + A[:, sl, sl])
+    off = A.copy()
+    for b0 in range(0, C, BLOCK):
+        off[:, b0:b0 + BLOCK, b0:b0 + BLOCK] = 0.0
+    N = np.abs(D) @ np.abs(off)                      # strictly block-lower: N^nb = 0
+    term, chain = np.abs(D), np.abs(D)
+    for _ in range(nb - 1):
+        term = N @ term
+        chain = chain + term
+    dots = 2 * levels   # N = D A_off, then per level X += P X, and P = P P but at the last
+    return 2 * dots * us * chain
 
 
 def recurrent(x, kw, ref, p, *, chunk=None, stored=False):
@@ -239,3 +273,33 @@ def fused_recurrent(x, kw, ref, p):
 
 def fused_chunked(x, kw, ref, p):
     return fused(x, kw, ref, p, chunk=int(kw.get("chunk_size", 64)), stored=True)
+
+
+def readout_condition(q, k, v, g, beta, initial_state=None):
+    """Condition number of the read-out ``o_t = scale S_t^T q_t`` at every position, per value head
+    (docs/error-bounds.md, "Model level"): ``kappa = ||diag(q_t) S_t||_F / ||S_t^T q_t||``.
+
+    If every element of ``q_t`` and ``S_t`` errs relatively by at most ``eps`` through independent
+    roundings, each ``o_t[j]`` errs by at most ``LAMBDA eps sqrt(2 sum_d q_d^2 S_dj^2)`` (Hoeffding),
+    so the relative error of ``o_t`` is at most ``sqrt(2) LAMBDA eps kappa``: ``kappa`` is how much
+    the read-out amplifies the relative error its operands carry. It is about 1 for a generic query
+    and large where ``S^T q`` cancels. One sequence: ``q, k [T, H, K]``, ``v [T, HV, V]``,
+    ``g [T, HV, K]``, ``beta [T, HV]`` (the core's inputs, q and k normalized),
+    ``initial_state [HV, K, V]`` or None. Returns ``(kappa [T, HV], final state)``; a read-out that is
+    exactly zero has ``kappa`` inf unless its terms are all zero (then 1).
+    """
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    hmap = np.arange(HV) // (HV // H)
+    S = np.zeros((HV, K, V)) if initial_state is None else np.array(initial_state, dtype=np.float64)
+    kappa = np.ones((T, HV))
+    for t in range(T):
+        kt, qt = k[t, hmap], q[t, hmap]
+        S = np.exp(g[t])[:, :, None] * S
+        e = beta[t][:, None] * (v[t] - np.einsum("hk,hkv->hv", kt, S))
+        S = S + kt[:, :, None] * e[:, None, :]
+        terms = np.sqrt(np.einsum("hk,hkv->h", qt * qt, S * S))
+        out = np.linalg.norm(np.einsum("hk,hkv->hv", qt, S), axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kappa[t] = np.where(terms > 0, terms / out, 1.0)
+    return kappa, S

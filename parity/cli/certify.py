@@ -1,7 +1,7 @@
 """`parity certify`: certify registered ops against the float64 reference (docs/certificates.md).
 
     parity certify [--ops OP|FAMILY ...] [--device cpu|cuda] [--dtype bfloat16|float32|float64 ...]
-                   [--examples N] [--json PATH] [--candidate optimized|reference-f32]
+                   [--examples N] [--json PATH] [--candidate optimized|reference-f32] [--cases FILE]
                    [--impl OP=module:function | OP=path/to/file.py:function | fla ...]
                    [--contract ieee|tf32|bf16-storage]
 
@@ -49,6 +49,9 @@ def register(sub):
     p.add_argument("--contract", choices=tuple(CONTRACTS), default=None,
                    help="the arithmetic every candidate claims (default: what each declares, else ieee): "
                         "ieee, tf32 (matrix-product operands read as TF32), bf16-storage")
+    p.add_argument("--cases", metavar="FILE", default=None,
+                   help="replay the cases parity capture wrote, beside the drawn inputs (cases of ops "
+                        "--ops leaves out are skipped, with a line)")
     p.set_defaults(func=run)
 
 
@@ -95,6 +98,7 @@ def run(args) -> int:
     device = _setup_device(args.device)
     records, impls, specs = _implementations(records, bool(args.ops), named, shorthands, device, dtypes[0],
                                              args.contract)
+    cases, cases_info = _cases(args.cases, records)
 
     from rich.console import Console
 
@@ -108,6 +112,8 @@ def run(args) -> int:
         (f", candidate {args.candidate} for the rest" if len(impls) < len(records) else "")
     console.print(f"parity certify: {len(records)} op(s), {who}, device {device}, dtypes {', '.join(dtypes)}, "
                   f"{n} input(s) per dtype (hypothesis profile {profile})")
+    if cases_info is not None:
+        console.print(_cases_line(cases, cases_info), highlight=False)
     t0 = time.perf_counter()
     certs = []
 
@@ -121,14 +127,14 @@ def run(args) -> int:
 
         try:
             engine.certify(records, dtypes=dtypes, device=device, candidate=args.candidate, examples=n,
-                           on_case=on_case, on_op=on_op, impls=impls, contract=args.contract)
+                           on_case=on_case, on_op=on_op, impls=impls, contract=args.contract, cases=cases)
         except CandidateError as exc:
             raise InputError(str(exc)) from None
     seconds = time.perf_counter() - t0
     render_summary(console, certs, seconds)
     doc = certificate(certs, device=device, dtypes=dtypes, candidate=args.candidate, examples=n,
                       seconds=seconds, argv=["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"]
-                      else None, contract=args.contract, impls=specs)
+                      else None, contract=args.contract, impls=specs, cases=cases_info)
     if args.json_path is not None:
         from parity.report import write_json
 
@@ -194,6 +200,30 @@ def _implementations(records, ops_given, named, shorthands, device, dtype, contr
     except CandidateError as exc:
         raise InputError(f"--impl: {exc}") from None
     return records, impls, {op: specs[op] for op in impls}
+
+
+def _cases(path, records):
+    """``--cases FILE``: (op -> replayed cases of the selected ops, the certificate's ``cases``
+    entry), or (None, None). The file is validated whole (an unknown op is an input error)."""
+    if path is None:
+        return None, None
+    from parity import capture
+
+    cf = capture.casefile.read(path)
+    by_op, skipped = capture.replay_cases(cf, [r.name for r in records])
+    info = {"file": str(cf.path), "sha256": cf.sha256, "replayed": sum(map(len, by_op.values())),
+            "skipped": dict(skipped)}
+    return by_op, info
+
+
+def _cases_line(by_op, info) -> str:
+    kinds = [c.source["kind"] for cs in by_op.values() for c in cs]
+    line = (f"cases: {info['replayed']} replayed from {info['file']} ({kinds.count('captured')} captured, "
+            f"{kinds.count('regenerated')} regenerated)")
+    if info["skipped"]:
+        line += (f"; skipped {sum(info['skipped'].values())} case(s) of ops not selected by --ops: "
+                 + ", ".join(f"{op} ({k})" for op, k in info["skipped"].items()))
+    return line
 
 
 def _r(x):

@@ -13,7 +13,7 @@ MoE), which reads ``mid_i = h_{i-1} + mixer_i`` at the same position. Both strea
 the traces (``mid_i = hidden_i - ffn_i``, ``h_{i-1} = mid_i - mixer_i``; layer 0 reads the exact
 embedding). An op's error is judged against a propagation bound:
 
-    bound = A * (error of its input) + KAPPA_STORAGE * u + KAPPA_ARITH * ua
+    bound = r * (A * (error of its input) + KAPPA_STORAGE * u + KAPPA_ARITH * ua)
 
 ``u`` is the unit roundoff of the optimized run's storage dtype (bf16: 2^-8; doubled where the
 platform truncates instead of rounding to nearest, as the Triton interpreter does:
@@ -23,16 +23,19 @@ platform truncates instead of rounding to nearest, as the Triton interpreter doe
 (projections, conv, norm outputs, the kernels' bf16 intermediates), and fp32 reductions and
 exp/log/sqrt of a few ulps each. ``A`` is the amplification one op may apply to the error it is
 handed (softmax attention with a sharp distribution amplifies most: ~4x measured on the small
-preset). Measured on benign runs (docs/concepts.md): levels stay below 0.6 of their bound in bf16
-and 0.1 in float32; a perturbed ``A_log`` (+-1) in one KDA layer lands at 2-10x. Two checks, in
-this order:
+preset). ``A`` and the ``KAPPA`` terms are calibrated on benign runs (docs/concepts.md: levels stay
+below 0.6 of their bound in bf16; a perturbed ``A_log`` (+-1) in one KDA layer lands at 1.5-10x).
+``r`` is derived, per position: 1, except for a KDA mixer, where it is the read-out's amplification
+(``readout_amplification``): a head whose ``S^T q`` cancels carries a relative error ``kappa`` times
+a generic head's, and the gated RMSNorm after it gives that head its full weight in the output
+(docs/error-bounds.md, "Model level"). Two checks, in this order:
 
-* level: the median of ``e`` over positions, against the bound built from the median error of the
-  input. A wrong op (a perturbed ``A_log``, a mutant) moves its output at most positions; bf16 noise
-  and the odd router flip do not move a median. The first entry, layer by layer, whose level is
+* level: the median of ``e`` over positions, against the median of the per-position bound. A
+  wrong op (a perturbed ``A_log``, a mutant) moves its output at most positions; bf16 noise and the
+  odd router flip do not move a median. The first entry, layer by layer, whose level is
   past its bound is the op that is wrong.
 * spikes: single positions past ``SPIKE * bound`` built from that position's input error (the
-  running maximum over earlier positions for the causal mixer).
+  running maximum over earlier positions for the causal mixer) and its ``r``.
 
 A router flip is what bf16 noise does that no bound can foresee: it swaps a whole expert, so the FFN
 of its layer spikes at exactly the flipped position, and everything above that layer from that
@@ -54,6 +57,8 @@ from parity.metrics import to_numpy
 from .numerics import finite_or_none
 from .router import RouterFlip
 
+# Calibrated, not derived (docs/error-bounds.md, "Model level": the ops' derived bounds chained
+# through a layer are 10^3 above its error, past any bug's reach)
 AMPLIFICATION = 8.0   # A
 KAPPA_STORAGE = 4.0   # fresh rounding of one op: values stored at the run dtype, units of u
 KAPPA_ARITH = 64.0    # ... and its arithmetic (fp32 reductions, exp/log/sqrt), units of ua
@@ -74,11 +79,12 @@ class EntryError:
     spike_bound: float
     spike_units: float
     past_bound: list[int] = field(default_factory=list)  # positions with a spike past its bound
+    readout: float = 1.0   # the KDA read-out's amplification at ``position`` (1 for other ops)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["past_bound"] = d["past_bound"][:32]
-        for k in ("rel_err", "units", "spike_err", "spike_units"):
+        for k in ("rel_err", "units", "spike_err", "spike_units", "readout"):
             d[k] = finite_or_none(d[k])
         return d
 
@@ -157,6 +163,33 @@ def first_nonfinite(opt_trace: dict, config) -> dict | None:
     return None
 
 
+KDA_CORE = ("q", "k", "v", "g", "beta", "initial_state", "normed")
+
+
+def readout_amplification(ref_trace: dict, i: int) -> np.ndarray:
+    """``[T]``: how much KDA layer ``i``'s read-out amplifies, at each position, the relative error
+    its operands carry, seen at the mixer's output (docs/error-bounds.md, "Model level"): with
+    ``kappa_h`` the read-out's condition number of value head ``h``
+    (``parity.bounds.kda.readout_condition``) and ``y_h`` the head's gated-norm output,
+    ``sqrt(sum_h |y_h|^2 max(1, kappa_h)^2 / sum_h |y_h|^2)``. The gated RMSNorm is scale invariant:
+    it hands on the relative error of each head's read-out, whatever that head's magnitude, so a
+    read-out that cancels (``kappa >> 1``) reaches the output at full weight."""
+    from parity.bounds.kda import readout_condition
+
+    p = f"layers.{i}.kda."
+    missing = [n for n in KDA_CORE if p + n not in ref_trace]
+    if missing:
+        raise ValueError(f"the reference trace has no {p}{missing[0]}: the localization's bound needs the "
+                         "KDA core's values (load the reference with trace_kda_core = True)")
+    q, k, v, g, beta, s0, y = (to_numpy(ref_trace[p + n]).astype(np.float64) for n in KDA_CORE)
+    kappa, _ = readout_condition(q, k, v, g, beta, s0)
+    ny2 = np.sum(y * y, axis=-1)                                   # [T, HV]
+    total = np.sum(ny2, axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        amp = np.sqrt(np.sum(ny2 * np.maximum(1.0, kappa) ** 2, axis=-1) / total)
+    return np.where(total > 0, amp, 1.0)
+
+
 class TraceStats:
     """Per-position error and magnitude of every stream and op output, over the calls of one run.
 
@@ -167,6 +200,7 @@ class TraceStats:
         self.config = config
         self.diff: dict[str, list[np.ndarray]] = {}
         self.norm: dict[str, list[np.ndarray]] = {}
+        self.amp: dict[str, list[np.ndarray]] = {}   # KDA mixers: read-out amplification per position
         self.positions = 0
         self.nonfinite: dict | None = None
 
@@ -192,6 +226,8 @@ class TraceStats:
             self._put(f"layers.{i}.mid", mid_r, mid_o)
             self._put(f"layers.{i}.ffn", fr, fo)
             self._put(f"layers.{i}.hidden", hr, ho)
+            if c.is_kda_layer(i):
+                self.amp.setdefault(f"layers.{i}.mixer", []).append(readout_amplification(ref_trace, i))
         if "final_norm" in ref_trace and "final_norm" in opt_trace:
             self._put("final_norm", _rows(ref_trace["final_norm"]), _rows(opt_trace["final_norm"]))
         if self.nonfinite is None:
@@ -210,6 +246,12 @@ class TraceStats:
             e = d / np.maximum(n, floor if floor > 0 else 1.0)
         return np.where(np.isfinite(e), e, np.inf)
 
+    def amplification(self, key: str, upto: int) -> np.ndarray:
+        """The read-out amplification of entry ``key`` at positions ``0..upto-1`` (1: none)."""
+        if key not in self.amp:
+            return np.ones(upto)
+        return np.concatenate(self.amp[key])[:upto]
+
     def localize(self, step: int, upto: int, flips: list[RouterFlip], *, precision) -> Localization:
         """Localize the divergence seen at ``step`` from positions ``0..upto-1``; ``precision``: the
         optimized run's ``parity.bounds.core.Precision`` (its ``u`` includes the platform's rounding)."""
@@ -225,11 +267,13 @@ class TraceStats:
             for entry, inherited in (("mixer", e_in), ("ffn", e_mid)):
                 e = self.rel(f"layers.{i}.{entry}", upto)
                 spike_in = np.maximum.accumulate(inherited) if entry == "mixer" else inherited
-                entries.append(_entry(f"layers.{i}.{entry}", i, _op(c, i, entry), e, inherited, spike_in, fresh))
+                amp = self.amplification(f"layers.{i}.{entry}", upto)
+                entries.append(_entry(f"layers.{i}.{entry}", i, _op(c, i, entry), e, inherited, spike_in,
+                                      fresh, amp))
         if "final_norm" in self.diff and entries:
             e_last = self.rel(f"layers.{c.num_hidden_layers - 1}.hidden", upto)
             e = self.rel("final_norm", upto)
-            entries.append(_entry("final_norm", None, "norm", e, e_last, e_last, fresh))
+            entries.append(_entry("final_norm", None, "norm", e, e_last, e_last, fresh, np.ones(upto)))
         visible = [f for f in flips if f.position < upto]
         first, kind, pos = next(((x, "level", None) for x in entries if x.units > 1.0), (None, None, None))
         explained: list[RouterFlip] = []
@@ -270,9 +314,13 @@ class TraceStats:
                             router_flips=visible, explained_by_router=explained, backend_hint=hint)
 
 
-def _entry(name, layer, op, e, inherited, spike_in, fresh) -> EntryError:
-    level, level_bound = float(np.median(e)), AMPLIFICATION * float(np.median(inherited)) + fresh
-    spike_bound = SPIKE * (AMPLIFICATION * spike_in + fresh)
+def _entry(name, layer, op, e, inherited, spike_in, fresh, amp) -> EntryError:
+    """``amp``: the op's own amplification per position (the KDA read-out's, 1 elsewhere): the
+    bound at a position is ``amp * (A * input error + fresh)``; the level bound is the median of it
+    (if every position is within its bound, so is the median)."""
+    level = float(np.median(e))
+    level_bound = float(np.median(amp * (AMPLIFICATION * inherited + fresh)))
+    spike_bound = SPIKE * amp * (AMPLIFICATION * spike_in + fresh)
     with np.errstate(invalid="ignore"):
         spike_units = np.where(np.isfinite(e), e / spike_bound, np.inf)
     p = int(np.argmax(spike_units))
@@ -280,7 +328,7 @@ def _entry(name, layer, op, e, inherited, spike_in, fresh) -> EntryError:
     return EntryError(name=name, layer=layer, op=op, rel_err=level, bound=level_bound, units=units,
                       position=p, spike_err=float(e[p]), spike_bound=float(spike_bound[p]),
                       spike_units=float(spike_units[p]),
-                      past_bound=[int(q) for q in np.flatnonzero(spike_units > 1.0)])
+                      past_bound=[int(q) for q in np.flatnonzero(spike_units > 1.0)], readout=float(amp[p]))
 
 
 def localize(ref_model, opt_model, token_ids: list[int], config, *, dtype: str = "bfloat16",
@@ -293,6 +341,7 @@ def localize(ref_model, opt_model, token_ids: list[int], config, *, dtype: str =
     from .router import trace_router_flips
 
     ref_trace, opt_trace = {}, {}
+    ref_model.trace_kda_core = True  # the bound reads the KDA core's values
     ref_model.forward(list(token_ids), trace=ref_trace)
     opt_model.forward(list(token_ids), trace=opt_trace)
     stats = TraceStats(config)

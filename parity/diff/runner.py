@@ -236,6 +236,7 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
     splits: list[dict] = []
     ref_cache = opt_cache = None
     stats = TraceStats(config)   # per-position errors of every traced entry, for localization
+    ref_model.trace_kda_core = True  # the localization bound reads the KDA core's values from it
     flips: list[RouterFlip] = []
     router_noise = NoiseHistory()  # per-layer router-logit noise over the run
     traced = True

@@ -51,10 +51,14 @@ def _shift_slots(d):
 
 
 def _fill_padding(d):
-    """The padding row is given a free slot: it computes and writes a state it must not touch."""
+    """The padding row is given a free slot: it computes and writes a state it must not touch. An input
+    without a padding row or a free slot (a model's decode step, replayed) cannot show the bug: the
+    mutant is then the op itself, and survives that input rather than raising."""
     ids = d["slot_ids"].clone()
     used = set(int(i) for i in ids.tolist() if i >= 0)
     free = [s for s in range(d["state_pool"].shape[0]) if s not in used]
+    if not free or bool((ids >= 0).all()):
+        return d
     ids[ids < 0] = free[0]
     d["slot_ids"] = ids
     return d

@@ -253,8 +253,9 @@ CHUNKED = OpRecord(
     emulated=emu.chunked, inputs=lambda: core_cases(chunked=True), bound=bounds.chunked,
     outputs=("o", "final_state"), args=CORE, kwarg_arrays=KW, policy=POLICY, batch=BATCH,
     reductions="K, chunk C, T",
-    bound_doc=_CORE_DOC + "; plus per chunk the run-dtype storage of A, M, w, u, v_new, h, Q through "
-              "|M|(u|A| + gamma_C(ua)(I+|A|)), |Q|, |k exp(G_last - G)|",
+    bound_doc=_CORE_DOC + "; plus per chunk the run-dtype storage of A, M, w, u, v_new, h, Q and their "
+              "dots' operands: |M|(u|A| + (2u + gamma_K)|A|abs + gamma_C(ua)(I+|A|abs)), (2u|M| + dM)|R|, "
+              "|Q| + (2u + gamma_K)|Q|abs, |k exp(G_last - G)|; |.|abs: sums of |k||k|, |q||k|",
     mutants=(
         wrap("gate_sign_flipped", "decay exp(-g) instead of exp(g)", inputs=_neg_g),
         wrap("beta_dropped", "beta taken as 1", inputs=_beta_one),
