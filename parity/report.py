@@ -86,6 +86,21 @@ def render_summary(console, certs, seconds: float) -> None:
     console.print(f"{ok}/{len(certs)} op(s) certified in {seconds:.1f} s")
 
 
+def _who(impl: dict) -> str:
+    pkg = f"{impl['package']} {impl['version']}" if impl.get("package") else "no installed package"
+    git = impl.get("git") or {}
+    rev = f", git {git['revision'][:12]}{' (dirty)' if git.get('dirty') else ''}" if git.get("revision") else ""
+    ad = impl.get("adapter")
+    via = f" via {ad['module']}:{ad['function']}" if ad else ""
+    return f"{impl['module']}:{impl['function']} ({pkg}{rev}){via}"
+
+
+def _threshold() -> float:
+    from .fingerprint import THRESHOLD
+
+    return THRESHOLD
+
+
 def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=None, contract=None,
                 impls=None, cases=None) -> dict:
     """The certificate document; ``cases``: the ``cases`` entry of a ``--cases`` run (file, sha256,
