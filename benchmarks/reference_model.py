@@ -262,7 +262,7 @@ def _stream_sweep(src, cfg) -> dict:
     rows = []
     try:
         for block in (1 << 16, 1 << 17, 1 << 18, 1 << 19):
-            for threads in sorted({t for t in (4, 8, cpu_count()) if t <= cpu_count()}):
+            for threads in sorted({t for t in (2, 4, 8, cpu_count()) if t <= cpu_count()}):
                 streamed.BLOCK, streamed.THREADS = block, threads
                 row = {"block": block, "threads": threads}
                 for k, n in names.items():
@@ -273,7 +273,7 @@ def _stream_sweep(src, cfg) -> dict:
     finally:
         streamed.BLOCK, streamed.THREADS = saved
     shapes = {k: list(src.shape(n)) for k, n in names.items()}
-    return {"default_block": saved[0], "shapes": shapes, "rows": rows}
+    return {"default_block": saved[0], "default_threads": saved[1], "shapes": shapes, "rows": rows}
 
 
 def _timed(fn) -> float:
@@ -388,6 +388,12 @@ def cmd_gpu_suite(args) -> dict:
         ("cpu_checkpoint_decode", 100, 240,
          [*me, "cpu-checkpoint", "--dir", args.ram_dir, "--steps", "3", "--cleanup"]),
     ]
+    if args.parts:
+        known = {p[0]: p for p in parts}
+        unknown = [n for n in args.parts if n not in known]
+        if unknown:
+            raise SystemExit(f"error: --parts: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+        parts = [known[n] for n in args.parts]
     for name, expect, limit, cmd in parts:
         left = args.budget - (time.monotonic() - t_start)
         if left < expect:
@@ -452,6 +458,8 @@ def main(argv=None) -> int:
     g.add_argument("--budget", type=float, default=450.0, help="wall-time budget in seconds")
     g.add_argument("--steps", type=int, default=128)
     g.add_argument("--long-prefill", type=int, default=32768)
+    g.add_argument("--parts", nargs="+", default=None, metavar="PART",
+                   help="run only these parts, in this order (default: every part, in order of value)")
     g.add_argument("--ram-dir", default="/dev/shm/kimi48b-e16")
     for p in (d, c, cl, g):
         p.add_argument("--json", help="also write the result here")

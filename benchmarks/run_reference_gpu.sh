@@ -9,6 +9,7 @@
 #
 #   pip download array-api-compat==1.16.0 --no-deps -d .whl   # once, where pip can reach PyPI
 #   device run (kind nvidia-h200, carry [".whl"], timeout_s 540):   bash benchmarks/run_reference_gpu.sh
+#   (arguments go to gpu-suite: --parts decode_48b_shared diff_48b_128 ... runs those, in that order)
 #
 # The wheel is installed only when the device machine lacks array-api-compat.
 set -u
@@ -28,4 +29,4 @@ if ! "$PY" -c "import array_api_compat" 2>/dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv 2>&1 | tee "$OUT/nvidia-smi.txt"
-exec "$PY" benchmarks/reference_model.py gpu-suite --out "$OUT" --budget "${REF_BUDGET_S:-450}"
+exec "$PY" benchmarks/reference_model.py gpu-suite --out "$OUT" --budget "${REF_BUDGET_S:-450}" "$@"

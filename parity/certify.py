@@ -469,13 +469,44 @@ def certify(records, *, dtypes=("float32", "bfloat16"), device=None, candidate="
         raise ValueError(f"candidate: expected one of {CANDIDATES}, got {candidate!r}")
     impls = dict(impls or {})
     device = device or ("cpu" if candidate == "reference-f32" and not impls else default_device(None))
-    out = []
+    out, lost = [], None
     with cpu_threads(device):
         for rec in records:
-            c = certify_op(rec, dtypes=dtypes, device=device, candidate=impls.get(rec.name, candidate),
-                           examples=examples, on_case=on_case, contract=contract,
-                           cases=(cases or {}).get(rec.name, ()))
+            cand = impls.get(rec.name, candidate)
+            if lost is None:
+                try:
+                    c = certify_op(rec, dtypes=dtypes, device=device, candidate=cand, examples=examples,
+                                   on_case=on_case, contract=contract, cases=(cases or {}).get(rec.name, ()))
+                except RuntimeError as exc:  # a fault outside the candidate's own call (torch.AcceleratorError)
+                    if _context_fault(device) is None:
+                        raise
+                    c = OpCertificate(rec, getattr(cand, "__name__", str(cand)), counter=rec.counter_name)
+                    c.error = f"the CUDA context was lost: {_first_line(exc)}"
+                fault = _context_fault(device)
+                if fault is not None:
+                    lost = (f"not run: the CUDA context was lost after {rec.name}'s candidate faulted ({fault}); "
+                            f"certify this op in a fresh process (--ops {{op}})")
+            else:
+                c = OpCertificate(rec, getattr(cand, "__name__", str(cand)), counter=rec.counter_name)
+                c.error = lost.format(op=rec.name)
             out.append(c)
             if on_op:
                 on_op(c)
     return out
+
+
+def _context_fault(device) -> str | None:
+    """Why ``device``'s CUDA context is unusable, or None. A kernel that faults (a misaligned or
+    illegal address) poisons the context: every later CUDA call in the process fails, so the ops
+    after it cannot be certified here."""
+    if not str(device).startswith("cuda"):
+        return None
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as exc:
+        return _first_line(exc)
+    return None
+
+
+def _first_line(exc) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"

@@ -156,7 +156,8 @@ def run_candidate(prepared: Prepared, cand, *, counter: str | None = None):
     except Unsupported:
         raise  # an input the implementation does not take: the caller skips it
     except Exception as exc:  # a crashing candidate fails the check; the message says why
-        out, err = None, f"{type(exc).__name__}: {exc}"
+        msg = str(exc).strip().splitlines()   # CUDA errors append paragraphs of advice: the first line says it
+        out, err = None, f"{type(exc).__name__}: {msg[0] if msg else ''}"
     dt = time.perf_counter() - t0
     why = None
     if counter is not None:

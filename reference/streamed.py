@@ -25,7 +25,11 @@ import numpy as np
 from .executor import _pool, cpu_count
 
 BLOCK = 1 << 17  # weights per block: 1 MB of float64 + 0.5 MB of uint32 scratch per core (L2-sized)
-THREADS: int | None = None  # tasks per product at most; None: one per core (benchmarks sweep it)
+# tasks per product at most (None: one per core). Four: on the H200 machine's 16 cores one streamed
+# product ran fastest on 4 (lm_head 163840 x 2304: 262 ms on 4, 406 on 8, 643 on 16; an expert's
+# w1 1024 x 2304: 2.5, 3.7, 5.3 ms; `python benchmarks/reference_model.py cpu-checkpoint`,
+# stream_sweep): past four threads the blocks contend for memory bandwidth.
+THREADS: int | None = 4
 # and at most one task per BLOCK / 2 weights: handing out a task costs ~10-20 us of the calling
 # thread, ~BLOCK / 10 weights of work (so a 128 x 2304 weight runs as 5 tasks, not 16)
 

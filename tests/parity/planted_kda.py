@@ -11,9 +11,13 @@ to it. Usable from the command line: ``--impl kda.recurrent=tests/parity/planted
   KDA path produced values near 1e38);
 - ``tf32_dots``: correct, but its two K-long products read their operands truncated to TF32 (a
   float32 ``tl.dot`` on a tensor core): it fails ``ieee`` at float32 and holds ``tf32``;
-  ``tf32_declared`` is the same function declaring that contract.
+  ``tf32_declared`` is the same function declaring that contract;
+- ``faults`` (CUDA only): a kernel stores to an unmapped address, which poisons the process's CUDA
+  context (fla's chunk_kda faulted with a misaligned address on some shapes).
 """
 import torch
+import triton
+import triton.language as tl
 
 from parity.candidate import adapter
 
@@ -113,3 +117,15 @@ def wrong_shape(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
 def wrong_dtype(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
     o, S = _kda(q, k, v, g, beta, scale, initial_state, cu_seqlens)
     return o.to(torch.float16), S
+
+
+@triton.jit
+def _wild_store(x_ptr):
+    tl.store(x_ptr + (1 << 40), 1.0)
+
+
+def faults(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
+    """Stores to an address 4 TiB past ``q`` on the GPU: a CUDA fault (illegal address)."""
+    _wild_store[(1,)](q)
+    torch.cuda.synchronize()
+    return recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)

@@ -211,10 +211,31 @@ def test_fla_adapters_declare_what_fla_cores_source_does():
 
 @pytest.mark.parity_gpu
 def test_fla_cores_triton_kernels_on_a_gpu():
-    """fla-core's kernels under their declared contracts (chunk_kda: tf32) on the GPU."""
+    """fla-core's kernels on the GPU under their declared contracts. Its fused_kda_gate is not within
+    ieee: its softplus is lg2.approx(1 + ex2.approx(x)) (fla/ops/utils/softplus.py), whose error is
+    absolute, so a small gate -exp(A_log) softplus(x) (x << 0) errs by percents of itself."""
     from parity.peers import implementations
 
+    fns = implementations("fla", "cuda")
     with cpu_threads("cuda"):
-        for op, fn in implementations("fla", "cuda").items():
-            cert = certify_op(ops.get(op), candidate=fn, dtypes=("float32", "bfloat16"), examples=4, device="cuda")
+        for op in ("kda.recurrent", "norm.l2norm", "norm.gated_rms_norm"):
+            cert = certify_op(ops.get(op), candidate=fns[op], dtypes=("float32", "bfloat16"), examples=4, device="cuda")
             assert cert.certified, (op, cert.contract_summary(), cert.reasons())
+        gate = certify_op(ops.get("kda.gate"), candidate=fns["kda.gate"], dtypes=("float32",), examples=4,
+                          device="cuda")
+        assert not gate.certified and gate.runs["float32"].worst_ratio > 100, gate.reasons()
+        assert "fails ieee at float32" in gate.contract_summary()
+
+
+@pytest.mark.parity_gpu
+def test_a_candidate_that_faults_the_gpu_fails_and_the_ops_after_it_are_not_run():
+    """A CUDA fault poisons the process's context: the faulting op fails with a one-line error, the
+    ops after it are reported not run (certify them in a fresh process), nothing raises."""
+    from parity.certify import certify
+
+    certs = certify([ops.get("kda.recurrent"), ops.get("norm.l2norm")], dtypes=("float32",), device="cuda",
+                    examples=1, impls={"kda.recurrent": planted_kda.faults})
+    assert [c.certified for c in certs] == [False, False]
+    first = certs[0].runs["float32"].cases[0]["summary"]
+    assert "CUDA" in first and "\n" not in first, first
+    assert certs[1].error.startswith("not run: the CUDA context was lost after kda.recurrent's candidate faulted")
