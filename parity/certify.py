@@ -354,8 +354,10 @@ def _evaluator(record, dtype, device, cand, counter, run, bytes_cases, on_case, 
             run.unsupported[str(exc)] = run.unsupported.get(str(exc), 0) + 1
             reject()
         except Exception as exc:  # the reference or the builder failed: recorded, never silent
+            lost = _context_fault(device) is not None
+            why = "the CUDA context was lost (a kernel faulted)" if lost else "harness error"
             run.cases.append({"label": case.label, "passed": False, "ratio": math.inf, "seconds": 0.0,
-                              "kernel_ran": None, "summary": f"harness error: {type(exc).__name__}: {exc}",
+                              "kernel_ran": None, "summary": f"{why}: {_first_line(exc)}",
                               "outputs": {}, **({"source": dict(case.source)} if case.source else {})})
         if on_case:
             on_case(record.name, dtype, run.cases[-1])

@@ -24,6 +24,7 @@ from parity.platform import store_rounding
 from reference.fixtures import default_checkpoint_path
 
 PROMPT = "5,17,99"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # the kernels need a GPU or the interpreter
 MODEL_OPS = {"embed.embedding", "embed.lm_head", "norm.rms_norm", "norm.add_rms_norm", "norm.gated_rms_norm",
              "conv.short_conv", "conv.short_conv_step_", "kda.fused_chunked", "kda.fused_recurrent_decode",
              "mla.naive", "mla.paged_decode", "moe.router_logits", "moe.router", "moe.experts", "moe.swiglu"}
@@ -35,7 +36,7 @@ def cases_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("capture") / "cases.safetensors"
     buf = StringIO()  # capsys is per test: the module's one capture prints here
     with redirect_stdout(buf):
-        rc = main(["capture", "--prompt-ids", PROMPT, "--steps", "1", "--device", "cpu", "--out", str(path)])
+        rc = main(["capture", "--prompt-ids", PROMPT, "--steps", "1", "--device", DEVICE, "--out", str(path)])
     assert rc == 0, buf.getvalue()
     return path, buf.getvalue()
 
@@ -84,7 +85,7 @@ def test_certify_replays_the_cases_beside_the_draws_and_lists_them(cases_file, t
     path = cases_file[0]
     report = tmp_path / "c.json"
     chosen = ["norm.add_rms_norm", "moe.router", "embed.embedding"]
-    rc, out, err = run_cli(capsys, "certify", "--device", "cpu", "--ops", *chosen, "--dtype", "bfloat16",
+    rc, out, err = run_cli(capsys, "certify", "--device", DEVICE, "--ops", *chosen, "--dtype", "bfloat16",
                            "--examples", "1", "--cases", str(path), "--json", str(report))
     assert rc == 0, out + err
     cf = casefile.read(path)
@@ -113,7 +114,7 @@ def test_a_mutant_is_killed_on_a_replayed_case(cases_file):
     for op, mutants in (("norm.add_rms_norm", ("residual_dropped", "h_not_written", "weight_plus_one")),
                         ("kda.fused_recurrent_decode", ("state_not_written_back", "A_log_plus_one", "l2norm_skipped"))):
         by_op, _ = capture.replay_cases(cf, [op])
-        cert = certify_op(ops.get(op), dtypes=("bfloat16",), device="cpu", examples=1, cases=by_op[op])
+        cert = certify_op(ops.get(op), dtypes=("bfloat16",), device=DEVICE, examples=1, cases=by_op[op])
         assert cert.certified, cert.reasons()
         run = cert.runs["bfloat16"]
         for m in mutants:
@@ -129,7 +130,7 @@ def test_recording_leaves_the_model_bitwise_unchanged():
     """The recorder copies inputs before each op runs and writes nothing: the logits of a recorded
     run are the bits of an unrecorded one (the in-place decode pools included). The families on the
     reference math keep this cheap; the recorder sits in front of ``model.ops`` either way."""
-    model = optimized.load(default_checkpoint_path(), device="cpu", dtype="bfloat16", cuda_graphs=False,
+    model = optimized.load(default_checkpoint_path(), device=DEVICE, dtype="bfloat16", cuda_graphs=False,
                            backends={f: "reference" for f in ("embed", "norm", "conv", "kda", "mla", "moe")})
     prompt = [5, 17, 99, 3]
     rec = capture.run(model, prompt, steps=2)
@@ -189,7 +190,7 @@ def test_a_tampered_file_is_one_line_error_exit_2(cases_file, tmp_path, capsys, 
     bad = _rewrite(cases_file[0], tmp_path / "bad.safetensors", **edit)
     with pytest.raises(casefile.CasesError, match=needle):
         casefile.read(bad)
-    rc, out, err = run_cli(capsys, "certify", "--device", "cpu", "--ops", "norm.rms_norm", "--cases", str(bad))
+    rc, out, err = run_cli(capsys, "certify", "--device", DEVICE, "--ops", "norm.rms_norm", "--cases", str(bad))
     one_line_error(rc, out, err, needle)
 
 
@@ -200,7 +201,7 @@ def test_a_corrupt_or_foreign_file_is_one_line_error_exit_2(cases_file, tmp_path
     save_file({"x": torch.zeros(3)}, str(plain))
     for path, needle in ((cut, "truncated"), (plain, "not a kimi-parity cases file"),
                          (tmp_path / "none.safetensors", "no such cases file")):
-        rc, out, err = run_cli(capsys, "certify", "--device", "cpu", "--cases", str(path))
+        rc, out, err = run_cli(capsys, "certify", "--device", DEVICE, "--cases", str(path))
         one_line_error(rc, out, err, needle)
 
 
@@ -212,7 +213,7 @@ def test_a_corrupt_or_foreign_file_is_one_line_error_exit_2(cases_file, tmp_path
 ])
 def test_capture_bad_arguments_are_one_line_errors_exit_2(tmp_path, capsys, args, needle):
     out_file = tmp_path / "c.safetensors"
-    rc, out, err = run_cli(capsys, "capture", "--device", "cpu", "--out", str(out_file), *args)
+    rc, out, err = run_cli(capsys, "capture", "--device", DEVICE, "--out", str(out_file), *args)
     one_line_error(rc, out, err, needle)
     assert not out_file.exists()
 
@@ -265,7 +266,7 @@ def test_real_size_inputs_are_regenerated_from_statistics_and_ids_stay_exact(tmp
     assert lo <= g_lo <= g_hi <= hi and lo < -0.01
     # replayed: the certificate says "regenerated", and the case is within its bound with teeth
     by_op, _ = capture.replay_cases(cf, [rec.name])
-    cert = certify_op(rec, dtypes=("bfloat16",), device="cpu", examples=1, cases=by_op[rec.name])
+    cert = certify_op(rec, dtypes=("bfloat16",), device=DEVICE, examples=1, cases=by_op[rec.name])
     (entry,) = cert.to_dict()["replayed"]
     assert entry["kind"] == "regenerated" and entry["passed"] and cert.certified, cert.reasons()
     assert cert.runs["bfloat16"].mutants["A_log_plus_one"].first_failure.startswith("c0 regenerated")

@@ -30,16 +30,17 @@ def test_the_optimized_models_resident_weights_are_the_checkpoints_and_the_refer
     from optimized.weights import named_views
     from reference.tensors import expected_tensors
 
+    dev = "cuda" if torch.cuda.is_available() else "cpu"   # the kernels need a GPU or the interpreter
     src = SyntheticSource(TINY, 0)
-    views = named_views(optimized.load(src, device="cpu", dtype="bfloat16").weights, TINY)
+    views = named_views(optimized.load(src, device=dev, dtype="bfloat16").weights, TINY)
     shapes = expected_tensors(TINY)
     assert set(views) == set(shapes)
     for name, shape in shapes.items():
-        np.testing.assert_array_equal(views[name].double().numpy().reshape(shape), src.get(name), err_msg=name)
-    shared = reference.load(src, executor="torch", shared_weights=views)
+        np.testing.assert_array_equal(views[name].double().cpu().numpy().reshape(shape), src.get(name), err_msg=name)
+    shared = reference.load(src, executor="torch", device=dev, shared_weights=views)
     assert shared.shares_weights
     ids = [5, 9, 2]
-    assert torch.equal(shared.forward(ids), reference.load(src, executor="torch").forward(ids))
+    assert torch.equal(shared.forward(ids).cpu(), reference.load(src, executor="torch").forward(ids))
 
 
 def test_a_shared_tensor_that_cannot_hold_the_weights_is_refused_by_name():
