@@ -487,10 +487,10 @@ def certify(records, *, dtypes=("float32", "bfloat16"), device=None, candidate="
                 fault = _context_fault(device)
                 if fault is not None:
                     lost = (f"not run: the CUDA context was lost after {rec.name}'s candidate faulted ({fault}); "
-                            f"certify this op in a fresh process (--ops {{op}})")
+                            "certify this op in a fresh process (--ops OP)")
             else:
                 c = OpCertificate(rec, getattr(cand, "__name__", str(cand)), counter=rec.counter_name)
-                c.error = lost.format(op=rec.name)
+                c.error = lost.replace("--ops OP", f"--ops {rec.name}")
             out.append(c)
             if on_op:
                 on_op(c)
