@@ -273,7 +273,6 @@ def test_real_size_inputs_are_regenerated_from_statistics_and_ids_stay_exact(tmp
 
 
 def test_stored_values_round_trip_exactly_and_a_regenerated_case_keeps_its_digest(tmp_path):
-    rec = ops.get("norm.rms_norm")
     x = torch.randn(5, 64).to(torch.bfloat16)
     w = (1 + 0.1 * torch.randn(64)).to(torch.bfloat16)
     runinfo = {"checkpoint": {}, "dtype": "bfloat16", "device": "cpu", "prompt_ids": [1], "steps": 0,
