@@ -111,3 +111,20 @@ def classify_step(ref_logits, opt_logits, *, bound=None, dtype=None) -> StepVerd
     else:
         verdict = "near-tie" if margin <= flip else "diverged"
     return StepVerdict(verdict, i, j, margin, flip, ratio, noise, floor_i + floor_j, dname, model)
+
+
+def twin_bound(ref_logits, twin_logits, *, dtype) -> np.ndarray:
+    """Per-logit noise ``[vocab]`` measured on a certified twin (``parity.diff.twin``): a correct
+    implementation at ``dtype`` fed the same tokens. Per logit ``v``: the larger of the twin's
+    high quantile of ``|t - r|`` over the vocabulary (QUANTILE; the max below MIN_FOR_QUANTILE
+    logits), its own ``|t_v - r_v|`` and the dtype floor ``u |r_v|``. Pass it as ``bound=`` to
+    ``classify_step``: the engine under test never sets its own noise."""
+    r = to_numpy(ref_logits).astype(np.float64).ravel()
+    t = to_numpy(twin_logits).astype(np.float64).ravel()
+    if r.shape != t.shape:
+        raise ValueError(f"twin_bound: logits shapes differ: reference {r.shape}, twin {t.shape}")
+    err = np.abs(t - r)
+    if not np.all(np.isfinite(err)):
+        raise ValueError("twin_bound: the twin's logits are not finite")
+    q = float(np.max(err)) if err.size < MIN_FOR_QUANTILE else float(np.quantile(err, QUANTILE))
+    return np.maximum(np.maximum(err, q), UNIT_ROUNDOFF[dtype_name(dtype)] * np.abs(r))

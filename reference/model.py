@@ -408,23 +408,15 @@ class Model:
                              f"token(s) after {cached} ({_oom_text(exc)})") from None
 
     def _stack(self, ids, cache, trace, routing, logits, call):
-        c, w = self.config, self._w
-        eps = c.rms_norm_eps
+        c = self.config
         t0 = time.perf_counter()
         h = self._embed(ids)
         new_layers = []
         for i in range(c.num_hidden_layers):
-            p = layer_prefix(i)
-            prev = None if cache is None else cache.layers[i]
-            x = norm.rms_norm(h, w(p + "input_layernorm.weight"), eps=eps)
-            if c.is_kda_layer(i):
-                a, lc = self._kda(i, x, prev, trace)
-            else:
-                a, lc = self._mla(i, x, prev)
+            a, lc = self.mixer(i, h, None if cache is None else cache.layers[i], trace=trace)
             new_layers.append(lc)
             h = h + a
-            x = norm.rms_norm(h, w(p + "post_attention_layernorm.weight"), eps=eps)
-            f = self._moe(i, x, trace, routing.get(i)) if c.is_moe_layer(i) else self._dense(i, x)
+            f = self.ffn(i, h, trace=trace, routing=routing.get(i))
             h = h + f
             if trace is not None:
                 trace[f"layers.{i}.mixer"] = a
@@ -433,11 +425,44 @@ class Model:
             if self.progress is not None:
                 self.progress({"call": call, "layer": i + 1, "layers": c.num_hidden_layers,
                                "tokens": len(ids), "elapsed_s": time.perf_counter() - t0})
-        h = norm.rms_norm(h, w("model.norm.weight"), eps=eps)
+        h = self.final_norm(h)
         if trace is not None:
             trace["final_norm"] = h
         out = self._lm_head(h if logits == "all" else h[-1:, ...])
         return out, ModelCache(new_layers, len(ids) + (0 if cache is None else cache.length))
+
+    # -- one layer at a time (the diff's replay runs each layer on an engine's own inputs) --------
+    def weight(self, name: str):
+        """The float64 weight ``name`` (a checkpoint tensor name) on the executor."""
+        return self._w(name)
+
+    def embed(self, ids):
+        """The residual stream's start ``[T, D]`` for token ids ``[T]`` (host integers)."""
+        return self._embed(check_token_ids(np.asarray(ids), self.config.vocab_size))
+
+    def mixer(self, i: int, h, prev, *, trace: dict | None = None):
+        """Layer ``i``'s KDA or MLA block on the residual stream ``h [T, D]`` (its input norm
+        included): ``(output [T, D], the layer's new cache)``. ``prev``: the layer's cache
+        (``KDACache`` / ``MLACache``) of the positions before these, None for a fresh sequence
+        (the prefill forms; else the decode forms, T = 1)."""
+        x = norm.rms_norm(h, self._w(layer_prefix(i) + "input_layernorm.weight"), eps=self.config.rms_norm_eps)
+        return self._kda(i, x, prev, trace) if self.config.is_kda_layer(i) else self._mla(i, x, prev)
+
+    def ffn(self, i: int, mid, *, trace: dict | None = None, routing=None):
+        """Layer ``i``'s dense MLP or MoE on ``mid [T, D]`` (the stream after the mixer; its
+        post-attention norm included): ``[T, D]``. ``routing``: expert ids ``[T, k_e]`` to use
+        instead of the router's own top-k (checked by the caller)."""
+        x = norm.rms_norm(mid, self._w(layer_prefix(i) + "post_attention_layernorm.weight"),
+                          eps=self.config.rms_norm_eps)
+        return self._moe(i, x, trace, routing) if self.config.is_moe_layer(i) else self._dense(i, x)
+
+    def final_norm(self, h):
+        """The final RMSNorm of the stream ``h [T, D]``: the lm_head's input."""
+        return norm.rms_norm(h, self._w("model.norm.weight"), eps=self.config.rms_norm_eps)
+
+    def lm_head(self, x):
+        """Logits ``[T, vocab]`` of the final-normed ``x [T, D]``."""
+        return self._lm_head(x)
 
     def _embed(self, ids: np.ndarray):
         name = "model.embed_tokens.weight"

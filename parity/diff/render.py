@@ -63,7 +63,9 @@ def print_result(result: DiffResult, console: Console, *, decode=None) -> None:
     """The table, the localization of a divergence, free-mode splits; the summary line last."""
     console.print(step_table(result, decode=decode))
     if result.mode == "free":
-        console.print("* = split: the optimized path was re-anchored to the reference token")
+        console.print("* = split: " + ("the engine's tokens stand (it already ran): the reference followed them"
+                                       if result.follow == "engine" else
+                                       "the engine was re-anchored to the reference token"))
         for sp in result.splits:
             again = f"re-converged at step {sp['reconverged_at']}" if sp["reconverged_at"] is not None \
                 else "did not re-converge"
@@ -79,9 +81,11 @@ def print_result(result: DiffResult, console: Console, *, decode=None) -> None:
             console.print(f"confirm: rerun with {loc.backend_hint} (that family then runs the reference "
                           "math on the optimized side)", markup=False)
         worst = sorted(loc.entries, key=lambda e: -e.units)[:3]
-        console.print("median error per op, in units of its bound (largest): "
+        console.print("each op replayed on the engine's own inputs, median error in units of its bound "
+                      "(largest): "
                       + ", ".join(f"{e.name} {e.units:.3g}" for e in worst), markup=False)
     nonfinite = next((s for s in result.steps if s.nonfinite), None)
     if nonfinite is not None and (loc is None or not loc.nonfinite):
         console.print(f"first NaN/Inf: step {nonfinite.step}, {nonfinite.nonfinite['name']}", markup=False)
+    console.print(f"noise that may excuse a token flip: {result.twin}", markup=False)
     console.print(result.summary()["line"], markup=False, highlight=False, soft_wrap=True)  # one line: greppable

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from parity.atomic import atomic_write  # noqa: F401  (re-exported for plot, golden, the CLI)
 
 REPORT_FORMAT = "kimi-parity/diff-report"
-REPORT_VERSION = 2  # 2: the engine, the past-bound run verdict, the logits check
+REPORT_VERSION = 3  # 3: ops replayed on the engine's inputs, the certified twin's noise
 
 
 def environment(*, device: str, dtype: str) -> dict:
@@ -44,5 +45,16 @@ def build_report(result, *, checkpoint: dict, config, variants: dict, env: dict,
     }
 
 
+def _json_safe(x):
+    """JSON has no NaN/Inf: every non-finite number anywhere in the report is written as null."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
 def write_json(path: str | Path, report: dict) -> Path:
-    return atomic_write(path, json.dumps(report, indent=1, allow_nan=False) + "\n")
+    return atomic_write(path, json.dumps(_json_safe(report), indent=1, allow_nan=False) + "\n")

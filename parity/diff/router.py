@@ -1,34 +1,30 @@
-"""Router decisions that differ between the two paths, and whether noise explains them.
+"""The MoE router replayed on an engine's own input: which experts it should have picked, how much
+rounding may move its scores, and whether a different choice is noise or a bug.
 
-The MoE router picks the top-``k_e`` experts by selection score ``sel = s + bias``, ``s =
-sigmoid(logit)``. Where two experts' selection scores are closer than the optimized path's noise,
-rounding can swap them: a *router flip*. A flip changes the layer's FFN output by a whole expert, so
-it can move the logits far more than the noise that caused it; the diff must tell such a flip
-(benign, a near-tie one level down) from a router that is wrong.
+The router picks the top-``k_e`` experts by selection score ``sel = s + bias``, ``s =
+sigmoid(logit)``, ``logit = x @ W_r.T`` computed in fp32 (spec b.13) from ``x``, the normed stream
+the engine handed its MoE. The replay (``replay.py``) recovers that stream from the engine's trace
+and runs the float64 router on it, so nothing upstream of the router enters its bound: an earlier
+benign flip, or an earlier bug, changes ``x`` for both.
 
-Per flipped pair (expert ``out`` chosen by the reference only, ``in`` by the optimized path only):
+The noise bound is derived from the arithmetic, per token and expert (never measured on the engine
+under test, which would widen its own bound):
 
-* ``margin`` = the reference's preference for ``out``: ``sel_ref[out] - sel_ref[in]`` (>= 0). With
-  grouped routing, when ``in``'s group was not kept by the reference, the flip needed a group flip
-  and the margin is the group-score gap instead (group score = sum of the group's top-2 scores).
-* ``bound`` = the noise the pair can see. The noise lives in the router logits (``x @ W_r.T`` of a
-  bf16 hidden state) and reaches a selection score through the sigmoid's slope ``s (1 - s)``. The
-  logit errors ``d = logit(s_opt) - logit(s_ref)`` scatter by ``sigma``, the larger of two
-  estimates: the RMS of ``d`` over the token's *other* experts (the flipped two are left out: a
-  flip always has a margin below its own two errors, so measuring them would excuse any flip), and
-  the RMS of ``d`` over every expert and position of that layer so far in the run, flipped pairs
-  left out again (six or so other experts of one token are too few to see the tails). Then
+* ``x`` as the engine held it differs from the float64 one by ``dx_d <= |x_d| (u + 2 e_mid)``: its
+  own storage rounding at the run's ``u``, and the rounding ``e_mid`` (relative) of the stream
+  ``mid`` it was normed from (the engine's sum of the stream and the mixer's output, recovered from
+  the trace), which reaches ``x`` through ``mid_d`` and through the norm's scale;
+* ``|d logit_e| <= sum_d |W_ed| dx_d + gamma_D(ua) sum_d |x_d W_ed|`` (fp32 accumulation);
+* ``|d s_e| <= slope_e |d logit_e|`` with ``slope_e = min(1/4, s_e (1 - s_e) exp|d logit_e|)`` (the
+  sigmoid's largest slope over the interval), plus a few fp32 ulps of the sigmoid and the sum:
+  ``eps_e = slope_e |d logit_e| + ua (4 |s_e| + |sel_e|)``.
 
-      bound = LAMBDA * sigma * sqrt(slope_in^2 + slope_out^2) + u_sel * (|sel_out| + |sel_in|)
-
-  with ``LAMBDA = 4`` (``parity.bounds.core``: a benign pair exceeds it with probability ~1e-4)
-  and ``u_sel`` the unit roundoff of the dtype the selection scores came back in (fp32 routers:
-  negligible). Doubled for group margins (a group score sums two selection scores). Without traced
-  scores the same is done on the selection scores themselves (slope 1, ``sqrt 2``).
-
-``within_noise`` is ``margin <= bound``. Several swapped pairs are reported with the largest margin
-over bound (every pair had to flip). Measured on benign bf16 runs (bundled fixture, tiny seeds 2, 5,
-11, 12; 60 positions): margins reach at most 0.56 of their bound.
+A *router flip* (expert ``out`` in the reference's top-k only, ``in`` in the engine's only) is within
+noise when the reference's margin ``sel[out] - sel[in] <= eps_out + eps_in`` (a group-score margin
+with grouped routing, against twice that). A flip past it is the router's bug. The engine's traced
+scores are held to ``eps`` too (plus their own storage rounding), and its traced selection to
+``scores + bias``: a bias dropped, or held in a coarser dtype than the fp32 checkpoint tensor (vLLM
+pull 50761), is past that however few tokens it flips.
 """
 from __future__ import annotations
 
@@ -36,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from parity.bounds.core import LAMBDA, UNIT_ROUNDOFF
+from parity.bounds.core import UNIT_ROUNDOFF
 from parity.metrics import dtype_of, to_numpy
 
 
@@ -44,10 +40,10 @@ from parity.metrics import dtype_of, to_numpy
 class RouterFlip:
     layer: int
     position: int           # index of the token in the sequence (prompt positions included)
-    swapped_in: list[int]   # experts only the optimized path chose
-    swapped_out: list[int]  # experts only the reference chose
+    swapped_in: list[int]   # experts only the engine chose
+    swapped_out: list[int]  # experts only the reference chose (on the engine's input)
     margin: float           # the reference's selection-score margin of the flip
-    bound: float            # its noise bound
+    bound: float            # its noise bound (derived, module docstring)
     within_noise: bool
     grouped: bool = False   # the margin is a group-score margin
 
@@ -61,18 +57,32 @@ class RouterFlip:
                 f"margin {self.margin:.3g} {rel} bound {self.bound:.3g}")
 
 
-class NoiseHistory:
-    """Running sum of squared router-logit errors per layer, over the calls of one run."""
+@dataclass
+class RouterJudgement:
+    """One call's router of one layer, replayed: per position the worst units of its checks (flip
+    margins, scores, selection; 1 = at the bound) and the flips."""
+    units: np.ndarray          # [T]
+    flips: list[RouterFlip]
+    what: list[str]            # [T]: which check gave the worst units ("flip", "scores", "selection")
 
-    def __init__(self):
-        self.sum_sq: dict[int, float] = {}
-        self.count: dict[int, int] = {}
 
-    def add(self, layer: int, d: np.ndarray) -> float:
-        """Fold in ``d`` (any shape) and return the layer's RMS so far."""
-        self.sum_sq[layer] = self.sum_sq.get(layer, 0.0) + float(np.sum(d * d))
-        self.count[layer] = self.count.get(layer, 0) + d.size
-        return float(np.sqrt(self.sum_sq[layer] / max(self.count[layer], 1)))
+def gamma(n: int, ua: float) -> float:
+    return n * ua / (1.0 - n * ua)
+
+
+def score_noise(x, W, *, u: float, e_mid: float, ua: float):
+    """``(s [T, E], eps [T, E])``: the float64 sigmoid scores of the router on ``x [T, D]`` (the
+    normed stream) and their noise bound (module docstring). ``u``: the run's storage roundoff (the
+    engine's rounding of ``x``); ``e_mid``: the relative rounding of the stream ``x`` was normed from."""
+    D = x.shape[-1]
+    absW = np.abs(W)
+    ax = np.abs(x)
+    dlogit = (u + 2.0 * e_mid) * (ax @ absW.T) + gamma(D, ua) * (ax @ absW.T)
+    logit = x @ W.T
+    s = 1.0 / (1.0 + np.exp(-logit))
+    with np.errstate(over="ignore"):
+        slope = np.minimum(0.25, s * (1.0 - s) * np.exp(np.minimum(dlogit, 700.0)))
+    return s, slope * dlogit + ua * 4.0 * np.abs(s)
 
 
 def _group_scores(sel: np.ndarray, groups: int) -> np.ndarray:
@@ -82,80 +92,66 @@ def _group_scores(sel: np.ndarray, groups: int) -> np.ndarray:
     return top.sum(axis=1)
 
 
-def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-300, 1.0 - 1e-16)
-    return np.log(p) - np.log1p(-p)
-
-
-def router_flips(layer: int, first_position: int, ref_sel, opt_sel, ref_ids, opt_ids, *,
-                 ref_scores=None, opt_scores=None, num_groups: int = 1, topk_groups: int = 1,
-                 history: NoiseHistory | None = None) -> list[RouterFlip]:
-    """Compare one layer's router decisions over ``T`` tokens. ``*_sel``: ``[T, E]`` selection
-    scores, ``*_scores``: ``[T, E]`` sigmoid scores (optional, see the module docstring), ``*_ids``:
-    ``[T, k_e]`` chosen experts; reference float64, optimized any dtype. ``first_position``:
-    sequence index of row 0; ``history``: the run's running noise per layer (updated here)."""
-    u_sel = UNIT_ROUNDOFF[dtype_of(opt_sel) or "float64"]
-    ref_sel, opt_sel = to_numpy(ref_sel), to_numpy(opt_sel)
-    E = ref_sel.shape[-1]
-    ref_sel, opt_sel = ref_sel.reshape(-1, E), opt_sel.reshape(-1, E)
-    T = ref_sel.shape[0]
+def judge_router(layer: int, first_position: int, *, s, eps, bias, ref_ids, opt_ids, opt_scores=None,
+                 opt_sel=None, ua: float, num_groups: int = 1, topk_groups: int = 1) -> RouterJudgement:
+    """Judge one layer's router over ``T`` tokens: ``s``, ``eps`` ``[T, E]`` from ``score_noise``,
+    ``bias [E]`` the checkpoint's correction bias (float64), ``ref_ids`` the float64 router's top-k
+    on the engine's input, ``opt_ids`` the engine's ``[T, k_e]``, ``opt_scores`` / ``opt_sel`` its
+    traced scores and selection (any dtype; None: not checked)."""
+    T, E = s.shape
+    sel = s + bias
+    eps_sel = eps + ua * np.abs(sel)
     ref_ids = to_numpy(ref_ids).astype(np.int64).reshape(T, -1)
     opt_ids = to_numpy(opt_ids).astype(np.int64).reshape(T, -1)
-    if ref_scores is not None and opt_scores is not None:
-        s_ref = to_numpy(ref_scores).reshape(T, E)
-        d = _logit(to_numpy(opt_scores).reshape(T, E)) - _logit(s_ref)
-        slope, pair = s_ref * (1.0 - s_ref), None
-    else:  # no scores traced: the selection-score errors themselves, slope 1
-        d, slope, pair = opt_sel - ref_sel, None, np.sqrt(2.0)
-    flipped = np.zeros((T, E), dtype=bool)  # the experts of flipped pairs: never their own noise
-    for t in range(T):
-        flipped[t, list(set(ref_ids[t].tolist()) ^ set(opt_ids[t].tolist()))] = True
-    d = np.where(np.isfinite(d), d, np.inf)
-    layer_rms = (history or NoiseHistory()).add(layer, d[~flipped & np.isfinite(d)])
+    units = np.zeros(T)
+    what = ["flip"] * T
+    if opt_scores is not None:
+        so = to_numpy(opt_scores).astype(np.float64).reshape(T, E)
+        u_s = UNIT_ROUNDOFF[dtype_of(opt_scores) or "float64"]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = np.abs(so - s) / (eps + u_s * np.abs(so))
+        r = np.where(np.isfinite(r), r, np.inf).max(axis=-1)
+        what = ["scores" if r[t] > units[t] else what[t] for t in range(T)]
+        units = np.maximum(units, r)
+        if opt_sel is not None:
+            sl = to_numpy(opt_sel).astype(np.float64).reshape(T, E)
+            u_sel = UNIT_ROUNDOFF[dtype_of(opt_sel) or "float64"]
+            # the bias the engine applied: sel - s, against the checkpoint's (fp32) values
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rb = np.abs((sl - so) - bias) / (u_sel * np.abs(sl) + u_s * np.abs(so)
+                                                  + ua * (np.abs(sl) + np.abs(so)) + 1e-300)
+            rb = np.where(np.isfinite(rb), rb, np.inf).max(axis=-1)
+            what = ["selection" if rb[t] > units[t] else what[t] for t in range(T)]
+            units = np.maximum(units, rb)
     flips = []
     for t in range(T):
         r, o = set(ref_ids[t].tolist()), set(opt_ids[t].tolist())
         if r == o:
             continue
-        out = sorted(r - o, key=lambda e: ref_sel[t, e])              # weakest chosen first
-        inn = sorted(o - r, key=lambda e: -ref_sel[t, e])             # strongest passed-over first
-        pool = d[t, ~flipped[t]]
-        sigma = max(float(np.sqrt(np.mean(pool * pool))), layer_rms)
+        out = sorted(r - o, key=lambda e: sel[t, e])              # weakest chosen first
+        inn = sorted(o - r, key=lambda e: -sel[t, e])             # strongest passed-over first
         kept = None
         if num_groups > 1:
-            gs = _group_scores(ref_sel[t], num_groups)
+            gs = _group_scores(sel[t], num_groups)
             kept = set(np.argsort(-gs, kind="stable")[:topk_groups].tolist())
         worst = None
         for e_out, e_in in zip(out, inn):
-            noise = LAMBDA * sigma * (pair if slope is None else np.hypot(slope[t, e_in], slope[t, e_out]))
-            rounding = u_sel * (abs(ref_sel[t, e_out]) + abs(ref_sel[t, e_in]))
+            noise = eps_sel[t, e_out] + eps_sel[t, e_in]
             g_in = e_in // (E // num_groups)
             if kept is not None and g_in not in kept:
                 # the reference dropped e_in's whole group: the flip needed a group flip
                 weakest = min(kept, key=lambda g: gs[g])
-                cand = (gs[weakest] - gs[g_in], 2 * (noise + rounding), True)
+                cand = (gs[weakest] - gs[g_in], 2 * noise, True)
             else:
-                cand = (ref_sel[t, e_out] - ref_sel[t, e_in], noise + rounding, False)
-            if worst is None or cand[0] - cand[1] > worst[0] - worst[1]:
+                cand = (sel[t, e_out] - sel[t, e_in], noise, False)
+            if worst is None or cand[0] / max(cand[1], 1e-300) > worst[0] / max(worst[1], 1e-300):
                 worst = cand
         margin, bound, grouped = worst
-        flips.append(RouterFlip(layer=layer, position=first_position + t, swapped_in=sorted(inn),
-                                swapped_out=sorted(out), margin=float(margin), bound=float(bound),
-                                within_noise=bool(margin <= bound), grouped=grouped))
-    return flips
-
-
-def trace_router_flips(ref_trace: dict, opt_trace: dict, config, first_position: int, *,
-                       history: NoiseHistory | None = None) -> list[RouterFlip]:
-    """Every router flip of one forward/prefill/decode call, from both paths' trace dicts."""
-    flips = []
-    for i in range(config.num_hidden_layers):
-        key = f"layers.{i}.router"
-        if f"{key}.ids" not in ref_trace or f"{key}.ids" not in opt_trace:
-            continue
-        flips += router_flips(i, first_position, ref_trace[f"{key}.selection"], opt_trace[f"{key}.selection"],
-                              ref_trace[f"{key}.ids"], opt_trace[f"{key}.ids"],
-                              ref_scores=ref_trace.get(f"{key}.scores"), opt_scores=opt_trace.get(f"{key}.scores"),
-                              num_groups=config.num_expert_group, topk_groups=config.topk_group,
-                              history=history)
-    return flips
+        flip = RouterFlip(layer=layer, position=first_position + t, swapped_in=sorted(inn),
+                          swapped_out=sorted(out), margin=float(margin), bound=float(bound),
+                          within_noise=bool(margin <= bound), grouped=grouped)
+        flips.append(flip)
+        ratio = margin / bound if bound > 0 else np.inf
+        if ratio > units[t]:
+            units[t], what[t] = ratio, "flip"
+    return RouterJudgement(units=units, flips=flips, what=what)

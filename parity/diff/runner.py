@@ -47,19 +47,23 @@ from typing import Callable
 
 import numpy as np
 
-from parity.bounds.core import precision_for
+from parity.bounds.core import UNIT_ROUNDOFF, precision_for
 from parity.metrics import dtype_of, to_numpy
+from parity.neartie import classify_step, twin_bound
 
-from .localize import Localization, TraceStats, first_nonfinite
+from .localize import Localization, ReplayStats, first_nonfinite
 from .logits import LmHeadSpan, LogitsCheck, output_roundoff
 from .numerics import finite_or_none, kl_divergence, max_abs_diff
-from .router import NoiseHistory, RouterFlip, trace_router_flips
+from .replay import Replay
+from .router import RouterFlip
+from .twin import twin_for
 
 MODES = ("forced", "free")
 VERDICTS = ("match", "near-tie", "diverged")
 RUN_VERDICTS = ("match", "near-tie", "past-bound", "diverged")  # past-bound: no step diverged, but
                                                                # numbers are past their bound
-NO_TRACES = "no traces: verdicts from logits only"
+NO_TRACES = ("no traces: verdicts from the logits against the certified twin's noise; no op replayed, "
+             "a bug that moves no token past that noise is not seen")
 
 
 @dataclass
@@ -112,6 +116,10 @@ class DiffResult:
     rounding: str = "nearest"          # the platform's conversion to ``dtype``
     traced: bool = True                # the optimized path filled its traces
     follow: str = "reference"          # whose tokens both paths consumed: "reference" | "engine"
+    twin: str = "the engine itself"    # where the flip noise came from (``parity.diff.twin``)
+    logits_lossy: str | None = None    # the engine's logits came back coarser than its run dtype
+    drift: dict | None = None          # per layer, how far the engine's stream drifted from the
+                                       # reference's own run (a picture, not a judge)
 
     @property
     def counts(self) -> dict:
@@ -123,7 +131,7 @@ class DiffResult:
         if self.counts["diverged"]:
             return None
         f = self.final
-        if f is not None and (f.first is not None or f.nonfinite is not None) and not f.explained_by_router:
+        if f is not None and (f.first is not None or f.nonfinite is not None):
             return f.describe()
         s = next((s for s in self.steps if s.logits is not None and s.logits.units > 1), None)
         return f"step {s.step}: {s.logits.describe()}" if s is not None else None
@@ -149,13 +157,14 @@ class DiffResult:
                 if s.localization is not None and (s.cause == want or want == "op" and s.verdict == "diverged"):
                     return s.localization
         f = self.final
-        return f if f is not None and f.first is not None and not f.explained_by_router else None
+        return f if f is not None and (f.first is not None or f.nonfinite is not None) else None
 
     def summary(self) -> dict:
         c = self.counts
         return {"steps": len(self.steps), "match": c["match"], "near_tie": c["near-tie"],
                 "diverged": c["diverged"], "verdict": self.verdict, "past_bound": self.past_bound,
-                "traces": self.traced, "line": summary_line(self)}
+                "traces": self.traced, "twin": self.twin, "logits_lossy": self.logits_lossy,
+                "drift": self.drift, "line": summary_line(self)}
 
 
 def _fmt(x: float) -> str:
@@ -198,15 +207,34 @@ def summary_line(result: DiffResult) -> str:
     if result.mode == "free" and result.splits:
         conv = sum(sp["reconverged_at"] is not None for sp in result.splits)
         line += f"; free mode: {len(result.splits)} split(s), {conv} re-converged"
+    if result.logits_lossy is not None:
+        line += (f"; logits stored as {result.logits_lossy}, coarser than the {result.dtype} run: their "
+                 "rounding joins the flip bound")
     if not result.traced:
         line += f"; {NO_TRACES}"
     return line
 
 
-def _classify(ref_logits: np.ndarray, opt_logits: np.ndarray, dtype: str):
-    from parity import classify_step
+class Drift:
+    """End to end: the median over positions of ``||h_engine - h_reference|| / ||h_reference||`` of
+    each layer's stream, both paths running on their own (how far the paths drift; replay judges)."""
 
-    return classify_step(ref_logits, opt_logits, dtype=dtype)
+    def __init__(self, config):
+        self.config = config
+        self.err: dict[str, list[np.ndarray]] = {}
+
+    def add(self, ref_trace: dict, opt_trace: dict) -> None:
+        for i in range(self.config.num_hidden_layers):
+            k = f"layers.{i}.hidden"
+            if k in ref_trace and k in opt_trace:
+                r = to_numpy(ref_trace[k]).astype(np.float64)
+                o = to_numpy(opt_trace[k]).astype(np.float64).reshape(r.shape)
+                with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                    e = np.linalg.norm(o - r, axis=-1) / np.linalg.norm(r, axis=-1)
+                self.err.setdefault(k, []).append(np.where(np.isfinite(e), e, np.inf))
+
+    def summary(self) -> dict:
+        return {k: finite_or_none(float(np.median(np.concatenate(v)))) for k, v in self.err.items()}
 
 
 def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int, mode: str = "forced",
@@ -214,73 +242,88 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
              on_step: Callable[[StepRecord], None] | None = None,
              on_logits: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
              localize: bool = True, tokens: list[int] | None = None,
-             lm_head: LmHeadSpan | None = None) -> DiffResult:
+             lm_head: LmHeadSpan | None = None, twin="auto") -> DiffResult:
     """Decode ``steps`` tokens on both paths and compare them step by step (module docstring).
 
     ``ref_model``: the reference; ``opt_model``: the optimized model or any engine
     (``parity.engines``), wrapped in ``CheckedEngine`` by callers that take outside engines;
-    ``prompt_ids``: at least one token id below ``config.vocab_size``; ``dtype``: the optimized
+    ``prompt_ids``: at least one token id below ``config.vocab_size``; ``dtype``: the engine's
     compute dtype and ``rounding`` how its platform converts to it ("nearest" on a GPU,
     "toward-zero" under the Triton interpreter: ``parity.platform.store_rounding``); together they
     set ``u`` of the bounds. ``tokens``: ``[steps]`` tokens both paths consume instead of the
     reference's (``tokens[0]`` the last prompt token; a free-mode dump's own). ``lm_head``: the
     checkpoint's ``LmHeadSpan``, to hold the logits to their own bound (None: not checked).
-    ``on_step(record)`` is called after each step, ``on_logits(step, ref, opt)`` with both float64
-    logit vectors (golden files keep digests of them).
+    ``twin``: where the noise that may excuse a flip comes from (``parity.diff.twin``): "auto" (our
+    optimized model on the reference's weights at ``dtype``; the engine itself when it is that
+    model), or a ``Twin``. ``on_step(record)`` is called after each step, ``on_logits(step, ref,
+    opt)`` with both float64 logit vectors (golden files keep digests of them).
     """
     prompt = _check_args(mode, steps, prompt_ids, config, tokens)
     precision = precision_for(dtype, rounding=rounding)
+    if twin == "auto":
+        twin = twin_for(opt_model, ref_model, dtype=dtype)
 
     seq = list(prompt)      # what both paths have consumed (the optimized path is always re-anchored)
     records: list[StepRecord] = []
     splits: list[dict] = []
     ref_cache = opt_cache = None
-    stats = TraceStats(config)   # per-position errors of every traced entry, for localization
-    ref_model.trace_kda_core = True  # the localization bound reads the KDA core's values from it
-    flips: list[RouterFlip] = []
-    router_noise = NoiseHistory()  # per-layer router-logit noise over the run
+    replay = Replay(ref_model, config, u=precision.u, ua=precision.ua)
+    stats = ReplayStats(config)    # every op of every engine call, judged on its own inputs
+    drift = Drift(config)
     traced = True
+    lossy = None
     for step in range(steps):
         rt, ot = {}, {}
         if step == 0:
             ref_logits, ref_cache = ref_model.prefill(list(seq), trace=rt)
             opt_logits, opt_cache = opt_model.prefill(list(seq), trace=ot)
-            first_pos, input_token = 0, None
+            call_ids, input_token = list(seq), None
             traced = bool(ot)
         else:
             input_token = seq[-1]
             ref_logits, ref_cache = ref_model.decode(input_token, ref_cache, trace=rt)
             opt_logits, opt_cache = opt_model.decode(input_token, opt_cache, trace=ot)
-            first_pos = len(seq) - 1
+            call_ids = [input_token]
         r = to_numpy(ref_logits).reshape(-1, config.vocab_size)[-1]
         o = to_numpy(opt_logits).reshape(-1, config.vocab_size)[-1]
         if on_logits is not None:
             on_logits(step, r, o)
-        rec = _record(step, len(seq) - 1, input_token, r, o, dtype)
-        rec.router = trace_router_flips(rt, ot, config, first_pos, history=router_noise)
+        t = o if twin is None else twin.logits(seq, len(prompt))
+        stored = getattr(opt_model, "stored_logits_dtype", None) or dtype_of(opt_logits)
+        lossy = lossy or _coarser(stored, dtype)
+        rec = _record(step, len(seq) - 1, input_token, r, o, t, dtype, lossy)
+        if traced and localize:
+            call = replay.add(call_ids, ot)
+            stats.add(call, ot)
+            rec.router = call.flips
+            drift.add(rt, ot)
         rec.nonfinite = first_nonfinite(ot, config)
         if rec.nonfinite is not None:
-            rec.nonfinite["position"] += first_pos
-        stats.add(rt, ot)
-        flips += rec.router
-        if rec.nonfinite is None and not np.all(np.isfinite(o)):
+            rec.nonfinite["position"] += len(seq) - len(call_ids)
+        elif not np.all(np.isfinite(o)):
             rec.nonfinite = {"name": "logits", "layer": None, "position": rec.position,
                              "nan": int(np.isnan(o).sum()), "inf": int(np.isinf(o).sum())}
         if lm_head is not None:
-            rec.logits = lm_head.check(o, u_out=output_roundoff(precision, dtype_of(opt_logits)),
+            rec.logits = lm_head.check(o, u_out=output_roundoff(precision, stored),
                                        ua=precision.ua)
-        if rec.verdict != "match" and localize and traced:
-            _refine(rec, stats.localize(step, stats.positions, flips, precision=precision))
-        if rec.verdict != "match" and rec.cause != "op" and rec.logits is not None and rec.logits.units > 1:
+        if traced and localize:
+            _judge(rec, stats.localize(step, stats.positions, precision=precision))
+        if rec.nonfinite is not None:  # NaN/Inf is never clean, whatever the tokens did
+            rec.verdict, rec.cause = "diverged", "nonfinite"
+            rec.explanation = (f"first NaN/Inf at {rec.nonfinite['name']} "
+                               f"(position {rec.nonfinite['position']})")
+        elif rec.verdict != "match" and rec.cause != "op" and rec.logits is not None and rec.logits.units > 1:
             rec.verdict, rec.cause, rec.explanation = "diverged", "op", rec.logits.describe()
         _track_split(rec, splits, free=mode == "free", anchor=tokens is None)
         records.append(rec)
         if on_step is not None:
             on_step(rec)
         seq.append(rec.ref_token if tokens is None or step + 1 >= steps else int(tokens[step + 1]))
-    final = stats.localize(steps - 1, stats.positions, flips, precision=precision) if localize and traced else None
+    final = stats.localize(steps - 1, stats.positions, precision=precision) if localize and traced else None
     return DiffResult(mode=mode, dtype=dtype, prompt_ids=prompt, steps=records, splits=splits, final=final,
-                      rounding=rounding, traced=traced, follow="reference" if tokens is None else "engine")
+                      rounding=rounding, traced=traced, follow="reference" if tokens is None else "engine",
+                      twin="the engine itself" if twin is None else twin.describe(), logits_lossy=lossy,
+                      drift=drift.summary() if traced and localize else None)
 
 
 def _check_args(mode, steps, prompt_ids, config, tokens) -> list[int]:
@@ -299,8 +342,14 @@ def _check_args(mode, steps, prompt_ids, config, tokens) -> list[int]:
     return prompt
 
 
-def _record(step: int, position: int, input_token, r: np.ndarray, o: np.ndarray, dtype: str) -> StepRecord:
-    v = _classify(r, o, dtype)
+def _record(step: int, position: int, input_token, r, o, t, dtype: str, lossy: str | None) -> StepRecord:
+    """The step judged on its logits: the flip bound from the twin's logits ``t`` (plus the
+    rounding of logits stored coarser than the run, ``lossy``)."""
+    bound = twin_bound(r, t, dtype=dtype)
+    if lossy is not None:
+        with np.errstate(invalid="ignore"):
+            bound = bound + UNIT_ROUNDOFF[lossy] * np.where(np.isfinite(o), np.abs(o), 0.0)
+    v = classify_step(r, o, bound=bound, dtype=dtype)
     return StepRecord(
         step=step, position=position, input_token=input_token,
         ref_token=int(v.ref_token), opt_token=int(v.opt_token), verdict=v.verdict,
@@ -309,18 +358,33 @@ def _record(step: int, position: int, input_token, r: np.ndarray, o: np.ndarray,
         ref_gap=float(np.diff(np.partition(r, -2)[-2:])[0]) if r.size > 1 else 0.0)
 
 
-def _refine(rec: StepRecord, loc: Localization) -> None:
-    """The step's verdict in the light of its localization (module docstring)."""
+def _coarser(stored: str | None, dtype: str) -> str | None:
+    """``stored`` when logits came back in a dtype coarser than the run's ``dtype`` (their own
+    rounding then joins the flip bound, and the report says so), else None."""
+    if stored is None or stored not in UNIT_ROUNDOFF or dtype not in UNIT_ROUNDOFF:
+        return None
+    return stored if UNIT_ROUNDOFF[stored] > UNIT_ROUNDOFF[dtype] else None
+
+
+def _judge(rec: StepRecord, loc: Localization) -> None:
+    """A flip is a near-tie only if every replayed op at the positions feeding this step is within
+    its bound; otherwise it is diverged, named by the first op past its bound."""
+    if rec.verdict == "match":
+        return
     rec.localization = loc
-    if loc.first is not None and not loc.explained_by_router:
+    if loc.first is not None:
         rec.verdict, rec.cause = "diverged", "op"
         rec.explanation = loc.describe()
     elif loc.explained_by_router and (rec.verdict == "diverged" or any(
             f.position == rec.position for f in loc.explained_by_router)):
-        # a diverged step needs the flip to explain it; a near-tie is attributed to a flip
-        # only when the router flipped in the very call that produced these logits
+        # every op within its bound: a router flip within its own noise swapped a whole expert,
+        # which may move the logits past any smooth noise (a near-tie one level down). A near-tie
+        # is attributed to a flip only when the router flipped in the very call of these logits
         rec.verdict, rec.cause = "near-tie", "router"
         rec.explanation = "router flip in noise: " + loc.explained_by_router[0].describe()
+    elif rec.verdict == "diverged":
+        rec.explanation = ("margin past the certified twin's noise although every replayed op is within "
+                           "its bound: a bug below the ops' bounds, or one that accumulates")
 
 
 def _track_split(rec: StepRecord, splits: list[dict], *, free: bool, anchor: bool) -> None:

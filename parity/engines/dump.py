@@ -108,6 +108,8 @@ class DumpEngine:
         self.tensors = self._load(list(infos))
         self.tokens = [int(t) for t in self.tensors.pop("tokens").tolist()]
         self.logits = self.tensors.pop("logits")
+        # read back as float32 (exact); the diff judges their storage against the run's dtype
+        self.stored_logits_dtype = LOGIT_DTYPES[infos["logits"].dtype]
         self._check_tokens()
         self.traced = bool(self.tensors)
 

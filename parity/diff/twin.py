@@ -1,0 +1,106 @@
+"""The certified twin: the noise that may excuse a token flip, from an implementation certified
+here, never from the engine under test.
+
+A buggy engine's logits disagree with the reference more than a correct one's; a noise measured on
+them widens the very bound they are judged by. The twin is our optimized model (its every op
+certified by ``parity certify``) on the reference's own weights, at the engine's declared dtype, fed
+the same tokens. Its disagreement with the reference is the noise a correct implementation at that
+dtype shows on this prompt (``parity.neartie.twin_bound``). When the engine *is* that model (the
+default ``parity diff``: our optimized model on the reference's checkpoint, no ``--backend``), its
+logits are the twin's and no second run is made.
+
+Twins are memoized per (weights, dtype, device, consumed tokens): a forced-mode run feeds every engine
+the reference's tokens, so several engines diffed on one prompt share one twin run.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from parity.metrics import to_numpy
+
+TWIN_DTYPES = ("bfloat16", "float32", "float64")  # what the optimized model runs at
+_MEMO: OrderedDict = OrderedDict()   # (key, consumed tokens) -> logits [vocab]
+_MEMO_SIZE = 4096
+
+
+class Twin:
+    """Our optimized model on ``source`` at ``dtype`` on ``device``, loaded on first use, giving the
+    logits of the last consumed token for each step's consumed sequence."""
+
+    def __init__(self, source, *, dtype: str, device: str, variants: dict | None = None):
+        self.source, self.dtype, self.device = source, dtype, device
+        self.variants = dict(variants or {})
+        self._model = None
+        self._seq: tuple = ()
+        self._cache = None
+        self.key = (id(source), dtype, device, tuple(sorted(self.variants.items())))
+
+    def describe(self) -> str:
+        return f"our optimized model at {self.dtype} on {self.device}, on the reference's weights"
+
+    def logits(self, seq: list[int], prompt_len: int) -> np.ndarray:
+        """``[vocab]`` float64: the twin's logits after consuming ``seq`` (its first ``prompt_len``
+        tokens a prefill, each later one a decode step)."""
+        key = (self.key, tuple(seq))
+        hit = _MEMO.get(key)
+        if hit is not None:
+            _MEMO.move_to_end(key)
+            return hit
+        model = self._load()
+        seq = tuple(int(t) for t in seq)
+        if not (len(self._seq) >= prompt_len and self._seq == seq[:-1]):
+            logits, self._cache = model.prefill(list(seq[:prompt_len]))
+            self._seq = seq[:prompt_len]
+            logits = logits[-1]
+            for t in seq[prompt_len:]:
+                logits, self._cache = model.decode(t, self._cache)
+                self._seq += (t,)
+        else:
+            logits, self._cache = model.decode(seq[-1], self._cache)
+            self._seq = seq
+        out = to_numpy(logits).astype(np.float64).reshape(-1)
+        _MEMO[key] = out
+        while len(_MEMO) > _MEMO_SIZE:
+            _MEMO.popitem(last=False)
+        return out
+
+    def _load(self):
+        if self._model is None:
+            import optimized
+
+            if self.device == "cpu" and optimized.interpreting():
+                optimized.install_faithful_bf16_dot()
+            self._model = optimized.load(self.source, device=self.device, dtype=self.dtype, **self.variants)
+        return self._model
+
+
+def is_own_twin(engine, source, dtype: str) -> bool:
+    """Whether ``engine`` (possibly behind ``CheckedEngine``) is our optimized model on ``source``'s
+    weights at ``dtype`` with every op family on its kernels: then it is the twin itself."""
+    from optimized.model import Model
+
+    inner = getattr(engine, "engine", engine)
+    return (isinstance(inner, Model) and inner.source is source and str(inner.dtype) == f"torch.{dtype}"
+            and not any(v == "reference" for v in inner.ops.choice.values()))
+
+
+def twin_for(engine, ref_model, *, dtype: str, device: str | None = None) -> Twin | None:
+    """The twin of ``engine`` (None: the engine is its own twin, ``is_own_twin``). ``device``:
+    where the twin runs (default: the engine's, else cuda when present, else cpu)."""
+    source = ref_model.source
+    if is_own_twin(engine, source, dtype):
+        return None
+    if device is None:
+        inner = getattr(engine, "engine", engine)
+        dev = getattr(inner, "device", None)
+        if dev is not None and str(dev).split(":")[0] in ("cpu", "cuda"):
+            device = str(dev).split(":")[0]
+        else:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype not in TWIN_DTYPES:
+        raise ValueError(f"no certified twin runs at {dtype} (ours run at {', '.join(TWIN_DTYPES)})")
+    return Twin(source, dtype=dtype, device=device, variants=dict(getattr(ref_model, "variants", {}) or {}))
