@@ -60,11 +60,12 @@ class EntryError:
     spike_bound: float
     spike_units: float
     past_bound: list[int] = field(default_factory=list)  # positions with a spike past its bound
+    readout: float = 1.0   # the KDA read-out's amplification at ``position`` (1 for other ops)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["past_bound"] = d["past_bound"][:32]
-        for k in ("rel_err", "bound", "units", "spike_err", "spike_bound", "spike_units"):
+        for k in ("rel_err", "bound", "units", "spike_err", "spike_bound", "spike_units", "readout"):
             d[k] = finite_or_none(d[k])
         return d
 
@@ -179,7 +180,7 @@ class ReplayStats:
             if d["op"] == "router":
                 entries.append(_entry(name, d["layer"], "router", e, np.ones_like(e), spike=1.0))
             else:
-                entries.append(_entry(name, d["layer"], d["op"], e, amp * (AMPLIFICATION * e_in + fresh)))
+                entries.append(_entry(name, d["layer"], d["op"], e, amp * (AMPLIFICATION * e_in + fresh), amp=amp))
         first = next((x for x in entries if x.units > 1.0 or x.past_bound), None)
         kind = pos = None
         if first is not None:
@@ -201,9 +202,9 @@ class ReplayStats:
                             explained_by_router=explained, backend_hint=hint)
 
 
-def _entry(name, layer, op, e, bound, *, spike: float = SPIKE) -> EntryError:
+def _entry(name, layer, op, e, bound, *, amp=None, spike: float = SPIKE) -> EntryError:
     """Judge ``e [P]`` against ``bound [P]``: the level (medians) and single positions past
-    ``spike`` times their bound."""
+    ``spike`` times their bound. ``amp``: the op's own amplification inside ``bound``, reported."""
     level = float(np.median(e))
     level_bound = float(np.median(bound))
     spike_bound = spike * bound
@@ -214,7 +215,8 @@ def _entry(name, layer, op, e, bound, *, spike: float = SPIKE) -> EntryError:
     return EntryError(name=name, layer=layer, op=op, rel_err=level, bound=level_bound, units=units,
                       position=p, spike_err=float(e[p]), spike_bound=float(spike_bound[p]),
                       spike_units=float(spike_units[p]),
-                      past_bound=[int(q) for q in np.flatnonzero(spike_units > 1.0)])
+                      past_bound=[int(q) for q in np.flatnonzero(spike_units > 1.0)],
+                      readout=1.0 if amp is None else float(amp[p]))
 
 
 def localize(ref_model, opt_model, token_ids: list[int], config, *, dtype: str = "bfloat16",

@@ -61,6 +61,8 @@ class Twin:
             logits, self._cache = model.decode(seq[-1], self._cache)
             self._seq = seq
         out = to_numpy(logits).astype(np.float64).reshape(-1)
+        if not np.all(np.isfinite(out)):
+            raise RuntimeError(f"the certified twin ({self.describe()}) returned non-finite logits")
         _MEMO[key] = out
         while len(_MEMO) > _MEMO_SIZE:
             _MEMO.popitem(last=False)

@@ -20,7 +20,9 @@ import reference
 from optimized import _counters
 from optimized.backends import FAMILIES
 from parity.bounds.model import hidden_rel_bound, logit_bound
-from parity.diff.router import trace_router_flips
+from parity.bounds.core import precision_for
+from parity.diff.replay import Replay
+from parity.platform import store_rounding
 from parity.metrics import compare
 from reference.config import KimiConfig
 from reference.fixtures import default_checkpoint_path
@@ -253,7 +255,7 @@ def traced_rerun(model, prompt, tokens, prefill_logits, steps) -> dict:
     pt = {}
     logits, cache = model.prefill(prompt, trace=pt)
     assert torch.equal(logits, prefill_logits), "the traced rerun of the prefill differs"
-    rows = {key: [val] for key, val in pt.items() if ".router." in key}
+    rows = {key: [val] for key, val in pt.items() if key.startswith("layers.")}  # the replay reads them all
     for s, token in enumerate(tokens[:-1]):
         st = {}
         step, cache = model.decode(token, cache, trace=st)
@@ -266,14 +268,15 @@ def traced_rerun(model, prompt, tokens, prefill_logits, steps) -> dict:
 def check_bf16_run(config, source, prompt, tokens, prefill_logits, steps, chosen):
     """Logits of a bf16 prefill + greedy decode within the bound of the reference at every row. A
     router top-k flip is a discontinuity no smooth bound covers: each flip must be a near-tie
-    (parity.diff.router: the reference margin between the swapped experts within the noise bound of
-    the measured router-logit errors); then the reference replays the optimized run's expert choices (``chosen``, from
+    (parity.diff.router: the margin of the float64 router, replayed on the optimized run's own
+    input, between the swapped experts within its derived noise bound); then the reference replays the optimized run's expert choices (``chosen``, from
     ``traced_rerun``) so what is left between the two, at every row, is smooth arithmetic error."""
     ids = list(prompt) + list(tokens[:-1])
     trace = {}
     ref_model = reference.load(source)
     ref = ref_model.forward(ids, trace=trace)
-    flips = trace_router_flips(trace, chosen, config, 0)
+    p = precision_for("bfloat16", rounding=store_rounding("bfloat16", next(iter(chosen.values())).device.type))
+    flips = Replay(ref_model, config, u=p.u, ua=p.ua).add(ids, chosen).flips  # on the engine's own inputs
     for f in flips:
         assert f.within_noise, f"router flip {f.describe()}: not within the selection noise"
     if flips:

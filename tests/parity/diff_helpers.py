@@ -75,8 +75,8 @@ def perturbed_a_log(source, layer: int, delta: float):
 def router_near_tie(source, prompt: list[int], *, layer: int, amplify: float = 30.0):
     """A copy of ``source`` whose router at ``layer`` is a near-tie at the last prompt position.
 
-    The reference and the optimized (bf16) path compute sigmoid scores ``s_ref``, ``s_opt`` for that
-    token; bias does not change them (it only enters the selection). With ``d = (s_opt[y] - s_ref[y])
+    The float64 router on the optimized (bf16) path's own input and the optimized router compute
+    sigmoid scores ``s_ref``, ``s_opt`` for that token; bias does not change them (it only enters the selection). With ``d = (s_opt[y] - s_ref[y])
     - (s_opt[x] - s_ref[x]) > 0`` for a pair ``(x, y)``, the correction bias is set so that one
     expert is always chosen, ``x`` beats ``y`` in the reference by ``d / 4``, and everything else is
     far below: the optimized path's noise then picks ``y`` (by ``d / 4``). Expert ``y``'s down
@@ -85,27 +85,35 @@ def router_near_tie(source, prompt: list[int], *, layer: int, amplify: float = 3
     import optimized
     import reference
 
+    from reference.norm import rms_norm
+
     c = source.config
-    rt, ot = {}, {}
-    reference.load(source).prefill(prompt, trace=rt)
+    ot = {}
     optimized.load(source, dtype="bfloat16").prefill(prompt, trace=ot)  # the CLI's device
-    key = f"layers.{layer}.router.scores"
-    s_ref = np.asarray(rt[key], dtype=np.float64)[-1]
-    s_opt = ot[key].double().cpu().numpy()[-1]
-    delta = s_opt - s_ref
+    # the float64 router on the optimized path's own input to it (what the diff's replay runs)
+    p = f"model.layers.{layer}."
+    mid = (ot[f"layers.{layer - 1}.hidden"].double() + ot[f"layers.{layer}.mixer"].double()).cpu().numpy()[-1]
+    x = rms_norm(mid, source.get(p + "post_attention_layernorm.weight"), eps=c.rms_norm_eps)
+    s_ref = 1.0 / (1.0 + np.exp(-(x @ source.get(p + "block_sparse_moe.gate.weight").T)))
+    s_opt = ot[f"layers.{layer}.router.scores"].double().cpu().numpy()[-1]
+    rt = {}
+    reference.load(source).prefill(prompt, trace=rt)  # the reference's own run picks too
+    s_own = np.asarray(rt[f"layers.{layer}.router.scores"], dtype=np.float64)[-1]
     E, k = c.num_experts, c.num_experts_per_token
-    order = np.argsort(delta)
-    # the pair with the middle-sized error difference (not the two extremes, whose d is the
-    # largest the noise spread can cover), so that d / 4 sits well inside the flip's noise bound
-    x, y = int(order[1]), int(order[-2])
-    d = delta[y] - delta[x]
-    assert d > 0
-    margin = d / 4
+    # the pair (x, y) and the bias gap c = b_x - b_y where the engine picks y (s_opt[x] - s_opt[y]
+    # + c < 0) while the replayed router and the reference's own run pick x: the widest such window
+    lo = np.maximum(s_ref[None, :] - s_ref[:, None], s_own[None, :] - s_own[:, None])  # [x, y]
+    hi = s_opt[None, :] - s_opt[:, None]
+    width = np.where(np.eye(E, dtype=bool), -np.inf, hi - lo)
+    x, y = (int(i) for i in np.unravel_index(np.argmax(width), width.shape))
+    assert width[x, y] > 0, "no pair of experts the engine's rounding orders the other way"
+    gap = (lo[x, y] + hi[x, y]) / 2
+    margin = s_ref[x] - s_ref[y] + gap   # the replayed router's preference for x
     sure = [int(e) for e in np.argsort(-s_ref) if e not in (x, y)][: k - 1]
     bias = np.full(E, -2.0) - s_ref
     bias[sure] = 2.0 - s_ref[sure]
-    bias[x] = 0.5 + margin / 2 - s_ref[x]
-    bias[y] = 0.5 - margin / 2 - s_ref[y]
+    bias[x] = 0.5 + gap / 2
+    bias[y] = 0.5 - gap / 2
     prefix = f"model.layers.{layer}.block_sparse_moe."
     w2 = f"{prefix}experts.{y}.w2.weight"
     out = Override(source, {f"{prefix}gate.e_score_correction_bias": bias, w2: source.get(w2) * amplify})

@@ -1,8 +1,10 @@
 """The decode loop's bookkeeping on scripted logits (no model, no traces): verdicts per step,
-free-mode splits, re-anchoring and re-convergence, the summary line."""
+free-mode splits, re-anchoring and re-convergence, the summary line. The flip noise comes from a
+scripted twin: the reference plus the same 0.01 noise, never the engine's own logits."""
 import numpy as np
 
 from parity.diff import run_diff
+from parity.diff.runner import NO_TRACES
 from reference.config import KimiConfig
 
 CONFIG = KimiConfig.from_name("tiny")
@@ -28,27 +30,42 @@ class Scripted:
         return self._next(), cache
 
 
+class ScriptedTwin:
+    """A twin whose logits are the reference's rows plus noise of 0.01 (a correct engine's)."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def logits(self, seq, prompt_len):
+        return self.rows[len(seq) - prompt_len]
+
+    def describe(self):
+        return "a scripted twin"
+
+
 def _pair(flips: dict[int, float], steps: int):
     """Reference rows with a clear winner; optimized rows = reference + noise 0.01, with the top
     two swapped at ``flips`` steps (reference margin = the given value)."""
     rng = np.random.default_rng(0)
-    ref, opt = [], []
+    ref, opt, twin = [], [], []
     for step in range(steps):
         r = rng.normal(0, 1, V)
         a, b = 10 + step, 20 + step
         r[a] = 5.0
         r[b] = 5.0 - flips.get(step, 1.0)
         o = r + rng.uniform(-0.01, 0.01, V)
+        twin.append(r + rng.uniform(-0.01, 0.01, V))
         if step in flips:
             o[a], o[b] = r[b], r[a]
         ref.append(r)
         opt.append(o.astype(np.float32))
-    return Scripted(ref), Scripted(opt)
+    return Scripted(ref), Scripted(opt), ScriptedTwin(twin)
 
 
 def test_free_mode_re_anchors_at_each_split_and_reports_re_convergence():
-    ref, opt = _pair({1: 0.004, 2: 0.003, 4: 0.002}, steps=6)
-    result = run_diff(ref, opt, [5, 6, 7], config=CONFIG, steps=6, mode="free", dtype="float32")
+    ref, opt, twin = _pair({1: 0.004, 2: 0.003, 4: 0.002}, steps=6)
+    result = run_diff(ref, opt, [5, 6, 7], config=CONFIG, steps=6, mode="free", dtype="float32",
+                      twin=twin)
     assert [s.verdict for s in result.steps] == ["match", "near-tie", "near-tie", "match", "near-tie", "match"]
     assert result.splits == [{"step": 1, "verdict": "near-tie", "reconverged_at": 3},
                              {"step": 2, "verdict": "near-tie", "reconverged_at": 3},
@@ -56,23 +73,24 @@ def test_free_mode_re_anchors_at_each_split_and_reports_re_convergence():
     assert [s.anchored for s in result.steps] == [False, True, True, False, True, False]
     # re-anchored: the optimized path consumed the reference's token, never its own
     assert opt.seen[1:] == ref.seen[1:] == [10, 11, 12, 13, 14]
-    assert result.summary()["line"].endswith("free mode: 3 split(s), 3 re-converged; no traces: verdicts from logits only")
+    assert result.summary()["line"].endswith(f"free mode: 3 split(s), 3 re-converged; {NO_TRACES}")
 
 
 def test_a_split_that_never_re_converges_is_reported_so():
-    ref, opt = _pair({2: 0.004, 3: 0.003}, steps=4)
-    result = run_diff(ref, opt, [5], config=CONFIG, steps=4, mode="free", dtype="float32")
+    ref, opt, twin = _pair({2: 0.004, 3: 0.003}, steps=4)
+    result = run_diff(ref, opt, [5], config=CONFIG, steps=4, mode="free", dtype="float32", twin=twin)
     assert [sp["reconverged_at"] for sp in result.splits] == [None, None]
 
 
 def test_forced_mode_classifies_without_anchoring_and_a_far_flip_is_diverged():
-    ref, opt = _pair({1: 0.004, 3: 2.0}, steps=4)
-    result = run_diff(ref, opt, [5], config=CONFIG, steps=4, mode="forced", dtype="float32")
+    ref, opt, twin = _pair({1: 0.004, 3: 2.0}, steps=4)
+    result = run_diff(ref, opt, [5], config=CONFIG, steps=4, mode="forced", dtype="float32",
+                      twin=twin)
     assert [s.verdict for s in result.steps] == ["match", "near-tie", "match", "diverged"]
     assert result.splits == [] and not any(s.anchored for s in result.steps)
     s1, s3 = result.steps[1], result.steps[3]
     assert s1.ref_margin <= s1.bound and s3.ref_margin > s3.bound
     assert result.summary()["line"] == (
         f"2/4 tokens match, 1 near-tie (step 1, margin {s1.ref_margin:.3g} <= bound {s1.bound:.3g}), "
-        f"1 diverged (first: step 3, margin 2 > bound {s3.bound:.3g}); no traces: verdicts from logits only")
+        f"1 diverged (first: step 3, margin 2 > bound {s3.bound:.3g}); {NO_TRACES}")
     assert result.localization is None and not result.traced  # scripted logits: nothing to localize

@@ -1,59 +1,81 @@
-"""Router flips: which experts swapped, the reference margin, and the noise bound it is judged by."""
+"""The router replayed on the engine's input: its noise bound derived from the arithmetic, flips
+judged against it, and the engine's scores and selection held to it."""
 import numpy as np
 import torch
 
-from parity.diff.router import NoiseHistory, router_flips
+from parity.bounds.core import UNIT_ROUNDOFF
+from parity.diff.router import judge_router, score_noise
+
+U, UA = UNIT_ROUNDOFF["bfloat16"], UNIT_ROUNDOFF["float32"]
+RNG = np.random.default_rng(0)
+D, E = 64, 8
+W = RNG.normal(0, 0.2, (E, D))
+X = RNG.normal(0, 1.0, (1, D))
 
 
-def _call(ref_scores, opt_scores, ref_ids, opt_ids, *, bias=None, history=None, **kw):
-    ref_scores, opt_scores = np.atleast_2d(ref_scores), np.atleast_2d(opt_scores)
-    bias = np.zeros(ref_scores.shape[-1]) if bias is None else np.asarray(bias)
-    return router_flips(1, 7, ref_scores + bias, torch.tensor(opt_scores + bias, dtype=torch.float32),
-                        ref_ids, opt_ids, ref_scores=ref_scores, opt_scores=torch.tensor(opt_scores),
-                        history=history, **kw)
+def _judge(s, eps, ref_ids, opt_ids, *, bias=None, opt_scores=None, opt_sel=None, **kw):
+    bias = np.zeros(E) if bias is None else bias
+    return judge_router(1, 7, s=s, eps=eps, bias=bias, ref_ids=np.array(ref_ids), opt_ids=np.array(opt_ids),
+                        opt_scores=opt_scores, opt_sel=opt_sel, ua=UA, **kw)
 
 
-def _logit_noise(scores, d_logit):
-    logit = np.log(scores) - np.log1p(-scores)
-    return 1.0 / (1.0 + np.exp(-(logit + d_logit)))
+def test_the_noise_bound_covers_the_bf16_rounding_of_the_router_input():
+    s, eps = score_noise(X, W, u=U, e_mid=U, ua=UA)
+    xb = torch.tensor(X).bfloat16().float().numpy().astype(np.float64)   # what a bf16 engine holds
+    s_engine = 1 / (1 + np.exp(-(xb @ W.T)))
+    assert np.all(np.abs(s_engine - s) <= eps) and np.all(eps < 0.05)
 
 
-REF = np.array([0.90, 0.10, 0.500, 0.499, 0.20, 0.30, 0.7, 0.6])
+def test_identical_decisions_are_not_flips_and_sit_inside_their_bound():
+    s, eps = score_noise(X, W, u=U, e_mid=U, ua=UA)
+    top = np.argsort(-s[0])[:2][None]
+    j = _judge(s, eps, top, top, opt_scores=torch.tensor(s, dtype=torch.float32))
+    assert j.flips == [] and j.units[0] < 1
 
 
-def test_identical_decisions_are_not_flips():
-    assert _call(REF, REF, [[0, 2]], [[0, 2]]) == []
+def test_a_flip_between_two_experts_closer_than_their_noise_is_within_noise():
+    s, eps = score_noise(X, W, u=U, e_mid=U, ua=UA)
+    order = np.argsort(-s[0])
+    a, b = order[1], order[2]
+    bias = np.zeros(E)
+    bias[b] = s[0, a] - s[0, b] - 0.5 * (eps[0, a] + eps[0, b])  # b trails a by half the noise
+    (f,) = _judge(s, eps, [[order[0], a]], [[order[0], b]], bias=bias).flips
+    assert (f.layer, f.position, f.swapped_out, f.swapped_in) == (1, 7, [a], [b]) and f.within_noise
 
 
-def test_a_flip_between_two_close_experts_is_within_noise():
-    d = np.array([0.004, -0.004, -0.003, 0.004, 0.003, -0.003, 0.002, -0.004])
-    (f,) = _call(REF, _logit_noise(REF, d), [[0, 2]], [[0, 3]])
-    assert (f.layer, f.position, f.swapped_out, f.swapped_in) == (1, 7, [2], [3])
-    assert np.isclose(f.margin, 0.001) and f.within_noise and f.margin <= f.bound
+def test_a_flip_far_beyond_the_noise_is_a_router_bug():
+    s, eps = score_noise(X, W, u=U, e_mid=U, ua=UA)
+    order = np.argsort(-s[0])
+    j = _judge(s, eps, [[order[0], order[1]]], [[order[0], order[-1]]])
+    (f,) = j.flips
+    assert not f.within_noise and j.units[0] > 1 and j.what[0] == "flip"
 
 
-def test_a_flip_far_beyond_the_other_experts_noise_is_not_excused():
-    # only experts 2 and 3 moved (logits by -/+0.8): a wrong router, not rounding
-    ref = np.array([0.90, 0.10, 0.60, 0.45, 0.20, 0.30, 0.7, 0.15])
-    d = np.array([1e-3, -1e-3, -0.8, 0.8, 1e-3, -1e-3, 1e-3, -1e-3])
-    (f,) = _call(ref, _logit_noise(ref, d), [[0, 2]], [[0, 3]])
-    assert np.isclose(f.margin, 0.15) and not f.within_noise and f.bound < 0.01
+def test_a_bias_held_in_bf16_or_dropped_is_past_the_selection_bound():
+    s, eps = score_noise(X, W, u=U, e_mid=U, ua=UA)
+    bias = RNG.normal(0, 3.0, E)
+    top = np.argsort(-(s[0] + bias))[:2][None]
+    scores = torch.tensor(s, dtype=torch.float32)
+    exact = _judge(s, eps, top, top, bias=bias, opt_scores=scores, opt_sel=scores + torch.tensor(bias, dtype=torch.float32))
+    assert exact.units[0] < 1
+    b16 = torch.tensor(bias, dtype=torch.float32).bfloat16().float()
+    held = _judge(s, eps, top, top, bias=bias, opt_scores=scores, opt_sel=scores + b16)
+    assert held.units[0] > 1 and held.what[0] == "selection"
+    dropped = _judge(s, eps, top, top, bias=bias, opt_scores=scores, opt_sel=scores.clone())
+    assert dropped.units[0] > 1
 
 
-def test_the_run_history_widens_the_bound_of_a_token_with_quiet_neighbours():
-    """Six experts of one token are few: the layer's noise over the run so far counts too."""
-    d_token = np.array([1e-4, -1e-4, -0.004, 0.004, 1e-4, -1e-4, 1e-4, -1e-4])
-    alone = _call(REF, _logit_noise(REF, d_token), [[0, 2]], [[0, 3]])[0]
-    history = NoiseHistory()
-    noisy = np.random.default_rng(0).normal(0, 0.004, (40, 8))
-    _call(np.tile(REF, (40, 1)), _logit_noise(REF, noisy), [[0, 6]] * 40, [[0, 6]] * 40, history=history)
-    seasoned = _call(REF, _logit_noise(REF, d_token), [[0, 2]], [[0, 3]], history=history)[0]
-    assert not alone.within_noise and seasoned.within_noise and seasoned.bound > 5 * alone.bound
+def test_scores_off_by_more_than_their_noise_are_past_the_bound():
+    s, eps = score_noise(X, W, u=U, e_mid=U, ua=UA)
+    top = np.argsort(-s[0])[:2][None]
+    raw = torch.tensor(X @ W.T, dtype=torch.float32)   # logits traced as if they were scores
+    j = _judge(s, eps, top, top, opt_scores=raw)
+    assert j.units[0] > 1 and j.what[0] == "scores"
 
 
 def test_grouped_routing_reports_the_group_margin():
-    # 2 groups of 4, keep 1 group, top-2: the reference keeps group 0, the optimized path group 1
-    ref = np.array([0.60, 0.50, 0.1, 0.1, 0.59, 0.505, 0.1, 0.1])
-    d = np.array([-0.01, -0.01, 0.002, -0.002, 0.01, 0.01, 0.002, -0.002])
-    (f,) = _call(ref, _logit_noise(ref, d), [[0, 1]], [[4, 5]], num_groups=2, topk_groups=1)
-    assert f.grouped and np.isclose(f.margin, 1.10 - 1.095)
+    # 2 groups of 4, keep 1 group, top-2: the reference keeps group 0, the engine group 1
+    s = np.array([[0.60, 0.50, 0.1, 0.1, 0.59, 0.505, 0.1, 0.1]])
+    eps = np.full_like(s, 0.01)
+    (f,) = _judge(s, eps, [[0, 1]], [[4, 5]], num_groups=2, topk_groups=1).flips
+    assert f.grouped and np.isclose(f.margin, 1.10 - 1.095) and f.within_noise

@@ -11,6 +11,7 @@ import pytest
 
 from .diff_helpers import PROMPT_IDS, one_line_error, run_cli
 from .test_diff_cli import SCHEMA, check_consistent
+from parity.diff.runner import NO_TRACES
 from parity.schema import errors
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -100,7 +101,7 @@ def test_an_engine_without_traces_is_judged_on_its_logits_and_says_so(tmp_path, 
     check_consistent(report)
     assert report["summary"]["traces"] is False and report["engine"]["traced"] is False
     assert report["localization"] is None
-    assert out.strip().splitlines()[-1].endswith("; no traces: verdicts from logits only")
+    assert out.strip().splitlines()[-1].endswith(f"; {NO_TRACES}")
     assert all(0 <= st["logits"]["units"] < 1e-3 for st in report["steps"])  # float64 numbers
 
 
@@ -110,7 +111,7 @@ def test_logits_outside_lm_heads_span_are_past_their_bound_even_when_every_token
     s = report["summary"]
     assert s["diverged"] == 0 and s["match"] == 2 and s["verdict"] == "past-bound"
     assert "not clean: past its bound although no step diverged: step 0: logits:" in s["line"]
-    assert s["line"].endswith("no traces: verdicts from logits only")
+    assert s["line"].endswith(NO_TRACES)
     assert report["steps"][0]["logits"]["units"] > 10
 
 

@@ -66,16 +66,16 @@ def test_an_amplified_bound_excuses_only_the_positions_where_the_readout_cancels
     e = np.full(8, 2 * u)
     e[3] = 40 * u                                        # one position far past the plain bound
     ones = np.ones(8)
-    plain = _entry("layers.0.mixer", 0, "kda", e, np.zeros(8), np.zeros(8), 4 * u, ones)
+    plain = _entry("layers.0.mixer", 0, "kda", e, 4 * u * ones, amp=ones)
     assert plain.past_bound == [3] and plain.units < 1
     amp = ones.copy()
     amp[3] = 6.0
-    loud = _entry("layers.0.mixer", 0, "kda", e, np.zeros(8), np.zeros(8), 4 * u, amp)
+    loud = _entry("layers.0.mixer", 0, "kda", e, 4 * u * amp, amp=amp)
     assert loud.past_bound == [] and loud.readout == 6.0
     amp[3], amp[5] = 1.0, 6.0                           # amplification elsewhere excuses nothing
-    assert _entry("layers.0.mixer", 0, "kda", e, np.zeros(8), np.zeros(8), 4 * u, amp).past_bound == [3]
+    assert _entry("layers.0.mixer", 0, "kda", e, 4 * u * amp, amp=amp).past_bound == [3]
     for bad in (np.full(8, 40 * u), np.full(8, np.nan)):  # a wrong op moves every position
-        assert _entry("layers.0.mixer", 0, "kda", bad, np.zeros(8), np.zeros(8), 4 * u, amp).units > 1
+        assert _entry("layers.0.mixer", 0, "kda", bad, 4 * u * amp, amp=amp).units > 1
 
 
 # One KDA layer with 4 heads of 16 (the layer 0 of a hidden-64 checkpoint): on a run of one repeated

@@ -1,0 +1,110 @@
+"""Model-level bugs that shipped in other engines, planted in our optimized model (real Triton
+kernels, bf16 or fp32) at one layer, for the diff's teeth:
+
+- ``fb_doubled``: a KDA layer's ``f_b_proj`` output doubled (llama.cpp's Kimi-Linear port);
+- ``state_transposed``: a KDA layer's recurrent state stored transposed after prefill (vLLM's
+  chunk_kda read its state with the wrong layout, pull 40956);
+- ``raw_routing``: a MoE router ranking raw logits + bias instead of sigmoid scores + bias;
+- ``bias_dropped``: a MoE router without its ``e_score_correction_bias``;
+- ``bias_bf16``: the bias held in bf16 (vLLM pull 50761);
+- ``nan_state``: NaN in a layer's carried state (KDA state or MLA latent) after a few steps: what
+  uninitialized or poisoned memory does;
+- ``mla_stale``: an MLA layer's cached latent of the last prompt position replaced by a stale row
+  (a cache tail read from the wrong slot).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import optimized
+from .diff_helpers import Override
+
+BUGS = ("fb_doubled", "state_transposed", "raw_routing", "bias_dropped", "bias_bf16", "nan_state", "mla_stale")
+OP = {"fb_doubled": "mixer", "state_transposed": "mixer", "raw_routing": "router", "bias_dropped": "router",
+      "bias_bf16": "router", "nan_state": "mixer", "mla_stale": "mixer"}
+
+
+def _bias(layer: int) -> str:
+    return f"model.layers.{layer}.block_sparse_moe.gate.e_score_correction_bias"
+
+
+def planted_source(source, bug: str, layer: int):
+    """The weights of a bug that lives in them (None for the others)."""
+    if bug == "fb_doubled":
+        name = f"model.layers.{layer}.self_attn.f_b_proj.weight"
+        return Override(source, {name: source.get(name) * 2.0})
+    if bug == "bias_dropped":
+        return Override(source, {_bias(layer): np.zeros(source.shape(_bias(layer)))})
+    if bug == "bias_bf16":
+        b = torch.tensor(source.get(_bias(layer))).bfloat16().double().numpy()
+        return Override(source, {_bias(layer): b})
+    return None
+
+
+class _RawRouterOps:
+    """The model's ops with a router that ranks raw logits + bias (combine weights still from the
+    sigmoid scores at the chosen experts)."""
+
+    def __init__(self, ops):
+        self._ops = ops
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+    def router(self, logits, bias, *, top_k, num_groups=1, topk_groups=1, renormalize=True, scaling=1.0,
+               combine="unbiased"):
+        ids = torch.topk(logits.float() + bias.float(), top_k, dim=-1).indices
+        w = torch.sigmoid(logits.float()).gather(-1, ids)
+        if renormalize:
+            w = w / w.sum(-1, keepdim=True)
+        return w * scaling, ids
+
+
+class Planted:
+    """Our optimized model with a bug at ``layer`` that its weights cannot carry."""
+
+    def __init__(self, model, bug: str, layer: int, *, after_steps: int = 2):
+        self.model, self.bug, self.layer, self.after = model, bug, layer, after_steps
+        self.variants = model.variants
+        self.steps = 0
+        if bug == "raw_routing":
+            real, raw, moe = model.ops, _RawRouterOps(model.ops), model._moe
+
+            def planted_moe(i, x, **kw):
+                model.ops = raw if i == layer else real
+                try:
+                    return moe(i, x, **kw)
+                finally:
+                    model.ops = real
+
+            model._moe = planted_moe
+
+    def prefill(self, ids, *, trace=None):
+        logits, cache = self.model.prefill(ids, trace=trace)
+        pool, slot = cache.pool, cache.slot
+        if self.bug == "state_transposed":
+            s = pool.kda[self.layer].state
+            s[slot] = s[slot].transpose(-1, -2).clone()
+        elif self.bug == "mla_stale":
+            kv, bs = pool.mla[self.layer].kv, pool.block_size
+            last = cache.length - 1
+            kv[cache.blocks[last // bs], last % bs] = kv[cache.blocks[0], 0]
+        return logits, cache
+
+    def decode(self, token, cache, *, trace=None):
+        self.steps += 1
+        if self.bug == "nan_state" and self.steps == self.after:
+            pool = cache.pool
+            if self.layer in pool.kda:
+                pool.kda[self.layer].state[cache.slot, 0, 0, 0] = float("nan")
+            else:
+                pool.mla[self.layer].kv[cache.blocks[0], 0, 0] = float("nan")
+        return self.model.decode(token, cache, trace=trace)
+
+
+def planted_engine(source, bug: str, layer: int, *, dtype: str):
+    """Our optimized model at ``dtype`` with ``bug`` at ``layer``, on the device the suite runs on."""
+    weights = planted_source(source, bug, layer)
+    model = optimized.load(weights if weights is not None else source, dtype=dtype)
+    return model if weights is not None else Planted(model, bug, layer)
