@@ -78,7 +78,7 @@ class StepRecord:
     max_abs_diff: float
     kl: float
     ref_margin: float        # r[ref_token] - r[opt_token] (0 for a match)
-    bound: float
+    bound: float | None  # the flip bound (None: the tokens agree and the twin did not run)
     ratio: float
     ref_gap: float = 0.0     # r[ref_token] - the reference's runner-up: how far from any flip
     router: list[RouterFlip] = field(default_factory=list)
@@ -288,7 +288,9 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
         o = to_numpy(opt_logits).reshape(-1, config.vocab_size)[-1]
         if on_logits is not None:
             on_logits(step, r, o)
-        t = o if twin is None else twin.logits(seq, len(prompt))
+        # the twin runs only where the tokens differ: a match needs no noise to be judged
+        flipped = int(np.argmax(r)) != int(np.argmax(np.where(np.isnan(o), -np.inf, o))) or not np.all(np.isfinite(o))
+        t = o if twin is None else twin.logits(seq, len(prompt)) if flipped else None
         stored = getattr(opt_model, "stored_logits_dtype", None) or dtype_of(opt_logits)
         lossy = lossy or _coarser(stored, dtype)
         rec = _record(step, len(seq) - 1, input_token, r, o, t, dtype, lossy)
@@ -344,7 +346,14 @@ def _check_args(mode, steps, prompt_ids, config, tokens) -> list[int]:
 
 def _record(step: int, position: int, input_token, r, o, t, dtype: str, lossy: str | None) -> StepRecord:
     """The step judged on its logits: the flip bound from the twin's logits ``t`` (plus the
-    rounding of logits stored coarser than the run, ``lossy``)."""
+    rounding of logits stored coarser than the run, ``lossy``); ``t`` None: the tokens agree and the
+    twin did not run (the bound is reported as None)."""
+    if t is None:
+        v = classify_step(r, o, dtype=dtype)
+        return StepRecord(step=step, position=position, input_token=input_token, ref_token=int(v.ref_token),
+                          opt_token=int(v.opt_token), verdict=v.verdict, classified=v.verdict,
+                          max_abs_diff=max_abs_diff(r, o), kl=kl_divergence(r, o), ref_margin=0.0,
+                          bound=None, ratio=0.0, ref_gap=_gap(r))
     bound = twin_bound(r, t, dtype=dtype)
     if lossy is not None:
         with np.errstate(invalid="ignore"):
@@ -354,8 +363,12 @@ def _record(step: int, position: int, input_token, r, o, t, dtype: str, lossy: s
         step=step, position=position, input_token=input_token,
         ref_token=int(v.ref_token), opt_token=int(v.opt_token), verdict=v.verdict,
         classified=v.verdict, max_abs_diff=max_abs_diff(r, o), kl=kl_divergence(r, o),
-        ref_margin=float(v.margin), bound=float(v.bound), ratio=float(v.ratio),
-        ref_gap=float(np.diff(np.partition(r, -2)[-2:])[0]) if r.size > 1 else 0.0)
+        ref_margin=float(v.margin), bound=float(v.bound), ratio=float(v.ratio), ref_gap=_gap(r))
+
+
+def _gap(r: np.ndarray) -> float:
+    """The reference's top-1 minus its top-2: how far the step was from any flip."""
+    return float(np.diff(np.partition(r, -2)[-2:])[0]) if r.size > 1 else 0.0
 
 
 def _coarser(stored: str | None, dtype: str) -> str | None:

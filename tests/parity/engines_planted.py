@@ -123,3 +123,12 @@ def two_rows(checkpoint, *, dtype, device):
 
 def not_an_engine(checkpoint, *, dtype, device):
     return object()
+
+
+def nan_state(checkpoint, *, dtype, device):
+    """Our optimized model with NaN written into layer 0's KDA state after two decode steps."""
+    import optimized
+
+    from tests.parity.planted_model import Planted
+
+    return Planted(optimized.load(_source(checkpoint), dtype=dtype, device=device), "nan_state", 0)

@@ -1,5 +1,6 @@
 """Model-level bugs that shipped in other engines, planted in our optimized model (real Triton
-kernels, bf16 or fp32) at one layer, for the diff's teeth:
+kernels, bf16 or fp32) at one layer, and the checks of the diff's teeth that use them
+(``test_diff_matrix_*.py``, one file per op family so the suite's workers share them out):
 
 - ``fb_doubled``: a KDA layer's ``f_b_proj`` output doubled (llama.cpp's Kimi-Linear port);
 - ``state_transposed``: a KDA layer's recurrent state stored transposed after prefill (vLLM's
@@ -14,11 +15,20 @@ kernels, bf16 or fp32) at one layer, for the diff's teeth:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 import optimized
-from .diff_helpers import Override
+import reference
+from parity.diff import run_diff
+from parity.engines import CheckedEngine, load_engine, router_bias
+from parity.engines.dump import record
+from parity.platform import store_rounding
+from reference.config import KimiConfig
+from reference.synthetic import SyntheticSource
+from tests.parity.diff_helpers import Override
 
 BUGS = ("fb_doubled", "state_transposed", "raw_routing", "bias_dropped", "bias_bf16", "nan_state", "mla_stale")
 OP = {"fb_doubled": "mixer", "state_transposed": "mixer", "raw_routing": "router", "bias_dropped": "router",
@@ -27,6 +37,16 @@ OP = {"fb_doubled": "mixer", "state_transposed": "mixer", "raw_routing": "router
 
 def _bias(layer: int) -> str:
     return f"model.layers.{layer}.block_sparse_moe.gate.e_score_correction_bias"
+
+
+def base_source(source, bug: str, layer: int):
+    """The weights both paths run for ``bug``: raw-logit ranking differs from sigmoid ranking only
+    where the correction bias matters, so that layer's bias is scaled to a spread of 1 (Kimi's are
+    of that order; the generator draws 0.1)."""
+    if bug != "raw_routing":
+        return source
+    b = source.get(_bias(layer))
+    return Override(source, {_bias(layer): b / b.std()})
 
 
 def planted_source(source, bug: str, layer: int):
@@ -105,6 +125,50 @@ class Planted:
 
 def planted_engine(source, bug: str, layer: int, *, dtype: str):
     """Our optimized model at ``dtype`` with ``bug`` at ``layer``, on the device the suite runs on."""
-    weights = planted_source(source, bug, layer)
+    weights = planted_source(source, bug, layer)   # ``source``: from ``base_source``
     model = optimized.load(weights if weights is not None else source, dtype=dtype)
     return model if weights is not None else Planted(model, bug, layer)
+
+
+# the tiny preset with MLA at layers 1 and 3 (KDA at 0 and 2): an early and a deep MLA layer
+TINY_MLA = dataclasses.replace(KimiConfig.from_name("tiny"), kda_layers=(1, 3), full_attn_layers=(2, 4))
+PROMPT = [75, 107, 104, 117, 35, 108, 104, 111]
+STEPS = 4   # the prefill and three decode steps: the state bugs act from the first decode on
+
+
+def mla_source():
+    return SyntheticSource(TINY_MLA, 0)
+
+
+def diff(source, engine, dtype, *, steps=STEPS, mode="forced", tokens=None, prompt=PROMPT):
+    """``run_diff`` of ``engine`` against the reference on ``source``, as ``parity diff`` runs it."""
+    device = str(getattr(getattr(engine, "engine", engine), "device", "cpu")).split(":")[0]
+    return run_diff(reference.load(source), engine, prompt, config=source.config, steps=steps, mode=mode,
+                    dtype=dtype, rounding=store_rounding(dtype, device if device in ("cpu", "cuda") else None),
+                    tokens=tokens)
+
+
+def through_dump(source, engine, dtype, path):
+    """``engine``'s free-mode run written to a dump at ``path``, then diffed from the file alone."""
+    record(engine, path, config=source.config, dtype=dtype, prompt_ids=PROMPT, steps=STEPS)
+    dump = CheckedEngine(load_engine(f"dump:{path}", source, dtype=None, device=None), source.config,
+                         name="dump", bias=router_bias(source))
+    return diff(source, dump, dtype, mode="free", tokens=dump.engine.tokens)
+
+
+def assert_caught(result, bug: str, layer: int) -> None:
+    """Exit 1 (``diverged`` or ``past-bound``) and the planted layer and op named."""
+    assert result.verdict in ("diverged", "past-bound"), result.summary()["line"]
+    loc = result.localization
+    assert loc is not None, result.summary()["line"]
+    if bug == "nan_state":
+        assert loc.nonfinite is not None and loc.nonfinite["name"] == f"layers.{layer}.mixer", loc.describe()
+    else:
+        assert loc.first is not None and loc.first.name == f"layers.{layer}.{OP[bug]}", loc.describe()
+
+
+def assert_clean(result) -> None:
+    """Matches and near-ties only, every replayed op within its bound."""
+    assert result.verdict in ("match", "near-tie"), result.summary()["line"]
+    worst = max(result.final.entries, key=lambda e: max(e.units, e.spike_units))
+    assert max(worst.units, worst.spike_units) < 1, result.final.describe()

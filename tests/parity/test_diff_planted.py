@@ -6,7 +6,7 @@ import pytest
 
 import optimized
 import reference
-from .diff_helpers import PROMPT_IDS, perturbed_a_log, router_near_tie, run_cli, write_checkpoint
+from .diff_helpers import Override, PROMPT_IDS, perturbed_a_log, router_near_tie, run_cli, write_checkpoint
 from parity.diff import run_diff
 from reference.checkpoint import open_source
 from reference.config import KimiConfig
@@ -14,6 +14,7 @@ from reference.fixtures import default_checkpoint_path
 from reference.synthetic import SyntheticSource
 
 PROMPT = [int(t) for t in PROMPT_IDS.split(",")]
+PLANTED = "tests.parity.engines_planted"
 
 
 def test_a_perturbed_a_log_in_the_optimized_checkpoint_is_diverged_and_localized_to_its_layer(tmp_path, capsys):
@@ -34,6 +35,28 @@ def test_a_perturbed_a_log_in_the_optimized_checkpoint_is_diverged_and_localized
     assert all(e["units"] < 1 for e in before)
     assert "layers.1.mixer (kda)" in out.strip().splitlines()[-1]
     assert report["optimized_checkpoint"]["path"] == str(bad)
+
+
+def test_a_doubled_f_b_in_a_deep_kda_layer_is_diverged_and_named_in_bf16(tmp_path, capsys):
+    """llama.cpp's bug at layer 2, bf16: every op is judged on the engine's own inputs, so the
+    benign router flips upstream widen nothing, and the twin's noise excuses no flip."""
+    source = open_source(default_checkpoint_path())
+    name = "model.layers.2.self_attn.f_b_proj.weight"
+    bad = write_checkpoint(Override(source, {name: source.get(name) * 2.0}), tmp_path / "fb")
+    rc, out, err = run_cli(capsys, "diff", "--optimized-from", str(bad), "--steps", "8")
+    assert rc == 1, out + err
+    assert "layers.2.mixer (kda)" in out.strip().splitlines()[-1], out
+
+
+def test_nan_in_a_carried_state_exits_1_and_the_report_writes_it_as_null(tmp_path, capsys):
+    report_path = tmp_path / "r.json"
+    rc, out, err = run_cli(capsys, "diff", "--engine", f"{PLANTED}:nan_state", "--steps", "4",
+                           "--json", str(report_path))
+    assert rc == 1, out + err
+    report = json.loads(report_path.read_text())   # strict JSON: NaN/Inf written as null
+    assert report["summary"]["verdict"] == "diverged"
+    bad = [s for s in report["steps"] if s["cause"] == "nonfinite"]
+    assert bad and bad[0]["nonfinite"]["name"] == "layers.0.mixer"
 
 
 def test_nan_in_one_layer_is_named_as_the_first_non_finite_layer():
