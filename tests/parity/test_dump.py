@@ -129,11 +129,27 @@ def test_a_free_mode_dump_is_followed_by_the_reference_and_says_where_it_left(wo
     rc, out, err, report = _diff(capsys, path)
     assert rc == 1, out + err
     assert report["mode"] == "free" and report["engine"]["follow"] == "engine"
+    assert "the reference followed them" in out and "re-anchored" not in out
     assert [sp["step"] for sp in report["splits"]] == [1]
     s = report["steps"]
     assert s[1]["opt_token"] == 7 and s[1]["verdict"] == "diverged" and s[2]["input_token"] == 7
     assert s[2]["verdict"] == s[3]["verdict"] == "match"  # the same context again: comparable
     assert report["splits"][0]["reconverged_at"] == 2
+
+
+def test_logits_stored_coarser_than_the_run_are_judged_at_the_run_dtype_and_said_lossy(work, capsys, tmp_path):
+    d, plan, c = work
+    from safetensors.torch import save_file
+
+    with safe_open(str(d / "bare.safetensors"), "pt") as f:   # a float32 run, logits only
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    path = tmp_path / "bf16-logits.safetensors"
+    tensors["logits"] = tensors["logits"].bfloat16()   # what another writer may store
+    save_file(tensors, str(path), metadata=meta)
+    rc, out, err, report = _diff(capsys, path)
+    line = out.strip().splitlines()[-1]
+    assert "logits stored as bfloat16, coarser than the float32 run" in line, line
+    assert report["summary"]["logits_lossy"] == "bfloat16" and report["environment"]["dtype"] == "float32"
 
 
 def test_golden_check_holds_a_dump_to_the_golden(work, capsys, tmp_path):
