@@ -698,6 +698,14 @@ def certify(records, *, dtypes=("float32", "bfloat16"), device=None, candidate="
     for rec in {r.name: r for r, _ in todo}.values():
         certs[rec.name], cands[rec.name] = _new_cert(rec, impls.get(rec.name, candidate), contract)
     pool = runners(device, workers)
+    try:   # outside implementations probed before any work (CandidateError: one line)
+        for name, cand in cands.items():
+            if cand is not None and cand.outside:
+                probe(certs[name].record, cand, dtypes[0], cand.device(device), pool[0])
+    except BaseException:
+        for r in pool:
+            r.close()
+        raise
     base = settings.default      # the profile in force (settings.default is per thread)
     done: dict = {name: 0 for name in order}
     total = {name: sum(1 for r, _ in todo if r.name == name) for name in order}
@@ -716,8 +724,6 @@ def certify(records, *, dtypes=("float32", "bfloat16"), device=None, candidate="
     def work(rec, dtype, runner):
         cand, cert = cands[rec.name], certs[rec.name]
         if cand is not None:
-            if cand.outside and not cert.runs:
-                probe(rec, cand, dtypes[0], cand.device(device), runner)
             _certify_dtype(cert, cand, dtype, runner, examples=examples_, on_case=on_case,
                            cases=(cases or {}).get(rec.name, ()), repro=repro, base=base)
         finish(rec.name)
@@ -764,3 +770,38 @@ def _parallel(todo, pool, work) -> None:
         t.join()
     if errors:
         raise errors[0]
+
+
+def merge(docs) -> list:
+    """The op certificates of shard certificates (``parity certify --shard i/n``, each a parsed
+    JSON document), combined into those of the unsharded run: every shard of one run (same
+    device, dtypes, candidate, implementations, contract, examples and profile), each once.
+    ValueError, one line, otherwise."""
+    if not docs:
+        raise ValueError("merge: no certificates given")
+    keys = ("device", "dtypes", "candidate", "impls", "contract", "examples", "hypothesis_profile")
+    first = docs[0]
+    shards = []
+    for i, d in enumerate(docs):
+        for k in keys:
+            if d.get(k) != first.get(k):
+                raise ValueError(f"merge: certificate {i + 1} differs in {k} ({d.get(k)!r}, first {first.get(k)!r})")
+        sh = d.get("shard")
+        if sh is None:
+            raise ValueError(f"merge: certificate {i + 1} is not a shard (no shard entry)")
+        shards.append((sh["index"], sh["count"]))
+    counts = {n for _, n in shards}
+    if len(counts) != 1 or sorted(i for i, _ in shards) != list(range(1, counts.pop() + 1)):
+        raise ValueError(f"merge: expected shards 1..n of one run once each, got {sorted(f'{i}/{n}' for i, n in shards)}")
+    by_op: dict = {}
+    for d in docs:
+        for o in d["ops"]:
+            cert = OpCertificate.from_dict(o)
+            if o["op"] in by_op:
+                by_op[o["op"]].runs.update(cert.runs)
+            else:
+                by_op[o["op"]] = cert
+    order = [n for n in first["shard"]["ops"] if n in by_op]
+    for cert in by_op.values():
+        cert.runs = {dt: cert.runs[dt] for dt in first["dtypes"] if dt in cert.runs}
+    return [by_op[n] for n in order]
