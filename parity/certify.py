@@ -153,7 +153,7 @@ class DtypeRun:
     @property
     def kernel_ran(self):
         flags = [c.kernel_ran for c in self.cases if c.fault is None]
-        if any(f is None for f in flags):
+        if not flags or any(f is None for f in flags):
             return None
         return bool(flags) and all(flags)
 
