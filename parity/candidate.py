@@ -282,13 +282,12 @@ def _dtype_ok(got: torch.dtype, ref_kind: str, run_dtype: str) -> bool:
 
 def probe(record: OpRecord, cand: Candidate, dtype: str, device: str, runner=None) -> None:
     """Call an outside candidate once, on the record's first input at ``dtype`` on ``device`` (through
-    ``runner``, a parity.pool runner: default in this process), and check what a certification
+    ``runner``: parity.check.InProcess (the default) or a parity.pool.Worker), and check what a certification
     cannot judge: its signature, and that it returns the record's outputs as tensors of the
     reference's shapes, each float output of the run dtype or a wider float (float32/float64), each
     integer output an integer tensor. CandidateError, one line. An input the implementation
     refuses, an exception or a fault inside it is left to the run."""
-    from .check import CANDIDATE, Call, prepare
-    from .pool import InProcess, Job
+    from .check import CANDIDATE, Call, InProcess, Job, prepare
 
     case = first_case(record)
     check_signature(record, cand.fn, tuple(case.kwargs))

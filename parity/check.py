@@ -250,6 +250,44 @@ def run_call(record: OpRecord, fn, call: Call, inputs: dict, kwargs: dict, aux: 
     return res
 
 
+@dataclass
+class Job:
+    """The calls of one input: the op, the rounded input tensors, the scalar keyword arguments, the
+    case's aux arrays (for mutants) and the calls in order."""
+
+    op: str
+    inputs: dict
+    kwargs: dict
+    aux: dict
+    calls: list
+
+
+class InProcess:
+    """Calls user code in this process: cheap, but a candidate that kills its process kills certify,
+    and a CUDA fault poisons every later CUDA call here."""
+
+    isolated = False
+
+    def __init__(self, device: str):
+        self.device = device
+        self.prep_device = device
+        self._fns: dict = {}
+
+    def run(self, record, cand, job: Job, ref=None) -> list:
+        fn = self._normalized(record, cand)
+        return [run_call(record, fn, c, job.inputs, job.kwargs, job.aux, counter=cand.counter, ref=ref,
+                         device=self.device) for c in job.calls]
+
+    def _normalized(self, record, cand):
+        key = (record.name, id(cand))
+        if key not in self._fns:   # one normalized candidate per op: a witnessed one counts its calls
+            self._fns[key] = (cand, cand.normalized(record))
+        return self._fns[key][1]
+
+    def close(self) -> None:
+        pass
+
+
 def _mutant(record: OpRecord, name: str) -> Mutant:
     return next(m for m in record.mutants if m.name == name)
 

@@ -1,4 +1,4 @@
-"""Where certify calls user code: in this process (:class:`InProcess`), or in a worker process
+"""Where certify calls user code: in this process (parity.check.InProcess), or in a worker process
 (:class:`Worker`, the multiprocessing ``spawn`` context) that owns the device, so that a candidate
 that kills its process (``os._exit``, a segfault) or poisons its CUDA context (a misaligned or
 illegal address) fails only the call that did it.
@@ -19,23 +19,11 @@ import os
 import pickle
 import signal
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from .check import CANDIDATE, Call, CallResult, run_call
+from .check import CANDIDATE, CallResult, InProcess, Job, run_call  # noqa: F401  (InProcess, Job: this module's interface)
 
 _START = threading.Lock()   # os.environ is process-wide: one worker starts at a time
-
-
-@dataclass
-class Job:
-    """The calls of one input: the op, the rounded input tensors, the scalar keyword arguments, the
-    case's aux arrays (for mutants) and the calls in order."""
-
-    op: str
-    inputs: dict
-    kwargs: dict
-    aux: dict
-    calls: list
 
 
 def visible_devices() -> list[str]:
@@ -47,32 +35,6 @@ def visible_devices() -> list[str]:
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-
-
-class InProcess:
-    """Calls user code in this process: cheap, but a candidate that kills its process kills certify,
-    and a CUDA fault poisons every later CUDA call here."""
-
-    isolated = False
-
-    def __init__(self, device: str):
-        self.device = device
-        self.prep_device = device
-        self._fns: dict = {}
-
-    def run(self, record, cand, job: Job, ref=None) -> list:
-        fn = self._normalized(record, cand)
-        return [run_call(record, fn, c, job.inputs, job.kwargs, job.aux, counter=cand.counter, ref=ref,
-                         device=self.device) for c in job.calls]
-
-    def _normalized(self, record, cand):
-        key = (record.name, id(cand))
-        if key not in self._fns:   # one normalized candidate per op: a witnessed one counts its calls
-            self._fns[key] = (cand, cand.normalized(record))
-        return self._fns[key][1]
-
-    def close(self) -> None:
-        pass
 
 
 class Worker:
