@@ -79,6 +79,8 @@ def core_case(B, T, H, HV, K, V, seed, *, chunk=None, fused=False, has_state=Tru
 @st.composite
 def core_cases(draw, chunked=False, fused=False):
     B, T, H, HV, K, V, C = draw(bucket(SHAPES))
+    if chunked:   # the shape's chunk first, then twice it: 16, 32 and 64 all drawn (fla takes 32, 64)
+        C = draw(bucket([C, 2 * C]))
     has_state = draw(bucket([True, False]))
     varlen = B == 1 and draw(bucket([True, False]))
     strength = draw(bucket(["mixed", "moderate"]))
