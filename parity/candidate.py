@@ -68,8 +68,8 @@ class Candidate:
 
 class Witnessed:
     """A normalized outside candidate that counts the calls of the user's callable (``calls``):
-    ``parity.check.run_candidate`` then holds it to having been called and to returning its own
-    outputs (``parity.check.own_outputs``)."""
+    ``parity.check.run_call`` records whether it was called and whether its outputs alias memory it
+    was handed, ``parity.check.witness`` holds it to both and to honest outputs."""
 
     def __init__(self, record: OpRecord, fn: Callable):
         self.calls = 0

@@ -134,3 +134,19 @@ def test_a_wrong_number_of_outputs_is_refused_and_a_harness_bug_is_a_traceback()
     rec: OpRecord = dataclasses.replace(ops.get("norm.l2norm"), reference=broken_reference)
     with pytest.raises(ZeroDivisionError):
         certify_op(rec, candidate="reference-f32", dtypes=("float32",), examples=1, device="cpu")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--workers", "-1"], "--workers -1: expected a count >= 0"),
+    (["--shard", "3/2"], "--shard 3/2: expected I/N with 1 <= I <= N"),
+    (["--shard", "x"], "--shard x: expected I/N"),
+    (["merge", "a.json"], "merge: --json PATH is required"),
+    (["nosuch.json"], "invalid choice: 'nosuch.json'"),
+])
+def test_bad_pool_shard_and_merge_arguments_are_one_line_errors_exit_2(args, needle, capsys):
+    try:
+        rc = main(["certify", "--device", "cpu", *args])
+    except SystemExit as exc:   # argparse's own refusals
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error:") and needle in err and err.count("\n") == 1, err
