@@ -127,9 +127,8 @@ def implementation_source(fn, spec: str | None = None) -> tuple[str, str]:
 
 
 def _inline(fn) -> str:
-    """``fn``'s source (decorators dropped) and, before it, what it names from its module: functions
+    """``fn``'s source (decorators dropped) and, before it, what it names from kimi-parity: functions
     (recursively), modules (imported), constants (as literals), exception classes (redefined)."""
-    g = fn.__globals__
     seen, parts, imports = set(), [], []
 
     def names(code):
@@ -142,6 +141,7 @@ def _inline(fn) -> str:
         if f.__name__ in seen:
             return
         seen.add(f.__name__)
+        g = f.__globals__
         for name in names(f.__code__):
             obj = g.get(name)
             if name in seen or obj is None:
@@ -149,7 +149,7 @@ def _inline(fn) -> str:
             if isinstance(obj, types.ModuleType):
                 imports.append(f"import {obj.__name__} as {name}" if obj.__name__ != name else f"import {name}")
                 seen.add(name)
-            elif isinstance(obj, types.FunctionType) and obj.__module__ == fn.__module__:
+            elif isinstance(obj, types.FunctionType) and obj.__module__.startswith("parity."):
                 visit(obj)
             elif isinstance(obj, type) and issubclass(obj, Exception):
                 parts.append(f"class {name}(Exception):\n    pass\n")
