@@ -187,8 +187,8 @@ def _main(conn) -> None:
         aux = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in job.aux.items()}
         for call in job.calls:
             res = run_call(record, fn, call, inputs, job.kwargs, aux, counter=cand.counter, device=device)
-            if res.outputs is not None and not res.fault:
-                res.outputs = _to_cpu(res.outputs)
+            # after a fault the outputs cannot be read (the context is gone): only the error travels
+            res.outputs = None if res.fault else _to_cpu(res.outputs)
             conn.send_bytes(pickle.dumps(res))
             if res.fault:
                 conn.close()
