@@ -21,7 +21,7 @@ import signal
 import threading
 from dataclasses import replace
 
-from .check import CANDIDATE, CallResult, InProcess, Job, run_call  # noqa: F401  (InProcess, Job: this module's interface)
+from .check import CANDIDATE, CallResult, InProcess, Job, first_line, run_call  # noqa: F401  (InProcess, Job: this module's interface)
 
 _START = threading.Lock()   # os.environ is process-wide: one worker starts at a time
 
@@ -181,7 +181,13 @@ def _main(conn) -> None:
             torch.set_num_threads(1)   # tiny shapes on a shared machine, as certify.cpu_threads
         key = (job.op, blob)
         if key not in built:
-            built[key] = _rebuild(job.op, blob)
+            try:
+                built[key] = _rebuild(job.op, blob)
+            except Exception as exc:  # the user's module failed to import here: every call says why
+                why = f"the worker could not load the candidate: {first_line(exc)}"
+                for call in job.calls:
+                    conn.send_bytes(pickle.dumps(CallResult(call, error=why)))
+                continue
         record, cand, fn = built[key]
         inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in job.inputs.items()}
         aux = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in job.aux.items()}
