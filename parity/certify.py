@@ -251,6 +251,9 @@ class OpCertificate:
                 parts.append(f"{v['name']} at {d}: no input judged")
             elif v["holds"]:
                 parts.append(f"holds {v['name']} at {d} ({_r(w)} units)")
+            elif all(c.fault is not None for c in r.cases if not c.passed):
+                n = sum(c.fault is not None for c in r.cases)
+                parts.append(f"{v['name']} at {d}: {n} input(s) faulted, the rest within it")
             else:
                 line = f"fails {v['name']} at {d} by {_r(w)}x"
                 if v["consistent_with"]:
