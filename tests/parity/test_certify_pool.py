@@ -29,12 +29,12 @@ def _strip(doc):
     return doc
 
 
-def test_a_candidate_that_kills_its_process_fails_only_its_own_inputs():
+def test_a_candidate_that_kills_its_process_fails_only_its_own_inputs(parity_device):
     """Two workers: kda.recurrent's implementation exits (os._exit(3)) on one shape and segfaults on
     another; those inputs are faults naming their shapes and how the process ended, its other input
     is judged, and the ops after it are certified exactly as in this process."""
     others = [ops.get("elementwise.silu"), ops.get("norm.l2norm")]
-    kw = dict(dtypes=("float32",), device="cpu", candidate="reference-f32", examples=3)
+    kw = dict(dtypes=("float32",), device=parity_device, candidate="reference-f32", examples=3)
     pooled = certify([RECURRENT, *others], impls={"kda.recurrent": planted_kda.kills_its_process}, workers=2, **kw)
     rec = pooled[0]
     faults = {f["label"]: f for f in rec.faults()}
@@ -46,8 +46,8 @@ def test_a_candidate_that_kills_its_process_fails_only_its_own_inputs():
     assert judged and all(c.passed for c in judged)
     assert not rec.certified and rec.label == "tests.parity.planted_kda:kills_its_process"
     assert schema.errors({"ops": [rec.to_dict()]}, _op_schema()) == []
-    with cpu_threads("cpu"):
-        here = certify(others, **kw)
+    with cpu_threads(parity_device):
+        here = certify(others, workers=0, **kw)
     for a, b in zip(pooled[1:], here):
         assert a.certified and b.certified, a.reasons()
         assert _strip(a.to_dict()) == _strip(b.to_dict())
@@ -58,8 +58,8 @@ def _op_schema():
     return {"$defs": s["$defs"], "type": "object", "properties": {"ops": {"type": "array", "items": {"$ref": "#/$defs/op"}}}}
 
 
-def test_shards_merge_into_the_certificate_of_the_unsharded_run(tmp_path, capsys):
-    args = ["certify", "--device", "cpu", "--ops", "elementwise.silu", "norm.l2norm", "--candidate", "reference-f32",
+def test_shards_merge_into_the_certificate_of_the_unsharded_run(tmp_path, capsys, parity_device):
+    args = ["certify", "--device", parity_device, "--ops", "elementwise.silu", "norm.l2norm", "--candidate", "reference-f32",
             "--dtype", "float32", "bfloat16", "--examples", "1"]
     assert main([*args, "--json", str(tmp_path / "all.json")]) == 0
     for i in (1, 2):
@@ -77,31 +77,31 @@ def test_shards_merge_into_the_certificate_of_the_unsharded_run(tmp_path, capsys
     assert err.startswith("error: merge: expected shards 1..n") and err.count("\n") == 1
 
 
-def test_a_repro_reproduces_a_failure_in_a_fresh_process(tmp_path):
+def test_a_repro_reproduces_a_failure_in_a_fresh_process(tmp_path, parity_device):
     """The repro of a planted bug: its inputs, the float64 reference and its bound, and a script that
     needs only torch, safetensors and the implementation; run alone, it prints the error in bound
     units (> 1) and exits 1."""
-    with cpu_threads("cpu"):
+    with cpu_threads(parity_device):
         cert = certify_op(RECURRENT, candidate=planted_kda.beta_dropped, dtypes=("float32",), examples=1,
-                          device="cpu", repro=str(tmp_path))
+                          device=parity_device, repro=str(tmp_path))
     assert not cert.certified
     folder = next(tmp_path.iterdir())
     assert {p.name for p in folder.iterdir()} == {"inputs.safetensors", "expected.safetensors", "meta.json", "repro.py"}
     script = (folder / "repro.py").read_text()
     assert "import parity" not in script and "from parity" not in script and len(script.splitlines()) < 45
-    out = subprocess.run([sys.executable, str(folder / "repro.py"), "cpu"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, str(folder / "repro.py"), parity_device], capture_output=True, text=True,
                          timeout=300, cwd=tmp_path)
     assert out.returncode == 1, out.stdout + out.stderr
     worst = float(out.stdout.strip().splitlines()[-1].split()[1])
     assert worst > 1 and worst == pytest.approx(cert.runs["float32"].worst_ratio, rel=1e-2)
 
 
-def test_dirty_memory_kills_the_blanking_by_zero_mutant_and_a_correct_candidate_holds():
+def test_dirty_memory_kills_the_blanking_by_zero_mutant_and_a_correct_candidate_holds(parity_device):
     """The pool's free rows hold NaN, Inf, then stale values: the stand-in holds on all three, and
     the mutant that blanks a padding row by multiplying by zero (vLLM pull 43961) is killed on NaN."""
     rec = ops.get("kda.fused_recurrent_decode")
-    with cpu_threads("cpu"):
-        cert = certify_op(rec, candidate="reference-f32", dtypes=("float32",), examples=1, device="cpu")
+    with cpu_threads(parity_device):
+        cert = certify_op(rec, candidate="reference-f32", dtypes=("float32",), examples=1, device=parity_device)
     assert cert.certified, cert.reasons()
     run = cert.runs["float32"]
     assert [c.dirty for c in run.cases] == [None, "nan", "inf", "stale"]
@@ -111,9 +111,10 @@ def test_dirty_memory_kills_the_blanking_by_zero_mutant_and_a_correct_candidate_
         dataclasses.replace(rec, mutants=tuple(m for m in rec.mutants if not m.dirty))
 
 
-def test_two_runs_that_differ_in_bytes_are_a_finding_of_their_own():
-    with cpu_threads("cpu"):
-        cert = certify_op(RECURRENT, candidate=planted_kda.flips_a_bit, dtypes=("float32",), examples=1, device="cpu")
+def test_two_runs_that_differ_in_bytes_are_a_finding_of_their_own(parity_device):
+    with cpu_threads(parity_device):
+        cert = certify_op(RECURRENT, candidate=planted_kda.flips_a_bit, dtypes=("float32",), examples=1,
+                          device=parity_device)
     assert cert.runs["float32"].passed   # within the bound every time
     found = cert.nondeterminism()
     assert found and found[0]["outputs"] == ["o"] and found[0]["dtype"] == "float32"
@@ -121,19 +122,19 @@ def test_two_runs_that_differ_in_bytes_are_a_finding_of_their_own():
     assert cert.to_dict()["nondeterminism"] == found
 
 
-def test_a_wrong_number_of_outputs_is_refused_and_a_harness_bug_is_a_traceback():
+def test_a_wrong_number_of_outputs_is_refused_and_a_harness_bug_is_a_traceback(parity_device):
     def one_output(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
         return planted_kda.recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state)[0]
 
     with pytest.raises(CandidateError, match=r"expected outputs \('o', 'final_state'\), got Tensor"):
-        certify_op(RECURRENT, candidate=one_output, dtypes=("float32",), examples=1, device="cpu")
+        certify_op(RECURRENT, candidate=one_output, dtypes=("float32",), examples=1, device=parity_device)
 
     def broken_reference(x, *, eps=1e-6):
         raise ZeroDivisionError("a bug in the reference")
 
     rec: OpRecord = dataclasses.replace(ops.get("norm.l2norm"), reference=broken_reference)
     with pytest.raises(ZeroDivisionError):
-        certify_op(rec, candidate="reference-f32", dtypes=("float32",), examples=1, device="cpu")
+        certify_op(rec, candidate="reference-f32", dtypes=("float32",), examples=1, device=parity_device)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -143,9 +144,9 @@ def test_a_wrong_number_of_outputs_is_refused_and_a_harness_bug_is_a_traceback()
     (["merge", "a.json"], "merge: --json PATH is required"),
     (["nosuch.json"], "invalid choice: 'nosuch.json'"),
 ])
-def test_bad_pool_shard_and_merge_arguments_are_one_line_errors_exit_2(args, needle, capsys):
+def test_bad_pool_shard_and_merge_arguments_are_one_line_errors_exit_2(args, needle, capsys, parity_device):
     try:
-        rc = main(["certify", "--device", "cpu", *args])
+        rc = main(["certify", "--device", parity_device, *args])
     except SystemExit as exc:   # argparse's own refusals
         rc = exc.code
     err = capsys.readouterr().err
