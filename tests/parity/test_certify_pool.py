@@ -151,3 +151,18 @@ def test_bad_pool_shard_and_merge_arguments_are_one_line_errors_exit_2(args, nee
         rc = exc.code
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error:") and needle in err and err.count("\n") == 1, err
+
+
+def test_workers_are_pinned_one_visible_gpu_each_within_an_outer_cuda_visible_devices(monkeypatch):
+    """No process starts here: which device each worker would get (its CUDA_VISIBLE_DEVICES)."""
+    from parity.certify import runners
+    from parity.pool import visible_devices
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    assert visible_devices() == ["2", "5"]
+    assert [w.gpu for w in runners("cuda", None)] == ["2", "5"]        # default: one per visible GPU
+    assert [w.gpu for w in runners("cuda", 3)] == ["2", "5", "2"]
+    assert [type(r).__name__ for r in runners("cpu", None)] == ["InProcess"]
+    assert [(type(r).__name__, r.gpu) for r in runners("cpu", 2)] == [("Worker", None)] * 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_devices() == []
