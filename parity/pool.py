@@ -24,6 +24,9 @@ from dataclasses import replace
 from .check import CANDIDATE, CallResult, InProcess, Job, first_line, run_call  # noqa: F401  (InProcess, Job: this module's interface)
 
 _START = threading.Lock()   # os.environ is process-wide: one worker starts at a time
+CALL_TIMEOUT = 600.0        # seconds one call may take (the interpreter's largest take tens)
+START_TIMEOUT = 600.0       # seconds a worker may take to import torch and kimi-parity
+READY = b"ready"
 
 
 def visible_devices() -> list[str]:
@@ -40,12 +43,14 @@ def visible_devices() -> list[str]:
 class Worker:
     """One worker process on ``device`` (``cuda``: pinned to ``gpu``, one entry of
     :func:`visible_devices`), started on first use and again after a fault. ``faults``: how many
-    times its process died."""
+    times its process died; ``timeout``: seconds a call may take before it is a fault (the process
+    killed: a kernel that hangs)."""
 
     isolated = True
 
-    def __init__(self, device: str, gpu: str | None = None):
+    def __init__(self, device: str, gpu: str | None = None, timeout: float = CALL_TIMEOUT):
         self.device = device
+        self.timeout = timeout
         self.prep_device = "cpu"   # the parent never touches the GPU: inputs are prepared on the CPU
         self.gpu = gpu
         self.faults = 0
@@ -62,6 +67,12 @@ class Worker:
             try:
                 self._conn.send_bytes(pickle.dumps((replace(job, calls=pending), blob, self.device)))
                 while pending:
+                    if not self._conn.poll(self.timeout):   # a hung kernel: the call is a fault
+                        self._proc.kill()
+                        self._reap()
+                        results.append(CallResult(pending.pop(0), fault=f"the call did not return within "
+                                                  f"{self.timeout:g} s (the worker was killed)"))
+                        break
                     res = pickle.loads(self._conn.recv_bytes())
                     results.append(res)
                     pending.pop(0)
@@ -96,6 +107,13 @@ class Worker:
                         os.environ["CUDA_VISIBLE_DEVICES"] = old
         child.close()
         self._proc, self._conn = proc, parent
+        try:   # imports done: the call timeout starts with the first call
+            ready = parent.poll(START_TIMEOUT) and parent.recv_bytes() == READY
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            why = self._reap()
+            raise RuntimeError(f"a certify worker process did not start ({why})")
 
     def _reap(self) -> str:
         """Wait for the dead (or dying) process; how it ended, in words."""
@@ -168,6 +186,9 @@ def _main(conn) -> None:
     fault, report it and exit."""
     import torch
 
+    from . import ops  # noqa: F401  (imported before the parent starts timing calls)
+
+    conn.send_bytes(READY)
     built: dict = {}
     while True:
         try:

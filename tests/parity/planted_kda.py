@@ -158,3 +158,11 @@ def flips_a_bit(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
         o = o.contiguous().clone()
         o.view(-1).view({2: torch.int16, 4: torch.int32}[o.element_size()])[0] ^= 1
     return o, S
+
+
+def hangs(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
+    """Never returns (a kernel that deadlocks)."""
+    import time
+
+    while True:
+        time.sleep(1)

@@ -166,3 +166,19 @@ def test_workers_are_pinned_one_visible_gpu_each_within_an_outer_cuda_visible_de
     assert [(type(r).__name__, r.gpu) for r in runners("cpu", 2)] == [("Worker", None)] * 2
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert visible_devices() == []
+
+
+def test_a_call_that_never_returns_is_a_fault_and_its_worker_is_killed(parity_device):
+    from parity.candidate import first_case, of
+    from parity.check import CANDIDATE, Call, Job, prepare
+    from parity.pool import Worker
+
+    case = first_case(RECURRENT)
+    worker = Worker(parity_device, timeout=2)
+    prep = prepare(RECURRENT, case, "float32", worker.prep_device)
+    try:
+        [res] = worker.run(RECURRENT, of(planted_kda.hangs), Job(RECURRENT.name, prep.tensors, dict(case.kwargs),
+                                                                 prep.aux, [Call(CANDIDATE), Call(CANDIDATE)]))
+    finally:
+        worker.close()
+    assert res.fault == "the call did not return within 2 s (the worker was killed)" and worker.faults == 1
