@@ -86,6 +86,7 @@ class _Unit:
     alt: Callable | None = None     # the stand-in the mutants are built around (fingerprints)
     repro: str | None = None        # write a repro folder per failing input here
     drawn: int = 0                  # drawn inputs evaluated so far
+    checked: int = 0                # drawn inputs the candidate ran on (repeat, batch, dirty memory)
 
 
 def _new_cert(record: OpRecord, candidate, contract):
@@ -170,13 +171,13 @@ def _evaluator(unit: _Unit):
 
 
 def _evaluate(unit: _Unit, case: Case, dirty: str | None = None) -> float:
-    """Judge the candidate on ``case`` (and its mutants, and on the first drawn inputs its repeat,
-    batch half, controls and dirty-memory variants); append its CaseResult; return its ratio.
-    Unsupported when the implementation refuses the input."""
+    """Judge the candidate on ``case`` (and its mutants; on the first drawn input the controls; on
+    the first drawn inputs it ran on, not faulting, its repeat, batch half and dirty-memory variants);
+    append its CaseResult; return its ratio. Unsupported when the implementation refuses the input."""
     record, run = unit.record, unit.run
     prep = prepare(record, case, unit.dtype, unit.runner.prep_device, contract=run.contract)
     drawn = case.source is None and dirty is None
-    checks = drawn and unit.drawn < unit.bytes_cases   # repeat (and batch half) on the first drawn inputs
+    checks = drawn and unit.checked < unit.bytes_cases   # repeat, batch half: the first drawn inputs it ran on
     calls = [Call(CANDIDATE)]
     if checks:
         calls.append(Call(REPEAT))
@@ -190,8 +191,10 @@ def _evaluate(unit: _Unit, case: Case, dirty: str | None = None) -> float:
         unit.drawn += 1
     entry = _judged(unit, prep, res, dirty)
     run.cases.append(entry)
-    if res.outputs is not None and not res.fault:
+    ran = res.outputs is not None and not res.fault
+    if ran:
         if checks:
+            unit.checked += 1
             _bytes(unit, prep, res, results)
         _mutants(unit, prep, case)
     if drawn and unit.drawn == 1 and case.source is None:
@@ -203,7 +206,7 @@ def _evaluate(unit: _Unit, case: Case, dirty: str | None = None) -> float:
         repro.write(unit.repro, record, unit.cand, prep, entry, res.outputs, unit.runner.device)
     if unit.on_case:
         unit.on_case(record.name, unit.dtype, entry)
-    if drawn and unit.drawn == 1 and record.dirty is not None:
+    if checks and ran and unit.checked == 1 and record.dirty is not None:
         for fill in FILLS:
             d = record.dirty(case, fill)
             try:
