@@ -264,7 +264,7 @@ class Result:
 def judge_case(record, case: Case, cand, dtype: str, device: str, rounding: str, contract: str = "ieee"):
     """(ratio, output name, Judgement) of ``cand`` on ``case`` at ``dtype``, judged as certification
     does under ``contract``. Raises ``Unsupported`` when the implementation refuses the configuration."""
-    prepared = prepare(record, case, dtype, device, rounding, contract)
+    prepared = prepare(record, case, dtype, device, contract=contract)
     try:
         out = cand(prepared.inputs(), dict(case.kwargs))
         err = None

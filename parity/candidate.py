@@ -5,10 +5,9 @@ outside kernel to the record's signature), :func:`load` finds one named ``module
 ``path/to/file.py:function`` (``parity certify --impl``).
 
 A candidate says how it is called (normalized: ``cand(inputs, kwargs) -> {output: tensor}``),
-which launch counter must move on every call (the repository's kernels only), whether the bounds
-take the platform's measured store rounding (Triton kernels: parity.platform) or IEEE round to
-nearest, the arithmetic contract it claims (parity.bounds.core.CONTRACTS), and where it runs by
-default. An outside candidate has no launch counter: its calls and outputs are witnessed instead
+which launch counter must move on every call (the repository's kernels only), the arithmetic
+contract it claims (parity.bounds.core.CONTRACTS), and where it runs by default. Every platform
+rounds to nearest (the Triton interpreter once it is made faithful: optimized/_interpreter.py). An outside candidate has no launch counter: its calls and outputs are witnessed instead
 (:class:`Witnessed`: called on every input, its outputs fresh tensors, finite or non-finite exactly
 where the reference is). An adapter declares its contract and what it wraps with :func:`adapter`.
 """
@@ -22,7 +21,7 @@ from typing import Callable
 import torch
 
 from .errors import CandidateError, Unsupported  # noqa: F401  (part of this module's interface)
-from .platform import NEAREST, default_device, store_rounding
+from .platform import default_device
 from .registry import OpRecord, describe
 
 NAMES = ("optimized", "reference-f32")
@@ -34,10 +33,11 @@ class Candidate:
     fn: Callable                   # the op's signature
     counter: str | None = None     # optimized._counters name that must move on every call
     rowwise: bool = False          # evaluated one batch row at a time (see :func:`rowwise`)
-    triton: bool = False           # runs this repository's Triton kernels (rounding measured)
+    triton: bool = False           # runs this repository's Triton kernels (the interpreter on CPU)
     home: str | None = None        # default device (None: cuda if available, else cpu)
     contract: str = "ieee"         # the arithmetic it claims (parity.bounds.core.CONTRACTS)
     outside: bool = False          # from outside the repository: calls and outputs witnessed
+    spec: str | None = None        # the module:function it was loaded from (a worker reloads it)
 
     def normalized(self, record: OpRecord) -> Callable:
         if self.outside:
@@ -48,9 +48,18 @@ class Candidate:
     def device(self, device: str | None = None) -> str:
         return device or self.home or default_device(None)
 
-    def rounding(self, dtype: str, device: str) -> str:
-        """How the candidate's stores round at ``dtype`` on ``device``."""
-        return store_rounding(dtype, device) if self.triton else NEAREST
+    @property
+    def label(self) -> str:
+        """What tables print: ``optimized``, ``reference-f32``, or the implementation, named as
+        ``package:function`` for an adapter's wrapped callable (``fla:chunk_kda``) or the
+        callable's ``module:function``."""
+        if not self.outside:
+            return self.name
+        wraps = getattr(self.fn, "parity_wraps", None)
+        if wraps:
+            module, _, attr = wraps.rpartition(":")
+            return f"{module.split('.')[0]}:{attr}"
+        return self.name
 
     def implementation(self) -> dict | None:
         """Who an outside candidate is (:func:`identify`); None for the repository's own."""
@@ -59,8 +68,8 @@ class Candidate:
 
 class Witnessed:
     """A normalized outside candidate that counts the calls of the user's callable (``calls``):
-    ``parity.check.run_candidate`` then holds it to having been called and to returning its own
-    outputs (``parity.check.own_outputs``)."""
+    ``parity.check.run_call`` records whether it was called and whether its outputs alias memory it
+    was handed, ``parity.check.witness`` holds it to both and to honest outputs."""
 
     def __init__(self, record: OpRecord, fn: Callable):
         self.calls = 0
@@ -75,13 +84,23 @@ class Witnessed:
         return self._cand(inputs, kwargs)
 
 
-def optimized(record: OpRecord) -> Candidate:
-    """The record's optimized op; on CPU the interpreter is made faithful for bf16 dots (what the
-    GPU computes: optimized/_interpreter.py). ImportError / AttributeError if it is unavailable."""
+def setup_interpreter() -> None:
+    """Before this repository's kernels run: on CPU the interpreter is made faithful for bf16 dots
+    and round to nearest (what the GPU computes: optimized/_interpreter.py)."""
+    import warnings
+
     import optimized as opt  # here, not at the top: importing optimized picks the Triton backend
 
     if opt.interpreting():
         opt.install_faithful_bf16_dot()
+        # numpy evaluates masked-off padding lanes too (0/0 there is discarded by the store mask)
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+
+
+def optimized(record: OpRecord) -> Candidate:
+    """The record's optimized op (:func:`setup_interpreter` first). ImportError / AttributeError if
+    it is unavailable."""
+    setup_interpreter()
     return Candidate("optimized", record.optimized_callable(), counter=record.counter_name, triton=True)
 
 
@@ -90,11 +109,12 @@ def standin(record: OpRecord) -> Candidate:
     return Candidate("reference-f32", record.emulated, rowwise=True, home="cpu")
 
 
-def of(fn: Callable, *, name: str | None = None, triton: bool = False, contract: str | None = None) -> Candidate:
-    """Any callable with the record's signature: no launch counter; IEEE rounding, or the rounding
-    measured for this repository's Triton kernels (``triton=True``: a kernel test calling one of
-    them another way). Without ``triton`` it is an outside candidate (witnessed). ``contract``: the
-    arithmetic it claims (default: what it declares with :func:`adapter`, else ``ieee``)."""
+def of(fn: Callable, *, name: str | None = None, triton: bool = False, contract: str | None = None,
+       spec: str | None = None) -> Candidate:
+    """Any callable with the record's signature: no launch counter. ``triton=True``: one of this
+    repository's Triton kernels called another way (a kernel test); without it an outside candidate
+    (witnessed). ``contract``: the arithmetic it claims (default: what it declares with
+    :func:`adapter`, else ``ieee``). ``spec``: the ``module:function`` it was loaded from."""
     from .bounds.core import contract_named
 
     contract = contract or getattr(fn, "parity_contract", None) or "ieee"
@@ -102,7 +122,7 @@ def of(fn: Callable, *, name: str | None = None, triton: bool = False, contract:
         contract_named(contract)
     except ValueError as exc:
         raise CandidateError(f"{describe(fn)}: {exc}") from None
-    return Candidate(name or describe(fn), fn, triton=triton, contract=contract, outside=not triton)
+    return Candidate(name or describe(fn), fn, triton=triton, contract=contract, outside=not triton, spec=spec)
 
 
 def named(record: OpRecord, candidate, contract: str | None = None) -> Candidate:
@@ -260,25 +280,25 @@ def _dtype_ok(got: torch.dtype, ref_kind: str, run_dtype: str) -> bool:
     return got in (torch.float32, torch.float64) and UNIT_ROUNDOFF[dtype_name(got)] <= UNIT_ROUNDOFF[run_dtype]
 
 
-def probe(record: OpRecord, cand: Candidate, dtype: str, device: str) -> None:
-    """Call an outside candidate once, on the record's first input at ``dtype`` on ``device``, and
-    check what a certification cannot judge: its signature, and that it returns the record's
-    outputs as tensors of the reference's shapes, each float output of the run dtype or a wider
-    float (float32/float64), each integer output an integer tensor. CandidateError, one line.
-    An :class:`Unsupported` input or an exception inside the implementation is left to the run."""
-    from .check import prepare
+def probe(record: OpRecord, cand: Candidate, dtype: str, device: str, runner=None) -> None:
+    """Call an outside candidate once, on the record's first input at ``dtype`` on ``device`` (through
+    ``runner``: parity.check.InProcess (the default) or a parity.pool.Worker), and check what a certification
+    cannot judge: its signature, and that it returns the record's outputs as tensors of the
+    reference's shapes, each float output of the run dtype or a wider float (float32/float64), each
+    integer output an integer tensor. CandidateError, one line. An input the implementation
+    refuses, an exception or a fault inside it is left to the run."""
+    from .check import CANDIDATE, Call, InProcess, Job, prepare
 
     case = first_case(record)
     check_signature(record, cand.fn, tuple(case.kwargs))
-    prep = prepare(record, case, dtype, device, cand.rounding(dtype, device), cand.contract)
-    try:
-        out = record.call(cand.fn, prep.inputs(), dict(case.kwargs))
-    except TypeError as exc:
-        if f"{record.name}: expected outputs" in str(exc):
-            raise CandidateError(f"{cand.name}: {exc}") from None
+    runner = runner or InProcess(device)
+    prep = prepare(record, case, dtype, runner.prep_device, contract=cand.contract)
+    res = runner.run(record, cand, Job(record.name, prep.tensors, dict(case.kwargs), prep.aux, [Call(CANDIDATE)]))[0]
+    if res.outputs_error:
+        raise CandidateError(f"{cand.name}: {res.error.partition(': ')[2]}")
+    if res.outputs is None:
         return
-    except Exception:
-        return
+    out = res.outputs
     for name in record.outputs:
         t, ref = out[name], prep.ref[name]
         if not isinstance(t, torch.Tensor):

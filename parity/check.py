@@ -1,5 +1,6 @@
 """Running one op on one input: round the inputs to the candidate's dtype, evaluate the float64
-reference on the SAME rounded values, run a candidate, and judge every output against the bound.
+reference on the SAME rounded values, call a candidate (:func:`run_call`: the only place user code
+runs, in this process or in a worker of parity.pool), and judge every output against the bound.
 
 This is the one place where dtype and device conversion happens (the parity boundary).
 """
@@ -14,7 +15,7 @@ from . import metrics
 from .bounds.core import dtype_name, precision_for
 from .errors import Unsupported
 from .platform import default_device
-from .registry import Case, OpRecord
+from .registry import Case, Mutant, OpRecord, OutputsError
 
 _TORCH = {}
 
@@ -58,7 +59,7 @@ def _to_torch(arr, policy, dtype, device):
 @dataclass
 class Prepared:
     """A case at one dtype: the candidate's tensors, the float64 values the reference saw, and the
-    reference outputs on them."""
+    reference outputs on them. ``aux``: the case's arrays the op does not take (for mutants)."""
 
     record: OpRecord
     case: Case
@@ -67,54 +68,56 @@ class Prepared:
     tensors: dict
     f64: dict
     ref: dict
-    rounding: str = "nearest"     # the platform's float32 -> dtype conversion (parity.platform)
     contract: str = "ieee"        # the arithmetic the candidate claims (parity.bounds.core.CONTRACTS)
+    aux: dict = field(default_factory=dict)
     _bounds: dict = field(default_factory=dict)
 
     def inputs(self) -> dict:
         """Fresh copies of the input tensors (a candidate may write its inputs)."""
-        return {k: (v.clone() if hasattr(v, "clone") else v) for k, v in self.tensors.items()}
+        return fresh(self.tensors)
 
     def bound(self, out_dtypes: dict, contract: str | None = None) -> dict:
         """Per-output bounds for outputs of ``out_dtypes`` under ``contract`` (default: the claimed one)."""
         contract = contract or self.contract
         key = (contract, *sorted(out_dtypes.items()))
         if key not in self._bounds:
-            p = precision_for(self.dtype, out_dtypes, self.rounding, contract)
-            inputs = {k: v for k, v in self.f64.items() if not k.startswith("_")}
-            b = self.record.bound(inputs, self.case.kwargs, self.ref, p)
+            p = precision_for(self.dtype, out_dtypes, contract=contract)
+            b = self.record.bound(self.f64, self.case.kwargs, self.ref, p)
             for name in self.record.exact:
                 b[name] = np.zeros(np.shape(self.ref[name]))
             self._bounds[key] = b
         return self._bounds[key]
 
 
-def _rounded(record: OpRecord, case: Case, dtype: str, device: str):
+def fresh(tensors: dict) -> dict:
+    """Copies of ``tensors`` (values without ``clone`` as they are)."""
+    return {k: (v.clone() if hasattr(v, "clone") else v) for k, v in tensors.items()}
+
+
+def _rounded(record: OpRecord, arrays: dict, dtype: str, device: str):
     tensors, f64 = {}, {}
-    for name, arr in case.arrays.items():
+    for name, arr in arrays.items():
         tensors[name], f64[name] = _to_torch(arr, record.policy.get(name, "io"), dtype, device)
-    for name, arr in case.aux.items():
-        tensors["_" + name], f64["_" + name] = _to_torch(arr, record.policy.get(name, "io"), dtype, device)
     return tensors, f64
 
 
 def tensors(record: OpRecord, case: Case, dtype: str, device: str | None = None) -> dict:
     """The case's arrays as the tensors a candidate at ``dtype`` gets (rounded by the record's
     input policy), without running the reference: for kernel tests that call the op themselves."""
-    t, _ = _rounded(record, case, dtype_name(dtype), default_device(device))
-    return {k: v for k, v in t.items() if not k.startswith("_")}
+    return _rounded(record, case.arrays, dtype_name(dtype), default_device(device))[0]
 
 
-def prepare(record: OpRecord, case: Case, dtype: str, device: str | None = None,
-            rounding: str = "nearest", contract: str = "ieee") -> Prepared:
+def prepare(record: OpRecord, case: Case, dtype: str, device: str | None = None, *,
+            contract: str = "ieee") -> Prepared:
     """The case's inputs rounded to ``dtype`` on ``device`` (None: cuda if available, else cpu), and
-    the float64 reference of the rounded values; bounds under ``contract``."""
+    the float64 reference of the rounded values; bounds under ``contract``. The rounding is IEEE
+    round to nearest (torch's conversion, on any device)."""
     dtype = dtype_name(dtype)
     device = default_device(device)
-    cand_inputs, f64 = _rounded(record, case, dtype, device)
-    ref_inputs = {k: v for k, v in f64.items() if not k.startswith("_")}
-    ref = {k: np.asarray(v) for k, v in record.call(record.reference, ref_inputs, case.kwargs).items()}
-    return Prepared(record, case, dtype, device, cand_inputs, f64, ref, rounding, contract)
+    cand_inputs, f64 = _rounded(record, case.arrays, dtype, device)
+    aux, _ = _rounded(record, case.aux, dtype, device)
+    ref = {k: np.asarray(v) for k, v in record.call(record.reference, f64, case.kwargs).items()}
+    return Prepared(record, case, dtype, device, cand_inputs, f64, ref, contract, aux)
 
 
 @dataclass
@@ -136,37 +139,157 @@ class Judgement:
         return "\n".join(c.report() for c in self.outputs.values())
 
 
-def run_candidate(prepared: Prepared, cand, *, counter: str | None = None):
-    """Call a normalized candidate; returns (outputs, error string or None, kernel_ran, seconds,
-    why_not_ran). ``kernel_ran``: the launch counter moved (a counted candidate), or, for a witnessed
-    one (``parity.candidate.Witnessed``), it was called and returned its own outputs
-    (:func:`own_outputs`; ``why_not_ran`` says what was wrong); None for any other. An adapter's
-    ``parity.candidate.Unsupported`` passes through."""
-    from_counters = None
+# -- calling user code -------------------------------------------------------------------------------
+CANDIDATE, REPEAT, BATCH, MUTANT = "candidate", "repeat", "batch", "mutant"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of user code on a prepared input: the candidate, the candidate again (bytes:
+    run-to-run), the candidate on the first half of the batch (bytes: batch composition), or a
+    mutant built around it (``name``)."""
+
+    kind: str
+    name: str = ""
+
+
+@dataclass
+class CallResult:
+    """What one :class:`Call` gave: its outputs, or the one-line error it raised, or the fault that
+    killed its process or CUDA context (parity.pool), or the adapter's refusal of the input."""
+
+    call: Call
+    outputs: dict | None = None
+    error: str | None = None         # the call raised: type and first line
+    fault: str | None = None         # the call killed its process or its CUDA context
+    unsupported: str | None = None   # an adapter refused the input (parity.errors.Unsupported)
+    seconds: float = 0.0
+    launched: bool | None = None     # a counted candidate: its launch counter moved
+    called: bool | None = None       # a witnessed candidate: the user's callable was called
+    aliased: str | None = None       # a witnessed candidate: an output is memory it did not own
+    outputs_error: bool = False      # it returned another number of outputs (registry.OutputsError)
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line`` (CUDA errors append paragraphs of advice: the first line says it)."""
+    msg = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {msg[0] if msg else ''}"
+
+
+def context_fault(device) -> str | None:
+    """Why ``device``'s CUDA context is unusable (a kernel faulted: every later CUDA call in the
+    process fails), or None."""
+    if not str(device).startswith("cuda"):
+        return None
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as exc:   # torch.AcceleratorError
+        return first_line(exc)
+    return None
+
+
+def half_batch(record: OpRecord, inputs: dict):
+    """(the inputs' first half along the record's batch axes, half, whole) when the record declares
+    independent rows and the batch has at least two (and no ``cu_seqlens``); else None."""
+    spec = record.batch
+    if not spec or inputs.get("cu_seqlens") is not None:
+        return None
+    axes = spec["inputs"]
+    n = next((inputs[k].shape[a] for k, a in axes.items() if inputs.get(k) is not None), None)
+    if n is None or n < 2:
+        return None
+    m = n // 2
+    sub = dict(inputs)
+    for k, a in axes.items():
+        if sub.get(k) is not None:
+            sub[k] = sub[k].narrow(a, 0, m).contiguous()
+    return sub, m, n
+
+
+def run_call(record: OpRecord, fn, call: Call, inputs: dict, kwargs: dict, aux: dict | None = None, *,
+             counter: str | None = None, ref: dict | None = None, device: str = "cpu") -> CallResult:
+    """Call user code once: ``fn`` (a normalized candidate ``fn(inputs, kwargs) -> {output: tensor}``)
+    or the mutant ``call.name`` built around it, on fresh copies of ``inputs``. Exceptions are
+    caught here and only here: an exception raised by the call fails the check, with its first line;
+    one that leaves ``device``'s CUDA context unusable is a ``fault``. ``counter``: the launch counter
+    that must move (this repository's kernels); a witnessed candidate (``calls``) is checked for
+    having been called and for outputs that alias its inputs (or ``ref``'s arrays)."""
+    inp = fresh(inputs)
+    if call.kind == BATCH:
+        inp = half_batch(record, inp)[0]
     if counter is not None:
         from optimized import _counters  # only for a counted kernel: importing optimized picks the backend
 
         before = _counters.launches[counter]
-    calls = getattr(cand, "calls", None)
-    inputs = prepared.inputs()
+    calls = getattr(fn, "calls", None)
+    kw = dict(kwargs)
     t0 = time.perf_counter()
     try:
-        out = cand(inputs, dict(prepared.case.kwargs))
-        err = None
-    except Unsupported:
-        raise  # an input the implementation does not take: the caller skips it
-    except Exception as exc:  # a crashing candidate fails the check; the message says why
-        msg = str(exc).strip().splitlines()   # CUDA errors append paragraphs of advice: the first line says it
-        out, err = None, f"{type(exc).__name__}: {msg[0] if msg else ''}"
-    dt = time.perf_counter() - t0
-    why = None
-    if counter is not None:
-        from_counters = _counters.launches[counter] > before
-    elif calls is not None:
-        why = "the implementation was not called" if cand.calls == calls else \
-            (own_outputs(prepared, inputs, out) if out is not None else None)
-        from_counters = why is None
-    return out, err, from_counters, dt, why
+        if call.kind == MUTANT:
+            out = _mutant(record, call.name).run(fn, record, inp, kw, aux or {})
+        else:
+            out = fn(inp, kw)
+        fault = context_fault(device)   # an asynchronous fault surfaces here, inside the call
+    except Unsupported as exc:   # an input the implementation does not take: skipped, counted
+        if call.kind == CANDIDATE:
+            return CallResult(call, unsupported=str(exc), seconds=time.perf_counter() - t0)
+        return CallResult(call, error=first_line(exc), seconds=time.perf_counter() - t0)
+    except OutputsError as exc:  # the candidate's result is not the record's outputs
+        return CallResult(call, error=first_line(exc), outputs_error=True, seconds=time.perf_counter() - t0)
+    except Exception as exc:  # user code raised (or a mutant around it): the check fails, with why
+        return CallResult(call, error=first_line(exc), fault=context_fault(device),
+                          seconds=time.perf_counter() - t0)
+    res = CallResult(call, out, seconds=time.perf_counter() - t0, fault=fault)
+    if counter is not None and call.kind != MUTANT:
+        res.launched = _counters.launches[counter] > before
+    elif calls is not None and call.kind != MUTANT:
+        res.called = fn.calls > calls
+        res.aliased = aliased(record, inp, out, ref)
+    return res
+
+
+@dataclass
+class Job:
+    """The calls of one input: the op, the rounded input tensors, the scalar keyword arguments, the
+    case's aux arrays (for mutants) and the calls in order."""
+
+    op: str
+    inputs: dict
+    kwargs: dict
+    aux: dict
+    calls: list
+
+
+class InProcess:
+    """Calls user code in this process: cheap, but a candidate that kills its process kills certify,
+    and a CUDA fault poisons every later CUDA call here."""
+
+    isolated = False
+
+    def __init__(self, device: str):
+        self.device = device
+        self.prep_device = device
+        self._fns: dict = {}
+
+    def run(self, record, cand, job: Job, ref=None) -> list:
+        fn = self._normalized(record, cand)
+        return [run_call(record, fn, c, job.inputs, job.kwargs, job.aux, counter=cand.counter, ref=ref,
+                         device=self.device) for c in job.calls]
+
+    def _normalized(self, record, cand):
+        key = (record.name, id(cand))
+        if key not in self._fns:   # one normalized candidate per op: a witnessed one counts its calls
+            self._fns[key] = (cand, cand.normalized(record))
+        return self._fns[key][1]
+
+    def close(self) -> None:
+        pass
+
+
+def _mutant(record: OpRecord, name: str) -> Mutant:
+    return next(m for m in record.mutants if m.name == name)
 
 
 def _span(x):
@@ -189,33 +312,41 @@ def _overlap(a, b) -> bool:
     return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
 
 
-def own_outputs(prepared: Prepared, inputs: dict, outputs: dict) -> str | None:
-    """Why ``outputs`` are not an outside implementation's own work (None when they are): an output
-    that is not a tensor, shares memory with an input it was handed (an in-place record's output
-    may be the buffer of the same name), with the reference's arrays or with another output, or is
-    non-finite where the reference is finite or finite where it is not ("honest")."""
+def aliased(record: OpRecord, inputs: dict, outputs, ref: dict | None = None) -> str | None:
+    """Why ``outputs`` are not an implementation's own memory (None when they are): an output that
+    is not a tensor, or shares memory with an input it was handed (an in-place record's output may
+    be the buffer of the same name), with the reference's arrays ``ref`` or with another output."""
     import torch
 
-    rec = prepared.record
+    if not isinstance(outputs, dict):
+        return f"outputs are a {type(outputs).__name__}"
     spans = {}
-    for name in rec.outputs:
+    for name in record.outputs:
         t = outputs.get(name)
         if not isinstance(t, torch.Tensor):
             return f"output {name} is a {type(t).__name__}, not a tensor"
         spans[name] = _span(t)
     for name, s in spans.items():
         for k, x in inputs.items():
-            if rec.in_place and k == name:
+            if record.in_place and k == name:
                 continue
             if _overlap(s, _span(x)):
                 return f"output {name} is the memory of input {k}"
-        for k, r in prepared.ref.items():
+        for k, r in (ref or {}).items():
             if _overlap(s, _span(np.asarray(r))):
                 return f"output {name} is the memory of the reference's {k}"
         for k, s2 in spans.items():
             if k != name and _overlap(s, s2):
                 return f"outputs {name} and {k} share memory"
-    for name in rec.outputs:
+    return None
+
+
+def dishonest(prepared: Prepared, outputs: dict) -> str | None:
+    """Why ``outputs`` are not honest (None when they are): a float output non-finite where the
+    reference is finite, or finite where it is not."""
+    import torch
+
+    for name in prepared.record.outputs:
         t, ref = outputs[name], np.asarray(prepared.ref[name])
         if not t.is_floating_point() or tuple(t.shape) != ref.shape:
             continue  # integer outputs are compared exactly; shapes are the comparison's to refuse
@@ -225,6 +356,28 @@ def own_outputs(prepared: Prepared, inputs: dict, outputs: dict) -> str | None:
             return (f"output {name} is non-finite at {n} element(s) where the reference is finite" if n
                     else f"output {name} is finite where the reference is not")
     return None
+
+
+def own_outputs(prepared: Prepared, inputs: dict, outputs: dict) -> str | None:
+    """Why ``outputs`` are not an outside implementation's own work (None when they are):
+    :func:`aliased` (against the inputs it was handed and the reference's arrays), then
+    :func:`dishonest`."""
+    return aliased(prepared.record, inputs, outputs, prepared.ref) or dishonest(prepared, outputs)
+
+
+def witness(prepared: Prepared, res: CallResult) -> tuple[bool | None, str | None]:
+    """(kernel_ran, why not) of a candidate's call: the launch counter moved (counted), or the
+    user's callable was called and returned its own, honest outputs (witnessed); None for others."""
+    if res.launched is not None:
+        return res.launched, None
+    if res.called is None:
+        return None, None
+    if not res.called:
+        return False, "the implementation was not called"
+    if res.outputs is None:
+        return True, None
+    why = res.aliased or dishonest(prepared, res.outputs)
+    return why is None, why
 
 
 def judge(prepared: Prepared, outputs: dict | None, *, error: str | None = None, seconds: float = 0.0,
@@ -248,8 +401,13 @@ def judge(prepared: Prepared, outputs: dict | None, *, error: str | None = None,
 
 
 def check(prepared: Prepared, cand, *, counter: str | None = None) -> Judgement:
-    out, err, ran, dt, why = run_candidate(prepared, cand, counter=counter)
-    j = judge(prepared, out, error=err, seconds=dt, kernel_ran=ran)
+    """Call the normalized candidate ``cand`` once on ``prepared`` (in this process) and judge it."""
+    res = run_call(prepared.record, cand, Call(CANDIDATE), prepared.tensors, prepared.case.kwargs,
+                   prepared.aux, counter=counter, ref=prepared.ref, device=prepared.device)
+    if res.unsupported is not None:
+        raise Unsupported(res.unsupported)
+    ran, why = witness(prepared, res)
+    j = judge(prepared, res.outputs, error=res.error, seconds=res.seconds, kernel_ran=ran)
     j.witness = why
     return j
 
@@ -268,36 +426,9 @@ def bitwise_equal(a, b) -> bool:
     return bool(torch.equal(a, b))
 
 
-def bytes_checks(prepared: Prepared, cand, first: dict | None = None) -> dict:
-    """Run-to-run identity and, where the record declares independent batch rows, batch-composition
-    invariance (the first half of the batch alone gives bit-identical rows). Returns
-    ``{"run_to_run": bool, "batch": bool | None, "detail": str}``."""
-    rec = prepared.record
-    if first is None:
-        first = cand(prepared.inputs(), dict(prepared.case.kwargs))
-    again = cand(prepared.inputs(), dict(prepared.case.kwargs))
-    bad = [n for n in rec.outputs if not bitwise_equal(first[n], again[n])]
-    out = {"run_to_run": not bad, "batch": None,
-           "detail": f"run-to-run differs in {bad}" if bad else ""}
-    spec = rec.batch
-    if spec and prepared.tensors.get("cu_seqlens") is None:
-        axes = spec["inputs"]
-        n = None
-        for name, ax in axes.items():
-            t = prepared.tensors.get(name)
-            if t is not None:
-                n = t.shape[ax]
-                break
-        if n is not None and n >= 2:
-            m = n // 2
-            sub = prepared.inputs()
-            for name, ax in axes.items():
-                if sub.get(name) is not None:
-                    sub[name] = sub[name].narrow(ax, 0, m).contiguous()
-            part = cand(sub, dict(prepared.case.kwargs))
-            bad = [o for o, ax in spec["outputs"].items()
-                   if not bitwise_equal(part[o], first[o].narrow(ax, 0, m).contiguous())]
-            out["batch"] = not bad
-            if bad:
-                out["detail"] += f"{'; ' if out['detail'] else ''}batch of {m} of {n} differs in {bad}"
-    return out
+def differing(record: OpRecord, a: dict, b: dict, axes: dict | None = None, m: int | None = None) -> list:
+    """The outputs whose bytes differ between two runs (``axes``/``m``: ``a``'s first ``m`` rows
+    along each output's batch axis against ``b`` whole)."""
+    if axes is None:
+        return [n for n in record.outputs if not bitwise_equal(a[n], b[n])]
+    return [o for o, ax in axes.items() if not bitwise_equal(b[o], a[o].narrow(ax, 0, m).contiguous())]

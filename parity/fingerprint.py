@@ -93,7 +93,7 @@ def similarities(prepared, outputs: dict, standin) -> dict:
     scores = {}
     for m in rec.mutants:
         try:
-            b = pattern(prepared, m.build(standin, rec)(prepared.inputs(), dict(prepared.case.kwargs)))
+            b = pattern(prepared, m.run(standin, rec, prepared.inputs(), dict(prepared.case.kwargs), prepared.aux))
         except Exception:  # a mutant that cannot run here matches nothing
             b = None
         scores[m.name] = 0.0 if b is None else round(cosine(a, b), 4)

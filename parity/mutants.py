@@ -25,15 +25,18 @@ from .check import torch_dtype
 from .registry import Mutant
 
 
-def wrap(name: str, doc: str, *, inputs=None, kwargs=None, outputs=None) -> Mutant:
-    """A mutant around the real candidate: ``inputs(d) -> d`` (tensors by name, aux under ``_name``),
-    ``kwargs(kw) -> kw``, ``outputs(out, inputs) -> out``."""
+def wrap(name: str, doc: str, *, inputs=None, kwargs=None, outputs=None, aux: bool = False,
+         dirty: bool = False) -> Mutant:
+    """A mutant around the real candidate: ``inputs(d) -> d`` (tensors by name; ``aux=True``:
+    ``inputs(d, aux) -> d`` with the case's aux arrays, which the op does not take), ``kwargs(kw) ->
+    kw``, ``outputs(out, inputs) -> out``. ``dirty``: the bug shows only on dirty memory
+    (``OpRecord.dirty``)."""
 
     def build(cand, record):
-        def mutated(inp, kw):
+        def mutated(inp, kw, extra=None):
             original = dict(inp)
             if inputs is not None:
-                inp = inputs(dict(inp))
+                inp = inputs(dict(inp), extra) if aux else inputs(dict(inp))
             if kwargs is not None:
                 kw = kwargs(dict(kw))
             out = cand(inp, kw)
@@ -43,7 +46,7 @@ def wrap(name: str, doc: str, *, inputs=None, kwargs=None, outputs=None) -> Muta
 
         return mutated
 
-    return Mutant(name, doc, "wrap", build)
+    return Mutant(name, doc, "wrap", build, aux=aux, dirty=dirty)
 
 
 def internal(name: str, doc: str, fn, mutation: str | None = None) -> Mutant:

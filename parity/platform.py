@@ -57,8 +57,3 @@ def _probe_rounding(dtype: str, device: str, patched: bool) -> str:
     _probe[(1,)](x, y)
     y0 = float(y[0].float().cpu())
     return NEAREST if y0 == 1.0 + step else TOWARD_ZERO
-
-
-def rounding_factor(mode: str) -> float:
-    """Error of one rounding in units of u: 1 to nearest, 2 toward zero (a full ulp)."""
-    return 2.0 if mode == TOWARD_ZERO else 1.0

@@ -26,6 +26,14 @@ POLICIES = ("io", "fp32", "int")
 
 MIN_MUTANTS = 3
 
+# What certify fills the memory an op's contract leaves unused with (``OpRecord.dirty``): NaN, then
+# Inf, then stale finite values (a state or cache row of another sequence).
+FILLS = ("nan", "inf", "stale")
+
+
+class OutputsError(TypeError):
+    """A callable returned another number of outputs than its record lists (or not a tuple)."""
+
 
 @dataclass(frozen=True)
 class Ref:
@@ -91,6 +99,13 @@ class Mutant:
     doc: str
     kind: str
     build: Callable
+    aux: bool = False      # the built callable takes the case's aux arrays: ``(inputs, kwargs, aux)``
+    dirty: bool = False    # a bug only dirty memory shows (blanking by multiplying by zero)
+
+    def run(self, cand: Callable, record: "OpRecord", inputs: dict, kwargs: dict, aux: dict) -> dict:
+        """The mutant built around the normalized ``cand``, called on ``inputs``."""
+        fn = self.build(cand, record)
+        return fn(inputs, kwargs, aux) if self.aux else fn(inputs, kwargs)
 
 
 @dataclass(frozen=True)
@@ -113,6 +128,8 @@ class OpRecord:
     reductions: str = ""            # reduction lengths the bound uses
     counter: str | None = None      # name in optimized._counters (default: name)
     in_place: bool = False          # the candidate may write its inputs: call it on fresh copies
+    dirty: Callable | None = None   # (case, fill) -> the case with the memory its contract leaves
+                                    # unused (a pool's free rows, a cache's tail) holding FILLS[i]
 
     def __post_init__(self):
         if len(self.mutants) < MIN_MUTANTS:
@@ -123,6 +140,9 @@ class OpRecord:
         for s in self.strengths:
             if s not in STRENGTHS:
                 raise ValueError(f"op {self.name!r}: unknown strength {s!r}")
+        if self.dirty is not None and not any(m.dirty for m in self.mutants):
+            raise ValueError(f"op {self.name!r}: a record that takes a buffer (dirty=) needs a mutant that "
+                             "blanks it by multiplying by zero (Mutant(dirty=True))")
         for name, pol in self.policy.items():
             if pol not in POLICIES:
                 raise ValueError(f"op {self.name!r}: input {name!r}: unknown policy {pol!r}")
@@ -148,7 +168,8 @@ class OpRecord:
         if len(self.outputs) == 1:
             out = (out,)
         if not isinstance(out, (tuple, list)) or len(out) != len(self.outputs):
-            raise TypeError(f"{self.name}: expected outputs {self.outputs}, got {type(out).__name__}")
+            got = f"{len(out)} outputs" if isinstance(out, (tuple, list)) else type(out).__name__
+            raise OutputsError(f"{self.name}: expected outputs {self.outputs}, got {got}")
         return dict(zip(self.outputs, out))
 
     def candidate(self, fn: Callable) -> Callable:

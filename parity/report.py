@@ -6,6 +6,7 @@ import datetime as _dt
 import json
 import math
 
+
 SCHEMA_ID = "kimi-parity/certificate"
 SCHEMA_VERSION = 1
 
@@ -21,17 +22,17 @@ def render_op(console, cert) -> None:
 
     style = "green" if cert.certified else "red"
     k, n = cert.mutants_killed()
-    t = Table(title=f"{cert.op}  [{style}]{cert.verdict}[/]  ({cert.candidate})", title_justify="left")
+    t = Table(title=f"{cert.op}  [{style}]{cert.verdict}[/]  ({escape(cert.label)})", title_justify="left")
     for col in ("dtype", "strength", "shapes", "inputs", "worst x bound", "kernel ran", "bytes",
                 "mutants killed", "weakest teeth", "verdict"):
         t.add_column(col, justify="right" if col in ("inputs", "worst x bound", "weakest teeth") else "left")
     for d, r in cert.runs.items():
         killed = sum(m.killed for m in r.mutants.values())
         weakest = min((m.teeth for m in r.mutants.values()), default=math.inf)
-        labels = {c["label"] for c in r.cases}
+        labels = {c.label for c in r.cases}
         ok = r.passed and all(m.killed for m in r.mutants.values()) and all(r.controls.values())
         b = r.bytes_ok()
-        t.add_row(d + (" (rtz)" if r.rounding == "toward-zero" else ""), r.strength, str(len(labels)),
+        t.add_row(d, r.strength, str(len(labels)),
                   str(len(r.cases)), _r(r.worst_ratio),
                   "-" if r.kernel_ran is None else ("yes" if r.kernel_ran else "[red]no[/]"),
                   "-" if b is None else ("yes" if b else "[red]no[/]"),
@@ -44,6 +45,17 @@ def render_op(console, cert) -> None:
     if cert.implementation:
         console.print(f"  implementation: {_who(cert.implementation)}", markup=False)
     console.print(f"  contract: {cert.contract_summary()}", markup=False)
+    for f in cert.faults():
+        console.print(f"  fault at {f['dtype']} on {f['label']} ({_shapes(f['shapes'])}): {f['error']}", markup=False)
+    for f in cert.nondeterminism():
+        console.print(f"  nondeterministic at {f['dtype']} on {f['label']}: {f['detail']}", markup=False)
+    dirty = sorted({c.dirty for r in cert.runs.values() for c in r.cases if c.dirty})
+    if dirty:
+        bad = [f"{d} {c.label}" for d, r in cert.runs.items() for c in r.cases if c.dirty and not c.passed]
+        console.print(f"  dirty memory ({', '.join(dirty)}): " + ("held" if not bad else "FAILED on " + "; ".join(bad)),
+                      markup=False)
+    if cert.error:
+        console.print(f"  [red]x[/] {escape(cert.error)}")
     for d, r in cert.runs.items():
         if r.unsupported:
             console.print(f"  {d}: skipped, unsupported by the implementation: "
@@ -78,12 +90,22 @@ def render_summary(console, certs, seconds: float) -> None:
         k, n = c.mutants_killed()
         worst = max((r.worst_ratio for r in c.runs.values()), default=math.inf)
         bug = None if c.certified else c.nearest_bug()[0]
-        t.add_row(c.op, c.candidate, c.contract, ", ".join(c.reached()) or "-", _r(worst), f"{k}/{n}",
+        t.add_row(c.op, escape(c.label), c.contract, ", ".join(c.reached()) or "-", _r(worst), f"{k}/{n}",
                   f"{bug['mutant']} ({bug['similarity']:.2f})" if bug else "-",
                   "[green]certified[/]" if c.certified else "[red]not certified[/]")
     console.print(t)
     ok = sum(c.certified for c in certs)
     console.print(f"{ok}/{len(certs)} op(s) certified in {seconds:.1f} s")
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def _shapes(shapes: dict) -> str:
+    return ", ".join(f"{k} {tuple(v)}" for k, v in shapes.items())
 
 
 def _who(impl: dict) -> str:
@@ -102,13 +124,13 @@ def _threshold() -> float:
 
 
 def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=None, contract=None,
-                impls=None, cases=None) -> dict:
+                impls=None, cases=None, workers: int = 0, shard: dict | None = None) -> dict:
     """The certificate document; ``cases``: the ``cases`` entry of a ``--cases`` run (file, sha256,
-    replayed, skipped)."""
+    replayed, skipped); ``workers``: the worker processes the candidates ran in (0: certify's own);
+    ``shard``: ``{"index", "count", "ops", "units"}`` of a ``--shard`` run."""
     from .environment import environment
     from .strategies import profile_name
 
-    ok = sum(c.certified for c in certs)
     env = environment(device)
     if device == "cpu":
         env["torch_threads"] = 1   # certify.cpu_threads: what the run used
@@ -119,11 +141,31 @@ def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=Non
         "device": device, "dtypes": list(dtypes),
         "examples": examples, "hypothesis_profile": profile_name(), "seconds": round(seconds, 3),
         "environment": env,
+        "workers": workers,
         "ops": [c.to_dict() for c in certs],
         **({"cases": cases} if cases is not None else {}),
-        "summary": {"ops": len(certs), "certified": ok,
-                    "verdict": "certified" if certs and ok == len(certs) else "not certified"},
+        **({"shard": shard} if shard is not None else {}),
+        "summary": _summary(certs),
     }
+
+
+def _summary(certs) -> dict:
+    ok = sum(c.certified for c in certs)
+    return {"ops": len(certs), "certified": ok, "verdict": "certified" if certs and ok == len(certs) else "not certified",
+            "faults": sum(len(c.faults()) for c in certs),
+            "nondeterministic": sum(bool(c.nondeterminism()) for c in certs)}
+
+
+def merged(docs, certs, argv=None) -> dict:
+    """The certificate of a sharded run from its shards' documents ``docs`` and the merged op
+    certificates ``certs`` (parity.certify.merge): the first shard's header (environment, command
+    line options), the shards' seconds added up, ``merged`` naming how many shards it came from."""
+    first = docs[0]
+    doc = {k: v for k, v in first.items() if k not in ("shard", "ops", "summary")}
+    doc.update(created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+               seconds=round(sum(d["seconds"] for d in docs), 3), merged={"shards": len(docs), "command": argv},
+               command=first["command"], ops=[c.to_dict() for c in certs], summary=_summary(certs))
+    return doc
 
 
 def write_json(path: str, doc: dict) -> None:

@@ -32,7 +32,7 @@ def _to_case(record, inputs, kwargs) -> Case:
 
 
 def assert_parity(op: str, inputs, *, kwargs=None, dtype: str = "float32", device: str | None = None,
-                  candidate=None, rounding: str | None = None, contract: str | None = None):
+                  candidate=None, contract: str | None = None):
     """Check one registered op on the given inputs and raise AssertionError (naming the worst
     elements, their values and bounds) if any output is past its bound.
 
@@ -41,16 +41,14 @@ def assert_parity(op: str, inputs, *, kwargs=None, dtype: str = "float32", devic
     policy; the reference sees the rounded values); ``kwargs``: scalar keyword arguments (added to a
     Case's own); ``candidate``: a callable with the op's signature or a
     :class:`parity.candidate.Candidate` (default: the registered optimized op, whose launch counter
-    must move; any other callable must return its own, honest outputs); ``rounding``: the
-    candidate's store rounding (default: measured for Triton candidates, else nearest);
-    ``contract``: the arithmetic the candidate claims (default: its declared one, else ``ieee``).
+    must move; any other callable must return its own, honest outputs); ``contract``: the arithmetic the candidate claims (default: its declared one, else ``ieee``).
     Returns the Judgement.
     """
     record = ops.get(op)
     case = _to_case(record, inputs, kwargs)
     cand = named(record, "optimized" if candidate is None else candidate, contract)
     device = cand.device(device)
-    prep = prepare(record, case, dtype, device, rounding or cand.rounding(dtype, device), cand.contract)
+    prep = prepare(record, case, dtype, device, contract=cand.contract)
     j = check(prep, cand.normalized(record), counter=cand.counter)
     if not j.passed:
         raise AssertionError(f"{op} at {dtype} ({case.label}): not within its bound\n{j.report()}")

@@ -3,7 +3,8 @@
     parity certify [--ops OP|FAMILY ...] [--device cpu|cuda] [--dtype bfloat16|float32|float64 ...]
                    [--examples N] [--json PATH] [--candidate optimized|reference-f32] [--cases FILE]
                    [--impl OP=module:function | OP=path/to/file.py:function | fla ...]
-                   [--contract ieee|tf32|bf16-storage]
+                   [--contract ieee|tf32|bf16-storage] [--workers N] [--shard I/N] [--repro DIR]
+    parity certify merge SHARD.json ... --json PATH
 
 Prints a table per op (shapes tried, worst error in bound units, strength, mutants killed, teeth,
 verdict, the contract verdict, the nearest known bug of a failure) and a summary; ``--json`` writes
@@ -12,6 +13,12 @@ implementation of an op (a callable with the op's registered signature) instead 
 without ``--ops`` only the ops given an implementation run. Exit 0 only if every op is certified, 1
 otherwise, 2 for unusable arguments (an implementation that does not import, has another signature
 or returns other shapes or dtypes included).
+
+``--workers N`` runs the candidates in N worker processes (default: one per visible GPU on CUDA,
+none on the CPU, where they run in this process): a candidate that kills its process or faults its
+CUDA context fails only the input it faulted on. ``--shard I/N`` certifies every N-th (op, dtype)
+from the I-th; ``merge`` combines the shards' certificates into the one the unsharded run writes.
+``--repro DIR`` writes a standalone repro of each failing input (docs/certificates.md).
 """
 from __future__ import annotations
 
@@ -32,6 +39,9 @@ DTYPES = ("bfloat16", "float32", "float64")
 def register(sub):
     p = sub.add_parser("certify", help="certify optimized ops against the float64 reference",
                        description=__doc__.split("\n\n")[0])
+    p.add_argument("action", nargs="?", choices=("merge",), default=None,
+                   help="merge: combine the shard certificates FILES into one (--json PATH)")
+    p.add_argument("files", nargs="*", metavar="FILES", help="merge: the shard certificates")
     p.add_argument("--ops", nargs="+", metavar="OP", help="ops (kda.chunked) or families (kda); default: all")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="where the candidate runs (default: cuda if available, else cpu)")
@@ -52,6 +62,13 @@ def register(sub):
     p.add_argument("--cases", metavar="FILE", default=None,
                    help="replay the cases parity capture wrote, beside the drawn inputs (cases of ops "
                         "--ops leaves out are skipped, with a line)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="worker processes running the candidates, each pinned to one GPU (default: one per "
+                        "visible GPU on cuda; on cpu none: in this process); 0: in this process")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="certify the I-th of N shares of the (op, dtype) runs (merge the certificates after)")
+    p.add_argument("--repro", default=None, metavar="DIR",
+                   help="write a standalone repro (inputs, reference, script) of each failing input here")
     p.set_defaults(func=run)
 
 
@@ -77,11 +94,29 @@ def _setup_device(device):
     return device
 
 
+def _shard(value):
+    if value is None:
+        return None
+    i, slash, n = value.partition("/")
+    if not (slash and i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
+        raise InputError(f"--shard {value}: expected I/N with 1 <= I <= N")
+    return int(i), int(n)
+
+
 def run(args) -> int:
     from parity import ops, strategies
 
+    if args.action == "merge":
+        return _merge(args)
+    if args.files:
+        raise InputError(f"unexpected argument {args.files[0]!r} (certificates are given to: parity certify merge)")
     check_outputs(("--json", args.json_path))
     check_count("--examples", args.examples, MAX_EXAMPLES, "examples")
+    if args.workers is not None and args.workers < 0:
+        raise InputError(f"--workers {args.workers}: expected a count >= 0")
+    shard = _shard(args.shard)
+    if args.repro is not None and os.path.exists(args.repro) and not os.path.isdir(args.repro):
+        raise InputError(f"--repro {args.repro}: not a folder")
     named, shorthands = _parse_impls(args.impl)
     try:
         records = ops.select(args.ops)
@@ -115,8 +150,13 @@ def run(args) -> int:
     who = f"candidate {args.candidate}" if not impls else \
         f"implementations {', '.join(f'{op}={s}' for op, s in specs.items())}" + \
         (f", candidate {args.candidate} for the rest" if len(impls) < len(records) else "")
+    from parity.certify import runners, units
+
+    workers = sum(r.isolated for r in runners(device, args.workers))
+    where = f", {workers} worker process(es)" if workers else ""
+    part = f", shard {shard[0]}/{shard[1]} ({len(units(records, dtypes, shard))} (op, dtype) runs)" if shard else ""
     console.print(f"parity certify: {len(records)} op(s), {who}, device {device}, dtypes {', '.join(dtypes)}, "
-                  f"{n} input(s) per dtype (hypothesis profile {profile})")
+                  f"{n} input(s) per dtype (hypothesis profile {profile}){where}{part}")
     if cases_info is not None:
         console.print(_cases_line(cases, cases_info), highlight=False)
     t0 = time.perf_counter()
@@ -128,18 +168,24 @@ def run(args) -> int:
 
     with console.status("certifying...") as status:
         def on_case(op, dtype, case):
-            status.update(f"{op} [{dtype}] {case['label']}: {_r(case['ratio'])} x bound")
+            status.update(f"{op} [{dtype}] {case.label}: {_r(case.ratio)} x bound")
 
         try:
             engine.certify(records, dtypes=dtypes, device=device, candidate=args.candidate, examples=n,
-                           on_case=on_case, on_op=on_op, impls=impls, contract=args.contract, cases=cases)
+                           on_case=on_case, on_op=on_op, impls=impls, contract=args.contract, cases=cases,
+                           workers=args.workers, shard=shard, repro=args.repro)
         except CandidateError as exc:
-            raise InputError(str(exc)) from None
+            raise InputError(f"--impl: {exc}") from None
     seconds = time.perf_counter() - t0
     render_summary(console, certs, seconds)
     doc = certificate(certs, device=device, dtypes=dtypes, candidate=args.candidate, examples=n,
                       seconds=seconds, argv=["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"]
-                      else None, contract=args.contract, impls=specs, cases=cases_info)
+                      else None, contract=args.contract, impls=specs, cases=cases_info, workers=workers,
+                      shard=None if shard is None else {"index": shard[0], "count": shard[1],
+                                                        "ops": [r.name for r in records],
+                                                        "units": [[r.name, d] for r, d in units(records, dtypes, shard)]})
+    if args.repro is not None and any(not c.certified for c in certs):
+        console.print(f"repros of the failing inputs written under {args.repro}")
     if args.json_path is not None:
         from parity.report import write_json
 
@@ -172,8 +218,8 @@ def _parse_impls(values) -> tuple[dict, list]:
 
 
 def _implementations(records, ops_given, named, shorthands, device, dtype, contract):
-    """(records to run, op -> Candidate, op -> spec) for the ``--impl`` values: each loaded, its
-    contract checked and probed once on the op's first input (CandidateError -> one line, exit 2).
+    """(records to run, op -> Candidate, op -> spec) for the ``--impl`` values: each loaded and its
+    contract checked (CandidateError -> one line, exit 2; certify probes them before any work).
     Without ``--ops`` the ops given an implementation run; with it, a named op outside it is an error
     and a shorthand covers the selected ops it has adapters for."""
     from parity import candidate, ops
@@ -199,12 +245,47 @@ def _implementations(records, ops_given, named, shorthands, device, dtype, contr
                 raise InputError(f"--impl {', '.join(shorthands)}: no implementation of the selected ops on {device}")
         impls = {}
         for rec in records:
-            if rec.name in fns:
-                impls[rec.name] = cand = candidate.of(fns[rec.name], contract=contract)
-                candidate.probe(rec, cand, dtype, cand.device(device))
+            if rec.name in fns:   # probed by certify, where the candidates run (a worker on CUDA)
+                spec = named.get(rec.name)
+                impls[rec.name] = candidate.of(fns[rec.name], contract=contract, spec=spec)
     except CandidateError as exc:
         raise InputError(f"--impl: {exc}") from None
     return records, impls, {op: specs[op] for op in impls}
+
+
+def _merge(args) -> int:
+    """``parity certify merge SHARD.json ... --json PATH``: the shards' certificates combined."""
+    import json
+
+    from parity import schema
+    from parity.certify import merge
+    from parity.report import merged, write_json
+
+    if not args.files:
+        raise InputError("merge: give the shard certificates (parity certify merge a.json b.json --json out.json)")
+    if args.json_path is None:
+        raise InputError("merge: --json PATH is required (where the merged certificate goes)")
+    check_outputs(("--json", args.json_path))
+    docs = []
+    for path in args.files:
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"merge: {path}: {type(exc).__name__}: {exc}") from None
+        errs = schema.errors(doc)
+        if errs:
+            raise InputError(f"merge: {path}: not a certificate: {errs[0]}")
+        docs.append(doc)
+    try:
+        certs = merge(docs)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    doc = merged(docs, certs, argv=["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"] else None)
+    write_output(args.json_path, lambda: write_json(args.json_path, doc))
+    s = doc["summary"]
+    print(f"merged {len(docs)} shard(s): {s['certified']}/{s['ops']} op(s) certified; written to {args.json_path}")
+    return 0 if s["verdict"] == "certified" else 1
 
 
 def _cases(path, records):

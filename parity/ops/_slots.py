@@ -11,7 +11,8 @@ import torch
 from reference.executor import namespace
 
 from ..mutants import wrap
-from ..registry import Mutant
+from ..registry import Case, Mutant
+from ._util import fill_values
 
 
 def slot_ids(r, B, n_slots):
@@ -34,6 +35,44 @@ def per_row(step, out_like, pool, slots):
         if s >= 0:
             outs[b], rows[s] = step(b, rows[s])
     return xp.stack(outs), xp.stack(rows)
+
+
+def free_rows(slots, n_slots) -> list:
+    """The pool rows no sequence names (their content is unused by the op's contract)."""
+    used = {int(i) for i in np.asarray(slots).tolist() if i >= 0}
+    return [s for s in range(n_slots) if s not in used]
+
+
+def dirty(case: Case, fill: str) -> Case:
+    """``case`` with the pool's free rows holding ``fill`` (parity.registry.FILLS): the op must
+    neither read them into an output nor change them."""
+    a = dict(case.arrays)
+    pool = np.array(a["state_pool"], dtype=np.float64, copy=True)
+    free = free_rows(a["slot_ids"], pool.shape[0])
+    pool[free] = fill_values(pool[free].shape, fill)
+    a["state_pool"] = pool
+    return Case(a, dict(case.kwargs), dict(case.aux), case.label, case.source)
+
+
+def blanked_by_zero(output: str):
+    """The vLLM pull 43961 bug class: a padding row (slot -1) computed on a free pool row and blanked
+    by multiplying by zero instead of a masked store; harmless on finite memory, NaN where the free
+    row holds NaN or Inf."""
+    def outputs(out, inp):
+        ids, pool = inp["slot_ids"], inp["state_pool"]
+        pad = ids < 0
+        free = free_rows(ids.cpu(), pool.shape[0])
+        if not bool(pad.any()) or not free:
+            return out
+        y = out[output]
+        junk = pool[free[0]].float().sum()
+        shape = (-1,) + (1,) * (y.dim() - 1)
+        out[output] = torch.where(pad.to(y.device).reshape(shape), y + (0.0 * junk).to(y.dtype), y)
+        return out
+
+    return wrap("padding_blanked_by_zero", "a padding row computed on a free pool row and blanked by "
+                "multiplying by zero instead of masking (NaN once the free row holds NaN or Inf)",
+                outputs=outputs, dirty=True)
 
 
 def valid(x):

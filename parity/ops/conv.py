@@ -148,10 +148,11 @@ SHORT_CONV_STEP_ = OpRecord(
     name="conv.short_conv_step_", reference=pool_step_reference, optimized=pool_step,
     emulated=pool_step_emulated, inputs=pool_step_cases, bound=pool_step_bound, outputs=("y", "state_pool"),
     args=("x", "weight", "state_pool", "slot_ids"), policy={"state_pool": "io", "slot_ids": "int"},
-    in_place=True, exact=("state_pool",), reductions="W",
+    in_place=True, exact=("state_pool",), reductions="W", dirty=_slots.dirty,
     batch={"inputs": {"x": 0, "slot_ids": 0}, "outputs": {"y": 0}},
     bound_doc="conv.short_conv_step's model on the named rows; the pool exact (shifted copies), padding rows exact",
-    mutants=_slots.MUTANTS + (wrap("taps_reversed", "taps applied in reverse order", inputs=_flip_taps),))
+    mutants=_slots.MUTANTS + (wrap("taps_reversed", "taps applied in reverse order", inputs=_flip_taps),
+                              _slots.blanked_by_zero("y")))
 
 
 def records() -> list[OpRecord]:

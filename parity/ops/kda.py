@@ -79,6 +79,8 @@ def core_case(B, T, H, HV, K, V, seed, *, chunk=None, fused=False, has_state=Tru
 @st.composite
 def core_cases(draw, chunked=False, fused=False):
     B, T, H, HV, K, V, C = draw(bucket(SHAPES))
+    if chunked:   # the shape's chunk first, then twice it: 16, 32 and 64 all drawn (fla takes 32, 64)
+        C = draw(bucket([C, 2 * C]))
     has_state = draw(bucket([True, False]))
     varlen = B == 1 and draw(bucket([True, False]))
     strength = draw(bucket(["mixed", "moderate"]))
@@ -304,11 +306,11 @@ FUSED_RECURRENT_DECODE = OpRecord(
     emulated=decode_step_emulated, inputs=decode_cases, bound=decode_step_bound, outputs=("o", "state_pool"),
     args=("q", "k", "v", "g_raw", "beta_logits", "A_log", "dt_bias", "state_pool", "slot_ids"),
     policy={"state_pool": "fp32", "slot_ids": "int", "A_log": "fp32", "dt_bias": "fp32"},
-    in_place=True, reductions="K",
+    in_place=True, reductions="K", dirty=_slots.dirty,
     batch={"inputs": {n: 0 for n in ("q", "k", "v", "g_raw", "beta_logits", "slot_ids")}, "outputs": {"o": 0}},
     bound_doc="kda.fused_recurrent's model (T = 1) on the named slots; untouched pool rows and padding outputs exact",
     mutants=_slots.MUTANTS + (wrap("A_log_plus_one", "A_log + 1 inside the fused gate", inputs=_A_plus_one),
-                              _l2_skipped(decode_step_emulated)))
+                              _l2_skipped(decode_step_emulated), _slots.blanked_by_zero("o")))
 
 
 def records() -> list[OpRecord]:

@@ -14,6 +14,7 @@ from ..emulate import mla as emu
 from ..mutants import internal, wrap
 from ..registry import Case, Mutant, OpRecord, Ref
 from ..strategies import bucket, normal, rng, seeds
+from ._util import STALE_SEED, poison
 
 # (B, T, S, N, P, R, L, Vh)
 SHAPES = [(2, 3, 19, 2, 16, 8, 32, 16), (1, 1, 33, 3, 16, 16, 64, 32), (2, 4, 4, 2, 32, 8, 32, 32)]
@@ -56,12 +57,14 @@ def decode_cases(draw):
 
 
 # -- paged decode: build a paged cache with shuffled blocks, write each sequence, decode -----------
-def paged_decode_adapter(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, scale=None,
+def paged_decode_adapter(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, scale=None, cache_fill=None,
                          _block_shift=0):
     """Run optimized.mla.paged_decode on the contiguous inputs: a PagedLatentCache with blocks
     assigned in a seeded random order (plus two spare blocks), positions written through the slot
-    mapping, then one decode query per sequence. ``_block_shift`` is a mutant hook (reads the next
-    block of the table)."""
+    mapping, then one decode query per sequence. ``cache_fill``: what the cache's memory holds
+    before the sequences are written (``nan``, ``inf``, ``stale``; None: zeros), so the tail of
+    each last block and the spare blocks are dirty. ``_block_shift`` is a mutant hook (reads the
+    next block of the table)."""
     from optimized.mla import PagedLatentCache, paged_decode  # here: importing optimized picks the backend
 
     B, S, L = latent.shape
@@ -70,6 +73,8 @@ def paged_decode_adapter(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, s
     g = torch.Generator().manual_seed(int(seed))
     perm = torch.randperm(B * nb + 2, generator=g)[: B * nb].reshape(B, nb).to(latent.device)
     cache = PagedLatentCache(B * nb + 2, block_size, L, R, latent.dtype, latent.device)
+    if cache_fill is not None:
+        cache.kv.copy_(_dirt(cache.kv.shape, cache_fill))
     lens = lengths.to(latent.device)
     for b in range(B):
         n = int(lens[b])
@@ -80,7 +85,18 @@ def paged_decode_adapter(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, s
     return paged_decode(q, cache, table, lens, w_kvb, scale=scale)
 
 
-def reference_decode(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, scale=None):
+def _dirt(shape, fill):
+    if fill == "stale":
+        return torch.randn(shape, generator=torch.Generator().manual_seed(STALE_SEED)) * 4.0
+    return torch.full(shape, poison(fill))
+
+
+def dirty_decode(case: Case, fill: str) -> Case:
+    """``case`` with the paged cache's memory holding ``fill`` before the sequences are written."""
+    return Case(dict(case.arrays), dict(case.kwargs, cache_fill=fill), dict(case.aux), case.label, case.source)
+
+
+def reference_decode(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, scale=None, cache_fill=None):
     """The reference absorbed form, per sequence, with the query at its last position."""
     out = []
     for b in range(q.shape[0]):
@@ -90,8 +106,8 @@ def reference_decode(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, scale
     return namespace(q).stack(out)
 
 
-def emulated_decode(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, scale=None, mutation=None,
-                    _block_shift=0):
+def emulated_decode(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, scale=None, cache_fill=None,
+                    mutation=None, _block_shift=0):
     """The stand-in: contiguous attention; ``_block_shift`` emulates reading the next block of a
     sequence's table (its blocks in order, wrapping around) by rolling the padded context."""
     if _block_shift:
@@ -114,9 +130,28 @@ class _PScale:
         return mutated
 
 
-def _raw_latent(d):
-    d["latent"] = d["_latent_raw"]
+def _raw_latent(d, aux):
+    d["latent"] = aux["latent_raw"]
     return d
+
+
+class _TailTimesZero:
+    """Wrap mutant (vLLM pull 43961): the unused tail of a sequence's last block blanked by
+    multiplying by zero instead of masking: each such sequence's output gains 0 x what the tail
+    holds, NaN once it holds NaN or Inf, nothing on finite memory."""
+
+    def __call__(self, cand, record):
+        def mutated(inp, kw):
+            out = dict(cand(inp, kw))
+            fill = kw.get("cache_fill")
+            if fill is None:
+                return out
+            o = out["o"]
+            tail = (inp["lengths"] % kw["block_size"] != 0).to(o.device)[:, None, None]
+            out["o"] = torch.where(tail, o + 0.0 * poison(fill), o)
+            return out
+
+        return mutated
 
 
 def _no_kpe(d):
@@ -141,7 +176,8 @@ MLA_DOC = ("sum_s p_s rel_p_s |v_s| + LAMBDA scale sqrt(sum_l (u q_lat_l)^2 Cov_
 
 ATTENTION_MUTANTS = (
     WRONG_SCALE,
-    wrap("latent_not_normed", "the raw latent projection used without kv_a_layernorm", inputs=_raw_latent),
+    wrap("latent_not_normed", "the raw latent projection used without kv_a_layernorm", inputs=_raw_latent,
+         aux=True),
     wrap("k_pe_dropped", "the shared rope key slice left out of the scores", inputs=_no_kpe),
 )
 
@@ -172,14 +208,17 @@ PAGED_DECODE = OpRecord(
     name="mla.paged_decode", reference=reference_decode, optimized=paged_decode_adapter,
     emulated=emulated_decode, inputs=decode_cases, bound=bounds.paged_decode, outputs=("o",),
     args=("q", "latent", "k_pe", "w_kvb", "lengths"), policy={"lengths": "int"},
-    counter="mla.paged_decode", reductions="P, L + R, context length, L",
+    counter="mla.paged_decode", reductions="P, L + R, context length, L", dirty=dirty_decode,
     batch={"inputs": {"q": 0, "latent": 0, "k_pe": 0, "lengths": 0}, "outputs": {"o": 0}},
     bound_doc="as mla.absorbed, one query per sequence over its own context length",
     mutants=(
         WRONG_SCALE,
         wrap("stale_last_token", "decode does not see the token just written (length - 1)", inputs=_stale),
-        wrap("latent_not_normed", "raw latent cached", inputs=_raw_latent),
+        wrap("latent_not_normed", "raw latent cached", inputs=_raw_latent, aux=True),
         wrap("block_table_off_by_one", "each position read from the next block of the table", kwargs=_shift_blocks),
+        Mutant("tail_blanked_by_zero", "the unused tail of the last block blanked by multiplying by zero "
+               "instead of masking (NaN once the cache memory holds NaN or Inf)", "wrap", _TailTimesZero(),
+               dirty=True),
     ))
 
 

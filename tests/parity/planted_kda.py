@@ -13,7 +13,10 @@ to it. Usable from the command line: ``--impl kda.recurrent=tests/parity/planted
   float32 ``tl.dot`` on a tensor core): it fails ``ieee`` at float32 and holds ``tf32``;
   ``tf32_declared`` is the same function declaring that contract;
 - ``faults`` (CUDA only): a kernel stores to an unmapped address, which poisons the process's CUDA
-  context (fla's chunk_kda faulted with a misaligned address on some shapes).
+  context (fla's chunk_kda faulted with a misaligned address on some shapes);
+- ``kills_its_process``: correct, but it ends its process (``os._exit``) or segfaults on two shapes;
+- ``flips_a_bit``: correct, but every other call flips the last bit of one output element (a racy
+  kernel: within the bound, not the same bytes twice).
 """
 import torch
 import triton
@@ -129,3 +132,37 @@ def faults(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None)
     _wild_store[(1,)](q)
     torch.cuda.synchronize()
     return recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)
+
+
+def kills_its_process(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
+    """Correct, except that it ends its process on inputs of T = 37 tokens without an initial state
+    (``os._exit(3)``) and segfaults on T = 70 (reads address 0 through ctypes): certify must fail
+    those inputs only."""
+    import ctypes
+    import os
+
+    if q.shape[1] == 37 and initial_state is None:
+        os._exit(3)
+    if q.shape[1] == 70:
+        ctypes.string_at(0)
+    return recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)
+
+
+_FLIPS = [0]
+
+
+def flips_a_bit(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
+    o, S = recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)
+    _FLIPS[0] += 1
+    if _FLIPS[0] % 2 == 0:
+        o = o.contiguous().clone()
+        o.view(-1).view({2: torch.int16, 4: torch.int32}[o.element_size()])[0] ^= 1
+    return o, S
+
+
+def hangs(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
+    """Never returns (a kernel that deadlocks)."""
+    import time
+
+    while True:
+        time.sleep(1)

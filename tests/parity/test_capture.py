@@ -20,7 +20,6 @@ from parity.capture import casefile, sites, tensors
 from parity.candidate import named
 from parity.certify import certify_op
 from parity.check import check, prepare
-from parity.platform import store_rounding
 from reference.fixtures import default_checkpoint_path
 
 PROMPT = "5,17,99"
@@ -73,7 +72,7 @@ def test_every_captured_case_is_within_its_bound(cases_file):
         cand = named(rec, "optimized")
         for case in cases:
             assert case.source["kind"] == "captured" and case.source["file"] == str(cf.path)
-            prep = prepare(rec, case, "bfloat16", "cpu", store_rounding("bfloat16", "cpu"))
+            prep = prepare(rec, case, "bfloat16", "cpu")
             for name, spec in cf.cases[int(case.source["case"][1:])].entry["inputs"].items():
                 if spec is not None and spec["dtype"] in ("bfloat16", "int64"):  # replayed bit for bit
                     assert tensors.digest(prep.tensors[name]) == spec["sha256"], (op, name)

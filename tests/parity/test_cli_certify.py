@@ -26,7 +26,7 @@ def test_certify_on_cpu_prints_tables_writes_a_valid_certificate_and_exits_0(tmp
     assert "2/2 op(s) certified" in out.stdout and "teeth" in out.stdout
     doc = json.loads(path.read_text())
     assert schema.errors(doc) == []
-    assert doc["summary"] == {"ops": 2, "certified": 2, "verdict": "certified"}
+    assert doc["summary"] == {"ops": 2, "certified": 2, "verdict": "certified", "faults": 0, "nondeterministic": 0}
     assert doc["environment"]["git"]["revision"] and doc["environment"]["backend_info"]["triton_interpreter"]
     op = doc["ops"][0]
     assert op["reached"] == ["bytes", "lifted", "production"] and op["mutants_killed"] == op["mutants_total"]
