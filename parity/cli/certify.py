@@ -4,6 +4,7 @@
                    [--examples N] [--json PATH] [--candidate optimized|reference-f32] [--cases FILE]
                    [--impl OP=module:function | OP=path/to/file.py:function | fla ...]
                    [--contract ieee|tf32|bf16-storage]
+    parity certify --calls FILE [--ops OP|FAMILY ...] [--json PATH]
 
 Prints a table per op (shapes tried, worst error in bound units, strength, mutants killed, teeth,
 verdict, the contract verdict, the nearest known bug of a failure) and a summary; ``--json`` writes
@@ -52,6 +53,9 @@ def register(sub):
     p.add_argument("--cases", metavar="FILE", default=None,
                    help="replay the cases parity capture wrote, beside the drawn inputs (cases of ops "
                         "--ops leaves out are skipped, with a line)")
+    p.add_argument("--calls", metavar="FILE", default=None,
+                   help="judge the calls parity watch recorded, each on its own inputs, from its recorded "
+                        "outputs (the kernel is not run again; docs/watch.md)")
     p.set_defaults(func=run)
 
 
@@ -78,6 +82,10 @@ def _setup_device(device):
 
 
 def run(args) -> int:
+    if args.calls is not None:
+        from parity.watch import report
+
+        return report.run(args)
     from parity import ops, strategies
 
     check_outputs(("--json", args.json_path))

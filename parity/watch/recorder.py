@@ -174,7 +174,7 @@ class Recorder:
         entry = {"id": f"p{self.pid}c{index}", "pid": self.pid, "index": index, "step": step,
                  "watched": target.name, "target": target.spec, "adapter_of": target.known,
                  "call_site": f"{code.co_filename}:{frame.f_lineno} ({getattr(code, 'co_qualname', code.co_name)})",
-                 "op": None, "error": None, "kept": False, "dropped": None, "contract": None, "note": "",
+                 "op": None, "error": None, "device": None, "kept": False, "dropped": None, "contract": None, "note": "",
                  "kwargs": {}, "inputs": {}, "outputs": {}, "seconds": 0.0}
         try:
             bound = target.signature.bind(*args, **kwargs)
@@ -190,6 +190,8 @@ class Recorder:
             return self._unmapped(entry, target, f"the call does not bind to {target.spec}{target.signature}: {exc}")
         except Exception as exc:  # an adapter that fails must not stop the engine: recorded, one line
             return self._unmapped(entry, target, f"adapter error: {type(exc).__name__}: {exc}")
+        first = next((t for t in mapping.inputs.values() if isinstance(t, torch.Tensor)), None)
+        entry["device"] = None if first is None else first.device.type
         entry.update(op=mapping.op, contract=mapping.contract, note=mapping.note,
                      kwargs={k: v for k, v in mapping.kwargs.items()},
                      inputs={n: _spec(t) for n, t in mapping.inputs.items()})
