@@ -87,10 +87,10 @@ def _header(path) -> dict:
     return head, header.tensors
 
 
-def merge(path, run: dict | None = None) -> Path | None:
+def merge(path, run: dict | None = None, *, empty: bool = False) -> Path | None:
     """Join the parts of ``path`` (every process's flushes, in process and flush order) into
     ``path``, atomically, and remove them; the run fields of the first part, updated with ``run``.
-    None when there are no parts."""
+    No parts: a file without calls when ``empty`` (the run fields from ``run``), else None."""
     from safetensors.torch import load_file, save
 
     from parity.atomic import atomic_write
@@ -98,7 +98,7 @@ def merge(path, run: dict | None = None) -> Path | None:
     d = parts_dir(path)
     files = sorted((p for p in d.glob("p*.safetensors") if PART.fullmatch(p.name)),
                    key=lambda p: tuple(int(x) for x in PART.fullmatch(p.name).groups())) if d.is_dir() else []
-    if not files:
+    if not files and not empty:
         return None
     entries, tensors, pids, head_run = [], {}, [], None
     for f in files:
