@@ -76,7 +76,8 @@ def _kda_op(a: dict, core: str, fused: str) -> str:
     if gate_ or sig:
         name = "use_beta_sigmoid_in_kernel" if gate_ and not sig else \
             "use_gate_in_kernel" if sig and not gate_ else "use_qk_l2norm_in_kernel"
-        raise Mismatch(name, f"{a.get(name)!r} with use_qk_l2norm_in_kernel={l2}, use_gate_in_kernel={gate_}, "
+        value = {"use_qk_l2norm_in_kernel": l2, "use_gate_in_kernel": gate_, "use_beta_sigmoid_in_kernel": sig}[name]
+        raise Mismatch(name, f"{value} with use_qk_l2norm_in_kernel={l2}, use_gate_in_kernel={gate_}, "
                              f"use_beta_sigmoid_in_kernel={sig}: a record fuses the gate and the beta sigmoid "
                              "only together, with the l2norm")
     return core + ("+qk_l2norm" if l2 else "")

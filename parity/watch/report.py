@@ -42,7 +42,7 @@ def render(console, v) -> None:
     from parity.report import render_summary
 
     style = "green" if v.first_bad is None else "red"
-    console.print(f"[{style}]{headline(v)}[/]", highlight=False)
+    console.print(f"[{style}]{headline(v)}[/]", highlight=False, soft_wrap=True)
     bad = [c for c in v.calls if c.verdict != "clean"]
     rows = bad[:SHOWN] + [c for c in v.calls if c.verdict == "clean"][:max(0, SHOWN - len(bad))]
     rows.sort(key=lambda c: v.calls.index(c))
