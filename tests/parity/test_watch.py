@@ -221,3 +221,21 @@ def test_watching_a_function_no_adapter_knows_is_one_line(tmp_path):
         with parity.watch({"kda.chunked": "torch.nn.functional:normalize"}, out=tmp_path / "c.safetensors"):
             pass
     assert torch.nn.functional.normalize.__module__ == "torch.nn.functional"      # nothing left replaced
+
+
+@pytest.mark.parity_gpu
+def test_transformers_with_fla_core_on_the_gpu_watched_at_fla_s_kernels_is_judged_clean(tmp_path):
+    """The watch as benchmarks/run_watch_gpu.sh runs it: transformers hands its KDA calls to fla-core's
+    kernels as its model module loads; the import hook has wrapped them by then."""
+    pytest.importorskip("fla")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "calls.safetensors"
+    cmd = [sys.executable, "-m", "parity", "watch", "--op", "kda.chunked=fla.ops.kda:chunk_kda",
+           "--op", "kda.recurrent=fla.ops.kda:fused_recurrent_kda", "--out", str(out), "--",
+           sys.executable, os.path.join(root, "benchmarks", "watch_generate.py"), "--device", "cuda",
+           "--prompt-tokens", "100", "--new-tokens", "3"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "(watched)" in p.stdout, p.stdout + p.stderr
+    v = judge.judge_file(out)
+    assert v.certified, [c.summary for c in v.calls if c.bad]
+    assert {c.entry["op"] for c in v.calls} == {"kda.chunked+qk_l2norm", "kda.recurrent+qk_l2norm"}

@@ -1,0 +1,103 @@
+"""What watching costs an engine: a 4k-token prefill of transformers' KimiLinearForCausalLM, plain and
+inside ``parity.watch`` at its two KDA entry points, with ``max_bytes=0`` (shapes only) and with the
+tensors kept (host copies of every input and output).
+
+    python benchmarks/bench_watch.py                      # CPU: transformers' torch KDA, bundled checkpoint
+    python benchmarks/bench_watch.py --device cuda        # GPU: fla-core's kernels when installed
+
+Runs alternate (plain, watched, plain, ...) so that drift of a shared machine falls on both; the
+figures are medians over ``--repeats`` of each, of the process's CPU time (what the engine spent,
+steadier than wall time on a machine shared with other work) and of wall time. On the CPU the KDA functions are transformers' own
+torch code (fla-core's kernels need a GPU): the ones a CPU run watches.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MODULE = "transformers.models.kimi_linear.modeling_kimi_linear"
+TARGETS = {"kda.chunked": f"{MODULE}:chunk_kimi_delta_attention",
+           "kda.recurrent": f"{MODULE}:recurrent_kimi_delta_attention"}
+
+
+def load(checkpoint: str, device: str, dtype: str):
+    import importlib
+
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    mod = importlib.import_module(MODULE)
+    if device == "cpu":
+        for name in ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"):
+            fn = getattr(mod, name)
+            setattr(mod, name, getattr(fn, "__wrapped__", fn))
+    model = transformers.KimiLinearForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype))
+    return model.to(device).eval()
+
+
+def prefill(model, ids, device):
+    with torch.inference_mode():
+        out = model(input_ids=ids, use_cache=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return out.logits
+
+
+def main(argv=None) -> int:
+    import parity
+    from reference.fixtures import default_checkpoint_path
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", default=str(default_checkpoint_path()))
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    model = load(args.checkpoint, args.device, args.dtype)
+    vocab = model.config.vocab_size
+    ids = torch.randint(3, vocab, (1, args.tokens), generator=torch.Generator().manual_seed(0)).to(args.device)
+    prefill(model, ids, args.device)                       # warm-up
+    times = {"plain": [], "shapes only (max bytes 0)": [], "tensors kept": []}
+    walls = {m: [] for m in times}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            for mode in times:
+                t0, c0 = time.perf_counter(), time.process_time()
+                if mode == "plain":
+                    prefill(model, ids, args.device)
+                else:
+                    budget = 0 if mode.startswith("shapes") else 2 << 30
+                    with parity.watch(TARGETS, out=Path(tmp) / f"{r}.safetensors", max_bytes=budget, quiet=True):
+                        prefill(model, ids, args.device)
+                times[mode].append(time.process_time() - c0)
+                walls[mode].append(time.perf_counter() - t0)
+    base = statistics.median(times["plain"])
+    wbase = statistics.median(walls["plain"])
+    rows = {m: {"cpu_s": statistics.median(t), "overhead": statistics.median(t) / base - 1,
+                "wall_s": statistics.median(walls[m]), "wall_overhead": statistics.median(walls[m]) / wbase - 1}
+            for m, t in times.items()}
+    print(f"prefill of {args.tokens} tokens, {args.device}, {args.dtype}, median of {args.repeats} "
+          f"({torch.get_num_threads()} torch threads):")
+    for m, r in rows.items():
+        print(f"  {m:28s} cpu {r['cpu_s'] * 1e3:9.1f} ms {100 * r['overhead']:+6.2f} %   "
+              f"wall {r['wall_s'] * 1e3:9.1f} ms {100 * r['wall_overhead']:+6.2f} %")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"tokens": args.tokens, "device": args.device, "dtype": args.dtype,
+                                               "repeats": args.repeats, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
