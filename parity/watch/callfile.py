@@ -176,7 +176,10 @@ def read(path) -> CallFile:
                 info = infos.get(name)
                 if info is None:
                     raise CallsError(f"{path}: call {e['id']}: no tensor {name!r}")
-                want = (SAFETENSORS.get(spec["dtype"]), tuple(spec["shape"]))
+                if spec["dtype"] not in SAFETENSORS:
+                    raise CallsError(f"{path}: call {e['id']}: {name!r} is {spec['dtype']}; the judge reads "
+                                     f"{', '.join(SAFETENSORS)}")
+                want = (SAFETENSORS[spec["dtype"]], tuple(spec["shape"]))
                 if (info.dtype, tuple(info.shape)) != want:
                     raise CallsError(f"{path}: call {e['id']}: tensor {name!r} is {info.dtype} {list(info.shape)}, "
                                      f"expected {want[0]} {list(want[1])}")
