@@ -239,3 +239,14 @@ def test_transformers_with_fla_core_on_the_gpu_watched_at_fla_s_kernels_is_judge
     v = judge.judge_file(out)
     assert v.certified, [c.summary for c in v.calls if c.bad]
     assert {c.entry["op"] for c in v.calls} == {"kda.chunked+qk_l2norm", "kda.recurrent+qk_l2norm"}
+
+
+@pytest.mark.parametrize("op, fn", [("kda.chunked", "chunked"), ("kda.recurrent", "recurrent")])
+def test_transformers_torch_kda_functions_fit_the_core_ops_through_their_forward_adapters(op, fn):
+    """The adapters whose reverse direction maps watched calls also certify the functions (--impl)."""
+    pytest.importorskip("transformers")
+    from parity.ops.kda import core_case
+    from parity.peers import transformers as tf
+
+    case = core_case(1, 20, 2, 2, 16, 8, 3, chunk=16 if op == "kda.chunked" else None)
+    parity.assert_parity(op, case, candidate=getattr(tf, fn), dtype="float32", device="cpu")
