@@ -53,6 +53,39 @@ def prefill(model, ids, device):
     return out.logits
 
 
+def _stub(query, key, value, g, beta, chunk_size=64, initial_state=None, output_final_state=False,
+          use_qk_l2norm_in_kernel=False, **kwargs):
+    """A function with transformers' chunked KDA signature that returns at once: what a watch adds
+    to a call, without the call."""
+    return value, initial_state
+
+
+def per_call(tokens: int, calls: int, max_bytes: int) -> tuple[float, float]:
+    """(seconds per call of ``_stub`` plain, watched with ``max_bytes``), CPU time, on a prefill's
+    shapes (the bundled checkpoint's KDA layers: H=2, K=V=32)."""
+    import parity
+    from parity.watch import same_as
+
+    same_as(TARGETS["kda.chunked"])(_stub)
+    me = sys.modules[__name__]
+    x = torch.randn(1, tokens, 2, 32, dtype=torch.bfloat16)
+    args = (x, x, x, x, x[..., 0])
+    kw = {"initial_state": torch.zeros(1, 2, 32, 32), "output_final_state": True, "use_qk_l2norm_in_kernel": True}
+
+    def loop():
+        c0 = time.process_time()
+        for _ in range(calls):
+            me._stub(*args, **kw)
+        return (time.process_time() - c0) / calls
+
+    plain = min(loop() for _ in range(3))
+    with tempfile.TemporaryDirectory() as tmp:
+        with parity.watch({"kda.chunked": f"{__name__}:_stub"}, out=Path(tmp) / "s.safetensors",
+                          max_bytes=max_bytes, quiet=True):
+            watched = min(loop() for _ in range(3))
+    return plain, watched
+
+
 def main(argv=None) -> int:
     import parity
     from reference.fixtures import default_checkpoint_path
@@ -93,6 +126,13 @@ def main(argv=None) -> int:
     for m, r in rows.items():
         print(f"  {m:28s} cpu {r['cpu_s'] * 1e3:9.1f} ms {100 * r['overhead']:+6.2f} %   "
               f"wall {r['wall_s'] * 1e3:9.1f} ms {100 * r['wall_overhead']:+6.2f} %")
+    plain, watched = per_call(args.tokens, 2000, 0)
+    kda_calls = sum(t == "linear_attention" for t in model.config.layer_types)
+    added = (watched - plain) * kda_calls
+    print(f"per watched call (max bytes 0): {1e6 * (watched - plain):.1f} us of CPU time ({1e6 * plain:.2f} us plain); "
+          f"{kda_calls} KDA calls per prefill: {1e3 * added:.3f} ms, {100 * added / base:.4f} % of the plain prefill")
+    rows["per call"] = {"plain_s": plain, "watched_s": watched, "calls_per_prefill": kda_calls,
+                        "overhead": added / base}
     if args.json:
         Path(args.json).write_text(json.dumps({"tokens": args.tokens, "device": args.device, "dtype": args.dtype,
                                                "repeats": args.repeats, "rows": rows}, indent=1) + "\n")
