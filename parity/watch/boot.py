@@ -38,7 +38,10 @@ def start() -> None:
             pass
 
     def in_child() -> None:
-        # the parent flushes what it recorded; the child records its own calls under its own pid
+        # the parent flushes what it recorded (the child's copy of it is dropped, so an exit of the
+        # child never writes it twice); the child records its own calls under its own pid
+        with rec._lock:
+            rec._entries, rec._tensors, rec.closed = [], {}, True
         child = Recorder(cfg["out"], max_bytes=int(cfg["max_bytes"]), run=cfg["run"])
         hook.activate(child)
         atexit.register(child.close)

@@ -73,13 +73,30 @@ def wrapper(t: Target):
         rec = _ACTIVE
         if rec is None or rec.closed:
             return fn(*args, **kwargs)
-        pend = rec.before(t, args, kwargs)
+        try:
+            pend = rec.before(t, args, kwargs)
+        except Exception as exc:  # the recorder failing (out of host memory) never stops the engine
+            _failed(t, exc)
+            return fn(*args, **kwargs)
         result = fn(*args, **kwargs)
-        rec.after(pend, result)
+        try:
+            rec.after(pend, result)
+        except Exception as exc:
+            _failed(t, exc)
         return result
 
     watched.parity_watched = t
     return watched
+
+
+_FAILED: set = set()
+
+
+def _failed(t: Target, exc: Exception) -> None:
+    key = (t.spec, type(exc).__name__)
+    if key not in _FAILED:
+        _FAILED.add(key)
+        print(f"parity watch: {t.spec}: a call was not recorded: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _owner(module, attr: str):

@@ -220,7 +220,7 @@ def _teeth(record, preps: list, run: DtypeRun) -> None:
             mr.teeth = max(mr.teeth, j.ratio)
             if not j.passed:
                 mr.detected += 1
-                mr.first_failure = f"{prep.case.label}: {j.outputs and next((c.failures[0] for c in j.outputs.values() if c.failures), 'failed') or j.error}"
+                mr.first_failure = f"{prep.case.label}: {j.error or _summary(j.passed, j.ratio, j.outputs)}"
                 break
     for name, make in CONTROLS.items():
         run.controls[name] = not check(preps[0], make(record, preps[0])).passed
