@@ -64,6 +64,9 @@ def watch(targets: dict, out, *, max_bytes=DEFAULT_MAX_BYTES, quiet: bool = Fals
     out = Path(out)
     if not out.parent.is_dir():
         raise WatchError(f"{out}: folder {out.parent} does not exist")
+    if callfile.parts_dir(out).exists():
+        raise WatchError(f"{out}: {callfile.parts_dir(out)} holds the parts of an earlier watch; "
+                         f"merge them (parity watch --merge {out}) or remove them")
     run = {"command": None, "targets": dict(targets), "cwd": os.getcwd(), "python": sys.version.split()[0]}
     rec = Recorder(out, max_bytes=limit, run=run, quiet=quiet)
     installed = hook.install_now(targets)
@@ -74,7 +77,7 @@ def watch(targets: dict, out, *, max_bytes=DEFAULT_MAX_BYTES, quiet: bool = Fals
         hook.activate(None)
         installed.restore()
         rec.close()
-        callfile.merge(out)
+        callfile.merge(out, run=rec.run, empty=True)
 
 
 class _CallableModule(type(sys)):
