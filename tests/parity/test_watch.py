@@ -250,3 +250,15 @@ def test_transformers_torch_kda_functions_fit_the_core_ops_through_their_forward
 
     case = core_case(1, 20, 2, 2, 16, 8, 3, chunk=16 if op == "kda.chunked" else None)
     parity.assert_parity(op, case, candidate=getattr(tf, fn), dtype="float32", device="cpu")
+
+
+def test_a_watched_call_no_record_fits_is_unmapped_with_the_argument_named(tmp_path, capsys):
+    path = tmp_path / "calls.safetensors"
+    x = torch.zeros(1, 1, 2, 4)
+    with parity.watch({"kda.recurrent": f"{wp.__name__}:recurrent_grouped"}, out=path):
+        for _ in range(2):
+            wp.recurrent_grouped(x, x, torch.zeros(1, 1, 4, 4), x, x[..., 0])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "argument value: 4 heads for 2 query heads" in err[0]      # once per reason
+    rc, out, err = run_cli(capsys, "certify", "--calls", str(path))
+    assert rc == 1 and "first bad call: " in out.splitlines()[2] and "argument value: 4 heads" in out.splitlines()[2]
