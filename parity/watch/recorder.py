@@ -131,6 +131,7 @@ class Recorder:
         self._warned: set = set()
         self.quiet = quiet
         self.closed = False
+        self.spent = 0.0               # seconds the engine's threads spent in the recorder (bench_watch)
 
     # -- steps ---------------------------------------------------------------------------------
     def next_step(self) -> None:
@@ -164,7 +165,14 @@ class Recorder:
 
     # -- one call ------------------------------------------------------------------------------
     def before(self, target: Target, args, kwargs) -> Pending:
-        frame = sys._getframe(2)     # the caller of the wrapper
+        t_in = time.perf_counter()
+        try:
+            return self._before(target, args, kwargs)
+        finally:
+            self.spent += time.perf_counter() - t_in
+
+    def _before(self, target: Target, args, kwargs) -> Pending:
+        frame = sys._getframe(3)     # the caller of the wrapper
         with self._lock:
             self._advance(frame)
             index = self.index
@@ -219,6 +227,13 @@ class Recorder:
         return Pending(entry, None, None)
 
     def after(self, pend: Pending, result) -> None:
+        t_in = time.perf_counter()
+        try:
+            self._after(pend, result)
+        finally:
+            self.spent += time.perf_counter() - t_in
+
+    def _after(self, pend: Pending, result) -> None:
         entry = pend.entry
         entry["seconds"] = round(time.perf_counter() - pend.t0, 6) if pend.t0 else 0.0
         if pend.mapping is not None:
