@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.abc
-import importlib.machinery
 import inspect
 import sys
 

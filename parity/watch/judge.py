@@ -33,7 +33,6 @@ from ..platform import NEAREST
 from ..registry import Case
 from . import callfile
 
-FLOATS = ("float64", "float32", "bfloat16", "float16")      # widest first
 
 
 @dataclass
