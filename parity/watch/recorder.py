@@ -126,8 +126,11 @@ class Recorder:
         self._tensors: dict = {}
         self._bytes = 0
         self._seq = 0
-        self._last_flush = time.monotonic()
         self._lock = threading.RLock()
+        self._write_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._flusher = None
+        self._flush_failed = False
         self._warned: set = set()
         self.quiet = quiet
         self.closed = False
@@ -252,29 +255,54 @@ class Recorder:
             self._entries.append(entry)
             self._tensors.update(pend.tensors)
             self._bytes += _nbytes(pend.tensors.values())
-            if self._bytes >= FLUSH_BYTES or time.monotonic() - self._last_flush >= FLUSH_SECONDS:
-                self.flush()
+            full = self._bytes >= FLUSH_BYTES
+        if full:         # bounds the host memory held; otherwise the flusher thread writes
+            self.flush()
+        self._start_flusher()
 
     # -- writing -------------------------------------------------------------------------------
-    def flush(self) -> None:
+    def _start_flusher(self) -> None:
+        """A daemon thread writes the pending calls every FLUSH_SECONDS, off the engine's thread
+        (a part is written whole and synced to disk: milliseconds the engine need not wait)."""
+        if self._flusher is not None or self.closed:
+            return
         with self._lock:
-            if not self._entries:
+            if self._flusher is not None:
                 return
-            callfile.write_part(self.out, self.pid, self._seq, self.run, self._entries, self._tensors)
-            self._seq += 1
-            self._entries, self._tensors, self._bytes = [], {}, 0
-            self._last_flush = time.monotonic()
+            self._flusher = threading.Thread(target=self._flush_every, name="parity-watch-flush", daemon=True)
+            self._flusher.start()
+
+    def _flush_every(self) -> None:
+        while not self._stop.wait(FLUSH_SECONDS):
+            try:
+                self.flush()
+            except Exception:  # a full disk: said once, the engine goes on
+                if not self._flush_failed:
+                    self._flush_failed = True
+                    traceback.print_exc()
+
+    def flush(self) -> None:
+        """Write the calls held so far as the next part (parts are written in order)."""
+        with self._write_lock:
+            with self._lock:
+                if not self._entries:
+                    return
+                entries, tensors, seq = self._entries, self._tensors, self._seq
+                self._entries, self._tensors, self._bytes = [], {}, 0
+                self._seq += 1
+            callfile.write_part(self.out, self.pid, seq, self.run, entries, tensors)
 
     def close(self) -> None:
         with self._lock:
             if self.closed:
                 return
-            try:
-                self.flush()
-            except Exception:  # at exit: say it, never mask the program's own exit
-                traceback.print_exc()
             self.closed = True
-            self._stack = []
+        self._stop.set()
+        try:
+            self.flush()
+        except Exception:  # at exit: say it, never mask the program's own exit
+            traceback.print_exc()
+        self._stack = []
 
 
 def _spec(t) -> dict | None:
