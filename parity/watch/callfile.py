@@ -41,8 +41,12 @@ class CallsError(InputError):
     """A calls file that cannot be used (one line naming the file)."""
 
 
+_NAMES = {d: n for n, d in DTYPES.items()}
+
+
 def dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).replace("torch.", "")
+    name = _NAMES.get(t.dtype)
+    return name if name is not None else str(t.dtype).replace("torch.", "")
 
 
 def parts_dir(path) -> Path:

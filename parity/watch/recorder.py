@@ -131,6 +131,7 @@ class Recorder:
         self._stop = threading.Event()
         self._flusher = None
         self._flush_failed = False
+        self._start_flusher()
         self._warned: set = set()
         self.quiet = quiet
         self.closed = False
@@ -258,19 +259,13 @@ class Recorder:
             full = self._bytes >= FLUSH_BYTES
         if full:         # bounds the host memory held; otherwise the flusher thread writes
             self.flush()
-        self._start_flusher()
 
     # -- writing -------------------------------------------------------------------------------
     def _start_flusher(self) -> None:
         """A daemon thread writes the pending calls every FLUSH_SECONDS, off the engine's thread
         (a part is written whole and synced to disk: milliseconds the engine need not wait)."""
-        if self._flusher is not None or self.closed:
-            return
-        with self._lock:
-            if self._flusher is not None:
-                return
-            self._flusher = threading.Thread(target=self._flush_every, name="parity-watch-flush", daemon=True)
-            self._flusher.start()
+        self._flusher = threading.Thread(target=self._flush_every, name="parity-watch-flush", daemon=True)
+        self._flusher.start()
 
     def _flush_every(self) -> None:
         while not self._stop.wait(FLUSH_SECONDS):
