@@ -53,7 +53,7 @@ def render(console, v) -> None:
         e = c.entry
         colour = {"clean": "green", "not kept": "yellow"}.get(c.verdict, "red")
         bug = f"{c.nearest_bug['mutant']} ({c.nearest_bug['similarity']:.2f})" if c.nearest_bug else "-"
-        t.add_row(e["id"], str(e["step"]), e["op"] or "-", _site(e["call_site"]), c.dtype or "-", _r(c.ratio),
+        t.add_row(e["id"], str(e["step"]), e["op"] or "-", _site(e["call_site"]).split(" (")[0], c.dtype or "-", _r(c.ratio),
                   f"[{colour}]{c.verdict}[/]", bug)
     console.print(t)
     for d in v.file.header.get("dropped", []):
