@@ -99,7 +99,7 @@ def run(args) -> int:
     check_outputs(("--json", args.json_path))
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 132)
     console.print(f"parity certify --calls {args.calls}: each recorded call's outputs against the float64 reference "
-                  "on its recorded inputs (the kernel is not run again)")
+                  "on its recorded inputs (the kernel is not run again)", soft_wrap=True)
     t0 = time.perf_counter()
     with console.status("judging...") as status:
         def on_call(c):
