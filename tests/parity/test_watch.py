@@ -61,7 +61,7 @@ def test_a_watched_transformers_generate_computes_the_same_bits_and_every_call_i
     assert calls[3]["inputs"]["initial_state"]["shape"] == [1, 2, 32, 32]
     rc, out, err = run_cli(capsys, "certify", "--calls", str(path), "--json", str(tmp_path / "c.json"))
     assert rc == 0, out + err
-    assert "every judged call is clean: 9 of 9" in out.splitlines()[2]
+    assert "every judged call is clean: 9 of 9" in out.splitlines()[1]
     doc = json.loads((tmp_path / "c.json").read_text())
     schema.validate(doc)
     assert doc["candidate"] == "recorded" and doc["summary"]["verdict"] == "certified"
@@ -90,7 +90,7 @@ def test_a_planted_state_layout_bug_names_the_first_bad_call_and_state_stored_tr
     assert [c.verdict for c in v.calls] == ["past its bound"] * 3 + ["clean"] * 3
     rc, out, err = run_cli(capsys, "certify", "--calls", str(path))
     assert rc == 1
-    top = out.splitlines()[2]
+    top = out.splitlines()[1]
     assert top.startswith(f"first bad call: {first.entry['id']} (kda.chunked+qk_l2norm) at step 0") \
         and "nearest known bug: state_stored_transposed" in top
 
@@ -261,4 +261,4 @@ def test_a_watched_call_no_record_fits_is_unmapped_with_the_argument_named(tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "argument value: 4 heads for 2 query heads" in err[0]      # once per reason
     rc, out, err = run_cli(capsys, "certify", "--calls", str(path))
-    assert rc == 1 and "first bad call: " in out.splitlines()[2] and "argument value: 4 heads" in out.splitlines()[2]
+    assert rc == 1 and "first bad call: " in out.splitlines()[1] and "argument value: 4 heads" in out.splitlines()[1]
