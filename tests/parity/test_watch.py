@@ -224,7 +224,7 @@ def test_watching_a_function_no_adapter_knows_is_one_line(tmp_path):
 
 
 @pytest.mark.parity_gpu
-def test_transformers_with_fla_core_on_the_gpu_watched_at_fla_s_kernels_is_judged_clean(tmp_path):
+def test_transformers_handing_its_kda_calls_to_fla_core_is_watched_at_fla_s_kernels_and_judged_clean(tmp_path):
     """The watch as benchmarks/run_watch_gpu.sh runs it: transformers hands its KDA calls to fla-core's
     kernels as its model module loads; the import hook has wrapped them by then."""
     pytest.importorskip("fla")
@@ -242,14 +242,14 @@ def test_transformers_with_fla_core_on_the_gpu_watched_at_fla_s_kernels_is_judge
 
 
 @pytest.mark.parametrize("op, fn", [("kda.chunked", "chunked"), ("kda.recurrent", "recurrent")])
-def test_transformers_torch_kda_functions_fit_the_core_ops_through_their_forward_adapters(op, fn):
+def test_transformers_torch_kda_functions_fit_the_core_ops_through_their_forward_adapters(op, fn, parity_device):
     """The adapters whose reverse direction maps watched calls also certify the functions (--impl)."""
     pytest.importorskip("transformers")
     from parity.ops.kda import core_case
     from parity.peers import transformers as tf
 
     case = core_case(1, 20, 2, 2, 16, 8, 3, chunk=16 if op == "kda.chunked" else None)
-    parity.assert_parity(op, case, candidate=getattr(tf, fn), dtype="float32", device="cpu")
+    parity.assert_parity(op, case, candidate=getattr(tf, fn), dtype="float32", device=parity_device)
 
 
 def test_a_watched_call_no_record_fits_is_unmapped_with_the_argument_named(tmp_path, capsys):
