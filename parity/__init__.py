@@ -8,7 +8,9 @@ Public API (lazily imported, so ``import parity`` stays light):
   shared hypothesis strategies and profiles; ``parity.bounds``: the error-bound models;
   ``parity.metrics``: comparisons (``compare``, ``nearer_truth``);
 - ``parity.assert_parity(op, inputs, ...)``: one op on given inputs, AssertionError with the worst
-  elements when past its bound.
+  elements when past its bound;
+- ``parity.watch({op: "module:function"}, out=...)``: record a running engine's kernel calls, for
+  ``parity certify --calls`` (parity/watch/: the package is itself the context manager).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def __getattr__(name):
         mod, attr = _LAZY[name]
         return getattr(importlib.import_module(mod), attr)
     if name in ("registry", "ops", "candidate", "certify", "strategies", "bounds", "metrics", "mutants",
-                "neartie", "check", "emulate", "testing", "platform", "schema", "report", "docs"):
+                "neartie", "check", "emulate", "testing", "platform", "schema", "report", "docs", "watch"):
         import importlib
 
         return importlib.import_module(f"parity.{name}")

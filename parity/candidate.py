@@ -148,14 +148,20 @@ def named(record: OpRecord, candidate, contract: str | None = None) -> Candidate
 
 
 # -- outside implementations: declaring, loading, identifying, probing -------------------------------
-def adapter(*, contract: str = "ieee", wraps: str | None = None):
+def adapter(*, contract: str = "ieee", wraps: str | None = None, reverse: Callable | None = None):
     """Decorate an adapter (a function with a record's signature that calls an outside API) with
     the arithmetic contract its implementation claims (``parity_contract``) and the outside
     callable it wraps, as ``"module:attr"`` (``parity_wraps``; the certificate names that one, with
-    its package and version, and the adapter beside it). Nothing is imported until asked."""
+    its package and version, and the adapter beside it). Nothing is imported until asked.
+
+    ``reverse`` (``parity_reverse``) is the other direction, for ``parity.watch``: a call of the
+    wrapped callable, its arguments bound by name, fitted to a record's inputs
+    (``reverse(arguments) -> parity.watch.adapters.Mapping``, raising
+    ``parity.watch.adapters.Mismatch`` naming the argument that fits no record)."""
     def mark(fn):
         fn.parity_contract = contract
         fn.parity_wraps = wraps
+        fn.parity_reverse = reverse
         return fn
 
     return mark

@@ -267,6 +267,31 @@ def fused(x, kw, ref, p, *, chunk=None, stored=False):
     return {"o": o, "final_state": s}
 
 
+def qk_l2norm(x, kw, ref, p, *, chunk=None, stored=False):
+    """The core ops with only the q, k l2norm fused in the call (fla's ``use_qk_l2norm_in_kernel``
+    with the gate and beta given; transformers' KimiLinear calls): the core bound at the normalized
+    q, k, with the l2norm's error (in ``ua``, then stored in the run dtype by the chunked path) as
+    a perturbation of q and k, exactly as :func:`fused` counts it; g and beta are exact inputs."""
+    q, k = _l2(x["q"]), _l2(x["k"])
+    K = q.shape[-1]
+    relqk = _rms_rel(K, p) + p.ua + p.us(stored)
+    g, beta = x["g"], x["beta"]
+    extra = {"dq": relqk * np.linalg.norm(q, axis=-1), "dk": relqk * np.linalg.norm(k, axis=-1),
+             "dg": np.zeros(np.shape(g)), "dbeta": np.zeros(np.shape(beta))}
+    o, s = core_bound(q, k, x["v"], g, beta, x.get("initial_state"), _scale(kw, q), x.get("cu_seqlens"), p,
+                      chunk=chunk, stored=stored, extra=extra, o_ref=ref["o"], s_ref=ref["final_state"],
+                      uo_o=p.uo("o"), uo_s=p.uo("final_state"))
+    return {"o": o, "final_state": s}
+
+
+def qk_l2norm_recurrent(x, kw, ref, p):
+    return qk_l2norm(x, kw, ref, p)
+
+
+def qk_l2norm_chunked(x, kw, ref, p):
+    return qk_l2norm(x, kw, ref, p, chunk=int(kw.get("chunk_size", 64)), stored=True)
+
+
 def fused_recurrent(x, kw, ref, p):
     return fused(x, kw, ref, p)
 

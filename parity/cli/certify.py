@@ -5,6 +5,7 @@
                    [--impl OP=module:function | OP=path/to/file.py:function | fla ...]
                    [--contract ieee|tf32|bf16-storage] [--workers N] [--shard I/N] [--repro DIR]
     parity certify merge SHARD.json ... --json PATH
+    parity certify --calls FILE [--ops OP|FAMILY ...] [--json PATH]
 
 Prints a table per op (shapes tried, worst error in bound units, strength, mutants killed, teeth,
 verdict, the contract verdict, the nearest known bug of a failure) and a summary; ``--json`` writes
@@ -69,6 +70,9 @@ def register(sub):
                    help="certify the I-th of N shares of the (op, dtype) runs (merge the certificates after)")
     p.add_argument("--repro", default=None, metavar="DIR",
                    help="write a standalone repro (inputs, reference, script) of each failing input here")
+    p.add_argument("--calls", metavar="FILE", default=None,
+                   help="judge the calls parity watch recorded, each on its own inputs, from its recorded "
+                        "outputs (the kernel is not run again; docs/watch.md)")
     p.set_defaults(func=run)
 
 
@@ -104,6 +108,10 @@ def _shard(value):
 
 
 def run(args) -> int:
+    if args.calls is not None:
+        from parity.watch import report
+
+        return report.run(args)
     from parity import ops, strategies
 
     if args.action == "merge":

@@ -315,3 +315,73 @@ FUSED_RECURRENT_DECODE = OpRecord(
 
 def records() -> list[OpRecord]:
     return [GATE, RECURRENT, CHUNKED, FUSED_RECURRENT, FUSED_CHUNKED, FUSED_RECURRENT_DECODE]
+
+
+# -- the core ops with only the q/k l2norm fused in the call ------------------------------------------
+# fla's ``chunk_kda`` / ``fused_recurrent_kda`` with ``use_qk_l2norm_in_kernel=True`` and the gate and
+# beta computed outside (what vLLM and transformers' KimiLinear call): neither the core ops (unit q, k
+# given) nor the fused ones (the gate and beta sigmoid fused too). These records judge such calls seen
+# by ``parity.watch``; no optimized op of this repository computes them, so they are not registered
+# (``parity certify`` never runs them) and :func:`variants` lists them.
+QK_L2NORM = "+qk_l2norm"
+
+
+def _qk_l2norm_reference(fn):
+    from reference.norm import l2norm
+
+    def run(q, k, v, g, beta, **kw):
+        return fn(l2norm(q), l2norm(k), v, g, beta, **kw)
+
+    run.__name__ = run.__qualname__ = f"{fn.__name__}_qk_l2norm"
+    run.__doc__ = f"reference.kda.{fn.__name__} of l2norm(q), l2norm(k) (eps 1e-6), the other inputs as given."
+    return run
+
+
+def _qk_l2norm_emulated(fn):
+    from ..emulate import cdt
+    from ..emulate.norm import l2norm
+
+    def run(q, k, v, g, beta, *, mutation=None, **kw):
+        cd = cdt(q.dtype)
+        if mutation == "l2norm_skipped":
+            qn, kn = q.to(cd), k.to(cd)
+        else:
+            qn, kn = l2norm(q.to(cd)), l2norm(k.to(cd))
+        o, S = fn(qn, kn, v.to(cd), g, beta, mutation=None if mutation == "l2norm_skipped" else mutation, **kw)
+        return o.to(v.dtype), S
+
+    return run
+
+
+@st.composite
+def _raw_qk_cases(draw, chunked=False):
+    """Core inputs with q, k rows of norm 2.5: a skipped l2norm shows."""
+    c = draw(core_cases(chunked=chunked))
+    c.arrays["q"], c.arrays["k"] = 2.5 * c.arrays["q"], 2.5 * c.arrays["k"]
+    return c
+
+
+def _qk_l2norm_variant(rec: OpRecord, core_internal: str) -> OpRecord:
+    emulated = _qk_l2norm_emulated(rec.emulated)
+    mutants = tuple(m for m in rec.mutants if m.kind == "wrap") + (
+        internal(core_internal, next(m.doc for m in rec.mutants if m.name == core_internal), emulated),
+        internal("l2norm_skipped", "q, k not l2-normalized in the call", emulated))
+    chunked = rec is CHUNKED
+    return dataclasses.replace(
+        rec, name=rec.name + QK_L2NORM, reference=_qk_l2norm_reference(rec.reference), emulated=emulated,
+        optimized=Ref("parity.ops.kda", "no_optimized_op"), mutants=mutants,
+        inputs=lambda: _raw_qk_cases(chunked=chunked),
+        bound=bounds.qk_l2norm_chunked if chunked else bounds.qk_l2norm_recurrent,
+        bound_doc=f"{rec.name}'s model at l2norm(q), l2norm(k), the l2norm's errors as perturbations of q, k "
+                  "(as the fused ops count them)")
+
+
+def no_optimized_op(*args, **kwargs):
+    """The ``+qk_l2norm`` variants judge outside calls only: this repository has no such kernel."""
+    raise NotImplementedError("no optimized op computes the core KDA ops with only the q/k l2norm fused")
+
+
+def variants() -> list[OpRecord]:
+    """``kda.recurrent+qk_l2norm`` and ``kda.chunked+qk_l2norm`` (see :data:`QK_L2NORM`)."""
+    return [_qk_l2norm_variant(RECURRENT, "output_before_update"),
+            _qk_l2norm_variant(CHUNKED, "chunk_boundary_off_by_one")]

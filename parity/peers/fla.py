@@ -52,20 +52,88 @@ def _chunk(chunk_size):
     return chunk_size
 
 
+# -- the other direction (parity.watch): a call of fla's function, fitted to a record -----------------
+# chunk_kda / fused_recurrent_kda compute one of three records, by their flags:
+#   use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel all False: the core op;
+#   only the l2norm: the core op of l2norm(q), l2norm(k) (parity.ops.kda.variants(): ``+qk_l2norm``);
+#   all three: the fused op (g is then g_raw, beta the beta logits, A_log and dt_bias given).
+_BEYOND = ("allow_neg_eigval", "safe_gate", "lower_bound", "state_v_first", "return_intermediate_states",
+           "cp_context")
+_WHY = "no registered op computes it (beta in (0, 2), a lower-bounded gate, a V-major state, context parallelism)"
+
+
+def _kda_op(a: dict, core: str, fused: str) -> str:
+    from ..watch.adapters import Mismatch, flag, require_none
+
+    require_none(a, _BEYOND, _WHY)
+    l2, gate_, sig = (flag(a, n) for n in ("use_qk_l2norm_in_kernel", "use_gate_in_kernel",
+                                           "use_beta_sigmoid_in_kernel"))
+    if gate_ and sig and l2:
+        for n in ("A_log", "dt_bias"):
+            if a.get(n) is None:
+                raise Mismatch(n, "None with use_gate_in_kernel=True: the fused gate needs it")
+        return fused
+    if gate_ or sig:
+        name = "use_beta_sigmoid_in_kernel" if gate_ and not sig else \
+            "use_gate_in_kernel" if sig and not gate_ else "use_qk_l2norm_in_kernel"
+        value = {"use_qk_l2norm_in_kernel": l2, "use_gate_in_kernel": gate_, "use_beta_sigmoid_in_kernel": sig}[name]
+        raise Mismatch(name, f"{value} with use_qk_l2norm_in_kernel={l2}, use_gate_in_kernel={gate_}, "
+                             f"use_beta_sigmoid_in_kernel={sig}: a record fuses the gate and the beta sigmoid "
+                             "only together, with the l2norm")
+    return core + ("+qk_l2norm" if l2 else "")
+
+
+def _kda_mapping(a: dict, op: str, contract: str, **scalars):
+    from ..watch.adapters import Mapping, returned
+
+    fused = "fused" in op
+    inputs = {"q": a["q"], "k": a["k"], "v": a["v"]}
+    if fused:
+        inputs.update(g_raw=a["g"], beta_logits=a["beta"], A_log=a["A_log"], dt_bias=a["dt_bias"])
+    else:
+        inputs.update(g=a["g"], beta=a["beta"])
+    inputs.update(initial_state=a.get("initial_state"), cu_seqlens=a.get("cu_seqlens"))
+    names = ("o", "final_state") if a.get("output_final_state") else ("o",)
+    note = {True: "q/k l2norm, gate and beta sigmoid fused in the kernel"}.get(fused) or \
+        ("q/k l2norm fused in the kernel" if op.endswith("+qk_l2norm") else "")
+    return Mapping(op, inputs, {"scale": a.get("scale"), **scalars}, returned(*names), contract, note)
+
+
+def chunk_kda_reverse(a: dict):
+    """A call of ``fla.ops.kda.chunk_kda``: kda.chunked, kda.chunked+qk_l2norm or kda.fused_chunked."""
+    op = _kda_op(a, "kda.chunked", "kda.fused_chunked")
+    return _kda_mapping(a, op, "tf32", chunk_size=int(a.get("chunk_size", 64)))
+
+
+def fused_recurrent_kda_reverse(a: dict):
+    """A call of ``fla.ops.kda.fused_recurrent_kda``: kda.recurrent(+qk_l2norm) or kda.fused_recurrent."""
+    return _kda_mapping(a, _kda_op(a, "kda.recurrent", "kda.fused_recurrent"), "ieee")
+
+
+def naive_chunk_kda_reverse(a: dict):
+    """A call of fla's torch ``naive_chunk_kda``: kda.chunked."""
+    return _kda_mapping(a, "kda.chunked", "ieee", chunk_size=int(a.get("chunk_size", 64)))
+
+
+def naive_recurrent_kda_reverse(a: dict):
+    """A call of fla's torch ``naive_recurrent_kda``: kda.recurrent."""
+    return _kda_mapping(a, "kda.recurrent", "ieee")
+
+
 # -- CUDA: fla's Triton kernels ---------------------------------------------------------------------
 @adapter(contract="ieee", wraps="fla.ops.kda.gate:fused_kda_gate")
 def gate(g_raw, A_log, dt_bias):
     return _quiet_import("fla.ops.kda.gate").fused_kda_gate(g_raw, A_log, dt_bias)
 
 
-@adapter(contract="ieee", wraps="fla.ops.kda:fused_recurrent_kda")
+@adapter(contract="ieee", wraps="fla.ops.kda:fused_recurrent_kda", reverse=fused_recurrent_kda_reverse)
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
     return _quiet_import("fla.ops.kda").fused_recurrent_kda(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
         cu_seqlens=cu_seqlens)
 
 
-@adapter(contract="ieee", wraps="fla.ops.kda:fused_recurrent_kda")
+@adapter(contract="ieee", wraps="fla.ops.kda:fused_recurrent_kda", reverse=fused_recurrent_kda_reverse)
 def fused_recurrent(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, initial_state=None,
                     cu_seqlens=None):
     return _quiet_import("fla.ops.kda").fused_recurrent_kda(
@@ -74,14 +142,14 @@ def fused_recurrent(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, 
         use_beta_sigmoid_in_kernel=True, cu_seqlens=cu_seqlens)
 
 
-@adapter(contract="tf32", wraps="fla.ops.kda:chunk_kda")
+@adapter(contract="tf32", wraps="fla.ops.kda:chunk_kda", reverse=chunk_kda_reverse)
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64):
     return _quiet_import("fla.ops.kda").chunk_kda(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
         cu_seqlens=cu_seqlens, chunk_size=_chunk(chunk_size))
 
 
-@adapter(contract="tf32", wraps="fla.ops.kda:chunk_kda")
+@adapter(contract="tf32", wraps="fla.ops.kda:chunk_kda", reverse=chunk_kda_reverse)
 def fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, initial_state=None,
                   cu_seqlens=None, chunk_size=64):
     return _quiet_import("fla.ops.kda").chunk_kda(
@@ -129,7 +197,7 @@ def _each_sequence(run, q, k, v, g, beta, initial_state, cu_seqlens, multiple=1)
     return torch.cat(outs, dim=1 if cu_seqlens is not None else 0), torch.cat(states, dim=0)
 
 
-@adapter(contract="ieee", wraps="fla.ops.kda.naive:naive_recurrent_kda")
+@adapter(contract="ieee", wraps="fla.ops.kda.naive:naive_recurrent_kda", reverse=naive_recurrent_kda_reverse)
 def naive_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
     fn = _quiet_import("fla.ops.kda.naive").naive_recurrent_kda
 
@@ -139,7 +207,7 @@ def naive_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seql
     return _each_sequence(run, q, k, v, g, beta, initial_state, cu_seqlens)
 
 
-@adapter(contract="ieee", wraps="fla.ops.kda.naive:naive_chunk_kda")
+@adapter(contract="ieee", wraps="fla.ops.kda.naive:naive_chunk_kda", reverse=naive_chunk_kda_reverse)
 def naive_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64):
     fn = _quiet_import("fla.ops.kda.naive").naive_chunk_kda
 

@@ -1,0 +1,198 @@
+"""The calls file ``parity watch`` writes and ``parity certify --calls`` judges (docs/watch.md).
+
+A safetensors file whose metadata key ``"kimi-parity"`` holds the JSON header
+(``parity/schemas/calls.schema.json``): the run (command, targets, byte budget, processes) and one
+entry per call, in each process's call order: id, process, index, step, the watched name and
+target, the op its adapter mapped it to (or the one-line reason none did), the call site, whether
+its tensors were kept (else why not: the budget, shapes only), its scalar kwargs and per input and
+output its dtype and shape. A kept call's tensors are ``<id>.in.<name>`` and ``<id>.out.<name>``.
+``dropped`` counts the calls not kept, by op and reason.
+
+While a program runs, each process writes its calls as parts, one safetensors file per flush in
+``<FILE>.parts/`` (each part written whole, then renamed: a crash leaves whole parts only);
+:func:`merge` joins the parts into ``<FILE>`` atomically and removes them. A program killed before
+the merge leaves its parts, which ``merge`` (``parity watch --merge FILE``) joins later.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from parity.errors import InputError
+
+FORMAT = "kimi-parity/calls"
+VERSION = 1
+METADATA_KEY = "kimi-parity"
+PART = re.compile(r"p([0-9]{1,10})-([0-9]{1,8})\.safetensors")
+ID = re.compile(r"p[0-9]{1,10}c[0-9]{1,10}")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+          "float64": torch.float64, "int32": torch.int32, "int64": torch.int64, "bool": torch.bool}
+SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64",
+               "int32": "I32", "int64": "I64", "bool": "BOOL"}
+
+
+class CallsError(InputError):
+    """A calls file that cannot be used (one line naming the file)."""
+
+
+_NAMES = {d: n for n, d in DTYPES.items()}
+
+
+def dtype_name(t: torch.Tensor) -> str:
+    name = _NAMES.get(t.dtype)
+    return name if name is not None else str(t.dtype).replace("torch.", "")
+
+
+def parts_dir(path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + ".parts")
+
+
+def write_part(path, pid: int, seq: int, run: dict, entries: list, tensors: dict) -> Path:
+    """One flush of one process: ``entries`` and the kept ``tensors`` (name -> CPU tensor), written
+    whole under a temporary name, then renamed."""
+    from safetensors.torch import save
+
+    from parity.atomic import atomic_write
+
+    d = parts_dir(path)
+    d.mkdir(parents=True, exist_ok=True)
+    head = {"format": FORMAT, "version": VERSION, "part": True, "run": run, "calls": entries}
+    data = save({k: v.contiguous() for k, v in tensors.items()},
+                metadata={METADATA_KEY: json.dumps(head, allow_nan=False)})
+    return atomic_write(d / f"p{pid}-{seq}.safetensors", data)
+
+
+def _header(path) -> dict:
+    from reference.safetensors_format import read_header
+    from reference.validate import InvalidInput, parse_json
+
+    try:
+        header = read_header(path)
+    except InvalidInput as exc:
+        raise CallsError(str(exc)) from None
+    raw = (header.metadata or {}).get(METADATA_KEY)
+    if not isinstance(raw, str):
+        raise CallsError(f"{path}: not a kimi-parity calls file (no {METADATA_KEY!r} entry in the safetensors metadata)")
+    try:
+        head = parse_json(raw, what=f"{path}: the {METADATA_KEY!r} metadata")
+    except InvalidInput as exc:
+        raise CallsError(str(exc)) from None
+    if not isinstance(head, dict) or head.get("format") != FORMAT:
+        raise CallsError(f"{path}: format {head.get('format') if isinstance(head, dict) else None!r}, expected {FORMAT!r}")
+    if head.get("version") != VERSION:
+        raise CallsError(f"{path}: calls format version {head.get('version')!r}; this tool reads {VERSION}")
+    return head, header.tensors
+
+
+def merge(path, run: dict | None = None, *, empty: bool = False) -> Path | None:
+    """Join the parts of ``path`` (every process's flushes, in process and flush order) into
+    ``path``, atomically, and remove them; the run fields of the first part, updated with ``run``.
+    No parts: a file without calls when ``empty`` (the run fields from ``run``), else None."""
+    from safetensors.torch import load_file, save
+
+    from parity.atomic import atomic_write
+
+    d = parts_dir(path)
+    files = sorted((p for p in d.glob("p*.safetensors") if PART.fullmatch(p.name)),
+                   key=lambda p: tuple(int(x) for x in PART.fullmatch(p.name).groups())) if d.is_dir() else []
+    if not files and not empty:
+        return None
+    entries, tensors, pids, head_run = [], {}, [], None
+    for f in files:
+        head, _ = _header(f)
+        head_run = head_run or head.get("run", {})
+        entries += head["calls"]
+        tensors.update(load_file(str(f)))
+        pid = int(PART.fullmatch(f.name).group(1))
+        if pid not in pids:
+            pids.append(pid)
+    dropped = Counter()
+    for e in entries:
+        if not e["kept"]:
+            dropped[(e["op"] or "unmapped", e["dropped"])] += 1
+    out_run = {**(head_run or {}), **(run or {}), "processes": pids}
+    head = {"format": FORMAT, "version": VERSION, "part": False, "run": out_run,
+            "dropped": [{"op": op, "reason": why, "calls": n} for (op, why), n in dropped.items()],
+            "calls": entries}
+    atomic_write(path, save(tensors, metadata={METADATA_KEY: json.dumps(head, allow_nan=False)}))
+    for f in files:
+        f.unlink()
+    try:
+        d.rmdir()
+    except OSError:
+        pass
+    return Path(path)
+
+
+@dataclass
+class CallFile:
+    path: Path
+    sha256: str
+    header: dict
+    calls: list          # header entries, in file order
+
+    def tensors(self, entry: dict, side: str) -> dict:
+        """name -> CPU tensor of a kept call's inputs (``side="in"``) or outputs (``"out"``)."""
+        from safetensors import safe_open
+
+        names = entry["inputs" if side == "in" else "outputs"]
+        out = {}
+        with safe_open(str(self.path), framework="pt") as f:
+            for n, spec in names.items():
+                out[n] = None if spec is None else f.get_tensor(f"{entry['id']}.{side}.{n}")
+        return out
+
+
+def read(path) -> CallFile:
+    """Read and validate a calls file: the header, and every kept call's tensors present with the
+    dtype and shape its entry says; :class:`CallsError` (one line) otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        if parts_dir(path).is_dir():
+            raise CallsError(f"{path}: not merged yet; its parts are in {parts_dir(path)} "
+                             f"(parity watch --merge {path})")
+        raise CallsError(f"{path}: no such calls file" if not path.exists() else f"{path}: not a regular file")
+    head, infos = _header(path)
+    from parity.schema import errors, load
+
+    bad = errors(head, load("calls"))
+    if bad:
+        raise CallsError(f"{path}: header: {bad[0]}")
+    need, seen = set(), set()
+    for e in head["calls"]:
+        if not ID.fullmatch(e["id"]) or e["id"] in seen:
+            raise CallsError(f"{path}: call id {e['id']!r}: expected p<pid>c<index>, each once")
+        seen.add(e["id"])
+        if not e["kept"]:
+            continue
+        for side, key in (("in", "inputs"), ("out", "outputs")):
+            for n, spec in e[key].items():
+                if spec is None:
+                    continue
+                name = f"{e['id']}.{side}.{n}"
+                info = infos.get(name)
+                if info is None:
+                    raise CallsError(f"{path}: call {e['id']}: no tensor {name!r}")
+                if spec["dtype"] not in SAFETENSORS:
+                    raise CallsError(f"{path}: call {e['id']}: {name!r} is {spec['dtype']}; the judge reads "
+                                     f"{', '.join(SAFETENSORS)}")
+                want = (SAFETENSORS[spec["dtype"]], tuple(spec["shape"]))
+                if (info.dtype, tuple(info.shape)) != want:
+                    raise CallsError(f"{path}: call {e['id']}: tensor {name!r} is {info.dtype} {list(info.shape)}, "
+                                     f"expected {want[0]} {list(want[1])}")
+                need.add(name)
+    extra = sorted(set(infos) - need)
+    if extra:
+        raise CallsError(f"{path}: tensor {extra[0]!r} belongs to no kept call")
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return CallFile(path, h.hexdigest(), head, head["calls"])
