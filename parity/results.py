@@ -238,17 +238,24 @@ class OpCertificate:
             out.insert(0, "bytes")
         return out
 
+    def _judged(self) -> list:
+        """The record's mutants the runs judged (all of them in certify; judging recorded calls
+        leaves out those only dirty memory shows)."""
+        if not self.runs:
+            return list(self.record.mutants)
+        return [m for m in self.record.mutants if any(m.name in r.mutants for r in self.runs.values())]
+
     def mutants_killed(self) -> tuple[int, int]:
         """(killed at every dtype run, total)."""
-        total = len(self.record.mutants)
-        killed = sum(all(r.mutants[m.name].killed for r in self.runs.values()) for m in self.record.mutants) \
+        judged = self._judged()
+        killed = sum(all(r.mutants[m.name].killed for r in self.runs.values()) for m in judged) \
             if self.runs else 0
-        return killed, total
+        return killed, len(judged)
 
     def teeth(self) -> dict:
         """mutant -> its weakest teeth ratio over the dtypes run."""
         return {m.name: min((r.mutants[m.name].teeth for r in self.runs.values()), default=0.0)
-                for m in self.record.mutants}
+                for m in self._judged()}
 
     def reasons(self) -> list:
         why = []

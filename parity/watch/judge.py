@@ -26,10 +26,9 @@ import torch
 
 from .. import fingerprint, metrics
 from ..bounds.core import UNIT_ROUNDOFF, weaker_contracts
-from ..certify import DtypeRun, MutantResult, OpCertificate
+from ..results import CaseResult, DtypeRun, MutantResult, OpCertificate
 from ..check import Prepared, check, strength_of
 from ..mutants import CONTROLS
-from ..platform import NEAREST
 from ..registry import Case
 from . import callfile
 
@@ -47,7 +46,7 @@ class CallResult:
     summary: str = ""
     nearest_bug: dict | None = None
     bug_similarity: dict = field(default_factory=dict)
-    case: dict | None = None
+    case: CaseResult | None = None
 
     @property
     def bad(self) -> bool:
@@ -120,21 +119,12 @@ def prepared(record, entry: dict, inputs: dict, *, label: str) -> Prepared:
 
     f64 = {n: _f64(t) for n, t in inputs.items()}
     aux = sites.aux(record.name, f64)
-    tensors = dict(inputs)
-    for n, a in aux.items():
-        tensors["_" + n] = torch.from_numpy(np.asarray(a)).to(inputs[record.args[0]].dtype)
-        f64["_" + n] = tensors["_" + n].to(torch.float64).numpy()
+    first = inputs[record.args[0]]
+    aux_t = {n: torch.from_numpy(np.asarray(a)).to(first.dtype) for n, a in aux.items()}
     kwargs = dict(entry["kwargs"])
-    ref_in = {k: v for k, v in f64.items() if not k.startswith("_")}
-    ref = {k: np.asarray(v) for k, v in record.call(record.reference, ref_in, kwargs).items()}
-    dtype = _dtype(record, inputs)
-    rounding = NEAREST
-    if entry["adapter_of"].startswith("optimized.") and dtype in ("bfloat16", "float16") and entry.get("device") == "cpu":
-        from ..platform import store_rounding
-
-        rounding = store_rounding(dtype, "cpu")   # our kernels under the interpreter: measured
-    return Prepared(record, Case(ref_in, kwargs, aux=aux, label=label), dtype, "cpu", tensors, f64, ref,
-                    rounding, entry["contract"] or "ieee")
+    ref = {k: np.asarray(v) for k, v in record.call(record.reference, f64, kwargs).items()}
+    return Prepared(record, Case(f64, kwargs, aux=aux, label=label), _dtype(record, inputs), "cpu", dict(inputs),
+                    f64, ref, entry["contract"] or "ieee", aux_t)
 
 
 def _compare(prep: Prepared, outputs: dict):
@@ -176,15 +166,15 @@ def judge_call(cf: callfile.CallFile, entry: dict, table: dict) -> tuple[CallRes
     passed, ratio, comps = _compare(prep, outputs)
     res = CallResult(entry, "clean" if passed else "past its bound", ratio, prep.dtype,
                      _summary(passed, ratio, comps))
-    case = {"label": label, "passed": passed, "ratio": ratio, "seconds": round(time.perf_counter() - t0, 4),
-            "kernel_ran": True, "summary": res.summary, "outputs": {k: c.to_dict() for k, c in comps.items()}}
+    case = CaseResult(label, passed, ratio, seconds=round(time.perf_counter() - t0, 4), kernel_ran=True,
+                      summary=res.summary, outputs={k: c.to_dict() for k, c in comps.items()})
     if not passed:
-        case["contracts"] = {c: _compare_under(prep, outputs, c) for c in weaker_contracts(prep.contract)}
+        case.contracts = {c: _compare_under(prep, outputs, c) for c in weaker_contracts(prep.contract)}
         if set(outputs) == set(record.outputs):
             from ..candidate import standin
 
             sims = fingerprint.similarities(prep, outputs, standin(record).normalized(record))
-            case["bug_similarity"] = sims
+            case.bug_similarity = sims
             res.bug_similarity = sims
             res.nearest_bug, _ = fingerprint.nearest([sims])
     res.case = case
@@ -204,15 +194,18 @@ def _teeth(record, preps: list, run: DtypeRun) -> None:
     from ..check import prepare
 
     alt = standin(record).normalized(record)
-    run.mutants = {m.name: MutantResult(m.name, m.kind, m.doc) for m in record.mutants}
+    # a dirty-memory mutant only shows on memory certify fills: a recorded call holds what the
+    # engine's memory held, and its kernel is not run again
+    mutants = [m for m in record.mutants if not m.dirty]
+    run.mutants = {m.name: MutantResult(m.name, m.kind, m.doc) for m in mutants}
     drawn = None
-    for m in record.mutants:
+    for m in mutants:
         mr = run.mutants[m.name]
         pool = list(preps)
         for i, prep in enumerate(pool + [None]):
             if prep is None:
                 if drawn is None:
-                    drawn = prepare(record, first_case(record), run.dtype, "cpu", NEAREST, run.contract)
+                    drawn = prepare(record, first_case(record), run.dtype, "cpu", contract=run.contract)
                 prep = drawn
             j = check(prep, m.build(alt, record))
             mr.cases += 1
@@ -263,6 +256,6 @@ def _certificates(by: dict, table: dict) -> list:
         run.cases = [r.case for r, _ in items]
         t0 = time.perf_counter()
         _teeth(record, [p for _, p in items], run)
-        run.seconds = time.perf_counter() - t0 + sum(c["seconds"] for c in run.cases)
+        run.seconds = time.perf_counter() - t0 + sum(c.seconds for c in run.cases)
         cert.runs[dtype] = run
     return list(certs.values())
