@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reference.checkpoint import (CheckpointConfigError, CheckpointError, CheckpointWarning,
-                                  bf16_bits_to_float64, float_to_bf16_bits, open_source, plan_shards,
-                                  read_header, save_checkpoint)
+from reference.checkpoint import (CheckpointConfigError, CheckpointError, CheckpointWarning, open_source,
+                                  plan_shards, read_header, save_checkpoint)
 from reference.config import ConfigError, KimiConfig
 from reference.fixtures import write_fixture
+from reference.storage import bf16_bits_to_float64, float_to_bf16_bits
 from reference.synthetic import SyntheticSource
 from reference.tensors import storage_dtype
 
