@@ -211,7 +211,7 @@ class Model:
         return self.executor.xp.concat(blocks, axis=-1)
 
     def _kda(self, i: int, x, prev: KDACache | None, trace: dict | None = None):
-        """KDA layer (b.10) on normed ``x [T, D]``; ``prev`` None = fresh sequence (chunked), run
+        """KDA layer (spec b.10) on normed ``x [T, D]``; ``prev`` None = fresh sequence (chunked), run
         ``SEGMENT`` tokens at a time with the conv and recurrent states carried between them."""
         T = x.shape[0]
         n = self.segment
@@ -268,7 +268,7 @@ class Model:
         return out, KDACache(*conv_states, S[0])
 
     def _mla(self, i: int, x, prev: MLACache | None):
-        """MLA layer (b.11/b.12) on normed ``x [T, D]``; naive form for a fresh sequence, absorbed
+        """MLA layer (spec b.11/b.12) on normed ``x [T, D]``; naive form for a fresh sequence, absorbed
         form over the cache in decode."""
         c, w, xp = self.config, self._w, self.executor.xp
         a = layer_prefix(i) + "self_attn."
@@ -292,7 +292,7 @@ class Model:
         return moe.swiglu(x, *(w.operand(m + f"{p}_proj.weight") for p in ("gate", "up", "down")))
 
     def _moe(self, i: int, x, trace: dict | None, forced=None):
-        """Sigmoid-routed MoE (b.13/b.14): router logits ``x @ W.T`` in float64, routed experts
+        """Sigmoid-routed MoE (spec b.13/b.14): router logits ``x @ W.T`` in float64, routed experts
         loaded one by one for the selected ids (``forced``: these instead), plus the shared expert."""
         c, w = self.config, self._w
         m = layer_prefix(i) + "block_sparse_moe."
