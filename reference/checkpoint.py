@@ -38,7 +38,7 @@ from .safetensors_format import read_header as read_st_header
 from .storage import RAW_NUMPY, all_finite, raw_to_float64, to_storage
 from .streamed import NonFiniteBlock, StreamedWeight, linear_from_storage
 from .tensors import alternative_shapes, expected_tensors, transformers_aliases
-from .validate import InvalidInput, as_object, as_str, field, inside, label, read_json_file
+from .validate import InvalidInput, as_file_name, as_object, field, inside, label, read_json_file
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -402,10 +402,7 @@ def _read_index(index: Path) -> dict[str, str]:
         if len(wm) > MAX_TENSORS:
             raise InvalidInput(f"{index}: weight_map: {len(wm)} entries, more than the limit of {MAX_TENSORS}")
         for name, shard in wm.items():
-            as_str(shard, f"{index}: weight_map: {label(name)}", max_len=255)
-            if shard in ("", ".", "..") or Path(shard).name != shard or "\\" in shard:
-                raise InvalidInput(f"{index}: {label(name)}: shard '{label(shard)}' must be a file "
-                                   "name in the directory")
+            as_file_name(shard, f"{index}: weight_map: {label(name)}: shard")
     except InvalidInput as exc:
         raise CheckpointError(str(exc)) from None
     return wm
