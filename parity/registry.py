@@ -26,6 +26,11 @@ POLICIES = ("io", "fp32", "int")
 
 MIN_MUTANTS = 3
 
+# How widely ``parity search`` draws (``OpRecord.wide``): "cheap" (seconds per input under the Triton
+# interpreter: the suite), "full" (any shape the op takes, within a cost cap), "buckets" (a few
+# shapes, long inputs: on a GPU each new shape compiles)
+SEARCH_SPACES = ("cheap", "full", "buckets")
+
 
 @dataclass(frozen=True)
 class Ref:
@@ -113,6 +118,7 @@ class OpRecord:
     reductions: str = ""            # reduction lengths the bound uses
     counter: str | None = None      # name in optimized._counters (default: name)
     in_place: bool = False          # the candidate may write its inputs: call it on fresh copies
+    wide: Callable | None = None    # (space) -> strategy of Case drawn widely (parity search); None: inputs
 
     def __post_init__(self):
         if len(self.mutants) < MIN_MUTANTS:
@@ -134,6 +140,11 @@ class OpRecord:
     @property
     def counter_name(self) -> str:
         return self.counter or self.name
+
+    def search_cases(self, space: str = "full"):
+        """The strategy ``parity search`` draws from: the record's wide inputs within ``space``
+        (``"cheap"``, ``"full"``, ``"buckets"``), or its own input builder where it has none."""
+        return self.wide(space) if self.wide is not None else self.inputs()
 
     def optimized_callable(self) -> Callable:
         """The optimized op (imported now if held as a :class:`Ref`)."""

@@ -90,8 +90,12 @@ def unit_rows(r: np.random.Generator, shape) -> np.ndarray:
 def log_decays(r: np.random.Generator, shape, strength: str = "mixed") -> np.ndarray:
     """Log-space decays g <= 0 as the KDA gate makes them: ``-exp(a) softplus(z)``. ``mixed``
     spans per-step decays from ~1 (g ~ -0.01) to ~e^-12; ``moderate`` stays in e^-0.05..e^-1;
-    ``strong`` is ~e^-5 .. e^-130 (a chunk's prefix sums reach thousands: past exp's range)."""
+    ``strong`` is ~e^-5 .. e^-130 (a chunk's prefix sums reach thousands: past exp's range);
+    ``slow`` is 1 - 1e-4 .. 1 - 1e-2 (long memory: the state carries every step's rounding for
+    many steps)."""
     z = r.standard_normal(shape)
+    if strength == "slow":
+        return -np.exp(r.uniform(-9.0, -4.5, size=shape[:-1] + (1,))) * np.log1p(np.exp(z))
     if strength == "strong":
         a = r.uniform(0.0, 2.8, size=shape[:-1] + (1,))
         return -np.exp(a) * np.log1p(np.exp(z + 6.0))

@@ -11,7 +11,7 @@ import sys
 
 from parity.errors import InputError
 
-SUBCOMMANDS = ("diff", "certify", "capture", "fixture", "golden")
+SUBCOMMANDS = ("diff", "certify", "search", "capture", "fixture", "golden")
 
 
 class _Parser(argparse.ArgumentParser):
