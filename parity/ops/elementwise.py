@@ -15,7 +15,7 @@ from ._util import ROWS
 
 @st.composite
 def cases(draw):
-    shape = draw(bucket([(6, 50), (257,), (2, 3, 33)]))
+    shape = draw(bucket([(2, 3, 33), (257,), (6, 50)]))
     r = rng(draw(seeds()))
     return Case({"x": elementwise_values(r, shape)}, label=f"x{list(shape)}")
 

@@ -24,8 +24,9 @@ from ..registry import Case, OpRecord, Ref
 from ..strategies import bucket, log_decays, normal, rng, seeds, unit_rows
 from . import _slots
 
-# (B, T, H, HV, K, V, chunk): the first is hypothesis's first choice (richest: K != V, 3 chunks)
-SHAPES = [(2, 37, 2, 2, 16, 32, 16), (1, 70, 1, 2, 32, 16, 32), (2, 20, 1, 1, 16, 32, 16)]
+# (B, T, H, HV, K, V, chunk), smallest first (what hypothesis tries first and shrinks toward); each
+# shows every mutant: K != V, at least two chunks, a carried state
+SHAPES = [(2, 20, 1, 1, 16, 32, 16), (1, 70, 1, 2, 32, 16, 32), (2, 37, 2, 2, 16, 32, 16)]
 STRENGTHS = ("mixed", "moderate", "strong", "slow")
 PATTERNS = ("random", "repeat", "lowrank")
 
@@ -191,7 +192,7 @@ def decode_case(B, H, HV, K, V, seed, *, n_slots=None) -> Case:
 
 @st.composite
 def decode_cases(draw):
-    B, H, HV, K, V = draw(bucket([(4, 2, 2, 16, 32), (3, 1, 2, 32, 16)]))
+    B, H, HV, K, V = draw(bucket([(3, 1, 2, 32, 16), (4, 2, 2, 16, 32)]))
     return decode_case(B, H, HV, K, V, draw(seeds()))
 
 

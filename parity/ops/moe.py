@@ -20,7 +20,7 @@ from ..registry import Case, Mutant, OpRecord, Ref
 from ..strategies import bucket, normal, rng, seeds
 
 # (T, E, top_k, num_groups, topk_groups)
-ROUTER_SHAPES = [(6, 16, 4, 4, 2), (5, 8, 2, 1, 1), (9, 16, 3, 1, 1)]
+ROUTER_SHAPES = [(5, 8, 2, 1, 1), (6, 16, 4, 4, 2), (9, 16, 3, 1, 1)]
 
 
 def router_logits(r, T, E, top_k, G, KG):
@@ -64,7 +64,7 @@ def router_cases(draw):
 
 @st.composite
 def swiglu_cases(draw):
-    T, D, F = draw(bucket([(4, 32, 48), (9, 64, 100), (1, 48, 16)]))
+    T, D, F = draw(bucket([(1, 48, 16), (4, 32, 48), (9, 64, 100)]))
     r = rng(draw(seeds()))
     return Case({"x": normal(r, (T, D)), "w_gate": normal(r, (F, D), D ** -0.5),
                  "w_up": normal(r, (F, D), D ** -0.5), "w_down": normal(r, (D, F), F ** -0.5)},
@@ -73,7 +73,7 @@ def swiglu_cases(draw):
 
 @st.composite
 def experts_cases(draw):
-    T, D, F, E, k = draw(bucket([(3, 32, 16, 4, 2), (9, 48, 40, 8, 2), (2, 32, 24, 6, 3)]))
+    T, D, F, E, k = draw(bucket([(3, 32, 16, 4, 2), (2, 32, 24, 6, 3), (9, 48, 40, 8, 2)]))
     r = rng(draw(seeds()))
     ids = np.stack([r.choice(E, size=k, replace=False) for _ in range(T)]).astype(np.int64)
     w = r.uniform(0.1, 1.0, size=(T, k))
@@ -85,7 +85,7 @@ def experts_cases(draw):
 
 @st.composite
 def router_logits_cases(draw):
-    T, D, E = draw(bucket([(5, 64, 16), (3, 96, 32), (1, 128, 48)]))
+    T, D, E = draw(bucket([(5, 64, 16), (1, 128, 48), (3, 96, 32)]))
     r = rng(draw(seeds()))
     return Case({"x": normal(r, (T, D)), "weight": normal(r, (E, D), D ** -0.5)},
                 label=f"T={T} D={D} E={E}")
