@@ -74,6 +74,22 @@ def bucket(values):
     return st.sampled_from(list(values))
 
 
+# -- wide draws (parity search) ------------------------------------------------------------------
+#: elements per drawn input at most, per search space (registry.SEARCH_SPACES): the interpreter's cost
+WIDE_ELEMENTS = {"cheap": 1 << 12, "full": 1 << 18, "buckets": 1 << 20}
+#: feature widths a wide draw takes: awkward ones (7, 60, 100, 1000) beside the model's (128, 2304, 4096)
+WIDE_DIMS = (1, 7, 16, 60, 64, 100, 128, 257, 1000, 2304, 4096)
+
+
+@st.composite
+def wide_rows(draw, space: str, dims=WIDE_DIMS, max_rows: int = 64):
+    """A shape ``(rows, D)``: ``D`` from ``dims`` (smallest first), ``rows`` up to ``max_rows`` and
+    the space's element cap."""
+    cap = WIDE_ELEMENTS[space]
+    D = draw(bucket([d for d in dims if d <= cap]))
+    return draw(st.integers(1, max(1, min(max_rows, cap // D)))), D
+
+
 def rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 

@@ -97,8 +97,17 @@ def test_the_wide_kda_inputs_are_valid_inputs_of_the_record(case):
     assert case.kwargs["chunk_size"] in (16, 32, 64)
 
 
+WIDE = [r.name for r in ops.records() if r.wide is not None and r.family != "kda"]
+
+
+@pytest.mark.parametrize("op", WIDE)
+def test_the_standin_is_within_the_bound_on_each_families_wide_inputs(op):
+    r = search(ops.get(op), "reference-f32", "bfloat16", examples=EXAMPLES, space="cheap", fail=True)
+    assert r.examples == EXAMPLES and r.worst_ratio <= 1
+
+
 def test_a_record_without_wide_inputs_is_searched_on_its_own_builder_and_a_kept_case_replays(tmp_path):
-    rec = ops.get("norm.rms_norm")
+    rec = ops.get("moe.swiglu")
     assert rec.wide is None
     r = search(rec, "reference-f32", "bfloat16", examples=2)
     assert r.examples == 2 and 0 < r.worst_ratio <= 1
