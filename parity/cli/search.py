@@ -102,6 +102,9 @@ def run(args) -> int:
         past = past or r.past_bound > 0
         if args.keep is not None and r.worst_case is not None and r.worst_ratio > 1:
             save_case(r.worst_case, f"{args.keep}/{rec.name}-{name.replace(':', '_')}-{dt}.npz")
+        if r.examples == 0 and r.unsupported == 0:
+            print(f"{rec.name:26s} {name:14s} {dt:9s} not run: the --seconds budget was spent", flush=True)
+            continue
         print(f"{rec.name:26s} {name:14s} {dt:9s} worst {r.worst_ratio:9.3g} over {r.examples:3d} "
               f"({r.past_bound} past, {r.unsupported} unsupported, {r.seconds:.0f}s)  {r.worst_label}", flush=True)
     if args.json_path is not None:
