@@ -105,7 +105,8 @@ def search(record: OpRecord, candidate, dtype: str, *, device: str | None = None
             res.worst_ratio, res.worst_label, res.worst_output, res.worst_case = j.ratio, case.label, worst, case
         target(min(j.ratio, RATIO_CAP), label=f"{record.name} {cand.name} {dtype}")
         if fail:
-            assert j.ratio <= 1.0, f"{cand.name} {record.name} {dtype} {case.label}: {j.ratio:.3g}x its bound\n{j.report()}"
+            assert j.ratio <= 1.0, (f"{cand.name} {record.name} {dtype} {case.label}: {j.ratio:.3g}x its bound\n"
+                                    f"{j.report()}")
 
     from hypothesis.reporting import with_reporter
 

@@ -53,7 +53,8 @@ DOC = "one ua per operation, exp (2 + |x|) ua, one rounding to the output dtype;
 
 SILU = OpRecord(
     name="elementwise.silu", reference=ref.silu, optimized=Ref("optimized.elementwise", "silu"),
-    emulated=emu.silu, inputs=cases, wide=wide_cases, bound=bounds.silu,
+    emulated=emu.silu, inputs=cases, wide=wide_cases,
+    bound=bounds.silu,
     outputs=("y",), args=("x",), batch=ROWS, bound_doc="((6 + |x|) ua + uo) |y|  (" + DOC + ")",
     reductions="none",
     mutants=(
@@ -65,7 +66,8 @@ SILU = OpRecord(
 
 SIGMOID = OpRecord(
     name="elementwise.sigmoid", reference=ref.sigmoid, optimized=Ref("optimized.elementwise", "sigmoid"),
-    emulated=emu.sigmoid, inputs=cases, wide=wide_cases, bound=bounds.sigmoid, outputs=("y",), args=("x",), batch=ROWS,
+    emulated=emu.sigmoid, inputs=cases, wide=wide_cases,
+    bound=bounds.sigmoid, outputs=("y",), args=("x",), batch=ROWS,
     bound_doc="((5 + |x|) ua + uo) |y|", reductions="none",
     mutants=(
         wrap("arg_negated", "sigmoid(-x) = 1 - sigmoid(x)", inputs=_neg_in),
@@ -75,7 +77,8 @@ SIGMOID = OpRecord(
 
 SOFTPLUS = OpRecord(
     name="elementwise.softplus", reference=ref.softplus, optimized=Ref("optimized.elementwise", "softplus"),
-    emulated=emu.softplus, inputs=cases, wide=wide_cases, bound=bounds.softplus, outputs=("y",), args=("x",), batch=ROWS,
+    emulated=emu.softplus, inputs=cases, wide=wide_cases,
+    bound=bounds.softplus, outputs=("y",), args=("x",), batch=ROWS,
     bound_doc="ua ((2 + |x|) z/(1+z) + 4 |y|) + uo |y|, z = exp(-|x|)", reductions="none",
     mutants=(
         wrap("arg_negated", "softplus(-x)", inputs=_neg_in),

@@ -370,7 +370,8 @@ FUSED_RECURRENT = OpRecord(
 FUSED_CHUNKED = OpRecord(
     name="kda.fused_chunked", reference=ref.fused_chunked, optimized=Ref("optimized.kda", "fused_chunked"),
     emulated=emu.fused_chunked, inputs=lambda: core_cases(chunked=True, fused=True),
-    wide=lambda space: wide_core_cases(space, chunked=True, fused=True), bound=bounds.fused_chunked, outputs=("o", "final_state"), args=FUSED, kwarg_arrays=KW,
+    wide=lambda space: wide_core_cases(space, chunked=True, fused=True), bound=bounds.fused_chunked,
+    outputs=("o", "final_state"), args=FUSED, kwarg_arrays=KW,
     policy=POLICY, batch=BATCH, reductions="K, chunk C, T",
     bound_doc="kda.chunked's model at the composed inputs + prologue errors (normalized q, k stored in the run dtype)",
     mutants=_FUSED_MUTANTS + (

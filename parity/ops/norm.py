@@ -119,7 +119,8 @@ RMS_DOC = "(gamma_D(ua)/2 + 6 ua + u + uo) |y|  (u: HF rounds x/rms to the run d
 
 RMS_NORM = OpRecord(
     name="norm.rms_norm", reference=ref.rms_norm, optimized=Ref("optimized.norm", "rms_norm"),
-    emulated=emu.rms_norm, inputs=rms_cases, wide=lambda space: wide_norm_cases(space), bound=bounds.rms_norm, outputs=("y",),
+    emulated=emu.rms_norm, inputs=rms_cases, wide=lambda space: wide_norm_cases(space), bound=bounds.rms_norm,
+    outputs=("y",),
     args=("x", "weight"), batch=ROWS, reductions="D", bound_doc=RMS_DOC,
     mutants=(
         wrap("weight_plus_one", "(1 + w) weight convention (Gemma) applied to a plain weight", inputs=_w_plus_one),

@@ -1,12 +1,13 @@
 """A deterministic corpus of malformed inputs, one case per class of defect: files outside the
 checkpoint, safetensors files the format refuses, config.json types (nested values too) and keys
 naming other math, paths read from files (index shard names, a golden file's checkpoint path),
-prompts, golden files, output paths and arguments. Each builder takes a scratch folder and returns ``(argv of parity, what the
-one-line error must say)``; every file is derived from the bundled fixture and golden.
+prompts, golden files, output paths and arguments. Each builder takes a scratch folder and returns
+``(argv of parity, what the one-line error must say)``; every file is derived from the bundled
+fixture and golden.
 
 The checkpoint cases run ``parity diff CKPT --prompt-ids <id beyond any vocabulary>``: a checkpoint
-that opens fails on the prompt instead (``OPENED``), one line and exit 2 either way, and no model
-is ever run."""
+that opens fails on the prompt instead (``OPENED``), one line and exit 2 either way, and no model is
+ever run."""
 from __future__ import annotations
 
 import json

@@ -125,8 +125,9 @@ def _search(tmp_path, capsys, *argv):
 
 
 def test_the_command_writes_one_result_per_op_candidate_and_dtype(tmp_path, capsys):
-    rc, text, got = _search(tmp_path, capsys, "--device", "cpu", "--candidate", "reference-f32", "--ops", "kda.recurrent",
-                            "moe.router", "--dtype", "float32", "bfloat16", "--examples", "2", "--space", "cheap")
+    rc, text, got = _search(tmp_path, capsys, "--device", "cpu", "--candidate", "reference-f32", "--ops",
+                            "kda.recurrent", "moe.router", "--dtype", "float32", "bfloat16", "--examples", "2",
+                            "--space", "cheap")
     assert rc == 0 and got["format"] == "kimi-parity/search" and got["device"] == "cpu" and got["space"] == "cheap"
     runs = {(r["op"], r["candidate"], r["dtype"]): r for r in got["results"]}
     assert set(runs) == {(op, "reference-f32", dt) for op in ("kda.recurrent", "moe.router")
@@ -146,7 +147,8 @@ def test_the_command_exits_1_when_an_implementation_is_past_its_bound(tmp_path, 
                             f"kda.recurrent={tmp_path / 'planted.py'}:recurrent", "--dtype", "float32",
                             "--examples", "2", "--space", "cheap", "--keep", str(tmp_path))
     assert rc == 1 and [r["candidate"] for r in got["results"]] == ["planted:recurrent"]
-    assert got["results"][0]["past_bound"] == 2 and got["implementations"]["kda.recurrent"].endswith("planted.py:recurrent")
+    assert got["results"][0]["past_bound"] == 2
+    assert got["implementations"]["kda.recurrent"].endswith("planted.py:recurrent")
     assert (tmp_path / "kda.recurrent-planted_recurrent-float32.npz").exists()
 
 
