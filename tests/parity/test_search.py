@@ -107,7 +107,7 @@ def test_the_standin_is_within_the_bound_on_each_families_wide_inputs(op):
 
 
 def test_a_record_without_wide_inputs_is_searched_on_its_own_builder_and_a_kept_case_replays(tmp_path):
-    rec = ops.get("moe.swiglu")
+    rec = ops.get("moe.experts")
     assert rec.wide is None
     r = search(rec, "reference-f32", "bfloat16", examples=2)
     assert r.examples == 2 and 0 < r.worst_ratio <= 1
