@@ -3,7 +3,7 @@
     python benchmarks/bench_kda.py --out kda.json
 
 fla-core is a dev-only comparator: imported if installed, otherwise its figures are left empty and
-the anchor figures of design.md are quoted in the docs instead.
+its figures measured on the H200 are quoted from docs/BENCHMARKS.md instead.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Speed of the float64 reference KDA: ``kda.chunked`` vs the token loop ``kda.recurrent``.
 
-Target (design.md): chunked at least 10x faster than recurrent at T=4096, H=32, K=V=128, B=1.
+Target: chunked at least 10x faster than recurrent at T=4096, H=32, K=V=128, B=1.
 The recurrent loop costs the same per token whatever T is, so by default it is timed on a shorter
 prefix (``--recurrent-tokens``) and scaled linearly to T; the JSON says so. Wall and CPU (process)
 seconds are both reported, best of ``--repeats``, with the load average: on a shared machine the

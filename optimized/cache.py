@@ -62,7 +62,7 @@ class SequenceCache:
     def to_reference(self):
         """This sequence's state as a reference ``ModelCache`` (float64 NumPy): conv states
         ``[C, W-1]`` per q/k/v, KDA state ``[H, K, V]``, MLA ``latent [S, L]`` and ``k_pe [S, R]``."""
-        from reference.model import KDACache, MLACache, ModelCache
+        from reference.cache import KDACache, MLACache, ModelCache
 
         pool, c = self.pool, self.pool.config
         np64 = lambda t: t.detach().to("cpu", torch.float64).numpy()  # noqa: E731

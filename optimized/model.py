@@ -373,7 +373,7 @@ class Model:
                                                      device=self.device)
         return buf
 
-    # -- KDA (b.10) ------------------------------------------------------------------------------
+    # -- KDA (spec b.10) --------------------------------------------------------------------------
     def _kda_split(self, kw: KDAWeights, x: torch.Tensor):
         c = self.config
         H, K = c.kda_num_heads, c.kda_head_dim
@@ -430,7 +430,7 @@ class Model:
                         st.state, slots[:B], out=tile[:B])
         return self._kda_out(kw, tile, gate)
 
-    # -- MLA (b.11 / b.12) ------------------------------------------------------------------------
+    # -- MLA (spec b.11 / b.12) --------------------------------------------------------------------
     def _mla_split(self, mw, x: torch.Tensor):
         c = self.config
         L = c.kv_lora_rank
@@ -467,7 +467,7 @@ class Model:
                             out=tile[:B].view(B, N, Vh))
         return _linear(tile, mw.o_proj)
 
-    # -- MoE (b.13 / b.14) ------------------------------------------------------------------------
+    # -- MoE (spec b.13 / b.14) --------------------------------------------------------------------
     def _moe(self, i: int, x: torch.Tensor, *, rows: int | None, trace: dict | None) -> torch.Tensor:
         """Router in fp32, routed experts, shared expert. In decode (``rows`` set) only the real rows
         go through the experts, in the per-(token, expert) GEMV form whatever their number."""

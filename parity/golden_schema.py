@@ -20,8 +20,8 @@ import re
 
 from parity.bounds.core import precision_for
 from reference.config import PRESETS, ConfigError, KimiConfig
-from reference.validate import (InvalidInput, as_float, as_int, as_list, as_object, as_str, field,
-                                label)
+from reference.validate import (InvalidInput, as_float, as_int, as_list, as_object, as_path, as_str,
+                                field, label)
 
 GOLDEN_FORMAT = "kimi-parity/golden"
 GOLDEN_VERSION = 1
@@ -60,7 +60,7 @@ def _checkpoint(info) -> None:
         as_str(field(info, "preset", "checkpoint"), "checkpoint.preset", choices=tuple(PRESETS))
         as_int(field(info, "seed", "checkpoint"), "checkpoint.seed", lo=0, hi=2 ** 32 - 1)
     elif kind == "directory":
-        as_str(field(info, "path", "checkpoint"), "checkpoint.path", max_len=4096)
+        as_path(field(info, "path", "checkpoint"), "checkpoint.path")
 
 
 def _variants(value) -> None:

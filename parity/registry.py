@@ -35,6 +35,12 @@ class OutputsError(TypeError):
     """A callable returned another number of outputs than its record lists (or not a tuple)."""
 
 
+# How widely ``parity search`` draws (``OpRecord.wide``): "cheap" (seconds per input under the Triton
+# interpreter: the suite), "full" (any shape the op takes, within a cost cap), "buckets" (a few
+# shapes, long inputs: on a GPU each new shape compiles)
+SEARCH_SPACES = ("cheap", "full", "buckets")
+
+
 @dataclass(frozen=True)
 class Ref:
     """A callable named by ``module`` and ``attr`` (dotted inside the module), imported on its first
@@ -130,6 +136,7 @@ class OpRecord:
     in_place: bool = False          # the candidate may write its inputs: call it on fresh copies
     dirty: Callable | None = None   # (case, fill) -> the case with the memory its contract leaves
                                     # unused (a pool's free rows, a cache's tail) holding FILLS[i]
+    wide: Callable | None = None    # (space) -> strategy of Case drawn widely (parity search); None: inputs
 
     def __post_init__(self):
         if len(self.mutants) < MIN_MUTANTS:
@@ -154,6 +161,11 @@ class OpRecord:
     @property
     def counter_name(self) -> str:
         return self.counter or self.name
+
+    def search_cases(self, space: str = "full"):
+        """The strategy ``parity search`` draws from: the record's wide inputs within ``space``
+        (``"cheap"``, ``"full"``, ``"buckets"``), or its own input builder where it has none."""
+        return self.wide(space) if self.wide is not None else self.inputs()
 
     def optimized_callable(self) -> Callable:
         """The optimized op (imported now if held as a :class:`Ref`)."""

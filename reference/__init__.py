@@ -9,12 +9,12 @@ when a torch executor is asked for (``reference.load(src, device="cuda")``); nev
 from .config import PRESETS, ConfigError, KimiConfig
 
 _LAZY = {
-    "load": "model", "Model": "model", "ModelCache": "model", "KDACache": "model", "MLACache": "model",
+    "load": "model", "Model": "model", "ModelCache": "cache", "KDACache": "cache", "MLACache": "cache",
     "open_source": "checkpoint", "save_checkpoint": "checkpoint", "WeightSource": "checkpoint",
     "CheckpointError": "checkpoint",
     "SyntheticSource": "synthetic",
     "expected_tensors": "tensors",
-    "get_executor": "executor", "Executor": "executor", "DoesNotFit": "model",
+    "get_executor": "executor", "Executor": "executor", "DoesNotFit": "memory",
 }
 
 __all__ = ["PRESETS", "ConfigError", "KimiConfig", *_LAZY]

@@ -32,13 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from .config import MAX_TENSORS, ConfigError, KimiConfig
-from .executor import bf16_bits_to_float64  # noqa: F401  (the exact, multi-threaded conversion)
-from .executor import all_finite, to_numpy
+from .executor import to_numpy
 from .safetensors_format import Header
 from .safetensors_format import read_header as read_st_header
+from .storage import RAW_NUMPY, all_finite, raw_to_float64, to_storage
 from .streamed import NonFiniteBlock, StreamedWeight, linear_from_storage
 from .tensors import alternative_shapes, expected_tensors, transformers_aliases
-from .validate import InvalidInput, as_object, as_str, field, inside, label, read_json_file
+from .validate import InvalidInput, as_file_name, as_object, field, inside, label, read_json_file
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -48,8 +48,6 @@ CONFIG_FILE = "config.json"
 # F64 is what transformers writes for a model held in float64, the reference's own precision)
 DTYPE_CODES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 CODE_OF = {v: k for k, v in DTYPE_CODES.items()}
-RAW_NUMPY = {"bfloat16": np.dtype("<u2"), "float16": np.dtype("<f2"), "float32": np.dtype("<f4"),
-             "float64": np.dtype("<f8")}
 MAX_INDEX_BYTES = 64 << 20  # the 48B model's index (20,493 entries) is 1.9 MB
 
 
@@ -63,60 +61,6 @@ class CheckpointConfigError(CheckpointError, ConfigError):
 
 class CheckpointWarning(UserWarning):
     """Something in a checkpoint is ignored (unknown extra tensors)."""
-
-
-# -- bf16 <-> float ----------------------------------------------------------------------------------
-
-def _float64_to_float32_round_to_odd(x: np.ndarray) -> np.ndarray:
-    """float64 -> float32 bits rounded toward zero with the last bit forced to 1 when inexact.
-
-    Rounding to odd into a format with >= p+2 bits and then to nearest-even gives the correctly
-    rounded result, so float64 -> (odd) float32 -> bf16 rounds once, not twice."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        t = x.astype(np.float32)
-        back = t.astype(np.float64)
-    finite = np.isfinite(x)
-    inexact = finite & (back != x)
-    t = np.where(inexact & (np.abs(back) > np.abs(x)), np.nextafter(t, np.float32(0)), t)
-    return t.view(np.uint32) | inexact.astype(np.uint32)
-
-
-def float_to_bf16_bits(x: np.ndarray) -> np.ndarray:
-    """Round float16/32/64 values to bf16 (round to nearest, ties to even; correctly rounded from
-    float64 too); returns the ``uint16`` bit patterns. NaN stays NaN, overflow goes to +-inf."""
-    x = np.asarray(x)
-    if x.dtype == np.float64:
-        u = _float64_to_float32_round_to_odd(x)
-    elif x.dtype in (np.float32, np.float16):
-        u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    else:
-        raise TypeError(f"cannot round {x.dtype} to bfloat16")
-    rounded = (u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16
-    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    return np.where(nan, (u >> 16) | np.uint32(0x40), rounded).astype(np.uint16)
-
-
-def to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Values -> storage bits of ``dtype`` (``uint16`` for bf16). An array that already holds the
-    storage representation (``uint16`` for bf16, ``float16``, ``float32``) is kept as it is."""
-    x = np.asarray(x)
-    if dtype not in RAW_NUMPY:
-        raise ValueError(f"unsupported storage dtype {dtype!r}; expected one of {sorted(RAW_NUMPY)}")
-    if x.dtype == RAW_NUMPY[dtype]:
-        return x
-    if dtype == "bfloat16":
-        return float_to_bf16_bits(x)
-    if x.dtype.kind != "f":
-        raise TypeError(f"cannot store {x.dtype} values as {dtype}")
-    with np.errstate(over="ignore"):
-        return x.astype(RAW_NUMPY[dtype])  # numpy rounds float64 -> float16/32 correctly
-
-
-def raw_to_float64(raw: np.ndarray, dtype: str) -> np.ndarray:
-    """Storage bits -> float64 (exact)."""
-    if dtype == "bfloat16":
-        return bf16_bits_to_float64(raw)
-    return np.asarray(raw).astype(np.float64)
 
 
 # -- the source API ----------------------------------------------------------------------------------
@@ -458,10 +402,7 @@ def _read_index(index: Path) -> dict[str, str]:
         if len(wm) > MAX_TENSORS:
             raise InvalidInput(f"{index}: weight_map: {len(wm)} entries, more than the limit of {MAX_TENSORS}")
         for name, shard in wm.items():
-            as_str(shard, f"{index}: weight_map: {label(name)}", max_len=255)
-            if shard in ("", ".", "..") or Path(shard).name != shard or "\\" in shard:
-                raise InvalidInput(f"{index}: {label(name)}: shard '{label(shard)}' must be a file "
-                                   "name in the directory")
+            as_file_name(shard, f"{index}: weight_map: {label(name)}: shard")
     except InvalidInput as exc:
         raise CheckpointError(str(exc)) from None
     return wm

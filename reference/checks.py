@@ -1,12 +1,15 @@
-"""Checks of the model-level arguments both models take (``reference.load`` / ``optimized.load``
-and their ``forward / prefill / decode``): the semantic variants and token ids. One-line
-``ValueError``s that name the argument; optimized/ imports these (reference/ imports neither)."""
+"""Checks of the model-level arguments the models take (``reference.load`` / ``optimized.load``
+and their ``forward / prefill / decode``): the semantic variants, token ids and (the reference's)
+replayed routing. One-line ``ValueError``s that name the argument; optimized/ imports these
+(reference/ imports neither)."""
 from __future__ import annotations
 
 import math
 import numbers
 
 import numpy as np
+
+from .executor import to_numpy
 
 MOE_COMBINES = ("unbiased", "biased")
 
@@ -47,3 +50,30 @@ def check_token_id(token_id, vocab_size: int) -> int:
     if not 0 <= token_id < vocab_size:
         raise ValueError(f"token_id: token id {token_id} is outside the vocabulary [0, {vocab_size})")
     return token_id
+
+
+def check_routing(routing, T: int, config) -> dict:
+    """``routing`` ``{layer: ids [T, k_e]}`` (expert choices to replay) checked against ``config``
+    (a ``KimiConfig``): MoE layer indices, integer ids in ``[0, E)``, no expert twice in a row.
+    Returns ``{layer: int ids}`` (NumPy); None is ``{}``."""
+    c = config
+    if routing is None:
+        return {}
+    if not isinstance(routing, dict):
+        raise ValueError(f"routing: expected a dict {{layer: ids [T, k_e]}}, got {type(routing).__name__}")
+    checked = {}
+    for layer, ids in routing.items():
+        if not (isinstance(layer, numbers.Integral) and 0 <= layer < c.num_hidden_layers
+                and c.is_moe_layer(int(layer))):
+            raise ValueError(f"routing: {layer!r} is not a MoE layer index")
+        ids = to_numpy(ids) if hasattr(ids, "shape") else np.asarray(ids)
+        want = (T, c.num_experts_per_token)
+        if ids.shape != want or ids.dtype.kind not in "iu":
+            raise ValueError(f"routing[{layer}]: expected integer ids of shape {want}, got {ids.dtype} {ids.shape}")
+        if ids.size and (ids.min() < 0 or ids.max() >= c.num_experts):
+            raise ValueError(f"routing[{layer}]: expert ids must be in [0, {c.num_experts}), got "
+                             f"{ids.min()}..{ids.max()}")
+        if any(len(set(row)) != len(row) for row in ids.tolist()):
+            raise ValueError(f"routing[{layer}]: a token names the same expert twice")
+        checked[int(layer)] = ids
+    return checked

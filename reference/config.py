@@ -5,9 +5,14 @@ Field names follow the Kimi ``config.json`` keys (spec §(a)); the two nested
 0-indexed layer map is derived (``is_kda_layer``). Ops never take the config: the model reads the
 scalars it needs from here and passes them explicitly.
 
-Every value is checked as JSON types it (``reference.validate``): sizes are JSON integers below the
-limits of ``LIMITS``, flags JSON booleans, ``rms_norm_eps`` and ``routed_scaling_factor`` finite and
-positive; ``eos_token_id`` may be a list (the HF form). Errors name the key, never echo a string.
+Every value the model reads is checked as JSON types it (``reference.validate``) before any use:
+sizes are JSON integers below the limits of ``LIMITS``, layer lists arrays of integers, flags JSON
+booleans, ``rms_norm_eps`` and ``routed_scaling_factor`` finite and positive; ``eos_token_id`` may
+be a list (the HF form). Keys that name math the model fixes (``hidden_act``,
+``moe_router_activation_func``, ``use_grouped_topk``, ``mla_use_nope``, ``q_lora_rank``) must,
+when present, name that math: a config describing another model is refused, never run as this one.
+Keys the model does not read (``rope_theta``, ``head_dim``, ...) are ignored. Errors name the key,
+never echo a string.
 """
 from __future__ import annotations
 
@@ -125,7 +130,7 @@ class KimiConfig:
             key = HUB_KEYS[name]
             ids = getattr(self, name)
             if not isinstance(ids, tuple):
-                raise InvalidInput(f"{key}: expected a list of layer numbers, got {type(ids).__name__}")
+                raise InvalidInput(f"{key}: expected a tuple of layer numbers, got {type(ids).__name__}")
             for x in ids:
                 as_int(x, key, lo=1, hi=n)
                 if x in seen:
@@ -266,7 +271,9 @@ class KimiConfig:
 
 
 def _ints(value, name: str) -> tuple:
-    return tuple(as_list(value, name, max_len=MAX_LAYERS))
+    """A JSON array of integers (layer numbers), typed here: it is compared as a set before the
+    constructor checks the ranges."""
+    return tuple(as_int(x, f"{name}[{i}]") for i, x in enumerate(as_list(value, name, max_len=MAX_LAYERS)))
 
 
 def _grouping(value):
@@ -281,6 +288,9 @@ def _special(value, name: str):
     return value
 
 
+# keys whose only value this model implements, when present (spec §(a))
+FIXED = {"hidden_act": ("silu", "SwiGLU experts and MLP"),
+         "moe_router_activation_func": ("sigmoid", "the sigmoid router")}
 LAYER_TYPES = {"linear_attention": "kda", "full_attention": "mla"}
 MLP_TYPES = ("dense", "sparse")
 
@@ -358,6 +368,12 @@ def _hub_fields(d, source: str) -> dict:
                            "full-rank q_proj; expected null or 0)")
     if d.get("mla_use_nope", True) is not True:
         raise InvalidInput("mla_use_nope: must be true (Kimi-Linear MLA has no rotary)")
+    for key, (value, why) in FIXED.items():
+        if key in d and d[key] != value:
+            raise InvalidInput(f"{key}: expected \"{value}\" ({why}), got {kind_of(d[key])}")
+    if not as_bool(d.get("use_grouped_topk", True), "use_grouped_topk") and _grouping(d.get("num_expert_group")) != 1:
+        raise InvalidInput("use_grouped_topk: false with num_expert_group above 1 is not supported (the router "
+                           "of this model selects within groups; expected true, or one group)")
 
     def get(key, default=dataclasses.MISSING):
         return field(d, key, source) if default is dataclasses.MISSING else d.get(key, default)

@@ -19,13 +19,12 @@ free memory. torch is imported only when a torch executor is asked for.
 """
 from __future__ import annotations
 
-import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import array_api_compat
 import numpy as np
+
+from .storage import HOLDS_EXACTLY, bf16_bits_to_float64, cpu_count, raw_to_float64, to_storage
 
 EXECUTORS = ("numpy", "torch", "array-api-strict")
 API_VERSION = "2024.12"  # the standard the ops are written against (take_along_axis, scalar operands)
@@ -47,14 +46,6 @@ def device_of(x):
     return array_api_compat.device(x)
 
 
-def cpu_count() -> int:
-    """Cores this process may run on (the affinity mask, not the machine's total)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def to_numpy(x) -> np.ndarray:
     """A NumPy array of any executor's array (copied to the host when it lives on a GPU)."""
     if isinstance(x, np.ndarray):
@@ -65,81 +56,6 @@ def to_numpy(x) -> np.ndarray:
         return np.from_dlpack(x)
     except (TypeError, RuntimeError, BufferError, AttributeError):
         return np.asarray(x)
-
-
-# -- bf16 -> float64 on the host: every core, an integer shift per element ------------------------
-
-_CONVERT_BLOCK = 1 << 20  # elements per task at most: 4 MB of uint32 + 8 MB of float64, cache-friendly
-_MIN_BLOCK = 1 << 16  # and at least (a task costs ~10 us to hand out)
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=cpu_count(), thread_name_prefix="reference-bf16")
-    return _POOL
-
-
-def parallel_blocks(fn, n: int, block: int) -> None:
-    """``fn(lo, hi)`` for the blocks of ``range(n)``, on every core (for NumPy work on disjoint
-    slices of an output: NumPy's loops release the GIL, so threads scale)."""
-    if n <= block or cpu_count() == 1:
-        for lo in range(0, n, block):
-            fn(lo, min(n, lo + block))
-        return
-    jobs = [_pool().submit(fn, lo, min(n, lo + block)) for lo in range(0, n, block)]
-    for j in jobs:
-        j.result()
-
-
-def all_finite(a: np.ndarray) -> bool:
-    """Whether every value of a float NumPy array is finite: block sums on every core (a sum of
-    finite storage values, |x| < 3.5e38 each, cannot overflow float64, so it is finite exactly
-    when they all are)."""
-    flat = a.reshape(-1)
-    size = _block(flat.size)
-    if flat.size <= size:
-        return math.isfinite(float(np.sum(flat)))
-    ok = [True] * (-(-flat.size // size))
-
-    def block(lo, hi):
-        ok[lo // size] = math.isfinite(float(np.sum(flat[lo:hi])))
-
-    parallel_blocks(block, flat.size, size)
-    return all(ok)
-
-
-def _bf16_block(src: np.ndarray, dst: np.ndarray) -> None:
-    # bf16 is the top half of a float32: shift the 16 bits up, reinterpret, widen (all exact)
-    dst[...] = np.left_shift(src, np.uint32(16), dtype=np.uint32).view(np.float32)
-
-
-def bf16_bits_to_float64(bits: np.ndarray) -> np.ndarray:
-    """bf16 bit patterns (``uint16``) -> float64, exactly; blocks of 1M elements on every core
-    (NumPy's ufuncs release the GIL), so a 48B layer converts at memory speed."""
-    bits = np.asarray(bits)
-    if bits.dtype != np.uint16:
-        raise TypeError(f"bf16 bits must be uint16, got {bits.dtype}")
-    out = np.empty(bits.shape, dtype=np.float64)
-    if bits.size <= _block(bits.size):
-        _bf16_block(bits, out)
-        return out
-    src, dst = bits.reshape(-1), out.reshape(-1)  # reshape(-1) of a non-contiguous view copies: fine
-    parallel_blocks(lambda lo, hi: _bf16_block(src[lo:hi], dst[lo:hi]), src.size, _block(src.size))
-    return out
-
-
-def _block(n: int) -> int:
-    """Elements per task: at most ``_CONVERT_BLOCK``, and small enough that a tensor of ``n`` (one
-    48B expert matrix is 2.4M) gives every core two tasks."""
-    return max(_MIN_BLOCK, min(_CONVERT_BLOCK, -(-n // (2 * cpu_count()))))
-
-
-# float dtypes that hold every value of a storage dtype exactly (a shared tensor may be wider)
-_HOLDS_EXACTLY = {"bfloat16": ("bfloat16", "float32", "float64"),
-                  "float16": ("float16", "float32", "float64"), "float32": ("float32", "float64"),
-                  "float64": ("float64",)}
 
 
 # -- executors ----------------------------------------------------------------------------------------
@@ -197,7 +113,7 @@ class Executor:
         if isinstance(raw, np.ndarray) and not (raw.flags.c_contiguous and raw.flags.writeable):
             raw = raw.copy()
         if isinstance(raw, torch.Tensor):
-            exact = _HOLDS_EXACTLY[storage]
+            exact = HOLDS_EXACTLY[storage]
             if str(raw.dtype).removeprefix("torch.") not in exact:
                 raise TypeError(f"a {raw.dtype} tensor cannot hold {storage} weights exactly "
                                 f"(expected one of {', '.join(exact)})")
@@ -218,8 +134,6 @@ class Executor:
 
             dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
             return values.to(dtypes[storage]).to(torch.float64)
-        from .checkpoint import raw_to_float64, to_storage
-
         return self.asarray(raw_to_float64(to_storage(to_numpy(values), storage), storage))
 
     # -- device ---------------------------------------------------------------------------------

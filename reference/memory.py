@@ -1,8 +1,9 @@
 """How much memory a call of the float64 reference may need at its peak, before it allocates any.
 
-The model (``reference.model``) checks ``call_bytes`` against the executor's free memory first and
-refuses a call that cannot fit with one line (``DoesNotFit``), instead of failing deep inside with
-a traceback after minutes of work. The estimate counts float64 arrays (8 bytes) of the shapes the
+The model (``reference.model``) checks ``call_bytes`` against the executor's free memory first
+(``check_fits``) and refuses a call that cannot fit with one line (``DoesNotFit``), instead of
+failing deep inside with a traceback after minutes of work; running out anyway is ``DoesNotFit``
+too (``out_of_memory``). The estimate counts float64 arrays (8 bytes) of the shapes the
 model allocates, by the letters of docs/ARCHITECTURE.md (``T`` new tokens, ``S`` = cached + T
 positions, ``Ts = min(T, SEGMENT)`` tokens of a KDA / routed-expert segment):
 
@@ -16,7 +17,8 @@ positions, ``Ts = min(T, SEGMENT)`` tokens of a KDA / routed-expert segment):
 - the weights: the LRU's budget plus twice the largest tensor in flight (its raw bits and its
   float64 form), or a streamed product's scratch if larger (``streamed.scratch_bytes``: a block
   of uint32 and float64 per core);
-- the trace when asked for: ``3 T D`` per layer, ``2 T E + T k_e`` per MoE layer, ``T D``;
+- the trace when asked for: ``3 T D`` per layer, ``2 T E + T k_e`` per MoE layer, ``T D``; with
+  the KDA core's values (``trace_kda_core``) ``5 T (H K) + T H + H K^2`` per KDA layer more;
 - the logits ``2 T' vocab`` (blocks and their concatenation; ``T' = 1`` for ``logits="last"``).
 
 It is an upper estimate for the shapes (every named temporary alive at once); the model adds a
@@ -24,19 +26,28 @@ It is an upper estimate for the shapes (every named temporary alive at once); th
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from .config import KimiConfig
 from .mla import attention_bytes
 from .streamed import scratch_bytes
 from .tensors import layer_tensors
 
 F64 = 8
+MEMORY_MARGIN = 1.25  # the estimate times this must fit: allocator slack, fragmentation
+SEGMENT = 8192  # a long prefill's KDA layers and routed experts run on this many tokens at a time
+# (a multiple of the KDA chunk 64: the chunks, the carried states and so the results are those of
+# one pass; the activations of a 32k-token 48B prefill shrink 4x)
+
+
+class DoesNotFit(MemoryError):
+    """A call whose estimated peak memory exceeds what the executor's device has free (one line)."""
 
 
 def call_bytes(config: KimiConfig, T: int, *, cached: int = 0, trace: bool = False, logits: str = "all",
-               lm_head_rows: int = 4096, weight_bytes: int = 64 << 20, segment: int | None = None) -> int:
+               lm_head_rows: int = 4096, weight_bytes: int = 64 << 20, segment: int | None = None,
+               trace_kda_core: bool = False) -> int:
     """Peak bytes of a forward/prefill/decode call on ``T`` new tokens after ``cached`` ones."""
-    from .model import SEGMENT
-
     c = config
     S = cached + T
     Ts = min(T, SEGMENT if segment is None else segment)
@@ -61,7 +72,49 @@ def call_bytes(config: KimiConfig, T: int, *, cached: int = 0, trace: bool = Fal
     rows = T if logits == "all" else 1
     weights = max(2 * tensor, scratch_bytes() // F64)
     peak = max(largest + weights, 2 * rows * c.vocab_size + lm_head_rows * D)
-    return (kept + peak) * F64 + weight_bytes
+    core = 0  # the KDA core's values a trace holds with trace_kda_core: q, k, v, g, normed, beta, state
+    if trace and trace_kda_core:
+        n_kda = sum(c.is_kda_layer(i) for i in layers)
+        core = n_kda * (5 * T * c.kda_dim + T * c.kda_num_heads + c.kda_num_heads * c.kda_head_dim ** 2) * F64
+    return core + (kept + peak) * F64 + weight_bytes
+
+
+def check_fits(need: int, executor, call: str, T: int, cached: int) -> None:
+    """``DoesNotFit`` when ``need`` bytes (``call_bytes``) and the margin exceed ``executor``'s free
+    memory (nothing is checked where the free memory is unknown)."""
+    free = executor.free_bytes()
+    if free is not None and need * MEMORY_MARGIN > free:
+        raise DoesNotFit(f"the float64 reference's {call} of {T} token(s) after {cached} needs about "
+                         f"{need * MEMORY_MARGIN / 2**30:.1f} GiB on {_where(executor)} "
+                         f"({_gib(need)} estimated + {MEMORY_MARGIN - 1:.0%} margin), "
+                         f"{_gib(free)} free")
+
+
+@contextmanager
+def out_of_memory(executor, call: str, T: int, cached: int):
+    """Running out of ``executor``'s memory inside the block raises ``DoesNotFit`` naming the call
+    (one line, the library's first line in parentheses)."""
+    try:
+        yield
+    except executor.oom_errors() as exc:
+        if isinstance(exc, DoesNotFit):
+            raise
+        raise DoesNotFit(f"the float64 reference ran out of {_where(executor)} in its {call} of {T} "
+                         f"token(s) after {cached} ({_oom_text(exc)})") from None
+
+
+def _where(executor) -> str:
+    return "host memory" if executor.device == "cpu" else executor.device
+
+
+def _oom_text(exc) -> str:
+    """The first line of an out-of-memory error ('Tried to allocate 2.00 GiB ...' for torch)."""
+    lines = str(exc).strip().splitlines()
+    return " ".join(lines[0].split())[:200] if lines else type(exc).__name__
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
 
 
 def _numel(shape) -> int:

@@ -6,15 +6,13 @@ shared_weights=None, weight_cache_bytes=None)`` returns a ``Model`` with ``forwa
 (``reference.executor``): NumPy on the CPU by default, torch float64 on ``device="cuda"`` (or on the
 CPU with ``executor="torch"``); its arrays (logits, caches, traces) are that library's.
 
-Weights are fetched layer by layer as they are used, converted from their storage bits (bf16) to
-float64 on the executor's device, through a byte-bounded LRU (``weight_cache_bytes``): routed
-experts one at a time for the ids the router picked, embedding rows by id and the lm_head in row
-blocks, so the float64 model (393 GB at kimi-linear-48b) is never materialized. On NumPy, when the
-LRU cannot hold every weight, the linear layers of a call of at most ``STREAM_TOKENS`` tokens are
-applied straight from the storage bits in cache-sized blocks on every core (``reference.streamed``):
-no float64 copy of such a weight exists at all. With
-``shared_weights`` (``{name: tensor}`` on the device, e.g. the optimized model's bf16 weights) those
-tensors are read instead of the source: 98 GB of bf16 weights once on one GPU for both models.
+This module is the math; beside it live the weights (``reference.weights``: fetched layer by layer
+as they are used, converted from their storage bits to float64 on the executor's device through a
+byte-bounded LRU, ``weight_cache_bytes``, or applied straight from the bits, ``reference.streamed``),
+the caches (``reference.cache``), the memory guard (``reference.memory``) and the progress and
+trace hooks (``reference.hooks``). With ``shared_weights`` (``{name: tensor}`` on the device, e.g.
+the optimized model's bf16 weights) those tensors are read instead of the source: 98 GB of bf16
+weights once on one GPU for both models.
 
 Which form of each op runs where (both forms of KDA and MLA are exact in float64, so prefill
 followed by decode equals one longer prefill to ~1e-15):
@@ -24,7 +22,8 @@ followed by decode equals one longer prefill to ~1e-15):
 
 Memory: before a call allocates anything, ``memory_estimate`` bounds its peak (weights in flight,
 activations, MLA attention blocks, trace, logits, cache) and a call that cannot fit in the device's
-free memory raises ``DoesNotFit`` (a ``MemoryError``) with one line saying what and how much.
+free memory raises ``DoesNotFit`` (a ``MemoryError``, ``reference.memory``) with one line saying
+what and how much.
 
 The reference is functional: ``decode`` never mutates its input cache (no op writes an array; NumPy
 cache arrays are read-only too) and returns a new one. ``trace`` (a dict) receives float64 arrays,
@@ -44,201 +43,28 @@ code) and ``kv_norm_eps`` (``kv_a_layernorm`` eps: 1e-6 HF, 1e-5 vLLM).
 """
 from __future__ import annotations
 
-import math
-import numbers
 import os
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from . import conv, embed, kda, mla, moe, norm
+from .cache import KDACache, MLACache, ModelCache, check_cache, empty_cache
 from .checkpoint import WeightSource, open_source
-from .checks import check_token_id, check_token_ids, check_variants
+from .checks import check_routing, check_token_id, check_token_ids, check_variants
 from .config import KimiConfig
 from .elementwise import sigmoid
-from .executor import NUMPY, Executor, device_of, get_executor, to_numpy
-from .streamed import StreamedWeight, linear
-from .tensors import expert_name, layer_prefix
+from .executor import NUMPY, Executor, get_executor, to_numpy
+from .hooks import LayerProgress, trace_kda_core
+from .memory import SEGMENT, DoesNotFit, call_bytes, check_fits, out_of_memory
+from .tensors import layer_prefix
+from .weights import STREAM_TOKENS, WEIGHT_CACHE_BYTES, Weights
+
+__all__ = ["load", "Model", "ModelCache", "KDACache", "MLACache", "DoesNotFit", "LOGITS", "SEGMENT"]
 
 LOGITS = ("all", "last")
-WEIGHT_CACHE_BYTES = 64 << 20  # default LRU of float64 weights: all of tiny/small, a few tensors of 48b
 LM_HEAD_BLOCK_ROWS = 4096  # a large lm_head is read in blocks of rows (75 MB float64 at 48b)
-STREAM_TOKENS = 64  # NumPy streams a linear layer's weight (``streamed``) for calls of at most this many
-# tokens: there the bf16 -> float64 upcast is the cost; a longer call reuses each float64 weight
-# for enough tokens that converting it whole and multiplying with threaded BLAS is as fast
-MEMORY_MARGIN = 1.25  # the estimate times this must fit: allocator slack, fragmentation
-SEGMENT = 8192  # a long prefill's KDA layers and routed experts run on this many tokens at a time
-# (a multiple of the KDA chunk 64: the chunks, the carried states and so the results are those of
-# one pass; the activations of a 32k-token 48B prefill shrink 4x)
 
-
-class DoesNotFit(MemoryError):
-    """A call whose estimated peak memory exceeds what the executor's device has free (one line)."""
-
-
-# -- caches ------------------------------------------------------------------------------------------
-
-def _frozen(a):
-    """A cache array: a private read-only float64 copy for NumPy input; another executor's array as
-    it is (no reference op writes an array, so nobody changes it)."""
-    if isinstance(a, (np.ndarray, list, tuple, numbers.Number)):
-        a = np.array(a, dtype=np.float64)
-        a.setflags(write=False)
-    return a
-
-
-@dataclass(frozen=True)
-class KDACache:
-    """State of one KDA layer: conv states ``[C, W-1]`` (the last W-1 pre-conv q/k/v projections,
-    oldest first) and the recurrent state ``[H, K, V]`` (K-first)."""
-    conv_q: np.ndarray
-    conv_k: np.ndarray
-    conv_v: np.ndarray
-    state: np.ndarray
-
-    def __post_init__(self):
-        for f in ("conv_q", "conv_k", "conv_v", "state"):
-            object.__setattr__(self, f, _frozen(getattr(self, f)))
-
-
-@dataclass(frozen=True)
-class MLACache:
-    """State of one MLA layer: the normed latents ``[S, L]`` and un-rotated key-pe ``[S, R]``."""
-    latent: np.ndarray
-    k_pe: np.ndarray
-
-    def __post_init__(self):
-        object.__setattr__(self, "latent", _frozen(self.latent))
-        object.__setattr__(self, "k_pe", _frozen(self.k_pe))
-
-
-@dataclass(frozen=True)
-class ModelCache:
-    """Per-layer caches (``KDACache`` or ``MLACache`` in layer order) and the number of tokens seen."""
-    layers: tuple
-    length: int
-
-    def __post_init__(self):
-        object.__setattr__(self, "layers", tuple(self.layers))
-
-
-# -- weights -----------------------------------------------------------------------------------------
-
-class _Weights:
-    """float64 weights on the executor, from ``shared`` tensors or the source, through a byte-bounded
-    LRU (NumPy arrays handed out read-only)."""
-
-    def __init__(self, source: WeightSource, executor: Executor, budget: int,
-                 shared: Mapping | None = None):
-        self.source, self.ex, self.budget = source, executor, budget
-        self.shared = shared or {}
-        self._lru: OrderedDict[str, object] = OrderedDict()
-        self._bytes = 0
-        # finiteness of weights fetched during a call, checked at its end in one device sync
-        # (a sync per tensor costs ~1200 round trips per 48B decode step); NumPy checks at once
-        self.pending: list | None = None if executor.name == "numpy" else []
-        # NumPy applies the linear layers' weights from their storage bits (``streamed``) when the
-        # LRU cannot hold every weight (48B: each step would upcast 3.1 G weights into fresh
-        # float64 arrays and evict them); a model whose weights all fit is upcast once.
-        self.streams = executor.name == "numpy" and not self.shared and not _fits(source, budget)
-
-    def __call__(self, name: str):
-        a = self._lru.get(name)
-        if a is not None:
-            self._lru.move_to_end(name)
-            return a
-        a = self.ex.freeze(self._fetch(name))
-        nbytes = math.prod(a.shape) * 8
-        if nbytes <= self.budget // 4:
-            self._lru[name] = a
-            self._bytes += nbytes
-            while self._bytes > self.budget:
-                _, old = self._lru.popitem(last=False)
-                self._bytes -= math.prod(old.shape) * 8
-        return a
-
-    def _fetch(self, name: str):
-        t = self.shared.get(name)
-        if t is None:
-            return self.source.get_on(name, self.ex, pending=self.pending)
-        shape = self.source.shape(name)
-        if math.prod(t.shape) != math.prod(shape):
-            raise ValueError(f"shared_weights[{name!r}]: expected shape {shape}, got {tuple(t.shape)}")
-        try:
-            a = self.ex.from_storage(t, self.source.storage_dtype(name))
-        except TypeError as exc:
-            raise ValueError(f"shared_weights[{name!r}]: {exc}") from None
-        return self.source.check_finite_on(name, self.ex.xp.reshape(a, shape), self.ex, pending=self.pending)
-
-    def rows(self, name: str, rows: np.ndarray):
-        """float64 rows (host int64 indices) of ``name`` along its first axis."""
-        t = self.shared.get(name)
-        if t is None:
-            return self.source.get_rows_on(name, rows, self.ex, pending=self.pending)
-        sub = t[int(rows[0]):int(rows[-1]) + 1] if _contiguous(rows) else t[self.ex.ints(rows)]
-        return self.source.check_finite_on(name, self.ex.from_storage(sub, self.source.storage_dtype(name)),
-                                           self.ex, pending=self.pending)
-
-    def verify(self) -> None:
-        """Raise for a non-finite weight fetched and not yet checked (``CheckpointError``); the
-        LRU is emptied then, so no unchecked weight is ever used again."""
-        if self.pending:
-            try:
-                self.source.check_pending(self.pending, self.ex)
-            except BaseException:
-                self._lru.clear()
-                self._bytes = 0
-                raise
-
-    def small(self, name: str) -> bool:
-        return math.prod(self.source.shape(name)) * 8 <= self.budget // 4
-
-    def linear(self, name: str, x):
-        """``x @ W.T`` for ``x [T, D]`` and the weight ``name`` ``[N, D]``: from the storage bits
-        where the model streams (at most ``STREAM_TOKENS`` tokens, ``name`` not in the LRU), else
-        with the float64 weight."""
-        if self.streams and x.shape[0] <= STREAM_TOKENS and name not in self._lru:
-            return self.source.linear(name, x)
-        return linear(x, self(name))
-
-    def operand(self, name: str):
-        """The weight ``name`` as an op's ``x @ W.T`` operand (``moe.swiglu``): applied by
-        ``linear`` where the model streams, else the float64 array."""
-        if self.streams:
-            return StreamedWeight(self.source.shape(name), lambda x: self.linear(name, x), name)
-        return self(name)
-
-
-def _fits(source: WeightSource, budget: int) -> bool:
-    """Whether an LRU of ``budget`` bytes keeps every float64 weight of ``source``."""
-    sizes = [math.prod(source.shape(n)) * 8 for n in source.names()]
-    return sum(sizes) <= budget and max(sizes, default=0) <= budget // 4
-
-
-def _contiguous(rows: np.ndarray) -> bool:
-    return rows.size > 0 and int(rows[-1]) - int(rows[0]) + 1 == rows.size and bool(np.all(np.diff(rows) == 1))
-
-
-class _Experts(Sequence):
-    """``w[e]`` loads expert ``e``'s matrix on demand (what ``moe.experts`` indexes)."""
-
-    def __init__(self, weights: _Weights, layer: int, which: str, count: int):
-        self._w, self._layer, self._which, self._count = weights, layer, which, count
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __getitem__(self, e):
-        e = int(e)
-        if not 0 <= e < self._count:
-            raise IndexError(f"expert {e} out of range [0, {self._count})")
-        return self._w.operand(expert_name(self._layer, e, self._which))
-
-
-# -- the model ---------------------------------------------------------------------------------------
 
 class Model:
     """Float64 Kimi-Linear over a ``WeightSource`` on an executor (see the module docstring)."""
@@ -254,7 +80,7 @@ class Model:
         self.config: KimiConfig = source.config
         self.variants = {"moe_combine": moe_combine, "kv_norm_eps": float(kv_norm_eps)}
         self.executor = executor
-        self._w = _Weights(source, executor, budget, shared_weights)
+        self._w = Weights(source, executor, budget, shared_weights)
         self.progress: Callable[[dict], None] | None = None
         self.trace_kda_core = False  # traces also carry layers.{i}.kda.* (the localization sets it)
         if segment < 64 or segment % 64:
@@ -295,95 +121,28 @@ class Model:
         if hasattr(token_id, "shape") and not isinstance(token_id, np.ndarray):
             token_id = to_numpy(token_id)  # a torch scalar from a GPU engine
         ids = np.array([check_token_id(token_id, self.config.vocab_size)], dtype=np.int64)
-        self._check_cache(cache)
+        check_cache(cache, self.config)
         logits, new = self._run(ids, cache, trace, call="decode")
         return logits[0], new
 
     def empty_cache(self) -> ModelCache:
         """The cache of an empty sequence (zero conv/KDA states, empty MLA caches): decoding from it
         token by token equals a prefill."""
-        c, ex = self.config, self.executor
-        zeros = lambda *shape: ex.xp.zeros(shape, dtype=ex.xp.float64, device=ex.device)  # noqa: E731
-        layers = []
-        for i in range(c.num_hidden_layers):
-            if c.is_kda_layer(i):
-                C, Wm1 = c.kda_dim, c.short_conv_kernel_size - 1
-                layers.append(KDACache(zeros(C, Wm1), zeros(C, Wm1), zeros(C, Wm1),
-                                       zeros(c.kda_num_heads, c.kda_head_dim, c.kda_head_dim)))
-            else:
-                layers.append(MLACache(zeros(0, c.kv_lora_rank), zeros(0, c.qk_rope_head_dim)))
-        return ModelCache(layers, 0)
+        return empty_cache(self.config, self.executor.xp, self.executor.device)
 
     def memory_estimate(self, T: int, *, cached: int = 0, trace: bool = False, logits: str = "all") -> int:
         """Bytes a call on ``T`` new tokens after ``cached`` ones may hold at its peak on the
         executor's device, beyond the weights' LRU: see ``reference.memory``."""
-        from .memory import call_bytes
-
-        c = self.config
-        core = 0  # the KDA core's values a trace holds with trace_kda_core: q, k, v, g, normed, beta, state
-        if trace and self.trace_kda_core:
-            n_kda = sum(c.is_kda_layer(i) for i in range(c.num_hidden_layers))
-            core = n_kda * (5 * T * c.kda_dim + T * c.kda_num_heads + c.kda_num_heads * c.kda_head_dim ** 2) * 8
-        return core + call_bytes(c, T, cached=cached, trace=trace, logits=logits, lm_head_rows=LM_HEAD_BLOCK_ROWS,
-                                 weight_bytes=self._w.budget, segment=self.segment)
-
-    # -- validation ------------------------------------------------------------------------------
-    def _check_routing(self, routing, T: int) -> dict:
-        c = self.config
-        if routing is None:
-            return {}
-        if not isinstance(routing, dict):
-            raise ValueError(f"routing: expected a dict {{layer: ids [T, k_e]}}, got {type(routing).__name__}")
-        checked = {}
-        for layer, ids in routing.items():
-            if not (isinstance(layer, numbers.Integral) and 0 <= layer < c.num_hidden_layers
-                    and c.is_moe_layer(int(layer))):
-                raise ValueError(f"routing: {layer!r} is not a MoE layer index")
-            ids = to_numpy(ids) if hasattr(ids, "shape") else np.asarray(ids)
-            want = (T, c.num_experts_per_token)
-            if ids.shape != want or ids.dtype.kind not in "iu":
-                raise ValueError(f"routing[{layer}]: expected integer ids of shape {want}, got {ids.dtype} {ids.shape}")
-            if ids.size and (ids.min() < 0 or ids.max() >= c.num_experts):
-                raise ValueError(f"routing[{layer}]: expert ids must be in [0, {c.num_experts}), got "
-                                 f"{ids.min()}..{ids.max()}")
-            if any(len(set(row)) != len(row) for row in ids.tolist()):
-                raise ValueError(f"routing[{layer}]: a token names the same expert twice")
-            checked[int(layer)] = self.executor.ints(ids)
-        return checked
+        return call_bytes(self.config, T, cached=cached, trace=trace, logits=logits,
+                          lm_head_rows=LM_HEAD_BLOCK_ROWS, weight_bytes=self._w.budget, segment=self.segment,
+                          trace_kda_core=self.trace_kda_core)
 
     def _check_ids(self, token_ids) -> np.ndarray:
         ids = to_numpy(token_ids) if hasattr(token_ids, "shape") else token_ids
         return check_token_ids(ids, self.config.vocab_size)
 
-    def _check_cache(self, cache) -> None:
-        c = self.config
-        if not isinstance(cache, ModelCache):
-            raise ValueError(f"cache: expected a reference ModelCache, got {type(cache).__name__}")
-        if len(cache.layers) != c.num_hidden_layers:
-            raise ValueError(f"cache: {len(cache.layers)} layers, the model has {c.num_hidden_layers}")
-        for i, lc in enumerate(cache.layers):
-            if c.is_kda_layer(i):
-                C, Wm1, H, K = c.kda_dim, c.short_conv_kernel_size - 1, c.kda_num_heads, c.kda_head_dim
-                ok = (isinstance(lc, KDACache) and _shape(lc.conv_q) == _shape(lc.conv_k) == _shape(lc.conv_v)
-                      == (C, Wm1) and _shape(lc.state) == (H, K, K))
-                want = f"KDACache with conv states {(C, Wm1)} and state {(H, K, K)}"
-            else:
-                S, L, R = cache.length, c.kv_lora_rank, c.qk_rope_head_dim
-                ok = isinstance(lc, MLACache) and _shape(lc.latent) == (S, L) and _shape(lc.k_pe) == (S, R)
-                want = f"MLACache with latent {(S, L)} and k_pe {(S, R)} (length {S})"
-            if not ok:
-                raise ValueError(f"cache.layers[{i}]: expected a {want}, got {_describe_layer_cache(lc)}")
-
-    def _check_fits(self, T: int, cached: int, trace, logits: str, call: str) -> None:
-        """``DoesNotFit`` before anything is allocated when the call's estimate exceeds free memory."""
-        need = self.memory_estimate(T, cached=cached, trace=trace is not None, logits=logits)
-        free = self.executor.free_bytes()
-        if free is not None and need * MEMORY_MARGIN > free:
-            where = "host memory" if self.executor.device == "cpu" else self.executor.device
-            raise DoesNotFit(f"the float64 reference's {call} of {T} token(s) after {cached} needs about "
-                             f"{need * MEMORY_MARGIN / 2**30:.1f} GiB on {where} "
-                             f"({_gib(need)} estimated + {MEMORY_MARGIN - 1:.0%} margin), "
-                             f"{_gib(free)} free")
+    def _check_routing(self, routing, T: int) -> dict:
+        return {layer: self.executor.ints(ids) for layer, ids in check_routing(routing, T, self.config).items()}
 
     # -- the stack -------------------------------------------------------------------------------
     def _run(self, ids: np.ndarray, cache: ModelCache | None, trace: dict | None, routing: dict | None = None,
@@ -394,22 +153,17 @@ class Model:
         if logits not in LOGITS:
             raise ValueError(f"logits: expected one of {LOGITS}, got {logits!r}")
         cached = 0 if cache is None else cache.length
-        self._check_fits(len(ids), cached, trace, logits, call)
+        need = self.memory_estimate(len(ids), cached=cached, trace=trace is not None, logits=logits)
+        check_fits(need, self.executor, call, len(ids), cached)
         self._w.verify()  # what an interrupted call fetched and did not check
-        try:
+        with out_of_memory(self.executor, call, len(ids), cached):
             out = self._stack(ids, cache, trace, routing or {}, logits, call)
             self._w.verify()
             return out
-        except self.executor.oom_errors() as exc:
-            if isinstance(exc, DoesNotFit):
-                raise
-            where = "host memory" if self.executor.device == "cpu" else self.executor.device
-            raise DoesNotFit(f"the float64 reference ran out of {where} in its {call} of {len(ids)} "
-                             f"token(s) after {cached} ({_oom_text(exc)})") from None
 
     def _stack(self, ids, cache, trace, routing, logits, call):
         c = self.config
-        t0 = time.perf_counter()
+        progress = LayerProgress(self.progress, call, c.num_hidden_layers, len(ids))
         h = self._embed(ids)
         new_layers = []
         for i in range(c.num_hidden_layers):
@@ -422,9 +176,7 @@ class Model:
                 trace[f"layers.{i}.mixer"] = a
                 trace[f"layers.{i}.ffn"] = f
                 trace[f"layers.{i}.hidden"] = h
-            if self.progress is not None:
-                self.progress({"call": call, "layer": i + 1, "layers": c.num_hidden_layers,
-                               "tokens": len(ids), "elapsed_s": time.perf_counter() - t0})
+            progress.done(i)
         h = self.final_norm(h)
         if trace is not None:
             trace["final_norm"] = h
@@ -484,7 +236,7 @@ class Model:
         return self.executor.xp.concat(blocks, axis=-1)
 
     def _kda(self, i: int, x, prev: KDACache | None, trace: dict | None = None):
-        """KDA layer (b.10) on normed ``x [T, D]``; ``prev`` None = fresh sequence (chunked), run
+        """KDA layer (spec b.10) on normed ``x [T, D]``; ``prev`` None = fresh sequence (chunked), run
         ``SEGMENT`` tokens at a time with the conv and recurrent states carried between them."""
         T = x.shape[0]
         n = self.segment
@@ -498,7 +250,7 @@ class Model:
                 outs.append(part)
             out = self.executor.xp.concat(outs, axis=0)
         if core is not None:
-            _trace_kda(trace, i, core, prev, self.executor.xp)
+            trace_kda_core(trace, i, core, None if prev is None else prev.state, self.executor.xp)
         return out, lc
 
     def _kda_part(self, i: int, x, prev: KDACache | None, *, fresh: bool, core: list | None = None):
@@ -541,7 +293,7 @@ class Model:
         return out, KDACache(*conv_states, S[0])
 
     def _mla(self, i: int, x, prev: MLACache | None):
-        """MLA layer (b.11/b.12) on normed ``x [T, D]``; naive form for a fresh sequence, absorbed
+        """MLA layer (spec b.11/b.12) on normed ``x [T, D]``; naive form for a fresh sequence, absorbed
         form over the cache in decode."""
         c, w, xp = self.config, self._w, self.executor.xp
         a = layer_prefix(i) + "self_attn."
@@ -565,7 +317,7 @@ class Model:
         return moe.swiglu(x, *(w.operand(m + f"{p}_proj.weight") for p in ("gate", "up", "down")))
 
     def _moe(self, i: int, x, trace: dict | None, forced=None):
-        """Sigmoid-routed MoE (b.13/b.14): router logits ``x @ W.T`` in float64, routed experts
+        """Sigmoid-routed MoE (spec b.13/b.14): router logits ``x @ W.T`` in float64, routed experts
         loaded one by one for the selected ids (``forced``: these instead), plus the shared expert."""
         c, w = self.config, self._w
         m = layer_prefix(i) + "block_sparse_moe."
@@ -585,7 +337,7 @@ class Model:
             trace[f"layers.{i}.router.selection"] = scores + bias
             trace[f"layers.{i}.router.ids"] = ids
         E, n = c.num_experts, self.segment
-        w1, w2, w3 = (_Experts(w, i, which, E) for which in ("w1", "w2", "w3"))
+        w1, w2, w3 = (w.experts(i, which, E) for which in ("w1", "w2", "w3"))
         parts = [moe.experts(x[s:s + n, ...], weights[s:s + n, ...], ids[s:s + n, ...], w1, w2, w3)
                  for s in range(0, x.shape[0], n)]
         y = parts[0] if len(parts) == 1 else self.executor.xp.concat(parts, axis=0)
@@ -593,42 +345,6 @@ class Model:
             s = m + "shared_experts."
             y = y + moe.swiglu(x, *(w.operand(s + f"{p}_proj.weight") for p in ("gate", "up", "down")))
         return y
-
-
-def _trace_kda(trace: dict, i: int, parts: list, prev: KDACache | None, xp) -> None:
-    """The KDA core's own inputs (after the fused prologue: l2-normalized q, k, the log decay g,
-    beta) over the call's segments, the state it started from and the gated norm's output: the
-    localization's bound replays the recurrence on them."""
-    cores = [kda._prologue(*args) + (v,) for args, v, _ in parts]
-    p = f"layers.{i}.kda."
-    for n, j in (("q", 0), ("k", 1), ("g", 2), ("beta", 3), ("v", 4)):
-        trace[p + n] = xp.concat([c[j][0] for c in cores], axis=0)
-    trace[p + "normed"] = xp.concat([o for _, _, o in parts], axis=0)
-    HV, K, V = trace[p + "g"].shape[1], trace[p + "g"].shape[2], trace[p + "v"].shape[2]
-    trace[p + "initial_state"] = (xp.zeros((HV, K, V), dtype=xp.float64, device=device_of(trace[p + "v"]))
-                                  if prev is None else prev.state)
-
-
-def _shape(a) -> tuple:
-    return tuple(a.shape)
-
-
-def _oom_text(exc) -> str:
-    """The first line of an out-of-memory error ('Tried to allocate 2.00 GiB ...' for torch)."""
-    lines = str(exc).strip().splitlines()
-    return " ".join(lines[0].split())[:200] if lines else type(exc).__name__
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def _describe_layer_cache(lc) -> str:
-    if isinstance(lc, KDACache):
-        return f"KDACache(conv {_shape(lc.conv_q)}, state {_shape(lc.state)})"
-    if isinstance(lc, MLACache):
-        return f"MLACache(latent {_shape(lc.latent)}, k_pe {_shape(lc.k_pe)})"
-    return type(lc).__name__
 
 
 def load(path_or_source, *, moe_combine: str = "unbiased", kv_norm_eps: float = 1e-6,

@@ -22,7 +22,7 @@ from concurrent.futures import wait
 
 import numpy as np
 
-from .executor import _pool, cpu_count
+from .storage import cpu_count, pool
 
 BLOCK = 1 << 17  # weights per block: 1 MB of float64 + 0.5 MB of uint32 scratch per core (L2-sized)
 # tasks per product at most (None: one per core). Four: on the H200 machine's 16 cores one streamed
@@ -107,7 +107,7 @@ def linear_from_storage(x: np.ndarray, raw: np.ndarray, storage: str) -> np.ndar
     else:
         step = per_task * rows
         with _BLAS_ONE_THREAD:
-            jobs = [_pool().submit(_rows, x2, raw, storage, out, lo, min(N, lo + step), rows)
+            jobs = [pool().submit(_rows, x2, raw, storage, out, lo, min(N, lo + step), rows)
                     for lo in range(0, N, step)]
             wait(jobs)  # every task has finished before anything is raised or BLAS is reset
         bad = min((r for r in (j.result() for j in jobs) if r is not None), default=None)

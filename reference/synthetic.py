@@ -18,9 +18,9 @@ import zlib
 import array_api_compat
 import numpy as np
 
-from .checkpoint import CheckpointError, WeightSource, raw_to_float64, to_storage
+from .checkpoint import CheckpointError, WeightSource
 from .config import PRESETS, KimiConfig
-from .executor import parallel_blocks
+from .storage import parallel_blocks, raw_to_float64, to_storage
 from .tensors import expected_tensors, storage_dtype
 
 MASK32 = 0xFFFFFFFF

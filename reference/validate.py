@@ -13,6 +13,9 @@ paths. The rules, the same for every entry point:
   shortened and escaped by ``label``.
 * A file of a folder is followed through symbolic links only while it stays inside the folder, or
   from a hub-cache snapshot into that repository's ``blobs/`` (``inside``).
+* A path read from a file is a JSON string that the operating system can take: a file name in a
+  folder (``as_file_name``: no separator, not ``.``/``..``, no control character) or a path
+  (``as_path``: not empty, no NUL byte), checked before it reaches the file system.
 
 Everything raises ``InvalidInput`` (a ``ValueError``) with one line; callers prefix the file.
 """
@@ -266,6 +269,30 @@ def as_str(value, name: str, *, choices=None, max_len: int = 4096) -> str:
     return value
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def as_path(value, name: str, *, max_len: int = 4096) -> str:
+    """A path read from a file: a non-empty JSON string without a NUL byte (the operating system
+    cannot take one), at most ``max_len`` characters."""
+    as_str(value, name, max_len=max_len)
+    if not value.strip():
+        raise InvalidInput(f"{name}: an empty path")
+    if "\x00" in value:
+        raise InvalidInput(f"{name}: a path holding a NUL byte")
+    return value
+
+
+def as_file_name(value, name: str, *, max_len: int = 255) -> str:
+    """A file name read from a file, naming a file directly in a folder: a JSON string of at most
+    ``max_len`` characters, no ``/`` or ``\\``, not ``.`` or ``..``, no control character (NUL, a
+    newline)."""
+    as_str(value, name, max_len=max_len)
+    if value in ("", ".", "..") or "/" in value or "\\" in value or _CONTROL.search(value):
+        raise InvalidInput(f"{name}: '{label(value)}' must be a file name in the directory")
+    return value
+
+
 def field(obj: dict, key: str, where: str, default=REQUIRED):
     """``obj[key]``, or ``default``; a missing required key is named."""
     if key in obj:
@@ -301,6 +328,8 @@ def inside(root: str | os.PathLike, name: str, *, what: str = "checkpoint folder
     a link into that repository's ``blobs/``; otherwise an error naming the link (never the
     target's content). Missing files are returned as they are (the caller reports them)."""
     root = Path(root)
+    if "\x00" in str(root) or "\x00" in str(name):
+        raise InvalidInput(f"{label(root / name, 200)}: a path holding a NUL byte")
     path = root / name
     real_root = root.resolve()
     try:

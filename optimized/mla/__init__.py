@@ -45,8 +45,7 @@ __all__ = ["naive", "absorbed", "paged_decode", "PagedLatentCache"]
 
 BLOCK_N = 32  # keys per inner step (16 for fp64); part of the reduction order, same for paged and contiguous
 #: the same for the absorbed form's 576-wide latent keys in a 16-bit dtype: 64 (a paged decode's
-#: serial chain halves; H200, pages of 64: B=1 32k 80 -> 70 us, B=64 32k 1213 -> 1006 us, by the
-#: key-slice sweep of the former benchmarks/tune_mla.py: ``git log -- benchmarks/tune_mla.py``)
+#: serial chain of key steps halves; docs/BENCHMARKS.md, "MLA decode")
 BLOCK_N_LATENT = 64
 
 

@@ -122,12 +122,11 @@ def _mla_attn_kernel(
     # EARLY (one-wave grids): the sequence length, the slice's range and its first block-table entry
     # are read before the PDL wait, which the _pdl rule allows (the kernel just before, q_lat in a
     # paged decode, writes neither), so that after the wait only q and the keys are a memory latency
-    # away (H200, 8 B=1 32k decodes in one graph, ``benchmarks/launch_floor.py --chain 8``: 34.3 ->
-    # 33.5 us each). Bit-neutral. Not in grids of several waves, whose later programs start after
-    # the wait anyway: there the reordered prologue cost B=64 11-14%, so they keep the order below.
-    # The PREFETCH hints above load the length and first table entry on their own: handing them
-    # these values instead (prefetches issued after both loads) lost the whole gain (H200, the same
-    # chain: 33.7 -> 34.3 us)
+    # away. Bit-neutral. Not in grids of several waves, whose later programs start after the wait
+    # anyway: there the reordered prologue is slower, so they keep the order below. The PREFETCH
+    # hints above load the length and first table entry on their own: handed these values, they
+    # would issue after both loads and lose their gain. Figures and commands: docs/BENCHMARKS.md,
+    # "MLA decode".
     if EARLY:
         if VAR_LEN:
             S_b = tl.load(slen_ptr + b).to(tl.int32)
@@ -137,10 +136,9 @@ def _mla_attn_kernel(
         start, end = _slice_range(S_b, n_split, rb, split, T, HP, BLOCK_M, BLOCK_N)
         if PAGED and PAGE_ALIGNED:
             nxt = tl.load(bt_ptr + b * sbtb + start // block_size, mask=start < end, other=0)
-    # PDL: the epilogue may launch only once every program is past its key loop; launched at the
-    # start, its programs sat on the SMs through the last wave (H200, graph replay,
-    # ``benchmarks/bench_ops.py --only mla``: B=64 4k 191 -> 199 us, 32k 990 -> 1023 us; no PDL 193
-    # and 994)
+    # PDL: the epilogue may launch only once every program is past its key loop: launched at the
+    # start, its programs would sit on the SMs through the last wave (docs/BENCHMARKS.md, "MLA
+    # decode")
     pdl_wait(PDL, LAUNCH_NEXT=False)
     if EARLY:
         if (split >= n_split) | (S_b == 0):  # see below
@@ -318,9 +316,9 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
     vmask = v < VH
     lo = tl.arange(0, BLOCK_L)
     lmask = lo < L
-    # W_UV is read after the merge, not before the wait: held through the merge, its tile cost
-    # B=1 32k 64 -> 68 us (H200, ``benchmarks/bench_ops.py --only mla``). PREFETCH: its lines into
-    # L2 before the wait instead.
+    # W_UV is read after the merge, not before the wait: held through the merge, its tile costs
+    # registers the merge needs (docs/BENCHMARKS.md, "MLA decode"). PREFETCH: its lines into L2
+    # before the wait instead.
     if PREFETCH:
         tl.static_assert(BLOCK_L % 64 == 0)
         vc = tl.minimum(v, VH - 1)

@@ -11,7 +11,7 @@ import sys
 
 from parity.errors import InputError
 
-SUBCOMMANDS = ("diff", "certify", "capture", "watch", "fixture", "golden")
+SUBCOMMANDS = ("diff", "certify", "search", "capture", "watch", "fixture", "golden")
 
 
 class _Parser(argparse.ArgumentParser):

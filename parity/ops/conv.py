@@ -12,13 +12,13 @@ from ..bounds import conv as bounds
 from ..emulate import conv as emu
 from ..mutants import internal, wrap
 from ..registry import Case, OpRecord, Ref
-from ..strategies import bucket, normal, rng, seeds
+from ..strategies import bucket, normal, rng, seeds, wide_rows
 from . import _slots
 
 
 @st.composite
 def conv_cases(draw):
-    B, T, C, W = draw(bucket([(2, 9, 48, 4), (1, 33, 16, 4), (2, 2, 20, 3)]))
+    B, T, C, W = draw(bucket([(2, 2, 20, 3), (1, 33, 16, 4), (2, 9, 48, 4)]))
     has_state = draw(bucket([True, False]))
     r = rng(draw(seeds()))
     arrays = {"x": normal(r, (B, T, C), 2.0), "weight": normal(r, (C, W), 0.5)}
@@ -27,8 +27,21 @@ def conv_cases(draw):
 
 
 @st.composite
+def wide_conv_cases(draw, space="full"):
+    """Any batch, length, channel count and width up to 4 (parity search)."""
+    W = draw(bucket([2, 3, 4]))
+    T, C = draw(wide_rows(space, dims=(1, 7, 16, 48, 100, 256), max_rows=256))
+    B = draw(bucket([1, 2]))
+    has_state = draw(st.booleans())
+    r = rng(draw(seeds()))
+    arrays = {"x": normal(r, (B, T, C), 2.0), "weight": normal(r, (C, W), 0.5)}
+    arrays["initial_state"] = normal(r, (B, C, W - 1), 2.0) if has_state else None
+    return Case(arrays, label=f"B={B} T={T} C={C} W={W}{' state' if has_state else ''}")
+
+
+@st.composite
 def step_cases(draw):
-    B, C, W = draw(bucket([(3, 48, 4), (1, 16, 4), (2, 20, 3)]))
+    B, C, W = draw(bucket([(1, 16, 4), (2, 20, 3), (3, 48, 4)]))
     r = rng(draw(seeds()))
     return Case({"x": normal(r, (B, C), 2.0), "weight": normal(r, (C, W), 0.5),
                  "state": normal(r, (B, C, W - 1), 2.0)}, label=f"B={B} C={C} W={W}")
@@ -36,7 +49,7 @@ def step_cases(draw):
 
 @st.composite
 def pool_step_cases(draw):
-    B, C, W = draw(bucket([(4, 48, 4), (3, 16, 3)]))
+    B, C, W = draw(bucket([(3, 16, 3), (4, 48, 4)]))
     r = rng(draw(seeds()))
     n = B + 3
     return Case({"x": normal(r, (B, C), 2.0), "weight": normal(r, (C, W), 0.5),
@@ -118,7 +131,8 @@ ACT = "|silu'(z)| (gamma_W(ua) sum|w x| + ua |z|) + ((6 + |z|) ua + uo) |y|"
 
 SHORT_CONV = OpRecord(
     name="conv.short_conv", reference=ref.short_conv, optimized=Ref("optimized.conv", "short_conv"),
-    emulated=emu.short_conv, inputs=conv_cases, bound=bounds.short_conv, outputs=("y", "final_state"), args=("x", "weight"),
+    emulated=emu.short_conv, inputs=conv_cases, wide=wide_conv_cases, bound=bounds.short_conv,
+    outputs=("y", "final_state"), args=("x", "weight"),
     kwarg_arrays=("initial_state",), exact=("final_state",), reductions="W",
     batch={"inputs": {"x": 0, "initial_state": 0}, "outputs": {"y": 0, "final_state": 0}},
     bound_doc=f"y: {ACT}; final_state: exact (a copy of inputs)",

@@ -9,13 +9,21 @@ from ..bounds import elementwise as bounds
 from ..emulate import elementwise as emu
 from ..mutants import internal, wrap
 from ..registry import Case, OpRecord, Ref
-from ..strategies import bucket, elementwise_values, rng, seeds
+from ..strategies import bucket, elementwise_values, rng, seeds, wide_rows
 from ._util import ROWS
 
 
 @st.composite
 def cases(draw):
-    shape = draw(bucket([(6, 50), (257,), (2, 3, 33)]))
+    shape = draw(bucket([(2, 3, 33), (257,), (6, 50)]))
+    r = rng(draw(seeds()))
+    return Case({"x": elementwise_values(r, shape)}, label=f"x{list(shape)}")
+
+
+@st.composite
+def wide_cases(draw, space="full"):
+    """Any row count and width (parity search)."""
+    shape = draw(wide_rows(space))
     r = rng(draw(seeds()))
     return Case({"x": elementwise_values(r, shape)}, label=f"x{list(shape)}")
 
@@ -45,7 +53,8 @@ DOC = "one ua per operation, exp (2 + |x|) ua, one rounding to the output dtype;
 
 SILU = OpRecord(
     name="elementwise.silu", reference=ref.silu, optimized=Ref("optimized.elementwise", "silu"),
-    emulated=emu.silu, inputs=cases, bound=bounds.silu,
+    emulated=emu.silu, inputs=cases, wide=wide_cases,
+    bound=bounds.silu,
     outputs=("y",), args=("x",), batch=ROWS, bound_doc="((6 + |x|) ua + uo) |y|  (" + DOC + ")",
     reductions="none",
     mutants=(
@@ -57,7 +66,8 @@ SILU = OpRecord(
 
 SIGMOID = OpRecord(
     name="elementwise.sigmoid", reference=ref.sigmoid, optimized=Ref("optimized.elementwise", "sigmoid"),
-    emulated=emu.sigmoid, inputs=cases, bound=bounds.sigmoid, outputs=("y",), args=("x",), batch=ROWS,
+    emulated=emu.sigmoid, inputs=cases, wide=wide_cases,
+    bound=bounds.sigmoid, outputs=("y",), args=("x",), batch=ROWS,
     bound_doc="((5 + |x|) ua + uo) |y|", reductions="none",
     mutants=(
         wrap("arg_negated", "sigmoid(-x) = 1 - sigmoid(x)", inputs=_neg_in),
@@ -67,7 +77,8 @@ SIGMOID = OpRecord(
 
 SOFTPLUS = OpRecord(
     name="elementwise.softplus", reference=ref.softplus, optimized=Ref("optimized.elementwise", "softplus"),
-    emulated=emu.softplus, inputs=cases, bound=bounds.softplus, outputs=("y",), args=("x",), batch=ROWS,
+    emulated=emu.softplus, inputs=cases, wide=wide_cases,
+    bound=bounds.softplus, outputs=("y",), args=("x",), batch=ROWS,
     bound_doc="ua ((2 + |x|) z/(1+z) + 4 |y|) + uo |y|, z = exp(-|x|)", reductions="none",
     mutants=(
         wrap("arg_negated", "softplus(-x)", inputs=_neg_in),

@@ -10,7 +10,7 @@ from ..bounds import moe as bounds
 from ..emulate import embed as emu
 from ..mutants import wrap
 from ..registry import Case, OpRecord, Ref
-from ..strategies import bucket, normal, rng, seeds
+from ..strategies import WIDE_ELEMENTS, bucket, normal, rng, seeds, wide_rows
 
 
 @st.composite
@@ -28,6 +28,16 @@ def lm_head_cases(draw):
     r = rng(draw(seeds()))
     return Case({"h": normal(r, (T, D)), "weight": normal(r, (Vocab, D), D ** -0.5)},
                 label=f"T={T} D={D} vocab={Vocab}")
+
+
+@st.composite
+def wide_lm_head_cases(draw, space="full"):
+    """Any token count, width and vocabulary up to the space's cap (parity search)."""
+    T, D = draw(wide_rows(space, max_rows=16))
+    vocab = draw(st.integers(1, max(1, min(1 << 14, WIDE_ELEMENTS[space] // D))))
+    r = rng(draw(seeds()))
+    return Case({"h": normal(r, (T, D)), "weight": normal(r, (vocab, D), D ** -0.5)},
+                label=f"T={T} D={D} vocab={vocab}")
 
 
 def _ids_plus_one(d):
@@ -74,7 +84,7 @@ EMBEDDING = OpRecord(
 
 LM_HEAD = OpRecord(
     name="embed.lm_head", reference=ref.lm_head, optimized=Ref("optimized.embed", "lm_head"),
-    emulated=emu.lm_head, inputs=lm_head_cases, bound=bounds.lm_head, outputs=("logits",),
+    emulated=emu.lm_head, inputs=lm_head_cases, wide=wide_lm_head_cases, bound=bounds.lm_head, outputs=("logits",),
     args=("h", "weight"), reductions="D", batch=None,  # torch GEMMs choose kernels by M: bytes = run-to-run only
     bound_doc="gamma_D(ua) |h| |W|^T + uo |logits|",
     mutants=(

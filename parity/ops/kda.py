@@ -24,9 +24,11 @@ from ..registry import Case, OpRecord, Ref
 from ..strategies import bucket, log_decays, normal, rng, seeds, unit_rows
 from . import _slots
 
-# (B, T, H, HV, K, V, chunk): the first is hypothesis's first choice (richest: K != V, 3 chunks)
-SHAPES = [(2, 37, 2, 2, 16, 32, 16), (1, 70, 1, 2, 32, 16, 32), (2, 20, 1, 1, 16, 32, 16)]
-STRENGTHS = ("mixed", "moderate", "strong")
+# (B, T, H, HV, K, V, chunk), smallest first (what hypothesis tries first and shrinks toward); each
+# shows every mutant: K != V, at least two chunks, a carried state
+SHAPES = [(2, 20, 1, 1, 16, 32, 16), (1, 70, 1, 2, 32, 16, 32), (2, 37, 2, 2, 16, 32, 16)]
+STRENGTHS = ("mixed", "moderate", "strong", "slow")
+PATTERNS = ("random", "repeat", "lowrank")
 
 
 def _sig(x):
@@ -37,31 +39,53 @@ def _gate_params(r, HV, K, strength):
     """(A_log, dt_bias) of the fused gate: per-token decays exp(A_log) softplus(g_raw + dt_bias)."""
     if strength == "strong":
         return r.uniform(0.0, 2.8, size=HV), normal(r, (HV * K,)) + 6.0
+    if strength == "slow":
+        return r.uniform(-9.0, -5.0, size=HV), normal(r, (HV * K,), 0.5)
     A_log = r.uniform(-2.0, 1.0, size=HV) if strength == "mixed" else r.uniform(-2.5, -0.5, size=HV)
     return A_log, normal(r, (HV * K,), 0.5)
 
 
+def _shift(x, by):
+    return x + by if by else x
+
+
+def _tokens(r, shape, pattern, scale):
+    """q or k rows ``[B, T, H, K]`` times ``scale`` (None: unit rows): i.i.d. normal (``random``), a
+    few vectors repeated like the tokens of a prompt that repeats itself (``repeat``), or rows from
+    a two-dimensional subspace (``lowrank``): the last two make the read-out ``q.k`` cancel."""
+    if pattern == "random":
+        return unit_rows(r, shape) if scale is None else normal(r, shape, scale)
+    B, T, H, K = shape
+    if pattern == "repeat":
+        x = r.standard_normal((3, H, K))[r.integers(0, 3, size=(B, T))]
+    else:
+        x = np.einsum("bthc,hck->bthk", r.standard_normal((B, T, H, 2)), r.standard_normal((H, 2, K)))
+    return x / np.linalg.norm(x, axis=-1, keepdims=True) if scale is None else x * scale
+
+
 def core_case(B, T, H, HV, K, V, seed, *, chunk=None, fused=False, has_state=True, varlen=False,
-              strength="mixed", cu_seqlens=None) -> Case:
+              strength="mixed", cu_seqlens=None, pattern="random", beta_shift=0.0, v_scale=1.0,
+              qk_scale=2.0) -> Case:
     """One input of the core (``fused=False``: unit q, k rows, log-space g, beta) or fused ops (raw
     q, k, gate parameters, beta logits); ``chunk``: the chunk size (chunked ops); ``varlen`` (B = 1):
-    two sequences cut at a random point, or ``cu_seqlens`` given; ``strength``: one of STRENGTHS."""
+    two sequences cut at a random point, or ``cu_seqlens`` given; ``strength``: one of STRENGTHS.
+    The search's wider draws: ``pattern`` (PATTERNS) of the q, k rows, ``beta_shift`` added to the
+    beta logits (+6: beta near 1), ``v_scale`` of v (and the state), ``qk_scale`` of the raw q, k
+    of the fused ops (1e-3: the l2norm's eps matters)."""
     if strength not in STRENGTHS:
         raise ValueError(f"strength: expected one of {STRENGTHS}, got {strength!r}")
     r = rng(seed)
     a = {}
-    if fused:
-        a["q"], a["k"] = normal(r, (B, T, H, K), 2.0), normal(r, (B, T, H, K), 2.0)
-    else:
-        a["q"], a["k"] = unit_rows(r, (B, T, H, K)), unit_rows(r, (B, T, H, K))
-    a["v"] = normal(r, (B, T, HV, V))
+    scale = qk_scale if fused else None
+    a["q"], a["k"] = _tokens(r, (B, T, H, K), pattern, scale), _tokens(r, (B, T, H, K), pattern, scale)
+    a["v"] = normal(r, (B, T, HV, V), v_scale)
     if fused:
         a["g_raw"] = normal(r, (B, T, HV, K), 1.5)
-        a["beta_logits"] = normal(r, (B, T, HV))
+        a["beta_logits"] = _shift(normal(r, (B, T, HV)), beta_shift)
         a["A_log"], a["dt_bias"] = _gate_params(r, HV, K, strength)
     else:
         a["g"] = log_decays(r, (B, T, HV, K), strength)
-        a["beta"] = _sig(normal(r, (B, T, HV)))
+        a["beta"] = _sig(_shift(normal(r, (B, T, HV)), beta_shift))
     n_seq = B
     if varlen:
         cut = int(r.integers(1, T))
@@ -69,10 +93,13 @@ def core_case(B, T, H, HV, K, V, seed, *, chunk=None, fused=False, has_state=Tru
     a["cu_seqlens"] = None if cu_seqlens is None else np.array(cu_seqlens, dtype=np.int64)
     if cu_seqlens is not None:
         varlen, n_seq = True, len(cu_seqlens) - 1
-    a["initial_state"] = normal(r, (n_seq, HV, K, V), 0.5) if has_state else None
+    a["initial_state"] = normal(r, (n_seq, HV, K, V), 0.5 * v_scale) if has_state else None
     kw = {"chunk_size": chunk} if chunk else {}
     label = f"B={B} T={T} H={H} HV={HV} K={K} V={V}" + (f" C={chunk}" if chunk else "") \
-        + (" varlen" if varlen else "") + (" h0" if has_state else "") + f" {strength}"
+        + (f" varlen{n_seq}" if varlen and n_seq > 2 else " varlen" if varlen else "") \
+        + (" h0" if has_state else "") + f" {strength}" \
+        + (f" {pattern}" if pattern != "random" else "") + (" beta~1" if beta_shift else "") \
+        + (f" v*{v_scale:g}" if v_scale != 1.0 else "") + (f" qk*{qk_scale:g}" if fused and qk_scale != 2.0 else "")
     return Case(a, kw, label=label)
 
 
@@ -86,6 +113,60 @@ def core_cases(draw, chunked=False, fused=False):
     strength = draw(bucket(["mixed", "moderate"]))
     return core_case(B, T, H, HV, K, V, draw(seeds()), chunk=C if chunked else None, fused=fused,
                      has_state=has_state, varlen=varlen, strength=strength)
+
+
+# -- wide inputs (parity search): any head shape, long sequences, cancelling read-outs --------------
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """What the search draws KDA inputs from. ``elements`` caps ``B T HV K V`` (the interpreter's
+    cost); ``shapes``: (H, HV, K, V) drawn from these only (None: any of ``heads`` and ``dims``,
+    with ``HV`` 1, 2 or 4 times ``H``, at most the largest of ``heads``)."""
+
+    dims: tuple = (16, 32, 64, 128)
+    heads: tuple = (1, 2, 4, 8)
+    chunks: tuple = (16, 32, 64)
+    max_T: int = 160
+    elements: int = 1 << 22
+    shapes: tuple | None = None
+
+
+SPACES = {
+    "full": Space(),
+    # a few seconds per example under the Triton interpreter (the suite's searches)
+    "cheap": Space(dims=(16, 32, 64), heads=(1, 2, 4), max_T=48, elements=1 << 17),
+    # on a GPU every new (H, HV, K, V) compiles and autotunes the kernels (seconds each): a
+    # five-minute search draws its data widely over a few head shapes that still span 1..8
+    # heads, GVA and K, V from 16 to 128, apart and equal
+    "buckets": Space(max_T=512, elements=1 << 26,
+                     shapes=((1, 1, 16, 16), (2, 4, 32, 64), (4, 8, 128, 128), (8, 8, 64, 16),
+                             (1, 4, 128, 32), (4, 4, 16, 128), (2, 2, 128, 128))),
+}
+
+
+@st.composite
+def wide_core_cases(draw, space="full", chunked=False, fused=False):
+    """Inputs of the core or fused ops drawn widely (``parity search``): head dims 16 to 128 (K and
+    V apart), 1 to 8 heads, GVA, any T up to the space's cap, chunk sizes 16/32/64, carried states,
+    varlen batches of two or three sequences, decays from 1 - 1e-4 (``slow``) to e^-12 per step,
+    beta near 1, values over four decades, raw q, k of norm ~1e-3 (fused: the l2norm's eps), and
+    q, k rows that make the read-out cancel (``repeat``, ``lowrank``)."""
+    sp = SPACES[space]
+    if sp.shapes:
+        H, HV, K, V = draw(bucket(sp.shapes))
+    else:
+        H = draw(bucket(sp.heads))
+        HV = H * draw(bucket([g for g in (1, 2, 4) if H * g <= max(sp.heads)]))
+        K, V = draw(bucket(sp.dims)), draw(bucket(sp.dims))
+    varlen = draw(st.booleans())
+    B = 1 if varlen else draw(bucket([1, 2]))
+    T = draw(st.integers(2 if varlen else 1, max(2, min(sp.max_T, sp.elements // (B * HV * K * V)))))
+    cuts = sorted(set(draw(st.lists(st.integers(1, T - 1), min_size=1, max_size=2)))) if varlen else ()
+    return core_case(
+        B, T, H, HV, K, V, draw(seeds()), chunk=draw(bucket(sp.chunks)) if chunked else None, fused=fused,
+        has_state=draw(st.booleans()), strength=draw(bucket(("moderate", "mixed", "slow"))),
+        cu_seqlens=[0, *cuts, T] if varlen else None, pattern=draw(bucket(PATTERNS)),
+        beta_shift=draw(bucket([0.0, 6.0])), v_scale=draw(bucket([1.0, 1e-2, 30.0])),
+        qk_scale=draw(bucket([2.0, 1e-3])) if fused else 2.0)
 
 
 def gate_case(B, T, HV, K, seed) -> Case:
@@ -113,7 +194,7 @@ def decode_case(B, H, HV, K, V, seed, *, n_slots=None) -> Case:
 
 @st.composite
 def decode_cases(draw):
-    B, H, HV, K, V = draw(bucket([(4, 2, 2, 16, 32), (3, 1, 2, 32, 16)]))
+    B, H, HV, K, V = draw(bucket([(3, 1, 2, 32, 16), (4, 2, 2, 16, 32)]))
     return decode_case(B, H, HV, K, V, draw(seeds()))
 
 
@@ -239,7 +320,8 @@ _CORE_DOC = ("per value column: E_t^2 = rho_t^2 E_{t-1}^2 + lam_t^2, rho = max e
 
 RECURRENT = OpRecord(
     name="kda.recurrent", reference=ref.recurrent, optimized=Ref("optimized.kda", "recurrent"),
-    emulated=emu.recurrent, inputs=lambda: core_cases(), bound=bounds.recurrent,
+    emulated=emu.recurrent, inputs=lambda: core_cases(), wide=lambda space: wide_core_cases(space),
+    bound=bounds.recurrent,
     outputs=("o", "final_state"), args=CORE, kwarg_arrays=KW, policy=POLICY, batch=BATCH,
     reductions="K, T", bound_doc=_CORE_DOC + "; state in ua (fp32 registers)",
     mutants=(
@@ -252,7 +334,8 @@ RECURRENT = OpRecord(
 
 CHUNKED = OpRecord(
     name="kda.chunked", reference=ref.chunked, optimized=Ref("optimized.kda", "chunked"),
-    emulated=emu.chunked, inputs=lambda: core_cases(chunked=True), bound=bounds.chunked,
+    emulated=emu.chunked, inputs=lambda: core_cases(chunked=True),
+    wide=lambda space: wide_core_cases(space, chunked=True), bound=bounds.chunked,
     outputs=("o", "final_state"), args=CORE, kwarg_arrays=KW, policy=POLICY, batch=BATCH,
     reductions="K, chunk C, T",
     bound_doc=_CORE_DOC + "; plus per chunk the run-dtype storage of A, M, w, u, v_new, h, Q and their "
@@ -276,7 +359,8 @@ _FUSED_MUTANTS = (
 
 FUSED_RECURRENT = OpRecord(
     name="kda.fused_recurrent", reference=ref.fused_recurrent, optimized=Ref("optimized.kda", "fused_recurrent"),
-    emulated=emu.fused_recurrent, inputs=lambda: core_cases(fused=True), bound=bounds.fused_recurrent,
+    emulated=emu.fused_recurrent, inputs=lambda: core_cases(fused=True),
+    wide=lambda space: wide_core_cases(space, fused=True), bound=bounds.fused_recurrent,
     outputs=("o", "final_state"), args=FUSED, kwarg_arrays=KW, policy=POLICY, batch=BATCH,
     reductions="K, T",
     bound_doc="kda.recurrent's model at the composed inputs + l2norm/gate/sigmoid errors as input perturbations",
@@ -288,7 +372,8 @@ FUSED_RECURRENT = OpRecord(
 FUSED_CHUNKED = OpRecord(
     name="kda.fused_chunked", reference=ref.fused_chunked, optimized=Ref("optimized.kda", "fused_chunked"),
     emulated=emu.fused_chunked, inputs=lambda: core_cases(chunked=True, fused=True),
-    bound=bounds.fused_chunked, outputs=("o", "final_state"), args=FUSED, kwarg_arrays=KW,
+    wide=lambda space: wide_core_cases(space, chunked=True, fused=True), bound=bounds.fused_chunked,
+    outputs=("o", "final_state"), args=FUSED, kwarg_arrays=KW,
     policy=POLICY, batch=BATCH, reductions="K, chunk C, T",
     bound_doc="kda.chunked's model at the composed inputs + prologue errors (normalized q, k stored in the run dtype)",
     mutants=_FUSED_MUTANTS + (

@@ -17,7 +17,7 @@ from ..strategies import bucket, normal, rng, seeds
 from ._util import STALE_SEED, poison
 
 # (B, T, S, N, P, R, L, Vh)
-SHAPES = [(2, 3, 19, 2, 16, 8, 32, 16), (1, 1, 33, 3, 16, 16, 64, 32), (2, 4, 4, 2, 32, 8, 32, 32)]
+SHAPES = [(2, 4, 4, 2, 32, 8, 32, 32), (2, 3, 19, 2, 16, 8, 32, 16), (1, 1, 33, 3, 16, 16, 64, 32)]
 
 
 def _latent(r, shape, L):
@@ -45,8 +45,23 @@ def absorbed_cases(draw):
 
 
 @st.composite
+def wide_attention_cases(draw, space="full"):
+    """The contiguous forms over wider shapes (parity search): 1 to 8 heads, head dims 8 to 128,
+    latent ranks 16 to 512 (the model's 576-wide latent keys), T queries at the end of S positions
+    up to the space's cap, and sharper softmaxes (``w_kvb`` scaled up to 4x)."""
+    cap = {"cheap": 1 << 14, "full": 1 << 20, "buckets": 1 << 22}[space]
+    N = draw(bucket([1, 2, 4, 8]))
+    P, R, Vh = (draw(bucket([8, 16, 64, 128])) for _ in range(3))
+    L = draw(bucket([16, 64, 128, 512]))
+    B = draw(bucket([1, 2]))
+    S = draw(st.integers(1, max(1, min(512, cap // (B * (L + R + N * (P + Vh)))))))
+    T = draw(st.integers(1, S))
+    return attention_case(B, T, S, N, P, R, L, Vh, draw(seeds()), w_scale=draw(bucket([1.0, 2.0, 4.0])))
+
+
+@st.composite
 def decode_cases(draw):
-    B, S, N, P, R, L, Vh, bs = draw(bucket([(3, 40, 2, 16, 8, 32, 16, 16), (2, 20, 3, 16, 16, 64, 32, 8)]))
+    B, S, N, P, R, L, Vh, bs = draw(bucket([(2, 20, 3, 16, 16, 64, 32, 8), (3, 40, 2, 16, 8, 32, 16, 16)]))
     r = rng(draw(seeds()))
     lat, raw = _latent(r, (B, S, L), L)
     lengths = np.array([S] + [int(x) for x in r.integers(2, S + 1, size=B - 1)], dtype=np.int64)
@@ -183,7 +198,7 @@ ATTENTION_MUTANTS = (
 
 NAIVE = OpRecord(
     name="mla.naive", reference=ref.naive, optimized=Ref("optimized.mla", "naive"),
-    emulated=emu.naive, inputs=absorbed_cases, bound=bounds.naive, outputs=("o",),
+    emulated=emu.naive, inputs=absorbed_cases, wide=wide_attention_cases, bound=bounds.naive, outputs=("o",),
     args=("q", "latent", "k_pe", "w_kvb"), reductions="L, P + R, context S",
     batch=None,  # torch GEMMs choose kernels by M: bytes = run-to-run only
     bound_doc="sum_s p_s rel_p_s |v_s| + sum_s p_s dv_s + gamma_S(ua) sum_s p_s |v_s| + (2 ua + uo)|o|; "
@@ -196,7 +211,7 @@ NAIVE = OpRecord(
 
 ABSORBED = OpRecord(
     name="mla.absorbed", reference=ref.absorbed, optimized=Ref("optimized.mla", "absorbed"),
-    emulated=emu.absorbed, inputs=absorbed_cases, bound=bounds.absorbed, outputs=("o",),
+    emulated=emu.absorbed, inputs=absorbed_cases, wide=wide_attention_cases, bound=bounds.absorbed, outputs=("o",),
     args=("q", "latent", "k_pe", "w_kvb"), reductions="P, L + R, context S, L",
     batch=None, bound_doc=MLA_DOC,  # torch GEMMs choose kernels by M: bytes = run-to-run only
     mutants=ATTENTION_MUTANTS + (

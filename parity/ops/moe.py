@@ -17,10 +17,10 @@ from ..bounds import moe as bounds
 from ..emulate import moe as emu
 from ..mutants import internal, wrap
 from ..registry import Case, Mutant, OpRecord, Ref
-from ..strategies import bucket, normal, rng, seeds
+from ..strategies import WIDE_ELEMENTS, bucket, normal, rng, seeds, wide_rows
 
 # (T, E, top_k, num_groups, topk_groups)
-ROUTER_SHAPES = [(6, 16, 4, 4, 2), (5, 8, 2, 1, 1), (9, 16, 3, 1, 1)]
+ROUTER_SHAPES = [(5, 8, 2, 1, 1), (6, 16, 4, 4, 2), (9, 16, 3, 1, 1)]
 
 
 def router_logits(r, T, E, top_k, G, KG):
@@ -64,7 +64,7 @@ def router_cases(draw):
 
 @st.composite
 def swiglu_cases(draw):
-    T, D, F = draw(bucket([(4, 32, 48), (9, 64, 100), (1, 48, 16)]))
+    T, D, F = draw(bucket([(1, 48, 16), (4, 32, 48), (9, 64, 100)]))
     r = rng(draw(seeds()))
     return Case({"x": normal(r, (T, D)), "w_gate": normal(r, (F, D), D ** -0.5),
                  "w_up": normal(r, (F, D), D ** -0.5), "w_down": normal(r, (D, F), F ** -0.5)},
@@ -73,7 +73,7 @@ def swiglu_cases(draw):
 
 @st.composite
 def experts_cases(draw):
-    T, D, F, E, k = draw(bucket([(3, 32, 16, 4, 2), (9, 48, 40, 8, 2), (2, 32, 24, 6, 3)]))
+    T, D, F, E, k = draw(bucket([(3, 32, 16, 4, 2), (2, 32, 24, 6, 3), (9, 48, 40, 8, 2)]))
     r = rng(draw(seeds()))
     ids = np.stack([r.choice(E, size=k, replace=False) for _ in range(T)]).astype(np.int64)
     w = r.uniform(0.1, 1.0, size=(T, k))
@@ -85,10 +85,30 @@ def experts_cases(draw):
 
 @st.composite
 def router_logits_cases(draw):
-    T, D, E = draw(bucket([(5, 64, 16), (3, 96, 32), (1, 128, 48)]))
+    T, D, E = draw(bucket([(5, 64, 16), (1, 128, 48), (3, 96, 32)]))
     r = rng(draw(seeds()))
     return Case({"x": normal(r, (T, D)), "weight": normal(r, (E, D), D ** -0.5)},
                 label=f"T={T} D={D} E={E}")
+
+
+@st.composite
+def wide_swiglu_cases(draw, space="full"):
+    """Any token count, hidden and FFN width (parity search)."""
+    T, D = draw(wide_rows(space, dims=(1, 7, 16, 64, 100, 256, 1000), max_rows=16))
+    F = draw(bucket([f for f in (1, 7, 16, 60, 128, 1024) if f * D <= WIDE_ELEMENTS[space]] or [1]))
+    r = rng(draw(seeds()))
+    return Case({"x": normal(r, (T, D)), "w_gate": normal(r, (F, D), D ** -0.5),
+                 "w_up": normal(r, (F, D), D ** -0.5), "w_down": normal(r, (D, F), F ** -0.5)},
+                label=f"T={T} D={D} F={F}")
+
+
+@st.composite
+def wide_router_logits_cases(draw, space="full"):
+    """Any token count, hidden width and expert count (parity search)."""
+    T, D = draw(wide_rows(space, dims=(1, 7, 16, 64, 100, 256, 2304), max_rows=16))
+    E = draw(bucket([e for e in (1, 7, 16, 64, 256) if e * D <= WIDE_ELEMENTS[space]] or [1]))
+    r = rng(draw(seeds()))
+    return Case({"x": normal(r, (T, D)), "weight": normal(r, (E, D), D ** -0.5)}, label=f"T={T} D={D} E={E}")
 
 
 # -- router_logits mutants ------------------------------------------------------------------------
@@ -127,6 +147,7 @@ def _scores_returned(out, inp):
 ROUTER_LOGITS = OpRecord(
     name="moe.router_logits", reference=ref.router_logits,
     optimized=Ref("optimized.moe", "router_logits"), emulated=emu.router_logits, inputs=router_logits_cases,
+    wide=wide_router_logits_cases,
     bound=bounds.router_logits, outputs=("logits",), args=("x", "weight"),
     policy={"weight": "fp32"}, reductions="D", batch={"inputs": {"x": 0}, "outputs": {"logits": 0}},
     bound_doc="gamma_D(ua) |x| |W|^T + uo |logits| (W fp32 in every run: no storage term)",
@@ -215,7 +236,7 @@ SWIGLU_DOC = ("gamma_F(ua)|a||Wd|^T + LAMBDA sqrt(da^2 (Wd^2)^T) + uo|y|, a = si
 
 SWIGLU = OpRecord(
     name="moe.swiglu", reference=ref.swiglu, optimized=Ref("optimized.moe", "swiglu"),
-    emulated=emu.swiglu, inputs=swiglu_cases, bound=bounds.swiglu, outputs=("y",),
+    emulated=emu.swiglu, inputs=swiglu_cases, wide=wide_swiglu_cases, bound=bounds.swiglu, outputs=("y",),
     args=("x", "w_gate", "w_up", "w_down"), reductions="D, F", batch=None,  # torch GEMMs choose kernels by M: bytes = run-to-run only
     bound_doc=SWIGLU_DOC,
     mutants=(

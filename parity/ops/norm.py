@@ -10,10 +10,10 @@ from ..bounds import elementwise as bounds
 from ..emulate import norm as emu
 from ..mutants import internal, wrap
 from ..registry import Case, Mutant, OpRecord, Ref
-from ..strategies import bucket, mixed_magnitudes, normal, rng, seeds
+from ..strategies import bucket, mixed_magnitudes, normal, rng, seeds, wide_rows
 from ._util import ROWS
 
-SHAPES = [(5, 3, 100), (7, 64), (2, 2, 3, 32)]
+SHAPES = [(2, 2, 3, 32), (7, 64), (5, 3, 100)]
 
 
 def rms_case(shape, eps, seed, *, gated=False) -> Case:
@@ -52,8 +52,23 @@ def add_cases(draw):
 
 
 @st.composite
+def wide_norm_cases(draw, space="full", kind="rms"):
+    """Any row count and width (parity search); ``kind``: rms, gated or add."""
+    shape, eps = draw(wide_rows(space)), draw(bucket([1e-5, 1e-6]))
+    seed = draw(seeds())
+    return add_case(shape, eps, seed) if kind == "add" else rms_case(shape, eps, seed, gated=kind == "gated")
+
+
+@st.composite
+def wide_l2_cases(draw, space="full"):
+    shape = draw(wide_rows(space, dims=(1, 7, 16, 60, 64, 100, 128)))
+    r = rng(draw(seeds()))
+    return Case({"x": mixed_magnitudes(r, shape)}, label=f"x{list(shape)}")
+
+
+@st.composite
 def l2_cases(draw):
-    shape = draw(bucket([(3, 5, 2, 16), (6, 4, 100), (2, 3, 3, 64)]))
+    shape = draw(bucket([(3, 5, 2, 16), (2, 3, 3, 64), (6, 4, 100)]))
     r = rng(draw(seeds()))
     return Case({"x": mixed_magnitudes(r, shape)}, label=f"x{list(shape)}")
 
@@ -104,7 +119,8 @@ RMS_DOC = "(gamma_D(ua)/2 + 6 ua + u + uo) |y|  (u: HF rounds x/rms to the run d
 
 RMS_NORM = OpRecord(
     name="norm.rms_norm", reference=ref.rms_norm, optimized=Ref("optimized.norm", "rms_norm"),
-    emulated=emu.rms_norm, inputs=rms_cases, bound=bounds.rms_norm, outputs=("y",),
+    emulated=emu.rms_norm, inputs=rms_cases, wide=lambda space: wide_norm_cases(space), bound=bounds.rms_norm,
+    outputs=("y",),
     args=("x", "weight"), batch=ROWS, reductions="D", bound_doc=RMS_DOC,
     mutants=(
         wrap("weight_plus_one", "(1 + w) weight convention (Gemma) applied to a plain weight", inputs=_w_plus_one),
@@ -115,7 +131,8 @@ RMS_NORM = OpRecord(
 
 ADD_RMS_NORM = OpRecord(
     name="norm.add_rms_norm", reference=ref.add_rms_norm, optimized=Ref("optimized.norm", "add_rms_norm"),
-    emulated=emu.add_rms_norm, inputs=add_cases, bound=bounds.add_rms_norm, outputs=("y", "h"),
+    emulated=emu.add_rms_norm, inputs=add_cases, wide=lambda space: wide_norm_cases(space, "add"),
+    bound=bounds.add_rms_norm, outputs=("y", "h"),
     args=("x", "residual", "weight"), reductions="D",
     batch={"inputs": {"x": 0, "residual": 0}, "outputs": {"y": 0, "h": 0}},
     bound_doc="h: u_h |h|, u_h = ua + uo (one add, one rounding); y: (c (1 + u_h) + 2 u_h) / (1 - u_h) |y|, "
@@ -131,7 +148,8 @@ ADD_RMS_NORM = OpRecord(
 
 GATED_RMS_NORM = OpRecord(
     name="norm.gated_rms_norm", reference=ref.gated_rms_norm, optimized=Ref("optimized.norm", "gated_rms_norm"),
-    emulated=emu.gated_rms_norm, inputs=lambda: rms_cases(gated=True), bound=bounds.gated_rms_norm,
+    emulated=emu.gated_rms_norm, inputs=lambda: rms_cases(gated=True),
+    wide=lambda space: wide_norm_cases(space, "gated"), bound=bounds.gated_rms_norm,
     outputs=("y",), args=("x", "gate", "weight"), reductions="V",
     batch={"inputs": {"x": 0, "gate": 0}, "outputs": {"y": 0}},
     bound_doc="(gamma_V(ua)/2 + 7 ua + (5 + |gate|) ua + uo) |y|",
@@ -156,7 +174,7 @@ def _swap_back(out, inp):
 
 L2NORM = OpRecord(
     name="norm.l2norm", reference=ref.l2norm, optimized=Ref("optimized.norm", "l2norm"),
-    emulated=emu.l2norm, inputs=l2_cases, bound=bounds.l2norm, outputs=("y",), args=("x",),
+    emulated=emu.l2norm, inputs=l2_cases, wide=wide_l2_cases, bound=bounds.l2norm, outputs=("y",), args=("x",),
     batch=ROWS, reductions="K", bound_doc="(gamma_K(ua)/2 + 5 ua + uo) |y|",
     mutants=(
         internal("no_sqrt", "divides by sum(x^2) + eps, not its square root", emu.l2norm),

@@ -1,11 +1,13 @@
 """A deterministic corpus of malformed inputs, one case per class of defect: files outside the
-checkpoint, safetensors files the format refuses, config.json types, prompts, golden files, output
-paths and arguments. Each builder takes a scratch folder and returns ``(argv of parity, what the
-one-line error must say)``; every file is derived from the bundled fixture and golden.
+checkpoint, safetensors files the format refuses, config.json types (nested values too) and keys
+naming other math, paths read from files (index shard names, a golden file's checkpoint path),
+prompts, golden files, output paths and arguments. Each builder takes a scratch folder and returns
+``(argv of parity, what the one-line error must say)``; every file is derived from the bundled
+fixture and golden.
 
 The checkpoint cases run ``parity diff CKPT --prompt-ids <id beyond any vocabulary>``: a checkpoint
-that opens fails on the prompt instead (``OPENED``), one line and exit 2 either way, and no model
-is ever run."""
+that opens fails on the prompt instead (``OPENED``), one line and exit 2 either way, and no model is
+ever run."""
 from __future__ import annotations
 
 import json
@@ -238,6 +240,61 @@ def _vocabulary_too_large(tmp):
     return diff(edit_config(tmp, lambda c: c.update(vocab_size=2 ** 40))), "vocab_size: 1099511627776 is above the limit"
 
 
+def _layers_holding_lists(tmp):  # every config value is typed before use, nested ones too
+    return diff(edit_config(tmp, lambda c: c["linear_attn_config"].update(kda_layers=[[1], [2], [3]]))), \
+        "config.json: linear_attn_config.kda_layers[0]: expected an integer, got an array of 1 elements"
+
+
+def _layers_holding_lists_beside_layer_types(tmp):  # where the two lists are compared as sets
+    def edit(c):
+        c["layer_types"] = ["linear_attention"] * 3 + ["full_attention"]
+        c["linear_attn_config"].update(kda_layers=[[1], [2]], full_attn_layers=[{}])
+    return diff(edit_config(tmp, edit)), "linear_attn_config.kda_layers[0]: expected an integer"
+
+
+def _another_activation(tmp):  # a config describing other math is refused, never run as this model
+    return diff(edit_config(tmp, lambda c: c.update(hidden_act="gelu"))), \
+        'config.json: hidden_act: expected "silu" (SwiGLU experts and MLP), got a string of 4 characters'
+
+
+def _softmax_router(tmp):
+    return diff(edit_config(tmp, lambda c: c.update(moe_router_activation_func="softmax"))), \
+        'moe_router_activation_func: expected "sigmoid"'
+
+
+def _string_grouped_topk(tmp):
+    return diff(edit_config(tmp, lambda c: c.update(use_grouped_topk="true"))), \
+        "use_grouped_topk: expected true or false, got a string of 4 characters"
+
+
+# -- paths read from files -----------------------------------------------------------------------------
+
+def _index_shard(shard, message):
+    """A sharded fixture whose index names ``shard`` for its first tensor."""
+    def build(tmp):
+        d = write_fixture("tiny", tmp / "sharded", seed=0, shards=2)
+        f = d / "model.safetensors.index.json"
+        index = json.loads(f.read_text())
+        index["weight_map"][next(iter(index["weight_map"]))] = shard
+        f.write_text(json.dumps(index))
+        return diff(d), message
+    return build
+
+
+NOT_A_FILE_NAME = "must be a file name in the directory"
+PATH_CASES = {
+    "index shard with a NUL byte": _index_shard("model-00001-of-00002.safetensors\x00", NOT_A_FILE_NAME),
+    "index shard with a newline": _index_shard("model-00001-of-00002.safetensors\n", NOT_A_FILE_NAME),
+    "index shard absolute": _index_shard("/etc/passwd", NOT_A_FILE_NAME),
+    "index shard escaping with ..": _index_shard("../sharded/model-00001-of-00002.safetensors", NOT_A_FILE_NAME),
+    "index shard ..": _index_shard("..", NOT_A_FILE_NAME),
+    "index shard empty": _index_shard("", NOT_A_FILE_NAME),
+    "index shard a number": _index_shard(7, "shard: expected a string, got the integer 7"),
+    "index shard an array": _index_shard(["a"], "shard: expected a string, got an array of 1 elements"),
+    "index shard the index itself": _index_shard("model.safetensors.index.json", "not a safetensors file"),
+}
+
+
 # -- prompts -------------------------------------------------------------------------------------------
 
 def _undecodable_prompt(tmp):  # what Python makes of the argv bytes b"caf\xe9"
@@ -294,6 +351,11 @@ GOLDEN_CASES = {
     "golden token not the argmax": _golden(_step0(token=7), "steps[0]: token 7 is not the first of top_ids"),
     "golden weights digest malformed": _golden(lambda g: g.update(weights_sha256="x" * 64), "weights_sha256: expected 64"),
     "golden version a string": _golden(lambda g: g.update(version="1"), "golden format version missing or not an integer"),
+    "golden checkpoint path with a NUL byte": _golden(
+        lambda g: g.update(checkpoint={"kind": "directory", "path": "/tmp/a\x00b"}),
+        "checkpoint.path: a path holding a NUL byte"),
+    "golden checkpoint path empty": _golden(lambda g: g.update(checkpoint={"kind": "directory", "path": ""}),
+                                            "checkpoint.path: an empty path"),
     "golden with a repeated key": _golden(lambda g: None, "key 'dtype' appears twice in one object",
                                           text_edit=lambda t: t.replace('"dtype": "float32"', '"dtype": "float32", "dtype": "bfloat16"', 1)),
 }
@@ -360,6 +422,12 @@ CASES = {
     "num_experts 10**6": _too_many_experts,
     "vocab_size 2**40": _vocabulary_too_large,
     "experts x layers: 2e8 tensors": _tensor_table_too_large,
+    "kda_layers holding lists": _layers_holding_lists,
+    "kda_layers holding lists beside layer_types": _layers_holding_lists_beside_layer_types,
+    "hidden_act gelu": _another_activation,
+    "moe_router_activation_func softmax": _softmax_router,
+    'use_grouped_topk "true"': _string_grouped_topk,
+    **PATH_CASES,
     "prompt not UTF-8": _undecodable_prompt,
     **GOLDEN_CASES,
     **output_cases(["golden", "check", str(GOLDEN)], "--json"),

@@ -1,6 +1,5 @@
 """The registry: every public optimized op has a record (found by its family) with its reference,
-optimized op and >= 3 mutants; the records are a plain list; parity/ has no import cycle."""
-import ast
+optimized op and >= 3 mutants; the records are a plain list (the import graph: tests/test_layering.py)."""
 import dataclasses
 import importlib
 import inspect
@@ -111,81 +110,3 @@ def test_importing_the_record_types_imports_neither_the_records_nor_anything_hea
             "'torch', 'numpy', 'optimized', 'reference'))]; print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-
-
-# -- import cycles ----------------------------------------------------------------------------------
-PARITY = Path(registry.__file__).parent
-
-
-def _module(path: Path) -> str:
-    parts = list(path.relative_to(PARITY.parent).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _imports(path: Path, modules: set) -> set:
-    """Every parity module ``path`` imports, at any depth of the file (a function-level import
-    that closes a cycle is a cycle held apart, not removed)."""
-    me = _module(path)
-    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(up + ([node.module] if node.module else []))
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-        else:
-            continue
-        out |= {t for t in targets if t in modules and t != me}
-    return out
-
-
-def _cycles(graph: dict) -> list:
-    """Strongly connected components of more than one module (Tarjan)."""
-    index, low, stack, on, comps = {}, {}, [], set(), []
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                comps.append(sorted(comp))
-
-    for v in graph:
-        if v not in index:
-            visit(v)
-    return comps
-
-
-def _graph() -> dict:
-    files = {_module(p): p for p in PARITY.rglob("*.py")}
-    return {m: _imports(p, set(files)) for m, p in files.items()}
-
-
-def test_parity_has_no_import_cycle():
-    graph = _graph()
-    assert "parity.ops" in graph["parity.testing"] and "parity.registry" in graph["parity.ops.kda"]
-    assert _cycles(graph) == []
-
-
-def test_the_cycle_check_sees_a_cycle():
-    graph = _graph()
-    graph["parity.registry"] = graph["parity.registry"] | {"parity.ops"}
-    assert any({"parity.registry", "parity.ops"} <= set(c) for c in _cycles(graph))

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reference.checkpoint import (CheckpointConfigError, CheckpointError, CheckpointWarning,
-                                  bf16_bits_to_float64, float_to_bf16_bits, open_source, plan_shards,
-                                  read_header, save_checkpoint)
+from reference.checkpoint import (CheckpointConfigError, CheckpointError, CheckpointWarning, open_source,
+                                  plan_shards, read_header, save_checkpoint)
 from reference.config import ConfigError, KimiConfig
 from reference.fixtures import write_fixture
+from reference.storage import bf16_bits_to_float64, float_to_bf16_bits
 from reference.synthetic import SyntheticSource
 from reference.tensors import storage_dtype
 
@@ -423,7 +423,8 @@ def test_an_index_naming_a_path_instead_of_a_file_name_is_refused(tmp_path):
     d = write_fixture("tiny", tmp_path / "s", seed=1, shards=2)
     index = json.loads((d / "model.safetensors.index.json").read_text())
     name = next(iter(index["weight_map"]))
-    for shard in ("../s/model-00001-of-00002.safetensors", "..", "/etc/passwd", 7):
+    for shard in ("../s/model-00001-of-00002.safetensors", "..", "/etc/passwd", 7, "model-00001-of-00002\x00",
+                  "model-00001-of-00002.safetensors\n", ""):
         index["weight_map"][name] = shard
         (d / "model.safetensors.index.json").write_text(json.dumps(index))
         with pytest.raises(CheckpointError, match=r"index\.json: .*(must be a file name in the directory|"

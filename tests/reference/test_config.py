@@ -139,3 +139,33 @@ def test_a_layer_listed_twice_or_out_of_range_is_named():
     d["linear_attn_config"]["kda_layers"] = "123"
     with pytest.raises(ConfigError, match=r"linear_attn_config.kda_layers: expected an array, got a string"):
         KimiConfig.from_hub_dict(d)
+    d["linear_attn_config"]["kda_layers"] = [[1], [2], [3]]
+    for types in (None, ["linear_attention"] * 3 + ["full_attention"]):  # also where the lists are compared
+        if types:
+            d["layer_types"] = types
+        with pytest.raises(ConfigError, match=r"linear_attn_config.kda_layers\[0\]: expected an integer, got an "
+                                              r"array of 1 elements$"):
+            KimiConfig.from_hub_dict(d)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("hidden_act", "gelu", 'hidden_act: expected "silu" \\(SwiGLU experts and MLP\\), got a string of 4 characters'),
+    ("hidden_act", None, 'hidden_act: expected "silu" .*, got null'),
+    ("moe_router_activation_func", "softmax", 'moe_router_activation_func: expected "sigmoid"'),
+    ("use_grouped_topk", "true", "use_grouped_topk: expected true or false, got a string of 4 characters"),
+])
+def test_keys_that_fix_the_math_must_name_this_models_math(key, value, message):
+    d = PRESETS["tiny"].to_hub_dict()
+    d[key] = value
+    with pytest.raises(ConfigError, match=message):
+        KimiConfig.from_hub_dict(d)
+
+
+def test_ungrouped_routing_is_refused_only_where_the_config_has_groups():
+    d = PRESETS["tiny"].to_hub_dict()
+    d["use_grouped_topk"] = False
+    assert KimiConfig.from_hub_dict(d) == PRESETS["tiny"]  # one group: the same router
+    d = PRESETS["small"].to_hub_dict()
+    d["use_grouped_topk"] = False
+    with pytest.raises(ConfigError, match="use_grouped_topk: false with num_expert_group above 1"):
+        KimiConfig.from_hub_dict(d)

@@ -11,9 +11,10 @@ import pytest
 
 import reference
 from reference import streamed
-from reference.checkpoint import CheckpointError, open_source, raw_to_float64, save_checkpoint, to_storage
+from reference.checkpoint import CheckpointError, open_source, save_checkpoint
 from reference.config import KimiConfig
 from reference.executor import get_executor, to_numpy
+from reference.storage import raw_to_float64, to_storage
 from reference.streamed import NonFiniteBlock, StreamedWeight, linear, linear_from_storage
 from reference.synthetic import SyntheticSource
 

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from reference.validate import (InvalidInput, as_bool, as_float, as_int, as_list, as_str, check_finite,
-                                inside, json_depth, label, one_line, output_file, parse_json)
+from reference.validate import (InvalidInput, as_bool, as_file_name, as_float, as_int, as_list, as_path, as_str,
+                                check_finite, inside, json_depth, label, one_line, output_file, parse_json)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -50,11 +50,23 @@ def test_json_depth_ignores_brackets_inside_strings():
     (lambda v: as_float(v, "eps"), math.nan, "eps: expected a finite number, got a non-finite number"),
     (lambda v: as_str(v, "dtype", choices=("a", "b")), "secret text", "dtype: expected one of a, b"),
     (lambda v: as_list(v, "ids", max_len=2), [1, 2, 3], "ids: 3 elements, more than the limit of 2"),
+    (lambda v: as_path(v, "path"), "secret\x00/x", "path: a path holding a NUL byte"),
+    (lambda v: as_path(v, "path"), " ", "path: an empty path"),
+    (lambda v: as_path(v, "path"), ["secret"], "path: expected a string, got an array of 1 elements"),
 ])
 def test_field_readers_name_the_field_and_never_echo_a_string(reader, value, message):
     with pytest.raises(InvalidInput) as e:
         reader(value)
     assert str(e.value) == message and "secret" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "/etc/passwd", "../x", "a\\b", "x\x00", "x\n", "\x7f"])
+def test_a_file_name_read_from_a_file_names_a_file_of_the_folder_and_nothing_else(name):
+    with pytest.raises(InvalidInput, match=r"^shard: '.*' must be a file name in the directory$"):
+        as_file_name(name, "shard")
+    with pytest.raises(InvalidInput, match=r"^shard: expected a string, got the integer 7$"):
+        as_file_name(7, "shard")
+    assert as_file_name("model-00001-of-00002.safetensors", "shard") == "model-00001-of-00002.safetensors"
 
 
 def test_labels_and_lines_are_escaped_and_short():
@@ -93,6 +105,8 @@ def test_inside_follows_links_within_the_folder_and_a_hub_snapshot_into_its_blob
     (snap / "loop").symlink_to("loop")
     with pytest.raises(InvalidInput, match="does not resolve"):
         inside(snap, "loop")
+    with pytest.raises(InvalidInput, match=r"rev/a\\x00b: a path holding a NUL byte$"):
+        inside(snap, "a\x00b")
 
 
 def test_an_output_file_is_checked_before_any_work(tmp_path):

@@ -1,0 +1,143 @@
+"""The float64 model's weights: fetched as they are used, through a byte-bounded LRU.
+
+Each weight is read from its storage bits (bf16) and converted to float64 on the executor's device
+(or taken from ``shared`` tensors already on the device, e.g. the optimized model's bf16 weights);
+routed experts one at a time for the ids the router picked, embedding rows by id and the lm_head
+in row blocks, so the float64 model (393 GB at kimi-linear-48b) is never materialized. On NumPy,
+when the LRU cannot hold every weight, the linear layers of a call of at most ``STREAM_TOKENS``
+tokens are applied straight from the storage bits (``reference.streamed``): no float64 copy of
+such a weight exists at all.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .checkpoint import WeightSource
+from .executor import Executor
+from .streamed import StreamedWeight, linear
+from .tensors import expert_name
+
+WEIGHT_CACHE_BYTES = 64 << 20  # default LRU of float64 weights: all of tiny/small, a few tensors of 48b
+STREAM_TOKENS = 64  # NumPy streams a linear layer's weight (``streamed``) for calls of at most this many
+# tokens: there the bf16 -> float64 upcast is the cost; a longer call reuses each float64 weight
+# for enough tokens that converting it whole and multiplying with threaded BLAS is as fast
+
+
+class Weights:
+    """float64 weights on the executor, from ``shared`` tensors or the source, through a byte-bounded
+    LRU of ``budget`` bytes (NumPy arrays handed out read-only). ``weights(name)`` is the array."""
+
+    def __init__(self, source: WeightSource, executor: Executor, budget: int,
+                 shared: Mapping | None = None):
+        self.source, self.ex, self.budget = source, executor, budget
+        self.shared = shared or {}
+        self._lru: OrderedDict[str, object] = OrderedDict()
+        self._bytes = 0
+        # finiteness of weights fetched during a call, checked at its end in one device sync
+        # (a sync per tensor costs ~1200 round trips per 48B decode step); NumPy checks at once
+        self.pending: list | None = None if executor.name == "numpy" else []
+        # NumPy applies the linear layers' weights from their storage bits (``streamed``) when the
+        # LRU cannot hold every weight (48B: each step would upcast 3.1 G weights into fresh
+        # float64 arrays and evict them); a model whose weights all fit is upcast once.
+        self.streams = executor.name == "numpy" and not self.shared and not _fits(source, budget)
+
+    def __call__(self, name: str):
+        a = self._lru.get(name)
+        if a is not None:
+            self._lru.move_to_end(name)
+            return a
+        a = self.ex.freeze(self._fetch(name))
+        nbytes = math.prod(a.shape) * 8
+        if nbytes <= self.budget // 4:
+            self._lru[name] = a
+            self._bytes += nbytes
+            while self._bytes > self.budget:
+                _, old = self._lru.popitem(last=False)
+                self._bytes -= math.prod(old.shape) * 8
+        return a
+
+    def _fetch(self, name: str):
+        t = self.shared.get(name)
+        if t is None:
+            return self.source.get_on(name, self.ex, pending=self.pending)
+        shape = self.source.shape(name)
+        if math.prod(t.shape) != math.prod(shape):
+            raise ValueError(f"shared_weights[{name!r}]: expected shape {shape}, got {tuple(t.shape)}")
+        try:
+            a = self.ex.from_storage(t, self.source.storage_dtype(name))
+        except TypeError as exc:
+            raise ValueError(f"shared_weights[{name!r}]: {exc}") from None
+        return self.source.check_finite_on(name, self.ex.xp.reshape(a, shape), self.ex, pending=self.pending)
+
+    def rows(self, name: str, rows: np.ndarray):
+        """float64 rows (host int64 indices) of ``name`` along its first axis."""
+        t = self.shared.get(name)
+        if t is None:
+            return self.source.get_rows_on(name, rows, self.ex, pending=self.pending)
+        sub = t[int(rows[0]):int(rows[-1]) + 1] if _contiguous(rows) else t[self.ex.ints(rows)]
+        return self.source.check_finite_on(name, self.ex.from_storage(sub, self.source.storage_dtype(name)),
+                                           self.ex, pending=self.pending)
+
+    def verify(self) -> None:
+        """Raise for a non-finite weight fetched and not yet checked (``CheckpointError``); the
+        LRU is emptied then, so no unchecked weight is ever used again."""
+        if self.pending:
+            try:
+                self.source.check_pending(self.pending, self.ex)
+            except BaseException:
+                self._lru.clear()
+                self._bytes = 0
+                raise
+
+    def small(self, name: str) -> bool:
+        """Whether the LRU keeps ``name`` (so it is fetched whole, not by rows)."""
+        return math.prod(self.source.shape(name)) * 8 <= self.budget // 4
+
+    def linear(self, name: str, x):
+        """``x @ W.T`` for ``x [T, D]`` and the weight ``name`` ``[N, D]``: from the storage bits
+        where the model streams (at most ``STREAM_TOKENS`` tokens, ``name`` not in the LRU), else
+        with the float64 weight."""
+        if self.streams and x.shape[0] <= STREAM_TOKENS and name not in self._lru:
+            return self.source.linear(name, x)
+        return linear(x, self(name))
+
+    def operand(self, name: str):
+        """The weight ``name`` as an op's ``x @ W.T`` operand (``moe.swiglu``): applied by
+        ``linear`` where the model streams, else the float64 array."""
+        if self.streams:
+            return StreamedWeight(self.source.shape(name), lambda x: self.linear(name, x), name)
+        return self(name)
+
+    def experts(self, layer: int, which: str, count: int) -> Experts:
+        """Expert matrices ``which`` (w1, w2, w3) of MoE layer ``layer``, loaded on demand."""
+        return Experts(self, layer, which, count)
+
+
+def _fits(source: WeightSource, budget: int) -> bool:
+    """Whether an LRU of ``budget`` bytes keeps every float64 weight of ``source``."""
+    sizes = [math.prod(source.shape(n)) * 8 for n in source.names()]
+    return sum(sizes) <= budget and max(sizes, default=0) <= budget // 4
+
+
+def _contiguous(rows: np.ndarray) -> bool:
+    return rows.size > 0 and int(rows[-1]) - int(rows[0]) + 1 == rows.size and bool(np.all(np.diff(rows) == 1))
+
+
+class Experts(Sequence):
+    """``w[e]`` loads expert ``e``'s matrix on demand (what ``moe.experts`` indexes)."""
+
+    def __init__(self, weights: Weights, layer: int, which: str, count: int):
+        self._w, self._layer, self._which, self._count = weights, layer, which, count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, e):
+        e = int(e)
+        if not 0 <= e < self._count:
+            raise IndexError(f"expert {e} out of range [0, {self._count})")
+        return self._w.operand(expert_name(self._layer, e, self._which))
