@@ -18,10 +18,16 @@ selects the interpreter when there is no GPU) and again when a family's kernels 
 can run the interpreter's raw-bit bf16 dot; where the patch cannot be installed (a Triton whose
 interpreter lacks the hooks), defining the kernels fails with a one-line error instead.
 ``interpreter_is_faithful()`` lets a report state it.
+
+:func:`select` is the one place where the backend is chosen and the interpreter set up: ``optimized``
+calls it on import, and every entry point that takes a device (``parity certify``, ``parity diff``,
+the test suite's ``--parity-device``) calls it with that device before any kernel is defined.
 """
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 
 _INSTALLED = False
 
@@ -29,6 +35,36 @@ _INSTALLED = False
 def interpreting() -> bool:
     """True when Triton kernels run under the interpreter (set before kernels are defined)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# the modules that define kernels: the interpreter is chosen when they are imported, never after
+_KERNEL_MODULES = ("conv", "elementwise", "embed", "kda", "mla", "moe", "norm", "model", "graphs")
+
+
+def kernels_defined() -> bool:
+    """True once a module of optimized/ that defines Triton kernels has been imported."""
+    return any(f"optimized.{m}" in sys.modules for m in _KERNEL_MODULES)
+
+
+def select(device: str | None = None) -> str:
+    """Where the kernels run, set up here and nowhere else; returns the device.
+
+    ``device`` None: ``cuda`` when torch sees a GPU, else ``cpu``. On ``cpu`` the Triton interpreter
+    is selected (``TRITON_INTERPRET=1``) unless kernels are already defined (then the caller learns
+    it from :func:`interpreting`); under the interpreter the faithful bf16 dot and casts are put in
+    force (:func:`ensure_faithful`) and NumPy's warnings from masked-off padding lanes (0/0 there is
+    discarded by the store mask) are silenced. ``cuda`` is returned as given: whether a GPU is
+    present is the caller's error to report."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not kernels_defined():
+        os.environ["TRITON_INTERPRET"] = "1"
+    if interpreting():
+        ensure_faithful("optimized")
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+    return device
 
 
 def install_faithful_bf16_dot() -> None:

@@ -198,10 +198,8 @@ def kda_cases(record, space: Space = Space(), chunks=None):
 def implementation(record, impl: str, device: str):
     """``impl`` of ``record`` as a normalized candidate ``cand(inputs, kwargs) -> {output: tensor}``."""
     if impl == "ours":
-        import optimized
+        import optimized  # noqa: F401  (importing it selects and sets up the backend)
 
-        if optimized.interpreting():   # what a GPU computes for bf16 dots (optimized/_interpreter.py)
-            optimized.install_faithful_bf16_dot()
         return record.candidate(record.optimized_callable())
     if impl == "standin":
         return record.candidate(record.emulated)

@@ -78,10 +78,8 @@ class Witnessed:
 def optimized(record: OpRecord) -> Candidate:
     """The record's optimized op; on CPU the interpreter is made faithful for bf16 dots (what the
     GPU computes: optimized/_interpreter.py). ImportError / AttributeError if it is unavailable."""
-    import optimized as opt  # here, not at the top: importing optimized picks the Triton backend
+    import optimized  # noqa: F401  (here, not at the top: importing it selects and sets up the backend)
 
-    if opt.interpreting():
-        opt.install_faithful_bf16_dot()
     return Candidate("optimized", record.optimized_callable(), counter=record.counter_name, triton=True)
 
 

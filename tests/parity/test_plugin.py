@@ -1,5 +1,6 @@
 """The pytest plugin: assert_parity in a user's test, registry parametrization, --parity-device,
-and parity_gpu tests skipping cleanly without a GPU."""
+parity_gpu tests skipping cleanly without a GPU, parity_interpreter tests under the interpreter (in a
+child process on a GPU machine)."""
 import os
 import subprocess
 import sys
@@ -41,6 +42,11 @@ USER_TEST = textwrap.dedent("""
     @pytest.mark.parity_gpu
     def test_needs_a_gpu(parity_device):
         assert torch.cuda.is_available()
+
+    @pytest.mark.parity_interpreter
+    def test_runs_under_the_interpreter_with_no_gpu_visible(parity_device):
+        import optimized
+        assert optimized.interpreting() and not torch.cuda.is_available()
 """)
 
 
