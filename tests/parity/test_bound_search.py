@@ -15,7 +15,6 @@ from parity.strategies import profile_name
 
 EXAMPLES = {"ci": 2, "dev": 8, "thorough": 40}[profile_name()]
 CHEAP = Space.cheap()
-OURS = "cuda" if torch.cuda.is_available() else "cpu"   # our kernels need a GPU or the interpreter
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -26,8 +25,8 @@ def test_the_float32_standin_is_within_every_kda_bound(op, dtype):
 
 
 @pytest.mark.parametrize("op, dtype", [("kda.recurrent", "bfloat16"), ("kda.fused_chunked", "bfloat16")])
-def test_our_kernels_are_within_their_bounds(op, dtype):
-    r = search(op, "ours", dtype, device=OURS, examples=EXAMPLES, space=CHEAP, fail=True)
+def test_our_kernels_are_within_their_bounds(op, dtype, parity_device):
+    r = search(op, "ours", dtype, device=parity_device, examples=EXAMPLES, space=CHEAP, fail=True)
     assert r.examples == EXAMPLES and r.worst_ratio <= 1
 
 
@@ -46,12 +45,11 @@ FOUND = [("kda.chunked", Config(B=1, T=9, H=1, HV=2, K=32, V=16, C=64, cuts=(4,)
 
 
 @pytest.mark.parametrize("op, cfg", FOUND)
-def test_the_configurations_the_search_found_are_within_the_bounds(op, cfg):
+def test_the_configurations_the_search_found_are_within_the_bounds(op, cfg, parity_device):
     rec = get_record(op)
     for impl in ("ours", "standin"):
-        dev = OURS if impl == "ours" else "cpu"
-        ratio, _, j = judge_case(rec, make_case(rec, cfg), implementation(rec, impl, dev), "bfloat16", dev,
-                                 store_rounding("bfloat16", dev) if impl == "ours" else "nearest")
+        ratio, _, j = judge_case(rec, make_case(rec, cfg), implementation(rec, impl, parity_device), "bfloat16",
+                                 parity_device, store_rounding("bfloat16", parity_device) if impl == "ours" else "nearest")
         assert ratio <= 1, f"{impl}: {j.report()}"
 
 
@@ -106,10 +104,10 @@ def _run_command(tmp_path, *argv):
     return json.loads(out.read_text())
 
 
-def test_the_command_writes_one_result_per_op_implementation_and_dtype(tmp_path):
-    got = _run_command(tmp_path, "--device", "cpu", "--impls", "standin", "--ops", "kda.recurrent",
+def test_the_command_writes_one_result_per_op_implementation_and_dtype(tmp_path, parity_device):
+    got = _run_command(tmp_path, "--device", parity_device, "--impls", "standin", "--ops", "kda.recurrent",
                        "kda.fused_chunked", "--dtypes", "float32", "bfloat16", "--examples", "2", "--space", "cheap")
-    assert got["format"] == "kimi-parity/bound-search" and got["device"] == "cpu"
+    assert got["format"] == "kimi-parity/bound-search" and got["device"] == parity_device
     runs = {(r["op"], r["impl"], r["dtype"]): r for r in got["results"]}
     assert set(runs) == {(op, "standin", dt) for op in ("kda.recurrent", "kda.fused_chunked")
                          for dt in ("float32", "bfloat16")}
@@ -117,8 +115,8 @@ def test_the_command_writes_one_result_per_op_implementation_and_dtype(tmp_path)
 
 
 @pytest.mark.parity_gpu
-def test_the_gpu_search_runs_our_kernels_and_fla_on_cuda(tmp_path):
-    got = _run_command(tmp_path, "--device", "cuda", "--impls", "ours", "fla", "--ops", "kda.recurrent",
+def test_the_gpu_search_runs_our_kernels_and_fla_on_cuda(tmp_path, parity_device):
+    got = _run_command(tmp_path, "--device", parity_device, "--impls", "ours", "fla", "--ops", "kda.recurrent",
                        "kda.chunked", "--examples", "2", "--seconds", "60")
     ours = [r for r in got["results"] if r["impl"] == "ours"]
     assert ours and all(r["examples"] >= 1 and r["worst_ratio"] <= 1 for r in ours)
