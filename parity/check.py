@@ -149,6 +149,7 @@ def run_candidate(prepared: Prepared, cand, *, counter: str | None = None):
         before = _counters.launches[counter]
     calls = getattr(cand, "calls", None)
     inputs = prepared.inputs()
+    poison_free_memory(prepared.device)
     t0 = time.perf_counter()
     try:
         out = cand(inputs, dict(prepared.case.kwargs))
@@ -167,6 +168,32 @@ def run_candidate(prepared: Prepared, cand, *, counter: str | None = None):
             (own_outputs(prepared, inputs, out) if out is not None else None)
         from_counters = why is None
     return out, err, from_counters, dt, why
+
+
+def poison_free_memory(device) -> None:
+    """Fill every block that the CUDA caching allocator holds free on ``device`` with 0xFF bytes (NaN
+    in every float format, -1 in every signed integer) before a candidate runs.
+
+    Why: an output the candidate never writes (``torch.empty`` on a path that forgets it) is whatever
+    the allocator hands back, and that is the most recently freed block of its size: on CUDA, the
+    outputs certify itself just computed on the same input (a mutant, the stand-in, the previous
+    call). Such an output would pass as correct, or be named as the mutant it copies. Poisoned, it
+    reads NaN. Each free block is taken by one allocation of exactly its size (best fit: that block),
+    filled, and given back. Nothing on the CPU (its allocator offers no such view)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_initialized():
+        return
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    small = 1 << 20                       # the allocator's small-pool limit: larger requests go elsewhere
+    sizes = sorted((b["size"] for seg in torch.cuda.memory_snapshot() if seg["device"] == index
+                    for b in seg["blocks"] if b["state"] == "inactive"
+                    and (seg["segment_type"] == "large") == (b["size"] > small)), reverse=True)
+    held = [torch.empty(n, dtype=torch.uint8, device=dev) for n in sizes]
+    for t in held:
+        t.fill_(0xFF)
+    del held
 
 
 def _span(x):
