@@ -70,6 +70,19 @@ def test_each_replayed_bug_is_not_certified_and_named_where_a_mutant_fits(bug, n
     assert cert.runs["float32"].contract_verdict()["consistent_with"] is None
 
 
+@pytest.mark.parity_gpu
+def test_memory_the_allocator_holds_free_reads_nan_when_a_candidate_runs(parity_device):
+    """On CUDA an output never written (``empty_on_branch``) is the last freed block of its size: the
+    output certify itself just computed on that input (the mutant output_before_update ran last),
+    which the fingerprint then named with similarity 1. The free blocks are poisoned first."""
+    from parity.check import poison_free_memory
+
+    x = torch.full((3000,), 1.5, device=parity_device)
+    del x
+    poison_free_memory(parity_device)
+    assert torch.isnan(torch.empty(3000, device=parity_device)).all()
+
+
 def test_outputs_that_are_not_the_implementations_own_are_refused(parity_device):
     """An l2norm that normalizes its input in place is right to the last bit and still not
     certified: its output is the memory it was handed. So is one answering NaN where the
