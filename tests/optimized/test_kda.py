@@ -267,32 +267,3 @@ def test_argument_errors():
         kda.fused_recurrent(f["q"], f["k"], f["v"], f["g_raw"], f["beta_logits"], f["A_log"], f["dt_bias"][:5])
     with pytest.raises(TypeError, match="dtype"):
         kda.recurrent(d["q"], d["k"], d["v"].double(), d["g"], d["beta"])
-
-
-# ------------------------------------------------------------------------------------------------
-# GPU only: the model's shapes (the lead runs these on the H200)
-
-gpu = pytest.mark.parity_gpu  # real shapes are too slow for the interpreter
-
-
-@gpu
-@pytest.mark.parametrize("T", [1000, 4096])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_gpu_fused_chunked_real_shapes(T, dtype, parity_device):
-    c = case(1, T, 32, 32, 128, 128, seed=T, op="fused_chunked")
-    j = assert_parity("kda.fused_chunked", c, dtype=dtype, device=parity_device)
-    print(f"fused_chunked {dtype} T={T}: err/bound {j.ratio:.3g}")
-    if T == 1000:
-        c = case(1, T, 32, 32, 128, 128, seed=T, op="fused_recurrent")
-        print(f"fused_recurrent {dtype} T={T}: err/bound "
-              f"{assert_parity('kda.fused_recurrent', c, dtype=dtype, device=parity_device).ratio:.3g}")
-    d = inputs("fused_chunked", c, dtype)
-    a, b = run("fused_chunked", d), run("fused_chunked", d)
-    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-
-
-@gpu
-@pytest.mark.parametrize("op", ["chunked", "recurrent"])
-def test_gpu_fp64_varlen(op, parity_device):
-    c = case(1, 1000, 4, 8, 128, 64, seed=2, op=op, cu_seqlens=[0, 1, 300, 301, 1000])
-    print(f"fp64 varlen {op}: err/bound {assert_parity(f'kda.{op}', c, dtype='float64', device=parity_device).ratio:.3g}")
