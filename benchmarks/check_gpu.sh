@@ -8,8 +8,8 @@
 #
 #   device run (kind nvidia-h200, carry [".whl"]):   bash benchmarks/check_gpu.sh [pytest selection...]
 #   (each selection, default every tests/*/test_*.py file, runs as its own pytest process, at most
-#   CHECK_JOBS at a time, largest files first: a CUDA fault in one file cannot fail the others; logs
-#   merged into pytest.log)
+#   CHECK_JOBS at a time, largest files first: a CUDA fault in one file cannot fail the others; the
+#   files in CHECK_SPREAD on CHECK_SPREAD_WORKERS (4) xdist workers each; logs merged into pytest.log)
 #
 # CHECK_LIMIT_S (default 420) bounds each job, CHECK_DEADLINE_S (default CHECK_LIMIT_S) the tests
 # all together (a file not started by then is an error); CHECK_JOBS (default: the CPU count) how many run at
@@ -41,22 +41,29 @@ if [ "$CERTIFY" != 0 ]; then  # first: the longest job
     ( timeout -k 10 "$LIMIT" python3 -m parity.cli certify --device cuda --json "$OUT/certificate-cuda.json" \
         >"$OUT/certify-cuda.log" 2>&1; rc=$?; echo "certify rc=$rc" >>"$OUT/certify-cuda.log"; echo $rc >"$OUT/rc-certify" ) &
 fi
+# the files whose Triton compiles dominate run on CHECK_SPREAD_WORKERS pytest-xdist workers (where
+# xdist is installed); every log line is stamped with the seconds since its file started
+SPREAD=" ${CHECK_SPREAD-tests/optimized/test_kda.py tests/optimized/test_mla.py tests/optimized/test_moe.py tests/optimized/test_norm.py tests/optimized/test_conv.py tests/parity/test_optimized.py} "
+XDIST=0; python3 -c "import xdist" 2>/dev/null && XDIST=${CHECK_SPREAD_WORKERS:-4}
 one() {  # one pytest process per selection (compiles use the CPUs), within the run's deadline
     sel=$1; name=$(echo "${sel%.py}" | tr / -)
     left=$((END - $(date +%s))); [ "$left" -lt "$LIMIT" ] || left=$LIMIT
     if [ "$left" -le 0 ]; then echo "pytest $sel not started: the run's deadline passed" >"$OUT/pytest-$name.log"; echo 124 >"$OUT/rc-$name"; return; fi
-    timeout -k 10 "$left" python3 -m pytest -q -p no:cacheprovider -rfEs --durations=10 \
-        --junitxml="$OUT/junit-$name.xml" "$sel" >"$OUT/pytest-$name.log" 2>&1
-    rc=$?; echo "pytest $sel rc=$rc" >>"$OUT/pytest-$name.log"; echo $rc >"$OUT/rc-$name"
+    spread=(); [ "$XDIST" -gt 1 ] && [[ "$SPREAD" == *" $sel "* ]] && spread=(-n "$XDIST")
+    timeout -k 10 "$left" python3 -m pytest -v -p no:cacheprovider -rfEs --durations=10 "${spread[@]}" \
+        --junitxml="$OUT/junit-$name.xml" "$sel" 2>&1 \
+        | python3 -u -c 'import sys, time; t = time.time(); [print(f"{time.time() - t:6.1f} {l}", end="") for l in sys.stdin]' \
+        >"$OUT/pytest-$name.log"
+    rc=${PIPESTATUS[0]}; echo "pytest $sel rc=$rc" >>"$OUT/pytest-$name.log"; echo $rc >"$OUT/rc-$name"
 }
 END=$(( $(date +%s) + ${CHECK_DEADLINE_S:-$LIMIT} ))
-export -f one; export OUT LIMIT END
+export -f one; export OUT LIMIT END SPREAD XDIST
 printf '%s\n' $SEL | xargs -P "$JOBS" -I{} bash -c 'one {}'
 wait
 SUMMARY=$(for f in "$OUT"/pytest-*.log; do
-    grep -qE "^(FAILED|ERROR)|rc=[1-9]" "$f" || continue
+    grep -qE "^ *[0-9.]+ (FAILED|ERROR) |rc=[1-9]" "$f" || continue
     echo "== $(basename "$f")"
-    grep -E "^(FAILED|ERROR)|passed|failed|rc=" "$f" | tail -n 30
+    grep -E "^ *[0-9.]+ (FAILED|ERROR) | (passed|failed)|rc=" "$f" | tail -n 30
 done)
 for f in "$OUT"/pytest-*.log; do echo "######## $(basename "$f")"; cat "$f"; done >"$OUT/pytest.log"
 rm -f "$OUT"/pytest-*.log
