@@ -71,7 +71,7 @@ if [ "$CERTIFY" != 0 ]; then
     tail -n 40 "$OUT/certify-cuda.log"
     # op by op against the committed certificate: a change that keeps every bit keeps every verdict
     # and worst ratio (certify's inputs are derandomized)
-    python3 - "$OUT/certificate-cuda.json" docs/runs/certificate-cuda.json <<'PY' || true
+    [ -f "$OUT/certificate-cuda.json" ] && python3 - "$OUT/certificate-cuda.json" docs/runs/certificate-cuda.json <<'PY' || true
 import json, sys
 new, old = ({o["op"]: (o["verdict"], o["worst_ratio"]) for o in json.load(open(p))["ops"]} for p in sys.argv[1:])
 differ = sorted(op for op in new.keys() | old.keys() if new.get(op) != old.get(op))
