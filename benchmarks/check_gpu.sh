@@ -52,7 +52,7 @@ one() {  # one pytest process per selection (compiles use the CPUs), within the 
     spread=(); [ "$XDIST" -gt 1 ] && [[ "$SPREAD" == *" $sel "* ]] && spread=(-n "$XDIST")
     timeout -k 10 "$left" python3 -m pytest -v -p no:cacheprovider -rfEs --durations=10 "${spread[@]}" \
         --junitxml="$OUT/junit-$name.xml" "$sel" 2>&1 \
-        | python3 -u -c 'import sys, time; t = time.time(); [print(f"{time.time() - t:6.1f} {l}", end="") for l in sys.stdin]' \
+        | python3 -u -c 'import sys, time; t = time.time(); [print(f"{time.time() - t:6.1f} {l}", end="", flush=True) for l in iter(sys.stdin.readline, "")]' \
         >"$OUT/pytest-$name.log"
     rc=${PIPESTATUS[0]}; echo "pytest $sel rc=$rc" >>"$OUT/pytest-$name.log"; echo $rc >"$OUT/rc-$name"
 }
