@@ -33,9 +33,6 @@ def pytest_addoption(parser):
                     help="device for the parity fixtures (default auto: cuda if available, else cpu)")
 
 
-_CHILD = "PARITY_INTERPRETER_CHILD"
-
-
 def pytest_configure(config):
     config.addinivalue_line("markers", "parity_gpu: the test needs a CUDA GPU; skipped cleanly without one")
     config.addinivalue_line("markers", "parity_interpreter: the test needs the Triton interpreter on the CPU; "
@@ -62,8 +59,7 @@ def _interpreting() -> bool:
 def pytest_collection_modifyitems(config, items):
     interp = [it for it in items if it.get_closest_marker("parity_interpreter")]
     if interp and not _interpreting() and _has_gpu():   # without a GPU, this process interprets
-        for it in interp:
-            _run_in_child(it)
+        _run_in_child(interp)
     device = config.getoption("--parity-device")
     marked = [it for it in items if it.get_closest_marker("parity_gpu")]
     if not marked or (device != "cpu" and _has_gpu()):
@@ -74,25 +70,55 @@ def pytest_collection_modifyitems(config, items):
         it.add_marker(skip)
 
 
-def _run_in_child(item) -> None:
-    """Replace ``item``'s set-up and call by one run of it in a child pytest process under the
-    interpreter, with no GPU visible (its fixtures are set up there, not here)."""
+def _run_in_child(items) -> None:
+    """Replace each item's set-up and call by its result in a child pytest process under the
+    interpreter with no GPU visible (its fixtures are set up there, not here): one child per test
+    file, run when the file's first such test comes up."""
+    groups: dict = {}
+    for it in items:
+        groups.setdefault(it.nodeid.split("::")[0], []).append(it)
+    for group in groups.values():
+        results: dict = {}
+        for it in group:
+            it.setup = lambda: None
+            it.runtest = lambda it=it, group=group, results=results: _child_result(it, group, results)
+
+
+def _junit_key(nodeid: str) -> tuple:
+    """(classname, name) of a test in a JUnit XML, from its node id."""
+    path, *scope, name = nodeid.split("::")
+    return (".".join([path[:-3].replace("/", "."), *scope]) if path.endswith(".py") else path, name)
+
+
+def _child_result(item, group, results: dict) -> None:
     import os
     import subprocess
     import sys
+    import tempfile
+    import xml.etree.ElementTree as ET
 
-    def runtest():
+    if not results:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-        env.update({"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", _CHILD: "1"})
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                               "--parity-device", "cpu", item.nodeid], cwd=str(item.config.rootpath), env=env,
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.fail(f"under the interpreter in a child process (rc {done.returncode}):\n"
-                        f"{done.stdout[-6000:]}{done.stderr[-3000:]}", pytrace=False)
-
-    item.setup = lambda: None
-    item.runtest = runtest
+        env.update({"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""})
+        with tempfile.TemporaryDirectory() as tmp:
+            xml = os.path.join(tmp, "child.xml")
+            done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                                   "--parity-device", "cpu", f"--junitxml={xml}", *(it.nodeid for it in group)],
+                                  cwd=str(item.config.rootpath), env=env, capture_output=True, text=True)
+            results["output"] = f"(rc {done.returncode}):\n{done.stdout[-6000:]}{done.stderr[-3000:]}"
+            if os.path.exists(xml):
+                for case in ET.parse(xml).getroot().iter("testcase"):
+                    kinds = {c.tag: (c.get("message") or "") for c in case}
+                    results[(case.get("classname"), case.get("name"))] = kinds
+    kinds = results.get(_junit_key(item.nodeid))
+    if kinds is None:
+        pytest.fail(f"under the interpreter in a child process, {item.nodeid} did not report "
+                    f"{results['output']}", pytrace=False)
+    if "failure" in kinds or "error" in kinds:
+        pytest.fail(f"under the interpreter in a child process: {kinds.get('failure') or kinds.get('error')} "
+                    f"{results['output']}", pytrace=False)
+    if "skipped" in kinds:
+        pytest.skip(f"under the interpreter in a child process: {kinds['skipped']}")
 
 
 @pytest.fixture(scope="session")
