@@ -9,7 +9,8 @@
 #   device run (kind nvidia-h200, carry [".whl"]):   bash benchmarks/check_gpu.sh [pytest selection...]
 #   (each selection, default every tests/*/test_*.py file, runs as its own pytest process, at most
 #   CHECK_JOBS at a time, largest files first: a CUDA fault in one file cannot fail the others; the
-#   files in CHECK_SPREAD on CHECK_SPREAD_WORKERS (4) xdist workers each; logs merged into pytest.log)
+#   files in CHECK_SPREAD first, on CHECK_SPREAD_WORKERS (4) xdist workers each; logs merged into
+#   pytest.log; the JUnit XMLs, exit codes and pytest.log packed into parts.tar.gz)
 #
 # CHECK_LIMIT_S (default 420) bounds each job, CHECK_DEADLINE_S (default CHECK_LIMIT_S) the tests
 # all together (a file not started by then is an error); CHECK_JOBS (default: the CPU count) how many run at
@@ -33,7 +34,10 @@ LIMIT=${CHECK_LIMIT_S:-420}
 JOBS=${CHECK_JOBS:-$(nproc)}
 # many processes side by side: each gets a share of the cores, not torch's whole pool
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-SEL=${*:-$(ls -S tests/*/test_*.py)}
+# the files whose Triton compiles or float64 references at model sizes dominate run on
+# CHECK_SPREAD_WORKERS pytest-xdist workers (where xdist is installed), and start first
+SPREAD=" ${CHECK_SPREAD-tests/optimized/test_mla_gpu.py tests/optimized/test_kda_gpu.py tests/optimized/test_kda.py tests/optimized/test_mla.py tests/optimized/test_moe.py tests/optimized/test_norm.py tests/optimized/test_conv.py tests/parity/test_optimized.py} "
+SEL=${*:-$(for f in $SPREAD; do [ -f "$f" ] && echo "$f"; done; ls -S tests/*/test_*.py | grep -vxF -f <(printf '%s\n' $SPREAD))}
 echo "check_gpu.sh: $(echo $SEL | wc -w) pytest selections ($JOBS at a time) and parity certify --device cuda, ${LIMIT}s each"
 rm -f "$OUT"/rc-* "$OUT"/junit-*.xml "$OUT"/pytest-*.log
 CERTIFY=${CHECK_CERTIFY:-1}
@@ -41,9 +45,7 @@ if [ "$CERTIFY" != 0 ]; then  # first: the longest job
     ( timeout -k 10 "$LIMIT" python3 -m parity.cli certify --device cuda --json "$OUT/certificate-cuda.json" \
         >"$OUT/certify-cuda.log" 2>&1; rc=$?; echo "certify rc=$rc" >>"$OUT/certify-cuda.log"; echo $rc >"$OUT/rc-certify" ) &
 fi
-# the files whose Triton compiles dominate run on CHECK_SPREAD_WORKERS pytest-xdist workers (where
-# xdist is installed); every log line is stamped with the seconds since its file started
-SPREAD=" ${CHECK_SPREAD-tests/optimized/test_kda.py tests/optimized/test_mla.py tests/optimized/test_moe.py tests/optimized/test_norm.py tests/optimized/test_conv.py tests/parity/test_optimized.py} "
+# every log line is stamped with the seconds since its file started
 XDIST=0; python3 -c "import xdist" 2>/dev/null && XDIST=${CHECK_SPREAD_WORKERS:-4}
 one() {  # one pytest process per selection (compiles use the CPUs), within the run's deadline
     sel=$1; name=$(echo "${sel%.py}" | tr / -)
@@ -82,3 +84,6 @@ fi
 echo "$SUMMARY"
 WALL=$(python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$START" "$(date +%s.%N)")
 python3 benchmarks/gpu_check.py "$OUT" "$WALL" --write docs/runs/gpu-check.json --write "$OUT/gpu-check.json"
+# a device call brings back only a few files: the per-file parts travel as one archive
+tar -C "$OUT" -czf "$OUT/parts.tar.gz" $(cd "$OUT" && ls junit-*.xml rc-* 2>/dev/null) pytest.log \
+    && rm -f "$OUT"/junit-*.xml "$OUT"/rc-* "$OUT/pytest.log"

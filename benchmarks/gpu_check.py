@@ -8,7 +8,8 @@ with the selection's exit status (``rc-NAME``), and certify's certificate and ex
 ``--write`` path and prints one line per test file that did not pass, then the verdict.
 
 The record: ``digest`` (benchmarks/code_digest.py: the code that ran), ``files`` (per test file:
-passed / failed / skipped / error counts), ``selections`` (per pytest process: its exit status; a
+passed / failed / skipped / error counts, and the seconds its tests took, summed over xdist workers),
+``selections`` (per pytest process: its exit status; a
 process killed by the time limit wrote no XML and counts as an error), ``certify`` (exit status,
 ops certified of total, mutants killed of total), ``complete`` (every tests/*/test_*.py file
 reported), ``green`` (complete, every selection exited 0 with no failures or errors, and certify
@@ -59,7 +60,8 @@ def collect(out: pathlib.Path) -> tuple[dict, dict]:
             continue
         for case in ET.parse(xml).getroot().iter("testcase"):
             f = files.setdefault(_file_of(case.get("classname") or case.get("name", "")),
-                                 {"passed": 0, "failed": 0, "skipped": 0, "error": 0})
+                                 {"passed": 0, "failed": 0, "skipped": 0, "error": 0, "seconds": 0.0})
+            f["seconds"] = round(f["seconds"] + float(case.get("time") or 0.0), 1)
             kinds = {child.tag for child in case}
             if "error" in kinds:
                 f["error"] += 1

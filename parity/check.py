@@ -178,8 +178,9 @@ def poison_free_memory(device) -> None:
     the allocator hands back, and that is the most recently freed block of its size: on CUDA, the
     outputs certify itself just computed on the same input (a mutant, the stand-in, the previous
     call). Such an output would pass as correct, or be named as the mutant it copies. Poisoned, it
-    reads NaN. Each free block is taken by one allocation of exactly its size (best fit: that block),
-    filled, and given back. Nothing on the CPU (its allocator offers no such view)."""
+    reads NaN. Each free block is taken by allocations of exactly its size (best fit: that block; a
+    small segment's free run in pieces of the small pool's largest request), filled, and given back.
+    Nothing on the CPU (its allocator offers no such view)."""
     import torch
 
     dev = torch.device(device)
@@ -187,9 +188,19 @@ def poison_free_memory(device) -> None:
         return
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     small = 1 << 20                       # the allocator's small-pool limit: larger requests go elsewhere
-    sizes = sorted((b["size"] for seg in torch.cuda.memory_snapshot() if seg["device"] == index
-                    for b in seg["blocks"] if b["state"] == "inactive"
-                    and (seg["segment_type"] == "large") == (b["size"] > small)), reverse=True)
+    sizes = []
+    for seg in torch.cuda.memory_snapshot():
+        if seg["device"] != index:
+            continue
+        for blk in seg["blocks"]:
+            n = blk["size"]
+            if blk["state"] != "inactive" or (seg["segment_type"] == "large" and n <= small):
+                continue
+            if seg["segment_type"] == "large":
+                sizes.append(n)
+            else:                         # a free run of a small segment: taken in pieces of at most 1 MiB
+                sizes += [small] * (n // small) + ([n % small] if n % small else [])
+    sizes.sort(reverse=True)
     held = [torch.empty(n, dtype=torch.uint8, device=dev) for n in sizes]
     for t in held:
         t.fill_(0xFF)

@@ -26,6 +26,7 @@ def _diff(capsys, tmp_path, engine, *more, device, steps="2"):
     return rc, out, err, (json.loads(report.read_text()) if report.exists() else None)
 
 
+@pytest.mark.parity_interpreter  # transformers' torch path (on a GPU it calls fla-core's TF32 kernels)
 @needs_transformers
 def test_transformers_at_float32_on_the_bundled_checkpoint_has_no_step_diverged_and_no_op_past_its_bound(
         tmp_path, capsys, parity_device):
@@ -41,6 +42,7 @@ def test_transformers_at_float32_on_the_bundled_checkpoint_has_no_step_diverged_
     assert "engine: transformers (TransformersEngine), float32 on cpu" in err
 
 
+@pytest.mark.parity_interpreter  # transformers' torch path (on a GPU it calls fla-core's TF32 kernels)
 @needs_transformers
 @pytest.mark.parametrize("held", ["float32", "float64"])
 def test_transformers_loads_a_checkpoint_it_saved_itself(tmp_path, capsys, held, parity_device):
@@ -69,6 +71,7 @@ def test_transformers_in_bfloat16_on_cuda_has_no_step_diverged_over_128_steps(tm
     assert report["summary"]["diverged"] == 0 and report["summary"]["past_bound"] is None
 
 
+@pytest.mark.parity_interpreter  # transformers' torch path (on a GPU it calls fla-core's TF32 kernels)
 @needs_transformers
 def test_golden_check_holds_transformers_to_the_committed_golden(capsys, parity_device):
     from reference.fixtures import default_checkpoint_path
@@ -80,7 +83,8 @@ def test_golden_check_holds_transformers_to_the_committed_golden(capsys, parity_
     assert out.strip().splitlines()[-1] == "golden: 3/3 steps match, 0 near-tie, 0 diverged"
 
 
-@pytest.mark.parametrize("factory", ["fb_doubled", pytest.param("fb_doubled_transformers", marks=needs_transformers)])
+@pytest.mark.parametrize("factory", ["fb_doubled", pytest.param("fb_doubled_transformers", marks=(
+    needs_transformers, pytest.mark.parity_interpreter))])  # transformers' torch path, as above
 def test_llama_cpp_doubled_f_b_exits_1_and_is_localized_to_that_layers_mixer(tmp_path, capsys, factory, parity_device):
     rc, out, err, report = _diff(capsys, tmp_path, f"{PLANTED}:{factory}", device=parity_device)
     assert rc == 1, out + err
