@@ -12,6 +12,10 @@ rounds to nearest even. The same function makes fp32/fp64 -> bf16 casts round to
 NaN kept quiet (fp64 goes through fp32 first: a double rounding the GPU does not do, which can
 differ only on exact fp32 ties, far below any bound used here).
 
+A third, of older interpreters only (Triton 3.6): a tensor used as a Python int goes through
+``int(array)``, which NumPy 2.4 refuses; it is converted through its single element
+(``_index_through_item``).
+
 ``optimized`` installs it itself whenever its kernels run under the interpreter: on import (where it
 selects the interpreter when there is no GPU) and again when a family's kernels are defined (were
 ``TRITON_INTERPRET`` set later), so no public entry point (``optimized.load``, the ops, ``parity``)
@@ -121,7 +125,30 @@ def install_faithful_bf16_dot() -> None:
     for name in ("create_fp_trunc", "create_fp_ext", "create_si_to_fp", "create_ui_to_fp",
                  "create_fp_to_si", "create_fp_to_ui"):
         setattr(builder_cls, name, lambda self, src, dst_type, _c=cast_impl: _c(self, src, dst_type))
+    _index_through_item(_interp)
     _INSTALLED = True
+
+
+def _index_through_item(interp) -> None:
+    """A tensor used as a Python int (a loop bound such as ``range(0, tl.program_id(2))``) is a
+    one-element array under the interpreter; older interpreters (Triton 3.6) convert it with
+    ``int(array)``, which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted to Python
+    scalars"). Convert through its single element instead, whatever the Triton."""
+    patch_tensor = getattr(interp, "_patch_lang_tensor", None)
+    if patch_tensor is None:
+        return
+
+    def index(self):
+        data = self.handle.data
+        if data.size != 1:
+            raise TypeError(f"a tensor of {data.size} elements used as an int")
+        return int(data.reshape(-1)[0])
+
+    def _patch_lang_tensor(tensor, scope, _original=patch_tensor):
+        _original(tensor, scope)
+        scope.set_attr(tensor, "__index__", index)
+
+    interp._patch_lang_tensor = _patch_lang_tensor
 
 
 def interpreter_is_faithful() -> bool:
