@@ -129,7 +129,8 @@ def test_the_reference_running_out_of_memory_is_does_not_fit_naming_the_call():
 
 def test_ctrl_c_during_a_run_leaves_no_json_and_one_line(tmp_path):
     out = tmp_path / "report.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # keep what is there
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "parity", "diff", "--steps", "500", "--no-progress",
                              "--json", str(out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
