@@ -2,23 +2,20 @@
 
 On a machine without CUDA the kernels run on CPU under the Triton interpreter. The interpreter is
 selected by ``TRITON_INTERPRET=1`` at the time kernels are defined, so it is set here, before any
-kernel module is imported, when no GPU is present; ``optimized.backend_info()`` reports it. Under
-the interpreter the faithful bf16 dot and rounding (``_interpreter.py``) are put in force here, so
-every entry point computes what a GPU computes (each family checks again as it defines its kernels).
+kernel module is imported, when no GPU is present (``_interpreter.select``, the one place that sets
+it up; entry points that take a device call it with theirs); ``optimized.backend_info()`` reports
+it. Under the interpreter the faithful bf16 dot and rounding (``_interpreter.py``) are put in force
+there, so every entry point computes what a GPU computes (each family checks again as it defines its
+kernels).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from ._interpreter import (ensure_faithful, install_faithful_bf16_dot, interpreting,  # noqa: F401
+                           interpreter_is_faithful, select)
 
-from ._interpreter import (ensure_faithful, install_faithful_bf16_dot, interpreting,  # noqa: E402,F401
-                           interpreter_is_faithful)
-
-ensure_faithful("optimized")
+select()
 
 
 def load(path_or_source, **kwargs):

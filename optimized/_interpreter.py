@@ -12,16 +12,26 @@ rounds to nearest even. The same function makes fp32/fp64 -> bf16 casts round to
 NaN kept quiet (fp64 goes through fp32 first: a double rounding the GPU does not do, which can
 differ only on exact fp32 ties, far below any bound used here).
 
+A third, of older interpreters only (Triton 3.6): a tensor used as a Python int goes through
+``int(array)``, which NumPy 2.4 refuses; it is converted through its single element
+(``_index_through_item``).
+
 ``optimized`` installs it itself whenever its kernels run under the interpreter: on import (where it
 selects the interpreter when there is no GPU) and again when a family's kernels are defined (were
 ``TRITON_INTERPRET`` set later), so no public entry point (``optimized.load``, the ops, ``parity``)
 can run the interpreter's raw-bit bf16 dot; where the patch cannot be installed (a Triton whose
 interpreter lacks the hooks), defining the kernels fails with a one-line error instead.
 ``interpreter_is_faithful()`` lets a report state it.
+
+:func:`select` is the one place where the backend is chosen and the interpreter set up: ``optimized``
+calls it on import, and every entry point that takes a device (``parity certify``, ``parity diff``,
+the test suite's ``--parity-device``) calls it with that device before any kernel is defined.
 """
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 
 _INSTALLED = False
 
@@ -29,6 +39,36 @@ _INSTALLED = False
 def interpreting() -> bool:
     """True when Triton kernels run under the interpreter (set before kernels are defined)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# the modules that define kernels: the interpreter is chosen when they are imported, never after
+_KERNEL_MODULES = ("conv", "elementwise", "embed", "kda", "mla", "moe", "norm", "model", "graphs")
+
+
+def kernels_defined() -> bool:
+    """True once a module of optimized/ that defines Triton kernels has been imported."""
+    return any(f"optimized.{m}" in sys.modules for m in _KERNEL_MODULES)
+
+
+def select(device: str | None = None) -> str:
+    """Where the kernels run, set up here and nowhere else; returns the device.
+
+    ``device`` None: ``cuda`` when torch sees a GPU, else ``cpu``. On ``cpu`` the Triton interpreter
+    is selected (``TRITON_INTERPRET=1``) unless kernels are already defined (then the caller learns
+    it from :func:`interpreting`); under the interpreter the faithful bf16 dot and casts are put in
+    force (:func:`ensure_faithful`) and NumPy's warnings from masked-off padding lanes (0/0 there is
+    discarded by the store mask) are silenced. ``cuda`` is returned as given: whether a GPU is
+    present is the caller's error to report."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not kernels_defined():
+        os.environ["TRITON_INTERPRET"] = "1"
+    if interpreting():
+        ensure_faithful("optimized")
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+    return device
 
 
 def install_faithful_bf16_dot() -> None:
@@ -85,7 +125,30 @@ def install_faithful_bf16_dot() -> None:
     for name in ("create_fp_trunc", "create_fp_ext", "create_si_to_fp", "create_ui_to_fp",
                  "create_fp_to_si", "create_fp_to_ui"):
         setattr(builder_cls, name, lambda self, src, dst_type, _c=cast_impl: _c(self, src, dst_type))
+    _index_through_item(_interp)
     _INSTALLED = True
+
+
+def _index_through_item(interp) -> None:
+    """A tensor used as a Python int (a loop bound such as ``range(0, tl.program_id(2))``) is a
+    one-element array under the interpreter; older interpreters (Triton 3.6) convert it with
+    ``int(array)``, which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted to Python
+    scalars"). Convert through its single element instead, whatever the Triton."""
+    patch_tensor = getattr(interp, "_patch_lang_tensor", None)
+    if patch_tensor is None:
+        return
+
+    def index(self):
+        data = self.handle.data
+        if data.size != 1:
+            raise TypeError(f"a tensor of {data.size} elements used as an int")
+        return int(data.reshape(-1)[0])
+
+    def _patch_lang_tensor(tensor, scope, _original=patch_tensor):
+        _original(tensor, scope)
+        scope.set_attr(tensor, "__index__", index)
+
+    interp._patch_lang_tensor = _patch_lang_tensor
 
 
 def interpreter_is_faithful() -> bool:

@@ -85,16 +85,9 @@ class Witnessed:
 
 
 def setup_interpreter() -> None:
-    """Before this repository's kernels run: on CPU the interpreter is made faithful for bf16 dots
-    and round to nearest (what the GPU computes: optimized/_interpreter.py)."""
-    import warnings
-
-    import optimized as opt  # here, not at the top: importing optimized picks the Triton backend
-
-    if opt.interpreting():
-        opt.install_faithful_bf16_dot()
-        # numpy evaluates masked-off padding lanes too (0/0 there is discarded by the store mask)
-        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+    """Before this repository's kernels run: importing ``optimized`` selects the backend and, on
+    CPU, makes the interpreter faithful (``optimized/_interpreter.py``); a worker process calls it."""
+    import optimized  # noqa: F401  (here, not at the top: importing it selects and sets up the backend)
 
 
 def optimized(record: OpRecord) -> Candidate:

@@ -225,6 +225,7 @@ def run_call(record: OpRecord, fn, call: Call, inputs: dict, kwargs: dict, aux: 
         before = _counters.launches[counter]
     calls = getattr(fn, "calls", None)
     kw = dict(kwargs)
+    poison_free_memory(device)   # an output it never writes reads as NaN, never as our own last result
     t0 = time.perf_counter()
     try:
         if call.kind == MUTANT:
@@ -290,6 +291,43 @@ class InProcess:
 
 def _mutant(record: OpRecord, name: str) -> Mutant:
     return next(m for m in record.mutants if m.name == name)
+
+
+def poison_free_memory(device) -> None:
+    """Fill every block that the CUDA caching allocator holds free on ``device`` with 0xFF bytes (NaN
+    in every float format, -1 in every signed integer) before a candidate runs.
+
+    Why: an output the candidate never writes (``torch.empty`` on a path that forgets it) is whatever
+    the allocator hands back, and that is the most recently freed block of its size: on CUDA, the
+    outputs certify itself just computed on the same input (a mutant, the stand-in, the previous
+    call). Such an output would pass as correct, or be named as the mutant it copies. Poisoned, it
+    reads NaN. Each free block is taken by allocations of exactly its size (best fit: that block; a
+    small segment's free run in pieces of the small pool's largest request), filled, and given back.
+    Nothing on the CPU (its allocator offers no such view)."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_initialized():
+        return
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    small = 1 << 20                       # the allocator's small-pool limit: larger requests go elsewhere
+    sizes = []
+    for seg in torch.cuda.memory_snapshot():
+        if seg["device"] != index:
+            continue
+        for blk in seg["blocks"]:
+            n = blk["size"]
+            if blk["state"] != "inactive" or (seg["segment_type"] == "large" and n <= small):
+                continue
+            if seg["segment_type"] == "large":
+                sizes.append(n)
+            else:                         # a free run of a small segment: taken in pieces of at most 1 MiB
+                sizes += [small] * (n // small) + ([n % small] if n % small else [])
+    sizes.sort(reverse=True)
+    held = [torch.empty(n, dtype=torch.uint8, device=dev) for n in sizes]
+    for t in held:
+        t.fill_(0xFF)
+    del held
 
 
 def _span(x):

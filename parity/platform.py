@@ -17,12 +17,15 @@ TOWARD_ZERO = "toward-zero"
 
 def default_device(device: str | None = None) -> str:
     """``device``, or where the optimized kernels run by default: ``cuda`` on a machine with a GPU
-    (compiled kernels), else ``cpu`` (the Triton interpreter)."""
+    (compiled kernels), else ``cpu`` (the Triton interpreter, also where it was selected on a machine
+    with a GPU: ``optimized._interpreter.select("cpu")``)."""
     if device is not None:
         return device
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    from optimized._interpreter import interpreting
+
+    return "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
 
 
 def store_rounding(dtype: str, device: str | None = None) -> str:

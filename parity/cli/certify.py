@@ -24,10 +24,8 @@ from the I-th; ``merge`` combines the shards' certificates into the one the unsh
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
-import warnings
 
 from parity.bounds.core import CONTRACTS
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, write_output
@@ -77,25 +75,15 @@ def register(sub):
 
 
 def _setup_device(device):
-    """Select the backend before optimized/ is imported: on CPU the Triton interpreter, made faithful
-    for bf16 dots."""
-    if device == "cpu" and "optimized" not in sys.modules:
-        os.environ["TRITON_INTERPRET"] = "1"
+    """Select the backend before any kernel is defined (optimized._interpreter.select: on CPU the
+    Triton interpreter, made faithful for bf16 dots)."""
     import torch
 
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device == "cpu" and "optimized" not in sys.modules:
-            os.environ["TRITON_INTERPRET"] = "1"
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA GPU is available (torch.cuda.is_available() is False)")
-    import optimized
+    from optimized import select
 
-    if optimized.interpreting():
-        optimized.install_faithful_bf16_dot()
-        # numpy evaluates masked-off padding lanes too (0/0 there is discarded by the store mask)
-        warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
-    return device
+    return select(device)
 
 
 def _shard(value):

@@ -77,15 +77,11 @@ def check_device(device: str | None) -> str:
     CPU the Triton kernels run under the interpreter, made faithful for bf16 ``tl.dot`` here."""
     import torch
 
-    import optimized
-
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA device is available on this machine")
-    if device == "cpu" and optimized.interpreting():
-        optimized.install_faithful_bf16_dot()
-    return device
+    from optimized import select
+
+    return select(device)
 
 
 def platform_rounding(dtype: str, device: str) -> str:

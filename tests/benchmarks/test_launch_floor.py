@@ -4,13 +4,11 @@ import torch
 
 from benchmarks import launch_floor
 
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # compiled on a GPU, else interpreted
 
-
-def test_read_kernel_sums_each_row_once():
+def test_read_kernel_sums_each_row_once(parity_device):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(70, launch_floor.ROW, generator=g).to(torch.bfloat16)
-    parts = launch_floor.read_sum(x.to(DEV), programs=3, block_rows=16).cpu()
+    parts = launch_floor.read_sum(x.to(parity_device), programs=3, block_rows=16).cpu()
     per = 24  # cdiv(70, 3) rows per program, the last program 22
     tols = []
     for p in range(3):

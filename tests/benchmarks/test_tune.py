@@ -33,11 +33,12 @@ def test_same_bits_sees_one_ulp_a_sign_of_zero_and_a_shape():
     assert not tune.same_bits(a, a[:2]) and not tune.same_bits((a,), (a, a))
 
 
-def test_conv_step_settings_keep_the_bits_and_a_different_op_does_not():
+def test_conv_step_settings_keep_the_bits_and_a_different_op_does_not(parity_device):
     """The conv step's settings only choose which program computes a channel (interpreter here);
     a run that computes something else is reported as different."""
     g = torch.Generator().manual_seed(3)
-    x, w, state = torch.randn(3, 40, generator=g), torch.randn(40, 4, generator=g), torch.randn(3, 40, 3, generator=g)
+    x, w, state = (t.to(parity_device) for t in (torch.randn(3, 40, generator=g), torch.randn(40, 4, generator=g),
+                                                  torch.randn(3, 40, 3, generator=g)))
     run = lambda launch: conv.short_conv_step(x, w, state, launch=launch)  # noqa: E731
     got = tune.bits_against_defaults(run, conv.StepLaunch(), [dict(block_c=16), dict(block_c=32, num_warps=2)])
     assert [same for _, same in got] == [True, True]

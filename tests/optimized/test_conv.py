@@ -11,7 +11,6 @@ import torch
 from optimized import _counters, conv
 from parity.testing import assert_parity
 
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, torch.bfloat16, torch.float64]
 
 
@@ -19,12 +18,12 @@ def name(dtype):
     return str(dtype).replace("torch.", "")
 
 
-def make(B, T, C, W, dtype, seed=0):
+def make(B, T, C, W, dtype, seed=0, *, device):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, T, C, generator=g, dtype=torch.float64).to(dtype)
     w = (torch.randn(C, W, generator=g, dtype=torch.float64) / W ** 0.5).to(dtype)
     s0 = torch.randn(B, C, W - 1, generator=g, dtype=torch.float64).to(dtype)
-    return x.to(DEV), w.to(DEV), s0.to(DEV)
+    return x.to(device), w.to(device), s0.to(device)
 
 
 def bits(t):
@@ -34,8 +33,8 @@ def bits(t):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("B,T,C,W", [(2, 11, 37, 4), (1, 70, 300, 4), (3, 2, 5, 4), (2, 9, 16, 2)])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_short_conv_matches_reference(B, T, C, W, dtype, with_state):
-    x, w, s0 = make(B, T, C, W, dtype)
+def test_short_conv_matches_reference(B, T, C, W, dtype, with_state, parity_device):
+    x, w, s0 = make(B, T, C, W, dtype, device=parity_device)
     inputs = {"x": x, "weight": w, "initial_state": s0 if with_state else None}
     j = assert_parity("conv.short_conv", inputs, dtype=name(dtype))
     assert j.outputs["final_state"].ratio == 0.0, "final state must be the exact last W-1 inputs"
@@ -44,9 +43,9 @@ def test_short_conv_matches_reference(B, T, C, W, dtype, with_state):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_chunked_prefill_equals_whole_bitwise(dtype):
+def test_chunked_prefill_equals_whole_bitwise(dtype, parity_device):
     B, T, C, W = 2, 23, 37, 4
-    x, w, s0 = make(B, T, C, W, dtype, seed=1)
+    x, w, s0 = make(B, T, C, W, dtype, seed=1, device=parity_device)
     y, f = conv.short_conv(x, w, initial_state=s0)
     for cuts in ([1], [2], [3], [7, 8], [1, 2, 3, 20]):  # pieces shorter than W-1 too
         ys, st = [], s0
@@ -63,10 +62,10 @@ def test_chunked_prefill_equals_whole_bitwise(dtype):
 
 @pytest.mark.parametrize("dtype,W", [(d, 4) for d in DTYPES] + [(torch.float32, W) for W in (2, 3, 6)],
                          ids=str)
-def test_decode_steps_equal_prefill_bitwise(dtype, W):
+def test_decode_steps_equal_prefill_bitwise(dtype, W, parity_device):
     """The step's tap loop and state shift at the model's W = 4 and at W = 2, 3, 6."""
     B, T, C = 2, 9, 37
-    x, w, s0 = make(B, T, C, W, dtype, seed=2)
+    x, w, s0 = make(B, T, C, W, dtype, seed=2, device=parity_device)
     y, f = conv.short_conv(x, w, initial_state=s0)
     st, ys = s0, []
     for t in range(T):
@@ -79,12 +78,12 @@ def test_decode_steps_equal_prefill_bitwise(dtype, W):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_state_pool_in_place_touches_only_its_slots(dtype):
+def test_state_pool_in_place_touches_only_its_slots(dtype, parity_device):
     B, T, C, W, slots = 3, 5, 37, 4, 7
-    x, w, s0 = make(B, T, C, W, dtype, seed=3)
+    x, w, s0 = make(B, T, C, W, dtype, seed=3, device=parity_device)
     g = torch.Generator().manual_seed(9)
-    pool = torch.randn(slots, C, W - 1, generator=g).to(dtype=dtype, device=DEV)
-    slot_ids = torch.tensor([5, 0, 3], dtype=torch.int32, device=DEV)
+    pool = torch.randn(slots, C, W - 1, generator=g).to(dtype=dtype, device=parity_device)
+    slot_ids = torch.tensor([5, 0, 3], dtype=torch.int32, device=parity_device)
     pool[slot_ids.long()] = s0
     before = pool.clone()
     y, f = conv.short_conv(x, w, initial_state=s0)
@@ -95,22 +94,22 @@ def test_state_pool_in_place_touches_only_its_slots(dtype):
     assert torch.equal(bits(pool[untouched]), bits(before[untouched])), "untouched slots changed"
     # a padding row (slot -1) writes nothing and outputs 0
     snap = pool.clone()
-    yp = conv.short_conv_step_(x[:, 0], w, pool, torch.tensor([-1, 0, -1], device=DEV))
+    yp = conv.short_conv_step_(x[:, 0], w, pool, torch.tensor([-1, 0, -1], device=parity_device))
     assert not yp[0].any() and not yp[2].any()
     changed = (bits(pool) != bits(snap)).flatten(1).any(1)
     assert changed.nonzero().flatten().tolist() == [0]
 
 
-def test_checkpoint_weight_layout_and_fp32_state_for_bf16():
-    x, w, s0 = make(2, 6, 16, 4, torch.bfloat16, seed=4)
+def test_checkpoint_weight_layout_and_fp32_state_for_bf16(parity_device):
+    x, w, s0 = make(2, 6, 16, 4, torch.bfloat16, seed=4, device=parity_device)
     y, f = conv.short_conv(x, w, initial_state=s0)
     y2, f2 = conv.short_conv(x, w[:, None, :], initial_state=s0.float())  # [C,1,W], fp32 state
     assert torch.equal(bits(y), bits(y2)) and f2.dtype == torch.float32
     assert torch.equal(f2, f.float())
 
 
-def test_errors_name_the_argument():
-    x, w, s0 = make(2, 6, 16, 4, torch.float32)
+def test_errors_name_the_argument(parity_device):
+    x, w, s0 = make(2, 6, 16, 4, torch.float32, device=parity_device)
     with pytest.raises(ValueError, match="initial_state"):
         conv.short_conv(x, w, initial_state=s0[:, :, :2])
     with pytest.raises(ValueError, match="x"):
@@ -123,8 +122,8 @@ def test_errors_name_the_argument():
         conv.short_conv(x, w, initial_state=s0.bfloat16())
 
 
-def test_run_to_run_bitwise_and_counted():
-    x, w, s0 = make(2, 40, 64, 4, torch.bfloat16, seed=5)
+def test_run_to_run_bitwise_and_counted(parity_device):
+    x, w, s0 = make(2, 40, 64, 4, torch.bfloat16, seed=5, device=parity_device)
     c0 = _counters.snapshot()
     a, fa = conv.short_conv(x, w, initial_state=s0)
     b, fb = conv.short_conv(x, w, initial_state=s0)
@@ -134,18 +133,18 @@ def test_run_to_run_bitwise_and_counted():
     assert d["conv.short_conv"] == 2 and d["conv.short_conv_step"] == 1
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parity_gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gpu_model_shapes(dtype):
+def test_gpu_model_shapes(dtype, parity_device):
     B, T, C, W = 2, 1000, 4096, 4
-    x, w, s0 = (t.cuda() for t in make(B, T, C, W, dtype, seed=7))
-    assert_parity("conv.short_conv", {"x": x, "weight": w, "initial_state": s0}, dtype=name(dtype), device="cuda")
+    x, w, s0 = make(B, T, C, W, dtype, seed=7, device=parity_device)
+    assert_parity("conv.short_conv", {"x": x, "weight": w, "initial_state": s0}, dtype=name(dtype), device=parity_device)
     y, f = conv.short_conv(x, w, initial_state=s0)
     y1, f1 = conv.short_conv(x[:, :500], w, initial_state=s0)
     y2, f2 = conv.short_conv(x[:, 500:], w, initial_state=f1)
     assert torch.equal(bits(torch.cat([y1, y2], 1)), bits(y)) and torch.equal(bits(f2), bits(f))
-    pool = torch.randn(64, C, W - 1, device="cuda").to(dtype)
-    ids = torch.tensor([7, 3], device="cuda")
+    pool = torch.randn(64, C, W - 1, device=parity_device).to(dtype)
+    ids = torch.tensor([7, 3], device=parity_device)
     pool[ids] = s0
     ys = [conv.short_conv_step_(x[:, t], w, pool, ids) for t in range(4)]
     assert torch.equal(bits(torch.stack(ys, 1)), bits(y[:, :4]))

@@ -13,7 +13,6 @@ from optimized import _counters, elementwise
 from parity.candidate import of
 from parity.testing import assert_parity
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = ["float32", "bfloat16", "float64"]
 NAMES = ["silu", "sigmoid", "softplus"]
 LANDMARKS = [0.0, -0.0, 1e-3, -1e-3, 20.0, 20.5, 19.75, -20.0, -40.0, -80.0, 40.0, 80.0, -0.5, 0.5, 3.0, -3.0]
@@ -32,29 +31,29 @@ def test_matches_reference_within_bound(name, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_softplus_threshold_rule(dtype):
+def test_softplus_threshold_rule(dtype, parity_device):
     x = np.array([19.5, 20.0, 20.25, 2.0, 2.5, -30.0])
     for thr in (20.0, 2.25):
         assert_parity("elementwise.softplus", {"x": x}, kwargs={"threshold": thr}, dtype=dtype)
-        xt = torch.tensor(x, device=DEV).to(getattr(torch, dtype))
+        xt = torch.tensor(x, device=parity_device).to(getattr(torch, dtype))
         above = xt.double() > thr
         assert torch.equal(elementwise.softplus(xt, threshold=thr)[above], xt[above]), \
             "above the threshold softplus must return x itself"
 
 
-def test_any_shape_noncontiguous_and_empty():
+def test_any_shape_noncontiguous_and_empty(parity_device):
     def transposed(x):  # the same values in column-major storage
         xt = x.t().contiguous().t()
         assert not xt.is_contiguous()
         return elementwise.silu(xt)
 
     assert_parity("elementwise.silu", {"x": make_x(6 * 35).reshape(35, 6)}, candidate=of(transposed, triton=True))
-    assert elementwise.sigmoid(torch.empty(0, 3, device=DEV)).shape == (0, 3)
+    assert elementwise.sigmoid(torch.empty(0, 3, device=parity_device)).shape == (0, 3)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_run_to_run_bitwise_and_counted(name):
-    x = torch.tensor(make_x(4099, seed=3), device=DEV).bfloat16()
+def test_run_to_run_bitwise_and_counted(name, parity_device):
+    x = torch.tensor(make_x(4099, seed=3), device=parity_device).bfloat16()
     before = _counters.snapshot()[f"elementwise.{name}"]
     a, b = getattr(elementwise, name)(x), getattr(elementwise, name)(x)
     assert torch.equal(a.view(torch.int16), b.view(torch.int16))
@@ -66,10 +65,10 @@ def test_rejects_integer_input_naming_x():
         elementwise.silu(torch.arange(4))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parity_gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gpu_large(dtype):
+def test_gpu_large(dtype, parity_device):
     x = make_x(1 << 22)
     for name in NAMES:
-        assert_parity(f"elementwise.{name}", {"x": x}, dtype=dtype, device="cuda")
+        assert_parity(f"elementwise.{name}", {"x": x}, dtype=dtype, device=parity_device)
     assert optimized.backend_info()["cuda"]

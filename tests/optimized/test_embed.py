@@ -10,7 +10,6 @@ import torch
 from optimized import _counters, embed
 from parity.testing import assert_parity
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = ["float32", "bfloat16", "float64"]
 
 
@@ -70,11 +69,11 @@ def test_counted_and_bitwise():
     assert d["embed.lm_head"] == 2 and d["embed.embedding"] == 1
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_gpu_lm_head_and_async_id_check():
+@pytest.mark.parity_gpu
+def test_gpu_lm_head_and_async_id_check(parity_device):
     r = np.random.default_rng(2)
     h, w = r.standard_normal((4, 2304)), r.standard_normal((4096, 2304)) / 48
-    assert_parity("embed.lm_head", {"h": h, "weight": w}, dtype="bfloat16", device="cuda")
-    wt = torch.tensor(w, device="cuda").bfloat16()
-    out = embed.embedding(torch.tensor([0, 4095], device="cuda"), wt)
+    assert_parity("embed.lm_head", {"h": h, "weight": w}, dtype="bfloat16", device=parity_device)
+    wt = torch.tensor(w, device=parity_device).bfloat16()
+    out = embed.embedding(torch.tensor([0, 4095], device=parity_device), wt)
     assert torch.equal(out, wt[[0, 4095]])

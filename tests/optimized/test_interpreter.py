@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.parity_interpreter  # the CPU interpreter itself is under test
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r'''

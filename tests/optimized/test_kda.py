@@ -25,8 +25,6 @@ from parity.platform import store_rounding
 from parity.registry import Case
 from parity.testing import assert_parity
 
-CUDA = torch.cuda.is_available()
-DEV = "cuda" if CUDA else "cpu"
 CORE = ("q", "k", "v", "g", "beta")
 FUSED = ("q", "k", "v", "g_raw", "beta_logits", "A_log", "dt_bias")
 
@@ -162,7 +160,7 @@ def test_bf16_gate_and_beta_inputs():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_chunk_stages(dtype):
+def test_chunk_stages(dtype, parity_device):
     """Each stored intermediate of the chunk pipeline against its float64 value (parity.emulate's
     chunked form at float64) within parity.bounds.kda_stages' bracket: localizes a wrong kernel
     (G -> gate kernel; Aq, kg, qg -> blocks kernel; w, u -> WY kernel; h, v_new -> state kernel)."""
@@ -176,7 +174,7 @@ def test_chunk_stages(dtype):
     ref = {}
     emu.chunked(*(d[n].double().cpu() for n in CORE), initial_state=d["initial_state"].double().cpu(),
                 chunk_size=BT, stages=ref)
-    p = precision_for(dtype, rounding=store_rounding(dtype, DEV))
+    p = precision_for(dtype, rounding=store_rounding(dtype, parity_device))
     ratios = {}
     for name in STAGES:
         r = ref[name].numpy()
@@ -269,32 +267,3 @@ def test_argument_errors():
         kda.fused_recurrent(f["q"], f["k"], f["v"], f["g_raw"], f["beta_logits"], f["A_log"], f["dt_bias"][:5])
     with pytest.raises(TypeError, match="dtype"):
         kda.recurrent(d["q"], d["k"], d["v"].double(), d["g"], d["beta"])
-
-
-# ------------------------------------------------------------------------------------------------
-# GPU only: the model's shapes (the lead runs these on the H200)
-
-gpu = pytest.mark.skipif(not CUDA, reason="needs CUDA (real shapes are too slow for the interpreter)")
-
-
-@gpu
-@pytest.mark.parametrize("T", [1000, 4096])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_gpu_fused_chunked_real_shapes(T, dtype):
-    c = case(1, T, 32, 32, 128, 128, seed=T, op="fused_chunked")
-    j = assert_parity("kda.fused_chunked", c, dtype=dtype, device="cuda")
-    print(f"fused_chunked {dtype} T={T}: err/bound {j.ratio:.3g}")
-    if T == 1000:
-        c = case(1, T, 32, 32, 128, 128, seed=T, op="fused_recurrent")
-        print(f"fused_recurrent {dtype} T={T}: err/bound "
-              f"{assert_parity('kda.fused_recurrent', c, dtype=dtype, device='cuda').ratio:.3g}")
-    d = inputs("fused_chunked", c, dtype)
-    a, b = run("fused_chunked", d), run("fused_chunked", d)
-    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-
-
-@gpu
-@pytest.mark.parametrize("op", ["chunked", "recurrent"])
-def test_gpu_fp64_varlen(op):
-    c = case(1, 1000, 4, 8, 128, 64, seed=2, op=op, cu_seqlens=[0, 1, 300, 301, 1000])
-    print(f"fp64 varlen {op}: err/bound {assert_parity(f'kda.{op}', c, dtype='float64', device='cuda').ratio:.3g}")

@@ -10,19 +10,18 @@ import numpy as np
 import pytest
 import torch
 
+import optimized
 from optimized import _counters, kda
 from parity.bounds.core import unit_roundoff
 from parity.ops.kda import decode_case
 from parity.testing import assert_parity
 
-CUDA = torch.cuda.is_available()
-DEV = "cuda" if CUDA else "cpu"
 
 
 SENTINEL = 1e30  # fills every slot no sequence names: must come back bit-identical
 
 
-def make_step(B, H, HV, K, V, dtype, num_slots, slots, *, seed=0, device=DEV):
+def make_step(B, H, HV, K, V, dtype, num_slots, slots, *, device, seed=0):
     """Inputs of one decode step and a pool whose named slots hold random states, the rest SENTINEL."""
     gen = torch.Generator().manual_seed(seed)
     f64 = torch.float64
@@ -65,9 +64,9 @@ def test_decode_matches_reference_and_isolates_slots(dtype):
     assert o.shape == (3, 2, 48) and o.dtype == getattr(torch, dtype)
 
 
-def test_decode_batched_equals_alone_bitwise():
+def test_decode_batched_equals_alone_bitwise(parity_device):
     slots = [3, 1, 0, 5]
-    d, pool, sl = make_step(4, 2, 4, 32, 32, torch.bfloat16, 6, slots, seed=2)
+    d, pool, sl = make_step(4, 2, 4, 32, 32, torch.bfloat16, 6, slots, seed=2, device=parity_device)
     before = pool.clone()
     o = decode(d, pool, sl)
     for b in range(4):
@@ -78,15 +77,15 @@ def test_decode_batched_equals_alone_bitwise():
         assert torch.equal(p1[slots[b]], pool[slots[b]]), f"sequence {b}: state differs"
 
 
-def test_decode_reads_strided_rows_in_place_bitwise():
+def test_decode_reads_strided_rows_in_place_bitwise(parity_device):
     """q, k, v, g_raw and beta_logits as column slices of wider [B, N] tensors (as the model's fused
     projection output) give the bits of their contiguous copies."""
     slots = [3, 1, 0]
-    d, pool, sl = make_step(3, 2, 4, 32, 16, torch.bfloat16, 6, slots, seed=4)
+    d, pool, sl = make_step(3, 2, 4, 32, 16, torch.bfloat16, 6, slots, seed=4, device=parity_device)
     views = {}
     for n in ("q", "k", "v", "g_raw", "beta_logits"):
         flat = d[n].reshape(3, -1)
-        pad = torch.full((3, 7), float("nan"), dtype=flat.dtype, device=DEV)  # read = a NaN output
+        pad = torch.full((3, 7), float("nan"), dtype=flat.dtype, device=parity_device)  # read = a NaN output
         views[n] = torch.cat([pad, flat, pad], dim=1)[:, 7:7 + flat.shape[1]].view(d[n].shape)
     assert not views["q"].is_contiguous()
     p_view, p_copy = pool.clone(), pool.clone()
@@ -95,9 +94,9 @@ def test_decode_reads_strided_rows_in_place_bitwise():
     assert torch.equal(o_view, o_copy) and torch.equal(p_view, p_copy)
 
 
-def test_decode_run_to_run_and_padding_slot():
+def test_decode_run_to_run_and_padding_slot(parity_device):
     slots = [2, -1, 0]  # -1: a padding entry
-    d, pool, sl = make_step(3, 1, 1, 16, 32, torch.float32, 3, slots, seed=3)
+    d, pool, sl = make_step(3, 1, 1, 16, 32, torch.float32, 3, slots, seed=3, device=parity_device)
     before = pool.clone()
     p1, p2 = before.clone(), before.clone()
     o1, o2 = decode(d, p1, sl), decode(d, p2, sl)
@@ -106,14 +105,14 @@ def test_decode_run_to_run_and_padding_slot():
     assert torch.equal(p1[1], before[1]), "slot 1 is named by nobody: untouched"
 
 
-def test_decode_into_out_rows_of_a_padded_tile_bitwise():
+def test_decode_into_out_rows_of_a_padded_tile_bitwise(parity_device):
     """``out`` = the first B rows of a wider zero tile (the model's decode tile): the bits of a fresh
     output, written there and returned; the tile's other rows untouched; a wrong ``out`` is one
     ValueError naming it, raised before any state is updated."""
     slots = [3, 1, 0]
-    d, pool, sl = make_step(3, 2, 4, 32, 16, torch.bfloat16, 6, slots, seed=6)
+    d, pool, sl = make_step(3, 2, 4, 32, 16, torch.bfloat16, 6, slots, seed=6, device=parity_device)
     p_out, p_new = pool.clone(), pool.clone()
-    tile = torch.zeros((5, 4, 16), dtype=torch.bfloat16, device=DEV)
+    tile = torch.zeros((5, 4, 16), dtype=torch.bfloat16, device=parity_device)
     o = decode(d, p_out, sl, out=tile[:3])
     want = decode(d, p_new, sl)
     assert o.data_ptr() == tile.data_ptr()
@@ -126,7 +125,7 @@ def test_decode_into_out_rows_of_a_padded_tile_bitwise():
         assert "\n" not in str(e.value) and torch.equal(p_out, before)
 
 
-def test_decode_continues_prefill_bitwise():
+def test_decode_continues_prefill_bitwise(parity_device):
     """fused_recurrent over T tokens, then decode token T from the returned state (in a pool slot) ==
     fused_recurrent over T + 1 tokens: the output in bytes, the state in bytes under the interpreter
     and within one rounding of its last update on a GPU (state fp32 in between)."""
@@ -139,16 +138,16 @@ def test_decode_continues_prefill_bitwise():
     bl = torch.randn(B, T + 1, HV, generator=gen)
     A_log = torch.log(1 + 15 * torch.rand(HV, generator=gen))
     dt_bias = torch.randn(HV * K, generator=gen) - 3
-    args = [x.to(DEV) for x in (q, k, v, g_raw, bl, A_log, dt_bias)]
+    args = [x.to(parity_device) for x in (q, k, v, g_raw, bl, A_log, dt_bias)]
     o_full, s_full = kda.fused_recurrent(*args)
     pre = [x[:, :T] for x in args[:5]] + args[5:]
     _, s_pre = kda.fused_recurrent(*pre)
-    pool = torch.full((4, HV, K, V), SENTINEL, device=DEV)
+    pool = torch.full((4, HV, K, V), SENTINEL, device=parity_device)
     pool[[3, 1]] = s_pre
     step = [x[:, T] for x in args[:5]] + args[5:]
-    o_step = kda.fused_recurrent_decode(*step, pool, torch.tensor([3, 1], device=DEV))
+    o_step = kda.fused_recurrent_decode(*step, pool, torch.tensor([3, 1], device=parity_device))
     assert torch.equal(o_step, o_full[:, T])
-    if CUDA:
+    if not optimized.interpreting():
         # the same formula compiled into two kernel variants (a T-token loop, one indexed step): the
         # GPU compiler may contract a multiply-add into an FMA in one and not the other, so the last
         # update may round differently: at most one fp32 rounding of each of its two terms (u =
@@ -163,8 +162,8 @@ def test_decode_continues_prefill_bitwise():
     assert torch.equal(pool[0], torch.full_like(pool[0], SENTINEL))
 
 
-def test_decode_argument_errors():
-    d, pool, sl = make_step(2, 1, 1, 16, 16, torch.float32, 3, [0, 1])
+def test_decode_argument_errors(parity_device):
+    d, pool, sl = make_step(2, 1, 1, 16, 16, torch.float32, 3, [0, 1], device=parity_device)
     with pytest.raises(ValueError, match="state_pool"):
         decode(d, pool[:, :, :, :8], sl)
     with pytest.raises(ValueError, match="state_pool"):
@@ -175,14 +174,14 @@ def test_decode_argument_errors():
         decode(d, pool, sl[:1])
 
 
-@pytest.mark.skipif(not CUDA, reason="needs CUDA (real shapes are too slow for the interpreter)")
+@pytest.mark.parity_gpu
 @pytest.mark.parametrize("B", [1, 64])
-def test_gpu_decode_real_shapes(B):
+def test_gpu_decode_real_shapes(B, parity_device):
     H, K, V = 32, 128, 128
     slots = list(range(2 * B - 1, -1, -2))  # every other slot, reversed
     assert_parity("kda.fused_recurrent_decode", judged_case(B, H, H, K, V, 2 * B, slots, seed=B),
-                  dtype="bfloat16", device="cuda")
-    d, pool, sl = make_step(B, H, H, K, V, torch.bfloat16, 2 * B, slots, seed=B)
+                  dtype="bfloat16", device=parity_device)
+    d, pool, sl = make_step(B, H, H, K, V, torch.bfloat16, 2 * B, slots, seed=B, device=parity_device)
     before = pool.clone()
     o = decode(d, pool, sl)
     for b in (0, B - 1):

@@ -18,17 +18,17 @@ from reference.synthetic import SyntheticSource
 from .test_model_parity import (PROMPT, TINY, _float32_parity, check_bf16_run, check_greedy_agrees_with_recompute,
                                 traced_rerun)
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.parity_gpu
 
 MEDIUM = KimiConfig.from_name("medium")
 STEPS = 64
 
 
 @pytest.mark.parametrize("preset", ["tiny", "medium"])
-def test_bf16_64_greedy_steps_equal_the_recompute_path_and_stay_within_the_bound(preset):
+def test_bf16_64_greedy_steps_equal_the_recompute_path_and_stay_within_the_bound(preset, parity_device):
     config = KimiConfig.from_name(preset)
     source = SyntheticSource(config, 0)
-    model = optimized.load(source, device="cuda", dtype="bfloat16")
+    model = optimized.load(source, device=parity_device, dtype="bfloat16")
     logits, cache = model.prefill(PROMPT)
     steps, tokens = [logits[-1]], [int(logits[-1].argmax())]
     for _ in range(STEPS - 1):
@@ -42,12 +42,12 @@ def test_bf16_64_greedy_steps_equal_the_recompute_path_and_stay_within_the_bound
 
 def test_float32_medium_preset_matches_the_reference_on_the_gpu():
     source = SyntheticSource(MEDIUM, 1)
-    worst = _float32_parity(source, decode_steps=2, split=5)  # default device: cuda here
+    worst = _float32_parity(source, decode_steps=2, split=5)  # default device: the GPU here
     assert max(worst.values()) < 1.0, worst
 
 
-def test_bf16_batched_decode_equals_alone_with_the_64_row_tile():
-    model = optimized.load(SyntheticSource(TINY, 2), device="cuda", dtype="bfloat16")
+def test_bf16_batched_decode_equals_alone_with_the_64_row_tile(parity_device):
+    model = optimized.load(SyntheticSource(TINY, 2), device=parity_device, dtype="bfloat16")
     assert model.decode_tile == 64
     rng = np.random.default_rng(0)
     B = 9
@@ -64,12 +64,12 @@ def test_bf16_batched_decode_equals_alone_with_the_64_row_tile():
 
 
 @pytest.mark.parametrize("preset", ["tiny", "medium"])
-def test_synthetic_weights_generated_on_the_gpu_equal_the_numpy_ones(preset):
+def test_synthetic_weights_generated_on_the_gpu_equal_the_numpy_ones(preset, parity_device):
     from optimized.synthetic import DeviceGenerator
     from optimized.weights import raw_to_torch
 
     source = SyntheticSource(KimiConfig.from_name(preset), 7)
-    gen = DeviceGenerator(source, "cuda")
+    gen = DeviceGenerator(source, parity_device)
     for name in source.names():
         want = raw_to_torch(source.get_raw(name), source.storage_dtype(name))
         got = gen(name).cpu()
@@ -77,12 +77,12 @@ def test_synthetic_weights_generated_on_the_gpu_equal_the_numpy_ones(preset):
         assert torch.equal(got.view(bits), want.view(bits)), name
 
 
-def test_synthetic_48b_tensors_generated_on_the_gpu_equal_the_numpy_ones():
+def test_synthetic_48b_tensors_generated_on_the_gpu_equal_the_numpy_ones(parity_device):
     from optimized.synthetic import DeviceGenerator
     from optimized.weights import raw_to_torch
 
     source = SyntheticSource(KimiConfig.from_name("kimi-linear-48b"), 0)
-    gen = DeviceGenerator(source, "cuda")
+    gen = DeviceGenerator(source, parity_device)
     for name in ["model.layers.3.self_attn.kv_b_proj.weight", "model.layers.0.self_attn.A_log",
                  "model.layers.5.block_sparse_moe.experts.255.w2.weight",
                  "model.layers.26.block_sparse_moe.gate.e_score_correction_bias"]:

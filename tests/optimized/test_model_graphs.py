@@ -18,7 +18,7 @@ from reference.synthetic import SyntheticSource
 TINY = KimiConfig.from_name("tiny")
 PROMPT = [1, 17, 300, 42, 5, 99, 256, 7]
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_gpu = pytest.mark.parity_gpu
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +39,12 @@ def _state(pool):
 
 # -- CPU: the option -------------------------------------------------------------------------------
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU default and error")
-def test_cuda_graphs_default_off_on_cpu_and_true_is_a_clear_error(tiny_source):
-    with pytest.raises(ValueError, match=r"cuda_graphs=True needs a CUDA device \(device is 'cpu'\)"):
-        optimized.load(tiny_source, device="cpu", cuda_graphs=True)
-    assert optimized.load(tiny_source, device="cpu").cuda_graphs is False
-    assert optimized.load(tiny_source, device="cpu", cuda_graphs=False).cuda_graphs is False
+@pytest.mark.parity_interpreter  # the CPU default and error
+def test_cuda_graphs_default_off_on_cpu_and_true_is_a_clear_error(tiny_source, parity_device):
+    with pytest.raises(ValueError, match=rf"cuda_graphs=True needs a CUDA device \(device is '{parity_device}'\)"):
+        optimized.load(tiny_source, device=parity_device, cuda_graphs=True)
+    assert optimized.load(tiny_source, device=parity_device).cuda_graphs is False
+    assert optimized.load(tiny_source, device=parity_device, cuda_graphs=False).cuda_graphs is False
 
 
 def test_cuda_graphs_must_be_a_bool_or_none(tiny_source):
@@ -53,12 +53,12 @@ def test_cuda_graphs_must_be_a_bool_or_none(tiny_source):
 
 
 @needs_gpu
-def test_cuda_graphs_default_on_cuda_and_refused_with_a_reference_backend(tiny_source):
-    assert optimized.load(tiny_source, device="cuda").cuda_graphs is True
-    model = optimized.load(tiny_source, device="cuda", backends={"kda": "reference"})
+def test_cuda_graphs_default_on_cuda_and_refused_with_a_reference_backend(tiny_source, parity_device):
+    assert optimized.load(tiny_source, device=parity_device).cuda_graphs is True
+    model = optimized.load(tiny_source, device=parity_device, backends={"kda": "reference"})
     assert model.cuda_graphs is False
     with pytest.raises(ValueError, match="cuda_graphs=True needs every op family on Triton"):
-        optimized.load(tiny_source, device="cuda", backends={"kda": "reference"}, cuda_graphs=True)
+        optimized.load(tiny_source, device=parity_device, backends={"kda": "reference"}, cuda_graphs=True)
 
 
 # -- CPU: the replay plumbing, with a stand-in for the CUDA graph machinery -------------------------
@@ -74,8 +74,8 @@ class _StandInGraph:
         _counters.launches.update(saved)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests below run the real graphs")
-def test_replay_plumbing_with_a_stand_in_for_cuda_graphs(tiny_source, monkeypatch):
+@pytest.mark.parity_interpreter  # on a GPU the tests below run the real graphs
+def test_replay_plumbing_with_a_stand_in_for_cuda_graphs(tiny_source, monkeypatch, parity_device):
     import contextlib
     import weakref
 
@@ -104,8 +104,8 @@ def test_replay_plumbing_with_a_stand_in_for_cuda_graphs(tiny_source, monkeypatc
 
     monkeypatch.setattr(G.DecodeGraphs, "_capture", recording_capture)
 
-    graphs = optimized.load(tiny_source, device="cpu", dtype="bfloat16")
-    eager = optimized.load(tiny_source, device="cpu", dtype="bfloat16")
+    graphs = optimized.load(tiny_source, device=parity_device, dtype="bfloat16")
+    eager = optimized.load(tiny_source, device=parity_device, dtype="bfloat16")
     graphs.cuda_graphs, graphs._graphs = True, G.DecodeGraphs(graphs.device, graphs.decode_tile)
     # blocks of 2 positions, 12 blocks: the store grows at step 2 (after the first capture)
     pg, pe = graphs.new_pool(3, block_size=2), eager.new_pool(3, block_size=2)
@@ -141,17 +141,17 @@ def test_replay_plumbing_with_a_stand_in_for_cuda_graphs(tiny_source, monkeypatc
 
 # -- GPU: replay == eager, bit for bit ---------------------------------------------------------------
 
-def _models(source, dtype="bfloat16"):
-    graphs = optimized.load(source, device="cuda", dtype=dtype, cuda_graphs=True)
-    eager = optimized.load(source, device="cuda", dtype=dtype, cuda_graphs=False)
+def _models(source, device, dtype="bfloat16"):
+    graphs = optimized.load(source, device=device, dtype=dtype, cuda_graphs=True)
+    eager = optimized.load(source, device=device, dtype=dtype, cuda_graphs=False)
     assert graphs.cuda_graphs and not eager.cuda_graphs
     return graphs, eager
 
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_greedy_decode_by_graph_replay_is_bitwise_the_eager_decode(tiny_source, dtype):
-    graphs, eager = _models(tiny_source, dtype)
+def test_greedy_decode_by_graph_replay_is_bitwise_the_eager_decode(tiny_source, dtype, parity_device):
+    graphs, eager = _models(tiny_source, parity_device, dtype)
     lg, cg = graphs.prefill(PROMPT)
     le, ce = eager.prefill(PROMPT)
     assert torch.equal(lg, le)
@@ -170,8 +170,8 @@ def test_greedy_decode_by_graph_replay_is_bitwise_the_eager_decode(tiny_source, 
 
 
 @needs_gpu
-def test_replay_records_the_kernel_counters_of_one_eager_step(tiny_source):
-    graphs, eager = _models(tiny_source)
+def test_replay_records_the_kernel_counters_of_one_eager_step(tiny_source, parity_device):
+    graphs, eager = _models(tiny_source, parity_device)
     cg, ce = graphs.prefill(PROMPT)[1], eager.prefill(PROMPT)[1]
     _counters.reset()
     eager.decode(3, ce)
@@ -183,8 +183,8 @@ def test_replay_records_the_kernel_counters_of_one_eager_step(tiny_source):
 
 
 @needs_gpu
-def test_batched_decode_by_graph_replay_equals_eager_across_a_pool_growth(tiny_source):
-    graphs, eager = _models(tiny_source)
+def test_batched_decode_by_graph_replay_equals_eager_across_a_pool_growth(tiny_source, parity_device):
+    graphs, eager = _models(tiny_source, parity_device)
     rng = np.random.default_rng(0)
     lengths = [3, 17, 9, 30, 12]
     prompts = [rng.integers(0, TINY.vocab_size, n).tolist() for n in lengths]
@@ -216,8 +216,8 @@ def test_batched_decode_by_graph_replay_equals_eager_across_a_pool_growth(tiny_s
 
 
 @needs_gpu
-def test_graph_capture_and_replay_leave_other_slots_and_blocks_bit_identical(tiny_source):
-    graphs = optimized.load(tiny_source, device="cuda", dtype="bfloat16")  # cuda_graphs by default
+def test_graph_capture_and_replay_leave_other_slots_and_blocks_bit_identical(tiny_source, parity_device):
+    graphs = optimized.load(tiny_source, device=parity_device, dtype="bfloat16")  # cuda_graphs by default
     assert graphs.cuda_graphs
     pool = graphs.new_pool(4, block_size=4)
     seqs = [graphs.prefill(p, cache=pool.new_sequence())[1] for p in (PROMPT, PROMPT[:5], PROMPT[2:])]

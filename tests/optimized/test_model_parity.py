@@ -77,27 +77,27 @@ def bf16_run(tiny_source):
 # -- weights -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("preset", ["tiny", "small"])
-def test_device_generator_equals_the_numpy_synthetic_source_bit_for_bit(preset):
+def test_device_generator_equals_the_numpy_synthetic_source_bit_for_bit(preset, parity_device):
     from optimized.synthetic import DeviceGenerator
     from optimized.weights import raw_to_torch
 
     source = SyntheticSource(KimiConfig.from_name(preset), seed=12345)
-    gen = DeviceGenerator(source, "cpu")
+    gen = DeviceGenerator(source, parity_device)
     for name in source.names():
         want = raw_to_torch(source.get_raw(name), source.storage_dtype(name))
         got = gen(name)
         assert got.dtype == want.dtype and got.shape == want.shape, name
         bits = torch.int16 if want.dtype == torch.bfloat16 else torch.int32
-        assert torch.equal(got.view(bits), want.view(bits)), name
+        assert torch.equal(got.view(bits).cpu(), want.view(bits)), name
 
 
-def test_bundled_checkpoint_is_resident_bit_for_bit_as_its_synthetic_source():
+def test_bundled_checkpoint_is_resident_bit_for_bit_as_its_synthetic_source(parity_device):
     from optimized.weights import load_weights
 
     from reference.checkpoint import open_source
 
-    a = load_weights(open_source(default_checkpoint_path()), device=torch.device("cpu"), dtype=torch.bfloat16)
-    b = load_weights(SyntheticSource(TINY, 0), device=torch.device("cpu"), dtype=torch.bfloat16)
+    a = load_weights(open_source(default_checkpoint_path()), device=torch.device(parity_device), dtype=torch.bfloat16)
+    b = load_weights(SyntheticSource(TINY, 0), device=torch.device(parity_device), dtype=torch.bfloat16)
     ta, tb = [], []
     for w, out in ((a, ta), (b, tb)):
         def walk(obj, out=out):
@@ -466,12 +466,12 @@ def test_backend_switch_runs_the_reference_for_one_family_and_the_kernels_for_th
 
 # -- variants, errors -----------------------------------------------------------------------------
 
-def test_variants_report_what_ran(tiny_source):
-    model = optimized.load(tiny_source, dtype="float32", moe_combine="biased", kv_norm_eps=1e-5)
+def test_variants_report_what_ran(tiny_source, parity_device):
+    model = optimized.load(tiny_source, device=parity_device, dtype="float32", moe_combine="biased", kv_norm_eps=1e-5)
     v = model.variants
     assert v["moe_combine"] == "biased" and v["kv_norm_eps"] == 1e-5
     assert v["dtype"] == "float32"
-    assert v["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert v["device"] == parity_device
     assert v["backends"] == {f: "triton" for f in FAMILIES}
     assert model.config == TINY
 

@@ -15,7 +15,6 @@ from optimized import _counters, moe
 from parity.candidate import of
 from parity.testing import assert_parity
 
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, torch.bfloat16, torch.float64]
 
 
@@ -32,13 +31,13 @@ def kernel(fn):
 # router logits
 
 
-def logits_inputs(T, D, E, dtype, seed):
+def logits_inputs(T, D, E, dtype, seed, device):
     """x [T, D] in ``dtype``; weight [E, D] in the compute dtype (fp32, fp64 for fp64 x)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, D, generator=g, dtype=torch.float64).to(dtype)
     w = (torch.randn(E, D, generator=g, dtype=torch.float64) * D ** -0.5).to(
         torch.float64 if dtype == torch.float64 else torch.float32)
-    return x.to(DEV), w.to(DEV)
+    return x.to(device), w.to(device)
 
 
 def bits(t):
@@ -47,16 +46,16 @@ def bits(t):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("T,D,E", [(37, 200, 40), (1, 64, 16), (18, 129, 7)])
-def test_router_logits_within_bound(T, D, E, dtype):
-    x, w = logits_inputs(T, D, E, dtype, seed=T + D + E)
+def test_router_logits_within_bound(T, D, E, dtype, parity_device):
+    x, w = logits_inputs(T, D, E, dtype, seed=T + D + E, device=parity_device)
     out = assert_parity("moe.router_logits", {"x": x, "weight": w}, dtype=name(dtype)).values["logits"]
     assert out.shape == (T, E) and out.dtype == w.dtype
 
 
-def test_router_logits_rows_do_not_depend_on_the_batch():
+def test_router_logits_rows_do_not_depend_on_the_batch(parity_device):
     """A row's bits are the same computed alone (T = 1), in a decode batch (T = 5, 64) or in a long
     prefill chunk, at any position in it (the launch configuration never depends on T)."""
-    x, w = logits_inputs(300, 48, 12, torch.bfloat16, seed=5)
+    x, w = logits_inputs(300, 48, 12, torch.bfloat16, seed=5, device=parity_device)
     full = bits(moe.router_logits(x, w))
     for start, n in ((0, 1), (7, 1), (299, 1), (3, 5), (17, 5), (6, 64), (200, 64), (1, 299)):
         assert torch.equal(bits(moe.router_logits(x[start:start + n], w)), full[start:start + n]), (start, n)
@@ -65,9 +64,9 @@ def test_router_logits_rows_do_not_depend_on_the_batch():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_router_logits_strided_x_gives_the_bits_of_its_contiguous_copy(dtype):
-    x, w = logits_inputs(21, 80, 24, dtype, seed=6)
-    wide = torch.zeros(21, 80 + 40, dtype=dtype, device=DEV)
+def test_router_logits_strided_x_gives_the_bits_of_its_contiguous_copy(dtype, parity_device):
+    x, w = logits_inputs(21, 80, 24, dtype, seed=6, device=parity_device)
+    wide = torch.zeros(21, 80 + 40, dtype=dtype, device=parity_device)
     wide[:, 13:93] = x
     view = wide[:, 13:93]                                    # row stride 120, last dim contiguous
     assert view.stride() == (120, 1)
@@ -79,8 +78,8 @@ def test_router_logits_strided_x_gives_the_bits_of_its_contiguous_copy(dtype):
     assert torch.equal(bits(moe.router_logits(x, w_cols)), want)
 
 
-def test_router_logits_counted_and_empty():
-    x, w = logits_inputs(3, 32, 8, torch.bfloat16, seed=7)
+def test_router_logits_counted_and_empty(parity_device):
+    x, w = logits_inputs(3, 32, 8, torch.bfloat16, seed=7, device=parity_device)
     c0 = _counters.snapshot()
     a, b = moe.router_logits(x, w), moe.router_logits(x, w)
     assert torch.equal(bits(a), bits(b))
@@ -104,16 +103,20 @@ def test_router_logits_errors_are_one_line_and_name_the_argument():
         with pytest.raises(exc, match="moe.router_logits: " + msg) as e:
             moe.router_logits(*args)
         assert "\n" not in str(e.value)
-    if torch.cuda.is_available():
-        with pytest.raises(ValueError, match="different devices"):
-            moe.router_logits(x.cuda(), w)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_gpu_router_logits_model_shapes():
+@pytest.mark.parity_gpu
+def test_router_logits_refuses_operands_on_different_devices(parity_device):
+    x, w = torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(4, 8)
+    with pytest.raises(ValueError, match="different devices"):
+        moe.router_logits(x.to(parity_device), w)
+
+
+@pytest.mark.parity_gpu
+def test_gpu_router_logits_model_shapes(parity_device):
     """E = 256, D = 2304 (Kimi-Linear): within the bound, and a row's bits the same at T = 1, 64 and
     in a 4096-row prefill chunk."""
-    x, w = logits_inputs(4096, 2304, 256, torch.bfloat16, seed=9)
+    x, w = logits_inputs(4096, 2304, 256, torch.bfloat16, seed=9, device=parity_device)
     full = moe.router_logits(x, w)
     rows = [0, 1, 37, 63, 64, 4095]
     assert_parity("moe.router_logits", {"x": x[rows], "weight": w}, dtype="bfloat16",
@@ -133,7 +136,7 @@ def ref_router(logits, bias, **kw):
     return torch.from_numpy(np.asarray(w)), torch.from_numpy(np.asarray(i)).long()
 
 
-def well_separated(T, E, dtype, seed):
+def well_separated(T, E, dtype, seed, device):
     """Random logits and bias whose selection scores (and group scores) have no near-ties: the
     rank order must not be decidable by rounding noise (checked, 1e-4 >> fp32 noise)."""
     g = torch.Generator().manual_seed(seed)
@@ -142,7 +145,7 @@ def well_separated(T, E, dtype, seed):
     sel = torch.sigmoid(logits.double()) + bias.double()
     gaps = sel.sort(1).values.diff(1)
     assert gaps.min() > 1e-4, "test data has a near-tie; change the seed"
-    return logits.to(DEV), bias.to(DEV)
+    return logits.to(device), bias.to(device)
 
 CASES = [  # (E, top_k, num_groups, topk_groups)
     (24, 4, 1, 1), (24, 4, 4, 2), (24, 5, 6, 3), (24, 3, 24, 5), (16, 8, 1, 1), (10, 1, 1, 1)]
@@ -152,8 +155,8 @@ CASES = [  # (E, top_k, num_groups, topk_groups)
 @pytest.mark.parametrize("E,top_k,G,KG", CASES)
 @pytest.mark.parametrize("combine,renormalize,scaling", [("unbiased", True, 2.446), ("biased", True, 1.0),
                                                          ("unbiased", False, 1.5)])
-def test_router_ids_exact_weights_within_bound(E, top_k, G, KG, dtype, combine, renormalize, scaling):
-    logits, bias = well_separated(9, E, dtype, seed=E + top_k + G)
+def test_router_ids_exact_weights_within_bound(E, top_k, G, KG, dtype, combine, renormalize, scaling, parity_device):
+    logits, bias = well_separated(9, E, dtype, seed=E + top_k + G, device=parity_device)
     kw = dict(top_k=top_k, num_groups=G, topk_groups=KG, renormalize=renormalize, scaling=scaling,
               combine=combine)
     j = assert_parity("moe.router", {"logits": logits, "bias": bias}, kwargs=kw, dtype=name(dtype))
@@ -161,46 +164,46 @@ def test_router_ids_exact_weights_within_bound(E, top_k, G, KG, dtype, combine, 
     assert ids.dtype == torch.int64 and w.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
 
 
-def test_router_exact_ties_go_to_the_lower_index():
+def test_router_exact_ties_go_to_the_lower_index(parity_device):
     E = 8
     logits = torch.zeros(3, E)
     logits[:, [1, 2, 5, 6]] = 1.0  # four-way tie, three slots
     logits[1, 7] = 3.0  # one clear winner first
     logits[2, [1, 2, 5, 6]] = torch.tensor([1.0, 0.5, 1.0, 1.0])
     bias = torch.zeros(E)
-    logits, bias = logits.to(DEV), bias.to(DEV)
+    logits, bias = logits.to(parity_device), bias.to(parity_device)
     w, ids = moe.router(logits, bias, top_k=3)
     _, ir = ref_router(logits, bias, top_k=3)
     assert torch.equal(ids.cpu(), ir)
     assert ids.tolist() == [[1, 2, 5], [7, 1, 2], [1, 5, 6]]
     # bias ties too: equal selection scores s + b built from different (s, b) are not exact, but
     # identical (logit, bias) pairs are
-    bias = torch.tensor([0.5, 0, 0, 0.5, 0, 0, 0.5, 0], device=DEV)
-    logits = torch.zeros(1, E, device=DEV)
+    bias = torch.tensor([0.5, 0, 0, 0.5, 0, 0, 0.5, 0], device=parity_device)
+    logits = torch.zeros(1, E, device=parity_device)
     _, ids = moe.router(logits, bias, top_k=2)
     assert ids.tolist() == [[0, 3]] and torch.equal(ids.cpu(), ref_router(logits, bias, top_k=2)[1])
 
 
-def test_router_grouped_selection_drops_the_best_expert_of_a_weak_group():
+def test_router_grouped_selection_drops_the_best_expert_of_a_weak_group(parity_device):
     # groups of 2: {0,1} {2,3} {4,5} {6,7}; expert 0 is the best single expert, but its group's
     # top-2 sum is the lowest, so with topk_groups=2 it must not be chosen
-    logits = torch.tensor([[4.0, -6.0, 2.0, 2.0, 1.5, 1.5, -1.0, -1.0]], device=DEV)
-    bias = torch.zeros(8, device=DEV)
+    logits = torch.tensor([[4.0, -6.0, 2.0, 2.0, 1.5, 1.5, -1.0, -1.0]], device=parity_device)
+    bias = torch.zeros(8, device=parity_device)
     kw = dict(top_k=3, num_groups=4, topk_groups=2)
     _, ids = moe.router(logits, bias, **kw)
     _, ir = ref_router(logits, bias, **kw)
     assert ids.tolist() == [[2, 3, 4]] and torch.equal(ids.cpu(), ir)
     # group-score tie ({2,3} and {4,5} equal): the lower group wins
-    logits = torch.tensor([[4.0, -6.0, 2.0, 1.0, 1.0, 2.0, -1.0, -1.0]], device=DEV)
+    logits = torch.tensor([[4.0, -6.0, 2.0, 1.0, 1.0, 2.0, -1.0, -1.0]], device=parity_device)
     _, ids = moe.router(logits, bias, top_k=2, num_groups=4, topk_groups=1)
     _, ir = ref_router(logits, bias, top_k=2, num_groups=4, topk_groups=1)
     assert ids.tolist() == [[2, 3]] and torch.equal(ids.cpu(), ir)
 
 
-def test_router_run_to_run_bitwise_and_counted():
+def test_router_run_to_run_bitwise_and_counted(parity_device):
     g = torch.Generator().manual_seed(11)
-    logits = torch.randn(40, 64, generator=g).bfloat16().to(DEV)
-    bias = (torch.randn(64, generator=g) * 0.1).to(DEV)
+    logits = torch.randn(40, 64, generator=g).bfloat16().to(parity_device)
+    bias = (torch.randn(64, generator=g) * 0.1).to(parity_device)
     c0 = _counters.snapshot()
     a = moe.router(logits, bias, top_k=8, scaling=2.446)
     b = moe.router(logits, bias, top_k=8, scaling=2.446)
@@ -224,35 +227,35 @@ def test_router_errors_name_the_argument():
 # SwiGLU and experts
 
 
-def make_ffn(T, D, F, E, dtype, seed):
+def make_ffn(T, D, F, E, dtype, seed, device):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, D, generator=g, dtype=torch.float64).to(dtype)
     w1 = (torch.randn(E, F, D, generator=g, dtype=torch.float64) / D ** 0.5).to(dtype)
     w3 = (torch.randn(E, F, D, generator=g, dtype=torch.float64) / D ** 0.5).to(dtype)
     w2 = (torch.randn(E, D, F, generator=g, dtype=torch.float64) / F ** 0.5).to(dtype)
-    return x.to(DEV), w1.to(DEV), w2.to(DEV), w3.to(DEV)
+    return x.to(device), w1.to(device), w2.to(device), w3.to(device)
 
 
-def route(T, E, KE, seed):
+def route(T, E, KE, seed, device):
     g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(T, E, generator=g).to(DEV)
-    return moe.router(logits, torch.zeros(E, device=DEV), top_k=KE, scaling=2.446)
+    logits = torch.randn(T, E, generator=g).to(device)
+    return moe.router(logits, torch.zeros(E, device=device), top_k=KE, scaling=2.446)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("T,D,F", [(5, 40, 24), (1, 64, 96), (37, 24, 40)])  # GEMV / torch forms
-def test_swiglu_within_bound(T, D, F, dtype):
-    x, w1, w2, w3 = make_ffn(T, D, F, 1, dtype, seed=T)
+def test_swiglu_within_bound(T, D, F, dtype, parity_device):
+    x, w1, w2, w3 = make_ffn(T, D, F, 1, dtype, seed=T, device=parity_device)
     j = assert_parity("moe.swiglu", {"x": x, "w_gate": w1[0], "w_up": w3[0], "w_down": w2[0]}, dtype=name(dtype))
     assert j.values["y"].shape == (T, D) and j.values["y"].dtype == dtype
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_swiglu_stacked_gate_up_is_one_gemm_within_bound(dtype):
+def test_swiglu_stacked_gate_up_is_one_gemm_within_bound(dtype, parity_device):
     """The model's layout (gate and up as adjacent views of one [2F, D] block) takes the one-GEMM
     path; its result stays within the same bound, and a wrong split of the block does not."""
     T, D, F = 40, 48, 24  # > GEMV_MAX_PAIRS: the torch GEMM form
-    x, w1, w2, w3 = make_ffn(T, D, F, 1, dtype, seed=7)
+    x, w1, w2, w3 = make_ffn(T, D, F, 1, dtype, seed=7, device=parity_device)
     block = torch.cat([w1[0], w3[0]]).contiguous()
     gate, up = block[:F], block[F:]
     assert moe._stacked(gate, up) and not moe._stacked(w1[0], w3[0])
@@ -267,13 +270,13 @@ def test_swiglu_stacked_gate_up_is_one_gemm_within_bound(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_experts_add_to_is_the_add_bitwise(dtype):
+def test_experts_add_to_is_the_add_bitwise(dtype, parity_device):
     """Decode's ``add_to`` (the routed sum added inside the combine kernel, in place) gives the bits
     of a torch add of the shared output and the routed result."""
     T, D, F, E, KE = 3, 40, 24, 8, 2
-    x, w1, w2, w3 = make_ffn(T, D, F, E, dtype, seed=11)
-    weights, ids = route(T, E, KE, seed=12)
-    shared = make_ffn(T, D, F, 1, dtype, seed=13)[0] * 3
+    x, w1, w2, w3 = make_ffn(T, D, F, E, dtype, seed=11, device=parity_device)
+    weights, ids = route(T, E, KE, seed=12, device=parity_device)
+    shared = make_ffn(T, D, F, 1, dtype, seed=13, device=parity_device)[0] * 3
     routed = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv")
     y = shared.clone()
     out = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", add_to=y)
@@ -284,20 +287,20 @@ def test_experts_add_to_is_the_add_bitwise(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_experts_with_the_shared_expert_fused_is_swiglu_plus_experts_bitwise(dtype):
+def test_experts_with_the_shared_expert_fused_is_swiglu_plus_experts_bitwise(dtype, parity_device):
     """Decode's ``shared`` (the shared expert as one more GEMV pair per token, added in the combine)
     gives the bits of ``experts(add_to=swiglu(x))`` with swiglu's GEMV form, at T = 3 and, row by
     row, at T = 20 (where swiglu itself would take the torch GEMMs); into ``out``'s rows only."""
     D, F, E, KE = 40, 24, 8, 2
-    x, w1, w2, w3 = make_ffn(20, D, F, E, dtype, seed=21)
-    weights, ids = route(20, E, KE, seed=22)
-    _, sg, sd, su = make_ffn(1, D, F, 1, dtype, seed=23)
+    x, w1, w2, w3 = make_ffn(20, D, F, E, dtype, seed=21, device=parity_device)
+    weights, ids = route(20, E, KE, seed=22, device=parity_device)
+    _, sg, sd, su = make_ffn(1, D, F, 1, dtype, seed=23, device=parity_device)
     shared = (sg[0], su[0], sd[0])
     y = moe._experts("test", x[:3], weights[:3], ids[:3], w1, w2, w3, form="gemv", shared=shared)
     want = moe._experts("test", x[:3], weights[:3], ids[:3], w1, w2, w3, form="gemv",
                         add_to=moe.swiglu(x[:3], *shared))
     assert torch.equal(y, want)
-    tile = torch.zeros(24, D, dtype=dtype, device=DEV)
+    tile = torch.zeros(24, D, dtype=dtype, device=parity_device)
     moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", shared=shared, out=tile[:20])
     for t in (0, 7, 19):
         alone = moe._experts("test", x[t:t + 1], weights[t:t + 1], ids[t:t + 1], w1, w2, w3,
@@ -314,8 +317,8 @@ def test_experts_with_the_shared_expert_fused_is_swiglu_plus_experts_bitwise(dty
         moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", shared=shared, out=tile)
 
 
-def test_swiglu_refuses_tf32_in_fp32():
-    x, w1, w2, w3 = make_ffn(20, 16, 8, 1, torch.float32, seed=0)  # > GEMV_MAX_PAIRS: torch GEMMs
+def test_swiglu_refuses_tf32_in_fp32(parity_device):
+    x, w1, w2, w3 = make_ffn(20, 16, 8, 1, torch.float32, seed=0, device=parity_device)  # > GEMV_MAX_PAIRS: torch GEMMs
     old = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -324,7 +327,7 @@ def test_swiglu_refuses_tf32_in_fp32():
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 
-def test_swiglu_with_gate_and_up_adjacent_in_two_storages_runs_them_apart():
+def test_swiglu_with_gate_and_up_adjacent_in_two_storages_runs_them_apart(parity_device):
     """Two weights back to back in memory but in different storages (as the caching allocator can
     place them) are not one block: a [2F, D] view over the first would reach outside its storage."""
     T, D, F = 20, 16, 8  # > GEMV_MAX_PAIRS: the torch GEMM form
@@ -336,9 +339,9 @@ def test_swiglu_with_gate_and_up_adjacent_in_two_storages_runs_them_apart():
     down = torch.from_numpy(rng.standard_normal((D, F)).astype(np.float32))
     one = torch.from_numpy(block.copy())
     assert not moe._stacked(gate, up) and moe._stacked(one[:F], one[F:])
-    if DEV.type == "cpu":  # the numpy-backed pair lives on the host: the kernels run there only on CPU
-        got = moe.swiglu(x, gate, up, down)  # before the storage check: a RuntimeError (out of bounds)
-        assert torch.equal(got, moe._silu_mul(x @ gate.T, x @ up.T, x.dtype) @ down.T)
+    x, gate, up, down = (t.to(parity_device) for t in (x, gate, up, down))
+    got = moe.swiglu(x, gate, up, down)  # before the storage check: a RuntimeError (out of bounds)
+    assert torch.equal(got, moe._silu_mul(x @ gate.T, x @ up.T, x.dtype) @ down.T)
 
 
 EXPERT_CASES = [  # (T, D, F, E, k_e, form): decode and a few tokens in both forms; prefill-like
@@ -349,20 +352,20 @@ EXPERT_CASES = [  # (T, D, F, E, k_e, form): decode and a few tokens in both for
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("T,D,F,E,KE,form", EXPERT_CASES)
-def test_experts_within_bound(T, D, F, E, KE, form, dtype):
-    x, w1, w2, w3 = make_ffn(T, D, F, E, dtype, seed=E)
-    weights, ids = route(T, E, KE, seed=T)
+def test_experts_within_bound(T, D, F, E, KE, form, dtype, parity_device):
+    x, w1, w2, w3 = make_ffn(T, D, F, E, dtype, seed=E, device=parity_device)
+    weights, ids = route(T, E, KE, seed=T, device=parity_device)
     j = assert_parity("moe.experts", {"x": x, "weights": weights, "ids": ids, "w1": w1, "w2": w2, "w3": w3},
                       dtype=name(dtype), candidate=kernel(functools.partial(moe._experts, "test", form=form)))
     assert j.values["y"].shape == (T, D) and j.values["y"].dtype == dtype
 
 
 @pytest.mark.parametrize("T,KE", [(1, 8), (6, 4)])
-def test_experts_read_only_routed_experts(T, KE):
+def test_experts_read_only_routed_experts(T, KE, parity_device):
     """Unrouted experts' weights are NaN: any read of them would poison the output."""
     E = 16
-    x, w1, w2, w3 = make_ffn(T, 32, 24, E, torch.bfloat16, seed=5)
-    weights, ids = route(T, E, KE, seed=6)
+    x, w1, w2, w3 = make_ffn(T, 32, 24, E, torch.bfloat16, seed=5, device=parity_device)
+    weights, ids = route(T, E, KE, seed=6, device=parity_device)
     unused = [e for e in range(E) if e not in ids.flatten().tolist()]
     assert unused
     for w in (w1, w2, w3):
@@ -371,9 +374,9 @@ def test_experts_read_only_routed_experts(T, KE):
     assert torch.isfinite(y.float()).all()
 
 
-def test_experts_run_to_run_bitwise_and_counted():
-    x, w1, w2, w3 = make_ffn(37, 24, 40, 4, torch.bfloat16, seed=7)
-    weights, ids = route(37, 4, 2, seed=8)
+def test_experts_run_to_run_bitwise_and_counted(parity_device):
+    x, w1, w2, w3 = make_ffn(37, 24, 40, 4, torch.bfloat16, seed=7, device=parity_device)
+    weights, ids = route(37, 4, 2, seed=8, device=parity_device)
     c0 = _counters.snapshot()
     a = moe.experts(x, weights, ids, w1, w2, w3)
     b = moe.experts(x, weights, ids, w1, w2, w3)
@@ -384,9 +387,9 @@ def test_experts_run_to_run_bitwise_and_counted():
     assert (_counters.snapshot() - c0)["moe.experts"] == 4
 
 
-def test_experts_errors_name_the_argument():
-    x, w1, w2, w3 = make_ffn(2, 16, 8, 3, torch.float32, seed=0)
-    weights, ids = route(2, 3, 2, seed=0)
+def test_experts_errors_name_the_argument(parity_device):
+    x, w1, w2, w3 = make_ffn(2, 16, 8, 3, torch.float32, seed=0, device=parity_device)
+    weights, ids = route(2, 3, 2, seed=0, device=parity_device)
     with pytest.raises(ValueError, match="w2"):
         moe.experts(x, weights, ids, w1, w2.transpose(1, 2).contiguous(), w3)
     with pytest.raises(ValueError, match="ids"):
@@ -395,31 +398,31 @@ def test_experts_errors_name_the_argument():
         moe.experts(x, weights, ids, [w1[0]], w2, w3)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parity_gpu
 @pytest.mark.parametrize("T", [1, 64, 2048])
-def test_gpu_model_shapes(T):
+def test_gpu_model_shapes(T, parity_device):
     D, F, E, KE = 2304, 1024, 256, 8
     dtype = torch.bfloat16
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(T, D, device="cuda", generator=g).to(dtype)
-    w1 = (torch.randn(E, F, D, device="cuda", generator=g) / D ** 0.5).to(dtype)
-    w3 = (torch.randn(E, F, D, device="cuda", generator=g) / D ** 0.5).to(dtype)
-    w2 = (torch.randn(E, D, F, device="cuda", generator=g) / F ** 0.5).to(dtype)
-    logits = torch.randn(T, E, device="cuda", generator=g)
-    bias = torch.randn(E, device="cuda", generator=g) * 0.1
+    g = torch.Generator(device=parity_device).manual_seed(0)
+    x = torch.randn(T, D, device=parity_device, generator=g).to(dtype)
+    w1 = (torch.randn(E, F, D, device=parity_device, generator=g) / D ** 0.5).to(dtype)
+    w3 = (torch.randn(E, F, D, device=parity_device, generator=g) / D ** 0.5).to(dtype)
+    w2 = (torch.randn(E, D, F, device=parity_device, generator=g) / F ** 0.5).to(dtype)
+    logits = torch.randn(T, E, device=parity_device, generator=g)
+    bias = torch.randn(E, device=parity_device, generator=g) * 0.1
     j = assert_parity("moe.router", {"logits": logits, "bias": bias}, kwargs={"top_k": KE, "scaling": 2.446},
-                      dtype="float32", device="cuda")
+                      dtype="float32", device=parity_device)
     weights, ids = j.values["weights"], j.values["ids"]
     y = moe.experts(x, weights, ids, w1, w2, w3)
     n = min(T, 4)  # the float64 reference on a few tokens, over the experts they use only
     used = sorted(set(ids[:n].flatten().tolist()))
     remap = torch.tensor([used.index(e) if e in used else -1 for e in range(E)], device=ids.device)
     x_n = {"x": x[:n], "weights": weights[:n], "ids": remap[ids[:n]], "w1": w1[used], "w2": w2[used], "w3": w3[used]}
-    assert_parity("moe.experts", x_n, dtype="bfloat16", device="cuda", candidate=kernel(lambda *a: y[:n]))
+    assert_parity("moe.experts", x_n, dtype="bfloat16", device=parity_device, candidate=kernel(lambda *a: y[:n]))
     assert torch.equal(y.view(torch.int16), moe.experts(x, weights, ids, w1, w2, w3).view(torch.int16))
 
 
-def test_nan_scores_are_selected_last_so_ids_stay_in_range_and_distinct():
+def test_nan_scores_are_selected_last_so_ids_stay_in_range_and_distinct(parity_device):
     """A NaN router logit must not produce an out-of-range or repeated expert id (the experts
     kernel would read out of bounds); as in the reference's sort, NaN scores rank last."""
     from reference import moe as ref_moe
@@ -428,7 +431,7 @@ def test_nan_scores_are_selected_last_so_ids_stay_in_range_and_distinct():
     logits[0, 2] = float("nan")
     logits[1, :] = float("nan")
     bias = torch.zeros(8)
-    weights, ids = moe.router(logits.to(DEV), bias.to(DEV), top_k=2)
+    weights, ids = moe.router(logits.to(parity_device), bias.to(parity_device), top_k=2)
     _, ref_ids = ref_moe.router(logits.double().numpy(), bias.double().numpy(), top_k=2)
     assert ids.cpu().tolist() == ref_ids.tolist()
     assert torch.isnan(weights[1]).all() and torch.isfinite(weights[[0, 2]]).all()

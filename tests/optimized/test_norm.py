@@ -13,17 +13,16 @@ from parity.candidate import of
 from parity.ops.norm import add_case, rms_case
 from parity.testing import assert_parity
 
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = ["float32", "bfloat16", "float64"]
 
 
-def inputs(shape, dtype, seed=0, scale=1.0):
+def inputs(shape, dtype, seed=0, scale=1.0, *, device):
     g = torch.Generator().manual_seed(seed)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     x = (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
     gate = (torch.randn(shape, generator=g, dtype=torch.float64) * 3).to(dtype)
     w = (1 + 0.5 * torch.randn(shape[-1], generator=g, dtype=torch.float64)).to(dtype)
-    return x.to(DEV), gate.to(DEV), w.to(DEV)
+    return x.to(device), gate.to(device), w.to(device)
 
 
 # D = 7, 300: odd, masked tail; 128: the KDA head dim; 9000: longer than one tile (two-pass path)
@@ -62,12 +61,12 @@ def bits(t):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[2], SHAPES[3]], ids=shape_id)
-def test_add_rms_norm_is_the_add_then_the_norm_bitwise(shape, dtype):
+def test_add_rms_norm_is_the_add_then_the_norm_bitwise(shape, dtype, parity_device):
     """The fused residual add + norm returns the bits of a torch add followed by ``rms_norm`` (judged
     above; the norm.add_rms_norm record judges its values too), on the one-tile and the two-pass
     (D = 9000) paths."""
-    x, _, w = inputs(shape, dtype, seed=8)
-    r, _, _ = inputs(shape, dtype, seed=9, scale=3.0)
+    x, _, w = inputs(shape, dtype, seed=8, device=parity_device)
+    r, _, _ = inputs(shape, dtype, seed=9, scale=3.0, device=parity_device)
     c0 = _counters.snapshot()
     y, h = norm.add_rms_norm(x, r, w, eps=1e-5)
     assert (_counters.snapshot() - c0)["norm.add_rms_norm"] == 1
@@ -76,9 +75,9 @@ def test_add_rms_norm_is_the_add_then_the_norm_bitwise(shape, dtype):
     assert torch.equal(bits(y), bits(norm.rms_norm(h_ref, w, eps=1e-5)))
 
 
-def test_add_rms_norm_strided_rows_and_errors():
-    x, _, w = inputs((6, 2, 40), torch.bfloat16, seed=10)
-    r = inputs((6, 90), torch.bfloat16, seed=11)[0][:, 5:85].view(6, 2, 40)  # rows of a wider tensor
+def test_add_rms_norm_strided_rows_and_errors(parity_device):
+    x, _, w = inputs((6, 2, 40), torch.bfloat16, seed=10, device=parity_device)
+    r = inputs((6, 90), torch.bfloat16, seed=11, device=parity_device)[0][:, 5:85].view(6, 2, 40)  # rows of a wider tensor
     y, h = norm.add_rms_norm(x, r, w, eps=1e-6)
     assert torch.equal(bits(h), bits(x + r))
     assert torch.equal(bits(y), bits(norm.rms_norm(x + r, w, eps=1e-6)))
@@ -88,11 +87,11 @@ def test_add_rms_norm_strided_rows_and_errors():
         norm.add_rms_norm(x, r.float(), w, eps=1e-6)
 
 
-def test_negative_add_rms_norm_bitwise_check_catches_an_unrounded_sum():
+def test_negative_add_rms_norm_bitwise_check_catches_an_unrounded_sum(parity_device):
     """Teeth: normalizing the fp32 sum instead of the rounded bf16 h (a fusion that skips the
     rounding torch does between the add and the norm) changes the bits; the check above sees it."""
-    x, _, w = inputs((64, 2304), torch.bfloat16, seed=12)
-    r, _, _ = inputs((64, 2304), torch.bfloat16, seed=13, scale=3.0)
+    x, _, w = inputs((64, 2304), torch.bfloat16, seed=12, device=parity_device)
+    r, _, _ = inputs((64, 2304), torch.bfloat16, seed=13, scale=3.0, device=parity_device)
     y, _ = norm.add_rms_norm(x, r, w, eps=1e-5)
     unrounded = norm.rms_norm((x.float() + r.float()), w, eps=1e-5).to(torch.bfloat16)
     assert not torch.equal(bits(unrounded), bits(y))
@@ -108,8 +107,8 @@ def test_weight_dtype_may_differ_and_input_may_be_strided():
                   candidate=of(strided, triton=True))
 
 
-def test_run_to_run_bitwise_and_counted():
-    x, gate, w = inputs((33, 2304), torch.bfloat16, seed=4)
+def test_run_to_run_bitwise_and_counted(parity_device):
+    x, gate, w = inputs((33, 2304), torch.bfloat16, seed=4, device=parity_device)
     c0 = _counters.snapshot()
     a = norm.rms_norm(x, w, eps=1e-5)
     b = norm.rms_norm(x, w, eps=1e-5)
@@ -120,23 +119,23 @@ def test_run_to_run_bitwise_and_counted():
     assert d["norm.rms_norm"] == 2 and d["norm.gated_rms_norm"] == 2
 
 
-def test_errors_name_the_argument():
-    x, gate, w = inputs((4, 16), torch.float32)
+def test_errors_name_the_argument(parity_device):
+    x, gate, w = inputs((4, 16), torch.float32, device=parity_device)
     with pytest.raises(ValueError, match="weight"):
         norm.rms_norm(x, w[:15], eps=1e-5)
     with pytest.raises(ValueError, match="gate"):
         norm.gated_rms_norm(x, gate[:3], w, eps=1e-5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parity_gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gpu_model_shapes(dtype):
+def test_gpu_model_shapes(dtype, parity_device):
     for shape in [(4096, 2304), (4096, 32, 128), (257, 512)]:
-        assert_parity("norm.rms_norm", rms_case(shape, 1e-5, seed=7), dtype=dtype, device="cuda")
-        assert_parity("norm.gated_rms_norm", rms_case(shape, 1e-5, seed=7, gated=True), dtype=dtype, device="cuda")
-        assert_parity("norm.l2norm", {"x": rms_case(shape, 1e-5, seed=7).arrays["x"]}, dtype=dtype, device="cuda")
-        assert_parity("norm.add_rms_norm", add_case(shape, 1e-5, seed=7), dtype=dtype, device="cuda")
-        x, gate, w = inputs(shape, dtype, seed=7)
+        assert_parity("norm.rms_norm", rms_case(shape, 1e-5, seed=7), dtype=dtype, device=parity_device)
+        assert_parity("norm.gated_rms_norm", rms_case(shape, 1e-5, seed=7, gated=True), dtype=dtype, device=parity_device)
+        assert_parity("norm.l2norm", {"x": rms_case(shape, 1e-5, seed=7).arrays["x"]}, dtype=dtype, device=parity_device)
+        assert_parity("norm.add_rms_norm", add_case(shape, 1e-5, seed=7), dtype=dtype, device=parity_device)
+        x, gate, w = inputs(shape, dtype, seed=7, device=parity_device)
         y, h = norm.add_rms_norm(x, gate, w, eps=1e-5)
         assert torch.equal(bits(h), bits(x + gate))
         assert torch.equal(bits(y), bits(norm.rms_norm(x + gate, w, eps=1e-5)))

@@ -16,21 +16,21 @@ from reference.config import KimiConfig
 from reference.synthetic import SyntheticSource
 
 
-def test_pdl_is_off_on_cpu_and_when_switched_off(monkeypatch):
+def test_pdl_is_off_on_cpu_and_when_switched_off(monkeypatch, parity_device):
     assert _pdl.enabled(torch.device("cpu")) is False
-    if torch.cuda.is_available():
-        monkeypatch.setenv(_pdl.ENV, "0")
-        assert _pdl.enabled(torch.device("cuda")) is False
+    monkeypatch.setenv(_pdl.ENV, "0")
+    assert _pdl.enabled(torch.device(parity_device)) is False
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9),
-                    reason="needs a CUDA GPU of sm_90 or later")
+@pytest.mark.parity_gpu
 @pytest.mark.parametrize("preset", ["tiny", "medium"])
-def test_graph_replay_with_pdl_is_bitwise_the_eager_decode_without_it(preset, monkeypatch):
+def test_graph_replay_with_pdl_is_bitwise_the_eager_decode_without_it(preset, monkeypatch, parity_device):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs a CUDA GPU of sm_90 or later")
     config = KimiConfig.from_name(preset)
     source = SyntheticSource(config, 3)
-    with_pdl = optimized.load(source, device="cuda", dtype="bfloat16", cuda_graphs=True)
-    without = optimized.load(source, device="cuda", dtype="bfloat16", cuda_graphs=False)
+    with_pdl = optimized.load(source, device=parity_device, dtype="bfloat16", cuda_graphs=True)
+    without = optimized.load(source, device=parity_device, dtype="bfloat16", cuda_graphs=False)
     rng = np.random.default_rng(1)
     B = 5
     prompts = [rng.integers(0, config.vocab_size, int(n)).tolist() for n in rng.integers(2, 90, B)]
@@ -43,7 +43,7 @@ def test_graph_replay_with_pdl_is_bitwise_the_eager_decode_without_it(preset, mo
         rows = list(range(B)) if step % 3 else [step % B]  # other batch sizes: other graphs
         ids = rng.integers(0, config.vocab_size, len(rows)).tolist()
         monkeypatch.setenv(_pdl.ENV, "1")
-        assert _pdl.enabled(torch.device("cuda"))
+        assert _pdl.enabled(torch.device(parity_device))
         got = with_pdl.decode_batch(ids, [seqs[0][r] for r in rows])[0]
         monkeypatch.setenv(_pdl.ENV, "0")
         want = without.decode_batch(ids, [seqs[1][r] for r in rows])[0]

@@ -23,19 +23,18 @@ from parity.check import check, prepare
 from reference.fixtures import default_checkpoint_path
 
 PROMPT = "5,17,99"
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # the kernels need a GPU or the interpreter
 MODEL_OPS = {"embed.embedding", "embed.lm_head", "norm.rms_norm", "norm.add_rms_norm", "norm.gated_rms_norm",
              "conv.short_conv", "conv.short_conv_step_", "kda.fused_chunked", "kda.fused_recurrent_decode",
              "mla.naive", "mla.paged_decode", "moe.router_logits", "moe.router", "moe.experts", "moe.swiglu"}
 
 
 @pytest.fixture(scope="module")
-def cases_file(tmp_path_factory):
+def cases_file(tmp_path_factory, parity_device):
     """``parity capture`` on the bundled checkpoint, in this process: (path, stdout)."""
     path = tmp_path_factory.mktemp("capture") / "cases.safetensors"
     buf = StringIO()  # capsys is per test: the module's one capture prints here
     with redirect_stdout(buf):
-        rc = main(["capture", "--prompt-ids", PROMPT, "--steps", "1", "--device", DEVICE, "--out", str(path)])
+        rc = main(["capture", "--prompt-ids", PROMPT, "--steps", "1", "--device", parity_device, "--out", str(path)])
     assert rc == 0, buf.getvalue()
     return path, buf.getvalue()
 
@@ -63,7 +62,7 @@ def test_capture_keeps_one_case_per_op_signature_and_call_site(cases_file):
     assert "not captured: ops.mla_write" in out and "not captured: the projections" in out
 
 
-def test_every_captured_case_is_within_its_bound(cases_file):
+def test_every_captured_case_is_within_its_bound(cases_file, parity_device):
     cf = casefile.read(cases_file[0])
     by_op, skipped = capture.replay_cases(cf, ops.names())
     assert not skipped and sum(map(len, by_op.values())) == len(cf.cases)
@@ -72,7 +71,7 @@ def test_every_captured_case_is_within_its_bound(cases_file):
         cand = named(rec, "optimized")
         for case in cases:
             assert case.source["kind"] == "captured" and case.source["file"] == str(cf.path)
-            prep = prepare(rec, case, "bfloat16", "cpu")
+            prep = prepare(rec, case, "bfloat16", parity_device)
             for name, spec in cf.cases[int(case.source["case"][1:])].entry["inputs"].items():
                 if spec is not None and spec["dtype"] in ("bfloat16", "int64"):  # replayed bit for bit
                     assert tensors.digest(prep.tensors[name]) == spec["sha256"], (op, name)
@@ -80,11 +79,11 @@ def test_every_captured_case_is_within_its_bound(cases_file):
             assert j.passed and j.kernel_ran, (op, case.label, j.report())
 
 
-def test_certify_replays_the_cases_beside_the_draws_and_lists_them(cases_file, tmp_path, capsys):
+def test_certify_replays_the_cases_beside_the_draws_and_lists_them(cases_file, tmp_path, capsys, parity_device):
     path = cases_file[0]
     report = tmp_path / "c.json"
     chosen = ["norm.add_rms_norm", "moe.router", "embed.embedding"]
-    rc, out, err = run_cli(capsys, "certify", "--device", DEVICE, "--ops", *chosen, "--dtype", "bfloat16",
+    rc, out, err = run_cli(capsys, "certify", "--device", parity_device, "--ops", *chosen, "--dtype", "bfloat16",
                            "--examples", "1", "--cases", str(path), "--json", str(report))
     assert rc == 0, out + err
     cf = casefile.read(path)
@@ -107,13 +106,13 @@ def test_certify_replays_the_cases_beside_the_draws_and_lists_them(cases_file, t
         assert len(run["cases"]) == len(listed) + 1            # and one drawn input
 
 
-def test_a_mutant_is_killed_on_a_replayed_case(cases_file):
+def test_a_mutant_is_killed_on_a_replayed_case(cases_file, parity_device):
     """The replayed cases have teeth: mutants die on them (by value, not by raising), before any draw."""
     cf = casefile.read(cases_file[0])
     for op, mutants in (("norm.add_rms_norm", ("residual_dropped", "h_not_written", "weight_plus_one")),
                         ("kda.fused_recurrent_decode", ("state_not_written_back", "A_log_plus_one", "l2norm_skipped"))):
         by_op, _ = capture.replay_cases(cf, [op])
-        cert = certify_op(ops.get(op), dtypes=("bfloat16",), device=DEVICE, examples=1, cases=by_op[op])
+        cert = certify_op(ops.get(op), dtypes=("bfloat16",), device=parity_device, examples=1, cases=by_op[op])
         assert cert.certified, cert.reasons()
         run = cert.runs["bfloat16"]
         for m in mutants:
@@ -125,11 +124,11 @@ def test_a_mutant_is_killed_on_a_replayed_case(cases_file):
             assert run.mutants["padding_row_computed"].first_failure.startswith("B=")
 
 
-def test_recording_leaves_the_model_bitwise_unchanged():
+def test_recording_leaves_the_model_bitwise_unchanged(parity_device):
     """The recorder copies inputs before each op runs and writes nothing: the logits of a recorded
     run are the bits of an unrecorded one (the in-place decode pools included). The families on the
     reference math keep this cheap; the recorder sits in front of ``model.ops`` either way."""
-    model = optimized.load(default_checkpoint_path(), device=DEVICE, dtype="bfloat16", cuda_graphs=False,
+    model = optimized.load(default_checkpoint_path(), device=parity_device, dtype="bfloat16", cuda_graphs=False,
                            backends={f: "reference" for f in ("embed", "norm", "conv", "kda", "mla", "moe")})
     prompt = [5, 17, 99, 3]
     rec = capture.run(model, prompt, steps=2)
@@ -138,7 +137,7 @@ def test_recording_leaves_the_model_bitwise_unchanged():
     for _ in range(2):
         logits, cache = model.decode(int(plain[-1].argmax()), cache)
         plain.append(logits)
-    assert len(rec.logits) == 3 and all(torch.equal(a, b) for a, b in zip(rec.logits, plain))
+    assert len(rec.logits) == 3 and all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(rec.logits, plain))
     assert model.ops.__class__.__name__ == "Ops"             # restored
     assert rec.uncaptured == {"mla_write": 3}
     by = {}
@@ -146,8 +145,10 @@ def test_recording_leaves_the_model_bitwise_unchanged():
         by.setdefault(c.op, []).append(c)
     assert [c.calls for c in by["kda.fused_recurrent_decode"]] == [6]       # 3 layers x 2 steps: one case
     assert [c.first for c in by["mla.paged_decode"]] == ["decode 1", "decode 2"]   # the context grew
-    # a 4-token prefill and a decode step's tile of 4 rows share the norms' signature: one case each
-    assert [c.calls for c in by["norm.rms_norm"] if c.call_site.startswith("Model._stack:")] == [3]
+    # a 4-token prefill and a decode step's tile share the norms' signature where the tile is 4 rows
+    # (the CPU's): one case; the GPU's 64-row tile is a case of its own
+    norms = sorted(c.calls for c in by["norm.rms_norm"] if c.call_site.startswith("Model._stack:"))
+    assert norms == ([3] if model.decode_tile == len(prompt) else [1, 2]), norms
 
 
 def _rewrite(src, dst, *, head=None, tensors_=None):
@@ -185,22 +186,22 @@ def _flip_value(t):
     ({"tensors_": lambda t: t.update(extra=torch.zeros(2))}, "tensor 'extra' belongs to no case input"),
     ({"head": lambda h: h["cases"][1].update(kind="regenerated")}, "does not match its inputs"),
 ])
-def test_a_tampered_file_is_one_line_error_exit_2(cases_file, tmp_path, capsys, edit, needle):
+def test_a_tampered_file_is_one_line_error_exit_2(cases_file, tmp_path, capsys, edit, needle, parity_device):
     bad = _rewrite(cases_file[0], tmp_path / "bad.safetensors", **edit)
     with pytest.raises(casefile.CasesError, match=needle):
         casefile.read(bad)
-    rc, out, err = run_cli(capsys, "certify", "--device", DEVICE, "--ops", "norm.rms_norm", "--cases", str(bad))
+    rc, out, err = run_cli(capsys, "certify", "--device", parity_device, "--ops", "norm.rms_norm", "--cases", str(bad))
     one_line_error(rc, out, err, needle)
 
 
-def test_a_corrupt_or_foreign_file_is_one_line_error_exit_2(cases_file, tmp_path, capsys):
+def test_a_corrupt_or_foreign_file_is_one_line_error_exit_2(cases_file, tmp_path, capsys, parity_device):
     cut = tmp_path / "cut.safetensors"
     cut.write_bytes(cases_file[0].read_bytes()[:-5])
     plain = tmp_path / "plain.safetensors"
     save_file({"x": torch.zeros(3)}, str(plain))
     for path, needle in ((cut, "truncated"), (plain, "not a kimi-parity cases file"),
                          (tmp_path / "none.safetensors", "no such cases file")):
-        rc, out, err = run_cli(capsys, "certify", "--device", DEVICE, "--cases", str(path))
+        rc, out, err = run_cli(capsys, "certify", "--device", parity_device, "--cases", str(path))
         one_line_error(rc, out, err, needle)
 
 
@@ -210,22 +211,22 @@ def test_a_corrupt_or_foreign_file_is_one_line_error_exit_2(cases_file, tmp_path
     (["--prompt-ids", "5,9999"], "outside the vocabulary"),
     (["--store-limit", "-3"], "--store-limit"),
 ])
-def test_capture_bad_arguments_are_one_line_errors_exit_2(tmp_path, capsys, args, needle):
+def test_capture_bad_arguments_are_one_line_errors_exit_2(tmp_path, capsys, args, needle, parity_device):
     out_file = tmp_path / "c.safetensors"
-    rc, out, err = run_cli(capsys, "capture", "--device", DEVICE, "--out", str(out_file), *args)
+    rc, out, err = run_cli(capsys, "capture", "--device", parity_device, "--out", str(out_file), *args)
     one_line_error(rc, out, err, needle)
     assert not out_file.exists()
 
 
 # -- the regenerated path (real sizes), forced on small shapes ----------------------------------------
-def _torch_case(rec, case, dtype):
+def _torch_case(rec, case, dtype, device):
     """A drawn case's inputs as the model would hand them over (the record's policy at ``dtype``)."""
     from parity.check import tensors as as_tensors
 
-    return as_tensors(rec, case, dtype, "cpu")
+    return as_tensors(rec, case, dtype, device)
 
 
-def test_real_size_inputs_are_regenerated_from_statistics_and_ids_stay_exact(tmp_path):
+def test_real_size_inputs_are_regenerated_from_statistics_and_ids_stay_exact(tmp_path, parity_device):
     # at T=4096 with 32 heads of 128, one bf16 activation is 32 MiB: past the store limit
     assert 4096 * 32 * 128 * 2 > tensors.STORE_LIMIT
     assert tensors.channels_of((1, 4096, 32, 128)) == 2 and tensors.channels_of((256, 1024, 2304)) == 1
@@ -233,14 +234,14 @@ def test_real_size_inputs_are_regenerated_from_statistics_and_ids_stay_exact(tmp
 
     rec = ops.get("kda.fused_recurrent_decode")
     drawn = kda.decode_case(8, 2, 2, 32, 32, seed=3)
-    given = _torch_case(rec, drawn, "bfloat16")
+    given = _torch_case(rec, drawn, "bfloat16", parity_device)
     # the large path, forced: q, k, v, g_raw (1 KiB each) and the pool regenerated; the gate
     # parameters and beta logits stored, as at real sizes (A_log, dt_bias: 32 and 4096 floats)
     r = capture.Recorder(store_limit=512, seed=7)
     site = sites.SITES["kda_decode_"]
     r.add(site, "test:1", dict(given))
     path = casefile.write(tmp_path / "regen.safetensors", list(r.cases.values()),
-                          run={"checkpoint": {}, "dtype": "bfloat16", "device": "cpu", "prompt_ids": [1],
+                          run={"checkpoint": {}, "dtype": "bfloat16", "device": parity_device, "prompt_ids": [1],
                                "steps": 1, "store_limit": 512, "seed": 7, "uncaptured": {}})
     cf = casefile.read(path)
     (fc,) = cf.cases
@@ -253,7 +254,7 @@ def test_real_size_inputs_are_regenerated_from_statistics_and_ids_stay_exact(tmp
     assert all(np.array_equal(a[n], b[n]) for n in a)                       # a pure function of the file
     assert np.array_equal(a["slot_ids"], drawn.arrays["slot_ids"])          # ids exactly
     for name in ("q", "g_raw", "state_pool"):
-        x, orig = a[name], given[name].double().numpy()
+        x, orig = a[name], given[name].double().cpu().numpy()
         assert x.shape == orig.shape and not np.array_equal(x, orig)
         c = x.reshape(-1, *x.shape[-spec[name]["channels"]:])
         o = orig.reshape(c.shape)
@@ -265,16 +266,16 @@ def test_real_size_inputs_are_regenerated_from_statistics_and_ids_stay_exact(tmp
     assert lo <= g_lo <= g_hi <= hi and lo < -0.01
     # replayed: the certificate says "regenerated", and the case is within its bound with teeth
     by_op, _ = capture.replay_cases(cf, [rec.name])
-    cert = certify_op(rec, dtypes=("bfloat16",), device=DEVICE, examples=1, cases=by_op[rec.name])
+    cert = certify_op(rec, dtypes=("bfloat16",), device=parity_device, examples=1, cases=by_op[rec.name])
     (entry,) = cert.to_dict()["replayed"]
     assert entry["kind"] == "regenerated" and entry["passed"] and cert.certified, cert.reasons()
     assert cert.runs["bfloat16"].mutants["A_log_plus_one"].first_failure.startswith("c0 regenerated")
 
 
-def test_stored_values_round_trip_exactly_and_a_regenerated_case_keeps_its_digest(tmp_path):
+def test_stored_values_round_trip_exactly_and_a_regenerated_case_keeps_its_digest(tmp_path, parity_device):
     x = torch.randn(5, 64).to(torch.bfloat16)
     w = (1 + 0.1 * torch.randn(64)).to(torch.bfloat16)
-    runinfo = {"checkpoint": {}, "dtype": "bfloat16", "device": "cpu", "prompt_ids": [1], "steps": 0,
+    runinfo = {"checkpoint": {}, "dtype": "bfloat16", "device": parity_device, "prompt_ids": [1], "steps": 0,
                "store_limit": 0, "seed": 0, "uncaptured": {}}
     for limit in (tensors.STORE_LIMIT, 0):
         r = capture.Recorder(store_limit=limit)
@@ -309,18 +310,18 @@ def test_every_model_op_call_has_a_site_and_each_site_fits_its_record():
 
 
 @pytest.mark.parity_gpu
-def test_real_size_capture_and_replay_on_cuda(tmp_path, capsys):
+def test_real_size_capture_and_replay_on_cuda(tmp_path, capsys, parity_device):
     """T=4096 on the medium preset (heads of 128): the prefill's activations and the decode step's
     4097-position MLA context are regenerated, and those cases certify on the GPU."""
     path = tmp_path / "medium.safetensors"
-    rc, out, err = run_cli(capsys, "capture", "--synthetic", "medium", "--device", "cuda", "--prompt-length",
+    rc, out, err = run_cli(capsys, "capture", "--synthetic", "medium", "--device", parity_device, "--prompt-length",
                            "4096", "--steps", "1", "--out", str(path))
     assert rc == 0, out + err
     cf = casefile.read(path)
     kda = next(c for c in cf.cases if c.op == "kda.fused_chunked")
     assert kda.kind == "regenerated" and kda.entry["inputs"]["q"]["shape"] == [1, 4096, 4, 128]
     report = tmp_path / "c.json"
-    rc, out, err = run_cli(capsys, "certify", "--device", "cuda", "--dtype", "bfloat16", "--examples", "1",
+    rc, out, err = run_cli(capsys, "certify", "--device", parity_device, "--dtype", "bfloat16", "--examples", "1",
                            "--ops", "kda.fused_chunked", "mla.paged_decode", "--cases", str(path),
                            "--json", str(report))
     doc = json.loads(report.read_text())

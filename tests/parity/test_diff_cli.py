@@ -83,9 +83,9 @@ def test_a_generator_checkpoint_in_free_mode(tmp_path, capsys):
 
 
 @pytest.mark.parity_gpu
-def test_benign_bf16_noise_is_never_called_diverged_over_128_forced_steps(tmp_path, capsys):
+def test_benign_bf16_noise_is_never_called_diverged_over_128_forced_steps(tmp_path, capsys, parity_device):
     report_path = tmp_path / "r.json"
-    rc, out, err = run_cli(capsys, "diff", "--device", "cuda", "--steps", "128", "--json", str(report_path))
+    rc, out, err = run_cli(capsys, "diff", "--device", parity_device, "--steps", "128", "--json", str(report_path))
     assert rc == 0, out + err
     report = json.loads(report_path.read_text())
     check_consistent(report)

@@ -16,7 +16,7 @@ def _block(text: str, name: str) -> str:
     return part.split("```python", 1)[1].rsplit("```", 1)[0]
 
 
-def test_certify_your_own_chunk_kda_runs_as_written(tmp_path, monkeypatch):
+def test_certify_your_own_chunk_kda_runs_as_written(tmp_path, monkeypatch, parity_device):
     """docs/certificates.md's example: the adapter file and the check, as a user would run them;
     and the planted bug the page mentions fails with the mutant it names."""
     import pytest
@@ -39,4 +39,4 @@ def test_certify_your_own_chunk_kda_runs_as_written(tmp_path, monkeypatch):
     import my_buggy_kda
 
     with pytest.raises(AssertionError, match="nearest known bug: state_stored_transposed"):
-        assert_certified("kda.chunked", my_buggy_kda.chunk_kda, dtypes=("float32",), examples=1, device="cpu")
+        assert_certified("kda.chunked", my_buggy_kda.chunk_kda, dtypes=("float32",), examples=1, device=parity_device)

@@ -20,17 +20,18 @@ needs_transformers = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transforme
 PLANTED = "tests.parity.engines_planted"
 
 
-def _diff(capsys, tmp_path, engine, *more, steps="2"):
+def _diff(capsys, tmp_path, engine, *more, device, steps="2"):
     report = tmp_path / "r.json"
-    rc, out, err = run_cli(capsys, "diff", "--engine", engine, "--dtype", "float32", "--device", "cpu",
+    rc, out, err = run_cli(capsys, "diff", "--engine", engine, "--dtype", "float32", "--device", device,
                            "--steps", steps, "--no-progress", "--json", str(report), *more)
     return rc, out, err, (json.loads(report.read_text()) if report.exists() else None)
 
 
+@pytest.mark.parity_interpreter  # transformers' torch path (on a GPU it calls fla-core's TF32 kernels)
 @needs_transformers
 def test_transformers_at_float32_on_the_bundled_checkpoint_has_no_step_diverged_and_no_op_past_its_bound(
-        tmp_path, capsys):
-    rc, out, err, report = _diff(capsys, tmp_path, "transformers", steps="3")
+        tmp_path, capsys, parity_device):
+    rc, out, err, report = _diff(capsys, tmp_path, "transformers", steps="3", device=parity_device)
     assert rc == 0, out + err
     assert errors(report, SCHEMA) == []
     check_consistent(report)
@@ -42,27 +43,28 @@ def test_transformers_at_float32_on_the_bundled_checkpoint_has_no_step_diverged_
     assert "engine: transformers (TransformersEngine), float32 on cpu" in err
 
 
+@pytest.mark.parity_interpreter  # transformers' torch path (on a GPU it calls fla-core's TF32 kernels)
 @needs_transformers
 @pytest.mark.parametrize("held", ["float32", "float64"])
-def test_transformers_loads_a_checkpoint_it_saved_itself(tmp_path, capsys, held):
+def test_transformers_loads_a_checkpoint_it_saved_itself(tmp_path, capsys, held, parity_device):
     """save_pretrained's layout (the dense MLP as block_sparse_moe, F32/F64 tensors) as it is."""
     import torch
 
     from parity.engines import load_engine
     from reference.fixtures import default_checkpoint_path
 
-    engine = load_engine("transformers", default_checkpoint_path(), dtype="float32", device="cpu")
+    engine = load_engine("transformers", default_checkpoint_path(), dtype="float32", device=parity_device)
     engine.hf_model.to(getattr(torch, held)).save_pretrained(tmp_path / "saved")
-    rc, out, err, report = _diff(capsys, tmp_path, "transformers", str(tmp_path / "saved"))
+    rc, out, err, report = _diff(capsys, tmp_path, "transformers", str(tmp_path / "saved"), device=parity_device)
     assert rc == 0, out + err
     assert report["summary"]["verdict"] == "match"
 
 
 @needs_transformers
 @pytest.mark.parity_gpu
-def test_transformers_in_bfloat16_on_cuda_has_no_step_diverged_over_128_steps(tmp_path, capsys):
+def test_transformers_in_bfloat16_on_cuda_has_no_step_diverged_over_128_steps(tmp_path, capsys, parity_device):
     report = tmp_path / "r.json"
-    rc, out, err = run_cli(capsys, "diff", "--engine", "transformers", "--dtype", "bfloat16", "--device", "cuda",
+    rc, out, err = run_cli(capsys, "diff", "--engine", "transformers", "--dtype", "bfloat16", "--device", parity_device,
                            "--steps", "128", "--no-progress", "--json", str(report))
     assert rc == 0, out + err
     report = json.loads(report.read_text())
@@ -70,20 +72,22 @@ def test_transformers_in_bfloat16_on_cuda_has_no_step_diverged_over_128_steps(tm
     assert report["summary"]["diverged"] == 0 and report["summary"]["past_bound"] is None
 
 
+@pytest.mark.parity_interpreter  # transformers' torch path (on a GPU it calls fla-core's TF32 kernels)
 @needs_transformers
-def test_golden_check_holds_transformers_to_the_committed_golden(capsys):
+def test_golden_check_holds_transformers_to_the_committed_golden(capsys, parity_device):
     from reference.fixtures import default_checkpoint_path
 
     golden = default_checkpoint_path().parent / "golden" / "default.json"
-    rc, out, err = run_cli(capsys, "golden", "check", str(golden), "--engine", "transformers", "--device", "cpu",
+    rc, out, err = run_cli(capsys, "golden", "check", str(golden), "--engine", "transformers", "--device", parity_device,
                            "--steps", "3")
     assert rc == 0, out + err
     assert out.strip().splitlines()[-1] == "golden: 3/3 steps match, 0 near-tie, 0 diverged"
 
 
-@pytest.mark.parametrize("factory", ["fb_doubled", pytest.param("fb_doubled_transformers", marks=needs_transformers)])
-def test_llama_cpp_doubled_f_b_exits_1_and_is_localized_to_that_layers_mixer(tmp_path, capsys, factory):
-    rc, out, err, report = _diff(capsys, tmp_path, f"{PLANTED}:{factory}")
+@pytest.mark.parametrize("factory", ["fb_doubled", pytest.param("fb_doubled_transformers", marks=(
+    needs_transformers, pytest.mark.parity_interpreter))])  # transformers' torch path, as above
+def test_llama_cpp_doubled_f_b_exits_1_and_is_localized_to_that_layers_mixer(tmp_path, capsys, factory, parity_device):
+    rc, out, err, report = _diff(capsys, tmp_path, f"{PLANTED}:{factory}", device=parity_device)
     assert rc == 1, out + err
     check_consistent(report)
     loc = report["localization"]
@@ -95,8 +99,8 @@ def test_llama_cpp_doubled_f_b_exits_1_and_is_localized_to_that_layers_mixer(tmp
     assert "layers.1.mixer (kda)" in out.strip().splitlines()[-1]
 
 
-def test_an_engine_without_traces_is_judged_on_its_logits_and_says_so(tmp_path, capsys):
-    rc, out, err, report = _diff(capsys, tmp_path, "tests/parity/engines_planted.py:untraced", steps="3")
+def test_an_engine_without_traces_is_judged_on_its_logits_and_says_so(tmp_path, capsys, parity_device):
+    rc, out, err, report = _diff(capsys, tmp_path, "tests/parity/engines_planted.py:untraced", steps="3", device=parity_device)
     assert rc == 0, out + err
     check_consistent(report)
     assert report["summary"]["traces"] is False and report["engine"]["traced"] is False
@@ -105,8 +109,8 @@ def test_an_engine_without_traces_is_judged_on_its_logits_and_says_so(tmp_path, 
     assert all(0 <= st["logits"]["units"] < 1e-3 for st in report["steps"])  # float64 numbers
 
 
-def test_logits_outside_lm_heads_span_are_past_their_bound_even_when_every_token_agrees(tmp_path, capsys):
-    rc, out, err, report = _diff(capsys, tmp_path, f"{PLANTED}:bent_logits", steps="2")
+def test_logits_outside_lm_heads_span_are_past_their_bound_even_when_every_token_agrees(tmp_path, capsys, parity_device):
+    rc, out, err, report = _diff(capsys, tmp_path, f"{PLANTED}:bent_logits", steps="2", device=parity_device)
     assert rc == 1, out + err
     s = report["summary"]
     assert s["diverged"] == 0 and s["match"] == 2 and s["verdict"] == "past-bound"
@@ -136,10 +140,10 @@ ENGINE_ERRORS = {
 
 
 @pytest.mark.parametrize("case", list(ENGINE_ERRORS))
-def test_an_unusable_engine_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, case):
+def test_an_unusable_engine_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, case, parity_device):
     argv, message = ENGINE_ERRORS[case]
     report = tmp_path / "r.json"
-    rc, out, err = run_cli(capsys, "diff", *argv, "--dtype", "float32", "--device", "cpu", "--steps", "2",
+    rc, out, err = run_cli(capsys, "diff", *argv, "--dtype", "float32", "--device", parity_device, "--steps", "2",
                            "--prompt-ids", PROMPT_IDS,
                            "--no-progress", "--json", str(report))
     one_line_error(rc, out, err, message)

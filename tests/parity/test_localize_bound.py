@@ -92,17 +92,17 @@ def one_layer():
     return SyntheticSource(ONE_LAYER, 0)
 
 
-def test_a_correct_kda_mixer_whose_readout_cancels_stays_within_its_bound(one_layer):
-    loc = localize(reference.load(one_layer), optimized.load(one_layer, device="cpu"), RUN, ONE_LAYER)
+def test_a_correct_kda_mixer_whose_readout_cancels_stays_within_its_bound(one_layer, parity_device):
+    loc = localize(reference.load(one_layer), optimized.load(one_layer, device=parity_device), RUN, ONE_LAYER)
     assert loc.first is None, loc.describe()
     mixer = next(e for e in loc.entries if e.name == "layers.0.mixer")
     assert mixer.spike_units <= 1 and mixer.readout > 3
     assert mixer.spike_units * mixer.readout > 1        # the plain bound would have called it a bug
 
 
-def test_a_perturbed_a_log_in_that_mixer_is_still_past_its_bound(one_layer):
+def test_a_perturbed_a_log_in_that_mixer_is_still_past_its_bound(one_layer, parity_device):
     for delta in (1.0, -1.0):
-        opt = optimized.load(perturbed_a_log(one_layer, layer=0, delta=delta), device="cpu")
+        opt = optimized.load(perturbed_a_log(one_layer, layer=0, delta=delta), device=parity_device)
         loc = localize(reference.load(one_layer), opt, RUN, ONE_LAYER)
         assert loc.first is not None and loc.first.name == "layers.0.mixer", (delta, loc.describe())
         assert loc.first_kind == "level" and loc.first.units > 1

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.i
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with cpu_threads("cpu"):
+def one_thread(parity_device):
+    with cpu_threads(parity_device):
         yield
 
 

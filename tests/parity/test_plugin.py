@@ -1,5 +1,6 @@
 """The pytest plugin: assert_parity in a user's test, registry parametrization, --parity-device,
-and parity_gpu tests skipping cleanly without a GPU."""
+parity_gpu tests skipping cleanly without a GPU, parity_interpreter tests under the interpreter (in a
+child process on a GPU machine)."""
 import os
 import subprocess
 import sys
@@ -41,6 +42,11 @@ USER_TEST = textwrap.dedent("""
     @pytest.mark.parity_gpu
     def test_needs_a_gpu(parity_device):
         assert torch.cuda.is_available()
+
+    @pytest.mark.parity_interpreter
+    def test_runs_under_the_interpreter_with_no_gpu_visible(parity_device):
+        import optimized
+        assert optimized.interpreting() and not torch.cuda.is_available()
 """)
 
 
@@ -64,3 +70,17 @@ def test_asking_for_cuda_without_a_gpu_skips_instead_of_failing(tmp_path):
     out = _run(tmp_path, "--parity-device", "cuda", "-k", "silu_matches or needs_a_gpu")
     assert out.returncode == 0, out.stdout[-3000:]
     assert "2 skipped" in out.stdout
+
+
+def test_xdist_workers_are_pinned_one_per_gpu_within_the_outer_visible_set():
+    """tests/conftest.py: worker gwN sees the (N mod n)th of the n GPUs an outer CUDA_VISIBLE_DEVICES
+    allows, set before torch starts CUDA; one GPU, or no xdist worker, leaves it as it is."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = "import os, tests.conftest; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"
+    for worker, count, outer, want in (("gw0", "4", "4,5,6", "4"), ("gw3", "4", "4,5,6", "4"),
+                                       ("gw2", "4", "4, 5", "4"), ("gw1", "2", "0,1", "1"),
+                                       ("gw1", "2", "7", "7"), ("", "1", "2,3", "2,3")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+        env.update(CUDA_VISIBLE_DEVICES=outer, PYTEST_XDIST_WORKER=worker, PYTEST_XDIST_WORKER_COUNT=count)
+        out = subprocess.run([PY, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == want, (worker, outer, out.stdout, out.stderr[-2000:])

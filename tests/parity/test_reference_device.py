@@ -25,12 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = KimiConfig.from_name("tiny")
 
 
-def test_the_optimized_models_resident_weights_are_the_checkpoints_and_the_reference_reads_them():
+def test_the_optimized_models_resident_weights_are_the_checkpoints_and_the_reference_reads_them(parity_device):
     import optimized
     from optimized.weights import named_views
     from reference.tensors import expected_tensors
 
-    dev = "cuda" if torch.cuda.is_available() else "cpu"   # the kernels need a GPU or the interpreter
+    dev = parity_device
     src = SyntheticSource(TINY, 0)
     views = named_views(optimized.load(src, device=dev, dtype="bfloat16").weights, TINY)
     shapes = expected_tensors(TINY)
@@ -40,7 +40,8 @@ def test_the_optimized_models_resident_weights_are_the_checkpoints_and_the_refer
     shared = reference.load(src, executor="torch", device=dev, shared_weights=views)
     assert shared.shares_weights
     ids = [5, 9, 2]
-    assert torch.equal(shared.forward(ids).cpu(), reference.load(src, executor="torch").forward(ids))
+    # the same arithmetic on the same device: the shared weights change no bit
+    assert torch.equal(shared.forward(ids), reference.load(src, executor="torch", device=dev).forward(ids))
 
 
 def test_a_shared_tensor_that_cannot_hold_the_weights_is_refused_by_name():
@@ -128,7 +129,8 @@ def test_the_reference_running_out_of_memory_is_does_not_fit_naming_the_call():
 
 def test_ctrl_c_during_a_run_leaves_no_json_and_one_line(tmp_path):
     out = tmp_path / "report.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # keep what is there
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "parity", "diff", "--steps", "500", "--no-progress",
                              "--json", str(out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

@@ -17,21 +17,21 @@ OPS = ops.names()
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with cpu_threads("cpu"):
+def one_thread(parity_device):
+    with cpu_threads(parity_device):
         yield
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("op", OPS)
-def test_the_float32_stand_in_is_within_the_bound_on_drawn_inputs(op, dtype):
+def test_the_float32_stand_in_is_within_the_bound_on_drawn_inputs(op, dtype, parity_device):
     rec = ops.get(op)
     cand = rec.candidate(rec.emulated)
 
     @given(st.data())
     def within(data):
         case = data.draw(rec.inputs(), label="case")
-        j = check(prepare(rec, case, dtype, "cpu"), cand)
+        j = check(prepare(rec, case, dtype, parity_device), cand)
         target(min(j.ratio, 1e300), label="error in bound units")
         assert j.passed, f"{op} [{dtype}] {case.label}\n{j.report()}"
 
@@ -49,13 +49,13 @@ def test_the_stand_in_certifies_and_every_mutant_is_killed(op):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_an_all_zeros_and_a_nan_candidate_fail_for_every_op(op):
+def test_an_all_zeros_and_a_nan_candidate_fail_for_every_op(op, parity_device):
     rec = ops.get(op)
 
     @given(rec.inputs())
     def rejected(case):
         for dtype in ("float32", "bfloat16"):
-            prep = prepare(rec, case, dtype, "cpu")
+            prep = prepare(rec, case, dtype, parity_device)
             for name, make in CONTROLS.items():
                 j = check(prep, make(rec, prep))
                 assert not j.passed, f"{op} [{dtype}]: the {name} candidate passed"

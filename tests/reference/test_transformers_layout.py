@@ -58,11 +58,11 @@ def test_the_reference_runs_on_it(saved):
     assert logits.shape == (3, TINY.vocab_size) and np.isfinite(logits).all()
 
 
-def test_the_optimized_path_reads_the_dense_mlp_through_the_same_source(saved):
+def test_the_optimized_path_reads_the_dense_mlp_through_the_same_source(saved, parity_device):
     import optimized
 
     folder, state = saved
-    model = optimized.load(folder, device="cpu", dtype="float64")
+    model = optimized.load(folder, device=parity_device, dtype="float64")
     dense = model.weights.layers[0].ffn
     for proj, got in (("gate_proj", dense.gate), ("up_proj", dense.up), ("down_proj", dense.down)):
         want = state[f"model.layers.0.block_sparse_moe.{proj}.weight"].double()
