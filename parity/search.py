@@ -63,7 +63,7 @@ class SearchResult:
 def judge_case(record: OpRecord, case: Case, cand: Candidate, dtype: str, device: str):
     """The ``parity.check.Judgement`` of ``cand`` on ``case`` at ``dtype`` on ``device``, as
     certification judges it. Raises ``Unsupported`` when the implementation refuses the input."""
-    prepared = prepare(record, case, dtype, device, cand.rounding(dtype, device), cand.contract)
+    prepared = prepare(record, case, dtype, device, contract=cand.contract)
     j = check(prepared, cand.normalized(record), counter=cand.counter)
     if j.kernel_ran is False and not j.error:   # not its own work: past any bound
         j.passed, j.ratio = False, math.inf
