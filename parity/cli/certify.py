@@ -24,6 +24,7 @@ from the I-th; ``merge`` combines the shards' certificates into the one the unsh
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 

@@ -215,6 +215,53 @@ def summary_line(result: DiffResult) -> str:
     return line
 
 
+class Routes:
+    """Both paths' own expert choices (``layers.i.router.ids``) over the calls of one run: where the
+    engine's stream drifted (every op within its bound), its router may choose otherwise than the
+    reference's own run, a whole expert apart although each choice is right for its own input."""
+
+    def __init__(self, config):
+        self.layers = [i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)]
+        self.ref: dict[int, list[np.ndarray]] = {i: [] for i in self.layers}
+        self.eng: dict[int, list[np.ndarray]] = {i: [] for i in self.layers}
+
+    def add(self, ref_trace: dict, opt_trace: dict) -> None:
+        for i in self.layers:
+            k = f"layers.{i}.router.ids"
+            if k in ref_trace and k in opt_trace:
+                self.ref[i].append(np.sort(to_numpy(ref_trace[k]).astype(np.int64), axis=-1))
+                self.eng[i].append(to_numpy(opt_trace[k]).astype(np.int64))
+
+    def engine(self) -> dict:
+        """``{layer: ids [T, k_e]}``: the engine's choices at every position so far."""
+        return {i: np.concatenate(v) for i, v in self.eng.items() if v}
+
+    def split(self) -> tuple[int, int, int] | None:
+        """``(count, first layer, first position)`` of the choices the two runs made differently."""
+        first, n = None, 0
+        for i, v in self.engine().items():
+            diff = np.flatnonzero(np.any(np.sort(v, axis=-1) != np.concatenate(self.ref[i]), axis=-1))
+            n += diff.size
+            if diff.size and (first is None or (diff[0], i) < (first[1], first[0])):
+                first = (i, int(diff[0]))
+        return None if first is None else (n, *first)
+
+
+def _rerouted(rec: StepRecord, ref_model, seq: list[int], routes: Routes, r, o, t, dtype: str) -> None:
+    """A flip past the twin's noise while every op is within its bound, the two runs having routed
+    differently upstream: the reference re-run with the engine's own expert choices (each judged
+    within its noise by the replay) says whether the routing split is what moved the logits. If
+    the margin is then within the twin's noise, the step is a near-tie one level down."""
+    n, layer, pos = routes.split()
+    r2 = to_numpy(ref_model.forward(list(seq), routing=routes.engine(), logits="last")).reshape(-1)
+    v = classify_step(r2, o, bound=twin_bound(r, t, dtype=dtype), dtype=dtype)
+    if v.verdict != "diverged":
+        rec.verdict, rec.cause = "near-tie", "router"
+        rec.explanation = (f"the two runs routed differently upstream ({n} choice(s), first layers.{layer} pos {pos}; "
+                           f"each the engine's router's own, within its noise); with the engine's routing the "
+                           f"reference's margin is {v.margin:.3g} <= the twin's bound {v.bound:.3g}")
+
+
 class Drift:
     """End to end: the median over positions of ``||h_engine - h_reference|| / ||h_reference||`` of
     each layer's stream, both paths running on their own (how far the paths drift; replay judges)."""
@@ -270,6 +317,7 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
     replay = Replay(ref_model, config, u=precision.u, ua=precision.ua)
     stats = ReplayStats(config)    # every op of every engine call, judged on its own inputs
     drift = Drift(config)
+    routes = Routes(config)        # both paths' own expert choices, position by position
     traced = True
     lossy = None
     for step in range(steps):
@@ -309,7 +357,10 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
             rec.logits = lm_head.check(o, u_out=output_roundoff(precision, stored),
                                        ua=precision.ua)
         if traced and localize:
+            routes.add(rt, ot)
             _judge(rec, stats.localize(step, stats.positions, precision=precision))
+            if rec.verdict == "diverged" and rec.cause is None and routes.split():
+                _rerouted(rec, ref_model, seq, routes, r, o, t, dtype)
         if rec.nonfinite is not None:  # NaN/Inf is never clean, whatever the tokens did
             rec.verdict, rec.cause = "diverged", "nonfinite"
             rec.explanation = (f"first NaN/Inf at {rec.nonfinite['name']} "

@@ -147,6 +147,7 @@ def test_a_wrong_number_of_outputs_is_refused_and_a_harness_bug_is_a_traceback(p
     (["--workers", "-1"], "--workers -1: expected a count >= 0"),
     (["--shard", "3/2"], "--shard 3/2: expected I/N with 1 <= I <= N"),
     (["--shard", "x"], "--shard x: expected I/N"),
+    (["--repro", "pyproject.toml"], "--repro pyproject.toml: not a folder"),
     (["merge", "a.json"], "merge: --json PATH is required"),
     (["nosuch.json"], "invalid choice: 'nosuch.json'"),
 ])
