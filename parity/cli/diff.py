@@ -9,7 +9,6 @@ docs/cli.md.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from parity import reference_device
 from parity.errors import InputError
@@ -80,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
     from parity.cli import diff_corpus
 
-    if args.checkpoint == "merge" and not Path("merge").is_dir():
+    if args.checkpoint == "merge":  # a checkpoint directory of that name is given as ./merge
         return diff_corpus.merge(args)
     if args.files:
         raise InputError(f"unexpected argument {args.files[0]!r} (shard reports are given to: parity diff merge)")

@@ -66,7 +66,7 @@ def test_a_bug_only_some_prompts_reach_is_named_in_exactly_those_prompts(corpus)
         p = report["prompts"][x["index"]]
         assert x["first_step"] == next(st["step"] for st in p["steps"] if st["verdict"] == "diverged")
         assert "layers.1.mixer (kda)" in x["localization"]
-    assert s["verdict"] == "diverged" if s["diverged"] else "past-bound"
+    assert s["verdict"] == ("diverged" if s["diverged"] else "past-bound")
     # the op's units over the prompts: past 1 in the prompts that reach the bug, 0 (float64) elsewhere
     units = {p["index"]: p["units"]["layers.1.mixer"][1] for p in report["prompts"]}
     assert all(units[k] > 1 for k in REACHED) and all(units[k] < 1 for k in units if k not in REACHED)
