@@ -3,7 +3,8 @@ step by step.
 
 Exit status: 0 when no step diverged and every number is within its bound (matches and near-ties
 only), 1 when a step diverged or numbers are past their bound, 2 for unusable input (one
-``error:`` line). ``--plan PATH`` runs the reference alone and writes a token plan. Documented in
+``error:`` line). ``--plan PATH`` runs the reference alone and writes a token plan. ``--prompts
+FILE`` diffs a corpus (``diff_corpus``), ``parity diff merge`` combines its shards. Documented in
 docs/cli.md.
 """
 from __future__ import annotations
@@ -65,8 +66,10 @@ def register(sub):
     p.add_argument("--optimized-from", metavar="CHECKPOINT",
                    help="load the engine from this checkpoint instead (same config): compare a "
                         "converted or patched checkpoint against the original, or plant a bug")
-    p.add_argument("--json", metavar="PATH", help="write the JSON report (docs/diff-report-schema.json)")
-    p.add_argument("--plot", metavar="PATH", help="write a PNG: per-step error, bound, margins, router flips")
+    p.add_argument("--json", metavar="PATH", help="write the JSON report (docs/diff-report-schema.json; a corpus: "
+                        "parity/schemas/diff-corpus.schema.json)")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG: per-step error, bound, margins, router flips (a corpus: KL per prompt, "
+                        "units per op, verdicts)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
