@@ -77,10 +77,9 @@ def register(sub):
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from parity.cli import diff_corpus
     from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, check_text
     from parity.diff import setup
-
-    from parity.cli import diff_corpus
 
     if args.checkpoint == "merge":  # a checkpoint directory of that name is given as ./merge
         return diff_corpus.merge(args)
@@ -104,9 +103,15 @@ def run(args: argparse.Namespace) -> int:
     if args.optimized_from:
         opt_ckpt = setup.open_checkpoint(args.optimized_from)
         setup.same_model(ckpt, opt_ckpt)
-    prompts = diff_corpus.read(args, ckpt) if args.prompts else None
-    engine = setup.load_engine(args.engine, opt_ckpt or ckpt, dtype=args.dtype, device=device,
-                               variants=variants, backends=backends, reference_source=ckpt.source)
+    folder = diff_corpus.dump_folder(args)  # a folder of dumps: a corpus, one prompt each
+    prompts = diff_corpus.read(args, ckpt) if args.prompts else \
+        diff_corpus.read_dump_folder(args, folder) if folder is not None else None
+
+    def load(spec):
+        return setup.load_engine(spec, opt_ckpt or ckpt, dtype=args.dtype, device=device, variants=variants,
+                                 backends=backends, reference_source=ckpt.source)
+
+    engine = load(args.engine if folder is None else f"dump:{folder / prompts[0].source}")
     if prompts is not None:
         args.steps = args.steps or DEFAULT_STEPS[device]
         args.mode = args.mode or "forced"
@@ -115,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
                                       diff_corpus.describe(args, prompts))
         return diff_corpus.run(args, ckpt, opt_ckpt, engine, prompts, ref=ref, env=env, rounding=rounding,
                                variants={"reference": _variants(ref), "optimized": _variants(engine)},
-                               backends=backends, device=device, err=err)
+                               backends=backends, device=device, err=err,
+                               engine_for=None if folder is None else lambda p: load(f"dump:{folder / p.source}"))
     ids, text, tok, tokens = _run_shape(args, ckpt, engine, device)
     return _diff(args, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backends, device, err)
 

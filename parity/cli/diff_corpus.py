@@ -13,10 +13,30 @@ import time
 from parity.errors import InputError
 
 
+def dump_folder(args):
+    """The folder of ``--engine dump:DIR`` (a corpus of dumps), else None."""
+    from pathlib import Path
+
+    if args.engine.startswith("dump:") and Path(args.engine[len("dump:"):]).is_dir():
+        return Path(args.engine[len("dump:"):])
+    return None
+
+
 def check_exclusive(args) -> None:
-    """What ``--prompts`` and ``--shard`` cannot be combined with, refused before anything loads."""
-    if args.shard is not None and not args.prompts:
-        raise InputError("--shard splits a corpus: give --prompts FILE")
+    """What ``--prompts``, a folder of dumps and ``--shard`` cannot be combined with, refused before
+    anything loads."""
+    folder = dump_folder(args)
+    if args.shard is not None and not args.prompts and folder is None:
+        raise InputError("--shard splits a corpus: give --prompts FILE or --engine dump:FOLDER")
+    if folder is not None and not args.prompts:
+        for flag, value in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids), ("--plan", args.plan)):
+            if value is not None:
+                raise InputError(f"--engine dump:{folder} is a corpus of dumps, each with its own prompt: "
+                                 f"leave out {flag}")
+    if folder is not None or args.shard is not None:
+        from parity.diff.corpus import parse_shard
+
+        parse_shard(args.shard)
     if not args.prompts:
         return
     for flag, value in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids), ("--plan", args.plan)):
@@ -43,16 +63,29 @@ def read(args, ckpt) -> list:
                         encode=None if tok is None else tok.encode)
 
 
+def read_dump_folder(args, folder) -> list:
+    """The dumps of ``folder`` as a corpus; ``args.steps``, ``mode`` and ``dtype`` become theirs."""
+    from parity.diff.corpus import read_dumps
+
+    prompts, shared = read_dumps(folder, steps=args.steps, mode=args.mode, dtype=args.dtype)
+    args.steps, args.mode, args.dtype = shared["steps"], shared["mode"], shared["dtype"]
+    return prompts
+
+
 def describe(args, prompts) -> str:
     from parity.diff.corpus import parse_shard, shard_of
 
     shard = parse_shard(args.shard)
-    mine = shard_of(prompts, shard)
-    part = f", shard {shard[0]}/{shard[1]}: {len(mine)} of them" if shard else ""
-    return f"corpus: {args.prompts}, {len(prompts)} prompts{part}"
+    part = f", shard {shard[0]}/{shard[1]}: {len(shard_of(prompts, shard))} of them" if shard else ""
+    what = f"{args.prompts}, {len(prompts)} prompts" if args.prompts else \
+        f"{len(prompts)} dumps in {args.engine[len('dump:'):]}"
+    return f"corpus: {what}{part}"
 
 
-def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, backends, device, err) -> int:
+def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, backends, device, err,
+        engine_for=None) -> int:
+    """Diff every prompt of this shard with ``engine`` (``engine_for(prompt)``: a folder of dumps, one
+    engine each), print and write the corpus report; the corpus's exit status."""
     from rich.console import Console
 
     from parity import reference_device
@@ -71,7 +104,8 @@ def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, 
     settings = {"checkpoint": ckpt.info, "optimized_checkpoint": opt_ckpt.info if opt_ckpt else None,
                 "engine": args.engine, "mode": args.mode, "steps": args.steps, "dtype": args.dtype,
                 "rounding": rounding, "variants": variants, "backends": backends, "config": config.to_hub_dict()}
-    result = CorpusResult(corpus={"file": str(args.prompts), "size": len(prompts), "digest": corpus_digest(prompts)},
+    source = str(args.prompts) if args.prompts else args.engine[len("dump:"):]
+    result = CorpusResult(corpus={"file": source, "size": len(prompts), "digest": corpus_digest(prompts)},
                           shard=shard, settings=settings, environment=env)
     try:
         twin = twin_for(engine, ref, dtype=args.dtype)  # one for the corpus: its runs are memoized
@@ -80,10 +114,11 @@ def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, 
     lm_head = setup.lm_head_span(ckpt, device)
     t0 = time.perf_counter()
     with reference_device.memory_errors(args.reference_device, device):
-        for prompt, res in _decode_all(ref, engine, mine, config, args, err, rounding, lm_head, twin):
+        for prompt, res in _decode_all(ref, engine_for or (lambda p: engine), mine, config, args, err, rounding,
+                                       lm_head, twin):
             p = PromptResult.of(prompt, res)
             result.prompts.append(p)
-            out.print(f"prompt {p.index} (line {p.line}): {p.summary['line']}", markup=False, highlight=False,
+            out.print(f"prompt {p.index} ({_where(p)}): {p.summary['line']}", markup=False, highlight=False,
                       soft_wrap=True)
     result.seconds = time.perf_counter() - t0
     print_corpus(result, out)
@@ -97,26 +132,34 @@ def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, 
     return result.exit_code
 
 
-def _decode_all(ref, engine, prompts, config, args, err, rounding, lm_head, twin):
+def _where(p) -> str:
+    return f"line {p.line}" if p.source is None else p.source
+
+
+def _decode_all(ref, engine_for, prompts, config, args, err, rounding, lm_head, twin):
     """``(prompt, DiffResult)`` per prompt, a progress bar over the prompts on a terminal."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from parity.diff import run_diff
     from parity.diff.setup import checkpoint_errors, one_line
-    from parity.engines import EngineError
+    from parity.engines import DumpEngine, EngineError
 
     show = not args.no_progress and err.is_terminal
     with Progress(TextColumn("prompts"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
                   TimeElapsedColumn(), console=err, transient=True, disable=not show) as progress:
         task = progress.add_task("corpus", total=len(prompts), last="")
         for prompt in prompts:
+            engine = engine_for(prompt)
+            dump = engine.engine if isinstance(engine.engine, DumpEngine) else None
+            # a free-mode dump already ran: both paths consume its tokens (as a single dump's diff does)
+            tokens = dump.tokens if dump is not None and dump.mode == "free" else None
             try:
                 res = run_diff(ref, engine, list(prompt.ids), config=config, steps=args.steps, mode=args.mode,
-                               dtype=args.dtype, rounding=rounding, lm_head=lm_head, twin=twin)
+                               dtype=args.dtype, rounding=rounding, lm_head=lm_head, twin=twin, tokens=tokens)
             except checkpoint_errors() as exc:
                 raise InputError(one_line(exc)) from None
             except EngineError as exc:
-                raise InputError(f"prompt {prompt.index} (line {prompt.line}): {one_line(exc)}") from None
+                raise InputError(f"prompt {prompt.index} ({_where(prompt)}): {one_line(exc)}") from None
             progress.update(task, advance=1, last=f"prompt {prompt.index}: {res.verdict}")
             yield prompt, res
 
@@ -126,10 +169,10 @@ def print_corpus(result, console) -> None:
     localization), the per-op units, the rates; the corpus summary line last."""
     s = result.summary()
     for d in s["diverged"]:
-        console.print(f"diverged: prompt {d['index']} (line {d['line']}), first at step {d['first_step']}"
+        console.print(f"diverged: prompt {d['index']} ({d['source'] or 'line ' + str(d['line'])}), first at step {d['first_step']}"
                       + (f": {d['localization']}" if d["localization"] else ""), markup=False)
     for d in s["past_bound"]:
-        console.print(f"past its bound: prompt {d['index']} (line {d['line']}): {d['past_bound']}", markup=False)
+        console.print(f"past its bound: prompt {d['index']} ({d['source'] or 'line ' + str(d['line'])}): {d['past_bound']}", markup=False)
     worst = sorted(s["op_units"].items(), key=lambda kv: -(kv[1]["units"]["max"] or 0.0))[:4]
     if worst:
         console.print("median error per op in units of its bound, over the prompts (median / p99 / max): "

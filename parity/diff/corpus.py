@@ -41,6 +41,7 @@ class Prompt:
     line: int               # 1-based line of the file
     ids: tuple[int, ...]
     text: str | None        # None: given as ids
+    source: str | None = None  # a folder of dumps: the dump's file name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,11 +104,50 @@ def _parse_jsonl(path: Path, n: int, line: str) -> tuple[str | None, list[int] |
     return None, ids
 
 
+def read_dumps(directory: str | Path, *, steps: int | None, mode: str | None,
+               dtype: str | None) -> tuple[list[Prompt], dict]:
+    """A folder of dumps (``*.safetensors``, by name), one prompt each, read from their headers
+    only. Returns the prompts and what the dumps share (``steps``: ``steps`` or the dumps' own,
+    ``mode``, ``dtype``); dumps that differ in mode or dtype, or in steps without ``steps``, are
+    refused."""
+    from parity.engines import DumpError
+    from parity.engines.dump import read_header
+
+    directory = Path(directory)
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise InputError(f"--engine dump:{directory}: no dump (*.safetensors) in the folder")
+    prompts, heads = [], []
+    for k, f in enumerate(files):
+        try:
+            head = read_header(f)
+        except DumpError as exc:
+            raise InputError(" ".join(str(exc).split())) from None
+        heads.append(head)
+        prompts.append(Prompt(index=k, line=k + 1, ids=tuple(int(t) for t in head["prompt_ids"]), text=None,
+                              source=f.name))
+    for key in ("mode", "dtype") + (() if steps is not None else ("steps",)):
+        i = next((i for i, h in enumerate(heads) if h[key] != heads[0][key]), None)
+        if i is not None:
+            raise InputError(f"--engine dump:{directory}: {files[i].name} ran {key} {heads[i][key]}, "
+                             f"{files[0].name} {heads[0][key]}"
+                             + ("; give --steps N" if key == "steps" else ": diff them apart"))
+    short = min(heads, key=lambda h: h["steps"])
+    if steps is not None and steps > short["steps"]:
+        raise InputError(f"--steps {steps}: {files[heads.index(short)].name} holds {short['steps']} steps")
+    if mode is not None and mode != heads[0]["mode"]:
+        raise InputError(f"--mode {mode}: the dumps in {directory} are {heads[0]['mode']}-mode dumps")
+    if dtype is not None and dtype != heads[0]["dtype"]:
+        raise InputError(f"--dtype {dtype}: the dumps in {directory} ran {heads[0]['dtype']}")
+    return prompts, {"steps": steps or heads[0]["steps"], "mode": heads[0]["mode"], "dtype": heads[0]["dtype"]}
+
+
 def corpus_digest(prompts: list[Prompt]) -> str:
-    """What makes two shard reports parts of one corpus: the token ids of every prompt, in order."""
+    """What makes two shard reports parts of one corpus: the token ids of every prompt, in order (and
+    for a folder of dumps each dump's file name)."""
     h = hashlib.sha256()
     for p in prompts:
-        h.update(json.dumps(list(p.ids)).encode() + b"\n")
+        h.update(json.dumps([p.source, list(p.ids)] if p.source is not None else list(p.ids)).encode() + b"\n")
     return h.hexdigest()
 
 
@@ -147,6 +187,7 @@ class PromptResult:
     localization: str | None           # the run's localization line (``Localization.describe``)
     first_diverged: int | None         # the first diverged step
     units: dict[str, list]             # op name -> [op, level units, spike units], final localization
+    source: str | None = None          # a folder of dumps: the dump's file name
 
     @classmethod
     def of(cls, prompt: Prompt, result: DiffResult) -> "PromptResult":
@@ -160,10 +201,10 @@ class PromptResult:
         return cls(index=prompt.index, line=prompt.line, text=prompt.text, ids=list(prompt.ids),
                    verdict=result.verdict, summary=summary, steps=[s.to_dict() for s in result.steps],
                    localization=loc.describe() if loc is not None else None, first_diverged=bad,
-                   units=units)
+                   units=units, source=prompt.source)
 
     def to_dict(self) -> dict:
-        return {"index": self.index, "line": self.line, "text": self.text, "ids": self.ids,
+        return {"index": self.index, "line": self.line, "source": self.source, "text": self.text, "ids": self.ids,
                 "verdict": self.verdict, "first_diverged": self.first_diverged,
                 "localization": self.localization, "summary": self.summary, "units": self.units,
                 "steps": self.steps}
@@ -172,7 +213,7 @@ class PromptResult:
     def from_dict(cls, d: dict) -> "PromptResult":
         return cls(index=d["index"], line=d["line"], text=d["text"], ids=list(d["ids"]), verdict=d["verdict"],
                    summary=d["summary"], steps=d["steps"], localization=d["localization"],
-                   first_diverged=d["first_diverged"], units=d["units"])
+                   first_diverged=d["first_diverged"], units=d["units"], source=d.get("source"))
 
     @property
     def positions(self) -> int:
@@ -231,12 +272,13 @@ class CorpusResult:
 
     def diverged(self) -> list[dict]:
         """Prompts with a diverged step, each with its first bad step and its localization."""
-        return [{"index": p.index, "line": p.line, "first_step": p.first_diverged, "localization": p.localization}
+        return [{"index": p.index, "line": p.line, "source": p.source, "first_step": p.first_diverged,
+                 "localization": p.localization}
                 for p in self.prompts if p.first_diverged is not None]
 
     def past_bound(self) -> list[dict]:
         """Prompts no step of which diverged but whose numbers are past their bound."""
-        return [{"index": p.index, "line": p.line, "past_bound": p.summary["past_bound"]}
+        return [{"index": p.index, "line": p.line, "source": p.source, "past_bound": p.summary["past_bound"]}
                 for p in self.prompts if p.verdict == "past-bound"]
 
     def ranked(self) -> list[PromptResult]:
