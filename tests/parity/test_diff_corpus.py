@@ -3,9 +3,10 @@
 The engine is ``fb_doubled_on_trigger`` (float64 NumPy, cheap): llama.cpp's doubled ``f_b`` at
 layer 1 for the prompts holding the token id ``TRIGGER``, the clean model for the others. Each
 prompt's record equals the single-prompt run's, the bug is named in exactly the prompts that reach
-it, two shards merge into the unsharded report, and unusable input is one line. Cost on a 2-core
-CPU: ~35 s (the corpus three times: whole, two shards, single prompts; the optimized model only
-as the certified twin of the flipped steps, and for two prompts as the engine)."""
+it, two shards merge into the unsharded report, a folder of dumps is a corpus too, and unusable
+input is one line. Cost on a 2-core CPU: ~45 s (the corpus three times: whole, two shards, single
+prompts; the optimized model only as the certified twin of the flipped steps, and for two prompts
+as the engine)."""
 import contextlib
 import io
 import json
@@ -222,3 +223,47 @@ def test_unusable_corpus_input_is_one_line_and_exit_2(case, tmp_path, capsys):
 def test_the_corpus_schema_repeats_the_single_reports_step_definitions():
     for name in ("verdict", "run_verdict", "step", "router_flip", "nonfinite", "logits_check"):
         assert SCHEMA["$defs"][name] == DOCS_SCHEMA["$defs"][name], name
+
+
+def _dumps(folder, prompts, *, steps=3, mode_of=lambda k: None):
+    """The planted engine's runs of ``prompts`` written as dumps (free mode: its own tokens), one a file."""
+    from parity.engines.dump import record
+    from reference.checkpoint import open_source
+    from reference.fixtures import default_checkpoint_path
+
+    from .engines_planted import fb_doubled_on_trigger
+
+    source = open_source(default_checkpoint_path())
+    engine = fb_doubled_on_trigger(source, dtype="float32", device=None)
+    folder.mkdir()
+    for k, ids in enumerate(prompts):
+        record(engine, folder / f"d{k}.safetensors", config=source.config, dtype="float32", prompt_ids=ids,
+               steps=steps + k if mode_of(k) == "steps" else steps)
+    return folder
+
+
+def test_a_folder_of_dumps_is_a_corpus_and_each_dump_reports_as_its_own_diff(tmp_path, capsys):
+    prompts = [[87, 107, 104, 35, 102], [TRIGGER, 100, 119, 104], [107, 104, 111, 111, 114]]
+    folder = _dumps(tmp_path / "dumps", prompts)
+    rc, out, err = run_cli(capsys, "diff", "--engine", f"dump:{folder}", "--json", str(tmp_path / "c.json"))
+    assert rc == 1, out + err
+    report = load_report(tmp_path / "c.json")
+    assert errors(report, SCHEMA) == [] and report["corpus"]["file"] == str(folder)
+    assert [p["source"] for p in report["prompts"]] == ["d0.safetensors", "d1.safetensors", "d2.safetensors"]
+    assert [p["verdict"] in ("diverged", "past-bound") for p in report["prompts"]] == [False, True, False]
+    bad = report["summary"]["diverged"] + report["summary"]["past_bound"]
+    assert [b["source"] for b in bad] == ["d1.safetensors"]
+    assert "layers.1.mixer (kda)" in (bad[0].get("localization") or bad[0].get("past_bound"))
+    for p in report["prompts"]:
+        rc, out, err = run_cli(capsys, "diff", "--engine", f"dump:{folder / p['source']}", "--json",
+                               str(tmp_path / "one.json"))
+        one = load_report(tmp_path / "one.json")
+        assert one["steps"] == p["steps"] and one["summary"] == p["summary"] and one["mode"] == "free"
+    # dumps that ran different numbers of steps: refused without --steps, which takes the shortest
+    uneven = _dumps(tmp_path / "uneven", prompts[:2], steps=2, mode_of=lambda k: "steps")
+    one_line_error(*run_cli(capsys, "diff", "--engine", f"dump:{uneven}"), "d1.safetensors ran steps 3")
+    one_line_error(*run_cli(capsys, "diff", "--engine", f"dump:{uneven}", "--steps", "3"), "holds 2 steps")
+    one_line_error(*run_cli(capsys, "diff", "--engine", f"dump:{folder}", "--prompt-ids", "1,2"),
+                   "each with its own prompt")
+    (tmp_path / "empty").mkdir()
+    one_line_error(*run_cli(capsys, "diff", "--engine", f"dump:{tmp_path / 'empty'}"), "no dump (*.safetensors)")
