@@ -68,7 +68,8 @@ def register(sub):
                         "converted or patched checkpoint against the original, or plant a bug")
     p.add_argument("--json", metavar="PATH", help="write the JSON report (docs/diff-report-schema.json; a corpus: "
                         "parity/schemas/diff-corpus.schema.json)")
-    p.add_argument("--plot", metavar="PATH", help="write a PNG: per-step error, bound, margins, router flips (a corpus: KL per prompt, "
+    p.add_argument("--plot", metavar="PATH",
+                   help="write a PNG: per-step error, bound, margins, router flips (a corpus: KL per prompt, "
                         "units per op, verdicts)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -136,6 +136,10 @@ def _where(p) -> str:
     return f"line {p.line}" if p.source is None else p.source
 
 
+def _where_of(d: dict) -> str:
+    return f"line {d['line']}" if d["source"] is None else d["source"]
+
+
 def _decode_all(ref, engine_for, prompts, config, args, err, rounding, lm_head, twin):
     """``(prompt, DiffResult)`` per prompt, a progress bar over the prompts on a terminal."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -167,12 +171,14 @@ def _decode_all(ref, engine_for, prompts, config, args, err, rounding, lm_head, 
 def print_corpus(result, console) -> None:
     """The prompts that are not clean (diverged first, each with its first bad step and its
     localization), the per-op units, the rates; the corpus summary line last."""
+    from parity.diff.corpus import fmt as _g
+
     s = result.summary()
     for d in s["diverged"]:
-        console.print(f"diverged: prompt {d['index']} ({d['source'] or 'line ' + str(d['line'])}), first at step {d['first_step']}"
+        console.print(f"diverged: prompt {d['index']} ({_where_of(d)}), first at step {d['first_step']}"
                       + (f": {d['localization']}" if d["localization"] else ""), markup=False)
     for d in s["past_bound"]:
-        console.print(f"past its bound: prompt {d['index']} ({d['source'] or 'line ' + str(d['line'])}): {d['past_bound']}", markup=False)
+        console.print(f"past its bound: prompt {d['index']} ({_where_of(d)}): {d['past_bound']}", markup=False)
     worst = sorted(s["op_units"].items(), key=lambda kv: -(kv[1]["units"]["max"] or 0.0))[:4]
     if worst:
         console.print("median error per op in units of its bound, over the prompts (median / p99 / max): "
@@ -184,10 +190,6 @@ def print_corpus(result, console) -> None:
                   f"positions; KL(ref || engine): mean {_g(kl['mean'])}, p99 {_g(kl['p99'])}, max {_g(kl['max'])}; "
                   f"top-1 agreement {_g(kl['top1_agreement'])}", markup=False)
     console.print(s["line"], markup=False, highlight=False, soft_wrap=True)
-
-
-def _g(x) -> str:
-    return "-" if x is None else f"{x:.3g}"
 
 
 def merge(args) -> int:

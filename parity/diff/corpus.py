@@ -259,7 +259,6 @@ class CorpusResult:
     def verdict(self) -> str:
         """The worst prompt's verdict (``match`` < ``near-tie`` < ``past-bound`` < ``diverged``)."""
         order = ("match", "near-tie", "past-bound", "diverged")
-        assert set(order) == set(RUN_VERDICTS)
         return max((p.verdict for p in self.prompts), key=order.index, default="match")
 
     @property
@@ -342,7 +341,7 @@ class CorpusResult:
         if bad:
             text += f" (not clean: prompt{'s' if len(bad) > 1 else ''} {', '.join(bad[:10])}" \
                     + (", ..." if len(bad) > 10 else "") + ")"
-        text += f"; KL mean {_g(kl['mean'])}, p99 {_g(kl['p99'])}; top-1 agreement {_g(kl['top1_agreement'])}"
+        text += f"; KL mean {fmt(kl['mean'])}, p99 {fmt(kl['p99'])}; top-1 agreement {fmt(kl['top1_agreement'])}"
         return text
 
     def to_dict(self) -> dict:
@@ -359,7 +358,8 @@ class CorpusResult:
                    prompts=[PromptResult.from_dict(p) for p in d["prompts"]])
 
 
-def _g(x) -> str:
+def fmt(x) -> str:
+    """A number of the report in 3 digits, ``-`` for null."""
     return "-" if x is None else f"{x:.3g}"
 
 
