@@ -166,6 +166,11 @@ def _describe_engine(args, engine, env, rounding, backends) -> str:
                 + (f" (rounds to {args.dtype} {rounding})" if rounding != "nearest" else "")
                 + (f"; backends {backends}" if backends else ""))
     inner = engine.engine
+    from parity.cli.diff_corpus import dump_folder
+
+    folder = dump_folder(args)
+    if folder is not None:
+        return f"engine: the dumps in {folder} ({inner.dtype}, {inner.mode} mode), each on its own prompt"
     if args.engine.startswith("dump:"):
         return (f"engine: dump {inner.path} ({inner.engine_name or 'unnamed engine'}, {inner.dtype}, "
                 f"{inner.mode} mode, {inner.steps} steps, {'traces' if inner.traced else 'no traces'})")
