@@ -267,3 +267,26 @@ def test_a_folder_of_dumps_is_a_corpus_and_each_dump_reports_as_its_own_diff(tmp
                    "each with its own prompt")
     (tmp_path / "empty").mkdir()
     one_line_error(*run_cli(capsys, "diff", "--engine", f"dump:{tmp_path / 'empty'}"), "no dump (*.safetensors)")
+
+
+class _PathModel:
+    """A model whose logits say how they were reached: ``prefill`` and ``decode`` differ, as the
+    kernels' roundings do, so a twin that reuses another prompt's run is seen."""
+
+    def prefill(self, ids):
+        return np.array([[float(len(ids)), 0.0]] * len(ids)), list(ids)
+
+    def decode(self, token, cache):
+        return np.array([float(len(cache)), 1.0]), cache + [token]
+
+
+def test_the_twin_gives_a_prompt_the_logits_of_its_own_run_whatever_ran_before():
+    from parity.diff.twin import Twin
+
+    twin = Twin(object(), dtype="bfloat16", device="cpu")
+    twin._model = _PathModel()  # its loaded model: no kernel needed to check what it is asked
+    seq = [5, 6, 7]
+    decoded = twin.logits(seq, 2)      # prompt [5, 6], then 7 decoded
+    prefilled = twin.logits(seq, 3)    # prompt [5, 6, 7]: another corpus prompt, its own prefill
+    assert decoded.tolist() == [2.0, 1.0] and prefilled.tolist() == [3.0, 0.0]
+    assert twin.logits([5, 6, 7, 8], 3).tolist() == [3.0, 1.0]  # continues the prompt's own run
