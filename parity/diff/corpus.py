@@ -60,7 +60,10 @@ def read_prompts(path: str | Path, *, vocab: int, encode=None) -> list[Prompt]:
                          f"{getattr(exc, 'strerror', None) or exc}") from None
     jsonl = path.suffix.lower() in JSONL_SUFFIXES
     out: list[Prompt] = []
-    for n, line in enumerate(raw.splitlines(), start=1):
+    # lines end at "\n" only (str.splitlines would also split at U+2028 and other separators a
+    # prompt or a JSON string may hold); a CRLF file's "\r" is not part of its prompts
+    for n, line in enumerate(raw.split("\n"), start=1):
+        line = line[:-1] if line.endswith("\r") else line
         if not line.strip() if jsonl else line == "":
             continue
         text, ids = _parse_jsonl(path, n, line) if jsonl else (line, None)

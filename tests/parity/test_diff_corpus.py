@@ -290,3 +290,16 @@ def test_the_twin_gives_a_prompt_the_logits_of_its_own_run_whatever_ran_before()
     prefilled = twin.logits(seq, 3)    # prompt [5, 6, 7]: another corpus prompt, its own prefill
     assert decoded.tolist() == [2.0, 1.0] and prefilled.tolist() == [3.0, 0.0]
     assert twin.logits([5, 6, 7, 8], 3).tolist() == [3.0, 1.0]  # continues the prompt's own run
+
+
+def test_a_prompt_is_a_line_up_to_its_newline_and_keeps_its_line_number(tmp_path):
+    from parity.diff.corpus import read_prompts
+
+    text = tmp_path / "p.txt"
+    text.write_bytes("ab\u2028cd\r\n\nef \n".encode())  # U+2028 is inside a prompt; CRLF ends a line
+    got = read_prompts(text, vocab=512, encode=lambda t: [ord(c) % 512 for c in t])
+    assert [(p.index, p.line, p.text) for p in got] == [(0, 1, "ab\u2028cd"), (1, 3, "ef ")]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"ids": [3, 4]}\n\n  \n{"text": "x"}')
+    got = read_prompts(jsonl, vocab=512, encode=lambda t: [7])
+    assert [(p.line, p.ids, p.text) for p in got] == [(1, (3, 4), None), (4, (7,), "x")]
