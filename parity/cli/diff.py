@@ -3,7 +3,8 @@ step by step.
 
 Exit status: 0 when no step diverged and every number is within its bound (matches and near-ties
 only), 1 when a step diverged or numbers are past their bound, 2 for unusable input (one
-``error:`` line). ``--plan PATH`` runs the reference alone and writes a token plan. Documented in
+``error:`` line). ``--plan PATH`` runs the reference alone and writes a token plan. ``--prompts
+FILE`` diffs a corpus (``diff_corpus``), ``parity diff merge`` combines its shards. Documented in
 docs/cli.md.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from parity import reference_device
+from parity.errors import InputError
 
 DEFAULT_STEPS = {"cuda": 128, "cpu": 16}  # the Triton interpreter takes ~1-3 s per decode step
 
@@ -23,10 +25,18 @@ def register(sub):
                     "noise explains) or diverged (a bug until shown otherwise, localized to a layer "
                     "and op). Without CHECKPOINT: the bundled default fixture and a built-in prompt.")
     p.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT",
-                   help="checkpoint directory (config.json + safetensors); default: the bundled fixture")
+                   help="checkpoint directory (config.json + safetensors); default: the bundled fixture. "
+                        "'merge': parity diff merge SHARD.json ... --json PATH combines corpus shard reports")
+    p.add_argument("files", nargs="*", metavar="SHARD.json", help="merge: the shard reports (--shard I/N runs)")
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text (the checkpoint's tokenizer)")
     prompt.add_argument("--prompt-ids", metavar="IDS", help="prompt token ids, comma-separated: 1,2,3")
+    p.add_argument("--prompts", metavar="FILE",
+                   help="a corpus: a text file, one prompt a line, or JSONL (*.jsonl) with text or ids a line; "
+                        "every prompt is diffed and a corpus report written")
+    p.add_argument("--shard", metavar="I/N",
+                   help="with --prompts: run the I-th of N shares (prompt k goes to shard k %% N + 1); "
+                        "combine the reports with parity diff merge")
     p.add_argument("--steps", type=int, default=None, metavar="N",
                    help="decode steps, each one generated token (default 128 on a GPU, 16 on CPU)")
     p.add_argument("--mode", choices=("forced", "free"), default=None,
@@ -56,8 +66,11 @@ def register(sub):
     p.add_argument("--optimized-from", metavar="CHECKPOINT",
                    help="load the engine from this checkpoint instead (same config): compare a "
                         "converted or patched checkpoint against the original, or plant a bug")
-    p.add_argument("--json", metavar="PATH", help="write the JSON report (docs/diff-report-schema.json)")
-    p.add_argument("--plot", metavar="PATH", help="write a PNG: per-step error, bound, margins, router flips")
+    p.add_argument("--json", metavar="PATH", help="write the JSON report (docs/diff-report-schema.json; a corpus: "
+                        "parity/schemas/diff-corpus.schema.json)")
+    p.add_argument("--plot", metavar="PATH",
+                   help="write a PNG: per-step error, bound, margins, router flips (a corpus: KL per prompt, "
+                        "units per op, verdicts)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -65,10 +78,16 @@ def register(sub):
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from parity.cli import diff_corpus
     from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, check_text
     from parity.diff import setup
 
+    if args.checkpoint == "merge":  # a checkpoint directory of that name is given as ./merge
+        return diff_corpus.merge(args)
+    if args.files:
+        raise InputError(f"unexpected argument {args.files[0]!r} (shard reports are given to: parity diff merge)")
     check_outputs(("--json", args.json), ("--plot", args.plot), ("--plan", args.plan))
+    diff_corpus.check_exclusive(args)
     check_text("--prompt", args.prompt)
     check_count("--steps", args.steps, MAX_STEPS, "steps")
     check_seed("--seed", args.seed)
@@ -85,8 +104,25 @@ def run(args: argparse.Namespace) -> int:
     if args.optimized_from:
         opt_ckpt = setup.open_checkpoint(args.optimized_from)
         setup.same_model(ckpt, opt_ckpt)
-    engine = setup.load_engine(args.engine, opt_ckpt or ckpt, dtype=args.dtype, device=device,
-                               variants=variants, backends=backends, reference_source=ckpt.source)
+    folder = diff_corpus.dump_folder(args)  # a folder of dumps: a corpus, one prompt each
+    prompts = diff_corpus.read(args, ckpt) if args.prompts else \
+        diff_corpus.read_dump_folder(args, folder) if folder is not None else None
+
+    def load(spec):
+        return setup.load_engine(spec, opt_ckpt or ckpt, dtype=args.dtype, device=device, variants=variants,
+                                 backends=backends, reference_source=ckpt.source)
+
+    engine = load(args.engine if folder is None else f"dump:{folder / prompts[0].source}")
+    if prompts is not None:
+        args.steps = args.steps or DEFAULT_STEPS[device]
+        args.mode = args.mode or "forced"
+        args.dtype = args.dtype or "bfloat16"
+        ref, env, rounding = _prepare(args, ckpt, opt_ckpt, engine, variants, backends, device, err,
+                                      diff_corpus.describe(args, prompts))
+        return diff_corpus.run(args, ckpt, opt_ckpt, engine, prompts, ref=ref, env=env, rounding=rounding,
+                               variants={"reference": _variants(ref), "optimized": _variants(engine)},
+                               backends=backends, device=device, err=err,
+                               engine_for=None if folder is None else lambda p: load(f"dump:{folder / p.source}"))
     ids, text, tok, tokens = _run_shape(args, ckpt, engine, device)
     return _diff(args, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backends, device, err)
 
@@ -130,24 +166,23 @@ def _describe_engine(args, engine, env, rounding, backends) -> str:
                 + (f" (rounds to {args.dtype} {rounding})" if rounding != "nearest" else "")
                 + (f"; backends {backends}" if backends else ""))
     inner = engine.engine
+    from parity.cli.diff_corpus import dump_folder
+
+    folder = dump_folder(args)
+    if folder is not None:
+        return f"engine: the dumps in {folder} ({inner.dtype}, {inner.mode} mode), each on its own prompt"
     if args.engine.startswith("dump:"):
         return (f"engine: dump {inner.path} ({inner.engine_name or 'unnamed engine'}, {inner.dtype}, "
                 f"{inner.mode} mode, {inner.steps} steps, {'traces' if inner.traced else 'no traces'})")
     return f"engine: {args.engine} ({type(inner).__name__}), {args.dtype} on {device}"
 
 
-def _diff(args, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backends, device, err) -> int:
-    from rich.console import Console
-
-    from parity.cli.args import write_output
-    from parity.diff import build_report, setup, write_json
-    from parity.diff.render import print_result
+def _prepare(args, ckpt, opt_ckpt, engine, variants, backends, device, err, what: str):
+    """The float64 reference, the environment and the platform's rounding; the header on stderr
+    (``what``: the prompt or corpus line)."""
+    from parity.diff import setup
     from parity.diff.report import environment
 
-    config = ckpt.source.config
-    out = Console(highlight=False)
-    if not out.is_terminal:  # a pipe or a file: room for every column
-        out = Console(highlight=False, width=140)
     # on one GPU the reference reads the optimized model's resident weights (same checkpoint only)
     share = engine.engine if args.engine == "optimized" and opt_ckpt is None else None
     ref = reference_device.load(ckpt, variants, args.reference_device, share=share)
@@ -162,8 +197,23 @@ def _diff(args, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backen
     err.print(_describe_engine(args, engine, env, rounding, backends), markup=False)
     err.print(f"float64 reference: {ref.executor.describe()}"
               + (", reading the optimized model's weights" if ref.shares_weights else ""), markup=False)
-    err.print(f"variants: {_variants(ref)}; prompt: {len(ids)} tokens; mode {args.mode}; "
-              f"{args.steps} steps", markup=False)
+    err.print(f"variants: {_variants(ref)}; {what}; mode {args.mode}; {args.steps} steps", markup=False)
+    return ref, env, rounding
+
+
+def _diff(args, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backends, device, err) -> int:
+    from rich.console import Console
+
+    from parity.cli.args import write_output
+    from parity.diff import build_report, setup, write_json
+    from parity.diff.render import print_result
+
+    config = ckpt.source.config
+    out = Console(highlight=False)
+    if not out.is_terminal:  # a pipe or a file: room for every column
+        out = Console(highlight=False, width=140)
+    ref, env, rounding = _prepare(args, ckpt, opt_ckpt, engine, variants, backends, device, err,
+                                  f"prompt: {len(ids)} tokens")
 
     lm_head = setup.lm_head_span(ckpt, device)
     with reference_device.memory_errors(args.reference_device, device):

@@ -7,7 +7,8 @@
 Modules: ``runner`` (the decode loop, verdicts, summary), ``router`` (router flips and their noise
 bound), ``localize`` (first layer and op past its bound, first NaN/Inf), ``logits`` (the logits'
 own bound: their part outside lm_head's span), ``report`` (JSON report, atomic writes), ``render``
-(rich table), ``plot`` (PNG). The optimized side may be any engine (``parity.engines``).
+(rich table), ``plot`` (PNG), ``corpus`` (``--prompts``: one run per prompt, the corpus report,
+shards and their merge). The optimized side may be any engine (``parity.engines``).
 """
 from .localize import Localization, localize
 from .report import atomic_write, build_report, write_json

@@ -1,4 +1,5 @@
-"""``parity diff --plot``: one PNG with per-step error and bound, margins, verdicts and router flips."""
+"""``parity diff --plot``: one PNG with per-step error and bound, margins, verdicts and router flips;
+over a corpus (``--prompts``), one PNG of KL per prompt, units per op and verdicts."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -75,6 +76,60 @@ def write_plot(result: DiffResult, path: str | Path, *, moe_layers: list[int] | 
             ax.legend(loc="upper left", fontsize=8)
     fig.suptitle(title or f"parity diff ({result.mode}, {result.dtype}): {result.summary()['line']}",
                  fontsize=9, wrap=True)
+    fig.tight_layout()
+    try:
+        return atomic_write(path, writer=lambda f: fig.savefig(f, format="png", dpi=110))
+    finally:
+        plt.close(fig)
+
+
+RUN_COLORS = {"match": "tab:green", "near-tie": "tab:orange", "past-bound": "tab:purple", "diverged": "tab:red"}
+
+
+def write_corpus_plot(result, path: str | Path) -> Path:
+    """``parity diff --prompts ... --plot``: one PNG over the corpus (a ``corpus.CorpusResult``): KL
+    per prompt (mean and max over its steps) coloured by the prompt's verdict; each op's error in
+    units of its bound over the prompts (1 = at the bound); the prompts per verdict."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 9.5), gridspec_kw={"height_ratios": [3, 3, 2]})
+    idx = [p.index for p in result.prompts]
+    kl = [[s["kl"] for s in p.steps] for p in result.prompts]
+    mean = _pos([np.mean([k for k in ks if k is not None]) if any(k is not None for k in ks) else None
+                 for ks in kl])
+    top = _pos([max((k for k in ks if k is not None), default=None) for ks in kl])
+    colors = [RUN_COLORS[p.verdict] for p in result.prompts]
+    ax1.scatter(idx, mean, c=colors, marker="o", s=30, zorder=3, label="mean over steps")
+    ax1.scatter(idx, top, c=colors, marker="^", s=30, zorder=3, label="max over steps")
+    ax1.set_yscale("log")
+    ax1.set_xlabel("prompt")
+    ax1.set_ylabel("KL(ref || engine), nats")
+    units = result.op_units()
+    names = list(units)
+    for i, name in enumerate(names):
+        vals = _pos([p.units[name][1] for p in result.prompts if name in p.units])
+        bad = [p.verdict in ("diverged", "past-bound") for p in result.prompts if name in p.units]
+        ax2.scatter(np.full(len(vals), i) + np.linspace(-0.2, 0.2, len(vals)), vals,
+                    c=["tab:red" if b else "tab:blue" for b in bad], s=14, alpha=0.7)
+    ax2.axhline(1.0, color="black", ls="--", lw=1, label="its bound")
+    ax2.set_xticks(range(len(names)))
+    ax2.set_xticklabels(names, rotation=30, ha="right", fontsize=7)
+    ax2.set_yscale("log")
+    ax2.set_ylabel("median error / bound")
+    if not names:
+        ax2.text(0.5, 0.5, "no traces: no op replayed", transform=ax2.transAxes, ha="center", va="center",
+                 color="gray")
+    counts = result.summary()["verdicts"]
+    ax3.bar(list(counts), list(counts.values()), color=[RUN_COLORS[v] for v in counts])
+    ax3.set_ylabel("prompts")
+    for ax in (ax1, ax2, ax3):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left", fontsize=8)
+    fig.suptitle(f"parity diff corpus: {result.line()}", fontsize=9, wrap=True)
     fig.tight_layout()
     try:
         return atomic_write(path, writer=lambda f: fig.savefig(f, format="png", dpi=110))

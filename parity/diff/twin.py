@@ -9,8 +9,10 @@ dtype shows on this prompt (``parity.neartie.twin_bound``). When the engine *is*
 default ``parity diff``: our optimized model on the reference's checkpoint, no ``--backend``), its
 logits are the twin's and no second run is made.
 
-Twins are memoized per (weights, dtype, device, consumed tokens): a forced-mode run feeds every engine
-the reference's tokens, so several engines diffed on one prompt share one twin run.
+Twins are memoized per (weights, dtype, device, prompt length, consumed tokens): a forced-mode run
+feeds every engine the reference's tokens, so several engines diffed on one prompt share one twin
+run. The prompt length is part of the key because prefill and decode round differently: a corpus
+whose prompt is another's prompt plus its generated tokens gets the logits its own run would.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class Twin:
         self.variants = dict(variants or {})
         self._model = None
         self._seq: tuple = ()
+        self._prompt_len: int | None = None
         self._cache = None
         self.key = (id(source), dtype, device, tuple(sorted(self.variants.items())))
 
@@ -43,16 +46,16 @@ class Twin:
     def logits(self, seq: list[int], prompt_len: int) -> np.ndarray:
         """``[vocab]`` float64: the twin's logits after consuming ``seq`` (its first ``prompt_len``
         tokens a prefill, each later one a decode step)."""
-        key = (self.key, tuple(seq))
+        key = (self.key, prompt_len, tuple(seq))
         hit = _MEMO.get(key)
         if hit is not None:
             _MEMO.move_to_end(key)
             return hit
         model = self._load()
         seq = tuple(int(t) for t in seq)
-        if not (len(self._seq) >= prompt_len and self._seq == seq[:-1]):
+        if not (self._prompt_len == prompt_len and self._seq == seq[:-1]):
             logits, self._cache = model.prefill(list(seq[:prompt_len]))
-            self._seq = seq[:prompt_len]
+            self._seq, self._prompt_len = seq[:prompt_len], prompt_len
             logits = logits[-1]
             for t in seq[prompt_len:]:
                 logits, self._cache = model.decode(t, self._cache)

@@ -72,6 +72,13 @@ def _json_header(path: Path, meta: dict) -> dict:
     return head
 
 
+def read_header(path) -> dict:
+    """The dump's header JSON (``prompt_ids``, ``mode``, ``dtype``, ``steps``, ...), validated, without
+    reading its tensors: a folder of dumps is listed as a corpus before any is loaded."""
+    path = Path(path)
+    return _json_header(path, _header(path)[1])
+
+
 def _same_config(path: Path, theirs: dict, config) -> None:
     from reference.config import ConfigError, KimiConfig
 

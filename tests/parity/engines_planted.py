@@ -10,6 +10,8 @@
   hook on its ``forget_gate.f_b_proj`` (the ``.hf_model`` a user hooks).
 * ``untraced``: the NumPy model behind a wrapper that fills no trace; ``bent_logits``: the same
   with a small bias added to every seventh logit (not lm_head of anything, too small to flip a token).
+* ``fb_doubled_on_trigger``: ``fb_doubled`` for a prompt that holds the token id ``TRIGGER``, the
+  clean float64 model for any other (a bug only some prompts of a corpus reach).
 * ``raises``, ``wrong_vocab``, ``two_rows``, ``half_traced``, ``not_an_engine``: engines that break
   the protocol.
 """
@@ -37,6 +39,33 @@ def fb_doubled(checkpoint, *, dtype, device):
     import reference
 
     return reference.load(fb_doubled_source(_source(checkpoint)))
+
+
+TRIGGER = 90  # byte 'W' + 3: a token id the bundled checkpoint's byte-level prompts may hold
+
+
+class _OnTrigger:
+    """The buggy model for a prompt holding ``TRIGGER`` (decided at prefill, carried in the cache)."""
+
+    def __init__(self, clean, buggy):
+        self.clean, self.buggy = clean, buggy
+
+    def prefill(self, token_ids, *, trace=None):
+        model = self.buggy if TRIGGER in token_ids else self.clean
+        logits, cache = model.prefill(token_ids, trace=trace)
+        return logits, (model, cache)
+
+    def decode(self, token_id, cache, *, trace=None):
+        model, inner = cache
+        logits, inner = model.decode(token_id, inner, trace=trace)
+        return logits, (model, inner)
+
+
+def fb_doubled_on_trigger(checkpoint, *, dtype, device):
+    import reference
+
+    source = _source(checkpoint)
+    return _OnTrigger(reference.load(source), reference.load(fb_doubled_source(source)))
 
 
 def fb_doubled_transformers(checkpoint, *, dtype, device):
