@@ -53,3 +53,13 @@ def write_output(path, write) -> None:
         write()
     except OSError as exc:
         raise InputError(str(write_error(path, exc))) from None
+
+
+def parse_shard(value: str | None) -> tuple[int, int] | None:
+    """``--shard I/N`` -> ``(i, n)`` with ``1 <= i <= n`` (None: no sharding)."""
+    if value is None:
+        return None
+    i, slash, n = value.partition("/")
+    if not (slash and i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
+        raise InputError(f"--shard {value}: expected I/N with 1 <= I <= N")
+    return int(i), int(n)

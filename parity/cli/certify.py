@@ -29,7 +29,7 @@ import sys
 import time
 
 from parity.bounds.core import CONTRACTS
-from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, write_output
+from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, parse_shard, write_output
 from parity.errors import CandidateError, InputError
 from parity.peers import SHORTHANDS
 
@@ -87,15 +87,6 @@ def _setup_device(device):
     return select(device)
 
 
-def _shard(value):
-    if value is None:
-        return None
-    i, slash, n = value.partition("/")
-    if not (slash and i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
-        raise InputError(f"--shard {value}: expected I/N with 1 <= I <= N")
-    return int(i), int(n)
-
-
 def run(args) -> int:
     if args.calls is not None:
         from parity.watch import report
@@ -111,7 +102,7 @@ def run(args) -> int:
     check_count("--examples", args.examples, MAX_EXAMPLES, "examples")
     if args.workers is not None and args.workers < 0:
         raise InputError(f"--workers {args.workers}: expected a count >= 0")
-    shard = _shard(args.shard)
+    shard = parse_shard(args.shard)
     if args.repro is not None and os.path.exists(args.repro) and not os.path.isdir(args.repro):
         raise InputError(f"--repro {args.repro}: not a folder")
     named, shorthands = _parse_impls(args.impl)

@@ -34,7 +34,7 @@ def check_exclusive(args) -> None:
                 raise InputError(f"--engine dump:{folder} is a corpus of dumps, each with its own prompt: "
                                  f"leave out {flag}")
     if folder is not None or args.shard is not None:
-        from parity.diff.corpus import parse_shard
+        from parity.cli.args import parse_shard
 
         parse_shard(args.shard)
     if not args.prompts:
@@ -45,7 +45,7 @@ def check_exclusive(args) -> None:
     if args.engine.startswith("dump:"):
         raise InputError("--prompts with --engine dump:PATH: a dump carries its own prompt; diff each dump "
                          "on its own (parity diff --engine dump:PATH)")
-    from parity.diff.corpus import parse_shard
+    from parity.cli.args import parse_shard
 
     parse_shard(args.shard)
 
@@ -73,7 +73,8 @@ def read_dump_folder(args, folder) -> list:
 
 
 def describe(args, prompts) -> str:
-    from parity.diff.corpus import parse_shard, shard_of
+    from parity.cli.args import parse_shard
+    from parity.diff.corpus import shard_of
 
     shard = parse_shard(args.shard)
     part = f", shard {shard[0]}/{shard[1]}: {len(shard_of(prompts, shard))} of them" if shard else ""
@@ -91,7 +92,8 @@ def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, 
     from parity import reference_device
     from parity.cli.args import write_output
     from parity.diff import setup
-    from parity.diff.corpus import CorpusResult, PromptResult, corpus_digest, parse_shard, shard_of
+    from parity.cli.args import parse_shard
+    from parity.diff.corpus import CorpusResult, PromptResult, corpus_digest, shard_of
     from parity.diff.report import write_json
     from parity.diff.twin import twin_for
 

@@ -154,16 +154,6 @@ def corpus_digest(prompts: list[Prompt]) -> str:
     return h.hexdigest()
 
 
-def parse_shard(value: str | None) -> tuple[int, int] | None:
-    """``"i/n"`` -> ``(i, n)`` with ``1 <= i <= n`` (None: no sharding)."""
-    if value is None:
-        return None
-    i, slash, n = value.partition("/")
-    if not (slash and i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
-        raise InputError(f"--shard {value}: expected I/N with 1 <= I <= N")
-    return int(i), int(n)
-
-
 def shard_of(prompts: list[Prompt], shard: tuple[int, int] | None) -> list[Prompt]:
     """Prompt ``k`` (0-based) belongs to shard ``k % n + 1``."""
     if shard is None:
