@@ -88,7 +88,7 @@ class Replay:
         T = len(ids)
         out = ReplayCall(ops=[])
         h_e = m.embed(np.asarray(ids, dtype=np.int64))  # exact in any dtype: the stored table's rows
-        h_in, lossy = on(h_e), 0.0
+        h_in, lossy = h_e, 0.0
         for i in range(c.num_hidden_layers):
             p = f"layers.{i}."
             a_e, f_e = _rows(trace[p + "mixer"]), _rows(trace[p + "ffn"])

@@ -144,3 +144,18 @@ def test_ctrl_c_during_a_run_leaves_no_json_and_one_line(tmp_path):
     assert proc.returncode == 130, "".join(seen) + rest
     assert rest.strip().splitlines()[-1] == "error: interrupted" and "Traceback" not in rest
     assert list(tmp_path.iterdir()) == []  # no report, no temporary file
+
+
+def test_the_diffs_replay_runs_on_the_torch_executor_and_agrees_with_numpy(parity_device):
+    """Every op replayed on the engine's own inputs gives the same errors on torch float64 (on the
+    suite's device) as on NumPy."""
+    import optimized
+    from parity.diff import run_diff
+
+    src = SyntheticSource(TINY, 0)
+    prompt = [75, 107, 104, 117, 35, 108]
+    engine = optimized.load(src, device=parity_device)
+    runs = [run_diff(reference.load(src, **kw), engine, prompt, config=TINY, steps=2)
+            for kw in ({}, {"executor": "torch", "device": parity_device})]
+    a, b = ({e.name: e.rel_err for e in r.final.entries} for r in runs)
+    assert a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-12 * max(a[k], 1e-300) for k in a), (a, b)
