@@ -247,12 +247,13 @@ class Routes:
         return None if first is None else (n, *first)
 
 
-def _rerouted(rec: StepRecord, ref_model, seq: list[int], routes: Routes, r, o, t, dtype: str) -> None:
+def _rerouted(rec: StepRecord, ref_model, seq: list[int], routes: Routes, split: tuple[int, int, int],
+              r, o, t, dtype: str) -> None:
     """A flip past the twin's noise while every op is within its bound, the two runs having routed
     differently upstream: the reference re-run with the engine's own expert choices (each judged
     within its noise by the replay) says whether the routing split is what moved the logits. If
     the margin is then within the twin's noise, the step is a near-tie one level down."""
-    n, layer, pos = routes.split()
+    n, layer, pos = split
     r2 = to_numpy(ref_model.forward(list(seq), routing=routes.engine(), logits="last")).reshape(-1)
     v = classify_step(r2, o, bound=twin_bound(r, t, dtype=dtype), dtype=dtype)
     if v.verdict != "diverged":
@@ -359,8 +360,9 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
         if traced and localize:
             routes.add(rt, ot)
             _judge(rec, stats.localize(step, stats.positions, precision=precision))
-            if rec.verdict == "diverged" and rec.cause is None and routes.split():
-                _rerouted(rec, ref_model, seq, routes, r, o, t, dtype)
+            split = routes.split() if rec.verdict == "diverged" and rec.cause is None else None
+            if split is not None:
+                _rerouted(rec, ref_model, seq, routes, split, r, o, t, dtype)
         if rec.nonfinite is not None:  # NaN/Inf is never clean, whatever the tokens did
             rec.verdict, rec.cause = "diverged", "nonfinite"
             rec.explanation = (f"first NaN/Inf at {rec.nonfinite['name']} "
