@@ -30,10 +30,9 @@ import time
 
 from parity.bounds.core import CONTRACTS
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, parse_shard, write_output
+from parity.cli.impls import DTYPES, parse_impls, select_impls, setup_device
 from parity.errors import CandidateError, InputError
 from parity.peers import SHORTHANDS
-
-DTYPES = ("bfloat16", "float32", "float64")
 
 
 def register(sub):
@@ -75,18 +74,6 @@ def register(sub):
     p.set_defaults(func=run)
 
 
-def _setup_device(device):
-    """Select the backend before any kernel is defined (optimized._interpreter.select: on CPU the
-    Triton interpreter, made faithful for bf16 dots)."""
-    import torch
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA GPU is available (torch.cuda.is_available() is False)")
-    from optimized import select
-
-    return select(device)
-
-
 def run(args) -> int:
     if args.calls is not None:
         from parity.watch import report
@@ -105,7 +92,7 @@ def run(args) -> int:
     shard = parse_shard(args.shard)
     if args.repro is not None and os.path.exists(args.repro) and not os.path.isdir(args.repro):
         raise InputError(f"--repro {args.repro}: not a folder")
-    named, shorthands = _parse_impls(args.impl)
+    named, shorthands = parse_impls(args.impl)
     try:
         records = ops.select(args.ops)
     except KeyError as exc:
@@ -115,8 +102,8 @@ def run(args) -> int:
         profile = strategies.load_profile()
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    device = _setup_device(args.device)
-    records, impls, specs = _implementations(records, bool(args.ops), named, shorthands, device, dtypes[0],
+    device = setup_device(args.device)
+    records, impls, specs = select_impls(records, bool(args.ops), named, shorthands, device, dtypes[0],
                                              args.contract)
     import optimized
 
@@ -180,65 +167,6 @@ def run(args) -> int:
         write_output(args.json_path, lambda: write_json(args.json_path, doc))
         console.print(f"certificate written to {args.json_path}")
     return 0 if doc["summary"]["verdict"] == "certified" else 1
-
-
-def _parse_impls(values) -> tuple[dict, list]:
-    """``--impl`` values: (op -> spec, shorthands), checked before any work."""
-    from parity import ops
-
-    named, shorthands = {}, []
-    for value in values:
-        op, eq, spec = value.partition("=")
-        if not eq:
-            if value not in SHORTHANDS:
-                raise InputError(f"--impl {value}: expected OP=module:function, OP=path/to/file.py:function "
-                                 f"or one of {', '.join(SHORTHANDS)}")
-            shorthands.append(value)
-            continue
-        try:
-            ops.get(op)
-        except KeyError:
-            raise InputError(f"--impl {value}: unknown op {op!r}") from None
-        if op in named:
-            raise InputError(f"--impl {value}: {op} has an implementation already ({named[op]})")
-        named[op] = spec
-    return named, shorthands
-
-
-def _implementations(records, ops_given, named, shorthands, device, dtype, contract):
-    """(records to run, op -> Candidate, op -> spec) for the ``--impl`` values: each loaded and its
-    contract checked (CandidateError -> one line, exit 2; certify probes them before any work).
-    Without ``--ops`` the ops given an implementation run; with it, a named op outside it is an error
-    and a shorthand covers the selected ops it has adapters for."""
-    from parity import candidate, ops
-    from parity.peers import implementations
-
-    selected = {r.name for r in records}
-    if ops_given:
-        for op in named:
-            if op not in selected:
-                raise InputError(f"--impl {op}={named[op]}: {op} is not among --ops")
-    fns, specs = {}, {}
-    for name in shorthands:
-        for op, fn in implementations(name, device).items():
-            if (op in selected or not ops_given) and op not in named:
-                fns[op], specs[op] = fn, name
-    try:
-        for op, spec in named.items():
-            fns[op], specs[op] = candidate.load(spec), spec
-        if named or shorthands:
-            if not ops_given:
-                records = [r for r in ops.records() if r.name in fns]
-            if not fns:
-                raise InputError(f"--impl {', '.join(shorthands)}: no implementation of the selected ops on {device}")
-        impls = {}
-        for rec in records:
-            if rec.name in fns:   # probed by certify, where the candidates run (a worker on CUDA)
-                spec = named.get(rec.name)
-                impls[rec.name] = candidate.of(fns[rec.name], contract=contract, spec=spec)
-    except CandidateError as exc:
-        raise InputError(f"--impl: {exc}") from None
-    return records, impls, {op: specs[op] for op in impls}
 
 
 def _merge(args) -> int:

@@ -19,7 +19,7 @@ import time
 
 from parity.bounds.core import CONTRACTS
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, write_output
-from parity.cli.certify import DTYPES, _implementations, _parse_impls, _setup_device
+from parity.cli.impls import DTYPES, parse_impls, select_impls, setup_device
 from parity.errors import InputError
 from parity.peers import SHORTHANDS
 from parity.registry import SEARCH_SPACES
@@ -70,16 +70,16 @@ def run(args) -> int:
 
         if not Path(args.keep).is_dir():
             raise InputError(f"--keep {args.keep}: not a folder")
-    named, shorthands = _parse_impls(args.impl)
+    named, shorthands = parse_impls(args.impl)
     try:
         records = ops.select(args.ops)
     except KeyError as exc:
         raise InputError(str(exc.args[0])) from None
     dtypes = tuple(dict.fromkeys(args.dtypes or ("float32", "bfloat16")))
-    device = _setup_device(args.device)
+    device = setup_device(args.device)
     candidates = args.candidates if args.candidates is not None else ([] if args.impl else ["optimized"])
     # with --impl and no --ops, the ops given an implementation
-    records, impls, specs = _implementations(records, bool(args.ops), named, shorthands, device, dtypes[0],
+    records, impls, specs = select_impls(records, bool(args.ops), named, shorthands, device, dtypes[0],
                                              args.contract)
     runs = [(rec, cand) for rec in records for cand in candidates]
     runs += [(rec, impls[rec.name]) for rec in records if rec.name in impls]
