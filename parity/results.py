@@ -279,7 +279,10 @@ class OpCertificate:
                            f"first {c.label}: {c.witness}")
             for m in r.mutants.values():
                 if not m.killed:
-                    why.append(f"{d}: mutant {m.name} survived (teeth {m.teeth:.3g})")
+                    # a mutant runs only on the inputs the candidate ran: those that faulted may be
+                    # the ones that would have shown it
+                    where = f" on the {len(r.cases) - len(faults)} input(s) that did not fault" if faults else ""
+                    why.append(f"{d}: mutant {m.name} survived{where} (teeth {m.teeth:.3g})")
             for name, rejected in r.controls.items():
                 if not rejected:
                     why.append(f"{d}: the {name} control candidate passed")
