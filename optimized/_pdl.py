@@ -2,7 +2,8 @@
 
 A kernel launched with PDL may be placed on the SMs while the kernel before it in the stream still
 runs, so its launch and ramp-up overlap that kernel's tail instead of following it. A decode step
-at B = 1 is hundreds of kernels of a few microseconds each, where that gap is a large share.
+at B = 1 is hundreds of short kernels, where that gap is a large share (what it saves:
+docs/BENCHMARKS.md, "MLA decode" and "MoE layer").
 
 One rule keeps it exact, and every kernel that takes a ``PDL`` flag keeps it: ``pdl_wait(PDL)``
 comes before any store and before any load of data the kernel just before it may write, in every

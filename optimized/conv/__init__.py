@@ -26,8 +26,10 @@ _interpreter.ensure_faithful(__name__)  # the kernels above, if interpreted: bf1
 
 __all__ = ["short_conv", "short_conv_step", "short_conv_step_"]
 
-#: Channels per step-kernel program on a GPU: 2.84 us per call against 5.07 us at 1024 (H200, the
-#: 48B decode tile of 64 rows with one real row, C = 12288, 4 warps; ``benchmarks/tune.py conv``).
+#: Channels per step-kernel program on a GPU. In a decode tile most rows are padding, whose
+#: programs only write zeros, so a real row's channels are the work: 256 spread them over C / 256
+#: programs (48 at the 48B model's C = 12288, where 1024 leaves 12 SMs to carry the row;
+#: ``benchmarks/tune.py conv``, docs/BENCHMARKS.md, "Norms and conv").
 STEP_BLOCK_C = 256
 
 

@@ -130,8 +130,8 @@ def varlen_chunk_plan(cu: torch.Tensor, N: int, T: int, BT: int):
 
 
 def cdiv(a: int, b: int) -> int:
-    """Plain-Python ceil division (``triton.cdiv`` is a jit-wrapped function: ~10 us a call in the
-    hot path of a decode step)."""
+    """Plain-Python ceil division (``triton.cdiv`` is a jit-wrapped function, whose call overhead
+    would land in the host's hot path of a decode step)."""
     return -(-a // b)
 
 
@@ -148,7 +148,7 @@ def block_k(K: int) -> int:
 
 # ``tl.reduce(x, axis, SUM)`` is ``tl.sum(x, axis)`` for float32/float64 ``x`` (tl.sum is this reduce
 # after a no-op dtype pick). Kernels call it directly in their loops: under the Triton interpreter
-# every call of a ``@triton.jit`` function (tl.sum is one) re-patches triton.language (~3 ms), while
+# every call of a ``@triton.jit`` function (tl.sum is one) re-patches triton.language, while
 # the interpreter maps a reduce with this combine function straight to ``np.sum``. Same code on GPU.
 SUM = tl.standard._sum_combine
 
@@ -181,8 +181,9 @@ def kda_gate_f(x, a, bias):
 @triton.jit
 def l2norm_rows(x):
     """``x * (1 / sqrt(sum(x^2) + 1e-6))`` per row of a [R, BK] tile (masked lanes hold 0): one
-    division per row, not per element, the form the bound's l2norm model assumes (the chunked
-    KDA's blocks kernel: 62 us less at T = 65536 than dividing every element)."""
+    division per row, not per element (a reciprocal and BK multiplies per row in the blocks
+    kernel's load path; docs/BENCHMARKS.md, "KDA against fla-core"), the form the bound's l2norm
+    model assumes."""
     return x * (1.0 / tl.sqrt(tl.reduce(x * x, 1, SUM) + 1e-6))[:, None]
 
 

@@ -11,7 +11,7 @@ inclusive prefix sum of the log-decay g within the chunk (g <= 0, so G is non-in
 Kernels (grid in brackets):
 
 1. ``_gate_cumsum_kernel`` (gate.py) [chunks, B*HV, K/64]: G (fused: the gate and beta = sigmoid
-   too); 64-channel programs on 4 warps (0.86 -> 0.70 ms at T = 65536 against 128 on 8).
+   too); 64-channel programs on 4 warps (:class:`ChunkLaunch`).
 2. ``_blocks_kernel`` [chunks, B*HV, BT/BC]: the rows of one ``BC = 16`` row sub-block a of Akk and
    Aqk, and their kg, qg, kb (every exp of the pipeline is taken here). No exponent of a positive
    difference is formed:
@@ -19,22 +19,25 @@ Kernels (grid in brackets):
      with i >= r > j, both factors <= 1, as tl.dot;
    - the diagonal sub-block the same way, each pair i > j through the reference row at the highest
      bit where i and j differ (i >= r > j again): four levels of dots, squares of 8, 4, 2 and 1 rows,
-     one exp tile each (``_diag_block``; the pairwise form it replaced, ``exp(G_i - G_j)`` masked
-     before exp, 16 [BC, K] exp-and-sum steps, was 5.1 of the kernel's 8.2 ms at T = 65536); then
+     one exp tile each (``_diag_block``: log2(BC) exp tiles, where forming each pair directly,
+     ``exp(G_i - G_j)`` masked before exp, takes BC [BC, K] exp-and-sum steps); then
      its inverse ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution (BC - 1 rank-1 steps),
      stored in place of the block (Akk is kept in ACC). In a bf16 run the diagonal block's
      products, like the other blocks', take bf16 operands.
-   Small ``[BC, K]`` tiles: four programs per chunk and head (one whole-chunk program for kernels 2
-   and 3 took 958 us at T=4096 on the H200, these two 634 us), two warps each (a 16-row tl.dot on
-   more warps repeats the product on each; 4 warps 5.2 ms at T = 65536, 2 warps 3.7 ms).
+   Small ``[BC, K]`` tiles: four programs per chunk and head rather than one whole-chunk program
+   (more programs over the SMs, each with a quarter of the chunk's rows in registers), two warps
+   each (a 16-row tl.dot on more warps repeats the product on each, one warp serializes it).
 3. ``_wy_kernel`` [chunks, B*HV]: with N = D Akk_offdiag (strictly block-lower, N^(BT/BC) = 0),
    ``M = (I + N)^-1 D = (I - N)(I + N^2) D`` for BT = 64 (exact algebra, 4 tl.dots), then
-   ``w = M kb`` with ``kb = beta k exp(G)`` written by kernel 2 (so this kernel reads neither k nor G:
-   1.39 -> 0.85 ms at T = 65536; the blocks kernel's extra store costs it about 0.28) and
-   ``u = M (beta v)``.
+   ``w = M kb`` with ``kb = beta k exp(G)`` written by kernel 2 (so this kernel reads one DT tile
+   where it would read k and the ACC G and take the exps again; the store costs kernel 2 less than
+   it saves here) and ``u = M (beta v)``.
 4. ``_state_kernel`` [V/16, N*HV]: the sequential pass over chunks, S in ACC registers; per chunk two
    dependent dots; stores the chunk-start state h and v_new, returns the final state.
 5. ``_output_kernel`` [V/BV, chunks, B*HV]: o = qg h + Aqk v_new (BV = 128 in 16-bit runs).
+
+Each launch setting and kernel form above is chosen by its time: the figures, with the command
+that measures each (``benchmarks/tune.py kda``), are in docs/BENCHMARKS.md, "KDA against fla-core".
 
 Ragged final chunks: rows past the sequence end load k = q = v = beta = 0 and G of the last valid
 row (G loads clamp the row index), so G stays non-increasing, finite, and ``G[BT-1] = G_last``.
@@ -117,9 +120,9 @@ def _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl
     take a right factor (the upper half, j) are complementary, so one [BC, K] exp tile E holds both,
     each row's own: ``kt * E`` is the left operand on the lower halves and, transposed, the right
     one on the upper halves (the products in the masked-off halves are discarded). log2(BC) exp
-    tiles in all (the form with separate left and right tiles took 7 and was 0.29 ms slower at
-    T = 65536, the same bits); the pairwise form before it, BC [BC, K] exps and 2 BC cross-lane
-    sums, was 5.1 of the kernel's 8.2 ms."""
+    tiles in all, against 2 log2(BC) - 1 with separate left and right tiles (the same bits) and BC
+    [BC, K] exps with 2 BC cross-lane sums when each pair is formed directly; their times:
+    docs/BENCHMARKS.md, "KDA against fla-core"."""
     tl.static_assert(BC == 16)
     A = tl.zeros([BC, BC], dtype=ACC)
     Qm = tl.zeros([BC, BC], dtype=ACC)
@@ -393,21 +396,25 @@ class ChunkLaunch:
     """Launch settings of the five chunked-KDA kernels; a None is chosen per dtype or V beside the
     kernel (:func:`_num_stages`, :func:`_output_block_v`). None of them changes a row's arithmetic
     (the state pass and the output kernel split V columns, which never mix) except ``gate_warps``
-    and ``gate_block_k``, whose layout can re-associate the gate's prefix sum (certified on the
-    H200 with today's values). ``blocks_maxnreg``: a register cap for the blocks kernel (a launch
-    option of Triton's CUDA backend; None: the compiler's choice). Measured on an H200, bf16, B=1,
-    T=65536 (``benchmarks/tune.py kda``):
+    and ``gate_block_k``, whose layout can re-associate the gate's prefix sum (the defaults are the
+    certified values; another is re-certified, ``parity certify --device cuda``).
+    ``blocks_maxnreg``: a register cap for the blocks kernel (a launch option of Triton's CUDA
+    backend; None: the compiler's choice). Why the defaults (bf16, B=1, T=65536; each setting timed
+    per kernel and checked bit for bit against the defaults by ``benchmarks/tune.py kda --shapes
+    1x65536 --kernels <kernel>``; the figures: docs/BENCHMARKS.md, "KDA against fla-core"):
 
-    - gate on 64-channel programs, 4 warps: 703 us; 32 channels 702 (2 warps) / 766 (4); 128
-      channels 930 (4) / 865 (8);
-    - blocks on 2 warps: 3.70 ms against 5.20 on 4 and 11.25 on 1 (a 16-row tl.dot on more warps
-      repeats the product on each), 3 stages in 16-bit runs (3.69 -> 3.64 ms, bitwise equal);
-      register caps of 200 / 160 / 128 / 96 cost 3.69 / 3.76 / 5.32 / 8.03 ms against 3.56;
-    - WY on 4 warps: 854 us; 2 warps 924 (18 spills), 8 warps 1036;
-    - state pass on 16-column V blocks, 4 warps: 1619 us; 2 warps 1741, 8 warps 2114; 32 columns
-      1739 (4 warps), 64 columns 2090 (4 warps);
-    - output: one 128-column program per chunk and head in 16-bit runs reads qg and Aq once
-      (0.85 -> 0.73 ms).
+    - gate: 64-channel programs on 4 warps; 128-channel programs (half the grid) are slower, and
+      32 channels on 2 warps only tie while their layout would re-open the certificate;
+    - blocks: 2 warps (a 16-row tl.dot on more warps repeats the product on each, one warp
+      serializes it); 3 stages in 16-bit runs (the earlier sub-blocks' columns prefetched; bitwise
+      equal); no register cap: the kernel holds 255 registers, a cap below that forces spills, and
+      every cap tried was slower;
+    - WY: 4 warps (2 spill, 8 are slower);
+    - state pass: 16-column V blocks on 4 warps: the serial chain over chunks is as long whatever
+      the block's width, so narrower blocks spread it over more programs; other warp counts and
+      wider blocks are slower;
+    - output: one 128-column program per chunk and head in 16-bit runs reads qg and Aq once, not
+      once per 64-column block.
     """
     gate_warps: int = 4
     gate_block_k: int = 64
@@ -431,14 +438,14 @@ def _num_stages(kernel: str, dtype: torch.dtype) -> int:
     G and u per stage, which at fp32/fp64 would exceed the H200's 227 KiB of shared memory."""
     if kernel == "state":
         return {torch.float64: 1, torch.float32: 2}.get(dtype, 3)
-    if kernel == "blocks":  # prefetch of the earlier sub-blocks' columns (3 stages: 3.69 -> 3.64 ms)
+    if kernel == "blocks":  # prefetch of the earlier sub-blocks' columns (tune.py kda --kernels blocks)
         return 3 if dtype.itemsize == 2 else 2
     return 3 if dtype != torch.float64 else 2
 
 
 def _output_block_v(dtype: torch.dtype, BV: int) -> int:
     """V columns per output program: 128 in 16-bit runs (one program per chunk and head reads qg and
-    Aq once: 0.85 -> 0.73 ms at T=65536), else the pipeline's V tile."""
+    Aq once, not once per V tile), else the pipeline's V tile."""
     return max(BV, 128) if dtype.itemsize == 2 else BV
 
 
@@ -503,10 +510,10 @@ def _plan(op, sizes, BT, dtype, cu_seqlens, dev) -> _Plan:
     BK = block_k(K)
     BV = min(64, max(16, next_pow2(V)))
     if dtype.itemsize == 2:
-        # 16-bit runs compile the real model's tile configuration (128 keys, 64 values), smaller K and
-        # V zero-padded by the masks (exact): bf16 with 32-key tiles hit an illegal memory access in
-        # the former whole-chunk intra kernel while every fp32 shape ran clean; padded, K = 32 runs
-        # clean on the H200 (docs/BENCHMARKS.md).
+        # 16-bit runs compile one tile configuration, the real model's (128 keys, 64 values), smaller
+        # K and V zero-padded by the masks (exact): a small-K bf16 test then runs the production
+        # tiles (32-key bf16 tiles have hit an illegal memory access on the GPU where fp32 ran clean;
+        # ``bash benchmarks/check_gpu.sh`` runs the small-K bf16 tests on CUDA).
         BK, BV = max(BK, 128), 64
     return _Plan(B, T, H, HV, K, V, BT, min(16, BT), BK, BV, N, NT, n_chunks, cu, cidx, co)
 

@@ -18,13 +18,13 @@ compute in float64.
 
 Decode = 3 launches (q_lat GEMM, attention, merge + W_UV) and no host sync, so it can be captured in
 a CUDA graph. A sequence's key slices follow its own length (one per DECODE_SPLIT_KEYS keys, at
-most DECODE_MAX_SPLITS), never the batch. Measured on an H200 (bf16, N=32, L=512, pages of 64,
-CUDA-graph replay, programmatic dependent launch; floor = cache + w_kvb bytes at 4.3 TB/s;
-``benchmarks/bench_ops.py --only mla``, docs/BENCHMARKS.md): B=64 0.162 ms at 4k (2.2x floor),
-0.89 ms at 32k (1.6x); B=1 26 us at 4k (8.5x), 39 us at 32k (3.7x), where a program's serial
-64-key steps (one 4-warp program per SM, latency-bound) and the three launches are most of the time
-(8 B=1 decodes back to back in one graph, ``benchmarks/launch_floor.py --chain 8``: 20.9 us per call
-at 4k, 33.5 at 32k, 3.13x). Eager launches cost ~0.2 ms of host time per call (Triton's launcher).
+most DECODE_MAX_SPLITS), never the batch. A large batch's time is mostly its reads of the cache and
+w_kvb; at B=1 a program's serial 64-key steps (one 4-warp program per SM, latency-bound) and the
+three launches are most of the time, and an eager call is host-bound (Triton's launcher), which a
+CUDA graph removes. The figures against the byte floor and against one launch reading the same
+bytes: docs/BENCHMARKS.md, "MLA decode" (``benchmarks/bench_ops.py --only mla``,
+``benchmarks/launch_floor.py --chain 8``); the launch settings below name their
+``benchmarks/tune.py mla --parts`` sweep and have their figures in the same section.
 """
 from __future__ import annotations
 
@@ -255,9 +255,8 @@ def _launch_attention(q1, q2, k1, k2, v, o1, pacc, pml, call: _Call, launch: Lau
     grid = (B, (c.N // HP) * triton.cdiv(c.T * HP, BM), c.max_splits)
     # L2 prefetches before the PDL wait (hints, never a bit): the first key step of each program's
     # slice when the grid is one wave (more programs than SMs: the later ones start after the wait
-    # anyway, and the extra requests cost B=64 4k 182 -> 191 us), and the q_lat / W_UV weight
-    # tiles. H200 (``benchmarks/tune.py mla --parts prefetch``): B=1 4k 27.5 -> 26.6 us (keys),
-    # B=64 32k 940 -> 922 us (weights)
+    # anyway, so the extra requests only add traffic), and the q_lat / W_UV weight tiles, whose
+    # read then overlaps the kernel before (``benchmarks/tune.py mla --parts prefetch``)
     one_wave = grid[0] * grid[1] * grid[2] <= sms
     prefetch_keys = _pick(launch.attn_prefetch_keys, 1 if one_wave else 0) \
         if pdl and aligned and c.shared_kv and dt.itemsize == 2 else 0
@@ -286,9 +285,8 @@ def _launch_epilogue(pacc, pml, w_uv, out, call: _Call, launch: Launch, B: int, 
     # Vh chunks per head as programs (each redoes the merge, bitwise the same) so a small batch
     # still spreads the W_UV read; adjacent in launch order, they share the partials through
     # L2. Slices in flight per merge step (MERGE_UNROLL, bit-neutral): 16 rows' worth (16 //
-    # rows), so 1 for 16-row blocks, whose tiles spill with more (``benchmarks/tune.py mla --parts
-    # epilogue``, H200: B=1 32k 50.2 / 49.6 / 48.1 / 48.0 us with 1 / 8 / 16 / 32; B=64 64
-    # keys 36.7 us with 1, 419 with 8)
+    # rows): a single row's merge is a serial chain of slice loads that more in flight overlap,
+    # while 16-row blocks' tiles spill with more than 1 (``benchmarks/tune.py mla --parts epilogue``)
     bv, epi_warps = _epilogue_tile(dt, br, c.DV, Vh, out.device)
     bv, epi_warps = _pick(launch.epi_block_v, bv), _pick(launch.epi_warps, epi_warps)
     pdl = _pdl.enabled(out.device)
@@ -315,9 +313,10 @@ def _launch_combine(pacc, pml, out, call: _Call, B: int, dt: torch.dtype):
 def _attn_stages(dtype: torch.dtype, big: bool, block_m: int, per_key_table: bool) -> int:
     """Pipeline stages of the attention kernel: fp32/fp64 tiles of 512-wide keys do not fit shared
     memory twice (1); 16-row programs (a small batch: a few per SM, each waiting on its loads) 3,
-    else 2 (``benchmarks/tune.py mla --parts stages``, H200, pages of 64: B=1 32k 68.3 -> 62.3 us
-    with 3; B=64 4k 155.7 -> 180.9 us); 3 for pages shorter than a step, whose per-key table entries spill registers with 2
-    (sm_90 build, triton 3.9: 248 -> 160 bytes of stack at 32 rows)."""
+    which hide more of that latency, else 2, where a deeper pipeline costs 32-row programs more
+    than it hides (``benchmarks/tune.py mla --parts stages``); 3 for pages shorter than a step,
+    whose per-key table entries spill more registers with 2 (the sm_90 build's stack sizes:
+    docs/BENCHMARKS.md, "MLA decode")."""
     if big and dtype.itemsize > 2:
         return 1
     return 3 if big and (block_m == 16 or per_key_table) else 2
@@ -327,10 +326,10 @@ def _epilogue_tile(dtype: torch.dtype, rows: int, L: int, Vh: int, device: torch
     """(Vh columns, warps) of a merge + W_UV program over ``rows`` query rows. Bit-neutral: a column
     is one dot over the full L whichever program computes it. 16-bit on a GPU: 128 columns on 8
     warps for 16-row blocks, 64 on 4 for fewer rows, the W_UV tile [L, columns] in shared memory
-    (at most 128 KB: fewer columns past L = 512; sm_90 build at L = 512: no spills, triton 3.6
-    and 3.9). H200 with the tile prefetched before the wait
-    (``benchmarks/tune.py mla --parts epilogue_v``), against 32 columns on 4 warps: B=64 4k 181.7 ->
-    162.6 us, B=64 128 keys 32.6 -> 28.6; B=1 32k 40.6 -> 40.1 (64 columns; 128 were slower there).
+    (at most 128 KB: fewer columns past L = 512; the sm_90 build at L = 512 does not spill). Wider
+    tiles mean fewer programs redoing the merge; with fewer rows there are few row blocks, and 64
+    columns keep enough programs to spread the W_UV read (``benchmarks/tune.py mla --parts
+    epilogue_v``, with the tile prefetched before the wait).
     fp32 / fp64 tiles of L x 32 / 16. The CPU interpreter, where a program costs its Python
     overhead, takes 128-byte rows."""
     if device.type != "cuda":
@@ -344,9 +343,9 @@ def _epilogue_tile(dtype: torch.dtype, rows: int, L: int, Vh: int, device: torch
 def _row_mask(block_m: int) -> bool:
     """How the attention loads a partial step's key tiles (the same bits either way): rows past the
     slice's end masked (32-row programs), or read as its last key's row and masked out of the scores
-    (16-row programs; their loads then carry no predicates). Measured on the H200
-    (``benchmarks/tune.py mla --parts loads``): 16 rows B=1 4k 30.3 -> 27.8 us, 32k 46.0 -> 42.1 us unmasked; 32
-    rows B=64 4k 181.8 against 198.9 us, 32k 940 against 1033 us masked."""
+    (16-row programs, whose loads then carry no predicates: latency-bound, they gain from the
+    simpler loads, while 32-row programs are faster masked; ``benchmarks/tune.py mla --parts
+    loads``)."""
     return block_m >= 32
 
 
@@ -354,10 +353,9 @@ def _block_m(B: int, rows: int, D1: int, depth: int, sms: int) -> int:
     """Query rows per program (rows: a sequence's query rows, T * N or T; depth: key slices per
     sequence, the grid's third axis). 512-wide keys: 32 once 32-row programs fill the GPU (at least
     one per SM), else 16 (more programs; each reads its key tiles, which the other row block of
-    the sequence reads too). Never a bit: a row's arithmetic is the same in either. H200, pages of
-    64 (``benchmarks/tune.py mla --parts occupancy``), 16 / 32 rows: B=8 4k 51.0 / 53.7 us (128
-    programs of 32), B=16 1k 34.9 / 49.5 (64), B=64 128 keys 32.5 / 45.4 (64); B=16 4k 87.0 / 66.8
-    (256), B=64 1k 89.5 / 68.4 (256)."""
+    the sequence reads too). Never a bit: a row's arithmetic is the same in either. Below one
+    32-row program per SM the idle SMs cost more than the repeated key reads; above it the reads
+    do (``benchmarks/tune.py mla --parts occupancy``)."""
     if rows <= 16:
         return 16
     if D1 > 256:

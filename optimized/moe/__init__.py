@@ -4,13 +4,13 @@ Compute dtype float32 (float64 for fp64 inputs); outputs in x's dtype, except th
 weights, which are returned in the compute dtype (float32 for bf16/fp32 logits, as HF and vLLM keep
 them) so that ``experts`` combines with unrounded weights.
 
-Measured on an H200 (bf16, D=2304, F=1024, E=256, k_e=8, B=1, CUDA-graph replay): the model's
-decode layer (``router_logits``, ``router``, the routed experts with the shared expert as a ninth
-GEMV pair, five launches) 58 us against a 30 us floor (1.92x; 61 us and 2.03x without programmatic
-dependent launch, 82 us and 2.7x with the shared expert in its own launches),
-``benchmarks/bench_ops.py --only moe``.
-``router_logits`` (the fp32 gate GEMM, batch invariant, x read in bf16; ``ROUTER_LOGITS`` tiles):
-4.7 us at T = 1 and 17.6 us at T = 64 with its weight read from HBM (``benchmarks/tune.py moe``).
+The model's decode layer is five launches (``router_logits``, ``router``, the routed experts with
+the shared expert as a ninth GEMV pair): at B=1 each kernel's fixed cost is a large share of the
+layer, so the shared expert rides in the routed launches rather than in launches of its own, and
+each kernel launches with programmatic dependent launch. Figures against the layer's byte floor,
+with and without either: docs/BENCHMARKS.md, "MoE layer" (``benchmarks/bench_ops.py --only moe``,
+``--pdl off``). ``router_logits`` is the fp32 gate GEMM, batch invariant, x read in bf16
+(``ROUTER_LOGITS`` tiles, ``benchmarks/tune.py moe --kernels router``).
 """
 from __future__ import annotations
 
@@ -40,9 +40,10 @@ class GemvLaunch:
     pairs, the model's decode; ``swiglu`` likewise). ``*_lanes`` is the width of each dot
     product's lane sums, i.e. its summation order: a new default changes bits and is re-certified.
     Rows per program and warps choose only which program computes a row, though warps can change
-    the warp layout of the lane sums (H200, 40 such settings compared bit for bit at B=1 and B=64:
-    gate/up 4 rows on 8 warps, down 8 rows on 8 or 16 warps and 16 rows on 16 changed bits), so
-    only a setting whose bits equal the defaults' may be chosen by the batch size.
+    the warp layout of the lane sums (``benchmarks/tune.py moe`` compares each setting bit for bit
+    with the defaults at B=1 and B=64; on the H200 gate/up 4 rows on 8 warps, down 8 rows on 8 or
+    16 warps and 16 rows on 16 changed bits), so only a setting whose bits equal the defaults' may
+    be chosen by the batch size.
 
     gate/up: ``gate_up_rows`` rows of F per program, ``gate_up_lanes`` lanes over D, warps;
     down: ``down_rows`` rows of D per program, ``down_lanes`` lanes over F, warps.
@@ -55,12 +56,11 @@ class GemvLaunch:
     down_warps: int = 8
 
 
-#: GEMV-form defaults, from ``benchmarks/tune.py moe`` on an H200 (one layer's 8 routed experts and
-#: its shared expert as a ninth pair, weights from HBM, 48 gate/up and 60 down settings): 8 rows x
-#: 128 lanes on 8 warps, 23.5 us at B=1 and 704 us per layer at B=64, against 30.4 and 836 us for
-#: 16 rows x 256 lanes on 2 warps (its 576 programs per B=1 call do not fit the 512-program wave
-#: the routed pairs alone make); down 32 rows x 128 lanes on 8 warps, 11.1 us (floor 8.8) against
-#: 15.8 for 32 rows x 256 lanes on 4 warps.
+#: GEMV-form defaults, chosen from ``benchmarks/tune.py moe``'s sweep at B=1 and B=64 (one layer's
+#: 8 routed experts and its shared expert as a ninth pair, weights from HBM; the figures:
+#: docs/BENCHMARKS.md, "MoE layer"): gate/up 8 rows x 128 lanes on 8 warps (16 rows x 256 lanes on
+#: 2 warps makes 576 programs per B=1 call with the shared pair, past the one wave of 512 the routed
+#: pairs alone fill); down 32 rows x 128 lanes on 8 warps.
 GEMV = GemvLaunch()
 #: Under the CPU interpreter a program costs its Python overhead, not its loads: 32 gate/up rows
 #: per program there (a 4x shorter grid; rows per program never change a value).
@@ -78,10 +78,10 @@ class RouterLogitsLaunch:
     num_warps: int = 4
 
 
-#: ``router_logits`` tiles for bf16/fp32 x: ``benchmarks/tune.py moe --kernels router`` on an
-#: H200 (42 settings, weights from HBM): 4.7 us at B=1 and 17.6 us at B=64, against 8.8 and 10.7 us
-#: for 4 experts x 256 lanes: 1024-lane slices make each program's chain of dependent loads 3 long
-#: instead of 9. One token per program with one 4096-lane slice is 2.7 us at B=1 but 60 us at B=64.
+#: ``router_logits`` tiles for bf16/fp32 x, chosen for the decode's B=1 (``benchmarks/tune.py moe
+#: --kernels router``, weights from HBM; the figures: docs/BENCHMARKS.md, "MoE layer"): 1024-lane
+#: slices make each program's chain of dependent loads 3 long where 256 lanes make it 9. One token
+#: per program with one 4096-lane slice is faster still at B=1 but many times slower at B=64.
 ROUTER_LOGITS = RouterLogitsLaunch()
 #: fp64 (lifted runs only) takes shorter slices to keep its accumulator in registers.
 ROUTER_LOGITS_FP64 = RouterLogitsLaunch(tokens=8, experts=4, lanes=64, num_warps=4)
@@ -96,11 +96,10 @@ def router_logits_config(E: int, D: int, dtype: torch.dtype = torch.bfloat16,
     """Kernel arguments of ``router_logits`` for ``E`` experts, hidden size ``D``, x's dtype and
     ``launch`` (default: :data:`ROUTER_LOGITS`, :data:`ROUTER_LOGITS_FP64` for float64 x).
 
-    Never a function of T (batch invariance: see :class:`RouterLogitsLaunch`). With the earlier 4
-    experts x 256 lanes, on an H200 (bf16 x, E = 256, D = 2304, CUDA-graph replay; torch's cast +
-    fp32 GEMM in brackets): T = 1: 6.0 us (6.0), T = 8: 6.2 (16.4), T = 64: 9.8 (15.5), T = 512: 63
-    (28), T = 2048: 242 (75), T = 8192: 1030 (251): decode-sized T gains, prefill pays for batch
-    invariance (prefill keeps torch's GEMM). E is not used today.
+    Never a function of T (batch invariance: see :class:`RouterLogitsLaunch`). Against torch's cast
+    + fp32 GEMM the kernel gains at decode-sized T and loses at prefill sizes, where torch's GEMM
+    picks its tiling by T, which a batch-invariant kernel may not (so prefill keeps torch's GEMM;
+    docs/BENCHMARKS.md, "MoE layer"). E does not enter the choice.
     """
     if launch is None:
         launch = _router_logits_default(dtype)

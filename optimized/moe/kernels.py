@@ -98,9 +98,9 @@ def _router_logits_kernel(x_ptr, w_ptr, out_ptr, T, E, D, sx, sw, so, CD: tl.con
     # products of d = j, j + BLOCK_D, ... in ascending d, then one fixed tree over the lanes (tl.sum).
     # Nothing in it depends on T or on the row's place in its tile (padding rows are zeros kept in
     # their own accumulators), so a row's bits are batch invariant on a GPU and under the interpreter.
-    # Not tl.dot: an fp32 FMA tl.dot is one serial chain of D FMAs per output (several times slower
-    # here on an H200), and under the interpreter it is np.matmul, whose BLAS rounds a row
-    # differently by its position in the tile.
+    # Not tl.dot: an fp32 FMA tl.dot is one serial chain of D FMAs per output (the lane sums run
+    # BLOCK_D chains of D / BLOCK_D side by side), and under the interpreter it is np.matmul, whose
+    # BLAS rounds a row differently by its position in the tile.
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     em = e < E
