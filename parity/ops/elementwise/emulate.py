@@ -6,38 +6,27 @@ import torch
 from parity.emulate import cdt, check_mutation
 
 
+def _evaluate(op: str, x, mutation, forms: dict):
+    """``forms[mutation]`` of ``x`` in the arithmetic dtype (``forms[None]``: the op itself), rounded
+    back to x's dtype."""
+    check_mutation(op, mutation, tuple(m for m in forms if m is not None))
+    return forms[mutation](x.to(cdt(x.dtype))).to(x.dtype)
+
+
 def sigmoid(x, *, mutation=None):
-    check_mutation("sigmoid", mutation, ("tanh", "half_slope"))
-    xc = x.to(cdt(x.dtype))
-    if mutation == "tanh":
-        y = torch.tanh(xc)
-    elif mutation == "half_slope":
-        y = torch.sigmoid(xc / 2)
-    else:
-        y = torch.sigmoid(xc)
-    return y.to(x.dtype)
+    return _evaluate("sigmoid", x, mutation, {None: torch.sigmoid, "tanh": torch.tanh,
+                                              "half_slope": lambda xc: torch.sigmoid(xc / 2)})
 
 
 def silu(x, *, mutation=None):
-    check_mutation("silu", mutation, ("missing_x", "relu"))
-    xc = x.to(cdt(x.dtype))
-    if mutation == "missing_x":
-        y = torch.sigmoid(xc)
-    elif mutation == "relu":
-        y = torch.relu(xc)
-    else:
-        y = xc * torch.sigmoid(xc)
-    return y.to(x.dtype)
+    return _evaluate("silu", x, mutation, {None: lambda xc: xc * torch.sigmoid(xc), "missing_x": torch.sigmoid,
+                                           "relu": torch.relu})
 
 
 def softplus(x, *, threshold=20.0, mutation=None):
-    check_mutation("softplus", mutation, ("relu", "beta_two"))
-    xc = x.to(cdt(x.dtype))
-    if mutation == "relu":
-        y = torch.relu(xc)
-    elif mutation == "beta_two":
-        y = torch.nn.functional.softplus(xc, beta=2.0, threshold=threshold)
-    else:
-        smooth = torch.clamp(xc, min=0) + torch.log1p(torch.exp(-xc.abs()))
-        y = torch.where(xc > threshold, xc, smooth)
-    return y.to(x.dtype)
+    def smooth(xc):
+        return torch.where(xc > threshold, xc, torch.clamp(xc, min=0) + torch.log1p(torch.exp(-xc.abs())))
+
+    return _evaluate("softplus", x, mutation, {
+        None: smooth, "relu": torch.relu,
+        "beta_two": lambda xc: torch.nn.functional.softplus(xc, beta=2.0, threshold=threshold)})
