@@ -98,7 +98,7 @@ class Mutant:
     """A named semantic bug. ``kind="wrap"``: ``build(candidate, record)`` returns the candidate with
     its inputs/outputs transformed to emulate the bug (the real kernel runs); ``kind="internal"``:
     the bug is inside the algorithm, so ``build`` returns a mutated float evaluation at the
-    candidate's dtype (parity.emulate with ``mutation=``). Candidates here are normalized:
+    candidate's dtype (the family's emulation with ``mutation=``). Candidates here are normalized:
     ``cand(inputs: dict, kwargs: dict) -> {output: tensor}``."""
 
     name: str
@@ -140,9 +140,9 @@ class OpRecord:
     name: str                       # "kda.chunked": family.function
     reference: Callable             # float64 NumPy (reference/ itself, or a parity.ops adapter)
     optimized: Callable             # the optimized op (a Ref into optimized/, or a parity.ops adapter)
-    emulated: Callable              # torch port (the family's emulate): the reference-f32 stand-in
+    emulated: Callable              # torch port (the family's emulate.py): the reference-f32 stand-in
     inputs: Callable                # () -> hypothesis strategy of Case
-    bound: Callable                 # error-bound model (the family's bounds, parity.bounds)
+    bound: Callable                 # error-bound model (the family's bounds.py)
     outputs: tuple                  # names of the outputs, in return order
     args: tuple                     # positional array parameters, in order
     kwarg_arrays: tuple = ()        # array keyword parameters (initial_state, cu_seqlens)

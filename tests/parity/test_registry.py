@@ -98,6 +98,12 @@ def test_the_records_are_a_plain_list_with_no_registration_side_effect():
         assert "register(" not in text and "_REGISTRY" not in text and "_LOADED" not in text, path.name
 
 
+def test_every_family_is_one_package_with_the_same_module_names():
+    for family in ops.FAMILIES:
+        modules = {p.stem for p in Path(family.__file__).parent.glob("*.py")}
+        assert {"__init__", "inputs", "bounds", "emulate", "mutants"} <= modules, family.__name__
+
+
 def test_importing_the_record_types_imports_neither_the_records_nor_anything_heavy():
     code = ("import sys, parity.registry; bad = [m for m in sys.modules if m.startswith(('parity.ops', "
             "'torch', 'numpy', 'optimized', 'reference'))]; print(bad); sys.exit(1 if bad else 0)")
