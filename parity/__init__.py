@@ -3,9 +3,11 @@
 Public API (lazily imported, so ``import parity`` stays light):
 
 - ``parity.classify_step`` / ``StepVerdict``: the near-tie primitive (parity/neartie.py);
-- ``parity.ops``: the op records (``records()``, ``get``, ``select``), ``parity.registry`` their
-  types; ``parity.candidate``: what is certified; ``parity.certify``: certification; ``parity.strategies``:
-  shared hypothesis strategies and profiles; ``parity.bounds``: the error-bound models;
+- ``parity.ops``: the op records (``records()``, ``get``, ``select``), one package per op family
+  (``parity.ops.kda``: its records, inputs, bounds, emulation, mutants, capture sites),
+  ``parity.registry`` their types; ``parity.candidate``: what is certified; ``parity.certify``:
+  certification; ``parity.strategies``: shared hypothesis strategies and profiles;
+  ``parity.bounds``: the error-bound arithmetic;
   ``parity.metrics``: comparisons (``compare``, ``nearer_truth``);
 - ``parity.assert_parity(op, inputs, ...)``: one op on given inputs, AssertionError with the worst
   elements when past its bound;

@@ -1,4 +1,5 @@
-"""Mutation teeth: named semantic bugs, and the controls every check must reject.
+"""Mutation teeth: named semantic bugs, and the controls every check must reject. Each op family's
+mutants are its ``mutants`` module (``parity/ops/<family>/mutants.py``); this module makes them.
 
 Two kinds of mutant (:class:`parity.registry.Mutant`; ``wrap`` and ``internal`` make them):
 
@@ -8,7 +9,7 @@ Two kinds of mutant (:class:`parity.registry.Mutant`; ``wrap`` and ``internal`` 
   back as ``[K, V]``, which only a K != V shape or a non-symmetric state can reveal).
 - ``internal``: the bug lives inside the algorithm (a chunk boundary off by one, a skipped l2norm
   in a fused kernel), so the mutant is a mutated float evaluation at the candidate's dtype
-  (``parity.emulate`` with ``mutation=``): it proves the check would see that bug, not that the
+  (the family's ``emulate`` with ``mutation=``): it proves the check would see that bug, not that the
   kernel has it.
 
 A mutant is killed when the check fails on at least one drawn input; its teeth ratio is the worst
@@ -50,19 +51,13 @@ def wrap(name: str, doc: str, *, inputs=None, kwargs=None, outputs=None, aux: bo
 
 
 def internal(name: str, doc: str, fn, mutation: str | None = None) -> Mutant:
-    """A mutant evaluated by ``fn`` (a parity.emulate function) with ``mutation=`` (default: name)."""
+    """A mutant evaluated by ``fn`` (a family's emulation, ``parity/ops/<family>/emulate.py``) with
+    ``mutation=`` (default: name)."""
 
     def build(cand, record):
         return record.candidate(partial(fn, mutation=mutation or name))
 
     return Mutant(name, doc, "internal", build)
-
-
-def transposed_state(s):
-    """The ``[..., K, V]`` state written in V-major order into a K-major buffer (the vLLM layout bug):
-    same shape, scrambled values unless K == V and the state is symmetric."""
-    K, V = s.shape[-2:]
-    return s.transpose(-1, -2).contiguous().reshape(s.shape)
 
 
 def zeros_candidate(record, prepared):

@@ -1,8 +1,8 @@
 """The record types of the op registry: :class:`OpRecord` (one per op), :class:`Case` (one drawn
-input), :class:`Mutant` (a named semantic bug) and :class:`Ref` (a callable named by module and
-attribute, imported when first called). The records themselves are built by ``parity/ops/``
-(``parity.ops.records()``: a plain list, one module per op family); this module imports nothing of
-the project, so anything may import it.
+input), :class:`Mutant` (a named semantic bug), :class:`Ref` (a callable named by module and
+attribute, imported when first called) and :class:`Site` (a call of the model captured as an op).
+The records themselves are built by ``parity/ops/`` (``parity.ops.records()``: a plain list, one
+package per op family); this module imports nothing of the project, so anything may import it.
 
 A record pairs the float64 reference with the optimized op by name (fused optimized ops with the
 reference's own fused forms), and carries the input builder (a hypothesis strategy of
@@ -98,7 +98,7 @@ class Mutant:
     """A named semantic bug. ``kind="wrap"``: ``build(candidate, record)`` returns the candidate with
     its inputs/outputs transformed to emulate the bug (the real kernel runs); ``kind="internal"``:
     the bug is inside the algorithm, so ``build`` returns a mutated float evaluation at the
-    candidate's dtype (parity.emulate with ``mutation=``). Candidates here are normalized:
+    candidate's dtype (the family's emulation with ``mutation=``). Candidates here are normalized:
     ``cand(inputs: dict, kwargs: dict) -> {output: tensor}``."""
 
     name: str
@@ -115,13 +115,34 @@ class Mutant:
 
 
 @dataclass(frozen=True)
+class Site:
+    """``method`` of ``optimized.backends.Ops`` (the one object the model makes its op calls
+    through) captured by ``parity capture`` as record ``op`` (None: not captured, ``note`` says why);
+    ``convert(args) -> (arrays, kwargs)`` from the method's bound arguments to the record's inputs
+    (tensors, None for an absent optional input) and explicit scalar kwargs."""
+
+    method: str
+    op: str | None
+    convert: Callable | None = None
+    note: str = ""
+
+
+def picked(*names, kw=()) -> Callable:
+    """A :attr:`Site.convert` that hands over the arguments ``names`` as the record's inputs and
+    ``kw`` as its scalar keyword arguments, as the model passed them."""
+    def convert(a):
+        return {n: a[n] for n in names}, {k: a[k] for k in kw}
+    return convert
+
+
+@dataclass(frozen=True)
 class OpRecord:
     name: str                       # "kda.chunked": family.function
     reference: Callable             # float64 NumPy (reference/ itself, or a parity.ops adapter)
     optimized: Callable             # the optimized op (a Ref into optimized/, or a parity.ops adapter)
-    emulated: Callable              # torch port (parity.emulate): the reference-f32 stand-in
+    emulated: Callable              # torch port (the family's emulate.py): the reference-f32 stand-in
     inputs: Callable                # () -> hypothesis strategy of Case
-    bound: Callable                 # parity.bounds model
+    bound: Callable                 # error-bound model (the family's bounds.py)
     outputs: tuple                  # names of the outputs, in return order
     args: tuple                     # positional array parameters, in order
     kwarg_arrays: tuple = ()        # array keyword parameters (initial_state, cu_seqlens)

@@ -16,7 +16,8 @@ certification with one input per dtype runs it alone), and a seed toward 0. The 
 from the seed, not drawn element by element: a failure shrinks to the smallest bucket and the
 smallest seed that still fail, with the flags at their first choice. Elementwise arrays would
 shrink each value, but toward zeros, on which no rounding mutant shows, and at the cost of
-thousands of hypothesis draws per input. An op's own input builder: ``parity.ops.cases(op)``.
+thousands of hypothesis draws per input. An op's own input builder: ``parity.ops.cases(op)``; each
+family's builders are its ``inputs`` module (``parity/ops/<family>/inputs.py``).
 """
 from __future__ import annotations
 
@@ -96,48 +97,3 @@ def rng(seed: int) -> np.random.Generator:
 
 def normal(r: np.random.Generator, shape, scale=1.0) -> np.ndarray:
     return r.standard_normal(shape) * scale
-
-
-def mixed_magnitudes(r: np.random.Generator, shape, scale=1.0) -> np.ndarray:
-    """Normal values with a per-row magnitude spread over four decades (1e-3 .. 10), so bounds that
-    follow magnitudes are exercised and eps terms matter in the small rows."""
-    rows = r.choice([1e-3, 0.05, 1.0, 10.0], size=shape[:-1] + (1,))
-    return r.standard_normal(shape) * rows * scale
-
-
-def unit_rows(r: np.random.Generator, shape) -> np.ndarray:
-    """Rows of unit 2-norm (KDA keys and queries after l2norm)."""
-    x = r.standard_normal(shape)
-    return x / np.linalg.norm(x, axis=-1, keepdims=True)
-
-
-def log_decays(r: np.random.Generator, shape, strength: str = "mixed") -> np.ndarray:
-    """Log-space decays g <= 0 as the KDA gate makes them: ``-exp(a) softplus(z)``. ``mixed``
-    spans per-step decays from ~1 (g ~ -0.01) to ~e^-12; ``moderate`` stays in e^-0.05..e^-1;
-    ``strong`` is ~e^-5 .. e^-130 (a chunk's prefix sums reach thousands: past exp's range);
-    ``slow`` is 1 - 1e-4 .. 1 - 1e-2 (long memory: the state carries every step's rounding for
-    many steps)."""
-    z = r.standard_normal(shape)
-    if strength == "slow":
-        return -np.exp(r.uniform(-9.0, -4.5, size=shape[:-1] + (1,))) * np.log1p(np.exp(z))
-    if strength == "strong":
-        a = r.uniform(0.0, 2.8, size=shape[:-1] + (1,))
-        return -np.exp(a) * np.log1p(np.exp(z + 6.0))
-    sp = np.log1p(np.exp(z))
-    if strength == "moderate":
-        a = r.uniform(-2.5, -0.5, size=shape[:-1] + (1,))
-    else:
-        a = r.uniform(-4.0, 1.5, size=shape[:-1] + (1,))
-    return -np.exp(a) * sp
-
-
-def elementwise_values(r: np.random.Generator, shape) -> np.ndarray:
-    """Values for the scalar functions: the bulk around 0, tails to +-30 (past the softplus
-    threshold), exact landmarks (0, +-20, +-1)."""
-    x = r.standard_normal(shape) * 3.0
-    tail = r.random(shape) < 0.15
-    x = np.where(tail, r.uniform(-30, 30, size=shape), x)
-    flat = x.reshape(-1)
-    marks = np.array([0.0, 20.0, -20.0, 1.0, -1.0, 19.9, 20.1])
-    flat[: min(len(marks), flat.size)] = marks[: flat.size]
-    return flat.reshape(shape)

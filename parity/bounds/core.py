@@ -196,3 +196,10 @@ def exp_rel(x):
     """Relative error factor (in units of ua) of exp(x) as kernels compute it: ex2(x * log2 e) rounds
     the argument (|x| u) and ex2 itself errs by ~2 ulp."""
     return 2.0 + np.abs(x)
+
+
+def silu_prime(z):
+    """The slope of SiLU, ``d/dz z sigmoid(z)``: how much an error of its argument moves its value
+    (at most 1.0999)."""
+    s = sig(z)
+    return s * (1.0 + z * (1.0 - s))

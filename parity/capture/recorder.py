@@ -17,6 +17,8 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
+from parity.registry import Site
+
 from . import sites, tensors
 
 
@@ -53,7 +55,7 @@ class Recorder:
         self.logits: list = []          # parity.capture.run: the model's logits, one row per step
         self._defaults: dict[str, dict] = {}
 
-    def add(self, site: sites.Site, call_site: str, args: dict) -> None:
+    def add(self, site: Site, call_site: str, args: dict) -> None:
         rec = self.records[site.op]
         arrays, kwargs = site.convert(args)
         kwargs = {**self._scalar_defaults(rec), **kwargs}
@@ -87,7 +89,7 @@ class RecordingOps:
         for name, site in sites.SITES.items():
             setattr(self, name, self._wrap(name, site))
 
-    def _wrap(self, name: str, site: sites.Site):
+    def _wrap(self, name: str, site: Site):
         method = getattr(self._inner, name)
         signature = inspect.signature(method)
         recorder = self._recorder

@@ -28,7 +28,7 @@ import numpy as np
 
 from parity.bounds.core import UNIT_ROUNDOFF
 from parity.metrics import dtype_of, to_numpy
-from parity.bounds.kda import readout_condition
+from parity.ops.kda.bounds import readout_condition
 from reference import moe, norm
 from reference.tensors import layer_prefix
 
@@ -150,7 +150,7 @@ def readout_amplification(ref_trace: dict, i: int) -> np.ndarray:
     """``[T]``: how much KDA layer ``i``'s read-out amplifies, at each position, the relative error
     its operands carry, seen at the mixer's output (docs/error-bounds.md, "Model level"): with
     ``kappa_h`` the read-out's condition number of value head ``h``
-    (``parity.bounds.kda.readout_condition``) and ``y_h`` the head's gated-norm output,
+    (``parity.ops.kda.bounds.readout_condition``) and ``y_h`` the head's gated-norm output,
     ``sqrt(sum_h |y_h|^2 max(1, kappa_h)^2 / sum_h |y_h|^2)``. The gated RMSNorm is scale invariant:
     it hands on the relative error of each head's read-out, whatever that head's magnitude, so a
     read-out that cancels (``kappa >> 1``) reaches the output at full weight."""

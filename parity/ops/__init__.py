@@ -1,5 +1,14 @@
-"""The op records: one module per op family, each with a ``records()`` function; :func:`records`
+"""The op records: one package per op family, each with a ``records()`` function; :func:`records`
 returns them all, in family order, as a plain list (nothing registers itself on import).
+
+A family's package holds everything of that family on the parity side, under the same module names
+in every family: the records (``__init__``), ``inputs`` (its input builders), ``bounds`` (its
+error-bound models), ``emulate`` (its float32 stand-in), ``mutants`` (its named bugs) and ``sites``
+(the model's calls of it captured by ``parity capture``; not in ``elementwise``, whose ops the model
+runs fused inside others); KDA adds ``args`` (argument names, the sequences of a batch) and
+``stages`` (a bracket of its chunk kernels' intermediates). What the families share stays outside:
+``parity.bounds.core``, ``parity.emulate``, ``parity.mutants``, ``parity.strategies``, and here
+``_slots`` (the in-place decode over a state pool) and ``_util``.
 
     >>> from parity import ops
     >>> ops.get("kda.chunked").bound_doc

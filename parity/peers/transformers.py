@@ -9,7 +9,8 @@ K^-0.5`` fixed and the q/k l2norm (``x / sqrt(sum x^2 + 1e-6)``, the kernels' fo
 when ``use_qk_l2norm_in_kernel=True``. The model calls both with ``use_qk_l2norm_in_kernel=True``,
 its gate ``g = -exp(A_log) softplus(...)`` and ``beta = sigmoid(b_proj(x))`` computed outside: such
 a call is ``kda.chunked+qk_l2norm`` (``kda.recurrent+qk_l2norm``): the l2norm is inside the judged
-op and its bound counts the l2norm's error as the fused ops' bounds do (parity.bounds.kda.qk_l2norm).
+op and its bound counts the l2norm's error as the fused ops' bounds do
+(parity.ops.kda.bounds.qk_l2norm).
 The output comes back in the input dtype, the final state in float32. Contract: ``ieee`` (torch's
 CPU float32 matmuls and sums; on CUDA without TF32).
 

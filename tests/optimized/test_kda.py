@@ -1,6 +1,6 @@
 """optimized.kda (gate, recurrent, chunked and their fused forms): values judged through the
 registry (``parity.testing.assert_parity``: the KDA records' bounds, docs/error-bounds.md), on
-inputs built by the records' case builders (parity/ops/kda.py) at the shapes that reach the
+inputs built by the records' case builders (parity/ops/kda/inputs.py) at the shapes that reach the
 kernels' paths: T = 1, ragged and exact chunk ends, GVA, K != V, K = 96 (two gate-kernel channel
 programs), chunk sizes 16 and 32, varlen with an empty sequence, strong decays, bf16 gate inputs.
 What only a kernel test can say stays here: the chunk pipeline's stages, unwritten memory, bytes
@@ -15,18 +15,16 @@ import torch
 from optimized import _counters, kda
 from parity import ops
 from parity.bounds.core import precision_for
-from parity.bounds.kda_stages import STAGES, chunk_stage
 from parity.candidate import of
 from parity.check import tensors
-from parity.emulate import kda as emu
 from parity.metrics import compare
-from parity.ops.kda import core_case
+from parity.ops.kda import emulate as emu
+from parity.ops.kda.args import CORE, FUSED
+from parity.ops.kda.inputs import core_case
+from parity.ops.kda.stages import STAGES, chunk_stage
 from parity.platform import store_rounding
 from parity.registry import Case
 from parity.testing import assert_parity
-
-CORE = ("q", "k", "v", "g", "beta")
-FUSED = ("q", "k", "v", "g_raw", "beta_logits", "A_log", "dt_bias")
 
 
 def inputs(op, case, dtype):
@@ -162,7 +160,7 @@ def test_bf16_gate_and_beta_inputs():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_chunk_stages(dtype, parity_device):
     """Each stored intermediate of the chunk pipeline against its float64 value (parity.emulate's
-    chunked form at float64) within parity.bounds.kda_stages' bracket: localizes a wrong kernel
+    chunked form at float64) within parity.ops.kda.stages' bracket: localizes a wrong kernel
     (G -> gate kernel; Aq, kg, qg -> blocks kernel; w, u -> WY kernel; h, v_new -> state kernel)."""
     from optimized.kda import chunk as chunk_mod
     T, BT = 100, 64

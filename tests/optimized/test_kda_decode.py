@@ -13,7 +13,7 @@ import torch
 import optimized
 from optimized import _counters, kda
 from parity.bounds.core import unit_roundoff
-from parity.ops.kda import decode_case
+from parity.ops.kda.inputs import decode_case
 from parity.testing import assert_parity
 
 

@@ -10,7 +10,7 @@ import torch
 
 from optimized import _counters, norm
 from parity.candidate import of
-from parity.ops.norm import add_case, rms_case
+from parity.ops.norm.inputs import add_case, rms_case
 from parity.testing import assert_parity
 
 DTYPES = ["float32", "bfloat16", "float64"]

@@ -73,4 +73,4 @@ def test_every_model_gives_a_nonnegative_bound_of_the_outputs_shape_and_zero_for
             assert np.all(np.isfinite(b[o])) and np.all(b[o] >= 0), (rec.name, o)
             if o in rec.exact:
                 assert not np.any(b[o]), (rec.name, o)
-        assert bounds  # the package exports the models
+        assert bounds  # the package exports the arithmetic

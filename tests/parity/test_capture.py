@@ -230,10 +230,10 @@ def test_real_size_inputs_are_regenerated_from_statistics_and_ids_stay_exact(tmp
     # at T=4096 with 32 heads of 128, one bf16 activation is 32 MiB: past the store limit
     assert 4096 * 32 * 128 * 2 > tensors.STORE_LIMIT
     assert tensors.channels_of((1, 4096, 32, 128)) == 2 and tensors.channels_of((256, 1024, 2304)) == 1
-    from parity.ops import kda
+    from parity.ops.kda.inputs import decode_case
 
     rec = ops.get("kda.fused_recurrent_decode")
-    drawn = kda.decode_case(8, 2, 2, 32, 32, seed=3)
+    drawn = decode_case(8, 2, 2, 32, 32, seed=3)
     given = _torch_case(rec, drawn, "bfloat16", parity_device)
     # the large path, forced: q, k, v, g_raw (1 KiB each) and the pool regenerated; the gate
     # parameters and beta logits stored, as at real sizes (A_log, dt_bias: 32 and 4096 floats)

@@ -23,12 +23,12 @@ def test_any_callable_with_the_records_signature_is_a_candidate():
     """The record's optimized op is one candidate among others: a plain callable is certified by
     the same engine (its mutants and controls run around it), named by module and function, with no
     launch counter to move."""
-    from parity.emulate.elementwise import silu
+    from parity.ops.elementwise.emulate import silu
 
     cert = certify_op(SILU, candidate=silu, examples=1, dtypes=("float32",))
     assert cert.certified, cert.reasons()
     d = cert.to_dict()
-    assert d["candidate"] == "parity.emulate.elementwise:silu" and d["counter"] is None
+    assert d["candidate"] == "parity.ops.elementwise.emulate:silu" and d["counter"] is None
     assert d["mutants_killed"] == d["mutants_total"] == len(SILU.mutants)
 
 
@@ -41,7 +41,7 @@ def test_an_op_whose_mutant_survives_is_not_certified():
 
 
 def test_a_kernel_that_never_records_a_launch_is_not_certified():
-    from parity.emulate.elementwise import silu
+    from parity.ops.elementwise.emulate import silu
 
     silent = Candidate("optimized", silu, counter="elementwise.silu")
     cert = certify_op(SILU, candidate=silent, examples=1, dtypes=("float32",))

@@ -34,7 +34,7 @@ def test_a_candidate_that_kills_its_process_fails_only_its_own_inputs(parity_dev
     another (both given as explicit inputs, beside one drawn); those inputs are faults naming their
     shapes and how the process ended, every other input is judged, and the ops after it are
     certified exactly as in this process (the same draws: hypothesis draws here either way)."""
-    from parity.ops.kda import core_case
+    from parity.ops.kda.inputs import core_case
 
     others = [ops.get("elementwise.silu"), ops.get("norm.l2norm")]
     kw = dict(dtypes=("float32",), device=parity_device, candidate="reference-f32", examples=1)

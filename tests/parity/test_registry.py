@@ -59,13 +59,6 @@ def test_each_record_holds_callables_and_at_least_three_distinct_mutants(op):
     assert set(rec.strengths) <= set(registry.STRENGTHS) and rec.bound_doc
 
 
-def test_the_fused_kda_references_are_reference_kdas_own():
-    import reference.kda
-
-    assert ops.get("kda.fused_recurrent").reference is reference.kda.fused_recurrent
-    assert ops.get("kda.fused_chunked").reference is reference.kda.fused_chunked
-
-
 def test_the_design_catalogue_of_mutants_is_present():
     muts = {r.name: {m.name for m in r.mutants} for r in ops.records()}
     assert {"gate_sign_flipped", "beta_dropped", "state_stored_transposed", "chunk_boundary_off_by_one",
@@ -100,9 +93,15 @@ def test_the_records_are_a_plain_list_with_no_registration_side_effect():
     a, b = ops.records(), ops.records()
     assert [r.name for r in a] == [r.name for r in b] and len({r.name for r in a}) == len(a)
     src = Path(ops.__file__).parent
-    for path in src.glob("*.py"):
+    for path in src.rglob("*.py"):
         text = path.read_text()
         assert "register(" not in text and "_REGISTRY" not in text and "_LOADED" not in text, path.name
+
+
+def test_every_family_is_one_package_with_the_same_module_names():
+    for family in ops.FAMILIES:
+        modules = {p.stem for p in Path(family.__file__).parent.glob("*.py")}
+        assert {"__init__", "inputs", "bounds", "emulate", "mutants"} <= modules, family.__name__
 
 
 def test_importing_the_record_types_imports_neither_the_records_nor_anything_heavy():

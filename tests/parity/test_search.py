@@ -7,14 +7,12 @@ A few examples per implementation, op and dtype under the ``ci`` profile (more u
 counterexample")."""
 import json
 
-import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
 
 from parity import candidate, ops
 from parity.cli import main
-from parity.ops.kda import core_case
+from parity.ops.kda.inputs import core_case
 from parity.search import judge_case, load_case, save_case, search
 from parity.strategies import profile_name
 
@@ -79,22 +77,6 @@ def test_the_search_finds_an_implementation_past_its_bound(planted):
     r = search(ops.get("kda.recurrent"), candidate.of(_planted(planted)), "float32", device="cpu",
                examples=3, space="cheap")
     assert r.past_bound >= 1 and r.worst_ratio > 1 and r.worst_case is not None
-
-
-@settings(max_examples=12, deadline=None, database=None, derandomize=True)
-@given(ops.get("kda.chunked").search_cases("full"))
-def test_the_wide_kda_inputs_are_valid_inputs_of_the_record(case):
-    a = case.arrays
-    B, T, H, K = a["q"].shape
-    HV, V = a["v"].shape[2:]
-    assert HV % H == 0 and 1 <= H <= 8 and HV <= 8 and K in (16, 32, 64, 128) and V in (16, 32, 64, 128)
-    assert a["g"].shape == (B, T, HV, K) and np.all(a["g"] <= 0) and np.all((0 < a["beta"]) & (a["beta"] < 1))
-    np.testing.assert_allclose(np.linalg.norm(a["q"], axis=-1), 1.0)
-    cu = a["cu_seqlens"]
-    n = B if cu is None else len(cu) - 1
-    assert cu is None or (B == 1 and cu[0] == 0 and cu[-1] == T and np.all(np.diff(cu) > 0))
-    assert a["initial_state"] is None or a["initial_state"].shape == (n, HV, K, V)
-    assert case.kwargs["chunk_size"] in (16, 32, 64)
 
 
 WIDE = [r.name for r in ops.records() if r.wide is not None and r.family != "kda"]

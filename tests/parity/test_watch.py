@@ -245,7 +245,7 @@ def test_transformers_handing_its_kda_calls_to_fla_core_is_watched_at_fla_s_kern
 def test_transformers_torch_kda_functions_fit_the_core_ops_through_their_forward_adapters(op, fn, parity_device):
     """The adapters whose reverse direction maps watched calls also certify the functions (--impl)."""
     pytest.importorskip("transformers")
-    from parity.ops.kda import core_case
+    from parity.ops.kda.inputs import core_case
     from parity.peers import transformers as tf
 
     case = core_case(1, 20, 2, 2, 16, 8, 3, chunk=16 if op == "kda.chunked" else None)
