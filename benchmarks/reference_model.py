@@ -102,7 +102,7 @@ def cmd_decode(args) -> dict:
                          weight_cache_bytes=args.weight_cache_mb << 20)
     ex = ref.executor
     out["executor"] = ex.info()
-    ids = _ids(cfg.vocab_size, args.prompt_tokens + max(args.steps + 1, OPT_STEPS))
+    ids = _ids(cfg.vocab_size, args.prompt_tokens + max(args.steps + 1, OPT_STEPS) + args.profile + 3)
     t0 = _sync(ex)
     _, cache = ref.prefill(ids[:args.prompt_tokens], logits="last")
     out["ref_prefill_s"] = _sync(ex) - t0
@@ -125,6 +125,8 @@ def cmd_decode(args) -> dict:
             times.append(time.perf_counter() - t0)
         out["optimized_decode_ms"] = statistics.median(times[1:]) * 1e3
         del ol, oc
+    if args.profile:
+        out["profile"] = _profile_decode(ref, ids, args.prompt_tokens + args.steps + 1, cache, args.profile)
     out.update(_gpu_peak())  # decode-phase peaks (the long prefill below resets the counter)
     if args.prefill_tokens:
         n = args.prefill_tokens
@@ -144,6 +146,95 @@ def cmd_decode(args) -> dict:
         out["long_prefill"].update(_gpu_peak())
     out["host_peak_rss_GB"] = _rss_gb()
     return out
+
+
+# -- where a reference decode step's time goes ---------------------------------------------------------
+
+PROFILED = ("_embed", "_kda", "_mla", "_moe", "_dense", "_lm_head")  # the model's parts, per layer kind
+
+
+def _profile_decode(ref, ids, start: int, cache, steps: int) -> dict:
+    """Where ``steps`` decode steps of ``ref`` spend their time: the wall seconds of each part of the
+    model (the executor synchronized around every call, so the parts add up to the step), of the
+    weight fetches inside them (``weights``: the LRU, the bf16 -> float64 upcast, on the host or the
+    device) and of the end-of-call finiteness check (``verify``); then, on CUDA, the device's kernels
+    under torch.profiler: kernels per step, device-busy milliseconds per step against the wall, and
+    the top kernels by device time."""
+    import torch
+
+    ex = ref.executor
+    spent: dict[str, float] = {}
+
+    def timed(name, fn):
+        def run(*a, **k):
+            t0 = _sync(ex)
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0.0) + _sync(ex) - t0
+        return run
+
+    class TimedWeights:
+        def __init__(self, w):
+            self._inner = w
+
+        def __call__(self, name):
+            return timed("weights", self._inner)(name)
+
+        def __getattr__(self, attr):
+            a = getattr(self._inner, attr)
+            return timed(attr if attr == "verify" else "weights", a) if attr in ("verify", "rows", "linear") else a
+
+    saved = {n: getattr(ref, n) for n in PROFILED}
+    saved_w = ref._w
+    for n in PROFILED:
+        setattr(ref, n, timed(n.lstrip("_"), saved[n]))
+    ref._w = TimedWeights(saved_w)
+    try:
+        t0 = _sync(ex)
+        for t in range(start, start + steps):
+            _, cache = ref.decode(int(ids[t]), cache)
+        wall = _sync(ex) - t0
+    finally:
+        for n, f in saved.items():
+            setattr(ref, n, f)
+        ref._w = saved_w
+    out = {"steps": steps, "wall_ms_per_step": wall / steps * 1e3,
+           "parts_ms_per_step": {k: v / steps * 1e3 for k, v in sorted(spent.items(), key=lambda kv: -kv[1])},
+           "note": "parts timed with a device sync around every call; weights and verify are inside the parts"}
+    if ex.device == "cpu" or not torch.cuda.is_available():
+        return out
+    try:
+        out["profiler"] = _kernels(ref, ids, start + steps, cache, max(1, min(steps, 3)))
+    except Exception as exc:  # a profiler that cannot run here costs this figure, not the part's others
+        out["profiler"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    return out
+
+
+def _kernels(ref, ids, start: int, cache, n: int) -> dict:
+    """torch.profiler over ``n`` decode steps on CUDA: kernels and device-busy time per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ex = ref.executor
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = _sync(ex)
+        for t in range(start, start + n):
+            _, cache = ref.decode(int(ids[t]), cache)
+        wall = _sync(ex) - t0
+    events = prof.key_averages()
+
+    def dev(e):
+        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+
+    kernels = [e for e in events if dev(e) > 0]
+    busy_us = sum(dev(e) for e in kernels)
+    syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                                                     "cudaMemcpyAsync", "cudaMemcpy"))
+    return {
+        "steps": n, "wall_ms_per_step": wall / n * 1e3, "device_busy_ms_per_step": busy_us / n / 1e3,
+        "kernels_per_step": sum(e.count for e in kernels) / n, "copies_and_syncs_per_step": syncs / n,
+        "top": [{"name": e.key[:90], "calls_per_step": e.count / n, "device_ms_per_step": dev(e) / n / 1e3}
+                for e in sorted(kernels, key=dev, reverse=True)[:15]]}
 
 
 # -- the CPU target: decode steps from a checkpoint on a RAM disk ---------------------------------
@@ -440,6 +531,8 @@ def main(argv=None) -> int:
     d.add_argument("--steps", type=int, default=5)
     d.add_argument("--prefill-tokens", type=int, default=0, help="a long reference prefill (0: none)")
     d.add_argument("--weight-cache-mb", type=int, default=64)
+    d.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="also time STEPS decode steps part by part, and profile the device's kernels")
     c = sub.add_parser("cpu-checkpoint")
     c.add_argument("--preset", default=CFG_48B)
     c.add_argument("--experts", type=int, default=16)
