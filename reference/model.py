@@ -2,15 +2,16 @@
 
 ``load(path_or_source, *, moe_combine="unbiased", kv_norm_eps=1e-6, device="cpu", executor=None,
 shared_weights=None, weight_cache_bytes=None)`` returns a ``Model`` with ``forward`` (full recompute),
-``prefill`` and ``decode``; one sequence, 1-D token ids. The model runs on an executor
+``prefill`` and ``decode`` (one sequence, 1-D token ids), and ``decode_batch`` (one token for each
+of B sequences of any lengths, each row bitwise its own ``decode``). The model runs on an executor
 (``reference.executor``): NumPy on the CPU by default, torch float64 on ``device="cuda"`` (or on the
 CPU with ``executor="torch"``); its arrays (logits, caches, traces) are that library's.
 
 This module is the math; beside it live the weights (``reference.weights``: fetched layer by layer
 as they are used, converted from their storage bits to float64 on the executor's device through a
 byte-bounded LRU, ``weight_cache_bytes``, or applied straight from the bits, ``reference.streamed``),
-the caches (``reference.cache``), the memory guard (``reference.memory``) and the progress and
-trace hooks (``reference.hooks``). With ``shared_weights`` (``{name: tensor}`` on the device, e.g.
+the caches (``reference.cache``), a batch's arguments and trace (``reference.batch``), the memory
+guard (``reference.memory``) and the progress and trace hooks (``reference.hooks``). With ``shared_weights`` (``{name: tensor}`` on the device, e.g.
 the optimized model's bf16 weights) those tensors are read instead of the source: 98 GB of bf16
 weights once on one GPU for both models.
 
@@ -18,7 +19,9 @@ Which form of each op runs where (both forms of KDA and MLA are exact in float64
 followed by decode equals one longer prefill to ~1e-15):
 
 - ``forward`` / ``prefill``: KDA ``fused_chunked`` (chunk 64), MLA ``naive``;
-- ``decode``: conv ``short_conv_step``, KDA ``fused_recurrent``, MLA ``absorbed``.
+- ``decode`` / ``decode_batch``: conv ``short_conv_step``, KDA ``fused_recurrent``, MLA ``absorbed``,
+  each sequence on its own cache; the token-wise work on the B rows at once, every product row by
+  row (``Weights.row_by_row``).
 
 Memory: before a call allocates anything, ``memory_estimate`` bounds its peak (weights in flight,
 activations, MLA attention blocks, trace, logits, cache) and a call that cannot fit in the device's
