@@ -307,7 +307,10 @@ class _PathModel:
     """A model whose logits say how they were reached: ``prefill`` and ``decode`` differ, as the
     kernels' roundings do, so a twin that reuses another prompt's run is seen."""
 
+    prefills = 0
+
     def prefill(self, ids):
+        self.prefills += 1
         return np.array([[float(len(ids)), 0.0]] * len(ids)), list(ids)
 
     def decode(self, token, cache):
@@ -324,6 +327,14 @@ def test_the_twin_gives_a_prompt_the_logits_of_its_own_run_whatever_ran_before()
     prefilled = twin.logits(seq, 3)    # prompt [5, 6, 7]: another corpus prompt, its own prefill
     assert decoded.tolist() == [2.0, 1.0] and prefilled.tolist() == [3.0, 0.0]
     assert twin.logits([5, 6, 7, 8], 3).tolist() == [3.0, 1.0]  # continues the prompt's own run
+    # a batched corpus asks for the prompts' steps in turn: each continues its own run (no second
+    # prefill), the steps between decoded on the way
+    assert twin._model.prefills == 2
+    assert twin.logits([5, 6, 7, 9, 10], 2).tolist() == [4.0, 1.0]
+    assert twin.logits([5, 6, 7, 8, 11, 12], 3).tolist() == [5.0, 1.0]
+    assert twin._model.prefills == 2
+    assert twin.logits([5, 6, 4], 2).tolist() == [2.0, 1.0]  # another run of the same prompt: prefilled anew
+    assert twin._model.prefills == 3
 
 
 def test_a_prompt_is_a_line_up_to_its_newline_and_keeps_its_line_number(tmp_path):
