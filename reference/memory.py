@@ -22,7 +22,8 @@ positions, ``Ts = min(T, SEGMENT)`` tokens of a KDA / routed-expert segment):
 - the logits ``2 T' vocab`` (blocks and their concatenation; ``T' = 1`` for ``logits="last"``).
 
 It is an upper estimate for the shapes (every named temporary alive at once); the model adds a
-25% margin for allocator slack.
+25% margin for allocator slack. A ``decode_batch`` step of B sequences (``step_bytes``) counts as a
+call on B tokens after the longest cache, plus every sequence's new MLA cache.
 """
 from __future__ import annotations
 

@@ -39,6 +39,9 @@ tokens differ is ``diverged`` and a run whose tokens agree is ``past-bound``.
 them instead of the reference's: an engine that already ran (free mode) cannot be re-anchored, so
 the reference follows it, every step compares the same context, and a split is a step where the
 engine's greedy token left the reference's.
+
+``PromptRun`` is one prompt's diff between its calls (it judges each step); ``run_diff`` drives one
+through ``prefill`` and ``decode``, ``parity.diff.batch`` several through ``decode_batch``.
 """
 from __future__ import annotations
 

@@ -130,6 +130,16 @@ def test_bad_batches_are_named(caches):
             model.decode_batch(ids, cs)
 
 
+def test_a_batch_step_is_estimated_as_b_tokens_after_the_longest_cache_plus_every_new_mla_cache():
+    from reference.memory import call_bytes, step_bytes
+
+    c = KimiConfig.from_name("tiny")
+    assert step_bytes(c, [7]) == call_bytes(c, 1, cached=7)
+    one_mla_row = 1 * (c.kv_lora_rank + c.qk_rope_head_dim) * 8  # the tiny preset has one MLA layer
+    # the new caches hold 8 + 4 positions; a call on 2 tokens after 7 counts 9 of them
+    assert step_bytes(c, [7, 3]) == call_bytes(c, 2, cached=7) + 3 * one_mla_row
+
+
 def test_a_trace_that_is_not_b_sequences_entries_does_not_split():
     with pytest.raises(ValueError, match=r"trace x: \(3, 4\) is not 2 sequences' entries"):
         split_trace({"x": np.zeros((3, 4))}, 2)
