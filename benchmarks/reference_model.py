@@ -15,7 +15,8 @@ model), peak GPU and host memory; ``--prefill-tokens N`` adds a reference prefil
 so this writes the 48B model with ``--experts`` routed experts per layer instead of 256 (same
 shapes; every token still reads 8 routed experts + the shared one per layer: the same per-token
 work, except the router GEMV over 16 rows instead of 256, 0.5% of the step's weights) to a RAM
-disk and times NumPy decode steps from it on every core. ``cli``: a ``parity`` command in this
+disk and times NumPy decode steps from it on every core (``--batch B``: and one ``decode_batch`` of
+B sequences against their B ``decode`` calls). ``cli``: a ``parity`` command in this
 process, timed, with its peak GPU and host memory. ``gpu-suite``: all of it under a wall-time
 budget, each part in its own process under a timeout, results in ``$OUT/reference-gpu-suite.json``.
 """
@@ -327,6 +328,8 @@ def cmd_cpu_checkpoint(args) -> dict:
     ref.progress = None
     out["decode_s"] = {"median": statistics.median(steps), "steps": steps}
     out["decode_layers_s"] = _layer_breakdown(cfg, layers)
+    if args.batch > 1:
+        out["decode_batch"] = _decode_batch(ref, cfg, args.batch, args.prompt_tokens)
     if args.sweep:
         out["stream_sweep"] = _stream_sweep(ref.source, cfg)
     out["finite"] = bool(np.isfinite(logits).all())
@@ -334,6 +337,27 @@ def cmd_cpu_checkpoint(args) -> dict:
     if args.cleanup:
         shutil.rmtree(directory, ignore_errors=True)
     return out
+
+
+def _decode_batch(ref, cfg, B: int, prompt_tokens: int) -> dict:
+    """Seconds of one ``decode_batch`` of B sequences (prompts of 1..2x ``prompt_tokens`` tokens)
+    against their B ``decode`` calls, best of two, and whether every row is bitwise its decode."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    caches = [ref.prefill(_ids(cfg.vocab_size, int(n), seed=b), logits="last")[1]
+              for b, n in enumerate(rng.integers(1, 2 * prompt_tokens + 1, B))]
+    tokens = [int(t) for t in rng.integers(0, cfg.vocab_size, B)]
+    alone, batch = [], []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        rows = [ref.decode(t, c)[0] for t, c in zip(tokens, caches)]
+        alone.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        logits, _ = ref.decode_batch(tokens, caches)
+        batch.append(time.perf_counter() - t0)
+    return {"B": B, "alone_s": min(alone), "batch_s": min(batch), "speedup": min(alone) / min(batch),
+            "bitwise": all(np.array_equal(logits[b], rows[b]) for b in range(B))}
 
 
 def _stream_sweep(src, cfg) -> dict:
@@ -542,6 +566,8 @@ def main(argv=None) -> int:
     c.add_argument("--steps", type=int, default=3)
     c.add_argument("--weight-cache-mb", type=int, default=64)
     c.add_argument("--cleanup", action="store_true", help="delete the checkpoint afterwards")
+    c.add_argument("--batch", type=int, default=1,
+                   help="also time one decode_batch of B sequences against their B decode calls")
     c.add_argument("--no-sweep", dest="sweep", action="store_false",
                    help="skip the streamed-product sweep (block size x threads)")
     cl = sub.add_parser("cli")

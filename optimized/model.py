@@ -34,20 +34,20 @@ Precision policy (spec b.0; ``dtype`` = the model dtype, bf16 in production):
 - Logits: the lm_head GEMM in ``dtype`` (bf16 logits, as HF/vLLM), returned as float32 (float64 for
   a float64 model).
 
-Batch invariance (a sequence's decode logits are bitwise the same alone or batched): a decode step
-always runs on exactly ``model.decode_tile`` rows (64 on CUDA, 4 under the CPU interpreter, where
-every padding program costs as much as a real one): the B sequences, then padding rows (token 0,
-state slot -1: the state kernels skip them, the paged cache is not written). Library GEMMs and
-kernels whose launch configuration depends on the row count therefore always see one shape; more
-than ``decode_tile`` sequences run as several steps. The conv step, the KDA recurrence, the MLA
-cache write and attention (per-row kernels; the padding rows get zero rows, as those kernels gave
-them), the router logits (``moe.router_logits``, a batch-invariant kernel), the top-k and the
-routed experts run on the real rows only, the experts
-in the per-(token, expert) GEMV form whatever their number, with the shared expert as one more pair
-per token in the same launches (added in their combine kernel; the padding rows' FFN output is
-zero), and the MLA decode splits each sequence's key range into
-slices by its own length (``mla.paged_decode``'s default, never chosen from the batch). Each residual
-add runs fused with the norm after it (``norm.add_rms_norm``, bitwise the add then the norm).
+Batch invariance (a sequence's decode logits and trace rows are bitwise the same alone or batched):
+a decode step always runs on exactly ``model.decode_tile`` rows (64 on CUDA, 4 under the CPU
+interpreter, where every padding program costs as much as a real one): the B sequences, then padding
+rows (token 0, state slot -1: the state kernels skip them, the paged cache is not written). Library
+GEMMs and kernels whose launch configuration depends on the row count therefore always see one
+shape; more than ``decode_tile`` sequences run as several steps. The conv step, the KDA recurrence,
+the MLA cache write and attention (per-row kernels; the padding rows get zero rows, as those kernels
+gave them), the router logits (``moe.router_logits``, a batch-invariant kernel), the top-k and the
+routed experts run on the real rows only, the experts in the per-(token, expert) GEMV form whatever
+their number, with the shared expert as one more pair per token in the same launches (added in their
+combine kernel; the padding rows' FFN output is zero), and the MLA decode splits each sequence's key
+range into slices by its own length (``mla.paged_decode``'s default, never chosen from the batch).
+Each residual add runs fused with the norm after it (``norm.add_rms_norm``, bitwise the add then the
+norm).
 
 CUDA graphs (``model.cuda_graphs``, on by default on CUDA with every family on Triton): ``decode`` /
 ``decode_batch`` without a ``trace`` replay a captured graph of the decode step (``optimized.graphs``:
@@ -485,7 +485,9 @@ class Model:
                                   renormalize=c.moe_renormalize and top_k > 1,  # HF: only for top_k > 1
                                   scaling=c.routed_scaling_factor, combine=self.variants["moe_combine"])
         if trace is not None:
-            scores = torch.sigmoid(logits)
+            # decode: row by row, batch invariant like the logits (torch's CPU sigmoid rounds an
+            # element by its position in the tensor: vector lanes and a scalar tail differ)
+            scores = torch.sigmoid(logits) if rows is None else torch.cat([torch.sigmoid(r) for r in logits.split(1)])
             trace[f"layers.{i}.router.scores"] = scores.detach().clone()
             trace[f"layers.{i}.router.selection"] = (scores + mw.bias).detach()
             trace[f"layers.{i}.router.ids"] = ids.detach().clone()

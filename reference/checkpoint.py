@@ -109,16 +109,17 @@ class WeightSource:
         return self.get_raw(name)[np.asarray(rows, dtype=np.int64)]
 
     # -- applied from the storage bits (NumPy): x @ W.T without the float64 W ---------------------
-    def linear(self, name: str, x: np.ndarray) -> np.ndarray:
+    def linear(self, name: str, x: np.ndarray, *, row_by_row: bool = False) -> np.ndarray:
         """``x @ W.T`` (float64 NumPy, ``x [T, D]`` or ``[D]``) for the weight ``W = get(name)``
         ``[N, D]``, computed from its storage bits in cache-sized row blocks on every core
-        (``streamed.linear_from_storage``): the float64 ``W`` never exists whole. A non-finite
-        weight raises ``CheckpointError`` naming the tensor, as ``get`` does, and no result."""
+        (``streamed.linear_from_storage``; ``row_by_row``: each row of ``x`` on its own, its bits
+        independent of the other rows): the float64 ``W`` never exists whole. A non-finite weight
+        raises ``CheckpointError`` naming the tensor, as ``get`` does, and no result."""
         dtype = self.storage_dtype(name)
         parts = []
         try:
             for raw in self._raw_parts(name):
-                parts.append(linear_from_storage(x, raw, dtype))
+                parts.append(linear_from_storage(x, raw, dtype, row_by_row=row_by_row))
         except NonFiniteBlock:
             self.get(name)  # raises CheckpointError naming the tensor and its first non-finite value
             raise CheckpointError(f"{self._where(name)}: {self._label(name)}: non-finite values; "
@@ -130,9 +131,9 @@ class WeightSource:
         source that makes them, the synthetic generator, yields a few rows at a time)."""
         yield self.get_raw(name)
 
-    def streamed(self, name: str) -> StreamedWeight:
+    def streamed(self, name: str, *, row_by_row: bool = False) -> StreamedWeight:
         """``name`` as a ``StreamedWeight`` (applied by ``linear``, never upcast whole)."""
-        return StreamedWeight(self.shape(name), lambda x: self.linear(name, x), name)
+        return StreamedWeight(self.shape(name), lambda x: self.linear(name, x, row_by_row=row_by_row), name)
 
     # -- on an executor (reference.executor): float64 where the model runs --------------------------
     def get_on(self, name: str, executor, *, pending: list | None = None):

@@ -22,7 +22,8 @@ positions, ``Ts = min(T, SEGMENT)`` tokens of a KDA / routed-expert segment):
 - the logits ``2 T' vocab`` (blocks and their concatenation; ``T' = 1`` for ``logits="last"``).
 
 It is an upper estimate for the shapes (every named temporary alive at once); the model adds a
-25% margin for allocator slack.
+25% margin for allocator slack. A ``decode_batch`` step of B sequences (``step_bytes``) counts as a
+call on B tokens after the longest cache, plus every sequence's new MLA cache.
 """
 from __future__ import annotations
 
@@ -122,3 +123,15 @@ def _numel(shape) -> int:
     for s in shape:
         n *= s
     return n
+
+
+def step_bytes(config: KimiConfig, lengths: list[int], **kw) -> int:
+    """Peak bytes of a ``decode_batch`` step: one new token after each of B caches of ``lengths``
+    tokens. The B rows' activations as a call on B tokens after the longest cache (each sequence's
+    attention runs on its own, none longer than that one's), plus the new MLA caches of every
+    sequence, not only the longest's. ``kw``: as ``call_bytes``."""
+    c = config
+    B, longest = len(lengths), max(lengths)
+    n_mla = sum(not c.is_kda_layer(i) for i in range(c.num_hidden_layers))
+    others = sum(n + 1 for n in lengths) - (longest + B)  # positions of the other sequences' new caches
+    return call_bytes(c, B, cached=longest, **kw) + n_mla * max(0, others) * (c.kv_lora_rank + c.qk_rope_head_dim) * F64

@@ -2,15 +2,16 @@
 
 ``load(path_or_source, *, moe_combine="unbiased", kv_norm_eps=1e-6, device="cpu", executor=None,
 shared_weights=None, weight_cache_bytes=None)`` returns a ``Model`` with ``forward`` (full recompute),
-``prefill`` and ``decode``; one sequence, 1-D token ids. The model runs on an executor
+``prefill`` and ``decode`` (one sequence, 1-D token ids), and ``decode_batch`` (one token for each
+of B sequences of any lengths, each row bitwise its own ``decode``). The model runs on an executor
 (``reference.executor``): NumPy on the CPU by default, torch float64 on ``device="cuda"`` (or on the
 CPU with ``executor="torch"``); its arrays (logits, caches, traces) are that library's.
 
 This module is the math; beside it live the weights (``reference.weights``: fetched layer by layer
 as they are used, converted from their storage bits to float64 on the executor's device through a
 byte-bounded LRU, ``weight_cache_bytes``, or applied straight from the bits, ``reference.streamed``),
-the caches (``reference.cache``), the memory guard (``reference.memory``) and the progress and
-trace hooks (``reference.hooks``). With ``shared_weights`` (``{name: tensor}`` on the device, e.g.
+the caches (``reference.cache``), a batch's arguments and trace (``reference.batch``), the memory
+guard (``reference.memory``) and the progress and trace hooks (``reference.hooks``). With ``shared_weights`` (``{name: tensor}`` on the device, e.g.
 the optimized model's bf16 weights) those tensors are read instead of the source: 98 GB of bf16
 weights once on one GPU for both models.
 
@@ -18,7 +19,9 @@ Which form of each op runs where (both forms of KDA and MLA are exact in float64
 followed by decode equals one longer prefill to ~1e-15):
 
 - ``forward`` / ``prefill``: KDA ``fused_chunked`` (chunk 64), MLA ``naive``;
-- ``decode``: conv ``short_conv_step``, KDA ``fused_recurrent``, MLA ``absorbed``.
+- ``decode`` / ``decode_batch``: conv ``short_conv_step``, KDA ``fused_recurrent``, MLA ``absorbed``,
+  each sequence on its own cache; the token-wise work on the B rows at once, every product row by
+  row (``Weights.row_by_row``).
 
 Memory: before a call allocates anything, ``memory_estimate`` bounds its peak (weights in flight,
 activations, MLA attention blocks, trace, logits, cache) and a call that cannot fit in the device's
@@ -49,6 +52,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from . import conv, embed, kda, mla, moe, norm
+from .batch import check_batch
 from .cache import KDACache, MLACache, ModelCache, check_cache, empty_cache
 from .checkpoint import WeightSource, open_source
 from .checks import check_routing, check_token_id, check_token_ids, check_variants
@@ -56,7 +60,7 @@ from .config import KimiConfig
 from .elementwise import sigmoid
 from .executor import NUMPY, Executor, get_executor, to_numpy
 from .hooks import LayerProgress, trace_kda_core
-from .memory import SEGMENT, DoesNotFit, call_bytes, check_fits, out_of_memory
+from .memory import SEGMENT, DoesNotFit, call_bytes, check_fits, out_of_memory, step_bytes
 from .tensors import layer_prefix
 from .weights import STREAM_TOKENS, WEIGHT_CACHE_BYTES, Weights
 
@@ -108,22 +112,36 @@ class Model:
         with its choices replayed, what is left between the two is smooth arithmetic error.
         """
         ids = self._check_ids(token_ids)
-        return self._run(ids, None, trace, self._check_routing(routing, len(ids)), logits=logits,
+        return self._run(ids, trace, self._check_routing(routing, len(ids)), logits=logits,
                          call="forward")[0]
 
     def prefill(self, token_ids, *, trace: dict | None = None, logits: str = "all"):
         """``(logits [T, vocab], cache)`` for a fresh sequence (``logits="last"``: ``[1, vocab]``)."""
         ids = self._check_ids(token_ids)
-        return self._run(ids, None, trace, logits=logits, call="prefill")
+        return self._run(ids, trace, logits=logits, call="prefill")
 
     def decode(self, token_id, cache: ModelCache, *, trace: dict | None = None):
-        """``(logits [vocab], new cache)`` for one more token; ``cache`` is left untouched."""
+        """``(logits [vocab], new cache)`` for one more token; ``cache`` is left untouched. The
+        one-sequence ``decode_batch``: a sequence decoded alone or in a batch has the same bits."""
         if hasattr(token_id, "shape") and not isinstance(token_id, np.ndarray):
             token_id = to_numpy(token_id)  # a torch scalar from a GPU engine
         ids = np.array([check_token_id(token_id, self.config.vocab_size)], dtype=np.int64)
         check_cache(cache, self.config)
-        logits, new = self._run(ids, cache, trace, call="decode")
-        return logits[0], new
+        logits, new = self._step(ids, [cache], trace, call="decode")
+        return logits[0], new[0]
+
+    def decode_batch(self, token_ids, caches, *, trace: dict | None = None):
+        """One more token for each of B sequences: ``token_ids [B]``, ``caches`` B ``ModelCache``s
+        of any lengths (left untouched). Returns ``(logits [B, vocab], new caches [B])``.
+
+        Row ``b`` is bit for bit ``decode(token_ids[b], caches[b])``: the token-wise work
+        (embedding, norms, projections, router, experts, lm_head) runs on the B rows at once, every
+        product row by row (``Weights.row_by_row``: each weight read once for the batch, no row's
+        bits depending on another's), and each sequence's KDA recurrence and MLA attention run on
+        its own cache. ``trace`` receives ``decode``'s keys, the B sequences' values concatenated
+        along axis 0 (``[B, ...]``; ``reference.batch.split_trace`` gives each its own)."""
+        ids, caches = check_batch(token_ids, caches, self.config)
+        return self._step(ids, caches, trace, call="decode_batch")
 
     def empty_cache(self) -> ModelCache:
         """The cache of an empty sequence (zero conv/KDA states, empty MLA caches): decoding from it
@@ -145,43 +163,80 @@ class Model:
         return {layer: self.executor.ints(ids) for layer, ids in check_routing(routing, T, self.config).items()}
 
     # -- the stack -------------------------------------------------------------------------------
-    def _run(self, ids: np.ndarray, cache: ModelCache | None, trace: dict | None, routing: dict | None = None,
-             *, logits: str = "all", call: str = "forward"):
-        """Run ``ids`` after ``cache`` (None: a fresh sequence, chunked/naive forms; else the decode
-        forms), replaying ``routing`` (checked) where given. Returns (logits [T or 1, vocab], new cache).
-        Refuses a call that cannot fit before it allocates; running out anyway is ``DoesNotFit`` too."""
+    def _run(self, ids: np.ndarray, trace: dict | None, routing: dict | None = None, *, logits: str = "all",
+             call: str = "forward"):
+        """A fresh sequence ``ids`` (chunked/naive forms), replaying ``routing`` (checked) where
+        given: ``(logits [T or 1, vocab], cache)``."""
         if logits not in LOGITS:
             raise ValueError(f"logits: expected one of {LOGITS}, got {logits!r}")
-        cached = 0 if cache is None else cache.length
-        need = self.memory_estimate(len(ids), cached=cached, trace=trace is not None, logits=logits)
-        check_fits(need, self.executor, call, len(ids), cached)
+        need = self.memory_estimate(len(ids), trace=trace is not None, logits=logits)
+        return self._guarded(need, call, len(ids), 0,
+                             lambda: self._stack(ids, trace, routing or {}, logits, call))
+
+    def _step(self, ids: np.ndarray, caches: list[ModelCache], trace: dict | None, *, call: str):
+        """One token ``ids[b]`` after each ``caches[b]`` (the decode forms): ``(logits [B, vocab],
+        new caches [B])``."""
+        lengths = [cc.length for cc in caches]
+        need = step_bytes(self.config, lengths, trace=trace is not None, lm_head_rows=LM_HEAD_BLOCK_ROWS,
+                          weight_bytes=self._w.budget, segment=self.segment, trace_kda_core=self.trace_kda_core)
+        return self._guarded(need, call, len(ids), max(lengths), lambda: self._step_stack(ids, caches, trace, call))
+
+    def _guarded(self, need: int, call: str, T: int, cached: int, run: Callable):
+        """``run()``, refused before it allocates when ``need`` bytes cannot fit; running out
+        anyway is ``DoesNotFit`` too. Weights fetched and not yet checked are checked around it."""
+        check_fits(need, self.executor, call, T, cached)
         self._w.verify()  # what an interrupted call fetched and did not check
-        with out_of_memory(self.executor, call, len(ids), cached):
-            out = self._stack(ids, cache, trace, routing or {}, logits, call)
+        with out_of_memory(self.executor, call, T, cached):
+            out = run()
             self._w.verify()
             return out
 
-    def _stack(self, ids, cache, trace, routing, logits, call):
+    def _stack(self, ids, trace, routing, logits, call):
         c = self.config
         progress = LayerProgress(self.progress, call, c.num_hidden_layers, len(ids))
         h = self._embed(ids)
         new_layers = []
         for i in range(c.num_hidden_layers):
-            a, lc = self.mixer(i, h, None if cache is None else cache.layers[i], trace=trace)
+            a, lc = self.mixer(i, h, None, trace=trace)
             new_layers.append(lc)
-            h = h + a
-            f = self.ffn(i, h, trace=trace, routing=routing.get(i))
-            h = h + f
-            if trace is not None:
-                trace[f"layers.{i}.mixer"] = a
-                trace[f"layers.{i}.ffn"] = f
-                trace[f"layers.{i}.hidden"] = h
+            h = self._layer_rest(i, h, a, trace, routing.get(i))
             progress.done(i)
+        out = self._head(h, trace, last=logits == "last")
+        return out, ModelCache(new_layers, len(ids))
+
+    def _step_stack(self, ids, caches, trace, call):
+        """Every layer on the B sequences' new tokens ``ids [B]``: token-wise work on the B rows
+        (products row by row), each sequence's mixer state its own."""
+        c = self.config
+        progress = LayerProgress(self.progress, call, c.num_hidden_layers, len(ids))
+        new_layers = []  # per layer, the B sequences' new caches
+        with self._w.row_by_row():
+            h = self._embed(ids)  # [B, D]
+            for i in range(c.num_hidden_layers):
+                a, lcs = self._mixer_step(i, h, [cc.layers[i] for cc in caches], trace)
+                new_layers.append(lcs)
+                h = self._layer_rest(i, h, a, trace, None)
+                progress.done(i)
+            out = self._head(h, trace)
+        return out, [ModelCache([lcs[b] for lcs in new_layers], cc.length + 1) for b, cc in enumerate(caches)]
+
+    def _layer_rest(self, i: int, h, a, trace: dict | None, routing):
+        """Layer ``i`` after its mixer: the residual adds around the FFN; the stream after it."""
+        mid = h + a
+        f = self.ffn(i, mid, trace=trace, routing=routing)
+        out = mid + f
+        if trace is not None:
+            trace[f"layers.{i}.mixer"] = a
+            trace[f"layers.{i}.ffn"] = f
+            trace[f"layers.{i}.hidden"] = out
+        return out
+
+    def _head(self, h, trace: dict | None, *, last: bool = False):
+        """The final norm and the lm_head (``last``: the last row's logits only)."""
         h = self.final_norm(h)
         if trace is not None:
             trace["final_norm"] = h
-        out = self._lm_head(h if logits == "all" else h[-1:, ...])
-        return out, ModelCache(new_layers, len(ids) + (0 if cache is None else cache.length))
+        return self._lm_head(h[-1:, ...] if last else h)
 
     # -- one layer at a time (the diff's replay runs each layer on an engine's own inputs) --------
     def weight(self, name: str):
@@ -197,8 +252,22 @@ class Model:
         included): ``(output [T, D], the layer's new cache)``. ``prev``: the layer's cache
         (``KDACache`` / ``MLACache``) of the positions before these, None for a fresh sequence
         (the prefill forms; else the decode forms, T = 1)."""
-        x = norm.rms_norm(h, self._w(layer_prefix(i) + "input_layernorm.weight"), eps=self.config.rms_norm_eps)
-        return self._kda(i, x, prev, trace) if self.config.is_kda_layer(i) else self._mla(i, x, prev)
+        if prev is not None:
+            if h.shape[0] != 1:
+                raise ValueError(f"mixer: after a cache, h is one token [1, D]; got {tuple(h.shape)}")
+            out, (lc,) = self._mixer_step(i, h, [prev], trace)
+            return out, lc
+        x = self._input_norm(i, h)
+        return self._kda(i, x, trace) if self.config.is_kda_layer(i) else self._mla(i, x)
+
+    def _mixer_step(self, i: int, h, prevs: list, trace: dict | None):
+        """Layer ``i``'s block on one new token of each of B sequences, ``h [B, D]`` after their
+        caches ``prevs`` (the decode forms): ``(output [B, D], the B new caches)``."""
+        x = self._input_norm(i, h)
+        return self._kda_step(i, x, prevs, trace) if self.config.is_kda_layer(i) else self._mla_step(i, x, prevs)
+
+    def _input_norm(self, i: int, h):
+        return norm.rms_norm(h, self._w(layer_prefix(i) + "input_layernorm.weight"), eps=self.config.rms_norm_eps)
 
     def ffn(self, i: int, mid, *, trace: dict | None = None, routing=None):
         """Layer ``i``'s dense MLP or MoE on ``mid [T, D]`` (the stream after the mixer; its
@@ -226,91 +295,141 @@ class Model:
 
     def _lm_head(self, h):
         name = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
-        if self._w.small(name):
-            return embed.lm_head(h, self._w(name))
-        if self._w.streams and h.shape[0] <= STREAM_TOKENS:
-            return embed.lm_head(h, self.source.streamed(name))
+        w = self._w
+        if w.small(name):
+            return embed.lm_head(h, w.operand_of(w(name), name))
+        if w.streams and (w.by_row or h.shape[0] <= STREAM_TOKENS):
+            return embed.lm_head(h, w.streamed(name))
         V = self.config.vocab_size
-        blocks = [embed.lm_head(h, self._w.rows(name, np.arange(lo, min(V, lo + LM_HEAD_BLOCK_ROWS))))
+        blocks = [embed.lm_head(h, w.operand_of(w.rows(name, np.arange(lo, min(V, lo + LM_HEAD_BLOCK_ROWS))), name))
                   for lo in range(0, V, LM_HEAD_BLOCK_ROWS)]
         return self.executor.xp.concat(blocks, axis=-1)
 
-    def _kda(self, i: int, x, prev: KDACache | None, trace: dict | None = None):
-        """KDA layer (spec b.10) on normed ``x [T, D]``; ``prev`` None = fresh sequence (chunked), run
+    def _kda(self, i: int, x, trace: dict | None = None):
+        """KDA layer (spec b.10) on normed ``x [T, D]`` of a fresh sequence (chunked), run
         ``SEGMENT`` tokens at a time with the conv and recurrent states carried between them."""
         T = x.shape[0]
         n = self.segment
         core = [] if trace is not None and self.trace_kda_core else None
-        if prev is not None or T <= n:
-            out, lc = self._kda_part(i, x, prev, fresh=prev is None, core=core)
-        else:
-            outs, lc = [], None
-            for s in range(0, T, n):
-                part, lc = self._kda_part(i, x[s:s + n, ...], lc, fresh=True, core=core)
-                outs.append(part)
-            out = self.executor.xp.concat(outs, axis=0)
+        outs, lc = [], None
+        for s in range(0, T, n):
+            part, lc = self._kda_part(i, x[s:s + n, ...], lc, core=core)
+            outs.append(part)
+        out = outs[0] if len(outs) == 1 else self.executor.xp.concat(outs, axis=0)
         if core is not None:
-            trace_kda_core(trace, i, core, None if prev is None else prev.state, self.executor.xp)
+            trace_kda_core(trace, i, core, None, self.executor.xp)
         return out, lc
 
-    def _kda_part(self, i: int, x, prev: KDACache | None, *, fresh: bool, core: list | None = None):
-        """The KDA layer on ``x [T, D]`` after ``prev`` (None: zero states); ``fresh``: the chunked
-        prefill forms (else the decode forms: conv step and recurrence, T = 1). ``core``: a list
-        that receives the KDA core's arguments and the gated norm's output (for the trace)."""
+    def _kda_in(self, i: int, x):
+        """The KDA layer's token-wise projections of normed ``x [T, D]``: the pre-conv q, k, v
+        ``[T, H*K]``, the raw gate ``g_raw [T, H, K]``, ``beta_logits [T, H]`` and the output gate
+        ``[T, H, K]``."""
         c, w, xp = self.config, self._w, self.executor.xp
         a = layer_prefix(i) + "self_attn."
-        T = x.shape[0]
-        H, K = c.kda_num_heads, c.kda_head_dim
+        T, H, K = x.shape[0], c.kda_num_heads, c.kda_head_dim
+        proj = [w.linear(a + f"{which}_proj.weight", x) for which in "qkv"]
+        g_raw = xp.reshape(w.linear(a + "f_b_proj.weight", w.linear(a + "f_a_proj.weight", x)), (T, H, K))
+        beta_logits = xp.reshape(w.linear(a + "b_proj.weight", x), (T, H))
+        gate = xp.reshape(w.linear(a + "g_b_proj.weight", w.linear(a + "g_a_proj.weight", x)), (T, H, K))
+        return proj, g_raw, beta_logits, gate
+
+    def _kda_out(self, i: int, o, gate):
+        """The gated norm of the core's output ``o [T, H, K]`` and the output projection: ``(out
+        [T, D], normed [T, H, K])``."""
+        c, w, xp = self.config, self._w, self.executor.xp
+        a = layer_prefix(i) + "self_attn."
+        T, H, K = o.shape
+        o = norm.gated_rms_norm(o, gate, w(a + "o_norm.weight"), eps=c.rms_norm_eps)
+        return w.linear(a + "o_proj.weight", xp.reshape(o, (T, H * K))), o
+
+    def _kda_part(self, i: int, x, prev: KDACache | None, *, core: list | None = None):
+        """The KDA layer on ``x [T, D]`` of a fresh sequence after ``prev`` (None: zero states; else
+        the previous segment's), in the chunked prefill forms. ``core``: a list that receives the KDA
+        core's arguments and the gated norm's output (for the trace)."""
+        w, xp = self._w, self.executor.xp
+        a = layer_prefix(i) + "self_attn."
+        T, H, K = x.shape[0], self.config.kda_num_heads, self.config.kda_head_dim
+        proj, g_raw, beta_logits, gate = self._kda_in(i, x)
         conv_out, conv_states = [], []
-        for which in "qkv":
-            proj = w.linear(a + f"{which}_proj.weight", x)  # [T, H*K]
-            cw = w(a + f"{which}_conv1d.weight")[:, 0, :]  # [C, W]
-            if fresh:
-                init = None if prev is None else getattr(prev, f"conv_{which}")[None]
-                y, st = conv.short_conv(proj[None], cw, initial_state=init)
-                y = y[0]
-            else:
-                state = getattr(prev, f"conv_{which}")[None]
-                y, st = conv.short_conv_step(proj, cw, state)
-            conv_out.append(xp.reshape(y, (1, T, H, K)))
+        for which, p in zip("qkv", proj):
+            init = None if prev is None else getattr(prev, f"conv_{which}")[None]
+            y, st = conv.short_conv(p[None], w(a + f"{which}_conv1d.weight")[:, 0, :], initial_state=init)
+            conv_out.append(xp.reshape(y[0], (1, T, H, K)))
             conv_states.append(st[0])
         q, k, v = conv_out
-        g_raw = xp.reshape(w.linear(a + "f_b_proj.weight", w.linear(a + "f_a_proj.weight", x)), (1, T, H, K))
-        beta_logits = xp.reshape(w.linear(a + "b_proj.weight", x), (1, T, H))
-        A_log = xp.reshape(w(a + "A_log"), (H,))
-        dt_bias = w(a + "dt_bias")
-        if fresh:
-            o, S = kda.fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias,
-                                     initial_state=None if prev is None else prev.state[None])
-        else:
-            o, S = kda.fused_recurrent(q, k, v, g_raw, beta_logits, A_log, dt_bias,
-                                       initial_state=prev.state[None])
-        gate = xp.reshape(w.linear(a + "g_b_proj.weight", w.linear(a + "g_a_proj.weight", x)), (T, H, K))
-        o = norm.gated_rms_norm(o[0], gate, w(a + "o_norm.weight"), eps=c.rms_norm_eps)
+        args = (q, k, g_raw[None], beta_logits[None], xp.reshape(w(a + "A_log"), (H,)), w(a + "dt_bias"))
+        o, S = kda.fused_chunked(*args[:2], v, *args[2:], initial_state=None if prev is None else prev.state[None])
+        out, normed = self._kda_out(i, o[0], gate)
         if core is not None:
-            core.append(((q, k, g_raw, beta_logits, A_log, dt_bias), v, o))
-        out = w.linear(a + "o_proj.weight", xp.reshape(o, (T, H * K)))
+            core.append((args, v, normed))
         return out, KDACache(*conv_states, S[0])
 
-    def _mla(self, i: int, x, prev: MLACache | None):
-        """MLA layer (spec b.11/b.12) on normed ``x [T, D]``; naive form for a fresh sequence, absorbed
-        form over the cache in decode."""
+    def _kda_step(self, i: int, x, prevs: list[KDACache], trace: dict | None):
+        """The KDA layer on one new token of each of B sequences, normed ``x [B, D]`` after their
+        caches ``prevs``: projections and the gated norm on the B rows, each sequence's conv step
+        and recurrence (``fused_recurrent``) on its own states. ``(out [B, D], B new KDACaches)``."""
+        w, xp = self._w, self.executor.xp
+        a = layer_prefix(i) + "self_attn."
+        H, K = self.config.kda_num_heads, self.config.kda_head_dim
+        proj, g_raw, beta_logits, gate = self._kda_in(i, x)
+        taps = [w(a + f"{which}_conv1d.weight")[:, 0, :] for which in "qkv"]
+        A_log, dt_bias = xp.reshape(w(a + "A_log"), (H,)), w(a + "dt_bias")
+        outs, caches, core = [], [], []
+        for b, prev in enumerate(prevs):
+            conv_out, conv_states = [], []
+            for which, p, cw in zip("qkv", proj, taps):
+                y, st = conv.short_conv_step(p[b:b + 1, ...], cw, getattr(prev, f"conv_{which}")[None])
+                conv_out.append(xp.reshape(y, (1, 1, H, K)))
+                conv_states.append(st[0])
+            q, k, v = conv_out
+            args = (q, k, g_raw[None, b:b + 1, ...], beta_logits[None, b:b + 1, ...], A_log, dt_bias)
+            o, S = kda.fused_recurrent(*args[:2], v, *args[2:], initial_state=prev.state[None])
+            outs.append(o[0])
+            caches.append(KDACache(*conv_states, S[0]))
+            core.append((args, v))
+        out, normed = self._kda_out(i, xp.concat(outs, axis=0), gate)
+        if trace is not None and self.trace_kda_core:
+            parts = [(args, v, normed[b:b + 1, ...]) for b, (args, v) in enumerate(core)]
+            trace_kda_core(trace, i, parts, xp.concat([p.state for p in prevs], axis=0), xp)
+        return out, caches
+
+    def _mla_in(self, i: int, x):
+        """The MLA layer's token-wise part on normed ``x [T, D]``: queries ``[T, N, P+R]``, the
+        normed latents ``[T, L]`` and key-pe ``[T, R]`` of these positions."""
         c, w, xp = self.config, self._w, self.executor.xp
         a = layer_prefix(i) + "self_attn."
-        T = x.shape[0]
-        N, P, R, Vh, L = (c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
-                          c.v_head_dim, c.kv_lora_rank)
-        q = xp.reshape(w.linear(a + "q_proj.weight", x), (1, T, N, P + R))
+        N, P, R, L = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank
+        q = xp.reshape(w.linear(a + "q_proj.weight", x), (x.shape[0], N, P + R))
         kv = w.linear(a + "kv_a_proj_with_mqa.weight", x)  # [T, L+R]
         latent = norm.rms_norm(kv[:, :L], w(a + "kv_a_layernorm.weight"), eps=self.variants["kv_norm_eps"])
-        k_pe = kv[:, L:]
-        if prev is not None:
-            latent = xp.concat([prev.latent, latent], axis=0)
-            k_pe = xp.concat([prev.k_pe, k_pe], axis=0)
-        attend = mla.naive if prev is None else mla.absorbed
-        o = attend(q, latent[None], k_pe[None], w(a + "kv_b_proj.weight"))  # [1, T, N, Vh]
-        out = w.linear(a + "o_proj.weight", xp.reshape(o[0], (T, N * Vh)))
-        return out, MLACache(latent, k_pe)
+        return q, latent, kv[:, L:]
+
+    def _mla_out(self, i: int, o):
+        """The output projection of the attention ``o [T, N, Vh]``: ``[T, D]``."""
+        xp = self.executor.xp
+        T, N, Vh = o.shape
+        return self._w.linear(layer_prefix(i) + "self_attn.o_proj.weight", xp.reshape(o, (T, N * Vh)))
+
+    def _mla(self, i: int, x):
+        """MLA layer (spec b.11/b.12) on normed ``x [T, D]`` of a fresh sequence: the naive form."""
+        q, latent, k_pe = self._mla_in(i, x)
+        o = mla.naive(q[None], latent[None], k_pe[None], self._w(layer_prefix(i) + "self_attn.kv_b_proj.weight"))
+        return self._mla_out(i, o[0]), MLACache(latent, k_pe)
+
+    def _mla_step(self, i: int, x, prevs: list[MLACache]):
+        """The MLA layer on one new token of each of B sequences, normed ``x [B, D]`` after their
+        caches ``prevs``: projections on the B rows, each sequence's absorbed attention over its own
+        cache. ``(out [B, D], B new MLACaches)``."""
+        xp = self.executor.xp
+        q, latent, k_pe = self._mla_in(i, x)
+        kv_b = self._w(layer_prefix(i) + "self_attn.kv_b_proj.weight")
+        outs, caches = [], []
+        for b, prev in enumerate(prevs):
+            lat = xp.concat([prev.latent, latent[b:b + 1, ...]], axis=0)
+            pe = xp.concat([prev.k_pe, k_pe[b:b + 1, ...]], axis=0)
+            outs.append(mla.absorbed(q[None, b:b + 1, ...], lat[None], pe[None], kv_b)[0])  # [1, N, Vh]
+            caches.append(MLACache(lat, pe))
+        return self._mla_out(i, xp.concat(outs, axis=0)), caches
 
     def _dense(self, i: int, x):
         m, w = layer_prefix(i) + "mlp.", self._w

@@ -13,6 +13,15 @@ Every output element is still the dot product of the same float64 values, so the
 ``w`` is a float64 array, or a ``StreamedWeight`` (``moe.swiglu``, ``embed.lm_head`` and the model's
 projections take either). NumPy only: a GPU converts a whole tensor at memory speed, so the torch
 executor keeps whole float64 weights.
+
+Row by row (``linear_rows``, ``linear_from_storage(..., row_by_row=True)``): each row of ``x`` is
+its own ``[1, D] @ W.T`` call, so a row's product has the same bits whatever rows are beside it (a
+batched decode step equals each sequence's own step). A ``[B, D] @ W.T`` GEMM does not promise
+that: a BLAS runs one row as a GEMV and several as a GEMM, which sum in other orders (most
+elements of ``[5, D] @ W.T`` differ in their last bits from the rows' own products, with OpenBLAS
+0.3.31 under NumPy and MKL 2024.2 under torch: ``tests/reference/test_decode_batch.py``). Streamed,
+the rows share each block while it sits in a core's cache: the weight is still read from memory
+once for all B rows.
 """
 from __future__ import annotations
 
@@ -22,6 +31,7 @@ from concurrent.futures import wait
 
 import numpy as np
 
+from .executor import namespace
 from .storage import cpu_count, pool
 
 BLOCK = 1 << 17  # weights per block: 1 MB of float64 + 0.5 MB of uint32 scratch per core (L2-sized)
@@ -50,8 +60,10 @@ class NonFiniteBlock(ValueError):
 
 
 class StreamedWeight:
-    """A weight ``[N, D]`` that is applied, never held whole in float64: ``apply(x) = x @ W.T``
-    (``x [T, D]`` float64 NumPy, result ``[T, N]``). ``shape`` and ``ndim`` as an array's."""
+    """A weight ``[N, D]`` that is applied by a function, not handed out as an array:
+    ``apply(x) = x @ W.T`` (``x [T, D]`` float64, result ``[T, N]``). Streamed from its storage bits
+    (never held whole in float64), or applied row by row (``Weights.row_by_row``). ``shape`` and
+    ``ndim`` as an array's."""
 
     __slots__ = ("shape", "ndim", "name", "_apply")
 
@@ -73,17 +85,28 @@ def linear(x, w):
     return x @ w.T
 
 
+def linear_rows(x, w):
+    """``x @ w.T`` one row at a time: row ``t`` is the product ``x[t:t+1] @ w.T`` whatever the other
+    rows (module docstring). ``x [T, D]``, ``w [N, D]`` float64 arrays of one library; ``[T, N]``."""
+    if x.shape[0] == 1:
+        return x @ w.T
+    xp = namespace(x, w)
+    return xp.concat([x[t:t + 1, ...] @ w.T for t in range(x.shape[0])], axis=0)
+
+
 def arrays(*values):
     """``values`` without the streamed weights (for ``executor.namespace``)."""
     return [v for v in values if not isinstance(v, StreamedWeight)]
 
 
-def linear_from_storage(x: np.ndarray, raw: np.ndarray, storage: str) -> np.ndarray:
+def linear_from_storage(x: np.ndarray, raw: np.ndarray, storage: str, *, row_by_row: bool = False) -> np.ndarray:
     """``x @ W.T`` for ``W`` = the float64 values of the storage bits ``raw [N, D]`` (``uint16`` for
     bf16, ``float16``, ``float32``, ``float64``, as ``WeightSource.get_raw``; a read-only memmap view
     is fine), computed in row blocks of about ``BLOCK`` weights on every core; ``W`` never exists
-    whole in float64. ``x``: ``[T, D]`` or ``[D]`` float64. Raises ``NonFiniteBlock`` before
-    returning anything when a value of ``W`` is not finite."""
+    whole in float64. ``x``: ``[T, D]`` or ``[D]`` float64. ``row_by_row``: each row of ``x`` its
+    own product with each block (the blocks do not depend on ``T``), so row ``t`` has the bits of
+    ``linear_from_storage(x[t:t+1], ...)``. Raises ``NonFiniteBlock`` before returning anything
+    when a value of ``W`` is not finite."""
     if storage not in _BITS:
         raise ValueError(f"unsupported storage dtype {storage!r}; expected one of {sorted(_BITS)}")
     raw = np.asarray(raw)
@@ -102,12 +125,13 @@ def linear_from_storage(x: np.ndarray, raw: np.ndarray, storage: str) -> np.ndar
     # weights a block (at least one row)
     per_task = max(1, -(-raw.size // (BLOCK * tasks)))
     rows = max(1, -(-N // (per_task * tasks)))
+    product = _by_row if row_by_row else np.matmul
     if tasks == 1:
-        bad = _rows(x2, raw, storage, out, 0, N, rows)
+        bad = _rows(x2, raw, storage, out, 0, N, rows, product)
     else:
         step = per_task * rows
         with _BLAS_ONE_THREAD:
-            jobs = [pool().submit(_rows, x2, raw, storage, out, lo, min(N, lo + step), rows)
+            jobs = [pool().submit(_rows, x2, raw, storage, out, lo, min(N, lo + step), rows, product)
                     for lo in range(0, N, step)]
             wait(jobs)  # every task has finished before anything is raised or BLAS is reset
         bad = min((r for r in (j.result() for j in jobs) if r is not None), default=None)
@@ -144,11 +168,18 @@ def _block_views(storage: str, k: int, D: int):
     return check, wide32[:k * D].reshape(k, D), f64[:k * D].reshape(k, D)
 
 
+def _by_row(x: np.ndarray, w_t: np.ndarray, out: np.ndarray) -> None:
+    """``out = x @ w_t``, one row of ``x`` at a time (``np.matmul``'s signature, ``out`` given)."""
+    for t in range(x.shape[0]):
+        np.matmul(x[t:t + 1], w_t, out=out[t:t + 1])
+
+
 def _rows(x: np.ndarray, raw: np.ndarray, storage: str, out: np.ndarray, lo: int, hi: int,
-          rows: int) -> int | None:
-    """``out[:, lo:hi] = x @ W[lo:hi].T`` in blocks of ``rows`` rows; the first row of a block that
-    holds a non-finite value (its product is not computed), else None. Few NumPy calls per block:
-    each one takes the GIL that the other cores' blocks wait for."""
+          rows: int, product=np.matmul) -> int | None:
+    """``out[:, lo:hi] = x @ W[lo:hi].T`` in blocks of ``rows`` rows, each block's product by
+    ``product(x, block.T, out=...)``; the first row of a block that holds a non-finite value (its
+    product is not computed), else None. Few NumPy calls per block: each one takes the GIL that the
+    other cores' blocks wait for."""
     bits, mask, inf = _BITS[storage]
     mask, inf = bits(mask), bits(inf)
     k = None
@@ -165,12 +196,12 @@ def _rows(x: np.ndarray, raw: np.ndarray, storage: str, out: np.ndarray, lo: int
         if storage == "bfloat16":  # bf16 is the top half of a float32: shift, reinterpret, widen
             np.left_shift(block, _SIXTEEN, out=shifted)
             np.copyto(wide, as_f32)
-            np.matmul(x, wide_t, out=out[:, s:e])
+            product(x, wide_t, out=out[:, s:e])
         elif storage == "float64":
-            np.matmul(x, block.T, out=out[:, s:e])
+            product(x, block.T, out=out[:, s:e])
         else:
             np.copyto(wide, block)
-            np.matmul(x, wide_t, out=out[:, s:e])
+            product(x, wide_t, out=out[:, s:e])
     return None
 
 

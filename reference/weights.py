@@ -6,19 +6,22 @@ routed experts one at a time for the ids the router picked, embedding rows by id
 in row blocks, so the float64 model (393 GB at kimi-linear-48b) is never materialized. On NumPy,
 when the LRU cannot hold every weight, the linear layers of a call of at most ``STREAM_TOKENS``
 tokens are applied straight from the storage bits (``reference.streamed``): no float64 copy of
-such a weight exists at all.
+such a weight exists at all. Inside ``Weights.row_by_row`` (``Model.decode_batch``) every product
+is taken one row at a time (``reference.streamed``): a sequence's numbers do not depend on its
+batch.
 """
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
 from .checkpoint import WeightSource
 from .executor import Executor
-from .streamed import StreamedWeight, linear
+from .streamed import StreamedWeight, linear, linear_rows
 from .tensors import expert_name
 
 WEIGHT_CACHE_BYTES = 64 << 20  # default LRU of float64 weights: all of tiny/small, a few tensors of 48b
@@ -44,6 +47,7 @@ class Weights:
         # LRU cannot hold every weight (48B: each step would upcast 3.1 G weights into fresh
         # float64 arrays and evict them); a model whose weights all fit is upcast once.
         self.streams = executor.name == "numpy" and not self.shared and not _fits(source, budget)
+        self.by_row = False  # inside ``row_by_row``
 
     def __call__(self, name: str):
         a = self._lru.get(name)
@@ -97,20 +101,47 @@ class Weights:
         """Whether the LRU keeps ``name`` (so it is fetched whole, not by rows)."""
         return math.prod(self.source.shape(name)) * 8 <= self.budget // 4
 
+    @contextmanager
+    def row_by_row(self):
+        """Within it, every product ``x @ W.T`` these weights apply (``linear``, ``operand``,
+        ``applied``, ``streamed``) is taken one row of ``x`` at a time (``streamed.linear_rows``):
+        a row's bits do not depend on the rows beside it. ``Model.decode_batch`` runs in it."""
+        before, self.by_row = self.by_row, True
+        try:
+            yield
+        finally:
+            self.by_row = before
+
     def linear(self, name: str, x):
         """``x @ W.T`` for ``x [T, D]`` and the weight ``name`` ``[N, D]``: from the storage bits
-        where the model streams (at most ``STREAM_TOKENS`` tokens, ``name`` not in the LRU), else
-        with the float64 weight."""
-        if self.streams and x.shape[0] <= STREAM_TOKENS and name not in self._lru:
-            return self.source.linear(name, x)
-        return linear(x, self(name))
+        where the model streams (calls of at most ``STREAM_TOKENS`` tokens; any number row by row),
+        else with the float64 weight. What the LRU holds now never decides it: a call's numbers do
+        not depend on the calls before it (a corpus decoded in batches runs its calls in another
+        order than one prompt at a time)."""
+        if self.streams and (self.by_row or x.shape[0] <= STREAM_TOKENS):
+            return self.source.linear(name, x, row_by_row=self.by_row)
+        return self.applied(self(name))(x)
+
+    def applied(self, w):
+        """``x -> x @ w.T`` for a float64 array ``w`` (row by row inside ``row_by_row``)."""
+        return (lambda x: linear_rows(x, w)) if self.by_row else (lambda x: linear(x, w))
 
     def operand(self, name: str):
         """The weight ``name`` as an op's ``x @ W.T`` operand (``moe.swiglu``): applied by
-        ``linear`` where the model streams, else the float64 array."""
-        if self.streams:
+        ``linear`` where the model streams or inside ``row_by_row``, else the float64 array."""
+        if self.streams or self.by_row:
             return StreamedWeight(self.source.shape(name), lambda x: self.linear(name, x), name)
         return self(name)
+
+    def operand_of(self, w, name: str = ""):
+        """A float64 array ``w`` (a block of rows of a weight) as an op's operand: ``w`` itself, or
+        inside ``row_by_row`` a ``StreamedWeight`` applying it row by row."""
+        return StreamedWeight(tuple(w.shape), self.applied(w), name) if self.by_row else w
+
+    def streamed(self, name: str) -> StreamedWeight:
+        """``name`` applied from its storage bits (``WeightSource.streamed``; row by row inside
+        ``row_by_row``)."""
+        return self.source.streamed(name, row_by_row=self.by_row)
 
     def experts(self, layer: int, which: str, count: int) -> Experts:
         """Expert matrices ``which`` (w1, w2, w3) of MoE layer ``layer``, loaded on demand."""

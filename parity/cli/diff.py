@@ -34,6 +34,10 @@ def register(sub):
     p.add_argument("--prompts", metavar="FILE",
                    help="a corpus: a text file, one prompt a line, or JSONL (*.jsonl) with text or ids a line; "
                         "every prompt is diffed and a corpus report written")
+    p.add_argument("--batch", type=int, default=None, metavar="B",
+                   help="with --prompts: decode up to B prompts together through both paths' decode_batch "
+                        "(default 8; each prompt's report is its own run's; engines without decode_batch "
+                        "run one prompt at a time)")
     p.add_argument("--shard", metavar="I/N",
                    help="with --prompts: run the I-th of N shares (prompt k goes to shard k %% N + 1); "
                         "combine the reports with parity diff merge")

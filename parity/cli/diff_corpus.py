@@ -1,7 +1,9 @@
-"""``parity diff --prompts FILE [--shard I/N]`` and ``parity diff merge SHARD.json ... --json PATH``.
+"""``parity diff --prompts FILE [--batch B] [--shard I/N]`` and ``parity diff merge SHARD.json ... --json PATH``.
 
 One ``run_diff`` per prompt with one engine object, one float64 reference and one certified twin
-(``parity.diff.corpus``). On stdout: one summary line per prompt (its index and file line first),
+(``parity.diff.corpus``); with an engine that has ``decode_batch``, up to ``--batch`` prompts at a
+time decode together (``parity.diff.batch``: every prompt's report is the one its own run writes),
+else one prompt at a time. On stdout: one summary line per prompt (its index and file line first),
 the prompts that diverged with their first bad step and localization, then the corpus summary line
 last. Exit status over the corpus: 1 when any prompt diverged or is past its bound, else 0; 2 for
 unusable input. Documented in docs/cli.md.
@@ -11,6 +13,8 @@ from __future__ import annotations
 import time
 
 from parity.errors import InputError
+
+MAX_BATCH = 1024  # --batch at most this many prompts decoded together
 
 
 def dump_folder(args):
@@ -37,6 +41,12 @@ def check_exclusive(args) -> None:
         from parity.cli.args import parse_shard
 
         parse_shard(args.shard)
+    if args.batch is not None:
+        from parity.cli.args import check_count
+
+        if not args.prompts and folder is None:
+            raise InputError("--batch decodes the prompts of a corpus together: give --prompts FILE")
+        check_count("--batch", args.batch, MAX_BATCH, "prompts")
     if not args.prompts:
         return
     for flag, value in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids), ("--plan", args.plan)):
@@ -83,6 +93,27 @@ def describe(args, prompts) -> str:
     return f"corpus: {what}{part}"
 
 
+def batch_size(args, engine) -> int:
+    """Prompts decoded together: ``--batch`` (default ``DEFAULT_BATCH``) where the engine has
+    ``decode_batch`` and one engine serves the corpus, else 1."""
+    from parity.diff.batch import DEFAULT_BATCH
+
+    if dump_folder(args) is not None or not engine.batches:
+        return 1
+    return DEFAULT_BATCH if args.batch is None else args.batch
+
+
+def _how(args, engine) -> str:
+    n = batch_size(args, engine)
+    if n > 1:
+        return f"up to {n} prompts at a time through decode_batch"
+    if dump_folder(args) is not None:
+        return "one dump at a time"
+    if not engine.batches:
+        return f"one prompt at a time ({args.engine} has no decode_batch)"
+    return "one prompt at a time (--batch 1)"
+
+
 def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, backends, device, err,
         engine_for=None) -> int:
     """Diff every prompt of this shard with ``engine`` (``engine_for(prompt)``: a folder of dumps, one
@@ -115,9 +146,11 @@ def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, 
         raise InputError(setup.one_line(exc)) from None
     lm_head = setup.lm_head_span(ckpt, device)
     t0 = time.perf_counter()
+    batch = 1 if engine_for is not None else batch_size(args, engine)
+    err.print(f"decoding: {_how(args, engine)}", markup=False)
     with reference_device.memory_errors(args.reference_device, device):
         for prompt, res in _decode_all(ref, engine_for or (lambda p: engine), mine, config, args, err, rounding,
-                                       lm_head, twin):
+                                       lm_head, twin, batch):
             p = PromptResult.of(prompt, res)
             result.prompts.append(p)
             out.print(f"prompt {p.index} ({_where(p)}): {p.summary['line']}", markup=False, highlight=False,
@@ -142,32 +175,41 @@ def _where_of(d: dict) -> str:
     return f"line {d['line']}" if d["source"] is None else d["source"]
 
 
-def _decode_all(ref, engine_for, prompts, config, args, err, rounding, lm_head, twin):
-    """``(prompt, DiffResult)`` per prompt, a progress bar over the prompts on a terminal."""
+def _decode_all(ref, engine_for, prompts, config, args, err, rounding, lm_head, twin, batch: int):
+    """``(prompt, DiffResult)`` per prompt, in order, ``batch`` prompts decoded together; a
+    progress bar over the prompts on a terminal."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from parity.diff import run_diff
+    from parity.diff.batch import run_diff_batch
     from parity.diff.setup import checkpoint_errors, one_line
     from parity.engines import DumpEngine, EngineError
 
     show = not args.no_progress and err.is_terminal
+    same = dict(config=config, steps=args.steps, mode=args.mode, dtype=args.dtype, rounding=rounding,
+                lm_head=lm_head, twin=twin)
     with Progress(TextColumn("prompts"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
                   TimeElapsedColumn(), console=err, transient=True, disable=not show) as progress:
         task = progress.add_task("corpus", total=len(prompts), last="")
-        for prompt in prompts:
-            engine = engine_for(prompt)
-            dump = engine.engine if isinstance(engine.engine, DumpEngine) else None
-            # a free-mode dump already ran: both paths consume its tokens (as a single dump's diff does)
-            tokens = dump.tokens if dump is not None and dump.mode == "free" else None
+        for lo in range(0, len(prompts), batch):
+            group = prompts[lo:lo + batch]
+            engine = engine_for(group[0])
             try:
-                res = run_diff(ref, engine, list(prompt.ids), config=config, steps=args.steps, mode=args.mode,
-                               dtype=args.dtype, rounding=rounding, lm_head=lm_head, twin=twin, tokens=tokens)
+                if batch > 1:
+                    results = run_diff_batch(ref, engine, [list(p.ids) for p in group], **same)
+                else:
+                    dump = engine.engine if isinstance(engine.engine, DumpEngine) else None
+                    # a free-mode dump already ran: both paths consume its tokens (as a single dump's diff does)
+                    tokens = dump.tokens if dump is not None and dump.mode == "free" else None
+                    results = [run_diff(ref, engine, list(group[0].ids), tokens=tokens, **same)]
             except checkpoint_errors() as exc:
                 raise InputError(one_line(exc)) from None
             except EngineError as exc:
-                raise InputError(f"prompt {prompt.index} ({_where(prompt)}): {one_line(exc)}") from None
-            progress.update(task, advance=1, last=f"prompt {prompt.index}: {res.verdict}")
-            yield prompt, res
+                where = ", ".join(f"{p.index} ({_where(p)})" for p in group)
+                raise InputError(f"prompt{'s' if len(group) > 1 else ''} {where}: {one_line(exc)}") from None
+            for prompt, res in zip(group, results):
+                progress.update(task, advance=1, last=f"prompt {prompt.index}: {res.verdict}")
+                yield prompt, res
 
 
 def print_corpus(result, console) -> None:

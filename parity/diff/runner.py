@@ -39,6 +39,9 @@ tokens differ is ``diverged`` and a run whose tokens agree is ``past-bound``.
 them instead of the reference's: an engine that already ran (free mode) cannot be re-anchored, so
 the reference follows it, every step compares the same context, and a split is a step where the
 engine's greedy token left the reference's.
+
+``PromptRun`` is one prompt's diff between its calls (it judges each step); ``run_diff`` drives one
+through ``prefill`` and ``decode``, ``parity.diff.batch`` several through ``decode_batch``.
 """
 from __future__ import annotations
 
@@ -306,79 +309,119 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
     model), or a ``Twin``. ``on_step(record)`` is called after each step, ``on_logits(step, ref,
     opt)`` with both float64 logit vectors (golden files keep digests of them).
     """
-    prompt = _check_args(mode, steps, prompt_ids, config, tokens)
-    precision = precision_for(dtype, rounding=rounding)
-    if twin == "auto":
-        twin = twin_for(opt_model, ref_model, dtype=dtype)
-
-    seq = list(prompt)      # what both paths have consumed (the optimized path is always re-anchored)
-    records: list[StepRecord] = []
-    splits: list[dict] = []
+    run = PromptRun(ref_model, opt_model, prompt_ids, config=config, steps=steps, mode=mode, dtype=dtype,
+                    rounding=rounding, on_step=on_step, on_logits=on_logits, localize=localize, tokens=tokens,
+                    lm_head=lm_head, twin=twin)
     ref_cache = opt_cache = None
-    replay = Replay(ref_model, config, u=precision.u, ua=precision.ua)
-    stats = ReplayStats(config)    # every op of every engine call, judged on its own inputs
-    drift = Drift(config)
-    routes = Routes(config)        # both paths' own expert choices, position by position
-    traced = True
-    lossy = None
     for step in range(steps):
         rt, ot = {}, {}
         if step == 0:
-            ref_logits, ref_cache = ref_model.prefill(list(seq), trace=rt)
-            opt_logits, opt_cache = opt_model.prefill(list(seq), trace=ot)
-            call_ids, input_token = list(seq), None
-            traced = bool(ot)
+            ref_logits, ref_cache = ref_model.prefill(list(run.seq), trace=rt)
+            opt_logits, opt_cache = opt_model.prefill(list(run.seq), trace=ot)
         else:
-            input_token = seq[-1]
-            ref_logits, ref_cache = ref_model.decode(input_token, ref_cache, trace=rt)
-            opt_logits, opt_cache = opt_model.decode(input_token, opt_cache, trace=ot)
-            call_ids = [input_token]
+            ref_logits, ref_cache = ref_model.decode(run.seq[-1], ref_cache, trace=rt)
+            opt_logits, opt_cache = opt_model.decode(run.seq[-1], opt_cache, trace=ot)
+        run.judge(step, ref_logits, opt_logits, rt, ot)
+    return run.result()
+
+
+class PromptRun:
+    """One prompt's diff between its calls: what both paths consumed, the records so far, the
+    replay of the engine's calls and the statistics the localization reads. ``judge`` takes one
+    step's logits and traces (a prefill at step 0, else one decode of ``seq[-1]``) and records the
+    step; ``result`` gives the ``DiffResult``. ``run_diff`` drives one run a step at a time;
+    ``parity.diff.batch`` drives several in lockstep through both paths' ``decode_batch``: the
+    judging is this one code either way, so a prompt's result does not depend on its batch.
+    Arguments: as ``run_diff``."""
+
+    def __init__(self, ref_model, opt_model, prompt_ids: list[int], *, config, steps: int, mode: str = "forced",
+                 dtype: str = "bfloat16", rounding: str = "nearest",
+                 on_step: Callable[[StepRecord], None] | None = None,
+                 on_logits: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
+                 localize: bool = True, tokens: list[int] | None = None,
+                 lm_head: LmHeadSpan | None = None, twin="auto"):
+        self.prompt = _check_args(mode, steps, prompt_ids, config, tokens)
+        self.ref_model, self.opt_model, self.config = ref_model, opt_model, config
+        self.steps, self.mode, self.dtype, self.rounding = steps, mode, dtype, rounding
+        self.on_step, self.on_logits, self.localize, self.tokens, self.lm_head = (
+            on_step, on_logits, localize, tokens, lm_head)
+        self.precision = precision_for(dtype, rounding=rounding)
+        self.twin = twin_for(opt_model, ref_model, dtype=dtype) if twin == "auto" else twin
+        # what both paths have consumed (the optimized path is always re-anchored)
+        self.seq = list(self.prompt)
+        self.records: list[StepRecord] = []
+        self.splits: list[dict] = []
+        self.replay = Replay(ref_model, config, u=self.precision.u, ua=self.precision.ua)
+        self.stats = ReplayStats(config)    # every op of every engine call, judged on its own inputs
+        self.drift = Drift(config)
+        self.routes = Routes(config)        # both paths' own expert choices, position by position
+        self.traced = True
+        self.lossy = None
+
+    def judge(self, step: int, ref_logits, opt_logits, rt: dict, ot: dict) -> StepRecord:
+        """Step ``step`` from both paths' logits of this call and their traces ``rt``, ``ot``; the
+        token both paths consume next is appended to ``seq``."""
+        config, seq, precision, twin = self.config, self.seq, self.precision, self.twin
+        if step == 0:
+            call_ids, input_token = list(seq), None
+            self.traced = bool(ot)
+        else:
+            call_ids, input_token = [seq[-1]], seq[-1]
         r = to_numpy(ref_logits).reshape(-1, config.vocab_size)[-1]
         o = to_numpy(opt_logits).reshape(-1, config.vocab_size)[-1]
-        if on_logits is not None:
-            on_logits(step, r, o)
+        if self.on_logits is not None:
+            self.on_logits(step, r, o)
         # the twin runs only where the tokens differ: a match needs no noise to be judged
         flipped = int(np.argmax(r)) != int(np.argmax(np.where(np.isnan(o), -np.inf, o))) or not np.all(np.isfinite(o))
-        t = o if twin is None else twin.logits(seq, len(prompt)) if flipped else None
-        stored = getattr(opt_model, "stored_logits_dtype", None) or dtype_of(opt_logits)
-        lossy = lossy or _coarser(stored, dtype)
-        rec = _record(step, len(seq) - 1, input_token, r, o, t, dtype, lossy)
-        if traced and localize:
-            call = replay.add(call_ids, ot)
-            stats.add(call, ot)
+        t = o if twin is None else twin.logits(seq, len(self.prompt)) if flipped else None
+        stored = getattr(self.opt_model, "stored_logits_dtype", None) or dtype_of(opt_logits)
+        self.lossy = self.lossy or _coarser(stored, self.dtype)
+        rec = _record(step, len(seq) - 1, input_token, r, o, t, self.dtype, self.lossy)
+        localize = self.traced and self.localize
+        if localize:
+            call = self.replay.add(call_ids, ot)
+            self.stats.add(call, ot)
             rec.router = call.flips
-            drift.add(rt, ot)
+            self.drift.add(rt, ot)
         rec.nonfinite = first_nonfinite(ot, config)
         if rec.nonfinite is not None:
             rec.nonfinite["position"] += len(seq) - len(call_ids)
         elif not np.all(np.isfinite(o)):
             rec.nonfinite = {"name": "logits", "layer": None, "position": rec.position,
                              "nan": int(np.isnan(o).sum()), "inf": int(np.isinf(o).sum())}
-        if lm_head is not None:
-            rec.logits = lm_head.check(o, u_out=output_roundoff(precision, stored),
-                                       ua=precision.ua)
-        if traced and localize:
-            routes.add(rt, ot)
-            _judge(rec, stats.localize(step, stats.positions, precision=precision))
-            split = routes.split() if rec.verdict == "diverged" and rec.cause is None else None
+        if self.lm_head is not None:
+            rec.logits = self.lm_head.check(o, u_out=output_roundoff(precision, stored), ua=precision.ua)
+        if localize:
+            self.routes.add(rt, ot)
+            _judge(rec, self.stats.localize(step, self.stats.positions, precision=precision))
+            split = self.routes.split() if rec.verdict == "diverged" and rec.cause is None else None
             if split is not None:
-                _rerouted(rec, ref_model, seq, routes, split, r, o, t, dtype)
+                _rerouted(rec, self.ref_model, seq, self.routes, split, r, o, t, self.dtype)
         if rec.nonfinite is not None:  # NaN/Inf is never clean, whatever the tokens did
             rec.verdict, rec.cause = "diverged", "nonfinite"
             rec.explanation = (f"first NaN/Inf at {rec.nonfinite['name']} "
                                f"(position {rec.nonfinite['position']})")
         elif rec.verdict != "match" and rec.cause != "op" and rec.logits is not None and rec.logits.units > 1:
             rec.verdict, rec.cause, rec.explanation = "diverged", "op", rec.logits.describe()
-        _track_split(rec, splits, free=mode == "free", anchor=tokens is None)
-        records.append(rec)
-        if on_step is not None:
-            on_step(rec)
-        seq.append(rec.ref_token if tokens is None or step + 1 >= steps else int(tokens[step + 1]))
-    final = stats.localize(steps - 1, stats.positions, precision=precision) if localize and traced else None
-    return DiffResult(mode=mode, dtype=dtype, prompt_ids=prompt, steps=records, splits=splits, final=final,
-                      rounding=rounding, traced=traced, follow="reference" if tokens is None else "engine",
-                      twin="the engine itself" if twin is None else twin.describe(), logits_lossy=lossy,
-                      drift=drift.summary() if traced and localize else None)
+        tokens = self.tokens
+        _track_split(rec, self.splits, free=self.mode == "free", anchor=tokens is None)
+        self.records.append(rec)
+        if self.on_step is not None:
+            self.on_step(rec)
+        seq.append(rec.ref_token if tokens is None or step + 1 >= self.steps else int(tokens[step + 1]))
+        return rec
+
+    def result(self) -> DiffResult:
+        """The run after its last step (localized once more over every position)."""
+        localize = self.localize and self.traced
+        final = self.stats.localize(self.steps - 1, self.stats.positions, precision=self.precision) \
+            if localize else None
+        twin = self.twin
+        return DiffResult(mode=self.mode, dtype=self.dtype, prompt_ids=self.prompt, steps=self.records,
+                          splits=self.splits, final=final, rounding=self.rounding, traced=self.traced,
+                          follow="reference" if self.tokens is None else "engine",
+                          twin="the engine itself" if twin is None else twin.describe(), logits_lossy=self.lossy,
+                          drift=self.drift.summary() if localize else None)
 
 
 def _check_args(mode, steps, prompt_ids, config, tokens) -> list[int]:

@@ -13,6 +13,10 @@ Twins are memoized per (weights, dtype, device, prompt length, consumed tokens):
 feeds every engine the reference's tokens, so several engines diffed on one prompt share one twin
 run. The prompt length is part of the key because prefill and decode round differently: a corpus
 whose prompt is another's prompt plus its generated tokens gets the logits its own run would.
+Between calls the twin keeps each prompt's decode state (the last ``LIVE`` prompts it ran), so a
+later step of a prompt continues from where that prompt's run stopped, also when a batched corpus
+asks for the steps of several prompts in turn: the logits are those of one prefill and the decode
+steps after it either way.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from parity.metrics import to_numpy
 TWIN_DTYPES = ("bfloat16", "float32", "float64")  # what the optimized model runs at
 _MEMO: OrderedDict = OrderedDict()   # (key, consumed tokens) -> logits [vocab]
 _MEMO_SIZE = 4096
+LIVE = 16  # prompts whose decode state a twin keeps (each a one-sequence cache of the optimized model)
 
 
 class Twin:
@@ -35,9 +40,8 @@ class Twin:
         self.source, self.dtype, self.device = source, dtype, device
         self.variants = dict(variants or {})
         self._model = None
-        self._seq: tuple = ()
-        self._prompt_len: int | None = None
-        self._cache = None
+        # (prompt length, prompt) -> (tokens consumed, cache): each prompt's run so far
+        self._live: OrderedDict = OrderedDict()
         self.key = (id(source), dtype, device, tuple(sorted(self.variants.items())))
 
     def describe(self) -> str:
@@ -53,16 +57,16 @@ class Twin:
             return hit
         model = self._load()
         seq = tuple(int(t) for t in seq)
-        if not (self._prompt_len == prompt_len and self._seq == seq[:-1]):
-            logits, self._cache = model.prefill(list(seq[:prompt_len]))
-            self._seq, self._prompt_len = seq[:prompt_len], prompt_len
-            logits = logits[-1]
-            for t in seq[prompt_len:]:
-                logits, self._cache = model.decode(t, self._cache)
-                self._seq += (t,)
-        else:
-            logits, self._cache = model.decode(seq[-1], self._cache)
-            self._seq = seq
+        run = (prompt_len, seq[:prompt_len])
+        done, cache = self._live.pop(run, ((), None))
+        if cache is None or not (len(done) < len(seq) and seq[:len(done)] == done):  # nothing to continue
+            logits, cache = model.prefill(list(seq[:prompt_len]))
+            done, logits = seq[:prompt_len], logits[-1]
+        for t in seq[len(done):]:
+            logits, cache = model.decode(t, cache)
+        self._live[run] = (seq, cache)
+        while len(self._live) > LIVE:
+            self._live.popitem(last=False)
         out = to_numpy(logits).astype(np.float64).reshape(-1)
         if not np.all(np.isfinite(out)):
             raise RuntimeError(f"the certified twin ({self.describe()}) returned non-finite logits")

@@ -51,23 +51,54 @@ class CheckedEngine:
             raise AttributeError(attr)
         return getattr(self.engine, attr)
 
-    def prefill(self, token_ids, *, trace: dict | None = None):
+    @property
+    def batches(self) -> bool:
+        """Whether the engine decodes several sequences in one call: it has ``decode_batch(token_ids,
+        caches, *, trace=None) -> (logits [B, vocab], caches)`` (docs/api.md#engines)."""
+        return callable(getattr(self.engine, "decode_batch", None))
+
+    def batch_caches(self, n: int):
+        """``fresh() -> cache``: what each of ``n`` prompts to be decoded together is prefilled into
+        (``prefill(ids, cache=fresh())``). An engine whose batched caches share state has
+        ``new_pool(n)`` (the optimized model's state pool; ``fresh`` is its ``new_sequence``);
+        for any other ``fresh()`` is None, a plain prefill."""
+        new_pool = getattr(self.engine, "new_pool", None)
+        if not callable(new_pool):
+            return lambda: None
+        pool = self._guard("new_pool", lambda: new_pool(n))
+        return lambda: self._guard("new_pool", pool.new_sequence)
+
+    def prefill(self, token_ids, *, trace: dict | None = None, cache=None):
+        """``cache``: the empty cache of a pool to prefill into (``batch_caches``); None: the
+        engine's own fresh one."""
         ids = [int(t) for t in token_ids]
-        return self._call("prefill", (ids,), len(ids), trace)
+        return self._call("prefill", (ids,), len(ids), trace, {} if cache is None else {"cache": cache})
 
     def decode(self, token_id, cache, *, trace: dict | None = None):
         return self._call("decode", (int(token_id), cache), 1, trace)
 
-    def _call(self, method: str, args: tuple, rows: int, trace: dict | None):
-        fn = getattr(self.engine, method)
-        own = {} if trace is not None else None
+    def decode_batch(self, token_ids, caches, *, trace: dict | None = None):
+        """One token for each of B sequences: ``(logits [B, vocab], caches)``; ``trace`` the B
+        sequences' rows (``reference.batch.split_trace``)."""
+        ids = [int(t) for t in token_ids]
+        return self._call("decode_batch", (ids, list(caches)), len(ids), trace)
+
+    def _guard(self, method: str, fn):
         try:
-            out = fn(*args, trace=own) if own is not None and _takes_trace(fn) else fn(*args)
+            return fn()
         except EngineError:
             raise
         except Exception as exc:  # an outside engine's failure, whatever its type: one line
             text = " ".join(str(exc).split()) or type(exc).__name__
             raise EngineError(f"engine {self.name}: {method} raised {type(exc).__name__}: {text}") from None
+
+    def _call(self, method: str, args: tuple, rows: int, trace: dict | None, kwargs: dict | None = None):
+        fn = getattr(self.engine, method)
+        own = {} if trace is not None else None
+        kw = dict(kwargs or {})
+        if own is not None and _takes_trace(fn):
+            kw["trace"] = own
+        out = self._guard(method, lambda: fn(*args, **kw))
         if not (isinstance(out, tuple) and len(out) == 2):
             raise EngineError(f"engine {self.name}: {method} returned {type(out).__name__}; expected a "
                               "(logits, cache) pair")
@@ -82,9 +113,11 @@ class CheckedEngine:
         V = self.config.vocab_size
         shape = _shape(logits)
         n = int(np.prod(shape)) if shape else 0
-        ok = bool(shape) and shape[-1] == V and n // V in ((1, rows) if method == "prefill" else (1,))
+        allowed = {"prefill": (1, rows), "decode": (1,), "decode_batch": (rows,)}[method]
+        ok = bool(shape) and shape[-1] == V and n // V in allowed and (method != "decode_batch" or len(shape) == 2)
         if not ok:
-            want = f"({rows}, {V}) or ({V},)" if method == "prefill" else f"({V},)"
+            want = {"prefill": f"({rows}, {V}) or ({V},)", "decode": f"({V},)",
+                    "decode_batch": f"({rows}, {V})"}[method]
             raise EngineError(f"engine {self.name}: {method} returned logits of shape {shape}; "
                               f"expected {want} (vocab_size {V})")
         kind = str(getattr(logits, "dtype", "")).replace("torch.", "")

@@ -360,20 +360,29 @@ def test_a_prefill_that_grows_the_paged_cache_decodes_as_one_that_fits(bf16_run)
 
 
 def test_bf16_decode_of_a_sequence_is_bitwise_the_same_alone_or_batched(bf16_run):
+    """The logits, the traces (each sequence's rows: ``reference.batch.split_trace``) and the
+    states after the steps."""
+    from reference.batch import split_trace
+
     model = bf16_run["model"]
-    prompts = [PROMPT[:5], [9, 8, 7]]
+    # four: a whole CPU tile, where torch's sigmoid of the router scores runs in vector lanes
+    prompts = [PROMPT[:5], [9, 8, 7], [300], PROMPT[2:9]]
     pool = model.new_pool(len(prompts))
     seqs = [model.prefill(p, cache=pool.new_sequence())[1] for p in prompts]
     pool_alone, seqs_alone = copy.deepcopy((pool, seqs))
-    nxt = [[11, 400], [23, 5]]
-    batched = []
+    nxt = [[11, 400], [23, 5], [1, 2], [70, 71]]
+    batched, traces = [], []
     for k in range(2):
-        logits, _ = model.decode_batch([n[k] for n in nxt], seqs)
+        traces.append({})
+        logits, _ = model.decode_batch([n[k] for n in nxt], seqs, trace=traces[-1])
         batched.append(logits)
     for b, seq in enumerate(seqs_alone):
         for k in range(2):
-            alone, _ = model.decode(nxt[b][k], seq)
+            own = {}
+            alone, _ = model.decode(nxt[b][k], seq, trace=own)
             assert torch.equal(alone, batched[k][b]), (b, k)
+            rows = split_trace(traces[k], len(prompts))[b]
+            assert sorted(rows) == sorted(own) and all(torch.equal(rows[n], own[n]) for n in own), (b, k)
     # and the pools hold the same states afterwards
     for i in pool.kda:
         assert torch.equal(pool.kda[i].state, pool_alone.kda[i].state)

@@ -11,9 +11,10 @@
 * ``untraced``: the NumPy model behind a wrapper that fills no trace; ``bent_logits``: the same
   with a small bias added to every seventh logit (not lm_head of anything, too small to flip a token).
 * ``fb_doubled_on_trigger``: ``fb_doubled`` for a prompt that holds the token id ``TRIGGER``, the
-  clean float64 model for any other (a bug only some prompts of a corpus reach).
-* ``raises``, ``wrong_vocab``, ``two_rows``, ``half_traced``, ``not_an_engine``: engines that break
-  the protocol.
+  clean float64 model for any other (a bug only some prompts of a corpus reach); it has
+  ``decode_batch``, so a corpus decodes it in batches.
+* ``raises``, ``wrong_vocab``, ``two_rows``, ``half_traced``, ``not_an_engine``,
+  ``one_row_batches``: engines that break the protocol.
 """
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ TRIGGER = 90  # byte 'W' + 3: a token id the bundled checkpoint's byte-level pro
 
 
 class _OnTrigger:
-    """The buggy model for a prompt holding ``TRIGGER`` (decided at prefill, carried in the cache)."""
+    """The buggy model for a prompt holding ``TRIGGER`` (decided at prefill, carried in the cache).
+    ``decode_batch`` decodes a batch's clean and buggy sequences each through their own model's
+    ``decode_batch``, the rows and trace entries put back in batch order."""
 
     def __init__(self, clean, buggy):
         self.clean, self.buggy = clean, buggy
@@ -59,6 +62,24 @@ class _OnTrigger:
         model, inner = cache
         logits, inner = model.decode(token_id, inner, trace=trace)
         return logits, (model, inner)
+
+    def decode_batch(self, token_ids, caches, *, trace=None):
+        from reference.batch import split_trace
+
+        B = len(caches)
+        rows, new, traces = [None] * B, [None] * B, [None] * B
+        for model in (self.clean, self.buggy):
+            idx = [b for b in range(B) if caches[b][0] is model]
+            if not idx:
+                continue
+            part = {} if trace is not None else None
+            logits, inner = model.decode_batch([token_ids[b] for b in idx], [caches[b][1] for b in idx], trace=part)
+            own = split_trace(part, len(idx)) if part is not None else [None] * len(idx)
+            for j, b in enumerate(idx):
+                rows[b], new[b], traces[b] = logits[j], (model, inner[j]), own[j]
+        if trace is not None:
+            trace.update({k: np.concatenate([t[k] for t in traces]) for k in traces[0]})
+        return np.stack(rows), new
 
 
 def fb_doubled_on_trigger(checkpoint, *, dtype, device):
@@ -140,6 +161,19 @@ class _Shapes:
 
     def decode(self, token_id, cache, *, trace=None):
         return np.zeros(self.vocab, np.float32), None
+
+
+class _OneRowBatches(_Untraced):
+    def decode_batch(self, token_ids, caches):
+        logits, cache = self.model.decode(token_ids[0], caches[0])
+        return np.asarray(logits)[None], [cache] * len(caches)
+
+
+def one_row_batches(checkpoint, *, dtype, device):
+    """The NumPy model whose ``decode_batch`` returns one row whatever the batch."""
+    import reference
+
+    return _OneRowBatches(reference.load(_source(checkpoint)))
 
 
 def wrong_vocab(checkpoint, *, dtype, device):

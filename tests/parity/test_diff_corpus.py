@@ -1,12 +1,14 @@
 """``parity diff --prompts``: a corpus of 8 short prompts on the bundled checkpoint, 3 steps each.
 
-The engine is ``fb_doubled_on_trigger`` (float64 NumPy, cheap): llama.cpp's doubled ``f_b`` at
-layer 1 for the prompts holding the token id ``TRIGGER``, the clean model for the others. Each
-prompt's record equals the single-prompt run's, the bug is named in exactly the prompts that reach
-it, two shards merge into the unsharded report, a folder of dumps is a corpus too, and unusable
-input is one line. Cost on a 2-core CPU: ~45 s (the corpus three times: whole, two shards, single
-prompts; the optimized model only as the certified twin of the flipped steps, and for two prompts
-as the engine)."""
+The engine is ``fb_doubled_on_trigger`` (float64 NumPy, cheap, with ``decode_batch``): llama.cpp's
+doubled ``f_b`` at layer 1 for the prompts holding the token id ``TRIGGER``, the clean model for
+the others. The corpus decodes in batches (8 by default, ragged prompt lengths); each prompt's
+record equals the single-prompt run's, the bug is named in exactly the prompts that reach it, two
+shards run with other batch sizes merge into the unsharded report number for number, a folder of
+dumps and an engine without ``decode_batch`` run one prompt at a time, and unusable input is one
+line. Cost on a 2-core CPU: ~50 s (the corpus three times: whole, two shards, single prompts; the
+optimized model only as the certified twin of the flipped steps, and for two prompts as the
+engine, batched)."""
 import contextlib
 import io
 import json
@@ -80,6 +82,7 @@ def test_a_bug_only_some_prompts_reach_is_named_in_exactly_those_prompts(corpus)
     bad = [x for x in lines if x.startswith(("diverged: prompt", "past its bound: prompt"))]
     assert len(bad) == len(REACHED)
     assert not any(x.lstrip().startswith("prompts ") for x in err.splitlines())   # no progress bar on a pipe
+    assert "decoding: up to 8 prompts at a time through decode_batch" in err
     image = matplotlib.image.imread(d / "r.png")
     assert image.ndim == 3 and image.shape[0] > 400
 
@@ -118,11 +121,14 @@ def test_each_prompt_of_the_corpus_is_reported_as_its_own_run_reports_it(corpus,
 
 
 def test_the_optimized_engine_on_a_jsonl_corpus_reports_each_prompt_as_its_own_run(tmp_path, capsys):
+    """Two prompts of two lengths decoded together through the optimized model's ``decode_batch``
+    (one state pool), each reported as its own run reports it."""
     ids = [[75, 107, 104, 35, 102, 100, 119], [90, 100, 119, 104, 117]]
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in ({"ids": ids[0]}, {"text": "Water"})))
     rc, out, err = run_cli(capsys, "diff", "--prompts", str(path), "--steps", "2", "--json", str(tmp_path / "c.json"))
     assert rc == 0, out + err
+    assert "decoding: up to 8 prompts at a time through decode_batch" in err
     report = load_report(tmp_path / "c.json")
     assert [p["ids"] for p in report["prompts"]] == ids and report["prompts"][1]["text"] == "Water"
     for p in report["prompts"]:
@@ -132,13 +138,37 @@ def test_the_optimized_engine_on_a_jsonl_corpus_reports_each_prompt_as_its_own_r
         assert one["steps"] == p["steps"] and one["summary"] == p["summary"]
 
 
+def test_an_engine_without_decode_batch_runs_one_prompt_at_a_time(tmp_path, capsys):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"ids": [75, 107, 104]}\n{"ids": [90, 100]}\n')
+    rc, out, err = run_cli(capsys, "diff", "--prompts", str(path), "--engine", "tests.parity.engines_planted:untraced",
+                           "--steps", "2", "--batch", "4", "--json", str(tmp_path / "c.json"))
+    assert rc == 0, out + err
+    assert "decoding: one prompt at a time (tests.parity.engines_planted:untraced has no decode_batch)" in err
+    assert [p["verdict"] for p in load_report(tmp_path / "c.json")["prompts"]] == ["match", "match"]
+
+
+def test_an_engine_whose_decode_batch_breaks_the_protocol_is_one_line_naming_the_prompts(tmp_path, capsys):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"ids": [75, 107, 104]}\n{"ids": [90, 100]}\n')
+    one_line_error(*run_cli(capsys, "diff", "--prompts", str(path), "--engine",
+                            "tests.parity.engines_planted:one_row_batches", "--steps", "2"),
+                   "prompts 0 (line 1), 1 (line 2): engine tests.parity.engines_planted:one_row_batches: "
+                   "decode_batch returned logits of shape (1, 512); expected (2, 512)")
+
+
 def test_two_shards_merge_into_the_unsharded_report(corpus, tmp_path, capsys):
+    """Shard 1 decoded one prompt at a time, shard 2 by 3 (batches of 3 and 1), the whole corpus by
+    8: the merge equals the whole corpus's report number for number (each prompt's steps,
+    localization and op units, and the aggregates), so the batch size changes no number."""
     path, _, _, _, report, _ = corpus
     shards = []
-    for i in (1, 2):
+    for i, batch, how in ((1, "1", "one prompt at a time (--batch 1)"),
+                          (2, "3", "up to 3 prompts at a time through decode_batch")):
         shards.append(tmp_path / f"s{i}.json")
         rc, out, err = run_cli(capsys, "diff", "--prompts", str(path), "--engine", ENGINE, "--steps", STEPS,
-                               "--shard", f"{i}/2", "--json", str(shards[-1]))
+                               "--shard", f"{i}/2", "--batch", batch, "--json", str(shards[-1]))
+        assert f"decoding: {how}" in err
         part = load_report(shards[-1])
         assert [p["index"] for p in part["prompts"]] == list(range(i - 1, len(PROMPTS), 2))
         assert part["shard"] == {"index": i, "count": 2} and errors(part, SCHEMA) == []
@@ -210,6 +240,9 @@ ERRORS = {
                     "a dump carries its own prompt"),
     "--shard alone": (lambda t: ["--shard", "1/2"], "--shard splits a corpus"),
     "bad --shard": (lambda t: ["--prompts", _jsonl(t, '{"ids": [1]}\n'), "--shard", "0/2"], "--shard 0/2: expected I/N"),
+    "--batch 0": (lambda t: ["--prompts", _jsonl(t, '{"ids": [1]}\n'), "--batch", "0"],
+                  "--batch 0: expected a positive number of prompts"),
+    "--batch alone": (lambda t: ["--batch", "4"], "--batch decodes the prompts of a corpus together"),
 }
 
 
@@ -274,7 +307,10 @@ class _PathModel:
     """A model whose logits say how they were reached: ``prefill`` and ``decode`` differ, as the
     kernels' roundings do, so a twin that reuses another prompt's run is seen."""
 
+    prefills = 0
+
     def prefill(self, ids):
+        self.prefills += 1
         return np.array([[float(len(ids)), 0.0]] * len(ids)), list(ids)
 
     def decode(self, token, cache):
@@ -291,6 +327,14 @@ def test_the_twin_gives_a_prompt_the_logits_of_its_own_run_whatever_ran_before()
     prefilled = twin.logits(seq, 3)    # prompt [5, 6, 7]: another corpus prompt, its own prefill
     assert decoded.tolist() == [2.0, 1.0] and prefilled.tolist() == [3.0, 0.0]
     assert twin.logits([5, 6, 7, 8], 3).tolist() == [3.0, 1.0]  # continues the prompt's own run
+    # a batched corpus asks for the prompts' steps in turn: each continues its own run (no second
+    # prefill), the steps between decoded on the way
+    assert twin._model.prefills == 2
+    assert twin.logits([5, 6, 7, 9, 10], 2).tolist() == [4.0, 1.0]
+    assert twin.logits([5, 6, 7, 8, 11, 12], 3).tolist() == [5.0, 1.0]
+    assert twin._model.prefills == 2
+    assert twin.logits([5, 6, 4], 2).tolist() == [2.0, 1.0]  # another run of the same prompt: prefilled anew
+    assert twin._model.prefills == 3
 
 
 def test_a_prompt_is_a_line_up_to_its_newline_and_keeps_its_line_number(tmp_path):

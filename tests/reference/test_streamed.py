@@ -176,7 +176,7 @@ def test_the_streaming_model_agrees_with_the_upcast_model_and_streams(monkeypatc
     calls = []
     real = streamed.linear_from_storage
     monkeypatch.setattr("reference.checkpoint.linear_from_storage",
-                        lambda x, raw, storage: calls.append(raw.shape) or real(x, raw, storage))
+                        lambda x, raw, storage, **kw: calls.append(raw.shape) or real(x, raw, storage, **kw))
     src = SyntheticSource(TINY, 0)
     whole, stream = reference.load(src), reference.load(src, weight_cache_bytes=0)
     assert not whole._w.streams and stream._w.streams
