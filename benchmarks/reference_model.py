@@ -1,7 +1,7 @@
 """Speed and memory of the float64 reference at the kimi-linear-48b scale, and the GPU suite that
 measures every target of docs/BENCHMARKS.md "The float64 reference" in one device call.
 
-    python benchmarks/reference_model.py decode [--device cuda] [--share] [--prefill-tokens 32768]
+    python benchmarks/reference_model.py decode [--device cuda] [--share] [--prefill-tokens 32768] [--batch B] [--profile STEPS]
     python benchmarks/reference_model.py cpu-checkpoint [--experts 16] [--dir /dev/shm/kimi48b-e16]
     python benchmarks/reference_model.py cli -- diff --synthetic kimi-linear-48b --device cuda ...
     python benchmarks/reference_model.py gpu-suite --out $OUT [--budget 470]
@@ -126,6 +126,8 @@ def cmd_decode(args) -> dict:
             times.append(time.perf_counter() - t0)
         out["optimized_decode_ms"] = statistics.median(times[1:]) * 1e3
         del ol, oc
+    if args.batch > 1:
+        out["decode_batch"] = _decode_batch(ref, cfg, args.batch, args.prompt_tokens)
     if args.profile:
         out["profile"] = _profile_decode(ref, ids, args.prompt_tokens + args.steps + 1, cache, args.profile)
     out.update(_gpu_peak())  # decode-phase peaks (the long prefill below resets the counter)
@@ -340,23 +342,26 @@ def cmd_cpu_checkpoint(args) -> dict:
 
 
 def _decode_batch(ref, cfg, B: int, prompt_tokens: int) -> dict:
-    """Seconds of one ``decode_batch`` of B sequences (prompts of 1..2x ``prompt_tokens`` tokens)
-    against their B ``decode`` calls, best of two, and whether every row is bitwise its decode."""
+    """Seconds of one ``decode_batch`` of B sequences (prompts of 1..2x ``prompt_tokens`` tokens,
+    best of two) against their B ``decode`` calls (once), and whether every row is bitwise its
+    decode, on any executor (synchronized around each timing)."""
     import numpy as np
 
+    ex = ref.executor
     rng = np.random.default_rng(1)
     caches = [ref.prefill(_ids(cfg.vocab_size, int(n), seed=b), logits="last")[1]
               for b, n in enumerate(rng.integers(1, 2 * prompt_tokens + 1, B))]
     tokens = [int(t) for t in rng.integers(0, cfg.vocab_size, B)]
-    alone, batch = [], []
+    t0 = _sync(ex)
+    rows = [ex.to_numpy(ref.decode(t, c)[0]) for t, c in zip(tokens, caches)]
+    alone = _sync(ex) - t0
+    batch = []
     for _ in range(2):
-        t0 = time.perf_counter()
-        rows = [ref.decode(t, c)[0] for t, c in zip(tokens, caches)]
-        alone.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        t0 = _sync(ex)
         logits, _ = ref.decode_batch(tokens, caches)
-        batch.append(time.perf_counter() - t0)
-    return {"B": B, "alone_s": min(alone), "batch_s": min(batch), "speedup": min(alone) / min(batch),
+        batch.append(_sync(ex) - t0)
+    logits = ex.to_numpy(logits)
+    return {"B": B, "alone_s": alone, "batch_s": min(batch), "speedup": alone / min(batch),
             "bitwise": all(np.array_equal(logits[b], rows[b]) for b in range(B))}
 
 
@@ -555,6 +560,8 @@ def main(argv=None) -> int:
     d.add_argument("--steps", type=int, default=5)
     d.add_argument("--prefill-tokens", type=int, default=0, help="a long reference prefill (0: none)")
     d.add_argument("--weight-cache-mb", type=int, default=64)
+    d.add_argument("--batch", type=int, default=1,
+                   help="also time one decode_batch of B sequences against their B decode calls")
     d.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="also time STEPS decode steps part by part, and profile the device's kernels")
     c = sub.add_parser("cpu-checkpoint")
