@@ -153,7 +153,7 @@ def cmd_decode(args) -> dict:
 
 # -- where a reference decode step's time goes ---------------------------------------------------------
 
-PROFILED = ("_embed", "_kda", "_mla", "_moe", "_dense", "_lm_head")  # the model's parts, per layer kind
+PROFILED = ("_embed", "_kda_step", "_mla_step", "_moe", "_dense", "_lm_head")  # a decode step's parts
 
 
 def _profile_decode(ref, ids, start: int, cache, steps: int) -> dict:
@@ -191,7 +191,7 @@ def _profile_decode(ref, ids, start: int, cache, steps: int) -> dict:
     saved = {n: getattr(ref, n) for n in PROFILED}
     saved_w = ref._w
     for n in PROFILED:
-        setattr(ref, n, timed(n.lstrip("_"), saved[n]))
+        setattr(ref, n, timed(n.lstrip("_").removesuffix("_step"), saved[n]))
     ref._w = TimedWeights(saved_w)
     try:
         t0 = _sync(ex)
