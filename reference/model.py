@@ -213,7 +213,7 @@ class Model:
         with self._w.row_by_row():
             h = self._embed(ids)  # [B, D]
             for i in range(c.num_hidden_layers):
-                a, lcs = self._mixer_step(i, h, [cc.layers[i] for cc in caches], trace)
+                a, lcs = self.mixer_step(i, h, [cc.layers[i] for cc in caches], trace=trace)
                 new_layers.append(lcs)
                 h = self._layer_rest(i, h, a, trace, None)
                 progress.done(i)
@@ -238,6 +238,12 @@ class Model:
             trace["final_norm"] = h
         return self._lm_head(h[-1:, ...] if last else h)
 
+    def row_by_row(self):
+        """A context in which every product is taken one row at a time (``Weights.row_by_row``):
+        a call on B rows gives each row the bits of that row's call alone, on the CPU executors
+        (``decode_batch`` runs in it; the diff's batched replay too)."""
+        return self._w.row_by_row()
+
     # -- one layer at a time (the diff's replay runs each layer on an engine's own inputs) --------
     def weight(self, name: str):
         """The float64 weight ``name`` (a checkpoint tensor name) on the executor."""
@@ -255,14 +261,16 @@ class Model:
         if prev is not None:
             if h.shape[0] != 1:
                 raise ValueError(f"mixer: after a cache, h is one token [1, D]; got {tuple(h.shape)}")
-            out, (lc,) = self._mixer_step(i, h, [prev], trace)
+            out, (lc,) = self.mixer_step(i, h, [prev], trace=trace)
             return out, lc
         x = self._input_norm(i, h)
         return self._kda(i, x, trace) if self.config.is_kda_layer(i) else self._mla(i, x)
 
-    def _mixer_step(self, i: int, h, prevs: list, trace: dict | None):
+    def mixer_step(self, i: int, h, prevs: list, *, trace: dict | None = None):
         """Layer ``i``'s block on one new token of each of B sequences, ``h [B, D]`` after their
-        caches ``prevs`` (the decode forms): ``(output [B, D], the B new caches)``."""
+        caches ``prevs`` (the layer's ``KDACache`` / ``MLACache`` of each; the decode forms):
+        ``(output [B, D], the B new caches)``. Inside ``row_by_row`` row ``b`` has the bits of
+        ``mixer(i, h[b:b+1], prevs[b])`` on the CPU executors."""
         x = self._input_norm(i, h)
         return self._kda_step(i, x, prevs, trace) if self.config.is_kda_layer(i) else self._mla_step(i, x, prevs)
 
