@@ -139,7 +139,7 @@ class WeightSource:
     def get_on(self, name: str, executor, *, pending: list | None = None):
         """``name`` as float64 on ``executor``, validated like ``get``. The bits are read on the
         host and converted on the device (a GPU copies 2 bytes per bf16 weight, not 8). With
-        ``pending`` (a list) the finiteness check is queued there (``check_pending``) instead of
+        ``pending`` (a list) the finiteness check is queued there (``Weights.verify``) instead of
         synchronizing with the device now."""
         if executor.name == "numpy":
             return self.get(name)
@@ -156,28 +156,15 @@ class WeightSource:
 
     def check_finite_on(self, name: str, values, executor, *, pending: list | None = None):
         """``values`` if all finite (one reduction on the device), else ``CheckpointError``; with
-        ``pending``, the reduction is queued as ``(name, sum)`` and checked by ``check_pending``."""
+        ``pending``, the reduction is queued as ``((name,), sum, False)`` and checked by
+        ``Weights.verify``."""
         total = executor.xp.sum(values)
         if pending is not None:
-            pending.append((name, total))
+            pending.append(((name,), total, False))
             return values
         if math.isfinite(float(total)):
             return values
         return self._check_finite(name, to_numpy(values))
-
-    def check_pending(self, pending: list, executor) -> None:
-        """Check the queued sums of ``check_finite_on(..., pending=)`` in one synchronization; the
-        first non-finite tensor raises ``CheckpointError`` naming it (read again for the detail)."""
-        if not pending:
-            return
-        xp = executor.xp
-        finite = to_numpy(xp.isfinite(xp.stack([t for _, t in pending])))
-        names = [n for n, _ in pending]
-        pending.clear()
-        for name, ok in zip(names, finite.tolist()):
-            if not ok:  # a non-finite sum: read again, element by element (it raises, naming the first)
-                self.check_finite_on(name, executor.from_storage(self.get_raw(name), self.storage_dtype(name)),
-                                     executor)
 
     def _check_finite(self, name: str, values: np.ndarray) -> np.ndarray:
         # a finite float64 sum means every value is finite (block sums on every core, no

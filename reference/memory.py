@@ -12,7 +12,9 @@ positions, ``Ts = min(T, SEGMENT)`` tokens of a KDA / routed-expert segment):
   output) plus ``2 T (H K)`` for the segment outputs; MLA ``3 T N (P+R) + 3 T N Vh`` plus the
   blocked attention's working set (``mla.attention_bytes``: score blocks and, in the naive form,
   the per-head keys and values ``N S (P+Vh)``); MoE ``5 T E`` (router) + ``Ts k_e D + 3 T D``
-  (expert outputs in expert order, gathered back per slot) + ``3 T F_shared``; dense ``4 T F``;
+  (expert outputs in expert order, gathered back per slot) + ``3 T F_shared``, and with experts
+  run ``n`` at a time their weights ``4 n F D``, padded rows ``n Ts (3 D + 3 F)`` (a bound:
+  one expert may take every token) and ``2 Ts k_e D`` more outputs; dense ``4 T F``;
 - the new cache's MLA arrays ``S (L+R)`` per MLA layer;
 - the weights: the LRU's budget plus twice the largest tensor in flight (its raw bits and its
   float64 form), or a streamed product's scratch if larger (``streamed.scratch_bytes``: a block
@@ -47,8 +49,9 @@ class DoesNotFit(MemoryError):
 
 def call_bytes(config: KimiConfig, T: int, *, cached: int = 0, trace: bool = False, logits: str = "all",
                lm_head_rows: int = 4096, weight_bytes: int = 64 << 20, segment: int | None = None,
-               trace_kda_core: bool = False) -> int:
-    """Peak bytes of a forward/prefill/decode call on ``T`` new tokens after ``cached`` ones."""
+               trace_kda_core: bool = False, expert_group: int | None = None) -> int:
+    """Peak bytes of a forward/prefill/decode call on ``T`` new tokens after ``cached`` ones.
+    ``expert_group``: the routed experts run that many at a time (``moe.experts(group=)``)."""
     c = config
     S = cached + T
     Ts = min(T, SEGMENT if segment is None else segment)
@@ -59,7 +62,11 @@ def call_bytes(config: KimiConfig, T: int, *, cached: int = 0, trace: bool = Fal
     kda = 16 * Ts * HK + 2 * T * HK
     form = "naive" if cached == 0 else "absorbed"
     mla = 3 * T * N * (P + R) + 3 * T * N * Vh + attention_bytes(1, T, S, N, P, R, Vh, L, form=form) // F64
-    moe = 5 * T * E + Ts * k * D + 3 * T * D + 3 * T * c.moe_intermediate_size * c.num_shared_experts
+    F = c.moe_intermediate_size
+    moe = 5 * T * E + Ts * k * D + 3 * T * D + 3 * T * F * c.num_shared_experts
+    if expert_group:  # a group's weights (float64 and their stacked storage) and padded rows
+        n = min(expert_group, E)
+        moe += 2 * Ts * k * D + 4 * n * F * D + n * Ts * (3 * D + 3 * F)
     dense = 4 * T * c.intermediate_size
     largest = max([kda if c.is_kda_layer(i) else mla for i in layers]
                   + [moe if c.is_moe_layer(i) else dense for i in layers])

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -68,6 +69,9 @@ __all__ = ["load", "Model", "ModelCache", "KDACache", "MLACache", "DoesNotFit", 
 
 LOGITS = ("all", "last")
 LM_HEAD_BLOCK_ROWS = 4096  # a large lm_head is read in blocks of rows (75 MB float64 at 48b)
+EXPERT_GROUP_BYTES = 1 << 30  # torch runs routed experts as batched products over this many bytes of
+# float64 expert weights at a time (18 experts at 48b): an expert's three products alone are too
+# small for a GPU, and each launch costs more host time than its arithmetic
 
 
 class Model:
@@ -90,6 +94,13 @@ class Model:
         if segment < 64 or segment % 64:
             raise ValueError(f"segment: expected a positive multiple of the KDA chunk 64, got {segment!r}")
         self.segment = int(segment)
+        # decode_batch gives each row the bits of its own decode on the CPU executors (products row
+        # by row, each sequence's mixer on its own); a GPU runs the B rows as one batch instead,
+        # where a row's bits depend on the batch anyway (cuBLAS and torch pick kernels by shape)
+        self.bitwise_rows = executor.device == "cpu"
+        c = self.config
+        per_expert = 3 * c.moe_intermediate_size * c.hidden_size * 8
+        self.expert_group = max(1, EXPERT_GROUP_BYTES // per_expert) if executor.name == "torch" else None
 
     @property
     def shares_weights(self) -> bool:
@@ -153,7 +164,7 @@ class Model:
         executor's device, beyond the weights' LRU: see ``reference.memory``."""
         return call_bytes(self.config, T, cached=cached, trace=trace, logits=logits,
                           lm_head_rows=LM_HEAD_BLOCK_ROWS, weight_bytes=self._w.budget, segment=self.segment,
-                          trace_kda_core=self.trace_kda_core)
+                          trace_kda_core=self.trace_kda_core, expert_group=self.expert_group)
 
     def _check_ids(self, token_ids) -> np.ndarray:
         ids = to_numpy(token_ids) if hasattr(token_ids, "shape") else token_ids
@@ -178,7 +189,8 @@ class Model:
         new caches [B])``."""
         lengths = [cc.length for cc in caches]
         need = step_bytes(self.config, lengths, trace=trace is not None, lm_head_rows=LM_HEAD_BLOCK_ROWS,
-                          weight_bytes=self._w.budget, segment=self.segment, trace_kda_core=self.trace_kda_core)
+                          weight_bytes=self._w.budget, segment=self.segment, trace_kda_core=self.trace_kda_core,
+                          expert_group=self.expert_group)
         return self._guarded(need, call, len(ids), max(lengths), lambda: self._step_stack(ids, caches, trace, call))
 
     def _guarded(self, need: int, call: str, T: int, cached: int, run: Callable):
@@ -210,7 +222,7 @@ class Model:
         c = self.config
         progress = LayerProgress(self.progress, call, c.num_hidden_layers, len(ids))
         new_layers = []  # per layer, the B sequences' new caches
-        with self._w.row_by_row():
+        with self.row_by_row():
             h = self._embed(ids)  # [B, D]
             for i in range(c.num_hidden_layers):
                 a, lcs = self.mixer_step(i, h, [cc.layers[i] for cc in caches], trace=trace)
@@ -239,10 +251,11 @@ class Model:
         return self._lm_head(h[-1:, ...] if last else h)
 
     def row_by_row(self):
-        """A context in which every product is taken one row at a time (``Weights.row_by_row``):
-        a call on B rows gives each row the bits of that row's call alone, on the CPU executors
-        (``decode_batch`` runs in it; the diff's batched replay too)."""
-        return self._w.row_by_row()
+        """A context in which a call on B rows gives each row the bits of that row's call alone
+        (every product one row at a time, ``Weights.row_by_row``), where ``bitwise_rows`` (the CPU
+        executors); elsewhere nothing changes. ``decode_batch`` runs in it, the diff's batched
+        replay too."""
+        return self._w.row_by_row() if self.bitwise_rows else nullcontext()
 
     # -- one layer at a time (the diff's replay runs each layer on an engine's own inputs) --------
     def weight(self, name: str):
@@ -374,30 +387,37 @@ class Model:
 
     def _kda_step(self, i: int, x, prevs: list[KDACache], trace: dict | None):
         """The KDA layer on one new token of each of B sequences, normed ``x [B, D]`` after their
-        caches ``prevs``: projections and the gated norm on the B rows, each sequence's conv step
-        and recurrence (``fused_recurrent``) on its own states. ``(out [B, D], B new KDACaches)``."""
+        caches ``prevs``: projections and the gated norm on the B rows, the conv step and the
+        recurrence (``fused_recurrent``) on each sequence's own states: one sequence at a time
+        where ``bitwise_rows``, else the B sequences' states stacked into one call.
+        ``(out [B, D], B new KDACaches)``."""
         w, xp = self._w, self.executor.xp
         a = layer_prefix(i) + "self_attn."
-        H, K = self.config.kda_num_heads, self.config.kda_head_dim
+        B, H, K = x.shape[0], self.config.kda_num_heads, self.config.kda_head_dim
         proj, g_raw, beta_logits, gate = self._kda_in(i, x)
         taps = [w(a + f"{which}_conv1d.weight")[:, 0, :] for which in "qkv"]
         A_log, dt_bias = xp.reshape(w(a + "A_log"), (H,)), w(a + "dt_bias")
+        runs = [(b, b + 1) for b in range(B)] if self.bitwise_rows else [(0, B)]
         outs, caches, core = [], [], []
-        for b, prev in enumerate(prevs):
+        for lo, hi in runs:
+            n, mine = hi - lo, prevs[lo:hi]
             conv_out, conv_states = [], []
             for which, p, cw in zip("qkv", proj, taps):
-                y, st = conv.short_conv_step(p[b:b + 1, ...], cw, getattr(prev, f"conv_{which}")[None])
-                conv_out.append(xp.reshape(y, (1, 1, H, K)))
-                conv_states.append(st[0])
+                y, st = conv.short_conv_step(p[lo:hi, ...], cw, _stacked(xp, [getattr(c, f"conv_{which}") for c in mine]))
+                conv_out.append(xp.reshape(y, (n, 1, H, K)))
+                conv_states.append(st)
             q, k, v = conv_out
-            args = (q, k, g_raw[None, b:b + 1, ...], beta_logits[None, b:b + 1, ...], A_log, dt_bias)
-            o, S = kda.fused_recurrent(*args[:2], v, *args[2:], initial_state=prev.state[None])
-            outs.append(o[0])
-            caches.append(KDACache(*conv_states, S[0]))
-            core.append((args, v))
-        out, normed = self._kda_out(i, xp.concat(outs, axis=0), gate)
+            args = (q, k, xp.reshape(g_raw[lo:hi, ...], (n, 1, H, K)),
+                    xp.reshape(beta_logits[lo:hi, ...], (n, 1, H)), A_log, dt_bias)
+            o, S = kda.fused_recurrent(*args[:2], v, *args[2:], initial_state=_stacked(xp, [c.state for c in mine]))
+            outs.append(o[:, 0, ...])
+            caches += [KDACache(*(st[j, ...] for st in conv_states), S[j, ...]) for j in range(n)]
+            core.append((lo, hi, args, v))
+        out, normed = self._kda_out(i, outs[0] if len(outs) == 1 else xp.concat(outs, axis=0), gate)
         if trace is not None and self.trace_kda_core:
-            parts = [(args, v, normed[b:b + 1, ...]) for b, (args, v) in enumerate(core)]
+            # each run as one sequence of n tokens: the trace's [B, ...] rows in sequence order
+            seq = lambda t: xp.reshape(t, (1, t.shape[0] * t.shape[1], *t.shape[2:]))  # noqa: E731
+            parts = [((*map(seq, args[:4]), *args[4:]), seq(v), normed[lo:hi, ...]) for lo, hi, args, v in core]
             trace_kda_core(trace, i, parts, xp.concat([p.state for p in prevs], axis=0), xp)
         return out, caches
 
@@ -465,13 +485,19 @@ class Model:
             trace[f"layers.{i}.router.ids"] = ids
         E, n = c.num_experts, self.segment
         w1, w2, w3 = (w.experts(i, which, E) for which in ("w1", "w2", "w3"))
-        parts = [moe.experts(x[s:s + n, ...], weights[s:s + n, ...], ids[s:s + n, ...], w1, w2, w3)
+        group = None if w.by_row else self.expert_group  # row by row: one expert at a time
+        parts = [moe.experts(x[s:s + n, ...], weights[s:s + n, ...], ids[s:s + n, ...], w1, w2, w3, group=group)
                  for s in range(0, x.shape[0], n)]
         y = parts[0] if len(parts) == 1 else self.executor.xp.concat(parts, axis=0)
         if c.num_shared_experts:
             s = m + "shared_experts."
             y = y + moe.swiglu(x, *(w.operand(s + f"{p}_proj.weight") for p in ("gate", "up", "down")))
         return y
+
+
+def _stacked(xp, arrays: list):
+    """``arrays`` (one shape) stacked along a new first axis (one array: a view, no copy)."""
+    return arrays[0][None, ...] if len(arrays) == 1 else xp.stack(arrays, axis=0)
 
 
 def load(path_or_source, *, moe_combine: str = "unbiased", kv_norm_eps: float = 1e-6,

@@ -6,6 +6,8 @@ width. Expert weights follow the checkpoint: ``w1`` = gate ``[F, D]``, ``w3`` = 
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .elementwise import sigmoid, silu
 from .executor import device_of, namespace, to_numpy
 from .streamed import StreamedWeight, arrays, linear
@@ -122,7 +124,7 @@ def swiglu(x, w_gate, w_up, w_down):
     return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)
 
 
-def experts(x, weights, ids, w1, w2, w3):
+def experts(x, weights, ids, w1, w2, w3, *, group=None):
     """Routed experts: ``y[t] = sum_k weights[t, k] * swiglu(x[t], w1[e], w3[e], w2[e])``, e = ids[t, k].
 
     x: [T, D]; weights, ids: [T, k_e] (from ``router``); w1, w3: indexable by expert id giving
@@ -130,6 +132,12 @@ def experts(x, weights, ids, w1, w2, w3):
     expert on access, as an array or a ``streamed.StreamedWeight``). Only the experts in ``ids``
     are fetched, each once, and run on the tokens routed to it (in token order); the sum over k is
     taken in slot order. Returns [T, D].
+
+    ``group``: None runs one expert at a time; an integer runs up to ``group`` experts as one
+    batched product each (``_grouped``: their weights gathered into ``[n, F, D]`` arrays, each
+    expert's tokens padded to the group's largest count), for a GPU, where an expert's three
+    products are too small to keep it busy and each launch costs more than its arithmetic. The
+    same float64 products either way (the sums may round in another order).
 
     Gathers only (no scatter, which the standard lacks): the (token, slot) pairs are sorted by
     expert, each expert's outputs are concatenated in that order, and slot ``k`` of token ``t``
@@ -146,6 +154,8 @@ def experts(x, weights, ids, w1, w2, w3):
                          f"{ids.dtype} {tuple(ids.shape)}")
     if weights.shape != ids.shape:
         raise ValueError(f"weights: expected [T,k_e] = {tuple(ids.shape)}, got {tuple(weights.shape)}")
+    if group is not None and (int(group) != group or group < 1):
+        raise ValueError(f"group: expected a positive number of experts or None, got {group!r}")
     T, k = ids.shape
     out = xp.zeros((T, x.shape[1]), dtype=xp.float64, device=device_of(x))
     if T == 0 or k == 0:
@@ -154,16 +164,66 @@ def experts(x, weights, ids, w1, w2, w3):
     order = xp.argsort(flat, stable=True)  # pairs grouped by expert, token order within an expert
     token = order // k
     experts_, counts = (to_numpy(a).tolist() for a in xp.unique_counts(xp.take(flat, order)))
-    ys, start = [], 0
-    for e, n in zip(experts_, counts):
-        rows = token[start:start + n]
-        ys.append(swiglu(xp.take(x, rows, axis=0), _expert(w1, e), _expert(w3, e), _expert(w2, e)))
-        start += n
-    y = xp.concat(ys, axis=0)  # [T*k_e, D], pairs in expert order
+    if group is None:
+        ys, start = [], 0
+        for e, n in zip(experts_, counts):
+            rows = token[start:start + n]
+            ys.append(swiglu(xp.take(x, rows, axis=0), _expert(w1, e), _expert(w3, e), _expert(w2, e)))
+            start += n
+        y = xp.concat(ys, axis=0)  # [T*k_e, D], pairs in expert order
+    else:
+        y = _grouped(x, token, experts_, counts, w1, w2, w3, int(group))
     where = xp.reshape(xp.argsort(order, stable=True), (T, k))  # sorted position of pair (t, slot)
     for slot in range(k):
         out = out + weights[:, slot:slot + 1] * xp.take(y, where[:, slot], axis=0)
     return out
+
+
+def _grouped(x, token, experts_, counts, w1, w2, w3, group):
+    """``[T*k_e, D]``: each (token, slot) pair's expert output, pairs in expert order (as the
+    one-at-a-time loop concatenates them), computed ``group`` experts per batched product.
+
+    ``token``: the token of each pair in expert order (device ints); ``experts_``, ``counts``: the
+    routed experts (ascending) and their pair counts (host lists). Experts are taken in order of
+    their counts, so a group pads its tokens to a similar count (padding rows read a zero row
+    appended to ``x``); the valid rows are then put back in expert order by one gather.
+    """
+    xp = namespace(x, token)
+    T, D = x.shape
+    dev = device_of(x)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    by_count = sorted(range(len(experts_)), key=lambda j: -counts[j])
+    x_pad = xp.concat([x, xp.zeros((1, D), dtype=xp.float64, device=dev)], axis=0)
+    token_pad = xp.concat([token, xp.asarray([T], dtype=token.dtype, device=dev)], axis=0)
+    sentinel = int(token.shape[0])  # index of the appended T in token_pad: a padding row
+    ys, placed = [], np.empty(int(sum(counts)), dtype=np.int64)  # pair (expert order) -> row of ys
+    done = 0
+    for lo in range(0, len(by_count), group):
+        members = by_count[lo:lo + group]
+        m = counts[members[0]]  # the largest count of this group
+        index = np.full((len(members), m), sentinel, dtype=np.int64)
+        for g, j in enumerate(members):
+            index[g, :counts[j]] = starts[j] + np.arange(counts[j])
+            placed[starts[j]:starts[j] + counts[j]] = done + g * m + np.arange(counts[j])
+        rows = xp.take(token_pad, xp.asarray(index.reshape(-1), device=dev), axis=0)
+        xg = xp.reshape(xp.take(x_pad, rows, axis=0), (len(members), m, D))
+        chosen = [experts_[j] for j in members]
+        g1, g3, g2 = (_gather(w, chosen, xp, dev) for w in (w1, w3, w2))
+        h = silu(xg @ xp.matrix_transpose(g1)) * (xg @ xp.matrix_transpose(g3))
+        ys.append(xp.reshape(h @ xp.matrix_transpose(g2), (len(members) * m, D)))
+        done += len(members) * m
+    y = ys[0] if len(ys) == 1 else xp.concat(ys, axis=0)
+    return xp.take(y, xp.asarray(placed, device=dev), axis=0)
+
+
+def _gather(w, experts_: list[int], xp, dev):
+    """Experts ``experts_`` of ``w`` as one float64 array ``[n, ., .]``: a lazy sequence's own
+    ``gather_experts`` (``reference.weights.Experts``), else rows of a stacked array."""
+    if hasattr(w, "gather_experts"):
+        return w.gather_experts(experts_)
+    if hasattr(w, "ndim"):
+        return xp.take(xp.asarray(w, dtype=xp.float64), xp.asarray(experts_, device=dev), axis=0)
+    return xp.stack([xp.asarray(w[e], dtype=xp.float64) for e in experts_], axis=0)
 
 
 def _expert(w, e):

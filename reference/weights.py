@@ -19,8 +19,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .checkpoint import WeightSource
-from .executor import Executor
+from .checkpoint import CheckpointError, WeightSource
+from .executor import Executor, to_numpy
 from .streamed import StreamedWeight, linear, linear_rows
 from .tensors import expert_name
 
@@ -41,8 +41,12 @@ class Weights:
         self._lru: OrderedDict[str, object] = OrderedDict()
         self._bytes = 0
         # finiteness of weights fetched during a call, checked at its end in one device sync
-        # (a sync per tensor costs ~1200 round trips per 48B decode step); NumPy checks at once
+        # (a sync per tensor costs ~1200 round trips per 48B decode step); NumPy checks at once.
+        # Entries: (names, sum of their values, whether a pass is remembered)
         self.pending: list | None = None if executor.name == "numpy" else []
+        # shared tensors found finite: resident and never written, so checked once, not at
+        # every fetch (a sum per fetched tensor was ~1200 reductions per 48B decode step)
+        self.checked: set[str] = set()
         # NumPy applies the linear layers' weights from their storage bits (``streamed``) when the
         # LRU cannot hold every weight (48B: each step would upcast 3.1 G weights into fresh
         # float64 arrays and evict them); a model whose weights all fit is upcast once.
@@ -65,37 +69,88 @@ class Weights:
         return a
 
     def _fetch(self, name: str):
-        t = self.shared.get(name)
-        if t is None:
+        if name not in self.shared:
             return self.source.get_on(name, self.ex, pending=self.pending)
-        shape = self.source.shape(name)
+        return self._check((name,), self._shared(name), remember=True)
+
+    def _shared(self, name: str):
+        """The shared tensor ``name`` as float64 in its checkpoint shape (unchecked)."""
+        t, shape = self.shared[name], self.source.shape(name)
         if math.prod(t.shape) != math.prod(shape):
             raise ValueError(f"shared_weights[{name!r}]: expected shape {shape}, got {tuple(t.shape)}")
         try:
             a = self.ex.from_storage(t, self.source.storage_dtype(name))
         except TypeError as exc:
             raise ValueError(f"shared_weights[{name!r}]: {exc}") from None
-        return self.source.check_finite_on(name, self.ex.xp.reshape(a, shape), self.ex, pending=self.pending)
+        return self.ex.xp.reshape(a, shape)
+
+    def _check(self, names: tuple, values, *, remember: bool):
+        """``values`` (of the shared tensors ``names``; shared tensors need the torch executor, so
+        checks are queued) with their finiteness check queued, unless every one of them was found
+        finite before (``remember``: whole tensors or fixed blocks of rows, not rows by id)."""
+        if remember:  # a sum over values checked before too: only the others can make it non-finite
+            names = tuple(n for n in names if n not in self.checked)
+            if not names:
+                return values
+        self.pending.append((names, self.ex.xp.sum(values), remember))
+        return values
 
     def rows(self, name: str, rows: np.ndarray):
         """float64 rows (host int64 indices) of ``name`` along its first axis."""
         t = self.shared.get(name)
         if t is None:
             return self.source.get_rows_on(name, rows, self.ex, pending=self.pending)
-        sub = t[int(rows[0]):int(rows[-1]) + 1] if _contiguous(rows) else t[self.ex.ints(rows)]
-        return self.source.check_finite_on(name, self.ex.from_storage(sub, self.source.storage_dtype(name)),
-                                           self.ex, pending=self.pending)
+        if _contiguous(rows):  # a block of rows (the lm_head's): remembered under its range
+            lo, hi = int(rows[0]), int(rows[-1]) + 1
+            values = self.ex.from_storage(t[lo:hi], self.source.storage_dtype(name))
+            return self._check((f"{name}[{lo}:{hi}]",), values, remember=True)
+        values = self.ex.from_storage(t[self.ex.ints(rows)], self.source.storage_dtype(name))
+        return self._check((name,), values, remember=False)
+
+    def gather(self, names: list[str]):
+        """The float64 tensors ``names`` (of one shape) stacked ``[n, ...]``: shared ones stacked
+        in their storage dtype and converted at once (two device ops for any ``n``), others
+        through the LRU."""
+        if not all(n in self.shared for n in names):
+            return self.ex.xp.stack([self(n) for n in names], axis=0)
+        shape = self.source.shape(names[0])
+        raw = self.ex.xp.stack([self.shared[n] for n in names], axis=0)
+        if math.prod(raw.shape) != len(names) * math.prod(shape):
+            raise ValueError(f"shared_weights[{names[0]!r}]...: expected shape {shape}, got {tuple(raw.shape[1:])}")
+        values = self.ex.xp.reshape(self.ex.from_storage(raw, self.source.storage_dtype(names[0])),
+                                    (len(names), *shape))
+        return self._check(tuple(names), values, remember=True)
 
     def verify(self) -> None:
-        """Raise for a non-finite weight fetched and not yet checked (``CheckpointError``); the
-        LRU is emptied then, so no unchecked weight is ever used again."""
-        if self.pending:
-            try:
-                self.source.check_pending(self.pending, self.ex)
-            except BaseException:
-                self._lru.clear()
-                self._bytes = 0
-                raise
+        """Raise for a non-finite weight fetched and not yet checked (``CheckpointError`` naming
+        it); the LRU is emptied then, so no unchecked weight is ever used again."""
+        if not self.pending:
+            return
+        entries = list(self.pending)
+        self.pending.clear()
+        xp = self.ex.xp
+        finite = to_numpy(xp.isfinite(xp.stack([total for _, total, _ in entries]))).tolist()
+        for (names, _, remember), ok in zip(entries, finite):
+            if ok and remember:
+                self.checked.update(names)
+        bad = [names for (names, _, _), ok in zip(entries, finite) if not ok]
+        if bad:
+            self._lru.clear()
+            self._bytes = 0
+            for names in bad:
+                for n in names:  # element by element: raises naming the first bad tensor
+                    self.source.check_finite_on(n.split("[")[0], self._recheck(n), self.ex)
+            raise CheckpointError(f"{', '.join(bad[0])}: a non-finite sum of finite weights")
+
+    def _recheck(self, name: str):
+        """What was fetched as ``name`` (``tensor[lo:hi]`` for a block of rows), fetched again."""
+        base, _, span = name.partition("[")
+        if base not in self.shared:
+            return self.source.get_on(base, self.ex)
+        if span:
+            lo, hi = (int(v) for v in span.rstrip("]").split(":"))
+            return self.ex.from_storage(self.shared[base][lo:hi], self.source.storage_dtype(base))
+        return self._shared(base)
 
     def small(self, name: str) -> bool:
         """Whether the LRU keeps ``name`` (so it is fetched whole, not by rows)."""
@@ -172,3 +227,10 @@ class Experts(Sequence):
         if not 0 <= e < self._count:
             raise IndexError(f"expert {e} out of range [0, {self._count})")
         return self._w.operand(expert_name(self._layer, e, self._which))
+
+    def gather_experts(self, experts: list[int]):
+        """Experts ``experts`` (host ids) stacked ``[n, ., .]`` float64 (``moe.experts(group=)``)."""
+        bad = [e for e in experts if not 0 <= int(e) < self._count]
+        if bad:
+            raise IndexError(f"expert {bad[0]} out of range [0, {self._count})")
+        return self._w.gather([expert_name(self._layer, int(e), self._which) for e in experts])

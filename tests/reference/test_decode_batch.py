@@ -156,3 +156,72 @@ def test_row_by_row_products_give_each_row_its_own_bits(library):
     rows = linear_rows(x, w)
     for t in range(5):
         assert_same_bits(rows[t:t + 1], x[t:t + 1] @ w.T, f"row {t}")
+
+
+def _shared_small():
+    import optimized
+    from optimized.weights import named_views
+
+    src = SyntheticSource(KimiConfig.from_name("small"), 0)
+    return src, named_views(optimized.load(src, device="cpu", dtype="bfloat16").weights, src.config)
+
+
+def test_where_rows_need_not_be_bitwise_a_batch_runs_as_one_within_1e_12_of_each_decode(monkeypatch):
+    # bitwise_rows False is a GPU's default (its kernels depend on shapes anyway): the B rows'
+    # products, the B sequences' stacked KDA states and the routed experts gathered in groups
+    from reference import moe
+
+    src, views = _shared_small()
+    exact = reference.load(src, executor="torch")
+    model = reference.load(src, executor="torch", shared_weights=views)
+    model.bitwise_rows = False
+    groups = []
+    real = moe.experts
+    monkeypatch.setattr(moe, "experts", lambda *a, group=None: groups.append(group) or real(*a, group=group))
+    caches = [exact.prefill(p)[1] for p in ([5, 6, 7, 8], [9], [100, 3, 2, 1, 0, 7, 7])]
+    tokens = [1, 2, 3]
+    model.trace_kda_core = exact.trace_kda_core = True
+    trace = {}
+    logits, new = model.decode_batch(tokens, caches, trace=trace)
+    assert groups and set(groups) == {model.expert_group} and model.expert_group > 1
+    for b, (tr, token, cache) in enumerate(zip(split_trace(trace, 3), tokens, caches)):
+        own = {}
+        want, want_cache = exact.decode(token, cache, trace=own)
+        scale = float(np.abs(to_numpy(want)).max())
+        np.testing.assert_allclose(to_numpy(logits[b]), to_numpy(want), rtol=0, atol=1e-12 * scale)
+        for got, ref in zip(arrays_of(new[b]), arrays_of(want_cache), strict=True):
+            np.testing.assert_allclose(got, ref, rtol=0, atol=1e-12 * max(1.0, float(np.abs(ref).max())))
+        assert sorted(tr) == sorted(own)
+        for key in own:
+            assert tuple(tr[key].shape) == tuple(own[key].shape), key
+    groups.clear()
+    model.bitwise_rows = True
+    model.decode_batch(tokens, caches)
+    assert set(groups) == {None}  # row by row: one expert at a time, each row its own products
+
+
+def test_shared_weights_are_checked_finite_once_and_a_non_finite_expert_is_named():
+    import torch
+
+    from reference.checkpoint import CheckpointError
+
+    src, views = _shared_small()
+    model = reference.load(src, executor="torch", shared_weights=views)
+    model.bitwise_rows = False
+    _, cache = model.prefill([5, 6, 7])
+    before = set(model._w.checked)
+    assert any(".experts." in n for n in before) and "model.norm.weight" in before
+
+    class Queue(list):
+        def append(self, entry):
+            queued.extend(entry[0])
+            super().append(entry)
+
+    queued, model._w.pending = [], Queue()
+    model._w._lru.clear()  # every weight fetched again: none of those checked is summed again
+    model.decode(1, cache)
+    assert queued and not set(queued) & before
+    bad = {n: (torch.full_like(t, float("nan")) if ".experts." in n and n.endswith("w1.weight") else t)
+           for n, t in views.items()}
+    with pytest.raises(CheckpointError, match=r"experts\.\d+\.w1\.weight.*non-finite"):
+        reference.load(src, executor="torch", shared_weights=bad).forward([5, 6, 7])

@@ -150,3 +150,37 @@ def test_experts_equal_a_dense_loop_and_load_only_routed_experts():
     routed = sorted(set(ids.ravel().tolist()))
     for lz in lazy:
         assert sorted(lz.loaded) == routed  # each routed expert once, no others
+
+
+class GatheringExperts(LazyExperts):
+    """A lazy sequence that also gathers several experts at once (``Weights``' experts do)."""
+
+    def __init__(self, stacked):
+        super().__init__(stacked)
+        self.gathers = []
+
+    def gather_experts(self, experts_):
+        self.gathers.append(list(experts_))
+        return self.stacked[np.asarray(experts_)]
+
+
+@pytest.mark.parametrize("group", [1, 3, 64])
+def test_grouped_experts_are_the_one_at_a_time_loop_batched(group):
+    # skewed routing (expert 0 takes most tokens): groups pad their tokens to unequal counts
+    rng = np.random.default_rng(2)
+    T, D, F, E, k_e = 29, 8, 12, 10, 3
+    x = rng.standard_normal((T, D))
+    w1, w3, w2 = (rng.standard_normal(s) for s in ((E, F, D), (E, F, D), (E, D, F)))
+    logits = rng.standard_normal((T, E)) + np.where(np.arange(E) == 0, 4.0, 0.0)
+    weights, ids = router(logits, np.zeros(E), top_k=k_e)
+    want = experts(x, weights, ids, w1, w2, w3)
+    lazy = [GatheringExperts(w) for w in (w1, w2, w3)]
+    got = experts(x, weights, ids, *lazy, group=group)
+    np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-14 * np.abs(want).max())
+    routed = sorted(set(ids.ravel().tolist()))
+    for lz in lazy:  # every routed expert gathered once, in groups of at most `group`
+        assert sorted(sum(lz.gathers, [])) == routed and not lz.loaded
+        assert max(map(len, lz.gathers)) <= group
+    np.testing.assert_allclose(experts(x, weights, ids, w1, w2, w3, group=group), got, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="group: expected a positive number"):
+        experts(x, weights, ids, w1, w2, w3, group=0)
