@@ -45,10 +45,14 @@ def naive(q, latent, k_pe, w_kvb, *, scale=None):
     return xp.permute_dims(o, (0, 2, 1, 3))  # [B, T, N, Vh]
 
 
-def absorbed(q, latent, k_pe, w_kvb, *, scale=None):
+def absorbed(q, latent, k_pe, w_kvb, *, scale=None, lengths=None):
     """Absorbed ("data-movement-friendly", decode) form: ``q_lat = W_UK^T q_nope`` per head, MQA
     over the shared ``[latent ; k_pe]`` keys with value ``latent``, then ``o = W_UV o_lat``.
-    Same result as ``naive`` (``q_nope . (W_UK c) = (W_UK^T q_nope) . c``)."""
+    Same result as ``naive`` (``q_nope . (W_UK c) = (W_UK^T q_nope) . c``).
+
+    ``lengths`` (B host ints, each in ``[T, S]``; None: all S): sequence ``b`` holds
+    ``lengths[b]`` positions, its rows of ``latent``/``k_pe`` past them padding (any finite
+    values) that no query sees: B sequences of ragged lengths in one call."""
     xp, q, latent, k_pe, w_uk, w_uv, scale = _prepare(q, latent, k_pe, w_kvb, scale)
     B, T, N, _ = q.shape
     S, L = latent.shape[1:]
@@ -61,7 +65,8 @@ def absorbed(q, latent, k_pe, w_kvb, *, scale=None):
     def scores(t0, t1, s0, s1):
         return q_abs[:, :, t0:t1, :] @ k_t[..., s0:s1]
 
-    o_lat = _causal_attention(xp, scores, lambda s0, s1: lat[:, :, s0:s1, :], (B, T, N), S, L, scale)
+    o_lat = _causal_attention(xp, scores, lambda s0, s1: lat[:, :, s0:s1, :], (B, T, N), S, L, scale,
+                              lengths=_lengths(lengths, B, T, S))
     o = o_lat @ xp.matrix_transpose(w_uv)[None, ...]  # [B, N, T, Vh]
     return xp.permute_dims(o, (0, 2, 1, 3))
 
@@ -92,9 +97,19 @@ def _heads_first(xp, q, P):
     return qh[..., :P], qh[..., P:]
 
 
-def _causal_attention(xp, scores, values, BTN, S, W, scale):
-    """``softmax(scale * scores) @ values`` over blocks, query ``t`` seeing keys ``<= S - T + t``;
-    ``[B, N, T, W]``.
+def _lengths(lengths, B: int, T: int, S: int):
+    """``lengths`` checked: None, or B ints in ``[T, S]`` (a host list)."""
+    if lengths is None:
+        return None
+    out = [int(n) for n in lengths]
+    if len(out) != B or any(not T <= n <= S for n in out):
+        raise ValueError(f"lengths: expected {B} ints in [T, S] = [{T}, {S}], got {list(lengths)!r}")
+    return None if all(n == S for n in out) else out
+
+
+def _causal_attention(xp, scores, values, BTN, S, W, scale, *, lengths=None):
+    """``softmax(scale * scores) @ values`` over blocks, query ``t`` seeing keys ``<= S - T + t``
+    (of sequence ``b``: ``<= lengths[b] - T + t``); ``[B, N, T, W]``.
 
     ``scores(t0, t1, s0, s1) -> [B, N, t1-t0, s1-s0]``, ``values(s0, s1) -> [B, 1|N, s1-s0, W]``.
     Key blocks run in increasing order: the first holds key 0, which every query sees, so the
@@ -112,7 +127,11 @@ def _causal_attention(xp, scores, values, BTN, S, W, scale):
         for s0 in range(0, last, tk):
             s1 = min(last, s0 + tk)
             s = scale * scores(t0, t1, s0, s1)
-            if s1 - 1 > S - T + t0:  # the block reaches past the first query's last key: mask
+            if lengths is not None:  # each sequence's own last key; key 0 is every query's
+                last_key = xp.asarray(lengths, dtype=xp.int64, device=dev)[:, None, None, None] - T \
+                    + xp.arange(t0, t1, device=dev)[None, None, :, None]  # [B, 1, tq, 1]
+                s = xp.where(xp.arange(s0, s1, device=dev)[None, None, None, :] <= last_key, s, -xp.inf)
+            elif s1 - 1 > S - T + t0:  # the block reaches past the first query's last key: mask
                 allowed = (xp.arange(s0, s1, device=dev)[None, :]
                            <= (S - T + xp.arange(t0, t1, device=dev))[:, None])
                 s = xp.where(allowed, s, -xp.inf)

@@ -59,7 +59,7 @@ from .checkpoint import WeightSource, open_source
 from .checks import check_routing, check_token_id, check_token_ids, check_variants
 from .config import KimiConfig
 from .elementwise import sigmoid
-from .executor import NUMPY, Executor, get_executor, to_numpy
+from .executor import NUMPY, Executor, device_of, get_executor, to_numpy
 from .hooks import LayerProgress, trace_kda_core
 from .memory import SEGMENT, DoesNotFit, call_bytes, check_fits, out_of_memory, step_bytes
 from .tensors import layer_prefix
@@ -68,7 +68,8 @@ from .weights import STREAM_TOKENS, WEIGHT_CACHE_BYTES, Weights
 __all__ = ["load", "Model", "ModelCache", "KDACache", "MLACache", "DoesNotFit", "LOGITS", "SEGMENT"]
 
 LOGITS = ("all", "last")
-LM_HEAD_BLOCK_ROWS = 4096  # a large lm_head is read in blocks of rows (75 MB float64 at 48b)
+LM_HEAD_BLOCK_ROWS = 4096  # a large lm_head is read in blocks of rows (75 MB float64 at 48b); a GPU
+# takes 8 times as many (600 MB) per block: a fifth of the launches, a sliver of its memory
 EXPERT_GROUP_BYTES = 1 << 30  # torch runs routed experts as batched products over this many bytes of
 # float64 expert weights at a time (18 experts at 48b): an expert's three products alone are too
 # small for a GPU, and each launch costs more host time than its arithmetic
@@ -98,6 +99,7 @@ class Model:
         # by row, each sequence's mixer on its own); a GPU runs the B rows as one batch instead,
         # where a row's bits depend on the batch anyway (cuBLAS and torch pick kernels by shape)
         self.bitwise_rows = executor.device == "cpu"
+        self.lm_head_rows = LM_HEAD_BLOCK_ROWS * (1 if executor.device == "cpu" else 8)
         c = self.config
         per_expert = 3 * c.moe_intermediate_size * c.hidden_size * 8
         self.expert_group = max(1, EXPERT_GROUP_BYTES // per_expert) if executor.name == "torch" else None
@@ -163,7 +165,7 @@ class Model:
         """Bytes a call on ``T`` new tokens after ``cached`` ones may hold at its peak on the
         executor's device, beyond the weights' LRU: see ``reference.memory``."""
         return call_bytes(self.config, T, cached=cached, trace=trace, logits=logits,
-                          lm_head_rows=LM_HEAD_BLOCK_ROWS, weight_bytes=self._w.budget, segment=self.segment,
+                          lm_head_rows=self.lm_head_rows, weight_bytes=self._w.budget, segment=self.segment,
                           trace_kda_core=self.trace_kda_core, expert_group=self.expert_group)
 
     def _check_ids(self, token_ids) -> np.ndarray:
@@ -188,7 +190,7 @@ class Model:
         """One token ``ids[b]`` after each ``caches[b]`` (the decode forms): ``(logits [B, vocab],
         new caches [B])``."""
         lengths = [cc.length for cc in caches]
-        need = step_bytes(self.config, lengths, trace=trace is not None, lm_head_rows=LM_HEAD_BLOCK_ROWS,
+        need = step_bytes(self.config, lengths, trace=trace is not None, lm_head_rows=self.lm_head_rows,
                           weight_bytes=self._w.budget, segment=self.segment, trace_kda_core=self.trace_kda_core,
                           expert_group=self.expert_group)
         return self._guarded(need, call, len(ids), max(lengths), lambda: self._step_stack(ids, caches, trace, call))
@@ -322,8 +324,9 @@ class Model:
         if w.streams and (w.by_row or h.shape[0] <= STREAM_TOKENS):
             return embed.lm_head(h, w.streamed(name))
         V = self.config.vocab_size
-        blocks = [embed.lm_head(h, w.operand_of(w.rows(name, np.arange(lo, min(V, lo + LM_HEAD_BLOCK_ROWS))), name))
-                  for lo in range(0, V, LM_HEAD_BLOCK_ROWS)]
+        n = self.lm_head_rows
+        blocks = [embed.lm_head(h, w.operand_of(w.rows(name, np.arange(lo, min(V, lo + n))), name))
+                  for lo in range(0, V, n)]
         return self.executor.xp.concat(blocks, axis=-1)
 
     def _kda(self, i: int, x, trace: dict | None = None):
@@ -395,18 +398,19 @@ class Model:
         a = layer_prefix(i) + "self_attn."
         B, H, K = x.shape[0], self.config.kda_num_heads, self.config.kda_head_dim
         proj, g_raw, beta_logits, gate = self._kda_in(i, x)
-        taps = [w(a + f"{which}_conv1d.weight")[:, 0, :] for which in "qkv"]
+        # q, k and v's depthwise convs as one over their channels side by side (a third of the calls)
+        C = H * K
+        taps = xp.concat([w(a + f"{which}_conv1d.weight")[:, 0, :] for which in "qkv"], axis=0)  # [3C, W]
+        qkv = xp.concat(proj, axis=-1)  # [B, 3C]
         A_log, dt_bias = xp.reshape(w(a + "A_log"), (H,)), w(a + "dt_bias")
         runs = [(b, b + 1) for b in range(B)] if self.bitwise_rows else [(0, B)]
         outs, caches, core = [], [], []
         for lo, hi in runs:
             n, mine = hi - lo, prevs[lo:hi]
-            conv_out, conv_states = [], []
-            for which, p, cw in zip("qkv", proj, taps):
-                y, st = conv.short_conv_step(p[lo:hi, ...], cw, _stacked(xp, [getattr(c, f"conv_{which}") for c in mine]))
-                conv_out.append(xp.reshape(y, (n, 1, H, K)))
-                conv_states.append(st)
-            q, k, v = conv_out
+            state = xp.concat([_stacked(xp, [getattr(c, f"conv_{which}") for c in mine]) for which in "qkv"], axis=1)
+            y, st = conv.short_conv_step(qkv[lo:hi, ...], taps, state)  # [n, 3C], [n, 3C, W-1]
+            q, k, v = (xp.reshape(y[:, j * C:(j + 1) * C], (n, 1, H, K)) for j in range(3))
+            conv_states = [st[:, j * C:(j + 1) * C, :] for j in range(3)]
             args = (q, k, xp.reshape(g_raw[lo:hi, ...], (n, 1, H, K)),
                     xp.reshape(beta_logits[lo:hi, ...], (n, 1, H)), A_log, dt_bias)
             o, S = kda.fused_recurrent(*args[:2], v, *args[2:], initial_state=_stacked(xp, [c.state for c in mine]))
@@ -447,17 +451,23 @@ class Model:
     def _mla_step(self, i: int, x, prevs: list[MLACache]):
         """The MLA layer on one new token of each of B sequences, normed ``x [B, D]`` after their
         caches ``prevs``: projections on the B rows, each sequence's absorbed attention over its own
-        cache. ``(out [B, D], B new MLACaches)``."""
+        cache: one sequence at a time where ``bitwise_rows``, else the B caches padded to the
+        longest and attended in one call (``mla.absorbed(lengths=)``). ``(out [B, D], B new
+        MLACaches)``."""
         xp = self.executor.xp
         q, latent, k_pe = self._mla_in(i, x)
         kv_b = self._w(layer_prefix(i) + "self_attn.kv_b_proj.weight")
-        outs, caches = [], []
-        for b, prev in enumerate(prevs):
-            lat = xp.concat([prev.latent, latent[b:b + 1, ...]], axis=0)
-            pe = xp.concat([prev.k_pe, k_pe[b:b + 1, ...]], axis=0)
-            outs.append(mla.absorbed(q[None, b:b + 1, ...], lat[None], pe[None], kv_b)[0])  # [1, N, Vh]
-            caches.append(MLACache(lat, pe))
-        return self._mla_out(i, xp.concat(outs, axis=0)), caches
+        lats = [xp.concat([prev.latent, latent[b:b + 1, ...]], axis=0) for b, prev in enumerate(prevs)]
+        pes = [xp.concat([prev.k_pe, k_pe[b:b + 1, ...]], axis=0) for b, prev in enumerate(prevs)]
+        caches = [MLACache(lat, pe) for lat, pe in zip(lats, pes)]
+        if self.bitwise_rows:
+            outs = [mla.absorbed(q[None, b:b + 1, ...], lat[None], pe[None], kv_b)[0]  # [1, N, Vh]
+                    for b, (lat, pe) in enumerate(zip(lats, pes))]
+            return self._mla_out(i, xp.concat(outs, axis=0)), caches
+        lengths = [int(lat.shape[0]) for lat in lats]
+        S = max(lengths)
+        o = mla.absorbed(q[:, None, ...], _padded(xp, lats, S), _padded(xp, pes, S), kv_b, lengths=lengths)
+        return self._mla_out(i, o[:, 0, ...]), caches
 
     def _dense(self, i: int, x):
         m, w = layer_prefix(i) + "mlp.", self._w
@@ -493,6 +503,13 @@ class Model:
             s = m + "shared_experts."
             y = y + moe.swiglu(x, *(w.operand(s + f"{p}_proj.weight") for p in ("gate", "up", "down")))
         return y
+
+
+def _padded(xp, arrays: list, S: int):
+    """``arrays`` (``[S_b, W]`` each) zero-padded to ``S`` rows and stacked: ``[B, S, W]``."""
+    dev = device_of(arrays[0])
+    return xp.stack([a if a.shape[0] == S else xp.concat(
+        [a, xp.zeros((S - a.shape[0], a.shape[1]), dtype=a.dtype, device=dev)], axis=0) for a in arrays], axis=0)
 
 
 def _stacked(xp, arrays: list):

@@ -112,3 +112,21 @@ def test_shape_errors_name_the_argument():
         mla.absorbed(q, latent, k_pe[:, :3], w_kvb)
     with pytest.raises(ValueError, match=r"w_kvb: expected \[N\*\(P\+Vh\), L\]"):
         mla.absorbed(q, latent, k_pe, w_kvb[:-1])
+
+
+def test_absorbed_over_ragged_lengths_is_each_sequence_alone():
+    # padding rows hold large values: were any key past a sequence's length seen, it would show
+    rng = np.random.default_rng(3)
+    B, N, P, R, L, Vh, S = 3, 4, 8, 4, 16, 8, 9
+    w = rng.standard_normal((N * (P + Vh), L))
+    lengths = [5, 1, 9]
+    lat, pe = rng.standard_normal((B, S, L)), rng.standard_normal((B, S, R))
+    for b, n in enumerate(lengths):
+        lat[b, n:], pe[b, n:] = 1e3, -1e3
+    q = rng.standard_normal((B, 1, N, P + R))
+    o = mla.absorbed(q, lat, pe, w, lengths=lengths)
+    for b, n in enumerate(lengths):
+        np.testing.assert_allclose(o[b], mla.absorbed(q[b:b + 1], lat[b:b + 1, :n], pe[b:b + 1, :n], w)[0],
+                                   rtol=1e-14, atol=1e-14)
+    with pytest.raises(ValueError, match=r"lengths: expected 3 ints in \[T, S\] = \[1, 9\]"):
+        mla.absorbed(q, lat, pe, w, lengths=[5, 0, 9])
