@@ -1,10 +1,13 @@
 """The float64 reference in the CLI: where it runs (``--reference-device``), sharing the optimized
 model's weights on one GPU, per-layer progress on stderr, and memory errors as one line.
 
-- ``--reference-device cpu`` (default): NumPy on every core. ``cuda``: torch float64 on the GPU;
-  when both models load the same checkpoint onto the GPU, the reference reads the optimized
-  model's resident weights (``optimized.weights.named_views``): the 48B model's 98 GB of bf16
-  weights once, upcast to float64 layer by layer.
+- ``--reference-device cpu``: NumPy on every core. ``cuda``: torch float64 on the GPU; when both
+  models load the same checkpoint onto the GPU, the reference reads the optimized model's
+  resident weights (``optimized.weights.named_views``): the 48B model's 98 GB of bf16 weights
+  once, upcast to float64 layer by layer. ``auto`` (default): ``cuda`` when a GPU is present and
+  the reference fits beside the engine (it reads the engine's resident weights, or
+  ``AUTO_FREE_BYTES`` are free on the GPU after the engine loaded), else ``cpu``; the run's
+  header and report say where it ran.
 - progress: a long prefill (``LONG_S`` seconds in, or ``TTY_TOKENS`` tokens on a terminal) prints
   ``reference prefill: layer i/n`` lines on stderr; never on stdout, never in a report.
 - memory: a call the reference refuses before allocating (``reference.DoesNotFit``) or a device
@@ -19,32 +22,56 @@ import sys
 
 from parity.errors import InputError
 
-DEVICES = ("cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda")
+AUTO_FREE_BYTES = 16 << 30  # free GPU memory ``auto`` wants for a reference that reads its weights
+# from the checkpoint (a float64 weight LRU, a layer's activations, a long prompt's attention blocks)
 LONG_S = 1.0  # a prefill still running after this long reports every layer
 TTY_TOKENS = 512  # on a terminal, a prefill of this many tokens reports from its first layer
 
 
 def add_argument(parser) -> None:
-    parser.add_argument("--reference-device", choices=DEVICES, default="cpu",
-                        help="where the float64 reference runs: cpu (NumPy, every core; default) or "
-                             "cuda (torch float64, sharing the optimized model's weights on the GPU)")
+    parser.add_argument("--reference-device", choices=DEVICES, default="auto",
+                        help="where the float64 reference runs: cpu (NumPy, every core), cuda (torch "
+                             "float64, sharing the optimized model's weights on the GPU) or auto "
+                             "(default: cuda when a GPU is present and the reference fits beside the "
+                             "engine, else cpu)")
+
+
+def resolve(device: str, share=None) -> str:
+    """``device`` (cpu, cuda, auto) as cpu or cuda; ``share``: the engine whose resident GPU
+    weights the reference would read (``auto`` then takes the GPU)."""
+    if device != "auto":
+        return device
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    if _on_gpu(share):
+        return "cuda"
+    free, _ = torch.cuda.mem_get_info()
+    return "cuda" if free >= AUTO_FREE_BYTES else "cpu"
+
+
+def _on_gpu(model) -> bool:
+    return model is not None and str(getattr(model, "device", "")).startswith("cuda")
 
 
 def load(ckpt, variants: dict, device: str, *, share=None):
-    """The reference model of ``ckpt`` on ``device``; ``share``: an optimized model loaded from the
-    same checkpoint whose resident weights the reference reads (CUDA only). Progress is attached."""
+    """The reference model of ``ckpt`` on ``device`` (cpu, cuda, auto: ``resolve``); ``share``: an
+    optimized model loaded from the same checkpoint whose resident weights the reference reads
+    (CUDA only). Progress is attached; ``where(model)`` says where it runs."""
     from parity.diff.setup import load_errors, one_line
 
     import reference
 
+    device = resolve(device, share)
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise InputError("--reference-device cuda: no CUDA device is available on this machine")
     shared = None
-    if device == "cuda" and share is not None and getattr(share, "device", None) is not None \
-            and str(share.device).startswith("cuda"):
+    if device == "cuda" and _on_gpu(share):
         from optimized.weights import named_views
 
         shared = named_views(share.weights, ckpt.source.config)
@@ -54,6 +81,11 @@ def load(ckpt, variants: dict, device: str, *, share=None):
         raise InputError(one_line(exc)) from None
     model.progress = Progress(sys.stderr)
     return model
+
+
+def where(model) -> str:
+    """cpu or cuda: where the reference ``model`` runs (for ``memory_errors``' advice)."""
+    return "cuda" if model.executor.device.startswith("cuda") else "cpu"
 
 
 def info(model) -> dict:

@@ -190,6 +190,7 @@ def _prepare(args, ckpt, opt_ckpt, engine, variants, backends, device, err, what
     # on one GPU the reference reads the optimized model's resident weights (same checkpoint only)
     share = engine.engine if args.engine == "optimized" and opt_ckpt is None else None
     ref = reference_device.load(ckpt, variants, args.reference_device, share=share)
+    args.reference_device = reference_device.where(ref)  # auto, resolved: the advice on memory errors
     env = environment(device=device, dtype=args.dtype)
     env["reference"] = reference_device.info(ref)
     rounding = setup.platform_rounding(args.dtype, device) if args.engine == "optimized" else "nearest"
@@ -254,6 +255,7 @@ def _write_plan(args, ckpt, variants, device, err) -> int:
     ids, _, _ = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
     steps = args.steps or DEFAULT_STEPS[device]
     ref = reference_device.load(ckpt, variants, args.reference_device)
+    args.reference_device = reference_device.where(ref)
     err.print(f"reference: {ckpt.info['describe']}; plan: {len(ids)} prompt tokens, {steps} steps", markup=False)
     try:
         with reference_device.memory_errors(args.reference_device, device):

@@ -77,6 +77,7 @@ def run_record(args: argparse.Namespace) -> int:
     ids, text, _ = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
     opt = setup.load_optimized(ckpt, device=device, dtype=args.dtype, variants=variants, backends={})
     ref = reference_device.load(ckpt, variants, args.reference_device, share=opt)
+    args.reference_device = reference_device.where(ref)
     try:
         with reference_device.memory_errors(args.reference_device, device):
             body, result = golden.record(ref, opt, ids, config=ckpt.source.config, steps=args.steps,

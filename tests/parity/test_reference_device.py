@@ -159,3 +159,19 @@ def test_the_diffs_replay_runs_on_the_torch_executor_and_agrees_with_numpy(parit
             for kw in ({}, {"executor": "torch", "device": parity_device})]
     a, b = ({e.name: e.rel_err for e in r.final.entries} for r in runs)
     assert a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-12 * max(a[k], 1e-300) for k in a), (a, b)
+
+
+def test_auto_puts_the_reference_on_the_gpu_when_it_fits_beside_the_engine(monkeypatch):
+    class Engine:
+        device = "cuda:0"
+
+    assert reference_device.resolve("cpu", Engine()) == "cpu" and reference_device.resolve("cuda") == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert reference_device.resolve("auto", Engine()) == "cpu"  # no GPU here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert reference_device.resolve("auto", Engine()) == "cuda"  # it reads the engine's resident weights
+    free = reference_device.AUTO_FREE_BYTES
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (free, 4 * free))
+    assert reference_device.resolve("auto") == "cuda"
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (free - 1, 4 * free))
+    assert reference_device.resolve("auto") == "cpu"  # beside an engine that left too little
