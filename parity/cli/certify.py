@@ -30,7 +30,7 @@ import time
 
 from parity.bounds.core import CONTRACTS
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, parse_shard, write_output
-from parity.cli.impls import DTYPES, parse_impls, select_impls, setup_device
+from parity.cli.impls import DTYPES, parse_impls, select_impls, select_runs, setup_device
 from parity.errors import CandidateError, InputError
 from parity.peers import SHORTHANDS
 
@@ -79,7 +79,7 @@ def run(args) -> int:
         from parity.watch import report
 
         return report.run(args)
-    from parity import ops, strategies
+    from parity import strategies
 
     if args.action == "merge":
         return _merge(args)
@@ -93,11 +93,7 @@ def run(args) -> int:
     if args.repro is not None and os.path.exists(args.repro) and not os.path.isdir(args.repro):
         raise InputError(f"--repro {args.repro}: not a folder")
     named, shorthands = parse_impls(args.impl)
-    try:
-        records = ops.select(args.ops)
-    except KeyError as exc:
-        raise InputError(str(exc.args[0])) from None
-    dtypes = tuple(dict.fromkeys(args.dtypes or ("float32", "bfloat16")))
+    records, dtypes = select_runs(args.ops, args.dtypes)
     try:
         profile = strategies.load_profile()
     except ValueError as exc:

@@ -9,6 +9,18 @@ from parity.peers import SHORTHANDS
 DTYPES = ("bfloat16", "float32", "float64")
 
 
+def select_runs(op_names, dtype_names) -> tuple[list, tuple]:
+    """``(records, dtypes)`` of ``--ops`` and ``--dtype`` (default float32 then bfloat16, repeats
+    dropped); an unknown op is an ``InputError`` naming it."""
+    from parity import ops
+
+    try:
+        records = ops.select(op_names)
+    except KeyError as exc:
+        raise InputError(str(exc.args[0])) from None
+    return records, tuple(dict.fromkeys(dtype_names or ("float32", "bfloat16")))
+
+
 def setup_device(device):
     """Select the backend before any kernel is defined (optimized._interpreter.select: on CPU the
     Triton interpreter, made faithful for bf16 dots)."""

@@ -19,7 +19,7 @@ import time
 
 from parity.bounds.core import CONTRACTS
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, write_output
-from parity.cli.impls import DTYPES, parse_impls, select_impls, setup_device
+from parity.cli.impls import DTYPES, parse_impls, select_impls, select_runs, setup_device
 from parity.errors import InputError
 from parity.peers import SHORTHANDS
 from parity.registry import SEARCH_SPACES
@@ -59,8 +59,6 @@ def register(sub):
 
 
 def run(args) -> int:
-    from parity import ops
-
     check_outputs(("--json", args.json_path))
     check_count("--examples", args.examples, MAX_EXAMPLES, "examples")
     if not (math.isfinite(args.seconds) and 0 < args.seconds <= MAX_SECONDS):
@@ -71,11 +69,7 @@ def run(args) -> int:
         if not Path(args.keep).is_dir():
             raise InputError(f"--keep {args.keep}: not a folder")
     named, shorthands = parse_impls(args.impl)
-    try:
-        records = ops.select(args.ops)
-    except KeyError as exc:
-        raise InputError(str(exc.args[0])) from None
-    dtypes = tuple(dict.fromkeys(args.dtypes or ("float32", "bfloat16")))
+    records, dtypes = select_runs(args.ops, args.dtypes)
     device = setup_device(args.device)
     candidates = args.candidates if args.candidates is not None else ([] if args.impl else ["optimized"])
     # with --impl and no --ops, the ops given an implementation
