@@ -4,6 +4,7 @@ measures every target of docs/BENCHMARKS.md "The float64 reference" in one devic
     python benchmarks/reference_model.py decode [--device cuda] [--share] [--prefill-tokens 32768] [--batch B] [--profile STEPS]
     python benchmarks/reference_model.py cpu-checkpoint [--experts 16] [--dir /dev/shm/kimi48b-e16]
     python benchmarks/reference_model.py cli -- diff --synthetic kimi-linear-48b --device cuda ...
+    python benchmarks/reference_model.py corpus [--prompts 100] [--steps 128] [--batch 32] [--out DIR]
     python benchmarks/reference_model.py gpu-suite --out $OUT [--budget 470]
 
 Each prints (and ``--json`` writes) one JSON object. ``decode``: the 48B model (synthetic weights;
@@ -17,7 +18,9 @@ shapes; every token still reads 8 routed experts + the shared one per layer: the
 work, except the router GEMV over 16 rows instead of 256, 0.5% of the step's weights) to a RAM
 disk and times NumPy decode steps from it on every core (``--batch B``: and one ``decode_batch`` of
 B sequences against their B ``decode`` calls). ``cli``: a ``parity`` command in this
-process, timed, with its peak GPU and host memory. ``gpu-suite``: all of it under a wall-time
+process, timed, with its peak GPU and host memory. ``corpus``: ``parity diff --prompts`` over
+a corpus of random prompts (8 to 64 tokens) of the preset's synthetic model, end to end, its
+report and plot written beside the result. ``gpu-suite``: all of it under a wall-time
 budget, each part in its own process under a timeout, results in ``$OUT/reference-gpu-suite.json``.
 """
 from __future__ import annotations
@@ -450,6 +453,47 @@ def cmd_cli(args) -> dict:
     return out
 
 
+# -- a corpus diff at 48B ----------------------------------------------------------------------------
+
+def write_corpus(path: Path, n: int, vocab: int, lo: int = 8, hi: int = 64, seed: int = 0) -> list[int]:
+    """``n`` prompts of random token ids, ``lo`` to ``hi`` tokens each (ragged), as JSONL; their lengths."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(lo, hi + 1, n).tolist()
+    with open(path, "w") as f:
+        for k in lengths:
+            f.write(json.dumps({"ids": rng.integers(0, vocab, k).tolist()}) + "\n")
+    return lengths
+
+
+def cmd_corpus(args) -> dict:
+    """``parity diff --prompts`` over a synthetic corpus of the preset, end to end in this process
+    (the model loads included), its corpus report and plot in ``--out``."""
+    from parity.cli import main
+    from reference.config import KimiConfig
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prompts = out_dir / "corpus-prompts.jsonl"
+    lengths = write_corpus(prompts, args.prompts, KimiConfig.from_name(args.preset).vocab_size)
+    argv = ["diff", "--synthetic", args.preset, "--prompts", str(prompts), "--steps", str(args.steps),
+            "--batch", str(args.batch), "--json", str(out_dir / "corpus.json"), "--plot", str(out_dir / "corpus.png"),
+            "--no-progress"] + (["--shard", args.shard] if args.shard else [])
+    t0 = time.perf_counter()
+    code = main(argv)
+    out = {"part": "corpus", "argv": argv, "exit": code, "wall_s": time.perf_counter() - t0,
+           "prompts": args.prompts, "prompt_tokens": [min(lengths), max(lengths)], "steps": args.steps,
+           "batch": args.batch}
+    report = out_dir / "corpus.json"
+    if report.exists():
+        summary = json.loads(report.read_text())["summary"]
+        out["report"] = {k: summary[k] for k in ("line", "verdicts", "kl", "near_ties", "router_flips")}
+    out.update(_gpu_peak())
+    out["host_peak_rss_GB"] = _rss_gb()
+    return out
+
+
 # -- the GPU suite ------------------------------------------------------------------------------------
 
 def _env() -> dict:
@@ -587,13 +631,20 @@ def main(argv=None) -> int:
     g.add_argument("--parts", nargs="+", default=None, metavar="PART",
                    help="run only these parts, in this order (default: every part, in order of value)")
     g.add_argument("--ram-dir", default="/dev/shm/kimi48b-e16")
-    for p in (d, c, cl, g):
+    co = sub.add_parser("corpus", help="parity diff --prompts over a synthetic corpus, end to end")
+    co.add_argument("--preset", default=CFG_48B)
+    co.add_argument("--prompts", type=int, default=100)
+    co.add_argument("--steps", type=int, default=128)
+    co.add_argument("--batch", type=int, default=32)
+    co.add_argument("--shard", default=None, metavar="I/N")
+    co.add_argument("--out", default=os.environ.get("OUT", "out"))
+    for p in (d, c, cl, g, co):
         p.add_argument("--json", help="also write the result here")
     args = ap.parse_args(argv)
     if args.cmd == "cli":
         args.argv = [a for a in args.argv if a != "--"]
     result = {"decode": cmd_decode, "cpu-checkpoint": cmd_cpu_checkpoint, "cli": cmd_cli,
-              "gpu-suite": cmd_gpu_suite}[args.cmd](args)
+              "gpu-suite": cmd_gpu_suite, "corpus": cmd_corpus}[args.cmd](args)
     text = json.dumps(result)
     print(text)
     if getattr(args, "json", None):
