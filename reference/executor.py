@@ -32,12 +32,21 @@ API_VERSION = "2024.12"  # the standard the ops are written against (take_along_
 _SCALARS = (bool, int, float, complex, list, tuple)
 
 
+_BY_TYPE: dict = {}  # array type -> its namespace: every op asks, thousands of times a decode step
+
+
 def namespace(*arrays):
     """The array API namespace of ``arrays`` (None and Python scalars/lists ignored; NumPy when
     nothing else is given). Mixing two libraries is a ``TypeError`` naming both."""
     arrays = [a for a in arrays if a is not None and not isinstance(a, _SCALARS)]
     if not arrays:
-        return array_api_compat.array_namespace(np.empty(0))
+        arrays = [np.empty(0)]
+    kind = type(arrays[0])
+    if all(type(a) is kind for a in arrays):
+        xp = _BY_TYPE.get(kind)
+        if xp is None:
+            xp = _BY_TYPE[kind] = array_api_compat.array_namespace(arrays[0])
+        return xp
     return array_api_compat.array_namespace(*arrays)
 
 

@@ -17,8 +17,8 @@ positions, ``Ts = min(T, SEGMENT)`` tokens of a KDA / routed-expert segment):
   one expert may take every token) and ``2 Ts k_e D`` more outputs; dense ``4 T F``;
 - the new cache's MLA arrays ``S (L+R)`` per MLA layer;
 - the weights: the LRU's budget plus twice the largest tensor in flight (its raw bits and its
-  float64 form), or a streamed product's scratch if larger (``streamed.scratch_bytes``: a block
-  of uint32 and float64 per core);
+  float64 form; a layer's attention projections fetched as one count as one), or a streamed
+  product's scratch if larger (``streamed.scratch_bytes``: a block of uint32 and float64 per core);
 - the trace when asked for: ``3 T D`` per layer, ``2 T E + T k_e`` per MoE layer, ``T D``; with
   the KDA core's values (``trace_kda_core``) ``5 T (H K) + T H + H K^2`` per KDA layer more;
 - the logits ``2 T' vocab`` (blocks and their concatenation; ``T' = 1`` for ``logits="last"``).
@@ -73,6 +73,9 @@ def call_bytes(config: KimiConfig, T: int, *, cached: int = 0, trace: bool = Fal
     n_mla = sum(not c.is_kda_layer(i) for i in layers)
     n_moe = sum(c.is_moe_layer(i) for i in layers)
     tensor = max(n for i in layers for n in map(_numel, layer_tensors(c, i).values()))
+    # a layer's input projections may be fetched as one (``Weights.linears``): at most all of them
+    tensor = max(tensor, max(sum(_numel(s) for n, s in layer_tensors(c, i).items() if "self_attn." in n
+                                 and n.endswith("proj.weight")) for i in layers))
     tensor = max(tensor, lm_head_rows * D)
     kept = 4 * T * D + n_mla * S * (L + R)  # alive through the call
     if trace:

@@ -351,10 +351,10 @@ class Model:
         c, w, xp = self.config, self._w, self.executor.xp
         a = layer_prefix(i) + "self_attn."
         T, H, K = x.shape[0], c.kda_num_heads, c.kda_head_dim
-        proj = [w.linear(a + f"{which}_proj.weight", x) for which in "qkv"]
-        g_raw = xp.reshape(w.linear(a + "f_b_proj.weight", w.linear(a + "f_a_proj.weight", x)), (T, H, K))
-        beta_logits = xp.reshape(w.linear(a + "b_proj.weight", x), (T, H))
-        gate = xp.reshape(w.linear(a + "g_b_proj.weight", w.linear(a + "g_a_proj.weight", x)), (T, H, K))
+        *proj, f_a, g_a, b = w.linears([a + f"{n}_proj.weight" for n in ("q", "k", "v", "f_a", "g_a", "b")], x)
+        g_raw = xp.reshape(w.linear(a + "f_b_proj.weight", f_a), (T, H, K))
+        beta_logits = xp.reshape(b, (T, H))
+        gate = xp.reshape(w.linear(a + "g_b_proj.weight", g_a), (T, H, K))
         return proj, g_raw, beta_logits, gate
 
     def _kda_out(self, i: int, o, gate):
@@ -431,8 +431,8 @@ class Model:
         c, w, xp = self.config, self._w, self.executor.xp
         a = layer_prefix(i) + "self_attn."
         N, P, R, L = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank
-        q = xp.reshape(w.linear(a + "q_proj.weight", x), (x.shape[0], N, P + R))
-        kv = w.linear(a + "kv_a_proj_with_mqa.weight", x)  # [T, L+R]
+        q, kv = w.linears([a + "q_proj.weight", a + "kv_a_proj_with_mqa.weight"], x)  # kv: [T, L+R]
+        q = xp.reshape(q, (x.shape[0], N, P + R))
         latent = norm.rms_norm(kv[:, :L], w(a + "kv_a_layernorm.weight"), eps=self.variants["kv_norm_eps"])
         return q, latent, kv[:, L:]
 

@@ -177,6 +177,27 @@ class Weights:
             return self.source.linear(name, x, row_by_row=self.by_row)
         return self.applied(self(name))(x)
 
+    def linears(self, names: list[str], x) -> list:
+        """``[x @ W.T for W in names]``, the weights of one input width: shared tensors outside
+        ``row_by_row`` concatenated into one product (two launches for any number of them, and one
+        fetch), else one ``linear`` each."""
+        if self.by_row or self.streams or not all(n in self.shared for n in names):
+            return [self.linear(n, x) for n in names]
+        y = x @ self.ex.xp.matrix_transpose(self.gather_rows(names))
+        out, lo = [], 0
+        for n in names:
+            rows = self.source.shape(n)[0]
+            out.append(y[:, lo:lo + rows])
+            lo += rows
+        return out
+
+    def gather_rows(self, names: list[str]):
+        """The float64 matrices ``names`` (shared, one width) stacked by rows: ``[sum N_i, D]``."""
+        xp = self.ex.xp
+        mats = [xp.reshape(self.shared[n], self.source.shape(n)) for n in names]
+        values = self.ex.from_storage(xp.concat(mats, axis=0), self.source.storage_dtype(names[0]))
+        return self._check(tuple(names), values, remember=True)
+
     def applied(self, w):
         """``x -> x @ w.T`` for a float64 array ``w`` (row by row inside ``row_by_row``)."""
         return (lambda x: linear_rows(x, w)) if self.by_row else (lambda x: linear(x, w))
