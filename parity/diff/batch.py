@@ -8,6 +8,12 @@ of its own run. Both models give a sequence's row the bits of decoding it alone 
 by row, ``reference.Model.decode_batch``; the optimized model on a fixed tile, its ``decode_batch``),
 so every prompt's report equals, number for number, the report ``run_diff`` writes for it.
 
+The replay of the engine's decode calls (``replay.py``) is batched too: the float64 reference
+re-runs each layer once for the B prompts (``replay.replay_batch``: each prompt's rows gathered from
+its own trace, each on its own replay cache, row by row), not once per prompt, and the router
+weights its judge reads are taken to the host once for the batch (``replay.HostWeights``).
+Each prompt is then judged on its own ``ReplayCall``, the one its single run's replay gives.
+
 The prompts of a batch have their own lengths (ragged); every prompt runs the same number of steps,
 so a batch starts and ends together. An engine whose batched caches must share state (the optimized
 model's state pool) is asked for it first (``CheckedEngine.batch_caches``).
@@ -17,6 +23,7 @@ from __future__ import annotations
 from reference.batch import split_trace
 
 from .logits import LmHeadSpan
+from .replay import HostWeights, ReplayCall, replay_batch
 from .runner import DiffResult, PromptRun
 
 DEFAULT_BATCH = 8  # prompts decoded together when --batch is not given (docs/cli.md)
@@ -28,8 +35,10 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
     """``run_diff`` of each of ``prompts`` (the arguments as ``run_diff``'s), the decode steps of
     all of them taken together: ``ref_model`` and ``opt_model`` need ``decode_batch``
     (``opt_model`` a ``CheckedEngine``). Returns the results in prompt order."""
+    host = HostWeights(ref_model)  # the router weights on the host, once for the batch
     runs = [PromptRun(ref_model, opt_model, p, config=config, steps=steps, mode=mode, dtype=dtype,
-                      rounding=rounding, localize=localize, lm_head=lm_head, twin=twin) for p in prompts]
+                      rounding=rounding, localize=localize, lm_head=lm_head, twin=twin, host_weights=host)
+            for p in prompts]
     fresh = opt_model.batch_caches(len(runs))
     ref_caches, opt_caches = [], []
     for run in runs:
@@ -45,6 +54,21 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
         rt, ot = {}, {}
         ref_logits, ref_caches = ref_model.decode_batch(tokens, ref_caches, trace=rt)
         opt_logits, opt_caches = opt_model.decode_batch(tokens, opt_caches, trace=ot)
-        for b, (run, r, o) in enumerate(zip(runs, split_trace(rt, B), split_trace(ot, B))):
-            run.judge(step, ref_logits[b], opt_logits[b], r, o)
+        rts, ots = split_trace(rt, B), split_trace(ot, B)
+        calls = _replayed(runs, tokens, ots)
+        for b, (run, r, o, call) in enumerate(zip(runs, rts, ots, calls)):
+            run.judge(step, ref_logits[b], opt_logits[b], r, o, call=call)
     return [run.result() for run in runs]
+
+
+def _replayed(runs: list[PromptRun], tokens: list[int], traces: list[dict]) -> list[ReplayCall | None]:
+    """The decode call of each run that localizes, replayed together (``replay_batch``); None for
+    the others (an engine that filled no trace)."""
+    which = [b for b, run in enumerate(runs) if run.localizes]
+    out: list[ReplayCall | None] = [None] * len(runs)
+    if which:
+        calls = replay_batch([runs[b].replay for b in which], [tokens[b] for b in which],
+                             [traces[b] for b in which])
+        for b, call in zip(which, calls):
+            out[b] = call
+    return out

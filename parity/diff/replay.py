@@ -19,9 +19,17 @@ run's dtype: that dtype's ``u``; for the FFN also the engine's rounding of ``mid
 error propagated from upstream. ``fresh``, ``A`` and the KDA read-out amplification ``amp`` are those of
 ``localize.py``. So a wrong op is past its bound whatever happened before it, and a benign flip
 upstream loosens nothing.
+
+A batch's decode step is replayed once for its B sequences (``replay_batch``; the corpus's
+``--batch``): each layer runs on the B rows gathered from each sequence's own trace, every product
+row by row (``Model.row_by_row``), each sequence on its own replay cache, judged on its own rows and
+its own KDA state; so each gets the ``ReplayCall`` its own replay gives (bit for bit on the CPU
+executors). The router weights the judge reads cross to the host once per layer (``HostWeights``),
+shared by the replays of a batch.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +38,7 @@ from parity.bounds.core import UNIT_ROUNDOFF
 from parity.metrics import dtype_of, to_numpy
 from parity.ops.kda.bounds import readout_condition
 from reference import moe, norm
+from reference.batch import split_trace
 from reference.tensors import layer_prefix
 
 from .router import RouterFlip, judge_router, score_noise
@@ -65,71 +74,194 @@ class ReplayCall:
     flips: list[RouterFlip] = field(default_factory=list)
 
 
-class Replay:
-    """Replays one sequence's calls on the float64 ``model`` (a ``reference.Model``). ``u``: the
-    unit roundoff of the engine's storage dtype, ``ua`` of its arithmetic (``Precision``)."""
+@dataclass(frozen=True)
+class RouterWeights:
+    """One MoE layer's router as the replay's judge reads it, on the host, float64 (read-only): the
+    gate ``W [E, D]`` and ``absW = |W|``, the correction ``bias [E]`` and the post-attention norm's
+    weight ``norm [D]``."""
+    W: np.ndarray
+    absW: np.ndarray
+    bias: np.ndarray
+    norm: np.ndarray
 
-    def __init__(self, model, config, *, u: float, ua: float):
+
+class HostWeights:
+    """The router weights of ``model`` (a ``reference.Model``) on the host, taken from its device
+    once per layer and reused by every call of every replay sharing this object: at 48B a layer's
+    gate is 4.7 MB of float64, 123 MB of device-to-host copies a step if copied per call."""
+
+    def __init__(self, model):
+        self.model = model
+        self._layers: dict[int, RouterWeights] = {}
+
+    def router(self, i: int) -> RouterWeights:
+        """MoE layer ``i``'s ``RouterWeights``."""
+        w = self._layers.get(i)
+        if w is None:
+            w = self._layers[i] = self._fetch(i)
+        return w
+
+    def _fetch(self, i: int) -> RouterWeights:
+        p = layer_prefix(i)
+        g = p + "block_sparse_moe.gate."
+        W = to_numpy(self.model.weight(g + "weight"))
+        arrays = (W, np.abs(W), to_numpy(self.model.weight(g + "e_score_correction_bias")).reshape(-1),
+                  to_numpy(self.model.weight(p + "post_attention_layernorm.weight")))
+        for a in arrays:
+            a.setflags(write=False)  # shared by the replays of a batch
+        return RouterWeights(*arrays)
+
+
+class Replay:
+    """Replays one sequence's calls on the float64 ``model`` (a ``reference.Model``): its prompt,
+    then one decoded token a call. ``u``: the unit roundoff of the engine's storage dtype, ``ua`` of
+    its arithmetic (``Precision``); ``host``: the model's router weights on the host, shared by the
+    replays of one model (None: this replay's own)."""
+
+    def __init__(self, model, config, *, u: float, ua: float, host: HostWeights | None = None):
         self.model, self.config, self.u, self.ua = model, config, u, ua
+        self.host = HostWeights(model) if host is None else host
         self.caches = [None] * config.num_hidden_layers
         self.position = 0
 
     def add(self, ids, trace: dict) -> ReplayCall:
         """Replay one call over ``ids`` (the tokens it consumed) from the engine's ``trace``."""
-        core, self.model.trace_kda_core = self.model.trace_kda_core, True  # the read-out's amplification
-        try:
-            return self._add(ids, trace)
-        finally:
-            self.model.trace_kda_core = core
-
-    def _add(self, ids, trace: dict) -> ReplayCall:
-        c, m, ex = self.config, self.model, self.model.executor
-        on = lambda a: ex.asarray(np.ascontiguousarray(a))  # noqa: E731
-        T = len(ids)
-        out = ReplayCall(ops=[])
-        h_e = m.embed(np.asarray(ids, dtype=np.int64))  # exact in any dtype: the stored table's rows
-        h_in, lossy = h_e, 0.0
-        for i in range(c.num_hidden_layers):
-            p = f"layers.{i}."
-            a_e, f_e = _rows(trace[p + "mixer"]), _rows(trace[p + "ffn"])
-            rt: dict = {}
-            a_r, self.caches[i] = m.mixer(i, h_in, self.caches[i], trace=rt)
-            kind = "kda" if c.is_kda_layer(i) else "mla"
-            amp = readout_amplification(rt, i) if kind == "kda" else np.ones(T)
-            out.ops.append(OpError(p + "mixer", i, kind, _rel(a_e, to_numpy(a_r)), np.full(T, lossy), amp))
-            # the FFN's input: the stream before the layer plus the mixer's output, as the engine
-            # added them (one rounding to its storage dtype at most)
-            mid = to_numpy(h_in).reshape(a_e.shape) + a_e
-            e_mid = self.u + max(lossy, _lossy(trace[p + "mixer"], self.u))
-            routing = None
-            if c.is_moe_layer(i):
-                routing = to_numpy(trace[p + "router.ids"]).astype(np.int64).reshape(T, -1)
-                judged = self._router(i, mid, e_mid, trace, routing)
-                out.ops.append(OpError(p + "router", i, "router", judged.units, np.zeros(T), np.ones(T)))
-                out.flips += judged.flips
-                routing = ex.ints(routing)
-            f_r = m.ffn(i, on(mid), routing=routing)
-            out.ops.append(OpError(p + "ffn", i, "moe" if c.is_moe_layer(i) else "mlp",
-                                   _rel(f_e, to_numpy(f_r)), np.full(T, e_mid), np.ones(T)))
-            h_in, lossy = on(_rows(trace[p + "hidden"])), _lossy(trace[p + "hidden"], self.u)
-        self.position += T
-        return out
+        return _replay([self], [[int(t) for t in ids]], [trace])[0]
 
     def _router(self, i, mid, e_mid, trace, opt_ids):
-        c, m = self.config, self.model
-        p = layer_prefix(i)
-        b = p + "block_sparse_moe.gate."
-        W = to_numpy(m.weight(b + "weight"))
-        bias = to_numpy(m.weight(b + "e_score_correction_bias")).reshape(-1)
-        x = norm.rms_norm(mid, to_numpy(m.weight(p + "post_attention_layernorm.weight")), eps=c.rms_norm_eps)
-        s, eps = score_noise(x, W, u=self.u, e_mid=e_mid, ua=self.ua)
-        _, ref_ids = moe.router(x @ W.T, bias, top_k=c.num_experts_per_token, num_groups=c.num_expert_group,
+        c = self.config
+        w = self.host.router(i)
+        x = norm.rms_norm(mid, w.norm, eps=c.rms_norm_eps)
+        s, eps = score_noise(x, w.W, u=self.u, e_mid=e_mid, ua=self.ua, absW=w.absW)
+        _, ref_ids = moe.router(x @ w.W.T, w.bias, top_k=c.num_experts_per_token, num_groups=c.num_expert_group,
                                 topk_groups=c.topk_group, renormalize=c.moe_renormalize,
                                 scaling=c.routed_scaling_factor)
         t = f"layers.{i}.router."
-        return judge_router(i, self.position, s=s, eps=eps, bias=bias, ref_ids=ref_ids, opt_ids=opt_ids,
+        return judge_router(i, self.position, s=s, eps=eps, bias=w.bias, ref_ids=ref_ids, opt_ids=opt_ids,
                             opt_scores=trace.get(t + "scores"), opt_sel=trace.get(t + "selection"),
                             ua=self.ua, num_groups=c.num_expert_group, topk_groups=c.topk_group)
+
+
+def replay_batch(replays: list[Replay], tokens: list[int], traces: list[dict]) -> list[ReplayCall]:
+    """One decode step of B sequences replayed together: ``replays[b]`` (all of one model, each past
+    its prompt) consumes ``tokens[b]``, from ``traces[b]``, its engine's trace of that call (its part
+    of a batch's trace: ``reference.batch.split_trace``). Each layer runs once on the B rows, inside
+    ``Model.row_by_row`` (``Model.mixer_step`` on each sequence's own cache, ``Model.ffn`` with each
+    one's expert ids); the router is judged per sequence. Returns the B ``ReplayCall``s, on the CPU
+    executors bit for bit those of ``replays[b].add([tokens[b]], traces[b])``."""
+    if any(r.position == 0 for r in replays):
+        raise ValueError("replay_batch: decode steps only; replay each prompt first (Replay.add)")
+    return _replay(replays, [[int(t)] for t in tokens], traces)
+
+
+def _replay(replays: list[Replay], ids: list[list[int]], traces: list[dict]) -> list[ReplayCall]:
+    """One call of each of B sequences (a prompt, B = 1; or one token each, the decode forms inside
+    ``row_by_row``), every layer on the calls' rows together."""
+    decode = _check_calls(replays, ids, traces)
+    m = replays[0].model
+    core, m.trace_kda_core = m.trace_kda_core, True  # the read-out's amplification
+    try:
+        with m.row_by_row() if decode else nullcontext():
+            return _Batch(replays, ids, traces).run()
+    finally:
+        m.trace_kda_core = core
+
+
+def _check_calls(replays: list[Replay], ids: list[list[int]], traces: list[dict]) -> bool:
+    """Whether the calls are decode steps (else one prompt); ``ValueError`` for calls that are
+    neither."""
+    if len(ids) != len(replays) or len(traces) != len(replays):
+        raise ValueError(f"replay: {len(replays)} replays, {len(ids)} calls, {len(traces)} traces")
+    if any(r.model is not replays[0].model for r in replays):
+        raise ValueError("replay: the replays of a batch are of one model")
+    decode = [r.position > 0 for r in replays]
+    if any(decode) and not (all(decode) and all(len(x) == 1 for x in ids)):
+        raise ValueError("replay: after its prompt a sequence's call is one token, and a batch holds decode "
+                         "steps only")
+    if not any(decode) and len(replays) > 1:
+        raise ValueError("replay: prompts are replayed one at a time")
+    return decode[0]
+
+
+class _Batch:
+    """One call of each of B sequences: their rows of the stream, stacked in order (``rows[b]``)."""
+
+    def __init__(self, replays: list[Replay], ids: list[list[int]], traces: list[dict]):
+        self.replays, self.ids, self.traces = replays, ids, traces
+        self.config, self.model = replays[0].config, replays[0].model
+        ends = np.cumsum([len(x) for x in ids])
+        self.rows = [slice(int(e) - len(x), int(e)) for e, x in zip(ends, ids)]
+        self.calls = [ReplayCall(ops=[]) for _ in replays]
+
+    def on(self, a):
+        """A host array on the model's executor."""
+        return self.model.executor.asarray(np.ascontiguousarray(a))
+
+    def gather(self, key: str) -> list[np.ndarray]:
+        """Each sequence's rows ``[T_b, D]`` of the trace entry ``key`` (float64)."""
+        return [_rows(t[key]) for t in self.traces]
+
+    def run(self) -> list[ReplayCall]:
+        m = self.model
+        h_in = m.embed(np.concatenate([np.asarray(x, dtype=np.int64) for x in self.ids]))  # exact in any dtype
+        lossy = [0.0] * len(self.replays)
+        for i in range(self.config.num_hidden_layers):
+            p = f"layers.{i}."
+            a_e = self.gather(p + "mixer")
+            self.mixer(i, h_in, a_e, lossy)
+            # the FFN's input: the stream before the layer plus the mixer's output, as the engine
+            # added them (one rounding to its storage dtype at most)
+            mid = to_numpy(h_in) + np.concatenate(a_e)
+            e_mid = [r.u + max(lo, _lossy(t[p + "mixer"], r.u)) for r, lo, t in zip(self.replays, lossy, self.traces)]
+            self.ffn(i, mid, e_mid)
+            h_in = self.on(np.concatenate(self.gather(p + "hidden")))
+            lossy = [_lossy(t[p + "hidden"], r.u) for r, t in zip(self.replays, self.traces)]
+        for r, x in zip(self.replays, self.ids):
+            r.position += len(x)
+        return self.calls
+
+    def mixer(self, i: int, h_in, a_e: list[np.ndarray], lossy: list[float]) -> None:
+        """Layer ``i``'s mixer on the stream ``h_in [N, D]``, each sequence on its own cache;
+        ``a_e``: the engine's outputs, ``lossy``: the storage rounding of each one's input."""
+        m, c = self.model, self.config
+        rt: dict = {}
+        prevs = [r.caches[i] for r in self.replays]
+        if prevs[0] is None:  # a prompt: the prefill forms
+            a_r, new = m.mixer(i, h_in, None, trace=rt)
+            new = [new]
+        else:
+            a_r, new = m.mixer_step(i, h_in, prevs, trace=rt)
+        kind = "kda" if c.is_kda_layer(i) else "mla"
+        # the KDA core's values per sequence: its own rows and the state it started from
+        cores = split_trace(rt, len(prevs)) if kind == "kda" else None
+        a_r = to_numpy(a_r)
+        for b, (r, rows) in enumerate(zip(self.replays, self.rows)):
+            r.caches[i] = new[b]
+            T = rows.stop - rows.start
+            amp = readout_amplification(cores[b], i) if cores is not None else np.ones(T)
+            self.calls[b].ops.append(OpError(f"layers.{i}.mixer", i, kind, _rel(a_e[b], a_r[rows]),
+                                             np.full(T, lossy[b]), amp))
+
+    def ffn(self, i: int, mid: np.ndarray, e_mid: list[float]) -> None:
+        """Layer ``i``'s router (judged per sequence) and FFN on ``mid [N, D]``, the FFN on the
+        engine's own expert choices; ``e_mid``: each sequence's relative rounding of ``mid``."""
+        c, m, p = self.config, self.model, f"layers.{i}."
+        routing = None
+        if c.is_moe_layer(i):
+            chosen = []
+            for b, (r, t, rows) in enumerate(zip(self.replays, self.traces, self.rows)):
+                T = rows.stop - rows.start
+                ids = to_numpy(t[p + "router.ids"]).astype(np.int64).reshape(T, -1)
+                judged = r._router(i, mid[rows], e_mid[b], t, ids)
+                self.calls[b].ops.append(OpError(p + "router", i, "router", judged.units, np.zeros(T), np.ones(T)))
+                self.calls[b].flips += judged.flips
+                chosen.append(ids)
+            routing = m.executor.ints(np.concatenate(chosen))
+        f_r = to_numpy(m.ffn(i, self.on(mid), routing=routing))
+        op = "moe" if c.is_moe_layer(i) else "mlp"
+        for b, (f_e, rows) in enumerate(zip(self.gather(p + "ffn"), self.rows)):
+            T = rows.stop - rows.start
+            self.calls[b].ops.append(OpError(p + "ffn", i, op, _rel(f_e, f_r[rows]), np.full(T, e_mid[b]), np.ones(T)))
 
 
 def _rel(engine: np.ndarray, replay: np.ndarray) -> np.ndarray:

@@ -70,14 +70,16 @@ def gamma(n: int, ua: float) -> float:
     return n * ua / (1.0 - n * ua)
 
 
-def score_noise(x, W, *, u: float, e_mid: float, ua: float):
+def score_noise(x, W, *, u: float, e_mid: float, ua: float, absW=None):
     """``(s [T, E], eps [T, E])``: the float64 sigmoid scores of the router on ``x [T, D]`` (the
     normed stream) and their noise bound (module docstring). ``u``: the run's storage roundoff (the
-    engine's rounding of ``x``); ``e_mid``: the relative rounding of the stream ``x`` was normed from."""
+    engine's rounding of ``x``); ``e_mid``: the relative rounding of the stream ``x`` was normed from.
+    ``absW``: ``|W|`` when the caller keeps it (None: taken here)."""
     D = x.shape[-1]
-    absW = np.abs(W)
+    absW = np.abs(W) if absW is None else absW
     ax = np.abs(x)
-    dlogit = (u + 2.0 * e_mid) * (ax @ absW.T) + gamma(D, ua) * (ax @ absW.T)
+    spread = ax @ absW.T
+    dlogit = (u + 2.0 * e_mid) * spread + gamma(D, ua) * spread
     logit = x @ W.T
     s = 1.0 / (1.0 + np.exp(-logit))
     with np.errstate(over="ignore"):

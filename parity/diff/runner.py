@@ -45,8 +45,8 @@ through ``prefill`` and ``decode``, ``parity.diff.batch`` several through ``deco
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -57,7 +57,7 @@ from parity.neartie import classify_step, twin_bound
 from .localize import Localization, ReplayStats, first_nonfinite
 from .logits import LmHeadSpan, LogitsCheck, output_roundoff
 from .numerics import finite_or_none, kl_divergence, max_abs_diff
-from .replay import Replay
+from .replay import HostWeights, Replay, ReplayCall
 from .router import RouterFlip
 from .twin import twin_for
 
@@ -332,14 +332,15 @@ class PromptRun:
     step; ``result`` gives the ``DiffResult``. ``run_diff`` drives one run a step at a time;
     ``parity.diff.batch`` drives several in lockstep through both paths' ``decode_batch``: the
     judging is this one code either way, so a prompt's result does not depend on its batch.
-    Arguments: as ``run_diff``."""
+    Arguments: as ``run_diff``; ``host_weights``: the reference's router weights on the host,
+    shared by the runs of a batch (None: the run's own)."""
 
     def __init__(self, ref_model, opt_model, prompt_ids: list[int], *, config, steps: int, mode: str = "forced",
                  dtype: str = "bfloat16", rounding: str = "nearest",
                  on_step: Callable[[StepRecord], None] | None = None,
                  on_logits: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
                  localize: bool = True, tokens: list[int] | None = None,
-                 lm_head: LmHeadSpan | None = None, twin="auto"):
+                 lm_head: LmHeadSpan | None = None, twin="auto", host_weights: HostWeights | None = None):
         self.prompt = _check_args(mode, steps, prompt_ids, config, tokens)
         self.ref_model, self.opt_model, self.config = ref_model, opt_model, config
         self.steps, self.mode, self.dtype, self.rounding = steps, mode, dtype, rounding
@@ -351,16 +352,25 @@ class PromptRun:
         self.seq = list(self.prompt)
         self.records: list[StepRecord] = []
         self.splits: list[dict] = []
-        self.replay = Replay(ref_model, config, u=self.precision.u, ua=self.precision.ua)
+        self.replay = Replay(ref_model, config, u=self.precision.u, ua=self.precision.ua, host=host_weights)
         self.stats = ReplayStats(config)    # every op of every engine call, judged on its own inputs
         self.drift = Drift(config)
         self.routes = Routes(config)        # both paths' own expert choices, position by position
         self.traced = True
         self.lossy = None
 
-    def judge(self, step: int, ref_logits, opt_logits, rt: dict, ot: dict) -> StepRecord:
+    @property
+    def localizes(self) -> bool:
+        """Whether the engine's calls are replayed and localized (known after step 0: an engine
+        that filled no trace at its prefill is judged on its logits alone)."""
+        return self.traced and self.localize
+
+    def judge(self, step: int, ref_logits, opt_logits, rt: dict, ot: dict, *,
+              call: ReplayCall | None = None) -> StepRecord:
         """Step ``step`` from both paths' logits of this call and their traces ``rt``, ``ot``; the
-        token both paths consume next is appended to ``seq``."""
+        token both paths consume next is appended to ``seq``. ``call``: this call's replay, taken
+        beforehand (a batch's decode steps replay their prompts together: ``replay.replay_batch``);
+        None: replayed here (``Replay.add``)."""
         config, seq, precision, twin = self.config, self.seq, self.precision, self.twin
         if step == 0:
             call_ids, input_token = list(seq), None
@@ -377,9 +387,9 @@ class PromptRun:
         stored = getattr(self.opt_model, "stored_logits_dtype", None) or dtype_of(opt_logits)
         self.lossy = self.lossy or _coarser(stored, self.dtype)
         rec = _record(step, len(seq) - 1, input_token, r, o, t, self.dtype, self.lossy)
-        localize = self.traced and self.localize
+        localize = self.localizes
         if localize:
-            call = self.replay.add(call_ids, ot)
+            call = self.replay.add(call_ids, ot) if call is None else call
             self.stats.add(call, ot)
             rec.router = call.flips
             self.drift.add(rt, ot)
@@ -413,7 +423,7 @@ class PromptRun:
 
     def result(self) -> DiffResult:
         """The run after its last step (localized once more over every position)."""
-        localize = self.localize and self.traced
+        localize = self.localizes
         final = self.stats.localize(self.steps - 1, self.stats.positions, precision=self.precision) \
             if localize else None
         twin = self.twin
