@@ -38,7 +38,7 @@ from parity.bounds.core import UNIT_ROUNDOFF
 from parity.metrics import dtype_of, to_numpy
 from parity.ops.kda.bounds import readout_condition
 from reference import moe, norm
-from reference.batch import split_trace
+from reference.executor import namespace
 from reference.tensors import layer_prefix
 
 from .router import RouterFlip, judge_router, score_noise
@@ -232,13 +232,16 @@ class _Batch:
         else:
             a_r, new = m.mixer_step(i, h_in, prevs, trace=rt)
         kind = "kda" if c.is_kda_layer(i) else "mla"
-        # the KDA core's values per sequence: its own rows and the state it started from
-        cores = split_trace(rt, len(prevs)) if kind == "kda" else None
+        amps = [np.ones(rows.stop - rows.start) for rows in self.rows]
+        if kind == "kda" and prevs[0] is not None:  # decode steps: from the new states, on the executor
+            amps = list(readout_amplification_step(rt, i, [lc.state for lc in new])[:, None])
+        elif kind == "kda":  # a prompt: its core's values, the recurrence replayed position by position
+            amps = [readout_amplification(rt, i)]
         a_r = to_numpy(a_r)
         for b, (r, rows) in enumerate(zip(self.replays, self.rows)):
             r.caches[i] = new[b]
             T = rows.stop - rows.start
-            amp = readout_amplification(cores[b], i) if cores is not None else np.ones(T)
+            amp = amps[b]
             self.calls[b].ops.append(OpError(f"layers.{i}.mixer", i, kind, _rel(a_e[b], a_r[rows]),
                                              np.full(T, lossy[b]), amp))
 
@@ -276,6 +279,32 @@ def _rel(engine: np.ndarray, replay: np.ndarray) -> np.ndarray:
 
 
 KDA_CORE = ("q", "k", "v", "g", "beta", "initial_state", "normed")
+
+
+def readout_amplification_step(ref_trace: dict, i: int, states: list) -> np.ndarray:
+    """``[B]``: ``readout_amplification`` of one decode token of each of B sequences, from the KDA
+    layer's new states ``states`` (B ``[HV, K, V]``: the state each token's read-out reads, so no
+    recurrence is replayed) and the trace's normalized ``q [B, H, K]`` and gated-norm output
+    ``normed [B, HV, V]``, on the executor those live on (a state stays there: only ``[B]`` comes
+    to the host). ``kappa = ||diag(q) S||_F / ||S^T q||`` per head, as ``readout_condition``."""
+    p = f"layers.{i}.kda."
+    if p + "q" not in ref_trace or p + "normed" not in ref_trace:
+        raise ValueError(f"the reference trace has no {p}q: the localization's bound needs the KDA core's "
+                         "values (load the reference with trace_kda_core = True)")
+    q, y = ref_trace[p + "q"], ref_trace[p + "normed"]
+    xp = namespace(q, y)
+    S = xp.stack(states, axis=0)                                   # [B, HV, K, V]
+    HV, H = S.shape[1], q.shape[1]
+    if HV != H:  # GVA: value head hv reads qk head hv // (HV // H)
+        q = xp.repeat(q, HV // H, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):  # NumPy's; torch divides silently
+        terms = xp.sqrt(xp.sum(q * q * xp.sum(S * S, axis=-1), axis=-1))           # [B, HV]
+        out = xp.sqrt(xp.sum(((q[:, :, None, :] @ S)[:, :, 0, :]) ** 2, axis=-1))   # ||S^T q||
+        kappa = xp.where(terms > 0, terms / out, 1.0)
+        ny2 = xp.sum(y * y, axis=-1)                                   # [B, HV]
+        total = xp.sum(ny2, axis=-1)
+        amp = xp.sqrt(xp.sum(ny2 * xp.maximum(kappa, 1.0) ** 2, axis=-1) / total)
+    return np.where(to_numpy(total) > 0, to_numpy(amp), 1.0)
 
 
 def readout_amplification(ref_trace: dict, i: int) -> np.ndarray:

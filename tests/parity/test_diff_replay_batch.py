@@ -142,3 +142,24 @@ def test_a_batched_replay_takes_decode_steps_of_one_model_only(engine_calls):
         r.add(ids, trace)
     with pytest.raises(ValueError, match="of one model"):
         replay_batch(fresh[:1] + other, tokens[:2], traces[:2])
+
+
+@pytest.mark.parametrize("executor", ["numpy", "torch"])
+def test_a_decode_steps_readout_amplification_from_its_new_state_is_the_recurrences(executor):
+    # the step form reads the state the layer returns; the prompt form replays the recurrence from
+    # the state the call started at: the same kappa up to rounding, for every sequence of a batch
+    from parity.diff.replay import readout_amplification, readout_amplification_step
+
+    model = reference.load(default_checkpoint_path(), **EXECUTORS[executor])
+    caches = [model.prefill(p)[1] for p in PROMPTS]
+    model.trace_kda_core = True
+    trace: dict = {}
+    _, new = model.decode_batch(TOKENS[0], caches, trace=trace)
+    layers = [i for i in range(model.config.num_hidden_layers) if model.config.is_kda_layer(i)]
+    for i in layers:
+        got = readout_amplification_step(trace, i, [c.layers[i].state for c in new])
+        want = [readout_amplification(t, i)[0] for t in split_trace(trace, len(PROMPTS))]
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        assert np.all(got >= 1.0) and np.ptp(got) > 0  # per sequence, not one value for all
+        stale = readout_amplification_step(trace, i, [c.layers[i].state for c in caches])
+        assert not np.allclose(stale, want, rtol=1e-6)  # the state before the token is not the read-out's
