@@ -61,6 +61,34 @@ class Override(WeightSource):
         return self.base.get_raw(name)
 
 
+def reference_rows_exact(report: dict) -> bool:
+    """Whether the report's reference gives a batched row the bits of its run alone: its CPU
+    executors do; on a GPU a row's last bits depend on its batch (docs/ARCHITECTURE.md)."""
+    return report["environment"]["reference"]["device"] == "cpu"
+
+
+def assert_same_numbers(got, want, *, exact: bool, where: str = "report") -> None:
+    """``got == want``, number for number when ``exact``; else (a GPU reference: every float64 of
+    the reference within 1e-12 of its run alone) every string, integer and verdict equal and every
+    float within 1e-6 relative or 1e-9 absolute (a difference of two float64 paths moves by the
+    reference's last bits, and an error in bound units with it)."""
+    if exact:
+        assert got == want, where
+        return
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and sorted(got) == sorted(want), where
+        for k in want:
+            assert_same_numbers(got[k], want[k], exact=False, where=f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert_same_numbers(a, b, exact=False, where=f"{where}[{i}]")
+    elif isinstance(want, float) and not isinstance(got, bool):
+        assert isinstance(got, (int, float)) and np.isclose(got, want, rtol=1e-6, atol=1e-9), (where, got, want)
+    else:
+        assert got == want, (where, got, want)
+
+
 def write_checkpoint(source, path):
     """``source`` written as a hub-layout checkpoint directory (storage bits preserved)."""
     return save_checkpoint(path, source.config, {n: source.get_raw(n) for n in source.names()},

@@ -4,7 +4,9 @@ The engine is ``fb_doubled_on_trigger`` (float64 NumPy, cheap, with ``decode_bat
 doubled ``f_b`` at layer 1 for the prompts holding the token id ``TRIGGER``, the clean model for
 the others. The corpus decodes in batches (8 by default, ragged prompt lengths); each prompt's
 record equals the single-prompt run's, the bug is named in exactly the prompts that reach it, two
-shards run with other batch sizes merge into the unsharded report number for number, a folder of
+shards run with other batch sizes merge into the unsharded report number for number (on a GPU
+reference, whose batched rows differ from their runs alone in the last bits: every verdict, token
+and string, and every float to 1e-6), a folder of
 dumps and an engine without ``decode_batch`` run one prompt at a time, and unusable input is one
 line. Cost on a 2-core CPU: ~50 s (the corpus three times: whole, two shards, single prompts; the
 optimized model only as the certified twin of the flipped steps, and for two prompts as the
@@ -18,7 +20,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from .diff_helpers import load_report, one_line_error, run_cli
+from .diff_helpers import assert_same_numbers, load_report, one_line_error, reference_rows_exact, run_cli
 from .engines_planted import TRIGGER
 from parity.cli import main
 from parity.schema import errors, load
@@ -115,8 +117,10 @@ def test_each_prompt_of_the_corpus_is_reported_as_its_own_run_reports_it(corpus,
                                "--steps", STEPS, "--json", str(single))
         one = load_report(single)
         assert rc == (1 if p["verdict"] in ("diverged", "past-bound") else 0), out + err
-        assert one["prompt"]["ids"] == p["ids"] and one["steps"] == p["steps"]
-        assert one["summary"] == p["summary"]
+        exact = reference_rows_exact(report)
+        assert one["prompt"]["ids"] == p["ids"]
+        assert_same_numbers(one["steps"], p["steps"], exact=exact, where="steps")
+        assert_same_numbers(one["summary"], p["summary"], exact=exact, where="summary")
         assert (one["localization"] is None) == (p["localization"] is None)
 
 
@@ -135,7 +139,9 @@ def test_the_optimized_engine_on_a_jsonl_corpus_reports_each_prompt_as_its_own_r
         rc, out, err = run_cli(capsys, "diff", "--prompt-ids", ",".join(map(str, p["ids"])), "--steps", "2",
                                "--json", str(tmp_path / "one.json"))
         one = load_report(tmp_path / "one.json")
-        assert one["steps"] == p["steps"] and one["summary"] == p["summary"]
+        exact = reference_rows_exact(report)
+        assert_same_numbers(one["steps"], p["steps"], exact=exact, where="steps")
+        assert_same_numbers(one["summary"], p["summary"], exact=exact, where="summary")
 
 
 def test_an_engine_without_decode_batch_runs_one_prompt_at_a_time(tmp_path, capsys):
@@ -175,7 +181,8 @@ def test_two_shards_merge_into_the_unsharded_report(corpus, tmp_path, capsys):
     merged = tmp_path / "m.json"
     rc, out, err = run_cli(capsys, "diff", "merge", str(shards[1]), str(shards[0]), "--json", str(merged))
     assert rc == 1, out + err  # the corpus's exit status: prompts diverged
-    assert _times_dropped(load_report(merged)) == _times_dropped(report)
+    assert_same_numbers(_times_dropped(load_report(merged)), _times_dropped(report),
+                        exact=reference_rows_exact(report))
     assert out.strip().splitlines()[-1] == report["summary"]["line"]
     _refused_merges(capsys, tmp_path, shards)
 
@@ -292,7 +299,9 @@ def test_a_folder_of_dumps_is_a_corpus_and_each_dump_reports_as_its_own_diff(tmp
         rc, out, err = run_cli(capsys, "diff", "--engine", f"dump:{folder / p['source']}", "--json",
                                str(tmp_path / "one.json"))
         one = load_report(tmp_path / "one.json")
-        assert one["steps"] == p["steps"] and one["summary"] == p["summary"] and one["mode"] == "free"
+        exact = reference_rows_exact(report)
+        assert_same_numbers(one["steps"], p["steps"], exact=exact, where="steps")
+        assert_same_numbers(one["summary"], p["summary"], exact=exact, where="summary") and one["mode"] == "free"
     # dumps that ran different numbers of steps: refused without --steps, which takes the shortest
     uneven = _dumps(tmp_path / "uneven", prompts[:2], steps=2, mode_of=lambda k: "steps")
     one_line_error(*run_cli(capsys, "diff", "--engine", f"dump:{uneven}"), "d1.safetensors ran steps 3")

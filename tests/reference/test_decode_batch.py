@@ -158,22 +158,23 @@ def test_row_by_row_products_give_each_row_its_own_bits(library):
         assert_same_bits(rows[t:t + 1], x[t:t + 1] @ w.T, f"row {t}")
 
 
-def _shared_small():
+def _shared_small(device):
+    """The small preset's source and the optimized model's resident bf16 weights on ``device``."""
     import optimized
     from optimized.weights import named_views
 
     src = SyntheticSource(KimiConfig.from_name("small"), 0)
-    return src, named_views(optimized.load(src, device="cpu", dtype="bfloat16").weights, src.config)
+    return src, named_views(optimized.load(src, device=device, dtype="bfloat16").weights, src.config)
 
 
-def test_where_rows_need_not_be_bitwise_a_batch_runs_as_one_within_1e_12_of_each_decode(monkeypatch):
+def test_where_rows_need_not_be_bitwise_a_batch_runs_as_one_within_1e_12_of_each_decode(monkeypatch, parity_device):
     # bitwise_rows False is a GPU's default (its kernels depend on shapes anyway): the B rows'
     # products, the B sequences' stacked KDA states and the routed experts gathered in groups
     from reference import moe
 
-    src, views = _shared_small()
-    exact = reference.load(src, executor="torch")
-    model = reference.load(src, executor="torch", shared_weights=views)
+    src, views = _shared_small(parity_device)
+    exact = reference.load(src, executor="torch", device=parity_device)
+    model = reference.load(src, executor="torch", device=parity_device, shared_weights=views)
     model.bitwise_rows = False
     groups = []
     real = moe.experts
@@ -200,13 +201,13 @@ def test_where_rows_need_not_be_bitwise_a_batch_runs_as_one_within_1e_12_of_each
     assert set(groups) == {None}  # row by row: one expert at a time, each row its own products
 
 
-def test_shared_weights_are_checked_finite_once_and_a_non_finite_expert_is_named():
+def test_shared_weights_are_checked_finite_once_and_a_non_finite_expert_is_named(parity_device):
     import torch
 
     from reference.checkpoint import CheckpointError
 
-    src, views = _shared_small()
-    model = reference.load(src, executor="torch", shared_weights=views)
+    src, views = _shared_small(parity_device)
+    model = reference.load(src, executor="torch", device=parity_device, shared_weights=views)
     model.bitwise_rows = False
     _, cache = model.prefill([5, 6, 7])
     before = set(model._w.checked)
@@ -224,4 +225,4 @@ def test_shared_weights_are_checked_finite_once_and_a_non_finite_expert_is_named
     bad = {n: (torch.full_like(t, float("nan")) if ".experts." in n and n.endswith("w1.weight") else t)
            for n, t in views.items()}
     with pytest.raises(CheckpointError, match=r"experts\.\d+\.w1\.weight.*non-finite"):
-        reference.load(src, executor="torch", shared_weights=bad).forward([5, 6, 7])
+        reference.load(src, executor="torch", device=parity_device, shared_weights=bad).forward([5, 6, 7])
