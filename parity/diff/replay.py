@@ -36,7 +36,7 @@ import numpy as np
 
 from parity.bounds.core import UNIT_ROUNDOFF
 from parity.metrics import dtype_of, to_numpy
-from parity.ops.kda.bounds import readout_condition
+from parity.ops.kda.bounds import read_out_kappa, readout_condition
 from reference import moe, norm
 from reference.executor import namespace
 from reference.tensors import layer_prefix
@@ -286,7 +286,7 @@ def readout_amplification_step(ref_trace: dict, i: int, states: list) -> np.ndar
     layer's new states ``states`` (B ``[HV, K, V]``: the state each token's read-out reads, so no
     recurrence is replayed) and the trace's normalized ``q [B, H, K]`` and gated-norm output
     ``normed [B, HV, V]``, on the executor those live on (a state stays there: only ``[B]`` comes
-    to the host). ``kappa = ||diag(q) S||_F / ||S^T q||`` per head, as ``readout_condition``."""
+    to the host)."""
     p = f"layers.{i}.kda."
     if p + "q" not in ref_trace or p + "normed" not in ref_trace:
         raise ValueError(f"the reference trace has no {p}q: the localization's bound needs the KDA core's "
@@ -294,15 +294,18 @@ def readout_amplification_step(ref_trace: dict, i: int, states: list) -> np.ndar
     q, y = ref_trace[p + "q"], ref_trace[p + "normed"]
     xp = namespace(q, y)
     S = xp.stack(states, axis=0)                                   # [B, HV, K, V]
-    HV, H = S.shape[1], q.shape[1]
-    if HV != H:  # GVA: value head hv reads qk head hv // (HV // H)
-        q = xp.repeat(q, HV // H, axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):  # NumPy's; torch divides silently
-        terms = xp.sqrt(xp.sum(q * q * xp.sum(S * S, axis=-1), axis=-1))           # [B, HV]
-        out = xp.sqrt(xp.sum(((q[:, :, None, :] @ S)[:, :, 0, :]) ** 2, axis=-1))   # ||S^T q||
-        kappa = xp.where(terms > 0, terms / out, 1.0)
-        ny2 = xp.sum(y * y, axis=-1)                                   # [B, HV]
-        total = xp.sum(ny2, axis=-1)
+    if S.shape[1] != q.shape[1]:  # GVA: value head hv reads qk head hv // (HV // H)
+        q = xp.repeat(q, S.shape[1] // q.shape[1], axis=1)
+    return _amplification(read_out_kappa(q, S), y)
+
+
+def _amplification(kappa, y) -> np.ndarray:
+    """``[T]`` on the host: ``sqrt(sum_h |y_h|^2 max(1, kappa_h)^2 / sum_h |y_h|^2)`` of ``kappa
+    [T, HV]`` and the gated-norm output ``y [T, HV, V]`` (1 where ``y`` is all zero)."""
+    xp = namespace(kappa, y)
+    ny2 = xp.sum(y * y, axis=-1)                                   # [T, HV]
+    total = xp.sum(ny2, axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
         amp = xp.sqrt(xp.sum(ny2 * xp.maximum(kappa, 1.0) ** 2, axis=-1) / total)
     return np.where(to_numpy(total) > 0, to_numpy(amp), 1.0)
 
@@ -320,10 +323,6 @@ def readout_amplification(ref_trace: dict, i: int) -> np.ndarray:
     if missing:
         raise ValueError(f"the reference trace has no {p}{missing[0]}: the localization's bound needs the "
                          "KDA core's values (load the reference with trace_kda_core = True)")
-    q, k, v, g, beta, s0, y = (to_numpy(ref_trace[p + n]).astype(np.float64) for n in KDA_CORE)
+    q, k, v, g, beta, s0, y = (ref_trace[p + n] for n in KDA_CORE)
     kappa, _ = readout_condition(q, k, v, g, beta, s0)
-    ny2 = np.sum(y * y, axis=-1)                                   # [T, HV]
-    total = np.sum(ny2, axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        amp = np.sqrt(np.sum(ny2 * np.maximum(1.0, kappa) ** 2, axis=-1) / total)
-    return np.where(total > 0, amp, 1.0)
+    return _amplification(kappa, y)

@@ -28,6 +28,7 @@ import numpy as np
 from parity.bounds.core import LAMBDA, exp_rel, gamma, sig
 from parity.ops import _slots
 from parity.ops.norm.bounds import rms_rel
+from reference.executor import device_of, namespace
 
 from .args import segments
 
@@ -325,20 +326,34 @@ def readout_condition(q, k, v, g, beta, initial_state=None):
     and large where ``S^T q`` cancels. One sequence: ``q, k [T, H, K]``, ``v [T, HV, V]``,
     ``g [T, HV, K]``, ``beta [T, HV]`` (the core's inputs, q and k normalized),
     ``initial_state [HV, K, V]`` or None. Returns ``(kappa [T, HV], final state)``; a read-out that is
-    exactly zero has ``kappa`` inf unless its terms are all zero (then 1).
+    exactly zero has ``kappa`` inf unless its terms are all zero (then 1). Float64 arrays of any
+    array API library (the diff's replay passes the reference's own, on its device); the result
+    is of that library.
     """
+    xp = namespace(q, k, v, g, beta, initial_state)
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    hmap = np.arange(HV) // (HV // H)
-    S = np.zeros((HV, K, V)) if initial_state is None else np.array(initial_state, dtype=np.float64)
-    kappa = np.ones((T, HV))
+    if HV != H:  # GVA: value head hv reads qk head hv // (HV // H)
+        q, k = xp.repeat(q, HV // H, axis=1), xp.repeat(k, HV // H, axis=1)
+    dev = device_of(v)
+    S = (xp.zeros((HV, K, V), dtype=xp.float64, device=dev) if initial_state is None
+         else xp.asarray(initial_state, dtype=xp.float64))
+    kappa = []
     for t in range(T):
-        kt, qt = k[t, hmap], q[t, hmap]
-        S = np.exp(g[t])[:, :, None] * S
-        e = beta[t][:, None] * (v[t] - np.einsum("hk,hkv->hv", kt, S))
+        kt = k[t, ...]
+        S = xp.exp(g[t, ...])[:, :, None] * S
+        e = beta[t, ...][:, None] * (v[t, ...] - (kt[:, None, :] @ S)[:, 0, :])
         S = S + kt[:, :, None] * e[:, None, :]
-        terms = np.sqrt(np.einsum("hk,hkv->h", qt * qt, S * S))
-        out = np.linalg.norm(np.einsum("hk,hkv->hv", qt, S), axis=-1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            kappa[t] = np.where(terms > 0, terms / out, 1.0)
-    return kappa, S
+        kappa.append(read_out_kappa(q[t, ...], S))
+    out = xp.stack(kappa, axis=0) if kappa else xp.ones((0, HV), dtype=xp.float64, device=dev)
+    return out, S
+
+
+def read_out_kappa(q, S):
+    """``kappa [..., HV]`` of read-outs ``S^T q`` (``q [..., HV, K]``, ``S [..., HV, K, V]``, any array
+    API library): ``||diag(q) S||_F / ||S^T q||``, 1 where every term is zero."""
+    xp = namespace(q, S)
+    with np.errstate(divide="ignore", invalid="ignore"):  # NumPy's; other libraries divide silently
+        terms = xp.sqrt(xp.sum(q * q * xp.sum(S * S, axis=-1), axis=-1))
+        out = xp.sqrt(xp.sum(((q[..., None, :] @ S)[..., 0, :]) ** 2, axis=-1))
+        return xp.where(terms > 0, terms / out, 1.0)
