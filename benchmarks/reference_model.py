@@ -26,6 +26,7 @@ budget, each part in its own process under a timeout, results in ``$OUT/referenc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -480,11 +481,15 @@ def cmd_corpus(args) -> dict:
     argv = ["diff", "--synthetic", args.preset, "--prompts", str(prompts), "--steps", str(args.steps),
             "--batch", str(args.batch), "--json", str(out_dir / "corpus.json"), "--plot", str(out_dir / "corpus.png"),
             "--no-progress"] + (["--shard", args.shard] if args.shard else [])
+    spent: dict[str, float] = {}
     t0 = time.perf_counter()
-    code = main(argv)
+    with _timed_parts(spent):
+        code = main(argv)
     out = {"part": "corpus", "argv": argv, "exit": code, "wall_s": time.perf_counter() - t0,
            "prompts": args.prompts, "prompt_tokens": [min(lengths), max(lengths)], "steps": args.steps,
-           "batch": args.batch}
+           "batch": args.batch, "parts_s": spent,
+           "note": "parts_s: wall seconds inside each (the device synchronized around every call); the "
+                   "judge's share excludes the replay and the twin it calls"}
     report = out_dir / "corpus.json"
     if report.exists():
         summary = json.loads(report.read_text())["summary"]
@@ -492,6 +497,59 @@ def cmd_corpus(args) -> dict:
     out.update(_gpu_peak())
     out["host_peak_rss_GB"] = _rss_gb()
     return out
+
+
+CORPUS_PARTS = {  # what a corpus diff's time is spent in: (module, class or None, attribute)
+    "reference prefill": ("reference.model", "Model", "prefill"),
+    "reference decode_batch": ("reference.model", "Model", "decode_batch"),
+    "engine prefill": ("optimized.model", "Model", "prefill"),
+    "engine decode_batch": ("optimized.model", "Model", "decode_batch"),
+    "replay of prompts": ("parity.diff.replay", "Replay", "add"),
+    "replay of decode steps": ("parity.diff.batch", None, "replay_batch"),
+    "judge": ("parity.diff.runner", "PromptRun", "judge"),
+    "twin": ("parity.diff.twin", "Twin", "logits"),
+    "lm_head span": ("parity.diff.logits", "LmHeadSpan", "__init__"),
+}
+
+
+@contextlib.contextmanager
+def _timed_parts(spent: dict):
+    """Within it, the callables of ``CORPUS_PARTS`` add their wall time to ``spent`` (the device
+    synchronized before and after each); a part called inside another is subtracted from it."""
+    import importlib
+
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    stack: list[float] = []  # time spent in nested parts, per open call
+
+    def wrap(name, fn):
+        def run(*a, **k):
+            sync()
+            t0 = time.perf_counter()
+            stack.append(0.0)
+            try:
+                return fn(*a, **k)
+            finally:
+                sync()
+                dt = time.perf_counter() - t0
+                inner = stack.pop()
+                spent[name] = spent.get(name, 0.0) + dt - inner
+                if stack:
+                    stack[-1] += dt
+        return run
+
+    saved = []
+    for name, (module, cls, attr) in CORPUS_PARTS.items():
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        saved.append((owner, attr, getattr(owner, attr)))
+        setattr(owner, attr, wrap(name, getattr(owner, attr)))
+    try:
+        yield
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
 
 
 # -- the GPU suite ------------------------------------------------------------------------------------
