@@ -20,11 +20,12 @@ model's state pool) is asked for it first (``CheckedEngine.batch_caches``).
 """
 from __future__ import annotations
 
+from parity.metrics import to_numpy
 from reference.batch import split_trace
 
 from .logits import LmHeadSpan
 from .replay import HostWeights, ReplayCall, replay_batch
-from .runner import DiffResult, PromptRun
+from .runner import HERE, DiffResult, PromptRun
 
 DEFAULT_BATCH = 8  # prompts decoded together when --batch is not given (docs/cli.md)
 
@@ -56,9 +57,19 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
         opt_logits, opt_caches = opt_model.decode_batch(tokens, opt_caches, trace=ot)
         rts, ots = split_trace(rt, B), split_trace(ot, B)
         calls = _replayed(runs, tokens, ots)
+        checks = _logits_checks(runs[0], opt_logits)
         for b, (run, r, o, call) in enumerate(zip(runs, rts, ots, calls)):
-            run.judge(step, ref_logits[b], opt_logits[b], r, o, call=call)
+            run.judge(step, ref_logits[b], opt_logits[b], r, o, call=call, logits_check=checks[b])
     return [run.result() for run in runs]
+
+
+def _logits_checks(run: PromptRun, opt_logits) -> list:
+    """The logits' own check of each row of a batch step (``LmHeadSpan.check_rows``), or ``HERE``
+    for each when there is no span to check against."""
+    rows = to_numpy(opt_logits).reshape(-1, run.config.vocab_size)
+    if run.lm_head is None:
+        return [HERE] * len(rows)
+    return run.lm_head.check_rows(rows, u_out=run.logits_roundoff(opt_logits), ua=run.precision.ua)
 
 
 def _replayed(runs: list[PromptRun], tokens: list[int], traces: list[dict]) -> list[ReplayCall | None]:

@@ -72,20 +72,39 @@ class LmHeadSpan:
     def check(self, logits: np.ndarray, *, u_out: float, ua: float) -> LogitsCheck | None:
         """The check of one logit vector ``[V]`` (float64 values of what the engine returned), or None
         when the check cannot apply (inactive, singular lm_head, non-finite logits)."""
-        import torch
-
         o_np = np.asarray(logits, dtype=np.float64)
         if self.chol is None or not np.all(np.isfinite(o_np)):
             return None
-        o = torch.from_numpy(o_np).to(self.A.device)
-        c = torch.cholesky_solve((self.A.T @ o)[:, None], self.chol)[:, 0]
-        residual = float(torch.linalg.vector_norm(o - self.A @ c))
+        return self._checks(o_np[None, :], u_out, ua)[0]
+
+    def check_rows(self, logits: np.ndarray, *, u_out: float, ua: float) -> list[LogitsCheck | None]:
+        """``check`` of each row of ``logits [B, V]``: on a GPU the rows' products at once (one
+        read of the 3 GB span for the batch); on the CPU row by row, each with the bits of its own
+        ``check`` (a corpus's batched report equals its prompts' own, number for number)."""
+        rows = np.asarray(logits, dtype=np.float64)
+        if self.chol is None or self.A.device.type == "cpu":
+            return [self.check(o, u_out=u_out, ua=ua) for o in rows]
+        ok = np.flatnonzero(np.all(np.isfinite(rows), axis=-1))
+        out: list[LogitsCheck | None] = [None] * len(rows)
+        for b, c in zip(ok, self._checks(rows[ok], u_out, ua) if ok.size else []):
+            out[b] = c
+        return out
+
+    def _checks(self, rows: np.ndarray, u_out: float, ua: float) -> list[LogitsCheck]:
+        """The checks of finite ``rows [B, V]``, their products taken together."""
+        import torch
+
+        o = torch.from_numpy(np.ascontiguousarray(rows.T)).to(self.A.device)  # [V, B]
+        c = torch.cholesky_solve(self.A.T @ o, self.chol)                    # [D+1, B]
+        residual = torch.linalg.vector_norm(o - self.A @ c, dim=0)
         acc = self.A[:, :self.D].abs() @ c[:self.D].abs()  # sum_d |W_vd| |x~_d| per logit
         per_logit = u_out * o.abs() + LAMBDA * np.sqrt(self.D) * ua * acc
-        norm_o = float(torch.linalg.vector_norm(o))
-        bound = float(torch.linalg.vector_norm(per_logit)) + self.cond ** 2 * (self.D + 1) * U_REFERENCE * norm_o
-        return LogitsCheck(residual=residual, bound=bound,
-                           units=residual / bound if bound > 0 else (0.0 if residual == 0 else np.inf))
+        norm_o = torch.linalg.vector_norm(o, dim=0)
+        bound = torch.linalg.vector_norm(per_logit, dim=0) + self.cond ** 2 * (self.D + 1) * U_REFERENCE * norm_o
+        out = []
+        for r, b in zip(residual.tolist(), bound.tolist()):
+            out.append(LogitsCheck(residual=r, bound=b, units=r / b if b > 0 else (0.0 if r == 0 else np.inf)))
+        return out
 
 
 def output_roundoff(precision, logits_dtype: str | None) -> float:

@@ -65,6 +65,7 @@ MODES = ("forced", "free")
 VERDICTS = ("match", "near-tie", "diverged")
 RUN_VERDICTS = ("match", "near-tie", "past-bound", "diverged")  # past-bound: no step diverged, but
                                                                # numbers are past their bound
+HERE = object()  # ``PromptRun.judge``: a part the batch did not take beforehand is taken here
 NO_TRACES = ("no traces: verdicts from the logits against the certified twin's noise; no op replayed, "
              "a bug that moves no token past that noise is not seen")
 
@@ -365,12 +366,18 @@ class PromptRun:
         that filled no trace at its prefill is judged on its logits alone)."""
         return self.traced and self.localize
 
+    def logits_roundoff(self, opt_logits) -> float:
+        """``u_out`` of the logits' own bound for logits returned as ``opt_logits``."""
+        stored = getattr(self.opt_model, "stored_logits_dtype", None) or dtype_of(opt_logits)
+        return output_roundoff(self.precision, stored)
+
     def judge(self, step: int, ref_logits, opt_logits, rt: dict, ot: dict, *,
-              call: ReplayCall | None = None) -> StepRecord:
+              call: ReplayCall | None = None, logits_check=HERE) -> StepRecord:
         """Step ``step`` from both paths' logits of this call and their traces ``rt``, ``ot``; the
         token both paths consume next is appended to ``seq``. ``call``: this call's replay, taken
         beforehand (a batch's decode steps replay their prompts together: ``replay.replay_batch``);
-        None: replayed here (``Replay.add``)."""
+        None: replayed here (``Replay.add``). ``logits_check``: the logits' own check, taken
+        beforehand (``LmHeadSpan.check_rows``: a batch's rows at once), or ``HERE``."""
         config, seq, precision, twin = self.config, self.seq, self.precision, self.twin
         if step == 0:
             call_ids, input_token = list(seq), None
@@ -399,8 +406,10 @@ class PromptRun:
         elif not np.all(np.isfinite(o)):
             rec.nonfinite = {"name": "logits", "layer": None, "position": rec.position,
                              "nan": int(np.isnan(o).sum()), "inf": int(np.isinf(o).sum())}
-        if self.lm_head is not None:
-            rec.logits = self.lm_head.check(o, u_out=output_roundoff(precision, stored), ua=precision.ua)
+        if logits_check is not HERE:
+            rec.logits = logits_check
+        elif self.lm_head is not None:
+            rec.logits = self.lm_head.check(o, u_out=self.logits_roundoff(opt_logits), ua=precision.ua)
         if localize:
             self.routes.add(rt, ot)
             _judge(rec, self.stats.localize(step, self.stats.positions, precision=precision))

@@ -174,3 +174,28 @@ def test_the_lm_head_bound_holds_for_lm_head_outputs_and_has_teeth():
     nan = bf16.copy()
     nan[3] = np.nan
     assert span.check(nan, u_out=p.u, ua=p.ua) is None  # non-finite logits: the step verdict's job
+
+
+def test_a_batchs_logit_rows_are_checked_together_as_each_alone(parity_device):
+    # on a GPU the rows' products are taken at once (within float64 rounding of each row's own
+    # check); on the CPU row by row, bit for bit; a non-finite row is None, the others still checked
+    from parity.bounds.core import precision_for
+    from parity.diff.logits import LmHeadSpan
+    from reference.checkpoint import open_source
+    from reference.fixtures import default_checkpoint_path
+
+    source = open_source(default_checkpoint_path())
+    span = LmHeadSpan(source, source.config, device=parity_device)
+    W = source.get("lm_head.weight")
+    p = precision_for("bfloat16")
+    rows = np.random.default_rng(1).normal(size=(4, W.shape[1])) @ W.T
+    rows[1, ::7] += 0.05 * np.abs(rows[1]).max()  # past its bound
+    rows[2, 3] = np.nan
+    got = span.check_rows(rows, u_out=p.u, ua=p.ua)
+    assert got[2] is None and got[1].units > 1 > got[0].units
+    for g, o in zip(got, rows):
+        want = span.check(o, u_out=p.u, ua=p.ua)
+        if want is None or parity_device == "cpu":
+            assert g == want
+        else:
+            assert g.units == pytest.approx(want.units, rel=1e-9, abs=1e-12)
