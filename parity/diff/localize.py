@@ -148,7 +148,7 @@ class ReplayStats:
 
     def __init__(self, config):
         self.config = config
-        self.ops: dict[str, dict] = {}   # name -> {"layer", "op", "err": [...], "err_in": [...], "amp": [...]}
+        self.ops: dict[str, dict] = {}   # name -> {"layer", "op", "err", "err_in", "amp": [positions]}
         self.flips: list[RouterFlip] = []
         self.positions = 0
         self.nonfinite: dict | None = None
@@ -157,10 +157,12 @@ class ReplayStats:
         """One call's replay (rows = consecutive positions starting at ``self.positions``)."""
         T = 0
         for o in call.ops:
-            d = self.ops.setdefault(o.name, {"layer": o.layer, "op": o.op, "err": [], "err_in": [], "amp": []})
-            d["err"].append(o.err)
-            d["err_in"].append(o.err_in)
-            d["amp"].append(o.amp)
+            d = self.ops.get(o.name)
+            if d is None:
+                d = self.ops[o.name] = {"layer": o.layer, "op": o.op, "err": o.err, "err_in": o.err_in, "amp": o.amp}
+            else:  # held whole, not as per-call pieces: every step localizes over all positions so far
+                for k in ("err", "err_in", "amp"):
+                    d[k] = np.concatenate([d[k], getattr(o, k)])
             T = len(o.err)
         self.flips += call.flips
         if self.nonfinite is None:
@@ -176,7 +178,7 @@ class ReplayStats:
         fresh = KAPPA_STORAGE * precision.u + KAPPA_ARITH * precision.ua
         entries = []
         for name, d in self.ops.items():
-            e, e_in, amp = (np.concatenate(d[k])[:upto] for k in ("err", "err_in", "amp"))
+            e, e_in, amp = (d[k][:upto] for k in ("err", "err_in", "amp"))
             if d["op"] == "router":
                 entries.append(_entry(name, d["layer"], "router", e, np.ones_like(e), spike=1.0))
             else:
