@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.atomic import atomic_write
+from parity.metrics import to_numpy
 
 from .checked import EngineError
 
@@ -30,7 +31,7 @@ def make_plan(ref_model, prompt_ids: list[int], *, steps: int, config, checkpoin
     tokens = [prompt[-1]]
     logits, cache = ref_model.prefill(prompt)
     for step in range(1, steps):
-        tokens.append(int(np.argmax(np.asarray(logits).reshape(-1, config.vocab_size)[-1])))
+        tokens.append(int(np.argmax(to_numpy(logits).reshape(-1, config.vocab_size)[-1])))  # any executor's
         if on_step is not None:
             on_step(step - 1)
         logits, cache = ref_model.decode(tokens[-1], cache)
