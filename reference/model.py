@@ -3,7 +3,8 @@
 ``load(path_or_source, *, moe_combine="unbiased", kv_norm_eps=1e-6, device="cpu", executor=None,
 shared_weights=None, weight_cache_bytes=None)`` returns a ``Model`` with ``forward`` (full recompute),
 ``prefill`` and ``decode`` (one sequence, 1-D token ids), and ``decode_batch`` (one token for each
-of B sequences of any lengths, each row bitwise its own ``decode``). The model runs on an executor
+of B sequences of any lengths, each row bitwise its own ``decode`` on the CPU executors, within
+1e-12 of it on a GPU, where the rows run as one batch). The model runs on an executor
 (``reference.executor``): NumPy on the CPU by default, torch float64 on ``device="cuda"`` (or on the
 CPU with ``executor="torch"``); its arrays (logits, caches, traces) are that library's.
 
@@ -21,7 +22,10 @@ followed by decode equals one longer prefill to ~1e-15):
 - ``forward`` / ``prefill``: KDA ``fused_chunked`` (chunk 64), MLA ``naive``;
 - ``decode`` / ``decode_batch``: conv ``short_conv_step``, KDA ``fused_recurrent``, MLA ``absorbed``,
   each sequence on its own cache; the token-wise work on the B rows at once, every product row by
-  row (``Weights.row_by_row``).
+  row (``Weights.row_by_row``) where ``bitwise_rows`` (the CPU executors), else the B sequences'
+  states stacked and their MLA caches padded into one call each.
+- the torch executor runs the routed experts in gathered groups (``moe.experts(group=)``) and a
+  layer's input projections as one product (``Weights.linears``): fewer launches on a GPU.
 
 Memory: before a call allocates anything, ``memory_estimate`` bounds its peak (weights in flight,
 activations, MLA attention blocks, trace, logits, cache) and a call that cannot fit in the device's
