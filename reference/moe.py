@@ -158,9 +158,8 @@ def experts(x, weights, ids, w1, w2, w3, *, group=None):
     if group is not None and (int(group) != group or group < 1):
         raise ValueError(f"group: expected a positive number of experts or None, got {group!r}")
     T, k = ids.shape
-    out = xp.zeros((T, x.shape[1]), dtype=xp.float64, device=device_of(x))
     if T == 0 or k == 0:
-        return out
+        return xp.zeros((T, x.shape[1]), dtype=xp.float64, device=device_of(x))
     flat = xp.reshape(ids, (-1,))
     order = xp.argsort(flat, stable=True)  # pairs grouped by expert, token order within an expert
     token = order // k
@@ -179,6 +178,7 @@ def experts(x, weights, ids, w1, w2, w3, *, group=None):
         picked = xp.reshape(xp.take(y, where, axis=0), (T, k, x.shape[1]))
         return xp.sum(weights[:, :, None] * picked, axis=1)
     where = xp.reshape(where, (T, k))
+    out = xp.zeros((T, x.shape[1]), dtype=xp.float64, device=device_of(x))
     for slot in range(k):
         out = out + weights[:, slot:slot + 1] * xp.take(y, where[:, slot], axis=0)
     return out

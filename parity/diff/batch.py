@@ -25,7 +25,7 @@ from reference.batch import split_trace
 
 from .logits import LmHeadSpan
 from .replay import HostWeights, ReplayCall, replay_batch
-from .runner import HERE, DiffResult, PromptRun
+from .runner import DiffResult, PromptRun
 
 DEFAULT_BATCH = 8  # prompts decoded together when --batch is not given (docs/cli.md)
 
@@ -64,11 +64,11 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
 
 
 def _logits_checks(run: PromptRun, opt_logits) -> list:
-    """The logits' own check of each row of a batch step (``LmHeadSpan.check_rows``), or ``HERE``
-    for each when there is no span to check against."""
+    """The logits' own check of each row of a batch step (``LmHeadSpan.check_rows``); None for
+    each when there is no span to check against."""
     rows = to_numpy(opt_logits).reshape(-1, run.config.vocab_size)
     if run.lm_head is None:
-        return [HERE] * len(rows)
+        return [None] * len(rows)
     return run.lm_head.check_rows(rows, u_out=run.logits_roundoff(opt_logits), ua=run.precision.ua)
 
 

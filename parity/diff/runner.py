@@ -366,10 +366,13 @@ class PromptRun:
         that filled no trace at its prefill is judged on its logits alone)."""
         return self.traced and self.localize
 
+    def stored_dtype(self, opt_logits) -> str | None:
+        """The dtype the engine returned ``opt_logits`` in (its own word for it, else theirs)."""
+        return getattr(self.opt_model, "stored_logits_dtype", None) or dtype_of(opt_logits)
+
     def logits_roundoff(self, opt_logits) -> float:
         """``u_out`` of the logits' own bound for logits returned as ``opt_logits``."""
-        stored = getattr(self.opt_model, "stored_logits_dtype", None) or dtype_of(opt_logits)
-        return output_roundoff(self.precision, stored)
+        return output_roundoff(self.precision, self.stored_dtype(opt_logits))
 
     def judge(self, step: int, ref_logits, opt_logits, rt: dict, ot: dict, *,
               call: ReplayCall | None = None, logits_check=HERE) -> StepRecord:
@@ -391,8 +394,7 @@ class PromptRun:
         # the twin runs only where the tokens differ: a match needs no noise to be judged
         flipped = int(np.argmax(r)) != int(np.argmax(np.where(np.isnan(o), -np.inf, o))) or not np.all(np.isfinite(o))
         t = o if twin is None else twin.logits(seq, len(self.prompt)) if flipped else None
-        stored = getattr(self.opt_model, "stored_logits_dtype", None) or dtype_of(opt_logits)
-        self.lossy = self.lossy or _coarser(stored, self.dtype)
+        self.lossy = self.lossy or _coarser(self.stored_dtype(opt_logits), self.dtype)
         rec = _record(step, len(seq) - 1, input_token, r, o, t, self.dtype, self.lossy)
         localize = self.localizes
         if localize:
