@@ -88,9 +88,59 @@ def to_numpy(x) -> np.ndarray:
     return a.astype(np.float64) if a.dtype.kind == "f" else a.astype(np.int64)
 
 
+class HostCopy(np.ndarray):
+    """A float64 (int64) host copy of a device tensor that remembers the dtype the tensor was
+    stored in, ``stored`` (``dtype_of`` reads it): a bf16 trace entry copied for reading is still
+    a bf16 entry, whose storage rounding is part of its bound. Slices keep it; ``to_numpy`` gives
+    a plain array."""
+    stored: str | None = None
+
+    def __array_finalize__(self, obj):
+        self.stored = getattr(obj, "stored", None)
+
+    def __array_wrap__(self, array, context=None, return_scalar=False):
+        # what is computed from a copy is no longer stored in its dtype: a plain array
+        array = array.view(np.ndarray)
+        return array[()] if return_scalar else array
+
+
+def to_host(arrays: dict) -> dict:
+    """``arrays`` (a trace: name -> array or tensor) with every device tensor replaced by its
+    ``HostCopy``, all of one device and dtype converted and copied in one transfer: a call's many
+    entries are read one by one, by every prompt of a batch, and would otherwise each cross from
+    the device (and be widened) at every read. Host arrays and tensors are passed through."""
+    out, groups = dict(arrays), {}
+    for key, x in arrays.items():
+        if hasattr(x, "detach") and x.device.type != "cpu":
+            groups.setdefault((x.device, x.dtype), []).append(key)
+    for keys in groups.values():
+        out.update(zip(keys, host_copies([arrays[k] for k in keys])))
+    return out
+
+
+def host_copies(tensors: list) -> list[HostCopy]:
+    """The ``HostCopy`` of each of ``tensors`` (torch, of one device and dtype), widened on their
+    device and copied to the host together."""
+    import torch
+
+    xs = [x.detach() for x in tensors]
+    flat = torch.cat([x.reshape(-1) for x in xs])
+    flat = flat.to(torch.float64 if flat.is_floating_point() else torch.int64).cpu().numpy()
+    flat.setflags(write=False)  # one buffer under every copy: read, never written
+    stored = dtype_of(xs[0])
+    out, start = [], 0
+    for x in xs:
+        c = flat[start:start + x.numel()].reshape(tuple(x.shape)).view(HostCopy)
+        c.stored = stored
+        out.append(c)
+        start += x.numel()
+    return out
+
+
 def dtype_of(x) -> str | None:
-    """Float dtype name of a tensor/array ('bfloat16', ...) or None for integer data."""
-    s = str(getattr(x, "dtype", "")).replace("torch.", "")
+    """Float dtype name of a tensor/array ('bfloat16', ...; a ``HostCopy``'s stored dtype) or None
+    for integer data."""
+    s = getattr(x, "stored", None) or str(getattr(x, "dtype", "")).replace("torch.", "")
     return s if s in ("bfloat16", "float16", "float32", "float64") else None
 
 

@@ -25,7 +25,8 @@ from reference.batch import split_trace
 
 from .logits import LmHeadSpan
 from .replay import HostWeights, ReplayCall, replay_batch
-from .runner import DiffResult, PromptRun
+from .localize import first_nonfinite
+from .runner import HERE, DiffResult, PromptRun, on_host
 
 DEFAULT_BATCH = 8  # prompts decoded together when --batch is not given (docs/cli.md)
 
@@ -46,7 +47,7 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
         rt, ot = {}, {}
         ref_logits, ref_cache = ref_model.prefill(list(run.seq), trace=rt)
         opt_logits, opt_cache = opt_model.prefill(list(run.seq), trace=ot, cache=fresh())
-        run.judge(0, ref_logits, opt_logits, rt, ot)
+        run.judge(0, *on_host(ref_logits, opt_logits, rt, ot))
         ref_caches.append(ref_cache)
         opt_caches.append(opt_cache)
     B = len(runs)
@@ -55,11 +56,14 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
         rt, ot = {}, {}
         ref_logits, ref_caches = ref_model.decode_batch(tokens, ref_caches, trace=rt)
         opt_logits, opt_caches = opt_model.decode_batch(tokens, opt_caches, trace=ot)
+        ref_logits, opt_logits, rt, ot = on_host(ref_logits, opt_logits, rt, ot)
         rts, ots = split_trace(rt, B), split_trace(ot, B)
         calls = _replayed(runs, tokens, ots)
         checks = _logits_checks(runs[0], opt_logits)
+        nonfinite = None if first_nonfinite(ot, config) is None else HERE  # a finite batch: every row
         for b, (run, r, o, call) in enumerate(zip(runs, rts, ots, calls)):
-            run.judge(step, ref_logits[b], opt_logits[b], r, o, call=call, logits_check=checks[b])
+            run.judge(step, ref_logits[b], opt_logits[b], r, o, call=call, logits_check=checks[b],
+                      nonfinite=nonfinite)
     return [run.result() for run in runs]
 
 

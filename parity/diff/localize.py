@@ -148,28 +148,26 @@ class ReplayStats:
 
     def __init__(self, config):
         self.config = config
-        self.ops: dict[str, dict] = {}   # name -> {"layer", "op", "err", "err_in", "amp": [positions]}
+        self.ops: dict[str, dict] = {}   # name -> {"layer", "op", "err", "err_in", "amp": [pieces of [positions]]}
         self.flips: list[RouterFlip] = []
         self.positions = 0
         self.nonfinite: dict | None = None
 
-    def add(self, call: ReplayCall, opt_trace: dict) -> None:
-        """One call's replay (rows = consecutive positions starting at ``self.positions``)."""
+    def add(self, call: ReplayCall, nonfinite: dict | None = None) -> None:
+        """One call's replay (rows = consecutive positions starting at ``self.positions``);
+        ``nonfinite``: the call's first NaN/Inf in the engine's trace (``first_nonfinite``, its
+        position counted within the call), None when it holds none."""
         T = 0
         for o in call.ops:
             d = self.ops.get(o.name)
             if d is None:
-                d = self.ops[o.name] = {"layer": o.layer, "op": o.op, "err": o.err, "err_in": o.err_in, "amp": o.amp}
-            else:  # held whole, not as per-call pieces: every step localizes over all positions so far
-                for k in ("err", "err_in", "amp"):
-                    d[k] = np.concatenate([d[k], getattr(o, k)])
+                d = self.ops[o.name] = {"layer": o.layer, "op": o.op, "err": [], "err_in": [], "amp": []}
+            for k in ("err", "err_in", "amp"):  # per-call pieces, joined when a step localizes
+                d[k].append(getattr(o, k))
             T = len(o.err)
         self.flips += call.flips
-        if self.nonfinite is None:
-            bad = first_nonfinite(opt_trace, self.config)
-            if bad is not None:
-                bad["position"] += self.positions
-                self.nonfinite = bad
+        if self.nonfinite is None and nonfinite is not None:
+            self.nonfinite = {**nonfinite, "position": nonfinite["position"] + self.positions}
         self.positions += T
 
     def localize(self, step: int, upto: int, *, precision) -> Localization:
@@ -178,7 +176,10 @@ class ReplayStats:
         fresh = KAPPA_STORAGE * precision.u + KAPPA_ARITH * precision.ua
         entries = []
         for name, d in self.ops.items():
-            e, e_in, amp = (d[k][:upto] for k in ("err", "err_in", "amp"))
+            for k in ("err", "err_in", "amp"):
+                if len(d[k]) > 1:
+                    d[k] = [np.concatenate(d[k])]
+            e, e_in, amp = (d[k][0][:upto] for k in ("err", "err_in", "amp"))
             if d["op"] == "router":
                 entries.append(_entry(name, d["layer"], "router", e, np.ones_like(e), spike=1.0))
             else:
@@ -233,5 +234,6 @@ def localize(ref_model, opt_model, token_ids: list[int], config, *, dtype: str =
     opt_trace: dict = {}
     opt_model.forward(list(token_ids), trace=opt_trace)
     stats = ReplayStats(config)
-    stats.add(Replay(ref_model, config, u=precision.u, ua=precision.ua).add(token_ids, opt_trace), opt_trace)
+    stats.add(Replay(ref_model, config, u=precision.u, ua=precision.ua).add(token_ids, opt_trace),
+              first_nonfinite(opt_trace, config))
     return stats.localize(step, len(token_ids), precision=precision)

@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from parity.bounds.core import UNIT_ROUNDOFF
-from parity.metrics import dtype_of, to_numpy
+from parity.metrics import HostCopy, dtype_of, to_numpy
 from parity.ops.kda.bounds import read_out_kappa, readout_condition
 from reference import moe, norm
 from reference.executor import namespace
 from reference.tensors import layer_prefix
 
-from .router import RouterFlip, judge_router, score_noise
+from .router import RouterFlip, RouterJudgement, judge_router, score_noise
 
 
 def _rows(x) -> np.ndarray:
@@ -127,19 +127,6 @@ class Replay:
     def add(self, ids, trace: dict) -> ReplayCall:
         """Replay one call over ``ids`` (the tokens it consumed) from the engine's ``trace``."""
         return _replay([self], [[int(t) for t in ids]], [trace])[0]
-
-    def _router(self, i, mid, e_mid, trace, opt_ids):
-        c = self.config
-        w = self.host.router(i)
-        x = norm.rms_norm(mid, w.norm, eps=c.rms_norm_eps)
-        s, eps = score_noise(x, w.W, u=self.u, e_mid=e_mid, ua=self.ua, absW=w.absW)
-        _, ref_ids = moe.router(x @ w.W.T, w.bias, top_k=c.num_experts_per_token, num_groups=c.num_expert_group,
-                                topk_groups=c.topk_group, renormalize=c.moe_renormalize,
-                                scaling=c.routed_scaling_factor)
-        t = f"layers.{i}.router."
-        return judge_router(i, self.position, s=s, eps=eps, bias=w.bias, ref_ids=ref_ids, opt_ids=opt_ids,
-                            opt_scores=trace.get(t + "scores"), opt_sel=trace.get(t + "selection"),
-                            ua=self.ua, num_groups=c.num_expert_group, topk_groups=c.topk_group)
 
 
 def replay_batch(replays: list[Replay], tokens: list[int], traces: list[dict]) -> list[ReplayCall]:
@@ -251,20 +238,52 @@ class _Batch:
         c, m, p = self.config, self.model, f"layers.{i}."
         routing = None
         if c.is_moe_layer(i):
-            chosen = []
-            for b, (r, t, rows) in enumerate(zip(self.replays, self.traces, self.rows)):
+            chosen = np.concatenate([to_numpy(t[p + "router.ids"]).astype(np.int64).reshape(rows.stop - rows.start, -1)
+                                     for t, rows in zip(self.traces, self.rows)])
+            judged = self.router(i, mid, e_mid, chosen)
+            for b, rows in enumerate(self.rows):
                 T = rows.stop - rows.start
-                ids = to_numpy(t[p + "router.ids"]).astype(np.int64).reshape(T, -1)
-                judged = r._router(i, mid[rows], e_mid[b], t, ids)
-                self.calls[b].ops.append(OpError(p + "router", i, "router", judged.units, np.zeros(T), np.ones(T)))
-                self.calls[b].flips += judged.flips
-                chosen.append(ids)
-            routing = m.executor.ints(np.concatenate(chosen))
+                self.calls[b].ops.append(OpError(p + "router", i, "router", judged.units[rows], np.zeros(T), np.ones(T)))
+                self.calls[b].flips += [f for f, t in zip(judged.flips, judged.rows) if rows.start <= t < rows.stop]
+            routing = m.executor.ints(chosen)
         f_r = to_numpy(m.ffn(i, self.on(mid), routing=routing))
         op = "moe" if c.is_moe_layer(i) else "mlp"
         for b, (f_e, rows) in enumerate(zip(self.gather(p + "ffn"), self.rows)):
             T = rows.stop - rows.start
             self.calls[b].ops.append(OpError(p + "ffn", i, op, _rel(f_e, f_r[rows]), np.full(T, e_mid[b]), np.ones(T)))
+
+    def router(self, i: int, mid: np.ndarray, e_mid: list[float], chosen: np.ndarray) -> RouterJudgement:
+        """MoE layer ``i``'s router replayed on ``mid [N, D]`` and judged against the engine's
+        choices ``chosen [N, k_e]``, the B calls' rows together (each call's products its own: its
+        rows have the bits of its own replay)."""
+        c, r0, t = self.config, self.replays[0], f"layers.{i}.router."
+        w = r0.host.router(i)
+        x = norm.rms_norm(mid, w.norm, eps=c.rms_norm_eps)
+        e_rows = np.concatenate([np.full(rows.stop - rows.start, e) for e, rows in zip(e_mid, self.rows)])
+        s, eps, logit = score_noise(x, w.W, u=r0.u, e_mid=e_rows, ua=r0.ua, absW=w.absW, calls=self.rows)
+        _, ref_ids = moe.router(logit, w.bias, top_k=c.num_experts_per_token, num_groups=c.num_expert_group,
+                                topk_groups=c.topk_group, renormalize=c.moe_renormalize,
+                                scaling=c.routed_scaling_factor)
+        positions = np.concatenate([r.position + np.arange(rows.stop - rows.start)
+                                    for r, rows in zip(self.replays, self.rows)])
+        return judge_router(i, positions, s=s, eps=eps, bias=w.bias, ref_ids=ref_ids, opt_ids=chosen,
+                            opt_scores=self.joined(t + "scores"), opt_sel=self.joined(t + "selection"),
+                            ua=r0.ua, num_groups=c.num_expert_group, topk_groups=c.topk_group)
+
+    def joined(self, key: str):
+        """The B traces' entry ``key`` as one ``[N, ...]`` array that keeps the dtype it was stored
+        in (the bound reads it), or None when the traces do not hold it."""
+        parts = [t.get(key) for t in self.traces]
+        if any(x is None for x in parts):
+            return None
+        stored = {dtype_of(x) for x in parts}
+        if len(stored) != 1:
+            raise ValueError(f"replay: the calls of a batch hold {key} in different dtypes: {sorted(map(str, stored))}")
+        if len(parts) == 1:
+            return parts[0]
+        out = np.concatenate([to_numpy(x) for x in parts]).view(HostCopy)
+        out.stored = stored.pop()
+        return out
 
 
 def _rel(engine: np.ndarray, replay: np.ndarray) -> np.ndarray:

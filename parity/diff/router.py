@@ -64,27 +64,33 @@ class RouterJudgement:
     units: np.ndarray          # [T]
     flips: list[RouterFlip]
     what: list[str]            # [T]: which check gave the worst units ("flip", "scores", "selection")
+    rows: list[int]            # the row of each flip
 
 
 def gamma(n: int, ua: float) -> float:
     return n * ua / (1.0 - n * ua)
 
 
-def score_noise(x, W, *, u: float, e_mid: float, ua: float, absW=None):
-    """``(s [T, E], eps [T, E])``: the float64 sigmoid scores of the router on ``x [T, D]`` (the
-    normed stream) and their noise bound (module docstring). ``u``: the run's storage roundoff (the
-    engine's rounding of ``x``); ``e_mid``: the relative rounding of the stream ``x`` was normed from.
-    ``absW``: ``|W|`` when the caller keeps it (None: taken here)."""
+def score_noise(x, W, *, u: float, e_mid, ua: float, absW=None, calls: list[slice] | None = None):
+    """``(s [T, E], eps [T, E], logit [T, E])``: the float64 router logits and sigmoid scores on
+    ``x [T, D]`` (the normed stream) and the scores' noise bound (module docstring). ``u``: the
+    run's storage roundoff (the engine's rounding of ``x``); ``e_mid``: the relative rounding of the
+    stream ``x`` was normed from, one for every row or one a row ``[T]``. ``absW``: ``|W|`` when the
+    caller keeps it (None: taken here). ``calls``: row ranges that are separate calls, each taken as
+    its own product (so each call's rows have the bits of its own replay; None: one call)."""
     D = x.shape[-1]
     absW = np.abs(W) if absW is None else absW
+    calls = [slice(0, x.shape[0])] if calls is None else calls
     ax = np.abs(x)
-    spread = ax @ absW.T
+    spread = np.concatenate([ax[c] @ absW.T for c in calls])
+    e_mid = np.asarray(e_mid, dtype=np.float64)
+    e_mid = e_mid[:, None] if e_mid.ndim else e_mid
     dlogit = (u + 2.0 * e_mid) * spread + gamma(D, ua) * spread
-    logit = x @ W.T
+    logit = np.concatenate([x[c] @ W.T for c in calls])
     s = 1.0 / (1.0 + np.exp(-logit))
     with np.errstate(over="ignore"):
         slope = np.minimum(0.25, s * (1.0 - s) * np.exp(np.minimum(dlogit, 700.0)))
-    return s, slope * dlogit + ua * 4.0 * np.abs(s)
+    return s, slope * dlogit + ua * 4.0 * np.abs(s), logit
 
 
 def _group_scores(sel: np.ndarray, groups: int) -> np.ndarray:
@@ -94,13 +100,17 @@ def _group_scores(sel: np.ndarray, groups: int) -> np.ndarray:
     return top.sum(axis=1)
 
 
-def judge_router(layer: int, first_position: int, *, s, eps, bias, ref_ids, opt_ids, opt_scores=None,
+def judge_router(layer: int, positions, *, s, eps, bias, ref_ids, opt_ids, opt_scores=None,
                  opt_sel=None, ua: float, num_groups: int = 1, topk_groups: int = 1) -> RouterJudgement:
-    """Judge one layer's router over ``T`` tokens: ``s``, ``eps`` ``[T, E]`` from ``score_noise``,
-    ``bias [E]`` the checkpoint's correction bias (float64), ``ref_ids`` the float64 router's top-k
-    on the engine's input, ``opt_ids`` the engine's ``[T, k_e]``, ``opt_scores`` / ``opt_sel`` its
-    traced scores and selection (any dtype; None: not checked)."""
+    """Judge one layer's router over ``T`` tokens: ``positions`` the sequence position of the
+    first (the others follow it) or of each ``[T]`` (rows of several sequences); ``s``, ``eps``
+    ``[T, E]`` from ``score_noise``, ``bias [E]`` the checkpoint's correction bias (float64),
+    ``ref_ids`` the float64 router's top-k on the engine's input, ``opt_ids`` the engine's ``[T,
+    k_e]``, ``opt_scores`` / ``opt_sel`` its traced scores and selection (any dtype; None: not
+    checked)."""
     T, E = s.shape
+    positions = np.asarray(positions, dtype=np.int64)
+    positions = positions + np.arange(T) if positions.ndim == 0 else positions
     sel = s + bias
     eps_sel = eps + ua * np.abs(sel)
     ref_ids = to_numpy(ref_ids).astype(np.int64).reshape(T, -1)
@@ -125,7 +135,7 @@ def judge_router(layer: int, first_position: int, *, s, eps, bias, ref_ids, opt_
             rb = np.where(np.isfinite(rb), rb, np.inf).max(axis=-1)
             what = ["selection" if rb[t] > units[t] else what[t] for t in range(T)]
             units = np.maximum(units, rb)
-    flips = []
+    flips, rows = [], []
     for t in range(T):
         r, o = set(ref_ids[t].tolist()), set(opt_ids[t].tolist())
         if r == o:
@@ -149,11 +159,12 @@ def judge_router(layer: int, first_position: int, *, s, eps, bias, ref_ids, opt_
             if worst is None or cand[0] / max(cand[1], 1e-300) > worst[0] / max(worst[1], 1e-300):
                 worst = cand
         margin, bound, grouped = worst
-        flip = RouterFlip(layer=layer, position=first_position + t, swapped_in=sorted(inn),
+        flip = RouterFlip(layer=layer, position=int(positions[t]), swapped_in=sorted(inn),
                           swapped_out=sorted(out), margin=float(margin), bound=float(bound),
                           within_noise=bool(margin <= bound), grouped=grouped)
         flips.append(flip)
+        rows.append(t)
         ratio = margin / bound if bound > 0 else np.inf
         if ratio > units[t]:
             units[t], what[t] = ratio, "flip"
-    return RouterJudgement(units=units, flips=flips, what=what)
+    return RouterJudgement(units=units, flips=flips, what=what, rows=rows)

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from parity.bounds.core import UNIT_ROUNDOFF, precision_for
-from parity.metrics import dtype_of, to_numpy
+from parity.metrics import dtype_of, to_host, to_numpy
 from parity.neartie import classify_step, twin_bound
 
 from .localize import Localization, ReplayStats, first_nonfinite
@@ -322,8 +322,16 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
         else:
             ref_logits, ref_cache = ref_model.decode(run.seq[-1], ref_cache, trace=rt)
             opt_logits, opt_cache = opt_model.decode(run.seq[-1], opt_cache, trace=ot)
-        run.judge(step, ref_logits, opt_logits, rt, ot)
+        run.judge(step, *on_host(ref_logits, opt_logits, rt, ot))
     return run.result()
+
+
+def on_host(ref_logits, opt_logits, rt: dict, ot: dict) -> tuple:
+    """``(ref_logits, opt_logits, rt, ot)`` of one call on the host, each path's in one transfer a
+    dtype (``to_host``): a call's many trace entries are read one by one, by every prompt of a
+    batch, and would otherwise cross from the device at each read."""
+    rt, ot = to_host({**rt, "": ref_logits}), to_host({**ot, "": opt_logits})
+    return rt.pop(""), ot.pop(""), rt, ot
 
 
 class PromptRun:
@@ -375,12 +383,14 @@ class PromptRun:
         return output_roundoff(self.precision, self.stored_dtype(opt_logits))
 
     def judge(self, step: int, ref_logits, opt_logits, rt: dict, ot: dict, *,
-              call: ReplayCall | None = None, logits_check=HERE) -> StepRecord:
+              call: ReplayCall | None = None, logits_check=HERE, nonfinite=HERE) -> StepRecord:
         """Step ``step`` from both paths' logits of this call and their traces ``rt``, ``ot``; the
         token both paths consume next is appended to ``seq``. ``call``: this call's replay, taken
         beforehand (a batch's decode steps replay their prompts together: ``replay.replay_batch``);
         None: replayed here (``Replay.add``). ``logits_check``: the logits' own check, taken
-        beforehand (``LmHeadSpan.check_rows``: a batch's rows at once), or ``HERE``."""
+        beforehand (``LmHeadSpan.check_rows``: a batch's rows at once), or ``HERE``. ``nonfinite``:
+        the first NaN/Inf of ``ot`` (``first_nonfinite``), taken beforehand (None: a batch whose
+        whole trace is finite), or ``HERE``."""
         config, seq, precision, twin = self.config, self.seq, self.precision, self.twin
         if step == 0:
             call_ids, input_token = list(seq), None
@@ -397,14 +407,14 @@ class PromptRun:
         self.lossy = self.lossy or _coarser(self.stored_dtype(opt_logits), self.dtype)
         rec = _record(step, len(seq) - 1, input_token, r, o, t, self.dtype, self.lossy)
         localize = self.localizes
+        nonfinite = first_nonfinite(ot, config) if nonfinite is HERE else nonfinite
         if localize:
             call = self.replay.add(call_ids, ot) if call is None else call
-            self.stats.add(call, ot)
+            self.stats.add(call, nonfinite)
             rec.router = call.flips
             self.drift.add(rt, ot)
-        rec.nonfinite = first_nonfinite(ot, config)
-        if rec.nonfinite is not None:
-            rec.nonfinite["position"] += len(seq) - len(call_ids)
+        if nonfinite is not None:
+            rec.nonfinite = {**nonfinite, "position": nonfinite["position"] + len(seq) - len(call_ids)}
         elif not np.all(np.isfinite(o)):
             rec.nonfinite = {"name": "logits", "layer": None, "position": rec.position,
                              "nan": int(np.isnan(o).sum()), "inf": int(np.isinf(o).sum())}
@@ -414,7 +424,8 @@ class PromptRun:
             rec.logits = self.lm_head.check(o, u_out=self.logits_roundoff(opt_logits), ua=precision.ua)
         if localize:
             self.routes.add(rt, ot)
-            _judge(rec, self.stats.localize(step, self.stats.positions, precision=precision))
+            if rec.verdict != "match":  # a match needs no localization (the run's final one sees all)
+                _judge(rec, self.stats.localize(step, self.stats.positions, precision=precision))
             split = self.routes.split() if rec.verdict == "diverged" and rec.cause is None else None
             if split is not None:
                 _rerouted(rec, self.ref_model, seq, self.routes, split, r, o, t, self.dtype)
@@ -465,10 +476,10 @@ def _record(step: int, position: int, input_token, r, o, t, dtype: str, lossy: s
     """The step judged on its logits: the flip bound from the twin's logits ``t`` (plus the
     rounding of logits stored coarser than the run, ``lossy``); ``t`` None: the tokens agree and the
     twin did not run (the bound is reported as None)."""
-    if t is None:
-        v = classify_step(r, o, dtype=dtype)
-        return StepRecord(step=step, position=position, input_token=input_token, ref_token=int(v.ref_token),
-                          opt_token=int(v.opt_token), verdict=v.verdict, classified=v.verdict,
+    if t is None:  # the greedy tokens agree and every logit is finite: a match (classify_step's)
+        token = int(np.argmax(r))
+        return StepRecord(step=step, position=position, input_token=input_token, ref_token=token,
+                          opt_token=token, verdict="match", classified="match",
                           max_abs_diff=max_abs_diff(r, o), kl=kl_divergence(r, o), ref_margin=0.0,
                           bound=None, ratio=0.0, ref_gap=_gap(r))
     bound = twin_bound(r, t, dtype=dtype)

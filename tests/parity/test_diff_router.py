@@ -20,21 +20,21 @@ def _judge(s, eps, ref_ids, opt_ids, *, bias=None, opt_scores=None, opt_sel=None
 
 
 def test_the_noise_bound_covers_the_bf16_rounding_of_the_router_input():
-    s, eps = score_noise(X, W, u=U, e_mid=U, ua=UA)
+    s, eps, _ = score_noise(X, W, u=U, e_mid=U, ua=UA)
     xb = torch.tensor(X).bfloat16().float().numpy().astype(np.float64)   # what a bf16 engine holds
     s_engine = 1 / (1 + np.exp(-(xb @ W.T)))
     assert np.all(np.abs(s_engine - s) <= eps) and np.all(eps < 0.05)
 
 
 def test_identical_decisions_are_not_flips_and_sit_inside_their_bound():
-    s, eps = score_noise(X, W, u=U, e_mid=U, ua=UA)
+    s, eps, _ = score_noise(X, W, u=U, e_mid=U, ua=UA)
     top = np.argsort(-s[0])[:2][None]
     j = _judge(s, eps, top, top, opt_scores=torch.tensor(s, dtype=torch.float32))
     assert j.flips == [] and j.units[0] < 1
 
 
 def test_a_flip_between_two_experts_closer_than_their_noise_is_within_noise():
-    s, eps = score_noise(X, W, u=U, e_mid=U, ua=UA)
+    s, eps, _ = score_noise(X, W, u=U, e_mid=U, ua=UA)
     order = np.argsort(-s[0])
     a, b = order[1], order[2]
     bias = np.zeros(E)
@@ -44,7 +44,7 @@ def test_a_flip_between_two_experts_closer_than_their_noise_is_within_noise():
 
 
 def test_a_flip_far_beyond_the_noise_is_a_router_bug():
-    s, eps = score_noise(X, W, u=U, e_mid=U, ua=UA)
+    s, eps, _ = score_noise(X, W, u=U, e_mid=U, ua=UA)
     order = np.argsort(-s[0])
     j = _judge(s, eps, [[order[0], order[1]]], [[order[0], order[-1]]])
     (f,) = j.flips
@@ -52,7 +52,7 @@ def test_a_flip_far_beyond_the_noise_is_a_router_bug():
 
 
 def test_a_bias_held_in_bf16_or_dropped_is_past_the_selection_bound():
-    s, eps = score_noise(X, W, u=U, e_mid=U, ua=UA)
+    s, eps, _ = score_noise(X, W, u=U, e_mid=U, ua=UA)
     bias = RNG.normal(0, 3.0, E)
     top = np.argsort(-(s[0] + bias))[:2][None]
     scores = torch.tensor(s, dtype=torch.float32)
@@ -66,7 +66,7 @@ def test_a_bias_held_in_bf16_or_dropped_is_past_the_selection_bound():
 
 
 def test_scores_off_by_more_than_their_noise_are_past_the_bound():
-    s, eps = score_noise(X, W, u=U, e_mid=U, ua=UA)
+    s, eps, _ = score_noise(X, W, u=U, e_mid=U, ua=UA)
     top = np.argsort(-s[0])[:2][None]
     raw = torch.tensor(X @ W.T, dtype=torch.float32)   # logits traced as if they were scores
     j = _judge(s, eps, top, top, opt_scores=raw)

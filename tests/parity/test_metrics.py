@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from parity.metrics import compare, nearer_truth, round_to, ulp_distance
+from parity.metrics import HostCopy, compare, dtype_of, host_copies, nearer_truth, round_to, to_host, to_numpy, ulp_distance
 
 
 def test_a_candidate_within_its_bound_passes_with_its_ratio():
@@ -87,3 +87,26 @@ def test_nearer_truth_names_the_candidate_closer_to_float64():
     assert nearer_truth(t, t + 1e-3, t + 1e-6)["nearer"] == "b"
     assert nearer_truth(t, t - 1e-6, t + 1e-3)["nearer"] == "a"
     assert nearer_truth(t, t, t)["nearer"] == "tie"
+
+
+def test_host_copies_hold_the_exact_values_and_remember_the_stored_dtype():
+    bf = torch.randn(3, 5).to(torch.bfloat16)
+    a, b = host_copies([bf, bf[1:]])
+    assert isinstance(a, HostCopy) and a.dtype == np.float64 and dtype_of(a) == "bfloat16"
+    assert np.array_equal(to_numpy(a), to_numpy(bf)) and np.array_equal(b, to_numpy(bf[1:]))
+    assert dtype_of(a[1:]) == "bfloat16" and type(to_numpy(a)) is np.ndarray and dtype_of(to_numpy(a)) == "float64"
+    (ids,) = host_copies([torch.tensor([[3, 1]], dtype=torch.int32)])
+    assert ids.dtype == np.int64 and dtype_of(ids) is None and ids.tolist() == [[3, 1]]
+    with pytest.raises(ValueError):  # one buffer under every copy of a group: never written
+        a[0, 0] = 1.0
+
+
+def test_to_host_takes_a_traces_device_tensors_to_the_host_and_passes_the_rest_through(parity_device):
+    trace = {"h": torch.randn(2, 4, dtype=torch.bfloat16, device=parity_device),
+             "ids": torch.tensor([[1, 2], [3, 4]], device=parity_device),
+             "s": torch.rand(2, 3, dtype=torch.bfloat16, device=parity_device), "np": np.ones(3)}
+    host = to_host(trace)
+    assert list(host) == list(trace) and host["np"] is trace["np"]
+    for k in ("h", "ids", "s"):
+        assert np.array_equal(to_numpy(host[k]), to_numpy(trace[k])) and dtype_of(host[k]) == dtype_of(trace[k])
+        assert getattr(host[k], "device", None) is None or host[k].device.type == "cpu"
