@@ -506,6 +506,8 @@ CORPUS_PARTS = {  # what a corpus diff's time is spent in: (module, class or Non
     "engine decode_batch": ("optimized.model", "Model", "decode_batch"),
     "replay of prompts": ("parity.diff.replay", "Replay", "add"),
     "replay of decode steps": ("parity.diff.batch", None, "replay_batch"),
+    "replay routers": ("parity.diff.replay", "_Batch", "router"),
+    "replay KDA read-out of prompts": ("parity.diff.replay", None, "readout_amplification"),
     "judge": ("parity.diff.runner", "PromptRun", "judge"),
     "twin": ("parity.diff.twin", "Twin", "logits"),
     "lm_head span": ("parity.diff.logits", "LmHeadSpan", "__init__"),

@@ -37,7 +37,8 @@ class StepVerdict:
     margin: float         # r[ref_token] - r[opt_token] (0 for a match)
     bound: float          # flip bound: per-logit noise on both tokens
     ratio: float          # margin / bound
-    noise: float          # measured per-logit noise (quantile of |o - r| off the two tokens)
+    noise: float          # measured per-logit noise (quantile of |o - r| off the two tokens); NaN
+                          # when a bound is given (the engine under test never sets its own noise)
     floor: float          # dtype model floor of the flip bound (u |r_i| + u |r_j|)
     dtype: str            # the dtype model used
     model: str            # how the bound was formed
@@ -77,17 +78,7 @@ def classify_step(ref_logits, opt_logits, *, bound=None, dtype=None) -> StepVerd
     j = int(np.argmax(np.where(np.isnan(o), -np.inf, o)))
     u = UNIT_ROUNDOFF[dname]
     floor_i, floor_j = float(u * abs(r[i])), float(u * abs(r[j]))
-    err = np.abs(o - r)
-    keep = np.ones(r.size, bool)
-    keep[[i, j]] = False
-    rest = err[keep]
-    rest = rest[np.isfinite(rest)] if rest.size else rest
-    if rest.size == 0:
-        noise = 0.0
-    elif rest.size < MIN_FOR_QUANTILE:
-        noise = float(np.max(rest))
-    else:
-        noise = float(np.quantile(rest, QUANTILE))
+    noise = float("nan") if bound is not None else _measured_noise(r, o, i, j)
     if bound is not None:
         b = np.broadcast_to(np.asarray(bound, dtype=np.float64), r.shape)
         e_i, e_j = float(b[i]), float(b[j])
@@ -111,6 +102,19 @@ def classify_step(ref_logits, opt_logits, *, bound=None, dtype=None) -> StepVerd
     else:
         verdict = "near-tie" if margin <= flip else "diverged"
     return StepVerdict(verdict, i, j, margin, flip, ratio, noise, floor_i + floor_j, dname, model)
+
+
+def _measured_noise(r: np.ndarray, o: np.ndarray, i: int, j: int) -> float:
+    """The high quantile of ``|o - r|`` off the tokens ``i`` and ``j`` (the max below
+    MIN_FOR_QUANTILE logits; 0 when none is finite)."""
+    err = np.abs(o - r)
+    keep = np.ones(r.size, bool)
+    keep[[i, j]] = False
+    rest = err[keep]
+    rest = rest[np.isfinite(rest)] if rest.size else rest
+    if rest.size == 0:
+        return 0.0
+    return float(np.max(rest)) if rest.size < MIN_FOR_QUANTILE else float(np.quantile(rest, QUANTILE))
 
 
 def twin_bound(ref_logits, twin_logits, *, dtype) -> np.ndarray:

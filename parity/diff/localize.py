@@ -144,11 +144,15 @@ def first_nonfinite(opt_trace: dict, config) -> dict | None:
 
 
 class ReplayStats:
-    """Per op and position, the replay's error and its bound's parts, over the calls of one run."""
+    """Per op and position, the replay's error and its bound's parts, over the calls of one run:
+    every call replays the same ops in the same order, so each part is an ``[ops, positions]``
+    matrix and a step's localization judges every op at once."""
 
     def __init__(self, config):
         self.config = config
-        self.ops: dict[str, dict] = {}   # name -> {"layer", "op", "err", "err_in", "amp": [pieces of [positions]]}
+        self.names: list[tuple[str, int, str]] = []  # (name, layer, op) of each row
+        self._parts: list[np.ndarray] = []  # per call (joined when a step localizes): [3, ops, T] of
+                                            # err, err_in, amp
         self.flips: list[RouterFlip] = []
         self.positions = 0
         self.nonfinite: dict | None = None
@@ -157,14 +161,14 @@ class ReplayStats:
         """One call's replay (rows = consecutive positions starting at ``self.positions``);
         ``nonfinite``: the call's first NaN/Inf in the engine's trace (``first_nonfinite``, its
         position counted within the call), None when it holds none."""
-        T = 0
-        for o in call.ops:
-            d = self.ops.get(o.name)
-            if d is None:
-                d = self.ops[o.name] = {"layer": o.layer, "op": o.op, "err": [], "err_in": [], "amp": []}
-            for k in ("err", "err_in", "amp"):  # per-call pieces, joined when a step localizes
-                d[k].append(getattr(o, k))
-            T = len(o.err)
+        names = [(o.name, o.layer, o.op) for o in call.ops]
+        if not self._parts:
+            self.names = names
+        elif names != self.names:
+            raise ValueError("replay statistics: a call replayed other ops than the run's first")
+        T = len(call.ops[-1].err) if call.ops else 0
+        if call.ops:
+            self._parts.append(np.stack([np.stack([o.err, o.err_in, o.amp]) for o in call.ops], axis=1))
         self.flips += call.flips
         if self.nonfinite is None and nonfinite is not None:
             self.nonfinite = {**nonfinite, "position": nonfinite["position"] + self.positions}
@@ -175,15 +179,14 @@ class ReplayStats:
         ``parity.bounds.core.Precision`` (its ``u`` includes the platform's rounding)."""
         fresh = KAPPA_STORAGE * precision.u + KAPPA_ARITH * precision.ua
         entries = []
-        for name, d in self.ops.items():
-            for k in ("err", "err_in", "amp"):
-                if len(d[k]) > 1:
-                    d[k] = [np.concatenate(d[k])]
-            e, e_in, amp = (d[k][0][:upto] for k in ("err", "err_in", "amp"))
-            if d["op"] == "router":
-                entries.append(_entry(name, d["layer"], "router", e, np.ones_like(e), spike=1.0))
-            else:
-                entries.append(_entry(name, d["layer"], d["op"], e, amp * (AMPLIFICATION * e_in + fresh), amp=amp))
+        if self._parts:
+            if len(self._parts) > 1:
+                self._parts = [np.concatenate(self._parts, axis=-1)]
+            e, e_in, amp = self._parts[0][..., :upto]
+            router = np.array([op == "router" for _, _, op in self.names])
+            # the router's e is in units of its own derived bound; it spikes at any position past it
+            bound = np.where(router[:, None], 1.0, amp * (AMPLIFICATION * e_in + fresh))
+            entries = _entries(self.names, e, bound, amp, spike=np.where(router, 1.0, SPIKE), router=router)
         first = next((x for x in entries if x.units > 1.0 or x.past_bound), None)
         kind = pos = None
         if first is not None:
@@ -205,21 +208,26 @@ class ReplayStats:
                             explained_by_router=explained, backend_hint=hint)
 
 
-def _entry(name, layer, op, e, bound, *, amp=None, spike: float = SPIKE) -> EntryError:
-    """Judge ``e [P]`` against ``bound [P]``: the level (medians) and single positions past
-    ``spike`` times their bound. ``amp``: the op's own amplification inside ``bound``, reported."""
-    level = float(np.median(e))
-    level_bound = float(np.median(bound))
-    spike_bound = spike * bound
+def _entries(names, e, bound, amp, *, spike, router) -> list[EntryError]:
+    """Judge each op's ``e [ops, P]`` against ``bound [ops, P]``: the level (medians over the
+    positions) and single positions past ``spike [ops]`` times their bound. ``amp``: each op's own
+    amplification inside ``bound``, reported (1 for the router, whose ``router`` row it is)."""
+    level = np.median(e, axis=1)
+    level_bound = np.median(bound, axis=1)
+    spike_bound = spike[:, None] * bound
     with np.errstate(invalid="ignore", divide="ignore"):
         spike_units = np.where(np.isfinite(e), e / spike_bound, np.inf)
-    p = int(np.argmax(spike_units))
-    units = level / level_bound if np.isfinite(level) else np.inf
-    return EntryError(name=name, layer=layer, op=op, rel_err=level, bound=level_bound, units=units,
-                      position=p, spike_err=float(e[p]), spike_bound=float(spike_bound[p]),
-                      spike_units=float(spike_units[p]),
-                      past_bound=[int(q) for q in np.flatnonzero(spike_units > 1.0)],
-                      readout=1.0 if amp is None else float(amp[p]))
+        units = np.where(np.isfinite(level), level / level_bound, np.inf)
+    worst = np.argmax(spike_units, axis=1)
+    out = []
+    for r, ((name, layer, op), p) in enumerate(zip(names, worst)):
+        past = np.flatnonzero(spike_units[r] > 1.0) if spike_units[r, p] > 1.0 else ()
+        out.append(EntryError(name=name, layer=layer, op=op, rel_err=float(level[r]), bound=float(level_bound[r]),
+                              units=float(units[r]), position=int(p), spike_err=float(e[r, p]),
+                              spike_bound=float(spike_bound[r, p]), spike_units=float(spike_units[r, p]),
+                              past_bound=[int(q) for q in past],
+                              readout=1.0 if router[r] else float(amp[r, p])))
+    return out
 
 
 def localize(ref_model, opt_model, token_ids: list[int], config, *, dtype: str = "bfloat16",

@@ -254,13 +254,16 @@ class _Batch:
 
     def router(self, i: int, mid: np.ndarray, e_mid: list[float], chosen: np.ndarray) -> RouterJudgement:
         """MoE layer ``i``'s router replayed on ``mid [N, D]`` and judged against the engine's
-        choices ``chosen [N, k_e]``, the B calls' rows together (each call's products its own: its
-        rows have the bits of its own replay)."""
+        choices ``chosen [N, k_e]``, the B calls' rows together (where ``Model.bitwise_rows``,
+        each call's rows with the bits of its own replay)."""
         c, r0, t = self.config, self.replays[0], f"layers.{i}.router."
         w = r0.host.router(i)
         x = norm.rms_norm(mid, w.norm, eps=c.rms_norm_eps)
         e_rows = np.concatenate([np.full(rows.stop - rows.start, e) for e, rows in zip(e_mid, self.rows)])
-        s, eps, logit = score_noise(x, w.W, u=r0.u, e_mid=e_rows, ua=r0.ua, absW=w.absW, calls=self.rows)
+        # where the model's rows are bitwise (the CPU executors) each call's products are its own;
+        # elsewhere one product for the batch (a row-at-a-time GEMV streams the gate once a row)
+        calls = self.rows if self.model.bitwise_rows else None
+        s, eps, logit = score_noise(x, w.W, u=r0.u, e_mid=e_rows, ua=r0.ua, absW=w.absW, calls=calls)
         _, ref_ids = moe.router(logit, w.bias, top_k=c.num_experts_per_token, num_groups=c.num_expert_group,
                                 topk_groups=c.topk_group, renormalize=c.moe_renormalize,
                                 scaling=c.routed_scaling_factor)

@@ -113,6 +113,33 @@ def test_a_batched_replay_gives_each_prompt_the_calls_of_its_own_replay(executor
     assert not model.trace_kda_core  # set for the replay only, as Replay.add does
 
 
+def test_where_rows_are_not_bitwise_a_batched_replay_agrees_with_each_prompts_own_to_1e12(engine_calls):
+    # the GPU forms (one product a weight for the batch), run on torch's CPU: the same ops, flips
+    # and positions, every number within 1e-12 of the prompt's own replay
+    prefills, steps = engine_calls
+    model = reference.load(default_checkpoint_path(), executor="torch")
+    model.bitwise_rows = False
+    own, batched = _replays(model, len(PROMPTS)), _replays(model, len(PROMPTS), HostWeights(model))
+    for b, (ids, trace) in enumerate(prefills):
+        own[b].add(ids, trace)
+        batched[b].add(ids, trace)
+    flips = 0
+    for s, (tokens, traces) in enumerate(steps, start=1):
+        want = [r.add([t], trace) for r, t, trace in zip(own, tokens, traces)]
+        for b, (g, w) in enumerate(zip(replay_batch(batched, tokens, traces), want)):
+            assert [(o.name, o.op) for o in g.ops] == [(o.name, o.op) for o in w.ops]
+            for go, wo in zip(g.ops, w.ops):
+                for field in ("err", "err_in", "amp"):
+                    np.testing.assert_allclose(getattr(go, field), getattr(wo, field), rtol=1e-12,
+                                               err_msg=f"step {s}, prompt {b}: {go.name}.{field}")
+            assert [(f.layer, f.position, f.swapped_in, f.swapped_out) for f in g.flips] == \
+                [(f.layer, f.position, f.swapped_in, f.swapped_out) for f in w.flips]
+            for gf, wf in zip(g.flips, w.flips):
+                np.testing.assert_allclose([gf.margin, gf.bound], [wf.margin, wf.bound], rtol=1e-12)
+            flips += len(g.flips)
+    assert flips >= 1
+
+
 def test_the_router_weights_cross_to_the_host_once_per_layer(engine_calls, monkeypatch):
     """Every weight the replays read through ``model.weight`` (the router's, for its judge) is read
     once per layer for a batch's replays over all their calls, not per prompt and call."""

@@ -8,9 +8,15 @@ import pytest
 import optimized
 import reference
 from .diff_helpers import perturbed_a_log
-from parity.diff.localize import _entry, localize
+from parity.diff.localize import SPIKE, _entries, localize
 from reference.config import KimiConfig
 from reference.synthetic import SyntheticSource
+
+
+def _entry(name, layer, op, e, bound, *, amp):
+    """One op's entry, judged as a step's localization judges each op."""
+    return _entries([(name, layer, op)], e[None], bound[None], amp[None], spike=np.array([SPIKE]),
+                    router=np.array([False]))[0]
 
 
 def test_an_amplified_bound_excuses_only_the_positions_where_the_readout_cancels():

@@ -315,6 +315,9 @@ def fused_recurrent_decode(x, kw, r, p):
     return {"o": o_b, "state_pool": pool_b}
 
 
+READOUT_BLOCK = 64  # positions whose states are held to take their read-outs' kappa together
+
+
 def readout_condition(q, k, v, g, beta, initial_state=None):
     """Condition number of the read-out ``o_t = scale S_t^T q_t`` at every position, per value head
     (docs/error-bounds.md, "Model level"): ``kappa = ||diag(q_t) S_t||_F / ||S_t^T q_t||``.
@@ -338,14 +341,17 @@ def readout_condition(q, k, v, g, beta, initial_state=None):
     dev = device_of(v)
     S = (xp.zeros((HV, K, V), dtype=xp.float64, device=dev) if initial_state is None
          else xp.asarray(initial_state, dtype=xp.float64))
-    kappa = []
+    kappa, states = [], []
     for t in range(T):
         kt = k[t, ...]
         S = xp.exp(g[t, ...])[:, :, None] * S
         e = beta[t, ...][:, None] * (v[t, ...] - (kt[:, None, :] @ S)[:, 0, :])
         S = S + kt[:, :, None] * e[:, None, :]
-        kappa.append(read_out_kappa(q[t, ...], S))
-    out = xp.stack(kappa, axis=0) if kappa else xp.ones((0, HV), dtype=xp.float64, device=dev)
+        states.append(S)
+        if len(states) == READOUT_BLOCK or t == T - 1:  # the read-outs of a block of positions at once
+            kappa.append(read_out_kappa(q[t + 1 - len(states):t + 1, ...], xp.stack(states, axis=0)))
+            states = []
+    out = xp.concat(kappa, axis=0) if kappa else xp.ones((0, HV), dtype=xp.float64, device=dev)
     return out, S
 
 

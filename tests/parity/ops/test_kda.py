@@ -1,6 +1,7 @@
 """The KDA family's parity-layer code (parity/ops/kda/): its records, its wide inputs, the sequences
 its bound and emulation walk, and the read-out condition behind the localization's KDA bound."""
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 
@@ -56,7 +57,9 @@ def _core(r, T=6, H=2, HV=4, K=8, V=5):
     return q, k, r.standard_normal((T, HV, V)), -r.uniform(0.01, 1.0, (T, HV, K)), r.uniform(0, 1, (T, HV))
 
 
-def test_readout_condition_is_the_ratio_of_the_terms_to_the_readout_on_the_references_states():
+@pytest.mark.parametrize("block", [64, 3])  # the read-outs taken a block of positions at a time
+def test_readout_condition_is_the_ratio_of_the_terms_to_the_readout_on_the_references_states(block, monkeypatch):
+    monkeypatch.setattr("parity.ops.kda.bounds.READOUT_BLOCK", block)
     r = np.random.default_rng(0)
     q, k, v, g, beta = _core(r)
     kappa, S_end = readout_condition(q, k, v, g, beta)
