@@ -20,15 +20,19 @@ model's state pool) is asked for it first (``CheckedEngine.batch_caches``).
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 from parity.metrics import to_numpy
 from reference.batch import split_trace
 
 from .logits import LmHeadSpan
 from .replay import HostWeights, ReplayCall, replay_batch
 from .localize import first_nonfinite
-from .runner import HERE, DiffResult, PromptRun, on_host
+from .runner import HERE, DiffResult, PromptRun, StepLogits, StepRecord, on_host
 
 DEFAULT_BATCH = 8  # prompts decoded together when --batch is not given (docs/cli.md)
+RECORD_THREADS = 8  # threads judging a batch step's logits
 
 
 def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, steps: int, mode: str = "forced",
@@ -47,7 +51,8 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
         rt, ot = {}, {}
         ref_logits, ref_cache = ref_model.prefill(list(run.seq), trace=rt)
         opt_logits, opt_cache = opt_model.prefill(list(run.seq), trace=ot, cache=fresh())
-        run.judge(0, *on_host(ref_logits, opt_logits, rt, ot))
+        ref_logits, opt_logits, rt, ot = on_host(ref_logits, opt_logits, rt, ot)
+        run.judge(run.logits(0, ref_logits, opt_logits), rt, ot)
         ref_caches.append(ref_cache)
         opt_caches.append(opt_cache)
     B = len(runs)
@@ -61,10 +66,18 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
         calls = _replayed(runs, tokens, ots)
         checks = _logits_checks(runs[0], opt_logits)
         nonfinite = None if first_nonfinite(ot, config) is None else HERE  # a finite batch: every row
+        logits = [run.logits(step, ref_logits[b], opt_logits[b]) for b, run in enumerate(runs)]
+        records = _records(logits)
         for b, (run, r, o, call) in enumerate(zip(runs, rts, ots, calls)):
-            run.judge(step, ref_logits[b], opt_logits[b], r, o, call=call, logits_check=checks[b],
-                      nonfinite=nonfinite)
+            run.judge(logits[b], r, o, call=call, logits_check=checks[b], nonfinite=nonfinite, record=records[b])
     return [run.result() for run in runs]
+
+
+def _records(logits: list[StepLogits]) -> list[StepRecord]:
+    """Each prompt's ``StepLogits.record()``, side by side on the host's cores (NumPy's loops over
+    the vocabulary release the GIL: a prompt's quantiles and softmaxes are milliseconds)."""
+    with ThreadPoolExecutor(max_workers=min(RECORD_THREADS, len(logits), os.cpu_count() or 1)) as pool:
+        return list(pool.map(StepLogits.record, logits))
 
 
 def _logits_checks(run: PromptRun, opt_logits) -> list:

@@ -194,11 +194,11 @@ class _Batch:
         lossy = [0.0] * len(self.replays)
         for i in range(self.config.num_hidden_layers):
             p = f"layers.{i}."
-            a_e = self.gather(p + "mixer")
+            a_e = np.concatenate(self.gather(p + "mixer"))
             self.mixer(i, h_in, a_e, lossy)
             # the FFN's input: the stream before the layer plus the mixer's output, as the engine
             # added them (one rounding to its storage dtype at most)
-            mid = to_numpy(h_in) + np.concatenate(a_e)
+            mid = to_numpy(h_in) + a_e
             e_mid = [r.u + max(lo, _lossy(t[p + "mixer"], r.u)) for r, lo, t in zip(self.replays, lossy, self.traces)]
             self.ffn(i, mid, e_mid)
             h_in = self.on(np.concatenate(self.gather(p + "hidden")))
@@ -207,9 +207,9 @@ class _Batch:
             r.position += len(x)
         return self.calls
 
-    def mixer(self, i: int, h_in, a_e: list[np.ndarray], lossy: list[float]) -> None:
+    def mixer(self, i: int, h_in, a_e: np.ndarray, lossy: list[float]) -> None:
         """Layer ``i``'s mixer on the stream ``h_in [N, D]``, each sequence on its own cache;
-        ``a_e``: the engine's outputs, ``lossy``: the storage rounding of each one's input."""
+        ``a_e [N, D]``: the engine's outputs, ``lossy``: the storage rounding of each one's input."""
         m, c = self.model, self.config
         rt: dict = {}
         prevs = [r.caches[i] for r in self.replays]
@@ -224,13 +224,11 @@ class _Batch:
             amps = list(readout_amplification_step(rt, i, [lc.state for lc in new])[:, None])
         elif kind == "kda":  # a prompt: its core's values, the recurrence replayed position by position
             amps = [readout_amplification(rt, i)]
-        a_r = to_numpy(a_r)
+        errs = _rel(a_e, to_numpy(a_r), self.rows)
         for b, (r, rows) in enumerate(zip(self.replays, self.rows)):
             r.caches[i] = new[b]
             T = rows.stop - rows.start
-            amp = amps[b]
-            self.calls[b].ops.append(OpError(f"layers.{i}.mixer", i, kind, _rel(a_e[b], a_r[rows]),
-                                             np.full(T, lossy[b]), amp))
+            self.calls[b].ops.append(OpError(f"layers.{i}.mixer", i, kind, errs[b], np.full(T, lossy[b]), amps[b]))
 
     def ffn(self, i: int, mid: np.ndarray, e_mid: list[float]) -> None:
         """Layer ``i``'s router (judged per sequence) and FFN on ``mid [N, D]``, the FFN on the
@@ -248,9 +246,10 @@ class _Batch:
             routing = m.executor.ints(chosen)
         f_r = to_numpy(m.ffn(i, self.on(mid), routing=routing))
         op = "moe" if c.is_moe_layer(i) else "mlp"
-        for b, (f_e, rows) in enumerate(zip(self.gather(p + "ffn"), self.rows)):
+        errs = _rel(np.concatenate(self.gather(p + "ffn")), f_r, self.rows)
+        for b, rows in enumerate(self.rows):
             T = rows.stop - rows.start
-            self.calls[b].ops.append(OpError(p + "ffn", i, op, _rel(f_e, f_r[rows]), np.full(T, e_mid[b]), np.ones(T)))
+            self.calls[b].ops.append(OpError(p + "ffn", i, op, errs[b], np.full(T, e_mid[b]), np.ones(T)))
 
     def router(self, i: int, mid: np.ndarray, e_mid: list[float], chosen: np.ndarray) -> RouterJudgement:
         """MoE layer ``i``'s router replayed on ``mid [N, D]`` and judged against the engine's
@@ -289,15 +288,22 @@ class _Batch:
         return out
 
 
-def _rel(engine: np.ndarray, replay: np.ndarray) -> np.ndarray:
-    """``||engine - replay|| / max(||replay[p]||, median ||replay||)`` per row (NaN/Inf: inf)."""
+def _rel(engine: np.ndarray, replay: np.ndarray, calls: list[slice]) -> list[np.ndarray]:
+    """Per call (its ``rows`` of ``engine``, ``replay [N, D]``), per row ``||engine - replay|| /
+    max(||replay[p]||, the median over the call's rows of ||replay||)`` (NaN/Inf: inf)."""
     replay = replay.reshape(engine.shape)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         d = np.linalg.norm(engine - replay, axis=-1)
         n = np.linalg.norm(replay, axis=-1)
-        floor = np.median(n)
-        e = d / np.maximum(n, floor if floor > 0 else 1.0)
-    return np.where(np.isfinite(e), e, np.inf)
+        if all(c.stop - c.start == 1 for c in calls):  # decode steps: each row is its call's median
+            e = d / np.maximum(n, np.where(n > 0, n, 1.0))
+            return list(np.where(np.isfinite(e), e, np.inf)[:, None])
+        out = []
+        for c in calls:
+            floor = np.median(n[c])
+            e = d[c] / np.maximum(n[c], floor if floor > 0 else 1.0)
+            out.append(np.where(np.isfinite(e), e, np.inf))
+    return out
 
 
 KDA_CORE = ("q", "k", "v", "g", "beta", "initial_state", "normed")

@@ -322,7 +322,8 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
         else:
             ref_logits, ref_cache = ref_model.decode(run.seq[-1], ref_cache, trace=rt)
             opt_logits, opt_cache = opt_model.decode(run.seq[-1], opt_cache, trace=ot)
-        run.judge(step, *on_host(ref_logits, opt_logits, rt, ot))
+        ref_logits, opt_logits, rt, ot = on_host(ref_logits, opt_logits, rt, ot)
+        run.judge(run.logits(step, ref_logits, opt_logits), rt, ot)
     return run.result()
 
 
@@ -382,30 +383,38 @@ class PromptRun:
         """``u_out`` of the logits' own bound for logits returned as ``opt_logits``."""
         return output_roundoff(self.precision, self.stored_dtype(opt_logits))
 
-    def judge(self, step: int, ref_logits, opt_logits, rt: dict, ot: dict, *,
-              call: ReplayCall | None = None, logits_check=HERE, nonfinite=HERE) -> StepRecord:
-        """Step ``step`` from both paths' logits of this call and their traces ``rt``, ``ot``; the
-        token both paths consume next is appended to ``seq``. ``call``: this call's replay, taken
-        beforehand (a batch's decode steps replay their prompts together: ``replay.replay_batch``);
-        None: replayed here (``Replay.add``). ``logits_check``: the logits' own check, taken
-        beforehand (``LmHeadSpan.check_rows``: a batch's rows at once), or ``HERE``. ``nonfinite``:
-        the first NaN/Inf of ``ot`` (``first_nonfinite``), taken beforehand (None: a batch whose
-        whole trace is finite), or ``HERE``."""
-        config, seq, precision, twin = self.config, self.seq, self.precision, self.twin
-        if step == 0:
-            call_ids, input_token = list(seq), None
-            self.traced = bool(ot)
-        else:
-            call_ids, input_token = [seq[-1]], seq[-1]
+    def logits(self, step: int, ref_logits, opt_logits) -> "StepLogits":
+        """Step ``step``'s logits on the host, as ``judge`` reads them: the twin's too where the
+        greedy tokens differ (the twin runs here: a match needs no noise to be judged), and
+        ``on_logits`` called. The calls of one run are made in step order."""
+        config, seq, twin = self.config, self.seq, self.twin
         r = to_numpy(ref_logits).reshape(-1, config.vocab_size)[-1]
         o = to_numpy(opt_logits).reshape(-1, config.vocab_size)[-1]
         if self.on_logits is not None:
             self.on_logits(step, r, o)
-        # the twin runs only where the tokens differ: a match needs no noise to be judged
         flipped = int(np.argmax(r)) != int(np.argmax(np.where(np.isnan(o), -np.inf, o))) or not np.all(np.isfinite(o))
         t = o if twin is None else twin.logits(seq, len(self.prompt)) if flipped else None
         self.lossy = self.lossy or _coarser(self.stored_dtype(opt_logits), self.dtype)
-        rec = _record(step, len(seq) - 1, input_token, r, o, t, self.dtype, self.lossy)
+        return StepLogits(step=step, position=len(seq) - 1, input_token=None if step == 0 else seq[-1], r=r, o=o,
+                          t=t, dtype=self.dtype, lossy=self.lossy, stored=self.stored_dtype(opt_logits))
+
+    def judge(self, logits: "StepLogits", rt: dict, ot: dict, *, call: ReplayCall | None = None,
+              logits_check=HERE, nonfinite=HERE, record: StepRecord | None = None) -> StepRecord:
+        """Step ``logits.step`` from both paths' logits of this call (``PromptRun.logits``) and their
+        traces ``rt``, ``ot``; the token both paths consume next is appended to ``seq``. Taken
+        beforehand (a batch's decode steps take them for their prompts together), else here:
+        ``call``: this call's replay (``replay.replay_batch``; None: ``Replay.add`` here);
+        ``logits_check``: the logits' own check (``LmHeadSpan.check_rows``) or ``HERE``;
+        ``nonfinite``: the first NaN/Inf of ``ot`` (``first_nonfinite``; None: a batch whose whole
+        trace is finite) or ``HERE``; ``record``: ``logits.record()`` (None: taken here)."""
+        config, seq, precision = self.config, self.seq, self.precision
+        step, r, o, t = logits.step, logits.r, logits.o, logits.t
+        if step == 0:
+            call_ids = list(seq)
+            self.traced = bool(ot)
+        else:
+            call_ids = [seq[-1]]
+        rec = logits.record() if record is None else record
         localize = self.localizes
         nonfinite = first_nonfinite(ot, config) if nonfinite is HERE else nonfinite
         if localize:
@@ -421,7 +430,7 @@ class PromptRun:
         if logits_check is not HERE:
             rec.logits = logits_check
         elif self.lm_head is not None:
-            rec.logits = self.lm_head.check(o, u_out=self.logits_roundoff(opt_logits), ua=precision.ua)
+            rec.logits = self.lm_head.check(o, u_out=output_roundoff(precision, logits.stored), ua=precision.ua)
         if localize:
             self.routes.add(rt, ot)
             if rec.verdict != "match":  # a match needs no localization (the run's final one sees all)
@@ -470,6 +479,27 @@ def _check_args(mode, steps, prompt_ids, config, tokens) -> list[int]:
     if tokens is not None and (len(tokens) < steps or int(tokens[0]) != prompt[-1]):
         raise ValueError(f"tokens: expected {steps} or more, the first being the last prompt token")
     return prompt
+
+
+@dataclass
+class StepLogits:
+    """One step's logits on the host (``PromptRun.logits``): the reference's ``r``, the engine's
+    ``o`` (float64 ``[vocab]``) and the twin's ``t`` (None: the tokens agree, the twin did not run),
+    with what ``record`` judges them by."""
+    step: int
+    position: int
+    input_token: int | None
+    r: np.ndarray
+    o: np.ndarray
+    t: np.ndarray | None
+    dtype: str
+    lossy: str | None      # the engine's logits came back coarser than the run (``_coarser``)
+    stored: str | None     # the dtype the engine returned its logits in
+
+    def record(self) -> StepRecord:
+        """The step judged on its logits (``_record``): host arithmetic over the vocabulary only,
+        so the records of a batch's prompts may be taken side by side in threads."""
+        return _record(self.step, self.position, self.input_token, self.r, self.o, self.t, self.dtype, self.lossy)
 
 
 def _record(step: int, position: int, input_token, r, o, t, dtype: str, lossy: str | None) -> StepRecord:
