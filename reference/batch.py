@@ -12,6 +12,8 @@ all per-token rows), so one split serves both paths.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +41,40 @@ def check_batch(token_ids, caches, config: KimiConfig) -> tuple[np.ndarray, list
         except ValueError as exc:
             raise ValueError(f"caches[{b}]: {exc}") from None
     return ids, caches
+
+
+@dataclass
+class Rider:
+    """Rows another computation hands one layer's FFN of a ``decode_batch`` step, to run in the
+    same call as the batch's own rows (each weight read once for both): ``mid [N, D]``, the stream
+    after the mixer (host or executor array), and for an MoE layer the expert ids ``[N, k_e]`` to
+    run them on (not the router's own). ``out``, filled by the call: their FFN outputs ``[N, D]`` on
+    the executor. The diff's replay rides the engine's inputs along with the reference's step."""
+    mid: Any
+    ids: Any = None
+    out: Any = None
+
+
+def check_riders(riders, config: KimiConfig) -> dict[int, Rider]:
+    """``riders`` (``{layer: Rider}`` or None) checked: layers of the model, ``mid [N, D]``, and for
+    an MoE layer integer ``ids [N, k_e]`` in ``[0, E)``. ``ValueError`` naming the layer otherwise."""
+    if riders is None:
+        return {}
+    D, k, E = config.hidden_size, config.num_experts_per_token, config.num_experts
+    for i, r in riders.items():
+        where = f"riders[{i}]"
+        if not isinstance(r, Rider) or not (isinstance(i, int) and 0 <= i < config.num_hidden_layers):
+            raise ValueError(f"{where}: expected a Rider of a layer in [0, {config.num_hidden_layers})")
+        shape = tuple(r.mid.shape)
+        if len(shape) != 2 or shape[1] != D:
+            raise ValueError(f"{where}: mid of shape {shape}; expected (N, {D})")
+        if config.is_moe_layer(i):
+            ids = to_numpy(r.ids) if r.ids is not None else None
+            if ids is None or ids.shape != (shape[0], k) or ids.dtype.kind not in "iu" or \
+                    (ids.size and not (ids.min() >= 0 and ids.max() < E)):
+                raise ValueError(f"{where}: an MoE layer's rider needs integer expert ids of shape ({shape[0]}, {k}) "
+                                 f"in [0, {E})")
+    return dict(riders)
 
 
 def split_trace(trace: dict, B: int) -> list[dict]:

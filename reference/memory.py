@@ -135,13 +135,15 @@ def _numel(shape) -> int:
     return n
 
 
-def step_bytes(config: KimiConfig, lengths: list[int], **kw) -> int:
+def step_bytes(config: KimiConfig, lengths: list[int], *, riding: int = 0, **kw) -> int:
     """Peak bytes of a ``decode_batch`` step: one new token after each of B caches of ``lengths``
-    tokens. The B rows' activations as a call on B tokens after the longest cache (each sequence's
-    attention runs on its own, none longer than that one's), plus the new MLA caches of every
-    sequence, not only the longest's. ``kw``: as ``call_bytes``."""
+    tokens. The B rows' activations (and ``riding`` rows riding along with an FFN) as a call on
+    that many tokens after the longest cache (each sequence's attention runs on its own, none
+    longer than that one's), plus the new MLA caches of every sequence, not only the longest's.
+    ``kw``: as ``call_bytes``."""
     c = config
     B, longest = len(lengths), max(lengths)
     n_mla = sum(not c.is_kda_layer(i) for i in range(c.num_hidden_layers))
     others = sum(n + 1 for n in lengths) - (longest + B)  # positions of the other sequences' new caches
-    return call_bytes(c, B, cached=longest, **kw) + n_mla * max(0, others) * (c.kv_lora_rank + c.qk_rope_head_dim) * F64
+    return (call_bytes(c, B + riding, cached=longest, **kw)
+            + n_mla * max(0, others) * (c.kv_lora_rank + c.qk_rope_head_dim) * F64)

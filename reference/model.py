@@ -57,7 +57,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from . import conv, embed, kda, mla, moe, norm
-from .batch import check_batch
+from .batch import Rider, check_batch, check_riders
 from .cache import KDACache, MLACache, ModelCache, check_cache, empty_cache
 from .checkpoint import WeightSource, open_source
 from .checks import check_routing, check_token_id, check_token_ids, check_variants
@@ -147,7 +147,7 @@ class Model:
         logits, new = self._step(ids, [cache], trace, call="decode")
         return logits[0], new[0]
 
-    def decode_batch(self, token_ids, caches, *, trace: dict | None = None):
+    def decode_batch(self, token_ids, caches, *, trace: dict | None = None, riders: dict[int, Rider] | None = None):
         """One more token for each of B sequences: ``token_ids [B]``, ``caches`` B ``ModelCache``s
         of any lengths (left untouched). Returns ``(logits [B, vocab], new caches [B])``.
 
@@ -156,9 +156,12 @@ class Model:
         product row by row (``Weights.row_by_row``: each weight read once for the batch, no row's
         bits depending on another's), and each sequence's KDA recurrence and MLA attention run on
         its own cache. ``trace`` receives ``decode``'s keys, the B sequences' values concatenated
-        along axis 0 (``[B, ...]``; ``reference.batch.split_trace`` gives each its own)."""
+        along axis 0 (``[B, ...]``; ``reference.batch.split_trace`` gives each its own).
+
+        ``riders``: ``{layer: Rider}``, rows run through that layer's FFN in the same call as the
+        batch's (``Rider.out`` receives theirs); where ``bitwise_rows``, no row's bits change."""
         ids, caches = check_batch(token_ids, caches, self.config)
-        return self._step(ids, caches, trace, call="decode_batch")
+        return self._step(ids, caches, trace, call="decode_batch", riders=check_riders(riders, self.config))
 
     def empty_cache(self) -> ModelCache:
         """The cache of an empty sequence (zero conv/KDA states, empty MLA caches): decoding from it
@@ -190,14 +193,18 @@ class Model:
         return self._guarded(need, call, len(ids), 0,
                              lambda: self._stack(ids, trace, routing or {}, logits, call))
 
-    def _step(self, ids: np.ndarray, caches: list[ModelCache], trace: dict | None, *, call: str):
+    def _step(self, ids: np.ndarray, caches: list[ModelCache], trace: dict | None, *, call: str,
+              riders: dict[int, Rider] | None = None):
         """One token ``ids[b]`` after each ``caches[b]`` (the decode forms): ``(logits [B, vocab],
-        new caches [B])``."""
+        new caches [B])``; ``riders`` (checked): rows riding along with a layer's FFN."""
+        riders = riders or {}
         lengths = [cc.length for cc in caches]
         need = step_bytes(self.config, lengths, trace=trace is not None, lm_head_rows=self.lm_head_rows,
                           weight_bytes=self._w.budget, segment=self.segment, trace_kda_core=self.trace_kda_core,
-                          expert_group=self.expert_group)
-        return self._guarded(need, call, len(ids), max(lengths), lambda: self._step_stack(ids, caches, trace, call))
+                          expert_group=self.expert_group,
+                          riding=max((int(r.mid.shape[0]) for r in riders.values()), default=0))
+        return self._guarded(need, call, len(ids), max(lengths),
+                             lambda: self._step_stack(ids, caches, trace, call, riders))
 
     def _guarded(self, need: int, call: str, T: int, cached: int, run: Callable):
         """``run()``, refused before it allocates when ``need`` bytes cannot fit; running out
@@ -222,7 +229,7 @@ class Model:
         out = self._head(h, trace, last=logits == "last")
         return out, ModelCache(new_layers, len(ids))
 
-    def _step_stack(self, ids, caches, trace, call):
+    def _step_stack(self, ids, caches, trace, call, riders):
         """Every layer on the B sequences' new tokens ``ids [B]``: token-wise work on the B rows
         (products row by row), each sequence's mixer state its own."""
         c = self.config
@@ -233,15 +240,16 @@ class Model:
             for i in range(c.num_hidden_layers):
                 a, lcs = self.mixer_step(i, h, [cc.layers[i] for cc in caches], trace=trace)
                 new_layers.append(lcs)
-                h = self._layer_rest(i, h, a, trace, None)
+                h = self._layer_rest(i, h, a, trace, None, riders.get(i))
                 progress.done(i)
             out = self._head(h, trace)
         return out, [ModelCache([lcs[b] for lcs in new_layers], cc.length + 1) for b, cc in enumerate(caches)]
 
-    def _layer_rest(self, i: int, h, a, trace: dict | None, routing):
-        """Layer ``i`` after its mixer: the residual adds around the FFN; the stream after it."""
+    def _layer_rest(self, i: int, h, a, trace: dict | None, routing, rider: Rider | None = None):
+        """Layer ``i`` after its mixer: the residual adds around the FFN; the stream after it.
+        ``rider``: rows run through the FFN in the same call (their outputs to ``rider.out``)."""
         mid = h + a
-        f = self.ffn(i, mid, trace=trace, routing=routing)
+        f = self.ffn(i, mid, trace=trace, routing=routing) if rider is None else self._ffn_riding(i, mid, rider, trace)
         out = mid + f
         if trace is not None:
             trace[f"layers.{i}.mixer"] = a
@@ -303,6 +311,23 @@ class Model:
         x = norm.rms_norm(mid, self._w(layer_prefix(i) + "post_attention_layernorm.weight"),
                           eps=self.config.rms_norm_eps)
         return self._moe(i, x, trace, routing) if self.config.is_moe_layer(i) else self._dense(i, x)
+
+    def _ffn_riding(self, i: int, mid, rider: Rider, trace: dict | None):
+        """Layer ``i``'s FFN on ``mid [B, D]`` and the rider's rows in one call, the rider's on its
+        own expert ids: ``[B, D]``; the rider's ``[N, D]`` to ``rider.out``."""
+        B, ex = mid.shape[0], self.executor
+        both = ex.xp.concat([mid, ex.asarray(rider.mid)], axis=0)
+        if not self.config.is_moe_layer(i):
+            f = self.ffn(i, both)
+        else:
+            x = norm.rms_norm(both, self._w(layer_prefix(i) + "post_attention_layernorm.weight"),
+                              eps=self.config.rms_norm_eps)
+            w_own, ids_own = self._route(i, x[:B, ...], trace)
+            w_rider, ids_rider = self._route(i, x[B:, ...], None, ex.ints(to_numpy(rider.ids)))
+            f = self._experts_out(i, x, ex.xp.concat([w_own, w_rider], axis=0),
+                                  ex.xp.concat([ids_own, ids_rider], axis=0))
+        rider.out = f[B:, ...]
+        return f[:B, ...]
 
     def final_norm(self, h):
         """The final RMSNorm of the stream ``h [T, D]``: the lm_head's input."""
@@ -480,6 +505,11 @@ class Model:
     def _moe(self, i: int, x, trace: dict | None, forced=None):
         """Sigmoid-routed MoE (spec b.13/b.14): router logits ``x @ W.T`` in float64, routed experts
         loaded one by one for the selected ids (``forced``: these instead), plus the shared expert."""
+        return self._experts_out(i, x, *self._route(i, x, trace, forced))
+
+    def _route(self, i: int, x, trace: dict | None, forced=None):
+        """MoE layer ``i``'s router on ``x [T, D]``: ``(weights, ids) [T, k_e]`` (``forced``: these
+        ids, weighted by this router's scores)."""
         c, w = self.config, self._w
         m = layer_prefix(i) + "block_sparse_moe."
         logits = w.linear(m + "gate.weight", x)  # [T, E]
@@ -497,6 +527,13 @@ class Model:
             trace[f"layers.{i}.router.scores"] = scores
             trace[f"layers.{i}.router.selection"] = scores + bias
             trace[f"layers.{i}.router.ids"] = ids
+        return weights, ids
+
+    def _experts_out(self, i: int, x, weights, ids):
+        """MoE layer ``i``'s routed experts on ``x [T, D]`` with their ``weights``, ``ids [T, k_e]``,
+        plus the shared expert: ``[T, D]``."""
+        c, w = self.config, self._w
+        m = layer_prefix(i) + "block_sparse_moe."
         E, n = c.num_experts, self.segment
         w1, w2, w3 = (w.experts(i, which, E) for which in ("w1", "w2", "w3"))
         group = None if w.by_row else self.expert_group  # row by row: one expert at a time

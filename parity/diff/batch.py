@@ -27,7 +27,7 @@ from parity.metrics import to_numpy
 from reference.batch import split_trace
 
 from .logits import LmHeadSpan
-from .replay import HostWeights, ReplayCall, replay_batch
+from .replay import HostWeights, ReplayCall, replay_batch, riders
 from .localize import first_nonfinite
 from .runner import HERE, DiffResult, PromptRun, StepLogits, StepRecord, on_host
 
@@ -51,7 +51,7 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
         rt, ot = {}, {}
         ref_logits, ref_cache = ref_model.prefill(list(run.seq), trace=rt)
         opt_logits, opt_cache = opt_model.prefill(list(run.seq), trace=ot, cache=fresh())
-        ref_logits, opt_logits, rt, ot = on_host(ref_logits, opt_logits, rt, ot)
+        (ref_logits, rt), (opt_logits, ot) = on_host(ref_logits, rt), on_host(opt_logits, ot)
         run.judge(run.logits(0, ref_logits, opt_logits), rt, ot)
         ref_caches.append(ref_cache)
         opt_caches.append(opt_cache)
@@ -59,11 +59,17 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
     for step in range(1, steps):
         tokens = [run.seq[-1] for run in runs]
         rt, ot = {}, {}
-        ref_logits, ref_caches = ref_model.decode_batch(tokens, ref_caches, trace=rt)
         opt_logits, opt_caches = opt_model.decode_batch(tokens, opt_caches, trace=ot)
-        ref_logits, opt_logits, rt, ot = on_host(ref_logits, opt_logits, rt, ot)
-        rts, ots = split_trace(rt, B), split_trace(ot, B)
-        calls = _replayed(runs, tokens, ots)
+        opt_logits, ot = on_host(opt_logits, ot)
+        ots = split_trace(ot, B)
+        # the replay's FFN inputs ride along with the reference's step: each expert read once for both
+        replaying = [b for b, run in enumerate(runs) if run.localizes]
+        riding = riders([runs[b].replay for b in replaying], [tokens[b] for b in replaying],
+                        [ots[b] for b in replaying]) if replaying else None
+        ref_logits, ref_caches = ref_model.decode_batch(tokens, ref_caches, trace=rt, riders=riding)
+        ref_logits, rt = on_host(ref_logits, rt)
+        rts = split_trace(rt, B)
+        calls = _replayed(runs, replaying, tokens, ots, riding)
         checks = _logits_checks(runs[0], opt_logits)
         nonfinite = None if first_nonfinite(ot, config) is None else HERE  # a finite batch: every row
         logits = [run.logits(step, ref_logits[b], opt_logits[b]) for b, run in enumerate(runs)]
@@ -89,14 +95,15 @@ def _logits_checks(run: PromptRun, opt_logits) -> list:
     return run.lm_head.check_rows(rows, u_out=run.logits_roundoff(opt_logits), ua=run.precision.ua)
 
 
-def _replayed(runs: list[PromptRun], tokens: list[int], traces: list[dict]) -> list[ReplayCall | None]:
-    """The decode call of each run that localizes, replayed together (``replay_batch``); None for
-    the others (an engine that filled no trace)."""
-    which = [b for b, run in enumerate(runs) if run.localizes]
+def _replayed(runs: list[PromptRun], which: list[int], tokens: list[int], traces: list[dict],
+              riding: dict | None) -> list[ReplayCall | None]:
+    """The decode call of each run that localizes (``which``), replayed together (``replay_batch``,
+    its FFNs from ``riding``, run along with the reference's step); None for the others (an engine
+    that filled no trace)."""
     out: list[ReplayCall | None] = [None] * len(runs)
     if which:
         calls = replay_batch([runs[b].replay for b in which], [tokens[b] for b in which],
-                             [traces[b] for b in which])
+                             [traces[b] for b in which], riders=riding)
         for b, call in zip(which, calls):
             out[b] = call
     return out

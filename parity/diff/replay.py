@@ -38,6 +38,7 @@ from parity.bounds.core import UNIT_ROUNDOFF
 from parity.metrics import HostCopy, dtype_of, to_numpy
 from parity.ops.kda.bounds import read_out_kappa, readout_condition
 from reference import moe, norm
+from reference.batch import Rider
 from reference.executor import namespace
 from reference.tensors import layer_prefix
 
@@ -129,19 +130,37 @@ class Replay:
         return _replay([self], [[int(t) for t in ids]], [trace])[0]
 
 
-def replay_batch(replays: list[Replay], tokens: list[int], traces: list[dict]) -> list[ReplayCall]:
+def riders(replays: list[Replay], tokens: list[int], traces: list[dict]) -> dict[int, Rider]:
+    """What each layer's FFN replay of one decode step of B sequences (as ``replay_batch``) runs on:
+    ``{layer: Rider}`` of the engine's stream after the mixer (the stream before the layer plus the
+    mixer's output, as the engine added them) and, in an MoE layer, its expert ids. Handed to the
+    reference's ``decode_batch`` of the same step, they ride along with its FFN (each weight read
+    once for both); ``replay_batch(..., riders=)`` then takes their outputs."""
+    batch = _Batch(replays, [[int(t)] for t in tokens], traces)
+    c = batch.config
+    return {i: Rider(mid=batch.mid(i), ids=batch.chosen(i) if c.is_moe_layer(i) else None)
+            for i in range(c.num_hidden_layers)}
+
+
+def replay_batch(replays: list[Replay], tokens: list[int], traces: list[dict], *,
+                 riders: dict[int, Rider] | None = None) -> list[ReplayCall]:
     """One decode step of B sequences replayed together: ``replays[b]`` (all of one model, each past
     its prompt) consumes ``tokens[b]``, from ``traces[b]``, its engine's trace of that call (its part
     of a batch's trace: ``reference.batch.split_trace``). Each layer runs once on the B rows, inside
     ``Model.row_by_row`` (``Model.mixer_step`` on each sequence's own cache, ``Model.ffn`` with each
     one's expert ids); the router is judged per sequence. Returns the B ``ReplayCall``s, on the CPU
-    executors bit for bit those of ``replays[b].add([tokens[b]], traces[b])``."""
+    executors bit for bit those of ``replays[b].add([tokens[b]], traces[b])``. ``riders``: this
+    step's ``riders(...)``, already run along with the reference's ``decode_batch``: each layer's
+    FFN is then read from them, not run again."""
     if any(r.position == 0 for r in replays):
         raise ValueError("replay_batch: decode steps only; replay each prompt first (Replay.add)")
-    return _replay(replays, [[int(t)] for t in tokens], traces)
+    if riders is not None and any(r.out is None for r in riders.values()):
+        raise ValueError("replay_batch: riders that no decode_batch ran")
+    return _replay(replays, [[int(t)] for t in tokens], traces, riders)
 
 
-def _replay(replays: list[Replay], ids: list[list[int]], traces: list[dict]) -> list[ReplayCall]:
+def _replay(replays: list[Replay], ids: list[list[int]], traces: list[dict],
+            riders: dict[int, Rider] | None = None) -> list[ReplayCall]:
     """One call of each of B sequences (a prompt, B = 1; or one token each, the decode forms inside
     ``row_by_row``), every layer on the calls' rows together."""
     decode = _check_calls(replays, ids, traces)
@@ -149,7 +168,7 @@ def _replay(replays: list[Replay], ids: list[list[int]], traces: list[dict]) -> 
     core, m.trace_kda_core = m.trace_kda_core, True  # the read-out's amplification
     try:
         with m.row_by_row() if decode else nullcontext():
-            return _Batch(replays, ids, traces).run()
+            return _Batch(replays, ids, traces, riders).run()
     finally:
         m.trace_kda_core = core
 
@@ -173,8 +192,9 @@ def _check_calls(replays: list[Replay], ids: list[list[int]], traces: list[dict]
 class _Batch:
     """One call of each of B sequences: their rows of the stream, stacked in order (``rows[b]``)."""
 
-    def __init__(self, replays: list[Replay], ids: list[list[int]], traces: list[dict]):
-        self.replays, self.ids, self.traces = replays, ids, traces
+    def __init__(self, replays: list[Replay], ids: list[list[int]], traces: list[dict],
+                 riders: dict[int, Rider] | None = None):
+        self.replays, self.ids, self.traces, self.riders = replays, ids, traces, riders
         self.config, self.model = replays[0].config, replays[0].model
         ends = np.cumsum([len(x) for x in ids])
         self.rows = [slice(int(e) - len(x), int(e)) for e, x in zip(ends, ids)]
@@ -188,20 +208,33 @@ class _Batch:
         """Each sequence's rows ``[T_b, D]`` of the trace entry ``key`` (float64)."""
         return [_rows(t[key]) for t in self.traces]
 
+    def stream_before(self, i: int) -> np.ndarray:
+        """The engine's stream before layer ``i`` ``[N, D]`` (layer 0: the embedding of the calls'
+        tokens, exact in any dtype), on the host."""
+        if i == 0:
+            return to_numpy(self.model.embed(np.concatenate([np.asarray(x, dtype=np.int64) for x in self.ids])))
+        return np.concatenate(self.gather(f"layers.{i - 1}.hidden"))
+
+    def mid(self, i: int) -> np.ndarray:
+        """Layer ``i``'s FFN input ``[N, D]``: the stream before the layer plus the mixer's output,
+        as the engine added them (one rounding to its storage dtype at most)."""
+        return self.stream_before(i) + np.concatenate(self.gather(f"layers.{i}.mixer"))
+
+    def chosen(self, i: int) -> np.ndarray:
+        """The engine's expert ids ``[N, k_e]`` of MoE layer ``i``."""
+        key = f"layers.{i}.router.ids"
+        return np.concatenate([to_numpy(t[key]).astype(np.int64).reshape(rows.stop - rows.start, -1)
+                               for t, rows in zip(self.traces, self.rows)])
+
     def run(self) -> list[ReplayCall]:
-        m = self.model
-        h_in = m.embed(np.concatenate([np.asarray(x, dtype=np.int64) for x in self.ids]))  # exact in any dtype
         lossy = [0.0] * len(self.replays)
         for i in range(self.config.num_hidden_layers):
             p = f"layers.{i}."
+            h = self.stream_before(i)
             a_e = np.concatenate(self.gather(p + "mixer"))
-            self.mixer(i, h_in, a_e, lossy)
-            # the FFN's input: the stream before the layer plus the mixer's output, as the engine
-            # added them (one rounding to its storage dtype at most)
-            mid = to_numpy(h_in) + a_e
+            self.mixer(i, self.on(h), a_e, lossy)
             e_mid = [r.u + max(lo, _lossy(t[p + "mixer"], r.u)) for r, lo, t in zip(self.replays, lossy, self.traces)]
-            self.ffn(i, mid, e_mid)
-            h_in = self.on(np.concatenate(self.gather(p + "hidden")))
+            self.ffn(i, h + a_e, e_mid)
             lossy = [_lossy(t[p + "hidden"], r.u) for r, t in zip(self.replays, self.traces)]
         for r, x in zip(self.replays, self.ids):
             r.position += len(x)
@@ -236,15 +269,15 @@ class _Batch:
         c, m, p = self.config, self.model, f"layers.{i}."
         routing = None
         if c.is_moe_layer(i):
-            chosen = np.concatenate([to_numpy(t[p + "router.ids"]).astype(np.int64).reshape(rows.stop - rows.start, -1)
-                                     for t, rows in zip(self.traces, self.rows)])
+            chosen = self.chosen(i)
             judged = self.router(i, mid, e_mid, chosen)
             for b, rows in enumerate(self.rows):
                 T = rows.stop - rows.start
                 self.calls[b].ops.append(OpError(p + "router", i, "router", judged.units[rows], np.zeros(T), np.ones(T)))
                 self.calls[b].flips += [f for f, t in zip(judged.flips, judged.rows) if rows.start <= t < rows.stop]
             routing = m.executor.ints(chosen)
-        f_r = to_numpy(m.ffn(i, self.on(mid), routing=routing))
+        rider = None if self.riders is None else self.riders[i]
+        f_r = to_numpy(m.ffn(i, self.on(mid), routing=routing) if rider is None else rider.out)
         op = "moe" if c.is_moe_layer(i) else "mlp"
         errs = _rel(np.concatenate(self.gather(p + "ffn")), f_r, self.rows)
         for b, rows in enumerate(self.rows):

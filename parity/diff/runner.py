@@ -322,17 +322,17 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
         else:
             ref_logits, ref_cache = ref_model.decode(run.seq[-1], ref_cache, trace=rt)
             opt_logits, opt_cache = opt_model.decode(run.seq[-1], opt_cache, trace=ot)
-        ref_logits, opt_logits, rt, ot = on_host(ref_logits, opt_logits, rt, ot)
+        (ref_logits, rt), (opt_logits, ot) = on_host(ref_logits, rt), on_host(opt_logits, ot)
         run.judge(run.logits(step, ref_logits, opt_logits), rt, ot)
     return run.result()
 
 
-def on_host(ref_logits, opt_logits, rt: dict, ot: dict) -> tuple:
-    """``(ref_logits, opt_logits, rt, ot)`` of one call on the host, each path's in one transfer a
-    dtype (``to_host``): a call's many trace entries are read one by one, by every prompt of a
-    batch, and would otherwise cross from the device at each read."""
-    rt, ot = to_host({**rt, "": ref_logits}), to_host({**ot, "": opt_logits})
-    return rt.pop(""), ot.pop(""), rt, ot
+def on_host(logits, trace: dict) -> tuple:
+    """``(logits, trace)`` of one call on the host, in one transfer a dtype (``to_host``): a call's
+    many trace entries are read one by one, by every prompt of a batch, and would otherwise cross
+    from the device at each read."""
+    trace = to_host({**trace, "": logits})
+    return trace.pop(""), trace
 
 
 class PromptRun:

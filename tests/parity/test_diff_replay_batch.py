@@ -15,7 +15,7 @@ import pytest
 
 import reference
 from parity.bounds.core import precision_for
-from parity.diff.replay import HostWeights, Replay, ReplayCall, replay_batch
+from parity.diff.replay import HostWeights, Replay, ReplayCall, replay_batch, riders
 from reference.batch import split_trace
 from reference.executor import to_numpy
 from reference.fixtures import default_checkpoint_path
@@ -89,19 +89,31 @@ def assert_same_call(got: ReplayCall, want: ReplayCall, where: str) -> None:
     assert [asdict(f) for f in got.flips] == [asdict(f) for f in want.flips], where
 
 
+@pytest.mark.parametrize("ride", [False, True], ids=["own-ffn", "riding"])
 @pytest.mark.parametrize("executor", list(EXECUTORS))
-def test_a_batched_replay_gives_each_prompt_the_calls_of_its_own_replay(executor, engine_calls):
+def test_a_batched_replay_gives_each_prompt_the_calls_of_its_own_replay(executor, ride, engine_calls):
+    # riding: each layer's FFN replay runs along with the reference's own decode_batch of the step
+    # (``riders``), and is read from there
     prefills, steps = engine_calls
     model = reference.load(default_checkpoint_path(), **EXECUTORS[executor])
     own = _replays(model, len(PROMPTS))
     batched = _replays(model, len(PROMPTS), HostWeights(model))
+    caches = [model.prefill(ids)[1] for ids, _ in prefills]
     for b, (ids, trace) in enumerate(prefills):
         own[b].add(ids, trace)
         batched[b].add(ids, trace)
     flips = 0
     for s, (tokens, traces) in enumerate(steps, start=1):
         want = [r.add([t], trace) for r, t, trace in zip(own, tokens, traces)]
-        got = replay_batch(batched, tokens, traces)
+        riding = None
+        if ride:
+            riding = riders(batched, tokens, traces)
+            _, caches = model.decode_batch(tokens, caches, riders=riding)
+            model.ffn = lambda *a, **k: pytest.fail("a ridden FFN replayed again")
+        try:
+            got = replay_batch(batched, tokens, traces, riders=riding)
+        finally:
+            model.__dict__.pop("ffn", None)
         assert len(got) == len(PROMPTS)
         for b, (g, w) in enumerate(zip(got, want)):
             assert_same_call(g, w, f"{executor}: step {s}, prompt {b}")
@@ -169,6 +181,8 @@ def test_a_batched_replay_takes_decode_steps_of_one_model_only(engine_calls):
         r.add(ids, trace)
     with pytest.raises(ValueError, match="of one model"):
         replay_batch(fresh[:1] + other, tokens[:2], traces[:2])
+    with pytest.raises(ValueError, match="riders that no decode_batch ran"):
+        replay_batch(fresh[:1], tokens[:1], traces[:1], riders=riders(fresh[:1], tokens[:1], traces[:1]))
 
 
 @pytest.mark.parametrize("executor", ["numpy", "torch"])

@@ -116,6 +116,62 @@ def test_grouped_routing_batches_bit_for_bit_on_the_small_preset():
         assert_cache_bits(new[b], want_cache, f"row {b}")
 
 
+def _riders(model, n: int, seed: int = 0) -> dict:
+    """A rider on every layer: ``n`` rows of a stream and, in MoE layers, expert ids of their own."""
+    from reference.batch import Rider
+
+    c, rng = model.config, np.random.default_rng(seed)
+    return {i: Rider(mid=rng.standard_normal((n, c.hidden_size)),
+                     ids=np.stack([rng.choice(c.num_experts, c.num_experts_per_token, replace=False) for _ in range(n)])
+                     if c.is_moe_layer(i) else None)
+            for i in range(c.num_hidden_layers)}
+
+
+def test_riders_leave_the_batchs_bits_and_get_the_ffn_of_their_own_expert_ids(model, caches):
+    # each layer's FFN runs the batch's rows and the riders' in one call: the batch's rows keep
+    # their bits (row by row), the riders' outputs are the layer's FFN on their own ids
+    want, want_new = model.decode_batch(TOKENS, caches)
+    riders = _riders(model, 2)
+    got, got_new = model.decode_batch(TOKENS, caches, riders=riders)
+    assert_same_bits(got, want, "the batch's logits beside riders")
+    for b in range(len(caches)):
+        assert_cache_bits(got_new[b], want_new[b], f"row {b} cache beside riders")
+    with model.row_by_row():
+        for i, r in riders.items():
+            routing = None if r.ids is None else model.executor.ints(r.ids)
+            assert_same_bits(r.out, model.ffn(i, model.executor.asarray(r.mid), routing=routing), f"layer {i} rider")
+
+
+def test_where_rows_need_not_be_bitwise_riders_agree_with_their_own_ffn_to_1e_12(parity_device):
+    src, views = _shared_small(parity_device)
+    model = reference.load(src, executor="torch", device=parity_device, shared_weights=views)
+    model.bitwise_rows = False
+    caches = [model.prefill(p)[1] for p in ([5, 6, 7, 8], [9])]
+    want, _ = model.decode_batch([1, 2], caches)
+    riders = _riders(model, 3, seed=1)
+    got, _ = model.decode_batch([1, 2], caches, riders=riders)
+    np.testing.assert_allclose(to_numpy(got), to_numpy(want), rtol=0, atol=1e-12 * float(np.abs(to_numpy(want)).max()))
+    for i, r in riders.items():
+        routing = None if r.ids is None else model.executor.ints(r.ids)
+        own = to_numpy(model.ffn(i, model.executor.asarray(r.mid), routing=routing))
+        np.testing.assert_allclose(to_numpy(r.out), own, rtol=0, atol=1e-12 * float(np.abs(own).max()))
+
+
+def test_bad_riders_are_named(caches):
+    from reference.batch import Rider
+
+    model = reference.load(default_checkpoint_path())
+    moe_layer = next(i for i in range(model.config.num_hidden_layers) if model.config.is_moe_layer(i))
+    D, k = model.config.hidden_size, model.config.num_experts_per_token
+    cases = [({99: Rider(np.zeros((1, D)))}, r"riders\[99\]: expected a Rider of a layer"),
+             ({0: Rider(np.zeros((1, D + 1)))}, r"riders\[0\]: mid of shape \(1, %d\)" % (D + 1)),
+             ({moe_layer: Rider(np.zeros((1, D)))}, "needs integer expert ids"),
+             ({moe_layer: Rider(np.zeros((1, D)), np.full((1, k), 10**6))}, "needs integer expert ids")]
+    for riders, match in cases:
+        with pytest.raises(ValueError, match=match):
+            model.decode_batch([1], caches[:1], riders=riders)
+
+
 def test_bad_batches_are_named(caches):
     model = reference.load(default_checkpoint_path())
     _, cache = model.prefill([1, 2])
