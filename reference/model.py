@@ -132,10 +132,13 @@ class Model:
         return self._run(ids, trace, self._check_routing(routing, len(ids)), logits=logits,
                          call="forward")[0]
 
-    def prefill(self, token_ids, *, trace: dict | None = None, logits: str = "all"):
-        """``(logits [T, vocab], cache)`` for a fresh sequence (``logits="last"``: ``[1, vocab]``)."""
+    def prefill(self, token_ids, *, trace: dict | None = None, logits: str = "all",
+                riders: dict[int, Rider] | None = None):
+        """``(logits [T, vocab], cache)`` for a fresh sequence (``logits="last"``: ``[1, vocab]``).
+        ``riders``: as ``decode_batch``'s; where ``bitwise_rows`` (a prefill's products are whole
+        GEMMs there, whose bits depend on their rows) each rider runs as a call of its own."""
         ids = self._check_ids(token_ids)
-        return self._run(ids, trace, logits=logits, call="prefill")
+        return self._run(ids, trace, logits=logits, call="prefill", riders=check_riders(riders, self.config))
 
     def decode(self, token_id, cache: ModelCache, *, trace: dict | None = None):
         """``(logits [vocab], new cache)`` for one more token; ``cache`` is left untouched. The
@@ -184,14 +187,16 @@ class Model:
 
     # -- the stack -------------------------------------------------------------------------------
     def _run(self, ids: np.ndarray, trace: dict | None, routing: dict | None = None, *, logits: str = "all",
-             call: str = "forward"):
+             call: str = "forward", riders: dict[int, Rider] | None = None):
         """A fresh sequence ``ids`` (chunked/naive forms), replaying ``routing`` (checked) where
-        given: ``(logits [T or 1, vocab], cache)``."""
+        given, ``riders`` (checked) riding along with its FFNs: ``(logits [T or 1, vocab], cache)``."""
         if logits not in LOGITS:
             raise ValueError(f"logits: expected one of {LOGITS}, got {logits!r}")
-        need = self.memory_estimate(len(ids), trace=trace is not None, logits=logits)
+        riders = riders or {}
+        riding = max((int(r.mid.shape[0]) for r in riders.values()), default=0)
+        need = self.memory_estimate(len(ids) + riding, trace=trace is not None, logits=logits)
         return self._guarded(need, call, len(ids), 0,
-                             lambda: self._stack(ids, trace, routing or {}, logits, call))
+                             lambda: self._stack(ids, trace, routing or {}, logits, call, riders))
 
     def _step(self, ids: np.ndarray, caches: list[ModelCache], trace: dict | None, *, call: str,
               riders: dict[int, Rider] | None = None):
@@ -216,7 +221,7 @@ class Model:
             self._w.verify()
             return out
 
-    def _stack(self, ids, trace, routing, logits, call):
+    def _stack(self, ids, trace, routing, logits, call, riders):
         c = self.config
         progress = LayerProgress(self.progress, call, c.num_hidden_layers, len(ids))
         h = self._embed(ids)
@@ -224,7 +229,7 @@ class Model:
         for i in range(c.num_hidden_layers):
             a, lc = self.mixer(i, h, None, trace=trace)
             new_layers.append(lc)
-            h = self._layer_rest(i, h, a, trace, routing.get(i))
+            h = self._layer_rest(i, h, a, trace, routing.get(i), riders.get(i), together=not self.bitwise_rows)
             progress.done(i)
         out = self._head(h, trace, last=logits == "last")
         return out, ModelCache(new_layers, len(ids))
@@ -245,11 +250,20 @@ class Model:
             out = self._head(h, trace)
         return out, [ModelCache([lcs[b] for lcs in new_layers], cc.length + 1) for b, cc in enumerate(caches)]
 
-    def _layer_rest(self, i: int, h, a, trace: dict | None, routing, rider: Rider | None = None):
+    def _layer_rest(self, i: int, h, a, trace: dict | None, routing, rider: Rider | None = None, *,
+                    together: bool = True):
         """Layer ``i`` after its mixer: the residual adds around the FFN; the stream after it.
-        ``rider``: rows run through the FFN in the same call (their outputs to ``rider.out``)."""
+        ``rider``: rows run through the FFN (their outputs to ``rider.out``), in the same call where
+        ``together`` (else in a call of their own)."""
         mid = h + a
-        f = self.ffn(i, mid, trace=trace, routing=routing) if rider is None else self._ffn_riding(i, mid, rider, trace)
+        together = together and routing is None  # forward's replayed routing takes no riders
+        if rider is not None and not together:
+            rider.out = self.ffn(i, self.executor.asarray(rider.mid),
+                                 routing=None if rider.ids is None else self.executor.ints(to_numpy(rider.ids)))
+        if rider is None or not together:
+            f = self.ffn(i, mid, trace=trace, routing=routing)
+        else:
+            f = self._ffn_riding(i, mid, rider, trace)
         out = mid + f
         if trace is not None:
             trace[f"layers.{i}.mixer"] = a

@@ -29,7 +29,7 @@ from reference.batch import split_trace
 from .logits import LmHeadSpan
 from .replay import HostWeights, ReplayCall, replay_batch, riders
 from .localize import first_nonfinite
-from .runner import HERE, DiffResult, PromptRun, StepLogits, StepRecord, on_host
+from .runner import HERE, DiffResult, PromptRun, StepLogits, StepRecord, on_host, prefill_riding
 
 DEFAULT_BATCH = 8  # prompts decoded together when --batch is not given (docs/cli.md)
 RECORD_THREADS = 8  # threads judging a batch step's logits
@@ -49,10 +49,11 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
     ref_caches, opt_caches = [], []
     for run in runs:
         rt, ot = {}, {}
-        ref_logits, ref_cache = ref_model.prefill(list(run.seq), trace=rt)
         opt_logits, opt_cache = opt_model.prefill(list(run.seq), trace=ot, cache=fresh())
-        (ref_logits, rt), (opt_logits, ot) = on_host(ref_logits, rt), on_host(opt_logits, ot)
-        run.judge(run.logits(0, ref_logits, opt_logits), rt, ot)
+        opt_logits, ot = on_host(opt_logits, ot)
+        ref_logits, ref_cache, call = prefill_riding(run, ot, rt)
+        ref_logits, rt = on_host(ref_logits, rt)
+        run.judge(run.logits(0, ref_logits, opt_logits), rt, ot, call=call)
         ref_caches.append(ref_cache)
         opt_caches.append(opt_cache)
     B = len(runs)
@@ -64,7 +65,7 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
         ots = split_trace(ot, B)
         # the replay's FFN inputs ride along with the reference's step: each expert read once for both
         replaying = [b for b, run in enumerate(runs) if run.localizes]
-        riding = riders([runs[b].replay for b in replaying], [tokens[b] for b in replaying],
+        riding = riders([runs[b].replay for b in replaying], [[tokens[b]] for b in replaying],
                         [ots[b] for b in replaying]) if replaying else None
         ref_logits, ref_caches = ref_model.decode_batch(tokens, ref_caches, trace=rt, riders=riding)
         ref_logits, rt = on_host(ref_logits, rt)

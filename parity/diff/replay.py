@@ -125,18 +125,21 @@ class Replay:
         self.caches = [None] * config.num_hidden_layers
         self.position = 0
 
-    def add(self, ids, trace: dict) -> ReplayCall:
-        """Replay one call over ``ids`` (the tokens it consumed) from the engine's ``trace``."""
-        return _replay([self], [[int(t) for t in ids]], [trace])[0]
+    def add(self, ids, trace: dict, *, riders: dict[int, Rider] | None = None) -> ReplayCall:
+        """Replay one call over ``ids`` (the tokens it consumed) from the engine's ``trace``;
+        ``riders``: this call's ``riders(...)``, already run along with the reference's own call."""
+        _check_ridden(riders)
+        return _replay([self], [[int(t) for t in ids]], [trace], riders)[0]
 
 
-def riders(replays: list[Replay], tokens: list[int], traces: list[dict]) -> dict[int, Rider]:
-    """What each layer's FFN replay of one decode step of B sequences (as ``replay_batch``) runs on:
-    ``{layer: Rider}`` of the engine's stream after the mixer (the stream before the layer plus the
-    mixer's output, as the engine added them) and, in an MoE layer, its expert ids. Handed to the
-    reference's ``decode_batch`` of the same step, they ride along with its FFN (each weight read
-    once for both); ``replay_batch(..., riders=)`` then takes their outputs."""
-    batch = _Batch(replays, [[int(t)] for t in tokens], traces)
+def riders(replays: list[Replay], calls: list[list[int]], traces: list[dict]) -> dict[int, Rider]:
+    """What each layer's FFN replay of a call runs on (a prompt, or one decode step of B sequences
+    as ``replay_batch``: ``calls`` the tokens of each): ``{layer: Rider}`` of the engine's stream
+    after the mixer (the stream before the layer plus the mixer's output, as the engine added them)
+    and, in an MoE layer, its expert ids. Handed to the reference's own call over the same tokens
+    (``prefill``, ``decode_batch``), they ride along with its FFNs (each weight read once for both);
+    ``Replay.add`` / ``replay_batch(..., riders=)`` then take their outputs."""
+    batch = _Batch(replays, [[int(t) for t in x] for x in calls], traces)
     c = batch.config
     return {i: Rider(mid=batch.mid(i), ids=batch.chosen(i) if c.is_moe_layer(i) else None)
             for i in range(c.num_hidden_layers)}
@@ -154,9 +157,13 @@ def replay_batch(replays: list[Replay], tokens: list[int], traces: list[dict], *
     FFN is then read from them, not run again."""
     if any(r.position == 0 for r in replays):
         raise ValueError("replay_batch: decode steps only; replay each prompt first (Replay.add)")
-    if riders is not None and any(r.out is None for r in riders.values()):
-        raise ValueError("replay_batch: riders that no decode_batch ran")
+    _check_ridden(riders)
     return _replay(replays, [[int(t)] for t in tokens], traces, riders)
+
+
+def _check_ridden(riders: dict[int, Rider] | None) -> None:
+    if riders is not None and any(r.out is None for r in riders.values()):
+        raise ValueError("replay: riders that no reference call ran")
 
 
 def _replay(replays: list[Replay], ids: list[list[int]], traces: list[dict],

@@ -57,7 +57,7 @@ from parity.neartie import classify_step, twin_bound
 from .localize import Localization, ReplayStats, first_nonfinite
 from .logits import LmHeadSpan, LogitsCheck, output_roundoff
 from .numerics import finite_or_none, kl_divergence, max_abs_diff
-from .replay import HostWeights, Replay, ReplayCall
+from .replay import HostWeights, Replay, ReplayCall, riders
 from .router import RouterFlip
 from .twin import twin_for
 
@@ -315,16 +315,32 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
                     lm_head=lm_head, twin=twin)
     ref_cache = opt_cache = None
     for step in range(steps):
-        rt, ot = {}, {}
+        rt, ot, call = {}, {}, None
         if step == 0:
-            ref_logits, ref_cache = ref_model.prefill(list(run.seq), trace=rt)
             opt_logits, opt_cache = opt_model.prefill(list(run.seq), trace=ot)
+            opt_logits, ot = on_host(opt_logits, ot)
+            ref_logits, ref_cache, call = prefill_riding(run, ot, rt)
         else:
             ref_logits, ref_cache = ref_model.decode(run.seq[-1], ref_cache, trace=rt)
             opt_logits, opt_cache = opt_model.decode(run.seq[-1], opt_cache, trace=ot)
-        (ref_logits, rt), (opt_logits, ot) = on_host(ref_logits, rt), on_host(opt_logits, ot)
-        run.judge(run.logits(step, ref_logits, opt_logits), rt, ot)
+            opt_logits, ot = on_host(opt_logits, ot)
+        ref_logits, rt = on_host(ref_logits, rt)
+        run.judge(run.logits(step, ref_logits, opt_logits), rt, ot, call=call)
     return run.result()
+
+
+def prefill_riding(run: "PromptRun", ot: dict, rt: dict) -> tuple:
+    """The reference's prefill of ``run``'s prompt (its trace into ``rt``) with the replay of the
+    engine's prefill (trace ``ot``, on the host) riding along with its FFNs (``replay.riders``):
+    ``(logits, cache, the replay's ReplayCall)``; the call is None (replayed by ``judge``, or not at
+    all) where the engine filled no trace or the run does not localize."""
+    ids = list(run.seq)
+    if not (ot and run.localize):
+        logits, cache = run.ref_model.prefill(ids, trace=rt)
+        return logits, cache, None
+    riding = riders([run.replay], [ids], [ot])
+    logits, cache = run.ref_model.prefill(ids, trace=rt, riders=riding)
+    return logits, cache, run.replay.add(ids, ot, riders=riding)
 
 
 def on_host(logits, trace: dict) -> tuple:

@@ -92,22 +92,24 @@ def assert_same_call(got: ReplayCall, want: ReplayCall, where: str) -> None:
 @pytest.mark.parametrize("ride", [False, True], ids=["own-ffn", "riding"])
 @pytest.mark.parametrize("executor", list(EXECUTORS))
 def test_a_batched_replay_gives_each_prompt_the_calls_of_its_own_replay(executor, ride, engine_calls):
-    # riding: each layer's FFN replay runs along with the reference's own decode_batch of the step
-    # (``riders``), and is read from there
+    # riding: each layer's FFN replay runs along with the reference's own prefill or decode_batch
+    # of the call (``riders``), and is read from there
     prefills, steps = engine_calls
     model = reference.load(default_checkpoint_path(), **EXECUTORS[executor])
     own = _replays(model, len(PROMPTS))
     batched = _replays(model, len(PROMPTS), HostWeights(model))
-    caches = [model.prefill(ids)[1] for ids, _ in prefills]
+    caches = []
     for b, (ids, trace) in enumerate(prefills):
-        own[b].add(ids, trace)
-        batched[b].add(ids, trace)
+        want = own[b].add(ids, trace)
+        riding = riders([batched[b]], [ids], [trace]) if ride else None
+        caches.append(model.prefill(ids, riders=riding)[1])
+        assert_same_call(batched[b].add(ids, trace, riders=riding), want, f"{executor}: prompt {b}")
     flips = 0
     for s, (tokens, traces) in enumerate(steps, start=1):
         want = [r.add([t], trace) for r, t, trace in zip(own, tokens, traces)]
         riding = None
         if ride:
-            riding = riders(batched, tokens, traces)
+            riding = riders(batched, [[t] for t in tokens], traces)
             _, caches = model.decode_batch(tokens, caches, riders=riding)
             model.ffn = lambda *a, **k: pytest.fail("a ridden FFN replayed again")
         try:
@@ -181,8 +183,8 @@ def test_a_batched_replay_takes_decode_steps_of_one_model_only(engine_calls):
         r.add(ids, trace)
     with pytest.raises(ValueError, match="of one model"):
         replay_batch(fresh[:1] + other, tokens[:2], traces[:2])
-    with pytest.raises(ValueError, match="riders that no decode_batch ran"):
-        replay_batch(fresh[:1], tokens[:1], traces[:1], riders=riders(fresh[:1], tokens[:1], traces[:1]))
+    with pytest.raises(ValueError, match="riders that no reference call ran"):
+        replay_batch(fresh[:1], tokens[:1], traces[:1], riders=riders(fresh[:1], [tokens[:1]], traces[:1]))
 
 
 @pytest.mark.parametrize("executor", ["numpy", "torch"])

@@ -142,14 +142,30 @@ def test_riders_leave_the_batchs_bits_and_get_the_ffn_of_their_own_expert_ids(mo
             assert_same_bits(r.out, model.ffn(i, model.executor.asarray(r.mid), routing=routing), f"layer {i} rider")
 
 
-def test_where_rows_need_not_be_bitwise_riders_agree_with_their_own_ffn_to_1e_12(parity_device):
+def test_riders_of_a_prefill_leave_its_bits_and_get_the_ffn_of_their_own_expert_ids(model):
+    # a prefill's products are whole GEMMs: where rows are bitwise each rider runs as its own call
+    prompt = PROMPTS[-1]
+    want, want_cache = model.prefill(prompt)
+    riders = _riders(model, 4, seed=2)
+    got, got_cache = model.prefill(prompt, riders=riders)
+    assert_same_bits(got, want, "the prefill's logits beside riders")
+    assert_cache_bits(got_cache, want_cache, "the prefill's cache beside riders")
+    for i, r in riders.items():
+        routing = None if r.ids is None else model.executor.ints(r.ids)
+        assert_same_bits(r.out, model.ffn(i, model.executor.asarray(r.mid), routing=routing), f"layer {i} rider")
+
+
+@pytest.mark.parametrize("call", ["decode_batch", "prefill"])
+def test_where_rows_need_not_be_bitwise_riders_agree_with_their_own_ffn_to_1e_12(call, parity_device):
     src, views = _shared_small(parity_device)
     model = reference.load(src, executor="torch", device=parity_device, shared_weights=views)
     model.bitwise_rows = False
     caches = [model.prefill(p)[1] for p in ([5, 6, 7, 8], [9])]
-    want, _ = model.decode_batch([1, 2], caches)
+    run = (lambda **kw: model.decode_batch([1, 2], caches, **kw)) if call == "decode_batch" else \
+        (lambda **kw: model.prefill([5, 6, 7, 8, 9, 10], **kw))
+    want, _ = run()
     riders = _riders(model, 3, seed=1)
-    got, _ = model.decode_batch([1, 2], caches, riders=riders)
+    got, _ = run(riders=riders)
     np.testing.assert_allclose(to_numpy(got), to_numpy(want), rtol=0, atol=1e-12 * float(np.abs(to_numpy(want)).max()))
     for i, r in riders.items():
         routing = None if r.ids is None else model.executor.ints(r.ids)
