@@ -11,8 +11,12 @@ so every prompt's report equals, number for number, the report ``run_diff`` writ
 The replay of the engine's decode calls (``replay.py``) is batched too: the float64 reference
 re-runs each layer once for the B prompts (``replay.replay_batch``: each prompt's rows gathered from
 its own trace, each on its own replay cache, row by row), not once per prompt, and the router
-weights its judge reads are taken to the host once for the batch (``replay.HostWeights``).
-Each prompt is then judged on its own ``ReplayCall``, the one its single run's replay gives.
+weights its judge reads are taken to the host once for the batch (``replay.HostWeights``). Each
+layer's FFN replay rides along with the reference's own ``decode_batch`` of the step
+(``replay.riders``: one experts call for both, each expert read once), as a prompt's rides along
+with its prefill. Each prompt is then judged on its own ``ReplayCall``, the one its single run's
+replay gives. A step's traces and logits cross to the host once (``runner.on_host``), and the
+prompts' logits are judged side by side in threads (``StepLogits.record``).
 
 The prompts of a batch have their own lengths (ragged); every prompt runs the same number of steps,
 so a batch starts and ends together. An engine whose batched caches must share state (the optimized
@@ -26,9 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from parity.metrics import to_numpy
 from reference.batch import split_trace
 
+from .localize import first_nonfinite
 from .logits import LmHeadSpan
 from .replay import HostWeights, ReplayCall, replay_batch, riders
-from .localize import first_nonfinite
 from .runner import HERE, DiffResult, PromptRun, StepLogits, StepRecord, on_host, prefill_riding
 
 DEFAULT_BATCH = 8  # prompts decoded together when --batch is not given (docs/cli.md)
