@@ -5,6 +5,7 @@ measures every target of docs/BENCHMARKS.md "The float64 reference" in one devic
     python benchmarks/reference_model.py cpu-checkpoint [--experts 16] [--dir /dev/shm/kimi48b-e16]
     python benchmarks/reference_model.py cli -- diff --synthetic kimi-linear-48b --device cuda ...
     python benchmarks/reference_model.py corpus [--prompts 100] [--steps 128] [--batch 32] [--out DIR]
+    python benchmarks/reference_model.py corpus-shards [--prompts 16] [--steps 16] [--batch 16] [--shards 2] [--shard-batch 8]
     python benchmarks/reference_model.py gpu-suite --out $OUT [--budget 470]
 
 Each prints (and ``--json`` writes) one JSON object. ``decode``: the 48B model (synthetic weights;
@@ -20,7 +21,8 @@ disk and times NumPy decode steps from it on every core (``--batch B``: and one 
 B sequences against their B ``decode`` calls). ``cli``: a ``parity`` command in this
 process, timed, with its peak GPU and host memory. ``corpus``: ``parity diff --prompts`` over
 a corpus of random prompts (8 to 64 tokens) of the preset's synthetic model, end to end, its
-report and plot written beside the result. ``gpu-suite``: all of it under a wall-time
+report and plot written beside the result. ``corpus-shards``: that corpus whole and as shards,
+and whether the shards' merge equals the whole report. ``gpu-suite``: all of it under a wall-time
 budget, each part in its own process under a timeout, results in ``$OUT/reference-gpu-suite.json``.
 """
 from __future__ import annotations
@@ -499,6 +501,61 @@ def cmd_corpus(args) -> dict:
     return out
 
 
+def cmd_corpus_shards(args) -> dict:
+    """The corpus of ``corpus`` run whole (``--batch``), then as ``--shards`` shards (``--shard-batch``)
+    each in this process, the shard reports merged by ``parity diff merge``: whether the merge equals
+    the whole corpus's report. On a GPU reference a batch's rows differ from other batch sizes' in the
+    last bits, so every string, integer and verdict must be equal and every float within 1e-6
+    relative (or 1e-9 absolute); the wall times are left out."""
+    from parity.cli import main
+    from reference.config import KimiConfig
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prompts = out_dir / "corpus-prompts.jsonl"
+    write_corpus(prompts, args.prompts, KimiConfig.from_name(args.preset).vocab_size)
+    base = ["diff", "--synthetic", args.preset, "--prompts", str(prompts), "--steps", str(args.steps), "--no-progress"]
+    runs, reports = [], []
+    for k in range(args.shards + 1):
+        shard = [] if k == 0 else ["--shard", f"{k}/{args.shards}"]
+        report = out_dir / ("whole.json" if k == 0 else f"shard-{k}.json")
+        t0 = time.perf_counter()
+        code = main(base + ["--batch", str(args.batch if k == 0 else args.shard_batch), "--json", str(report)] + shard)
+        runs.append({"shard": shard[1] if shard else None, "exit": code, "wall_s": time.perf_counter() - t0})
+        reports.append(report)
+    merged = out_dir / "merged.json"
+    merge_exit = main(["diff", "merge", *map(str, reversed(reports[1:])), "--json", str(merged)])
+    whole = {k: v for k, v in json.loads(reports[0].read_text()).items() if k != "seconds"}
+    both = {k: v for k, v in json.loads(merged.read_text()).items() if k != "seconds"} if merged.exists() else {}
+    differ = _differences(both, whole, "report")
+    out = {"part": "corpus-shards", "prompts": args.prompts, "steps": args.steps, "batch": args.batch,
+           "shards": args.shards, "shard_batch": args.shard_batch, "runs": runs, "merge_exit": merge_exit,
+           "whole_line": whole.get("summary", {}).get("line"), "differences": len(differ), "first": differ[:10],
+           "equal": not differ and merge_exit == runs[0]["exit"]}
+    out["exit"] = 0 if out["equal"] else 1
+    out.update(_gpu_peak())
+    return out
+
+
+def _differences(got, want, where: str) -> list[str]:
+    """Where ``got`` differs from ``want``: strings, integers and booleans exactly, floats beyond
+    1e-6 relative and 1e-9 absolute (NaN equal to NaN)."""
+    import math
+
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or sorted(got) != sorted(want):
+            return [f"{where}: keys {sorted(got) if isinstance(got, dict) else type(got).__name__}"]
+        return [d for k in want for d in _differences(got[k], want[k], f"{where}.{k}")]
+    if isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            return [f"{where}: length"]
+        return [d for i, (a, b) in enumerate(zip(got, want)) for d in _differences(a, b, f"{where}[{i}]")]
+    if isinstance(want, float) and isinstance(got, (int, float)) and not isinstance(got, bool):
+        same = (math.isnan(got) and math.isnan(want)) or math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9)
+        return [] if same else [f"{where}: {got!r} != {want!r}"]
+    return [] if got == want else [f"{where}: {got!r} != {want!r}"]
+
+
 CORPUS_PARTS = {  # what a corpus diff's time is spent in: (module, class or None, attribute)
     "reference prefill": ("reference.model", "Model", "prefill"),
     "reference decode_batch": ("reference.model", "Model", "decode_batch"),
@@ -698,13 +755,22 @@ def main(argv=None) -> int:
     co.add_argument("--batch", type=int, default=32)
     co.add_argument("--shard", default=None, metavar="I/N")
     co.add_argument("--out", default=os.environ.get("OUT", "out"))
-    for p in (d, c, cl, g, co):
+    cs = sub.add_parser("corpus-shards", help="the corpus whole and as shards: does their merge equal it")
+    cs.add_argument("--preset", default=CFG_48B)
+    cs.add_argument("--prompts", type=int, default=16)
+    cs.add_argument("--steps", type=int, default=16)
+    cs.add_argument("--batch", type=int, default=16)
+    cs.add_argument("--shards", type=int, default=2)
+    cs.add_argument("--shard-batch", type=int, default=8)
+    cs.add_argument("--out", default=os.environ.get("OUT", "out"))
+    for p in (d, c, cl, g, co, cs):
         p.add_argument("--json", help="also write the result here")
     args = ap.parse_args(argv)
     if args.cmd == "cli":
         args.argv = [a for a in args.argv if a != "--"]
     result = {"decode": cmd_decode, "cpu-checkpoint": cmd_cpu_checkpoint, "cli": cmd_cli,
-              "gpu-suite": cmd_gpu_suite, "corpus": cmd_corpus}[args.cmd](args)
+              "gpu-suite": cmd_gpu_suite, "corpus": cmd_corpus,
+              "corpus-shards": cmd_corpus_shards}[args.cmd](args)
     text = json.dumps(result)
     print(text)
     if getattr(args, "json", None):
