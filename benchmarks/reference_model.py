@@ -133,7 +133,7 @@ def cmd_decode(args) -> dict:
         out["optimized_decode_ms"] = statistics.median(times[1:]) * 1e3
         del ol, oc
     if args.batch > 1:
-        out["decode_batch"] = _decode_batch(ref, cfg, args.batch, args.prompt_tokens)
+        out["decode_batch"] = _decode_batch(ref, cfg, args.batch, args.prompt_tokens, args.profile)
     if args.profile:
         out["profile"] = _profile_decode(ref, ids, args.prompt_tokens + args.steps + 1, cache, args.profile)
     out.update(_gpu_peak())  # decode-phase peaks (the long prefill below resets the counter)
@@ -163,7 +163,17 @@ PROFILED = ("_embed", "_kda_step", "_mla_step", "_moe", "_dense", "_lm_head")  #
 
 
 def _profile_decode(ref, ids, start: int, cache, steps: int) -> dict:
-    """Where ``steps`` decode steps of ``ref`` spend their time: the wall seconds of each part of the
+    """Where ``steps`` decode steps of ``ref`` spend their time (``_profiled``)."""
+    state = {"cache": cache, "t": start}
+
+    def step():
+        _, state["cache"] = ref.decode(int(ids[state["t"]]), state["cache"])
+        state["t"] += 1
+    return _profiled(ref, step, steps)
+
+
+def _profiled(ref, step, steps: int) -> dict:
+    """Where ``steps`` calls of ``step()`` (a reference decode step) spend their time: the wall seconds of each part of the
     model (the executor synchronized around every call, so the parts add up to the step), of the
     weight fetches inside them (``weights``: the LRU, the bf16 -> float64 upcast, on the host or the
     device) and of the end-of-call finiteness check (``verify``); then, on CUDA, the device's kernels
@@ -201,8 +211,8 @@ def _profile_decode(ref, ids, start: int, cache, steps: int) -> dict:
     ref._w = TimedWeights(saved_w)
     try:
         t0 = _sync(ex)
-        for t in range(start, start + steps):
-            _, cache = ref.decode(int(ids[t]), cache)
+        for _ in range(steps):
+            step()
         wall = _sync(ex) - t0
     finally:
         for n, f in saved.items():
@@ -214,21 +224,20 @@ def _profile_decode(ref, ids, start: int, cache, steps: int) -> dict:
     if ex.device == "cpu" or not torch.cuda.is_available():
         return out
     try:
-        out["profiler"] = _kernels(ref, ids, start + steps, cache, max(1, min(steps, 3)))
+        out["profiler"] = _kernels(ex, step, max(1, min(steps, 3)))
     except Exception as exc:  # a profiler that cannot run here costs this figure, not the part's others
         out["profiler"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     return out
 
 
-def _kernels(ref, ids, start: int, cache, n: int) -> dict:
-    """torch.profiler over ``n`` decode steps on CUDA: kernels and device-busy time per step."""
+def _kernels(ex, step, n: int) -> dict:
+    """torch.profiler over ``n`` calls of ``step()`` on CUDA: kernels and device-busy time per step."""
     from torch.profiler import ProfilerActivity, profile
 
-    ex = ref.executor
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = _sync(ex)
-        for t in range(start, start + n):
-            _, cache = ref.decode(int(ids[t]), cache)
+        for _ in range(n):
+            step()
         wall = _sync(ex) - t0
     events = prof.key_averages()
 
@@ -337,7 +346,7 @@ def cmd_cpu_checkpoint(args) -> dict:
     out["decode_s"] = {"median": statistics.median(steps), "steps": steps}
     out["decode_layers_s"] = _layer_breakdown(cfg, layers)
     if args.batch > 1:
-        out["decode_batch"] = _decode_batch(ref, cfg, args.batch, args.prompt_tokens)
+        out["decode_batch"] = _decode_batch(ref, cfg, args.batch, args.prompt_tokens, args.profile)
     if args.sweep:
         out["stream_sweep"] = _stream_sweep(ref.source, cfg)
     out["finite"] = bool(np.isfinite(logits).all())
@@ -347,10 +356,11 @@ def cmd_cpu_checkpoint(args) -> dict:
     return out
 
 
-def _decode_batch(ref, cfg, B: int, prompt_tokens: int) -> dict:
+def _decode_batch(ref, cfg, B: int, prompt_tokens: int, profile: int = 0) -> dict:
     """Seconds of one ``decode_batch`` of B sequences (prompts of 1..2x ``prompt_tokens`` tokens,
     best of two) against their B ``decode`` calls (once), and whether every row is bitwise its
-    decode, on any executor (synchronized around each timing)."""
+    decode, on any executor (synchronized around each timing); ``profile``: also where that many
+    ``decode_batch`` calls spend their time (``_profiled``)."""
     import numpy as np
 
     ex = ref.executor
@@ -367,8 +377,11 @@ def _decode_batch(ref, cfg, B: int, prompt_tokens: int) -> dict:
         logits, _ = ref.decode_batch(tokens, caches)
         batch.append(_sync(ex) - t0)
     logits = ex.to_numpy(logits)
-    return {"B": B, "alone_s": alone, "batch_s": min(batch), "speedup": alone / min(batch),
-            "bitwise": all(np.array_equal(logits[b], rows[b]) for b in range(B))}
+    out = {"B": B, "alone_s": alone, "batch_s": min(batch), "speedup": alone / min(batch),
+           "bitwise": all(np.array_equal(logits[b], rows[b]) for b in range(B))}
+    if profile:
+        out["profile"] = _profiled(ref, lambda: ref.decode_batch(tokens, caches), profile)
+    return out
 
 
 def _stream_sweep(src, cfg) -> dict:
