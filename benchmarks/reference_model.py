@@ -143,10 +143,15 @@ def cmd_decode(args) -> dict:
                                "free_GB": (ex.free_bytes() or 0) / 1e9}
         long_ids = _ids(cfg.vocab_size, n, 1)
         base = _gpu_allocated(reset=True)
-        t0 = _sync(ex)
+        held = {}
+
+        def prefill():
+            held["logits"], _ = ref.prefill(long_ids, logits="last")
         try:
-            logits, _ = ref.prefill(long_ids, logits="last")
-            out["long_prefill"]["s"] = _sync(ex) - t0
+            prof = _profiled(ref, prefill, 1, parts=PREFILL_PARTS, kernels=False)
+            logits = held["logits"]
+            out["long_prefill"]["s"] = prof["wall_ms_per_step"] / 1e3
+            out["long_prefill"]["parts_s"] = {k: v / 1e3 for k, v in prof["parts_ms_per_step"].items()}
             # the estimate must bound what the call really held at its peak
             out["long_prefill"]["measured_peak_GB"] = (_gpu_allocated(peak=True) - base) / 1e9
             out["long_prefill"]["finite"] = bool(np.isfinite(ex.to_numpy(logits)).all())
@@ -160,6 +165,7 @@ def cmd_decode(args) -> dict:
 # -- where a reference decode step's time goes ---------------------------------------------------------
 
 PROFILED = ("_embed", "_kda_step", "_mla_step", "_moe", "_dense", "_lm_head")  # a decode step's parts
+PREFILL_PARTS = ("_embed", "_kda", "_mla", "_moe", "_dense", "_lm_head")  # a prefill's
 
 
 def _profile_decode(ref, ids, start: int, cache, steps: int) -> dict:
@@ -172,13 +178,14 @@ def _profile_decode(ref, ids, start: int, cache, steps: int) -> dict:
     return _profiled(ref, step, steps)
 
 
-def _profiled(ref, step, steps: int) -> dict:
-    """Where ``steps`` calls of ``step()`` (a reference decode step) spend their time: the wall seconds of each part of the
-    model (the executor synchronized around every call, so the parts add up to the step), of the
-    weight fetches inside them (``weights``: the LRU, the bf16 -> float64 upcast, on the host or the
-    device) and of the end-of-call finiteness check (``verify``); then, on CUDA, the device's kernels
-    under torch.profiler: kernels per step, device-busy milliseconds per step against the wall, and
-    the top kernels by device time."""
+def _profiled(ref, step, steps: int, *, parts: tuple = PROFILED, kernels: bool = True) -> dict:
+    """Where ``steps`` calls of ``step()`` (a reference decode step, or a prefill with ``parts =
+    PREFILL_PARTS``) spend their time: the wall seconds of each of the model's ``parts`` (the
+    executor synchronized around every call, so the parts add up to the step), of the weight
+    fetches and products inside them (``weights``: the LRU, the bf16 -> float64 upcast, on the host
+    or the device, and ``linear``'s products) and of the end-of-call finiteness check (``verify``);
+    then, with ``kernels`` on CUDA, the device's kernels under torch.profiler: kernels per step,
+    device-busy milliseconds per step against the wall, and the top kernels by device time."""
     import torch
 
     ex = ref.executor
@@ -204,9 +211,9 @@ def _profiled(ref, step, steps: int) -> dict:
             a = getattr(self._inner, attr)
             return timed(attr if attr == "verify" else "weights", a) if attr in ("verify", "rows", "linear") else a
 
-    saved = {n: getattr(ref, n) for n in PROFILED}
+    saved = {n: getattr(ref, n) for n in parts}
     saved_w = ref._w
-    for n in PROFILED:
+    for n in parts:
         setattr(ref, n, timed(n.lstrip("_").removesuffix("_step"), saved[n]))
     ref._w = TimedWeights(saved_w)
     try:
@@ -221,7 +228,7 @@ def _profiled(ref, step, steps: int) -> dict:
     out = {"steps": steps, "wall_ms_per_step": wall / steps * 1e3,
            "parts_ms_per_step": {k: v / steps * 1e3 for k, v in sorted(spent.items(), key=lambda kv: -kv[1])},
            "note": "parts timed with a device sync around every call; weights and verify are inside the parts"}
-    if ex.device == "cpu" or not torch.cuda.is_available():
+    if not kernels or ex.device == "cpu" or not torch.cuda.is_available():
         return out
     try:
         out["profiler"] = _kernels(ex, step, max(1, min(steps, 3)))

@@ -32,6 +32,12 @@ from .norm import l2norm
 # difference masked to -inf before exp. Both are accurate to a few ulp; the first is BLAS-fast,
 # the second costs c*c*K exps per chunk and head.
 _FACTORED_RANGE_MAX = 600.0
+# The chunked form's state-free work runs on blocks of chunks of about this many bytes an array: on
+# a GPU 32 MB (16 chunks at the 48B model's 32 heads of 128: a few dozen launches a block, where one
+# chunk at a time took ~100 a chunk), on a CPU 2 MB (one chunk there; larger blocks measured 10-20%
+# slower on NumPy, their temporaries out of cache; small heads still take many chunks a block)
+CHUNK_BLOCK_BYTES = 1 << 25
+CPU_CHUNK_BLOCK_BYTES = 1 << 21
 
 
 def gate(g_raw, A_log, dt_bias):
@@ -89,8 +95,9 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None
     ``exp(G_i - G_j)`` is never formed for ``j > i`` where it could overflow: a chunk whose
     ``|G|`` stays within ``_FACTORED_RANGE_MAX`` uses ``exp(G_i) exp(-G_j)`` (BLAS products),
     any other chunk the pairwise difference masked to -inf before exp. Strong decays (G differences
-    past 709 within a chunk) therefore give finite results equal to the recurrence's. The chunks
-    run in sequence, each vectorized over B and heads.
+    past 709 within a chunk) therefore give finite results equal to the recurrence's. Blocks of
+    chunks (``block_chunks``) run in sequence: a block's steps before the state vectorized over B,
+    heads and its chunks, the state's steps chunk by chunk.
     """
     if int(chunk_size) != chunk_size or chunk_size < 1:
         raise ValueError(f"chunk_size: expected a positive integer, got {chunk_size!r}")
@@ -203,31 +210,75 @@ def _recurrent_core(q, k, v, g, beta, scale, S):
 
 
 def _chunked_core(q, k, v, g, beta, scale, S, *, chunk_size):
-    # Chunk by chunk, vectorized over B and heads: per-chunk temporaries stay a few MB (whole-sequence
-    # temporaries at T = 4096 are 100+ MB each and cost more in page faults than in arithmetic).
+    # Blocks of whole chunks: each block's state-free work (prefix sums, the masked products, the
+    # WY solve) runs on all its chunks at once, vectorized over B, heads and chunks; only the three
+    # products that carry the state run chunk by chunk (block sizes: CHUNK_BLOCK_BYTES). A ragged
+    # final chunk runs on its own.
     xp = namespace(q)
     B, T, HV, V = v.shape
+    c = chunk_size
+    step = block_chunks(B, HV, q.shape[-1], V, c, gpu=getattr(device_of(q), "type", None) == "cuda") * c
+    full = T - T % c
+    bounds = [(s, min(s + step, full)) for s in range(0, full, step)] + ([(full, T)] if full < T else [])
     outs = []
-    for s in range(0, T, chunk_size):
-        e = min(s + chunk_size, T)  # a ragged final chunk is just shorter: G_last = G[e-1]
-        qc, kc, vc, gc = (xp.moveaxis(x[:, s:e, ...], 1, 2) for x in (q, k, v, g))  # [B, HV, c, *]
-        bc = xp.moveaxis(beta[:, s:e, ...], 1, 2)[..., None]  # [B, HV, c, 1]
-        oc, S = _chunk(qc, kc, vc, gc, bc, scale, S)
-        outs.append(xp.moveaxis(oc, 1, 2))
+    for s, e in bounds:
+        n = max(1, (e - s) // c)
+        oc, S = _chunks(*(x[:, s:e, ...] for x in (q, k, v, g, beta)), scale, S, n)
+        outs.append(oc)
     o = xp.concat(outs, axis=1) if outs else xp.zeros((B, 0, HV, V), dtype=xp.float64, device=device_of(q))
     return o, S
 
 
-def _chunk(q, k, v, g, beta, scale, S):
-    """One chunk, spec b.9 steps 1-8. q, k, g: [B, HV, c, K]; v: [B, HV, c, V]; beta: [B, HV, c, 1];
-    S: [B, HV, K, V] at the chunk start. Returns (o [B, HV, c, V], S at the chunk end)."""
+def block_chunks(B: int, HV: int, K: int, V: int, chunk_size: int = 64, *, gpu: bool = True) -> int:
+    """How many chunks the chunked form takes at a time: ``CHUNK_BLOCK_BYTES`` (on a CPU
+    ``CPU_CHUNK_BLOCK_BYTES``) of ``[B, HV, c, max(K, V, c)]`` float64 arrays, at least one chunk."""
+    budget = CHUNK_BLOCK_BYTES if gpu else CPU_CHUNK_BLOCK_BYTES
+    return max(1, budget // (B * HV * chunk_size * max(K, V, chunk_size) * 8))
+
+
+def block_bytes(B: int, T: int, HV: int, K: int, V: int, chunk_size: int = 64) -> int:
+    """Bytes of one ``[B, HV, n, c, max(K, V, c)]`` float64 array of the largest block of chunks a
+    ``T``-token call takes on any device (``reference.memory`` counts a few dozen of them)."""
+    n = min(max(block_chunks(B, HV, K, V, chunk_size, gpu=gpu) for gpu in (True, False)), -(-T // chunk_size))
+    return n * B * HV * chunk_size * max(K, V, chunk_size) * 8
+
+
+def _chunks(q, k, v, g, beta, scale, S, n):
+    """``n`` consecutive chunks of equal length ``c`` (the tokens of ``q [B, n c, HV, K]`` etc.):
+    ``(o [B, n c, HV, V], S after the last)``. Every chunk whose ``|G|`` stays within
+    ``_FACTORED_RANGE_MAX`` takes the factored products; if any chunk does not, each chunk chooses
+    for itself (``_chunk``)."""
+    xp = namespace(q)
+    B, Tn, HV, V = v.shape
+    c = Tn // n
+    split = lambda x: xp.permute_dims(xp.reshape(x, (B, n, c, HV, x.shape[-1])), (0, 3, 1, 2, 4))  # noqa: E731
+    qc, kc, vc, gc, bc = (split(x) for x in (q, k, v, g, beta[..., None]))  # [B, HV, n, c, *]
+    G = xp.cumulative_sum(gc, axis=-2)  # inclusive prefix sum within each chunk (sequential adds)
+    factored = bool(xp.max(xp.abs(G)) <= _FACTORED_RANGE_MAX)
+    if n > 1 and not factored:
+        outs = []
+        for j in range(n):
+            oc, S = _chunk(*(x[:, :, j, ...] for x in (qc, kc, vc, gc, bc)), scale, S)
+            outs.append(oc)
+        o = xp.stack(outs, axis=2)
+    else:
+        o, S = _chunk(qc, kc, vc, gc, bc, scale, S, G=G, factored=factored)
+    return xp.reshape(xp.permute_dims(o, (0, 2, 3, 1, 4)), (B, Tn, HV, V)), S
+
+
+def _chunk(q, k, v, g, beta, scale, S, *, G=None, factored=None):
+    """Spec b.9 steps 1-8 on chunks of c tokens. q, k, g: [B, HV, (n,) c, K]; v: [B, HV, (n,) c, V];
+    beta: [B, HV, (n,) c, 1]; S: [B, HV, K, V] at the first chunk's start; ``G``: the prefix sums
+    of ``g`` and ``factored``: whether every ``|G|`` is within ``_FACTORED_RANGE_MAX``, if known.
+    With the chunk axis ``n`` (all chunks factored), steps 1-4 run on every chunk at once and the
+    state's steps chunk by chunk. Returns (o shaped like v, S at the end)."""
     xp = namespace(q, k, v, g, beta, S)
     K = k.shape[-1]
-    G = xp.cumulative_sum(g, axis=-2)  # inclusive prefix sum within the chunk (sequential adds)
-    G_last = G[..., -1:, :]  # [B, HV, 1, K]
+    G = xp.cumulative_sum(g, axis=-2) if G is None else G  # inclusive prefix sum within the chunk
+    G_last = G[..., -1:, :]  # [B, HV, (n,) 1, K]
     eG = xp.exp(G)
     qg, kg = q * eG, k * eG
-    if bool(xp.max(xp.abs(G)) <= _FACTORED_RANGE_MAX):
+    if bool(xp.max(xp.abs(G)) <= _FACTORED_RANGE_MAX) if factored is None else factored:
         # exp(G_i - G_j) = exp(G_i) * exp(-G_j): both factors within e^+-600, so every product
         # (also the ones masked away below) is finite; two BLAS products instead of c*c*K exps
         k_inv = k / eG
@@ -242,10 +293,21 @@ def _chunk(q, k, v, g, beta, scale, S):
     # WY form: solve (I + Akk) [w | u] = [beta k exp(G) | beta v]
     wu = _solve_unit_lower(Akk, beta * xp.concat([kg, v], axis=-1))
     w, u = wu[..., :K], wu[..., K:]
+    decay, kd_t = xp.matrix_transpose(xp.exp(G_last)), xp.matrix_transpose(kd)
+    if q.ndim == 4:
+        return _carry(w, u, qg, Aqk, decay, kd_t, scale, S)
+    outs = []
+    for j in range(q.shape[2]):
+        oc, S = _carry(*(x[:, :, j, ...] for x in (w, u, qg, Aqk, decay, kd_t)), scale, S)
+        outs.append(oc)
+    return xp.stack(outs, axis=2), S
+
+
+def _carry(w, u, qg, Aqk, decay, kd_t, scale, S):
+    """One chunk's steps that read the state (spec b.9 steps 5-8): ``(o [B, HV, c, V], new S)``."""
     v_new = u - w @ S
     o = scale * (qg @ S) + Aqk @ v_new
-    S = xp.matrix_transpose(xp.exp(G_last)) * S + xp.matrix_transpose(kd) @ v_new
-    return o, S
+    return o, decay * S + kd_t @ v_new
 
 
 def _pairwise(q, k, G, rows=16):

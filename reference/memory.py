@@ -9,7 +9,8 @@ positions, ``Ts = min(T, SEGMENT)`` tokens of a KDA / routed-expert segment):
 
 - the residual stream and branch outputs: ``4 T D``;
 - the largest layer: KDA ``16 Ts (H K)`` (projections, conv outputs, normalized q/k, gate, decay,
-  output) plus ``2 T (H K)`` for the segment outputs; MLA ``3 T N (P+R) + 3 T N Vh`` plus the
+  output) plus ``2 T (H K)`` for the segment outputs and the chunked form's working set on a block
+  of chunks (``KDA_BLOCK_ARRAYS`` arrays of ``kda.block_bytes``); MLA ``3 T N (P+R) + 3 T N Vh`` plus the
   blocked attention's working set (``mla.attention_bytes``: score blocks and, in the naive form,
   the per-head keys and values ``N S (P+Vh)``); MoE ``5 T E`` (router) + ``Ts k_e D + 3 T D``
   (expert outputs in expert order, gathered back per slot) + ``3 T F_shared``, and with experts
@@ -32,11 +33,14 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from .config import KimiConfig
+from .kda import block_bytes
 from .mla import attention_bytes
 from .streamed import scratch_bytes
 from .tensors import layer_tensors
 
 F64 = 8
+KDA_BLOCK_ARRAYS = 24  # the chunked form's working set of a block of chunks (``kda.block_bytes``):
+# q, k, v, g and their products, the masked products and the WY solve's operands, with room
 MEMORY_MARGIN = 1.25  # the estimate times this must fit: allocator slack, fragmentation
 SEGMENT = 8192  # a long prefill's KDA layers and routed experts run on this many tokens at a time
 # (a multiple of the KDA chunk 64: the chunks, the carried states and so the results are those of
@@ -56,10 +60,11 @@ def call_bytes(config: KimiConfig, T: int, *, cached: int = 0, trace: bool = Fal
     S = cached + T
     Ts = min(T, SEGMENT if segment is None else segment)
     D, HK, E, k = c.hidden_size, c.kda_dim, c.num_experts, c.num_experts_per_token
+    H, K = c.kda_num_heads, c.kda_head_dim
     N, P, R, Vh, L = (c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
                       c.kv_lora_rank)
     layers = range(c.num_hidden_layers)
-    kda = 16 * Ts * HK + 2 * T * HK
+    kda = 16 * Ts * HK + 2 * T * HK + KDA_BLOCK_ARRAYS * block_bytes(1, Ts, H, K, K) // F64
     form = "naive" if cached == 0 else "absorbed"
     mla = 3 * T * N * (P + R) + 3 * T * N * Vh + attention_bytes(1, T, S, N, P, R, Vh, L, form=form) // F64
     F = c.moe_intermediate_size

@@ -241,3 +241,23 @@ def test_cu_seqlens_errors():
                     initial_state=np.zeros((1, 1, 3, 3)))
     with pytest.raises(ValueError, match="chunk_size"):
         kda.chunked(q, k, v, g, beta, chunk_size=0)
+
+
+@pytest.mark.parametrize("T", [200, 256])
+@pytest.mark.parametrize("chunks_per_block", [1, 2, 3, 100])
+def test_blocks_of_chunks_change_no_result_beyond_rounding(monkeypatch, T, chunks_per_block):
+    # the state-free work of several chunks at once (blocks of 1, 2, 3 or every chunk; a ragged
+    # final chunk of 8 tokens at T = 200) against the recurrence, and against one chunk per block
+    B, HV, K, V, c = 2, 4, 5, 3, 64
+    args = make_inputs(T + chunks_per_block, B, T, 2, HV, K, V, max_decay=12.0)
+    one, _ = kda.chunked(*args[:5], initial_state=args[5], chunk_size=c)
+    for budget in ("CHUNK_BLOCK_BYTES", "CPU_CHUNK_BLOCK_BYTES"):
+        monkeypatch.setattr(kda, budget, chunks_per_block * B * HV * c * c * 8)
+    calls = []
+    monkeypatch.setattr(kda, "_chunks", lambda *a, _f=kda._chunks: calls.append(a[-1]) or _f(*a))
+    o_r, _ = assert_forms_agree(*args, c)
+    o_b, _ = kda.chunked(*args[:5], initial_state=args[5], chunk_size=c)
+    assert rel_err(o_b, one) < 1e-14
+    whole, n = T // c, min(chunks_per_block, T // c)
+    per_run = [n] * (whole // n) + [whole % n] * (whole % n > 0) + [1] * (T % c > 0)  # the tail alone
+    assert calls == per_run * 2
