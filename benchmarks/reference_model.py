@@ -545,9 +545,10 @@ def cmd_corpus_shards(args) -> dict:
         reports.append(report)
     merged = out_dir / "merged.json"
     merge_exit = main(["diff", "merge", *map(str, reversed(reports[1:])), "--json", str(merged)])
-    whole = {k: v for k, v in json.loads(reports[0].read_text()).items() if k != "seconds"}
-    both = {k: v for k, v in json.loads(merged.read_text()).items() if k != "seconds"} if merged.exists() else {}
-    differ = _differences(both, whole, "report")
+    whole, both = ({k: v for k, v in json.loads(f.read_text()).items() if k != "seconds"} if f.exists() else {}
+                   for f in (reports[0], merged))
+    missing = [f.name for f in (*reports, merged) if not f.exists()]  # a run that failed wrote none
+    differ = [f"{name}: not written" for name in missing] or _differences(both, whole, "report")
     out = {"part": "corpus-shards", "prompts": args.prompts, "steps": args.steps, "batch": args.batch,
            "shards": args.shards, "shard_batch": args.shard_batch, "runs": runs, "merge_exit": merge_exit,
            "whole_line": whole.get("summary", {}).get("line"), "differences": len(differ), "first": differ[:10],
