@@ -505,7 +505,7 @@ def cmd_corpus(args) -> dict:
             "--no-progress"] + (["--shard", args.shard] if args.shard else [])
     spent: dict[str, float] = {}
     t0 = time.perf_counter()
-    with _timed_parts(spent):
+    with _timed_parts(spent), _reporting(spent, t0, every=args.report_every):
         code = main(argv)
     out = {"part": "corpus", "argv": argv, "exit": code, "wall_s": time.perf_counter() - t0,
            "prompts": args.prompts, "prompt_tokens": [min(lengths), max(lengths)], "steps": args.steps,
@@ -590,6 +590,28 @@ CORPUS_PARTS = {  # what a corpus diff's time is spent in: (module, class or Non
     "twin": ("parity.diff.twin", "Twin", "logits"),
     "lm_head span": ("parity.diff.logits", "LmHeadSpan", "__init__"),
 }
+
+
+@contextlib.contextmanager
+def _reporting(spent: dict, t0: float, *, every: float):
+    """Within it, ``spent`` is printed to stderr every ``every`` seconds (0: never), so that a run
+    cut short by its time limit still tells where its time went."""
+    import threading
+
+    done = threading.Event()
+
+    def report():
+        while not done.wait(every):
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(spent.items(), key=lambda kv: -kv[1]))
+            print(f"[{time.perf_counter() - t0:.0f} s] {parts}", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=report, daemon=True)
+    if every > 0:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 @contextlib.contextmanager
@@ -776,6 +798,8 @@ def main(argv=None) -> int:
     co.add_argument("--batch", type=int, default=32)
     co.add_argument("--shard", default=None, metavar="I/N")
     co.add_argument("--out", default=os.environ.get("OUT", "out"))
+    co.add_argument("--report-every", type=float, default=60.0, metavar="S",
+                    help="print the time spent so far, part by part, every S seconds (0: never)")
     cs = sub.add_parser("corpus-shards", help="the corpus whole and as shards: does their merge equal it")
     cs.add_argument("--preset", default=CFG_48B)
     cs.add_argument("--prompts", type=int, default=16)
