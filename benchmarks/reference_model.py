@@ -165,7 +165,8 @@ def cmd_decode(args) -> dict:
 # -- where a reference decode step's time goes ---------------------------------------------------------
 
 PROFILED = ("_embed", "_kda_step", "_mla_step", "_moe", "_dense", "_lm_head")  # a decode step's parts
-PREFILL_PARTS = ("_embed", "_kda", "_mla", "_moe", "_dense", "_lm_head")  # a prefill's
+PREFILL_PARTS = ("_embed", "_kda", "_mla", "_moe", "_dense", "_lm_head",  # a prefill's, and inside them
+                 "_kda_in", "_kda_out", "_route", "_experts_out")  # (these counted in their layer's too)
 
 
 def _profile_decode(ref, ids, start: int, cache, steps: int) -> dict:
@@ -185,7 +186,8 @@ def _profiled(ref, step, steps: int, *, parts: tuple = PROFILED, kernels: bool =
     fetches and products inside them (``weights``: the LRU, the bf16 -> float64 upcast, on the host
     or the device, and ``linear``'s products) and of the end-of-call finiteness check (``verify``);
     then, with ``kernels`` on CUDA, the device's kernels under torch.profiler: kernels per step,
-    device-busy milliseconds per step against the wall, and the top kernels by device time."""
+    device-busy milliseconds per step against the wall, and the top kernels by device time; and
+    where one step makes the host wait on the device (``_sync_sites``)."""
     import torch
 
     ex = ref.executor
@@ -234,7 +236,46 @@ def _profiled(ref, step, steps: int, *, parts: tuple = PROFILED, kernels: bool =
         out["profiler"] = _kernels(ex, step, max(1, min(steps, 3)))
     except Exception as exc:  # a profiler that cannot run here costs this figure, not the part's others
         out["profiler"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    try:
+        out["host_syncs"] = _sync_sites(step)
+    except Exception as exc:
+        out["host_syncs"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     return out
+
+
+def _sync_sites(step) -> dict:
+    """Where one call of ``step()`` makes the host wait for the device (torch's sync debug mode:
+    ``.item()``, ``bool()``, ``.tolist()``, copies to the host), counted by the innermost line of this
+    repository's code on the stack: the waits a CUDA graph of the step would have to remove."""
+    import collections
+    import traceback
+    import warnings
+
+    import torch
+
+    sites: collections.Counter = collections.Counter()
+    root = str(ROOT)
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if f.filename.startswith(root) and "/benchmarks/" not in f.filename]
+        where = frames[-1] if frames else None
+        sites[f"{Path(where.filename).relative_to(root)}:{where.lineno} {where.name}" if where else "elsewhere"] += 1
+
+    saved = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = saved
+    return {"per_step": sum(sites.values()), "sites": dict(sites.most_common(20))}
 
 
 def _kernels(ex, step, n: int) -> dict:
@@ -251,7 +292,9 @@ def _kernels(ex, step, n: int) -> dict:
     def dev(e):
         return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
 
-    kernels = [e for e in events if dev(e) > 0]
+    # the kernels themselves: an op (aten::copy_) also carries its kernels' device time, which would
+    # count that time twice
+    kernels = [e for e in events if dev(e) > 0 and str(getattr(e, "device_type", "")).endswith("CUDA")]
     busy_us = sum(dev(e) for e in kernels)
     syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
                                                      "cudaMemcpyAsync", "cudaMemcpy"))
@@ -259,7 +302,7 @@ def _kernels(ex, step, n: int) -> dict:
         "steps": n, "wall_ms_per_step": wall / n * 1e3, "device_busy_ms_per_step": busy_us / n / 1e3,
         "kernels_per_step": sum(e.count for e in kernels) / n, "copies_and_syncs_per_step": syncs / n,
         "top": [{"name": e.key[:90], "calls_per_step": e.count / n, "device_ms_per_step": dev(e) / n / 1e3}
-                for e in sorted(kernels, key=dev, reverse=True)[:15]]}
+                for e in sorted(kernels, key=dev, reverse=True)[:25]]}
 
 
 # -- the CPU target: decode steps from a checkpoint on a RAM disk ---------------------------------
