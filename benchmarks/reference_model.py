@@ -406,11 +406,14 @@ def cmd_cpu_checkpoint(args) -> dict:
     return out
 
 
+BATCH_REPEATS = 5  # decode_batch calls timed: the best and the median
+
+
 def _decode_batch(ref, cfg, B: int, prompt_tokens: int, profile: int = 0) -> dict:
-    """Seconds of one ``decode_batch`` of B sequences (prompts of 1..2x ``prompt_tokens`` tokens,
-    best of two) against their B ``decode`` calls (once), and whether every row is bitwise its
-    decode, on any executor (synchronized around each timing); ``profile``: also where that many
-    ``decode_batch`` calls spend their time (``_profiled``)."""
+    """Seconds of one ``decode_batch`` of B sequences (prompts of 1..2x ``prompt_tokens`` tokens;
+    the best and the median of ``BATCH_REPEATS``) against their B ``decode`` calls (once), and
+    whether every row is bitwise its decode, on any executor (synchronized around each timing);
+    ``profile``: also where that many ``decode_batch`` calls spend their time (``_profiled``)."""
     import numpy as np
 
     ex = ref.executor
@@ -422,12 +425,13 @@ def _decode_batch(ref, cfg, B: int, prompt_tokens: int, profile: int = 0) -> dic
     rows = [ex.to_numpy(ref.decode(t, c)[0]) for t, c in zip(tokens, caches)]
     alone = _sync(ex) - t0
     batch = []
-    for _ in range(2):
+    for _ in range(BATCH_REPEATS):
         t0 = _sync(ex)
         logits, _ = ref.decode_batch(tokens, caches)
         batch.append(_sync(ex) - t0)
     logits = ex.to_numpy(logits)
-    out = {"B": B, "alone_s": alone, "batch_s": min(batch), "speedup": alone / min(batch),
+    out = {"B": B, "alone_s": alone, "batch_s": min(batch), "batch_median_s": statistics.median(batch),
+           "batch_runs_s": batch, "speedup": alone / min(batch),
            "bitwise": all(np.array_equal(logits[b], rows[b]) for b in range(B))}
     if profile:
         out["profile"] = _profiled(ref, lambda: ref.decode_batch(tokens, caches), profile)
