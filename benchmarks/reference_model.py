@@ -4,7 +4,7 @@ measures every target of docs/BENCHMARKS.md "The float64 reference" in one devic
     python benchmarks/reference_model.py decode [--device cuda] [--share] [--prefill-tokens 32768] [--batch B] [--profile STEPS]
     python benchmarks/reference_model.py cpu-checkpoint [--experts 16] [--dir /dev/shm/kimi48b-e16]
     python benchmarks/reference_model.py cli -- diff --synthetic kimi-linear-48b --device cuda ...
-    python benchmarks/reference_model.py corpus [--prompts 100] [--steps 128] [--batch 32] [--out DIR]
+    python benchmarks/reference_model.py corpus [--prompts 100] [--steps 128] [--batch 32] [--out DIR] [--report-every 60]
     python benchmarks/reference_model.py corpus-shards [--prompts 16] [--steps 16] [--batch 16] [--shards 2] [--shard-batch 8]
     python benchmarks/reference_model.py gpu-suite --out $OUT [--budget 470]
 
@@ -261,8 +261,8 @@ def _sync_sites(step) -> dict:
             return
         frames = [f for f in traceback.extract_stack()[:-1]
                   if f.filename.startswith(root) and "/benchmarks/" not in f.filename]
-        where = frames[-1] if frames else None
-        sites[f"{Path(where.filename).relative_to(root)}:{where.lineno} {where.name}" if where else "elsewhere"] += 1
+        at = frames[-1] if frames else None
+        sites[f"{Path(at.filename).relative_to(root)}:{at.lineno} {at.name}" if at else "elsewhere"] += 1
 
     saved = warnings.showwarning
     with warnings.catch_warnings():
@@ -649,7 +649,8 @@ def _reporting(spent: dict, t0: float, *, every: float):
 
     def report():
         while not done.wait(every):
-            parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(spent.items(), key=lambda kv: -kv[1]))
+            now = dict(spent)  # one copy (the run's thread adds to it meanwhile)
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(now.items(), key=lambda kv: -kv[1]))
             print(f"[{time.perf_counter() - t0:.0f} s] {parts}", file=sys.stderr, flush=True)
 
     thread = threading.Thread(target=report, daemon=True)
