@@ -109,16 +109,31 @@ def cmd_decode(args) -> dict:
                          weight_cache_bytes=args.weight_cache_mb << 20)
     ex = ref.executor
     out["executor"] = ex.info()
-    ids = _ids(cfg.vocab_size, args.prompt_tokens + max(args.steps + 1, OPT_STEPS) + args.profile + 3)
+    ids = _ids(cfg.vocab_size, args.prompt_tokens + max(2 * (args.steps + 1), OPT_STEPS) + args.profile + 4)
     t0 = _sync(ex)
     _, cache = ref.prefill(ids[:args.prompt_tokens], logits="last")
     out["ref_prefill_s"] = _sync(ex) - t0
-    steps = []
-    for t in range(args.prompt_tokens, args.prompt_tokens + args.steps + 1):
-        t0 = _sync(ex)
-        _, cache = ref.decode(int(ids[t]), cache)
-        steps.append(_sync(ex) - t0)
-    out["ref_decode_s"] = {"first": steps[0], "median": statistics.median(steps[1:]), "steps": steps[1:]}
+    at = {"t": args.prompt_tokens, "cache": cache}
+
+    def steps(n):
+        times = []
+        for _ in range(n):
+            t0 = _sync(ex)
+            _, at["cache"] = ref.decode(int(ids[at["t"]]), at["cache"])
+            times.append(_sync(ex) - t0)
+            at["t"] += 1
+        return {"first": times[0], "median": statistics.median(times[1:]), "steps": times[1:]}
+    # the step as a user gets it (CUDA graphs where the model has them: the first step eager, the
+    # second captured), then eagerly on the same machine
+    out["ref_decode_s"] = steps(args.steps + 1)
+    graphs = ref.graphs
+    if graphs is not None:
+        out["graphs"] = {"parts": len(graphs), "disabled": graphs.disabled}
+        out["host_syncs_graphed"] = _sync_sites(lambda: steps(2))
+        ref.graphs = None
+        out["ref_decode_eager_s"] = steps(args.steps + 1)
+        ref.graphs = graphs
+    cache = at["cache"]
     if opt is not None:
         import torch
 
@@ -134,8 +149,10 @@ def cmd_decode(args) -> dict:
         del ol, oc
     if args.batch > 1:
         out["decode_batch"] = _decode_batch(ref, cfg, args.batch, args.prompt_tokens, args.profile)
-    if args.profile:
-        out["profile"] = _profile_decode(ref, ids, args.prompt_tokens + args.steps + 1, cache, args.profile)
+    if args.profile:  # the eager step's parts (a graph replays them out of the profiler's sight)
+        graphs, ref.graphs = ref.graphs, None
+        out["profile"] = _profile_decode(ref, ids, at["t"], cache, args.profile)
+        ref.graphs = graphs
     out.update(_gpu_peak())  # decode-phase peaks (the long prefill below resets the counter)
     if args.prefill_tokens:
         n = args.prefill_tokens

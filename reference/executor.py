@@ -135,6 +135,27 @@ class Executor:
                 raw = torch.from_numpy(raw)
         return raw.to(self.device, non_blocking=False).to(torch.float64)
 
+    def stacked_view(self, arrays: list):
+        """``arrays`` (one shape, dtype and layout) as one ``[n, ...]`` array whose row ``e`` is
+        ``arrays[e]``'s memory, when they are equally spaced contiguous views of one buffer (the
+        optimized model's stacked experts, shared as one view per expert): rows are then gathered
+        by device ids; else None (and always for libraries other than torch)."""
+        if self.name != "torch" or not arrays:
+            return None
+        import torch
+
+        a0 = arrays[0]
+        if not all(isinstance(a, torch.Tensor) and a.is_contiguous() and a.dtype == a0.dtype
+                   and a.shape == a0.shape and a.device == a0.device for a in arrays):
+            return None
+        if any(a.untyped_storage().data_ptr() != a0.untyped_storage().data_ptr() for a in arrays):
+            return None
+        offset = a0.storage_offset()
+        step = arrays[1].storage_offset() - offset if len(arrays) > 1 else a0.numel()
+        if step < a0.numel() or any(a.storage_offset() != offset + e * step for e, a in enumerate(arrays)):
+            return None
+        return torch.as_strided(a0, (len(arrays), *a0.shape), (step, *a0.stride()), offset)
+
     def round_to_storage(self, values, storage: str):
         """float32 values (this executor's array) rounded to ``storage`` (nearest even), as float64:
         what a checkpoint written from them holds (the synthetic weights)."""

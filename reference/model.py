@@ -26,6 +26,9 @@ followed by decode equals one longer prefill to ~1e-15):
   states stacked and their MLA caches padded into one call each.
 - the torch executor runs the routed experts in gathered groups (``moe.experts(group=)``) and a
   layer's input projections as one product (``Weights.linears``): fewer launches on a GPU.
+- a one-token decode step on a GPU whose weights are all shared replays CUDA graphs of its
+  fixed-shape parts (``reference.graphs``; ``model.graphs = None`` turns them off): the eager
+  step's kernels, and its bits, at a fraction of the host time.
 
 Memory: before a call allocates anything, ``memory_estimate`` bounds its peak (weights in flight,
 activations, MLA attention blocks, trace, logits, cache) and a call that cannot fit in the device's
@@ -53,6 +56,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
+from functools import partial
 
 import numpy as np
 
@@ -64,6 +68,7 @@ from .checks import check_routing, check_token_id, check_token_ids, check_varian
 from .config import KimiConfig
 from .elementwise import sigmoid
 from .executor import NUMPY, Executor, device_of, get_executor, to_numpy
+from .graphs import StepGraphs
 from .hooks import LayerProgress, trace_kda_core
 from .memory import SEGMENT, DoesNotFit, call_bytes, check_fits, out_of_memory, step_bytes
 from .tensors import layer_prefix
@@ -107,6 +112,11 @@ class Model:
         c = self.config
         per_expert = 3 * c.moe_intermediate_size * c.hidden_size * 8
         self.expert_group = max(1, EXPERT_GROUP_BYTES // per_expert) if executor.name == "torch" else None
+        # a one-token decode step on a GPU runs as CUDA graphs (``reference.graphs``) where every
+        # weight is a shared device tensor (a source's would be copied from the host inside the
+        # graph); None: eager, as every other call
+        self.graphs = (StepGraphs(self._w) if executor.name == "torch" and executor.device.startswith("cuda")
+                       and self._w.all_shared() else None)
 
     @property
     def shares_weights(self) -> bool:
@@ -239,6 +249,8 @@ class Model:
         (products row by row), each sequence's mixer state its own."""
         c = self.config
         progress = LayerProgress(self.progress, call, c.num_hidden_layers, len(ids))
+        if self.graphs is not None and len(ids) == 1 and trace is None and not riders and not self.bitwise_rows:
+            return self._step_graphed(ids, caches[0], progress)
         new_layers = []  # per layer, the B sequences' new caches
         with self.row_by_row():
             h = self._embed(ids)  # [B, D]
@@ -249,6 +261,38 @@ class Model:
                 progress.done(i)
             out = self._head(h, trace)
         return out, [ModelCache([lcs[b] for lcs in new_layers], cc.length + 1) for b, cc in enumerate(caches)]
+
+    def _step_graphed(self, ids, cache: ModelCache, progress: LayerProgress):
+        """``_step_stack`` for one sequence, its parts replayed as CUDA graphs (``self.graphs``):
+        each KDA layer whole, an MLA layer's token-wise halves around its attention over the
+        cache, the head. The same ops in the same order: ``(logits [1, vocab], [new cache])``."""
+        run = self.graphs.run
+        h = self._embed(ids)
+        new_layers = []
+        for i, prev in enumerate(cache.layers):
+            if self.config.is_kda_layer(i):
+                h, *states = run(("kda", i), partial(self._kda_layer, i), h, *(getattr(prev, f) for f in KDA_FIELDS))
+                new_layers.append(KDACache(*states))
+            else:
+                q, latent, k_pe = run(("mla_in", i), partial(self._mla_layer_in, i), h)
+                o, (lc,) = self._mla_attend(i, q, latent, k_pe, [prev])
+                (h,) = run(("mla_out", i), partial(self._mla_layer_out, i), h, o)
+                new_layers.append(lc)
+            progress.done(i)
+        (logits,) = run(("head",), lambda h: (self._head(h, None),), h)
+        return logits, [ModelCache(new_layers, cache.length + 1)]
+
+    def _kda_layer(self, i: int, h, *states):
+        """KDA layer ``i`` on one token ``h [1, D]`` after its cache's arrays ``states``
+        (``KDA_FIELDS``): the stream after the layer and the new cache's arrays."""
+        a, (lc,) = self.mixer_step(i, h, [KDACache(*states)])
+        return (self._layer_rest(i, h, a, None, None), *(getattr(lc, f) for f in KDA_FIELDS))
+
+    def _mla_layer_in(self, i: int, h):
+        return self._mla_in(i, self._input_norm(i, h))
+
+    def _mla_layer_out(self, i: int, h, o):
+        return (self._layer_rest(i, h, self._mla_out(i, o), None, None),)
 
     def _layer_rest(self, i: int, h, a, trace: dict | None, routing, rider: Rider | None = None, *,
                     together: bool = True):
@@ -497,8 +541,14 @@ class Model:
         cache: one sequence at a time where ``bitwise_rows``, else the B caches padded to the
         longest and attended in one call (``mla.absorbed(lengths=)``). ``(out [B, D], B new
         MLACaches)``."""
-        xp = self.executor.xp
         q, latent, k_pe = self._mla_in(i, x)
+        o, caches = self._mla_attend(i, q, latent, k_pe, prevs)
+        return self._mla_out(i, o), caches
+
+    def _mla_attend(self, i: int, q, latent, k_pe, prevs: list[MLACache]):
+        """``_mla_step``'s attention: each sequence's queries ``q [B, N, P+R]`` over its cache
+        ``prevs[b]`` and its new latent and key-pe rows: ``(o [B, N, Vh], B new MLACaches)``."""
+        xp = self.executor.xp
         kv_b = self._w(layer_prefix(i) + "self_attn.kv_b_proj.weight")
         lats = [xp.concat([prev.latent, latent[b:b + 1, ...]], axis=0) for b, prev in enumerate(prevs)]
         pes = [xp.concat([prev.k_pe, k_pe[b:b + 1, ...]], axis=0) for b, prev in enumerate(prevs)]
@@ -506,11 +556,11 @@ class Model:
         if self.bitwise_rows:
             outs = [mla.absorbed(q[None, b:b + 1, ...], lat[None], pe[None], kv_b)[0]  # [1, N, Vh]
                     for b, (lat, pe) in enumerate(zip(lats, pes))]
-            return self._mla_out(i, xp.concat(outs, axis=0)), caches
+            return xp.concat(outs, axis=0), caches
         lengths = [int(lat.shape[0]) for lat in lats]
         S = max(lengths)
         o = mla.absorbed(q[:, None, ...], _padded(xp, lats, S), _padded(xp, pes, S), kv_b, lengths=lengths)
-        return self._mla_out(i, o[:, 0, ...]), caches
+        return o[:, 0, ...], caches
 
     def _dense(self, i: int, x):
         m, w = layer_prefix(i) + "mlp.", self._w
@@ -558,6 +608,9 @@ class Model:
             s = m + "shared_experts."
             y = y + moe.swiglu(x, *(w.operand(s + f"{p}_proj.weight") for p in ("gate", "up", "down")))
         return y
+
+
+KDA_FIELDS = ("conv_q", "conv_k", "conv_v", "state")  # a KDACache's arrays, in its order
 
 
 def _padded(xp, arrays: list, S: int):

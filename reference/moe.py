@@ -138,7 +138,8 @@ def experts(x, weights, ids, w1, w2, w3, *, group=None):
     expert's tokens padded to the group's largest count; the slots summed in one reduction), for
     a GPU, where an expert's three products are too small to keep it busy and each launch costs
     more than its arithmetic. The same float64 products either way (the sums may round in another
-    order).
+    order). One token (a decode step) is grouped by device ids alone (``_one_token``): nothing
+    waits for the device.
 
     Gathers only (no scatter, which the standard lacks): the (token, slot) pairs are sorted by
     expert, each expert's outputs are concatenated in that order, and slot ``k`` of token ``t``
@@ -162,17 +163,10 @@ def experts(x, weights, ids, w1, w2, w3, *, group=None):
         return xp.zeros((T, x.shape[1]), dtype=xp.float64, device=device_of(x))
     flat = xp.reshape(ids, (-1,))
     order = xp.argsort(flat, stable=True)  # pairs grouped by expert, token order within an expert
-    token = order // k
-    experts_, counts = (to_numpy(a).tolist() for a in xp.unique_counts(xp.take(flat, order)))
-    if group is None:
-        ys, start = [], 0
-        for e, n in zip(experts_, counts):
-            rows = token[start:start + n]
-            ys.append(swiglu(xp.take(x, rows, axis=0), _expert(w1, e), _expert(w3, e), _expert(w2, e)))
-            start += n
-        y = xp.concat(ys, axis=0)  # [T*k_e, D], pairs in expert order
+    if group is not None and T == 1:
+        y = _one_token(x, xp.take(flat, order), w1, w2, w3, int(group))
     else:
-        y = _grouped(x, token, experts_, counts, w1, w2, w3, int(group))
+        y = _by_expert(x, order, flat, k, w1, w2, w3, group)
     where = xp.argsort(order, stable=True)  # sorted position of pair (t, slot), row-major
     if group is not None:  # the k slots in one reduction (three launches, not 3 k)
         picked = xp.reshape(xp.take(y, where, axis=0), (T, k, x.shape[1]))
@@ -182,6 +176,43 @@ def experts(x, weights, ids, w1, w2, w3, *, group=None):
     for slot in range(k):
         out = out + weights[:, slot:slot + 1] * xp.take(y, where[:, slot], axis=0)
     return out
+
+
+def _by_expert(x, order, flat, k, w1, w2, w3, group):
+    """``[T*k_e, D]``: each (token, slot) pair's expert output, pairs in expert order (``order``,
+    the stable argsort of the flat ids ``flat``): one expert at a time (``group`` None), or
+    ``_grouped``. The routed experts and their counts are read on the host."""
+    xp = namespace(x, order)
+    token = order // k
+    experts_, counts = (to_numpy(a).tolist() for a in xp.unique_counts(xp.take(flat, order)))
+    if group is None:
+        ys, start = [], 0
+        for e, n in zip(experts_, counts):
+            rows = token[start:start + n]
+            ys.append(swiglu(xp.take(x, rows, axis=0), _expert(w1, e), _expert(w3, e), _expert(w2, e)))
+            start += n
+        return xp.concat(ys, axis=0)  # [T*k_e, D], pairs in expert order
+    return _grouped(x, token, experts_, counts, w1, w2, w3, int(group))
+
+
+def _one_token(x, chosen, w1, w2, w3, group):
+    """``[k_e, D]``: one token ``x [1, D]`` through each of its experts ``chosen [k_e]`` (device
+    ids, ascending: its pairs in expert order), ``group`` experts per batched product: the products
+    of ``_grouped`` for one token (every count is 1 there: the groups take the experts in
+    ascending order, each a ``[1, D]`` row), without reading the ids on the host, so nothing
+    waits for the device and a CUDA graph can hold it. (A token routed twice to one expert, which
+    no router does, gets that expert's output for each pair.)"""
+    xp = namespace(x, chosen)
+    D, k = x.shape[1], chosen.shape[0]
+    ys = []
+    for lo in range(0, k, group):
+        ids = chosen[lo:lo + group]
+        n = ids.shape[0]
+        xg = xp.reshape(xp.take(x, xp.zeros((n,), dtype=ids.dtype, device=device_of(x)), axis=0), (n, 1, D))
+        g1, g3, g2 = (_gather_ids(w, ids, xp) for w in (w1, w3, w2))
+        h = silu(xg @ xp.matrix_transpose(g1)) * (xg @ xp.matrix_transpose(g3))
+        ys.append(xp.reshape(h @ xp.matrix_transpose(g2), (n, D)))
+    return ys[0] if len(ys) == 1 else xp.concat(ys, axis=0)
 
 
 def _grouped(x, token, experts_, counts, w1, w2, w3, group):
@@ -219,6 +250,17 @@ def _grouped(x, token, experts_, counts, w1, w2, w3, group):
         done += len(members) * m
     y = ys[0] if len(ys) == 1 else xp.concat(ys, axis=0)
     return xp.take(y, xp.asarray(placed, device=dev), axis=0)
+
+
+def _gather_ids(w, ids, xp):
+    """Experts at the device ids ``ids [n]`` of ``w`` as one float64 array ``[n, ., .]``: a lazy
+    sequence's own ``gather_ids`` (``reference.weights.Experts``), rows of a stacked array, else
+    ``_gather`` of the ids read on the host."""
+    if hasattr(w, "gather_ids"):
+        return w.gather_ids(ids)
+    if hasattr(w, "ndim"):
+        return xp.take(xp.asarray(w, dtype=xp.float64), ids, axis=0)
+    return _gather(w, to_numpy(ids).tolist(), xp, device_of(ids))
 
 
 def _gather(w, experts_: list[int], xp, dev):

@@ -25,6 +25,7 @@ from .streamed import StreamedWeight, linear, linear_rows
 from .tensors import expert_name
 
 WEIGHT_CACHE_BYTES = 64 << 20  # default LRU of float64 weights: all of tiny/small, a few tensors of 48b
+EXPERT_CHECK_BYTES = 1 << 29  # a stack of shared experts is checked finite in blocks of this much float64
 STREAM_TOKENS = 64  # NumPy streams a linear layer's weight (``streamed``) for calls of at most this many
 # tokens: there the bf16 -> float64 upcast is the cost; a longer call reuses each float64 weight
 # for enough tokens that converting it whole and multiplying with threaded BLAS is as fast
@@ -52,13 +53,22 @@ class Weights:
         # float64 arrays and evict them); a model whose weights all fit is upcast once.
         self.streams = executor.name == "numpy" and not self.shared and not _fits(source, budget)
         self.by_row = False  # inside ``row_by_row``
+        # while a CUDA graph is captured (``reference.graphs``): a list that keeps every array the
+        # LRU hands out alive (the graph reads its memory at every replay), and nothing fetched
+        # inside the capture enters the LRU (its values exist only once the graph replays)
+        self.capture: list | None = None
+        self._stacks: dict = {}  # (layer, which) -> (expert names, their stacked view or None)
 
     def __call__(self, name: str):
         a = self._lru.get(name)
         if a is not None:
             self._lru.move_to_end(name)
+            if self.capture is not None:
+                self.capture.append(a)
             return a
         a = self.ex.freeze(self._fetch(name))
+        if self.capture is not None:
+            return a
         nbytes = math.prod(a.shape) * 8
         if nbytes <= self.budget // 4:
             self._lru[name] = a
@@ -121,6 +131,31 @@ class Weights:
                                     (len(names), *shape))
         return self._check(tuple(names), values, remember=True)
 
+    def gather_ids(self, layer: int, which: str, count: int, ids):
+        """Experts ``which`` (w1, w2, w3) of MoE layer ``layer`` at the device ids ``ids [n]``,
+        stacked ``[n, ., .]`` float64: the values of ``gather`` of their names. Where the ``count``
+        experts are shared as views of one stacked tensor (``Executor.stacked_view``) the rows are
+        taken by the device ids, so nothing waits for the device (a CUDA graph can hold it), and
+        the whole stack is checked finite once; else the ids are read on the host."""
+        entry = self._stacks.get((layer, which))
+        if entry is None:
+            names = tuple(expert_name(layer, e, which) for e in range(count))
+            shared = all(n in self.shared for n in names)
+            stacked = self.ex.stacked_view([self.shared[n] for n in names]) if shared else None
+            entry = self._stacks[(layer, which)] = (names, stacked)
+        names, stacked = entry
+        if stacked is None:
+            return self.gather([names[e] for e in to_numpy(ids).tolist()])
+        storage = self.source.storage_dtype(names[0])
+        if not self.checked.issuperset(names):  # resident and never written: checked once, whole
+            block = max(1, EXPERT_CHECK_BYTES // (math.prod(stacked.shape[1:]) * 8))
+            for lo in range(0, count, block):
+                self._check(names[lo:lo + block], self.ex.from_storage(stacked[lo:lo + block], storage),
+                            remember=True)
+        xp = self.ex.xp
+        values = self.ex.from_storage(xp.take(stacked, ids, axis=0), storage)
+        return xp.reshape(values, (ids.shape[0], *self.source.shape(names[0])))
+
     def verify(self) -> None:
         """Raise for a non-finite weight fetched and not yet checked (``CheckpointError`` naming
         it); the LRU is emptied then, so no unchecked weight is ever used again."""
@@ -151,6 +186,10 @@ class Weights:
             lo, hi = (int(v) for v in span.rstrip("]").split(":"))
             return self.ex.from_storage(self.shared[base][lo:hi], self.source.storage_dtype(base))
         return self._shared(base)
+
+    def all_shared(self) -> bool:
+        """Whether every weight of the source is read from a shared device tensor."""
+        return bool(self.shared) and all(n in self.shared for n in self.source.names())
 
     def small(self, name: str) -> bool:
         """Whether the LRU keeps ``name`` (so it is fetched whole, not by rows)."""
@@ -248,6 +287,10 @@ class Experts(Sequence):
         if not 0 <= e < self._count:
             raise IndexError(f"expert {e} out of range [0, {self._count})")
         return self._w.operand(expert_name(self._layer, e, self._which))
+
+    def gather_ids(self, ids):
+        """Experts at the device ids ``ids [n]`` stacked ``[n, ., .]`` float64 (``Weights.gather_ids``)."""
+        return self._w.gather_ids(self._layer, self._which, self._count, ids)
 
     def gather_experts(self, experts: list[int]):
         """Experts ``experts`` (host ids) stacked ``[n, ., .]`` float64 (``moe.experts(group=)``)."""

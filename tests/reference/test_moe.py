@@ -184,3 +184,33 @@ def test_grouped_experts_are_the_one_at_a_time_loop_batched(group):
     np.testing.assert_allclose(experts(x, weights, ids, w1, w2, w3, group=group), got, rtol=0, atol=0)
     with pytest.raises(ValueError, match="group: expected a positive number"):
         experts(x, weights, ids, w1, w2, w3, group=0)
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+@pytest.mark.parametrize("group", [1, 3, 64])
+def test_one_token_takes_the_grouped_products_by_device_ids_bit_for_bit(library, group):
+    # a decode step's token: its experts gathered by device ids (no host lists) must give the
+    # bits of the host-grouped path, which one token always reaches with every count 1
+    from reference import moe
+    from reference.executor import get_executor, to_numpy
+
+    xp = get_executor("cpu", library).xp
+    rng = np.random.default_rng(5)
+    D, F, E, k_e = 8, 12, 10, 7
+    x = xp.asarray(rng.standard_normal((1, D)))
+    w1, w3, w2 = (xp.asarray(rng.standard_normal(s)) for s in ((E, F, D), (E, F, D), (E, D, F)))
+    weights, ids = router(xp.asarray(rng.standard_normal((1, E))), xp.zeros(E, dtype=xp.float64), top_k=k_e)
+    flat = xp.reshape(ids, (-1,))
+    order = xp.argsort(flat, stable=True)
+    experts_, counts = (to_numpy(a).tolist() for a in xp.unique_counts(xp.take(flat, order)))
+    want = moe._grouped(x, order // k_e, experts_, counts, w1, w2, w3, group)
+    lazy = [GatheringExperts(to_numpy(w)) for w in (w1, w2, w3)]
+    for ws in ((w1, w2, w3), lazy if library == "numpy" else (w1, w2, w3)):
+        got = moe._one_token(x, xp.take(flat, order), *ws, group)
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
+    np.testing.assert_array_equal(to_numpy(experts(x, weights, ids, w1, w2, w3, group=group)),
+                                  to_numpy(xp.sum(weights[:, :, None] * xp.reshape(
+                                      xp.take(want, xp.argsort(order, stable=True), axis=0), (1, k_e, D)), axis=1)))
+    if library == "numpy":  # the lazy experts are gathered in ascending groups of at most `group`
+        assert [e for lz in lazy[:1] for g in lz.gathers for e in g] == sorted(experts_)
+        assert max(map(len, lazy[0].gathers)) <= group
