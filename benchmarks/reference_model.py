@@ -130,6 +130,11 @@ def cmd_decode(args) -> dict:
     if graphs is not None:
         out["graphs"] = {"parts": len(graphs), "disabled": graphs.disabled}
         out["host_syncs_graphed"] = _sync_sites(lambda: steps(2))
+        if args.profile and ex.device != "cpu":  # the replayed kernels: what the device itself spends
+            try:
+                out["profile_graphed"] = _kernels(ex, lambda: steps(2), 1)
+            except Exception as exc:
+                out["profile_graphed"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         ref.graphs = None
         out["ref_decode_eager_s"] = steps(args.steps + 1)
         ref.graphs = graphs

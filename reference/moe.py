@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .elementwise import sigmoid, silu
-from .executor import device_of, namespace, to_numpy
+from .executor import device_of, namespace, to_numpy, upload
 from .streamed import StreamedWeight, arrays, linear
 
 COMBINE_RULES = ("unbiased", "biased")
@@ -162,12 +162,15 @@ def experts(x, weights, ids, w1, w2, w3, *, group=None):
     if T == 0 or k == 0:
         return xp.zeros((T, x.shape[1]), dtype=xp.float64, device=device_of(x))
     flat = xp.reshape(ids, (-1,))
-    order = xp.argsort(flat, stable=True)  # pairs grouped by expert, token order within an expert
-    if group is not None and T == 1:
-        y = _one_token(x, xp.take(flat, order), w1, w2, w3, int(group))
+    if group is not None and T > 1:  # the bookkeeping on the host: one wait for the device
+        y, where = _grouped(x, to_numpy(flat), k, w1, w2, w3, int(group))
     else:
-        y = _by_expert(x, order, flat, k, w1, w2, w3, group)
-    where = xp.argsort(order, stable=True)  # sorted position of pair (t, slot), row-major
+        order = xp.argsort(flat, stable=True)  # pairs grouped by expert, token order within an expert
+        if group is not None:
+            y = _one_token(x, xp.take(flat, order), w1, w2, w3, int(group))
+        else:
+            y = _one_at_a_time(x, order, flat, k, w1, w2, w3)
+        where = xp.argsort(order, stable=True)  # sorted position of pair (t, slot), row-major
     if group is not None:  # the k slots in one reduction (three launches, not 3 k)
         picked = xp.reshape(xp.take(y, where, axis=0), (T, k, x.shape[1]))
         return xp.sum(weights[:, :, None] * picked, axis=1)
@@ -178,21 +181,18 @@ def experts(x, weights, ids, w1, w2, w3, *, group=None):
     return out
 
 
-def _by_expert(x, order, flat, k, w1, w2, w3, group):
+def _one_at_a_time(x, order, flat, k, w1, w2, w3):
     """``[T*k_e, D]``: each (token, slot) pair's expert output, pairs in expert order (``order``,
-    the stable argsort of the flat ids ``flat``): one expert at a time (``group`` None), or
-    ``_grouped``. The routed experts and their counts are read on the host."""
+    the stable argsort of the flat ids ``flat``), one expert at a time."""
     xp = namespace(x, order)
     token = order // k
     experts_, counts = (to_numpy(a).tolist() for a in xp.unique_counts(xp.take(flat, order)))
-    if group is None:
-        ys, start = [], 0
-        for e, n in zip(experts_, counts):
-            rows = token[start:start + n]
-            ys.append(swiglu(xp.take(x, rows, axis=0), _expert(w1, e), _expert(w3, e), _expert(w2, e)))
-            start += n
-        return xp.concat(ys, axis=0)  # [T*k_e, D], pairs in expert order
-    return _grouped(x, token, experts_, counts, w1, w2, w3, int(group))
+    ys, start = [], 0
+    for e, n in zip(experts_, counts):
+        rows = token[start:start + n]
+        ys.append(swiglu(xp.take(x, rows, axis=0), _expert(w1, e), _expert(w3, e), _expert(w2, e)))
+        start += n
+    return xp.concat(ys, axis=0)
 
 
 def _one_token(x, chosen, w1, w2, w3, group):
@@ -215,41 +215,50 @@ def _one_token(x, chosen, w1, w2, w3, group):
     return ys[0] if len(ys) == 1 else xp.concat(ys, axis=0)
 
 
-def _grouped(x, token, experts_, counts, w1, w2, w3, group):
-    """``[T*k_e, D]``: each (token, slot) pair's expert output, pairs in expert order (as the
-    one-at-a-time loop concatenates them), computed ``group`` experts per batched product.
+def _grouped(x, flat: np.ndarray, k: int, w1, w2, w3, group: int):
+    """Each (token, slot) pair's expert output, ``group`` experts per batched product: ``(y,
+    where)``, pair ``(t, slot)``'s output being row ``where[t * k + slot]`` of ``y``.
 
-    ``token``: the token of each pair in expert order (device ints); ``experts_``, ``counts``: the
-    routed experts (ascending) and their pair counts (host lists). Experts are taken in order of
-    their counts, so a group pads its tokens to a similar count (padding rows read a zero row
-    appended to ``x``); the valid rows are then put back in expert order by one gather.
+    ``flat``: the ``[T*k_e]`` expert ids on the host (the one wait for the device). The pairs are
+    sorted by expert (stable: token order within an expert), and experts are taken in order of
+    their counts. A group pads its tokens to its largest count; padding rows read a zero row
+    appended to ``x``. Every index (the rows of each group, then ``where``) is worked out on the
+    host and goes to the device in one upload.
     """
-    xp = namespace(x, token)
+    xp = namespace(x)
     T, D = x.shape
-    dev = device_of(x)
+    order = np.argsort(flat, kind="stable")
+    token = order // k
+    experts_, counts = np.unique(flat[order], return_counts=True)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     by_count = sorted(range(len(experts_)), key=lambda j: -counts[j])
-    x_pad = xp.concat([x, xp.zeros((1, D), dtype=xp.float64, device=dev)], axis=0)
-    token_pad = xp.concat([token, xp.asarray([T], dtype=token.dtype, device=dev)], axis=0)
-    sentinel = int(token.shape[0])  # index of the appended T in token_pad: a padding row
-    ys, placed = [], np.empty(int(sum(counts)), dtype=np.int64)  # pair (expert order) -> row of ys
+    rows, groups = [], []
+    placed = np.empty(flat.size, dtype=np.int64)  # pair (expert order) -> row of y
     done = 0
     for lo in range(0, len(by_count), group):
         members = by_count[lo:lo + group]
-        m = counts[members[0]]  # the largest count of this group
-        index = np.full((len(members), m), sentinel, dtype=np.int64)
+        m = int(counts[members[0]])  # the largest count of this group
+        index = np.full((len(members), m), T, dtype=np.int64)  # T: the zero row
         for g, j in enumerate(members):
-            index[g, :counts[j]] = starts[j] + np.arange(counts[j])
-            placed[starts[j]:starts[j] + counts[j]] = done + g * m + np.arange(counts[j])
-        rows = xp.take(token_pad, xp.asarray(index.reshape(-1), device=dev), axis=0)
-        xg = xp.reshape(xp.take(x_pad, rows, axis=0), (len(members), m, D))
-        chosen = [experts_[j] for j in members]
+            n = int(counts[j])
+            index[g, :n] = token[starts[j]:starts[j] + n]
+            placed[starts[j]:starts[j] + n] = done + g * m + np.arange(n)
+        rows.append(index.reshape(-1))
+        groups.append(([int(experts_[j]) for j in members], m))
+        done += len(members) * m
+    where = placed[np.argsort(order, kind="stable")]
+    dev = device_of(x)
+    indices = upload(np.concatenate([*rows, where]), x)
+    x_pad = xp.concat([x, xp.zeros((1, D), dtype=xp.float64, device=dev)], axis=0)
+    ys, at = [], 0
+    for (chosen, m), r in zip(groups, rows):
+        n = len(chosen)
+        xg = xp.reshape(xp.take(x_pad, indices[at:at + r.size], axis=0), (n, m, D))
+        at += r.size
         g1, g3, g2 = (_gather(w, chosen, xp, dev) for w in (w1, w3, w2))
         h = silu(xg @ xp.matrix_transpose(g1)) * (xg @ xp.matrix_transpose(g3))
-        ys.append(xp.reshape(h @ xp.matrix_transpose(g2), (len(members) * m, D)))
-        done += len(members) * m
-    y = ys[0] if len(ys) == 1 else xp.concat(ys, axis=0)
-    return xp.take(y, xp.asarray(placed, device=dev), axis=0)
+        ys.append(xp.reshape(h @ xp.matrix_transpose(g2), (n * m, D)))
+    return (ys[0] if len(ys) == 1 else xp.concat(ys, axis=0)), indices[at:]
 
 
 def _gather_ids(w, ids, xp):
