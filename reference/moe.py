@@ -227,9 +227,14 @@ def _grouped(x, flat: np.ndarray, k: int, w1, w2, w3, group: int):
     """
     xp = namespace(x)
     T, D = x.shape
-    order = np.argsort(flat, kind="stable")
+    # O(T k_e): a stable radix sort of the ids (narrowed: NumPy radix-sorts 16-bit integers)
+    # and counts by bincount; a prefill segment's bookkeeping then costs less than its products
+    small = flat.astype(np.uint16) if flat.size and 0 <= flat.min() and flat.max() <= 0xFFFF else flat
+    order = np.argsort(small, kind="stable")
     token = order // k
-    experts_, counts = np.unique(flat[order], return_counts=True)
+    counts = np.bincount(flat, minlength=1)
+    experts_ = np.flatnonzero(counts)
+    counts = counts[experts_]
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     by_count = sorted(range(len(experts_)), key=lambda j: -counts[j])
     rows, groups = [], []
@@ -246,7 +251,8 @@ def _grouped(x, flat: np.ndarray, k: int, w1, w2, w3, group: int):
         rows.append(index.reshape(-1))
         groups.append(([int(experts_[j]) for j in members], m))
         done += len(members) * m
-    where = placed[np.argsort(order, kind="stable")]
+    where = np.empty_like(placed)  # pair (t, slot) -> row of y: placed at the inverse of order
+    where[order] = placed
     dev = device_of(x)
     indices = upload(np.concatenate([*rows, where]), x)
     x_pad = xp.concat([x, xp.zeros((1, D), dtype=xp.float64, device=dev)], axis=0)
