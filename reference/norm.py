@@ -21,7 +21,7 @@ def _rms_norm(fn, x, weight, eps):
     x = xp.asarray(x, dtype=xp.float64)
     weight = xp.asarray(weight, dtype=xp.float64)
     _check_weight(fn, x, weight)
-    inv_rms = 1.0 / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps)
+    inv_rms = xp.reciprocal(xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps))  # 1 / s: one kernel
     return x * inv_rms * weight
 
 

@@ -95,7 +95,11 @@ def write_corpus_plot(result, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 9.5), gridspec_kw={"height_ratios": [3, 3, 2]})
+    units = result.op_units()
+    names = list(units)
+    # one op label per column: the figure widens with the ops (54 at 48B), the labels stand upright
+    fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(max(10.0, 0.2 * len(names)), 9.5),
+                                        gridspec_kw={"height_ratios": [3, 3, 2]})
     idx = [p.index for p in result.prompts]
     kl = [[s["kl"] for s in p.steps] for p in result.prompts]
     mean = _pos([np.mean([k for k in ks if k is not None]) if any(k is not None for k in ks) else None
@@ -107,8 +111,6 @@ def write_corpus_plot(result, path: str | Path) -> Path:
     ax1.set_yscale("log")
     ax1.set_xlabel("prompt")
     ax1.set_ylabel("KL(ref || engine), nats")
-    units = result.op_units()
-    names = list(units)
     for i, name in enumerate(names):
         vals = _pos([p.units[name][1] for p in result.prompts if name in p.units])
         bad = [p.verdict in ("diverged", "past-bound") for p in result.prompts if name in p.units]
@@ -116,7 +118,8 @@ def write_corpus_plot(result, path: str | Path) -> Path:
                     c=["tab:red" if b else "tab:blue" for b in bad], s=14, alpha=0.7)
     ax2.axhline(1.0, color="black", ls="--", lw=1, label="its bound")
     ax2.set_xticks(range(len(names)))
-    ax2.set_xticklabels(names, rotation=30, ha="right", fontsize=7)
+    upright = len(names) > 16
+    ax2.set_xticklabels(names, rotation=90 if upright else 30, ha="center" if upright else "right", fontsize=7)
     ax2.set_yscale("log")
     ax2.set_ylabel("median error / bound")
     if not names:

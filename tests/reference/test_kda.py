@@ -247,7 +247,7 @@ def test_cu_seqlens_errors():
 @pytest.mark.parametrize("chunks_per_block", [1, 2, 3, 100])
 def test_blocks_of_chunks_change_no_result_beyond_rounding(monkeypatch, T, chunks_per_block):
     # the state-free work of several chunks at once (blocks of 1, 2, 3 or every chunk; a ragged
-    # final chunk of 8 tokens at T = 200) against the recurrence, and against one chunk per block
+    # final chunk of 8 tokens at T = 200) against the recurrence, and against the default blocks (`one`)
     B, HV, K, V, c = 2, 4, 5, 3, 64
     args = make_inputs(T + chunks_per_block, B, T, 2, HV, K, V, max_decay=12.0)
     one, _ = kda.chunked(*args[:5], initial_state=args[5], chunk_size=c)
