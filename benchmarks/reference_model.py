@@ -109,20 +109,29 @@ def cmd_decode(args) -> dict:
                          weight_cache_bytes=args.weight_cache_mb << 20)
     ex = ref.executor
     out["executor"] = ex.info()
-    ids = _ids(cfg.vocab_size, args.prompt_tokens + max(2 * (args.steps + 1), OPT_STEPS) + args.profile + 4)
+    ids = _ids(cfg.vocab_size, args.prompt_tokens + max(3 * (args.steps + 1), OPT_STEPS) + args.profile + 8)
     t0 = _sync(ex)
     _, cache = ref.prefill(ids[:args.prompt_tokens], logits="last")
     out["ref_prefill_s"] = _sync(ex) - t0
     at = {"t": args.prompt_tokens, "cache": cache}
 
     def steps(n):
-        times = []
+        # host_issue: when the step's last check began, i.e. the host had issued all its work
+        # (against the wall: whether the host or the device sets the pace)
+        times, issued, verify = [], [], ref._w.verify
         for _ in range(n):
+            marks = []
+            ref._w.verify = lambda: (marks.append(time.perf_counter()), verify())[1]
             t0 = _sync(ex)
-            _, at["cache"] = ref.decode(int(ids[at["t"]]), at["cache"])
+            try:
+                _, at["cache"] = ref.decode(int(ids[at["t"]]), at["cache"])
+            finally:
+                ref._w.verify = verify
             times.append(_sync(ex) - t0)
+            issued.append(marks[-1] - t0)
             at["t"] += 1
-        return {"first": times[0], "median": statistics.median(times[1:]), "steps": times[1:]}
+        return {"first": times[0], "median": statistics.median(times[1:]), "steps": times[1:],
+                "host_issue_median": statistics.median(issued[1:])}
     # the step as a user gets it (CUDA graphs where the model has them: the first step eager, the
     # second captured), then eagerly on the same machine
     out["ref_decode_s"] = steps(args.steps + 1)

@@ -38,6 +38,6 @@ def softplus(x, *, threshold=20.0):
     """
     xp = namespace(x)
     x = xp.asarray(x, dtype=xp.float64)
-    # max(x, 0) as a where: torch's maximum takes the 0 as a host tensor, a wait on the device
-    smooth = xp.where(x > 0.0, x, 0.0) + xp.log1p(xp.exp(-xp.abs(x)))
+    # max(x, 0) as a clip: torch's maximum takes the 0 as a host tensor, a wait on the device
+    smooth = xp.clip(x, min=0.0) + xp.log1p(xp.exp(-xp.abs(x)))
     return xp.where(x > threshold, x, smooth)
