@@ -614,10 +614,12 @@ KDA_FIELDS = ("conv_q", "conv_k", "conv_v", "state")  # a KDACache's arrays, in 
 
 
 def _padded(xp, arrays: list, S: int):
-    """``arrays`` (``[S_b, W]`` each) zero-padded to ``S`` rows and stacked: ``[B, S, W]``."""
-    dev = device_of(arrays[0])
-    return xp.stack([a if a.shape[0] == S else xp.concat(
-        [a, xp.zeros((S - a.shape[0], a.shape[1]), dtype=a.dtype, device=dev)], axis=0) for a in arrays], axis=0)
+    """``arrays`` (``[S_b, W]`` each) zero-padded to ``S`` rows and stacked: ``[B, S, W]``, as one
+    concatenation with slices of one zero block (two launches for any B)."""
+    a0 = arrays[0]
+    zeros = xp.zeros((S, a0.shape[1]), dtype=a0.dtype, device=device_of(a0))
+    parts = [p for a in arrays for p in ((a,) if a.shape[0] == S else (a, zeros[:S - a.shape[0], ...]))]
+    return xp.reshape(xp.concat(parts, axis=0), (len(arrays), S, a0.shape[1]))
 
 
 def _stacked(xp, arrays: list):

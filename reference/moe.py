@@ -227,44 +227,41 @@ def _grouped(x, flat: np.ndarray, k: int, w1, w2, w3, group: int):
     """
     xp = namespace(x)
     T, D = x.shape
-    # O(T k_e): a stable radix sort of the ids (narrowed: NumPy radix-sorts 16-bit integers)
-    # and counts by bincount; a prefill segment's bookkeeping then costs less than its products
+    # O(T k_e) in whole-array steps: a stable radix sort of the ids (narrowed: NumPy radix-sorts
+    # 16-bit integers), counts by bincount, each pair's padded row computed at once
     small = flat.astype(np.uint16) if flat.size and 0 <= flat.min() and flat.max() <= 0xFFFF else flat
     order = np.argsort(small, kind="stable")
-    token = order // k
     counts = np.bincount(flat, minlength=1)
     experts_ = np.flatnonzero(counts)
     counts = counts[experts_]
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    by_count = sorted(range(len(experts_)), key=lambda j: -counts[j])
-    rows, groups = [], []
-    placed = np.empty(flat.size, dtype=np.int64)  # pair (expert order) -> row of y
-    done = 0
-    for lo in range(0, len(by_count), group):
-        members = by_count[lo:lo + group]
-        m = int(counts[members[0]])  # the largest count of this group
-        index = np.full((len(members), m), T, dtype=np.int64)  # T: the zero row
-        for g, j in enumerate(members):
-            n = int(counts[j])
-            index[g, :n] = token[starts[j]:starts[j] + n]
-            placed[starts[j]:starts[j] + n] = done + g * m + np.arange(n)
-        rows.append(index.reshape(-1))
-        groups.append(([int(experts_[j]) for j in members], m))
-        done += len(members) * m
+    n_e = experts_.size
+    by_count = np.argsort(-counts, kind="stable")  # experts by descending count, ties ascending
+    rank = np.empty(n_e, dtype=np.int64)
+    rank[by_count] = np.arange(n_e)
+    heads = np.arange(0, n_e, group)
+    m = counts[by_count[heads]]  # each group's rows per expert: its first (largest) count
+    size = np.minimum(group, n_e - heads) * m
+    offset = np.concatenate([[0], np.cumsum(size)[:-1]])
+    expert = np.repeat(np.arange(n_e), counts)  # of each pair, in expert order
+    within = np.arange(flat.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    g = rank[expert] // group
+    placed = offset[g] + (rank[expert] % group) * m[g] + within  # pair (expert order) -> row of y
+    rows = np.full(int(size.sum()), T, dtype=np.int64)  # T: the zero row appended to x
+    rows[placed] = order // k
     where = np.empty_like(placed)  # pair (t, slot) -> row of y: placed at the inverse of order
     where[order] = placed
     dev = device_of(x)
-    indices = upload(np.concatenate([*rows, where]), x)
+    indices = upload(np.concatenate([rows, where]), x)
     x_pad = xp.concat([x, xp.zeros((1, D), dtype=xp.float64, device=dev)], axis=0)
-    ys, at = [], 0
-    for (chosen, m), r in zip(groups, rows):
+    ys = []
+    for i, lo in enumerate(heads):
+        chosen = experts_[by_count[lo:lo + group]].tolist()
         n = len(chosen)
-        xg = xp.reshape(xp.take(x_pad, indices[at:at + r.size], axis=0), (n, m, D))
-        at += r.size
+        xg = xp.reshape(xp.take(x_pad, indices[offset[i]:offset[i] + size[i]], axis=0), (n, int(m[i]), D))
         g1, g3, g2 = (_gather(w, chosen, xp, dev) for w in (w1, w3, w2))
         h = silu(xg @ xp.matrix_transpose(g1)) * (xg @ xp.matrix_transpose(g3))
-        ys.append(xp.reshape(h @ xp.matrix_transpose(g2), (n * m, D)))
-    return (ys[0] if len(ys) == 1 else xp.concat(ys, axis=0)), indices[at:]
+        ys.append(xp.reshape(h @ xp.matrix_transpose(g2), (int(size[i]), D)))
+    return (ys[0] if len(ys) == 1 else xp.concat(ys, axis=0)), indices[rows.size:]
 
 
 def _gather_ids(w, ids, xp):
