@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from .executor import device_of, namespace
 
-SCORE_BLOCK_BYTES = 64 << 20  # one [B, N, tq, tk] float64 score block
+SCORE_BLOCK_BYTES = 256 << 20  # one [B, N, tq, tk] float64 score block (a 32k-token 48B prefill layer:
+# 0.58 s on an H200, 0.68 s with 64 MB blocks: fewer launches and running rescales)
 QUERY_BLOCK = 512  # queries per block; keys per block fill SCORE_BLOCK_BYTES
 
 
