@@ -229,7 +229,8 @@ def identify(fn: Callable) -> dict:
     import importlib
 
     try:
-        inner = _identity(attribute(importlib.import_module(module), attr))
+        # named as it is found: a callable object (transformers 5.25's kernel function modules) has no name
+        inner = dict(_identity(attribute(importlib.import_module(module), attr)), function=attr)
     except Exception as exc:  # named, not imported: the certificate says what it could not find
         inner = {"module": module, "function": attr, "file": None, "package": None, "version": None,
                  "git": {"revision": None, "dirty": None}, "error": f"{type(exc).__name__}: {exc}"}

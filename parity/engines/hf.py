@@ -2,7 +2,7 @@
 
 The model is loaded with ``from_pretrained`` from the same checkpoint directory the reference reads:
 transformers' conversion mapping for ``kimi_linear`` (``transformers/conversion_mapping.py``, the
-same in 5.17 and 5.24) renames the hub layout on load, so no converted copy is written. It renames
+same from 5.17 to 5.25) renames the hub layout on load, so no converted copy is written. It renames
 ``block_sparse_moe.`` to ``mlp.`` (the MoE layers of a hub checkpoint, and every layer of one that
 transformers saved), moves ``f_a_proj``, ``f_b_proj``, ``dt_bias`` and ``A_log`` under
 ``forget_gate``, concatenates ``q/k/v_conv1d`` into one ``conv1d`` and packs the experts' ``w1/w3``
@@ -30,6 +30,7 @@ import contextlib
 import inspect
 from pathlib import Path
 
+from ..peers.transformers import chosen
 from .checked import EngineError
 
 MIN_VERSION = 5
@@ -37,7 +38,7 @@ VARIANTS = {"moe_combine": "unbiased", "kv_norm_eps": 1e-6}
 TORCH_DTYPES = ("bfloat16", "float32")
 # the model's functions transformers may hand to an outside kernel package at import
 KERNEL_FUNCTIONS = ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention", "causal_conv1d_fn",
-                    "causal_conv1d_update")
+                    "causal_conv1d_update", "causal_conv1d_forward")
 
 
 def _import():
@@ -53,20 +54,13 @@ def _import():
     return transformers
 
 
-def _chosen(fn):
-    """The implementation behind one of ``KERNEL_FUNCTIONS``: (callable, is transformers' own)."""
-    own = getattr(fn, "__wrapped__", fn)
-    impl = inspect.getclosurevars(fn).nonlocals.get("implementation", own) if own is not fn else fn
-    return impl, impl is own
-
-
 @contextlib.contextmanager
 def _torch_functions(module, names: list[str]):
     """transformers' own PyTorch functions in place of the outside kernels ``names``, for one call."""
     saved = {n: getattr(module, n) for n in names}
     try:
         for n in names:
-            setattr(module, n, saved[n].__wrapped__)
+            setattr(module, n, chosen(saved[n])[0])
         yield
     finally:
         for n, fn in saved.items():
@@ -139,9 +133,9 @@ class TransformersEngine:
             fn = getattr(module, name, None)
             if fn is None:
                 continue
-            impl, own = _chosen(fn)
+            own, impl = chosen(fn)
             where = f"{impl.__module__}.{impl.__name__}"
-            if own:
+            if impl is own:
                 runs[name] = "transformers (PyTorch)"
             elif self.device.type == "cpu":
                 swap.append(name)

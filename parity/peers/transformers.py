@@ -1,6 +1,6 @@
 """transformers' KimiLinear KDA functions fitted to the registered signatures, both ways: its torch
 ``chunk_kimi_delta_attention`` and ``recurrent_kimi_delta_attention`` (``transformers/models/
-kimi_linear/modeling_kimi_linear.py``, 5.17 to 5.24). Nothing here is transformers' code; these
+kimi_linear/modeling_kimi_linear.py``, 5.17 to 5.25). Nothing here is transformers' code; these
 functions call it, and transformers is imported only when one runs.
 
 What the functions compute: ``query, key [B, T, H, K]``, ``value [B, T, H, V]``, a log-space ``g
@@ -16,9 +16,14 @@ CPU float32 matmuls and sums; on CUDA without TF32).
 
 With fla-core importable, transformers hands these names to fla's ``chunk_kda`` /
 ``fused_recurrent_kda`` when the model module loads (``use_kernel_func_from_hub_with_fallback``);
-the torch functions stay as ``__wrapped__``. The forward adapters call those.
+the torch functions stay as ``__wrapped__``. The forward adapters call those. Where the ``kernels``
+package is installed (transformers 5.25 and later), each such name holds a ``kernels`` function
+module instead, whose ``forward`` calls the same dispatching function: :func:`dispatcher` finds it
+and :func:`torch_function` the torch function behind it, in every supported release.
 """
 from __future__ import annotations
+
+import inspect
 
 from ..candidate import adapter
 from ..errors import Unsupported
@@ -28,11 +33,32 @@ CHUNK = f"{MODULE}:chunk_kimi_delta_attention"
 RECURRENT = f"{MODULE}:recurrent_kimi_delta_attention"
 
 
-def _torch_function(name: str):
+def dispatcher(fn):
+    """The function behind one of the modeling module's kernel names: ``fn`` itself, or, for a
+    ``kernels`` function module (an object whose class's ``forward`` closes over the function it
+    calls when no hub kernel replaces it), that function."""
+    if inspect.isfunction(fn):
+        return fn
+    forward = getattr(type(fn), "forward", None)
+    inner = inspect.getclosurevars(forward).nonlocals.get("func") if inspect.isfunction(forward) else None
+    return inner if callable(inner) else fn
+
+
+def chosen(fn) -> tuple:
+    """``(torch function, implementation that runs)`` behind one of the modeling module's kernel
+    names: the implementation is the outside kernel transformers chose when the module loaded
+    (the wrapper's ``implementation``), or the torch function itself."""
+    d = dispatcher(fn)
+    own = getattr(d, "__wrapped__", d)
+    impl = inspect.getclosurevars(d).nonlocals.get("implementation", own) if own is not d else d
+    return own, impl
+
+
+def torch_function(name: str):
+    """transformers' own torch function for the modeling module's kernel name ``name``."""
     import importlib
 
-    fn = getattr(importlib.import_module(MODULE), name)
-    return getattr(fn, "__wrapped__", fn)
+    return chosen(getattr(importlib.import_module(MODULE), name))[0]
 
 
 def _mapping(a: dict, core: str, **scalars):
@@ -72,7 +98,7 @@ def _fixed(q, scale, cu_seqlens, v):
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64):
     """kda.chunked's signature around transformers' torch chunked KDA (l2norm off)."""
     _fixed(q, scale, cu_seqlens, v)
-    return _torch_function("chunk_kimi_delta_attention")(
+    return torch_function("chunk_kimi_delta_attention")(
         q, k, v, g, beta, chunk_size=chunk_size, initial_state=initial_state, output_final_state=True,
         use_qk_l2norm_in_kernel=False)
 
@@ -81,5 +107,6 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
     """kda.recurrent's signature around transformers' torch recurrent KDA (l2norm off)."""
     _fixed(q, scale, cu_seqlens, v)
-    return _torch_function("recurrent_kimi_delta_attention")(
+    return torch_function("recurrent_kimi_delta_attention")(
         q, k, v, g, beta, initial_state=initial_state, output_final_state=True, use_qk_l2norm_in_kernel=False)
+

@@ -129,6 +129,24 @@ def _scalar_names(rec) -> set:
     return set(inspect.signature(rec.reference).parameters) - set(rec.args) - set(rec.kwarg_arrays)
 
 
+def _takes_anything(sig: inspect.Signature) -> bool:
+    kinds = {p.kind for p in sig.parameters.values()}
+    return kinds == {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
+
+
+def call_signature(fn) -> inspect.Signature:
+    """The signature a call of ``fn`` binds to, so that its arguments are found by name whether the
+    caller passes them by position or by keyword. A callable object whose own signature takes
+    anything (``*args, **kwargs``: a torch module, a ``kernels`` function module as transformers
+    5.25 puts in place of its KDA functions) binds to its ``forward``'s. TypeError or ValueError
+    where there is none."""
+    sig = inspect.signature(fn)
+    forward = getattr(fn, "forward", None)
+    if _takes_anything(sig) and callable(forward):
+        return inspect.signature(forward)
+    return sig
+
+
 def name_of(fn) -> str:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', getattr(fn, '__name__', '?'))}"
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.abc
-import inspect
 import sys
 
 from parity.errors import InputError
@@ -54,7 +53,7 @@ def target(name: str, spec: str, fn) -> Target:
     if not callable(fn):
         raise WatchError(f"{spec}: not callable ({type(fn).__name__})")
     try:
-        sig = inspect.signature(fn)
+        sig = adapters.call_signature(fn)
     except (TypeError, ValueError):
         raise WatchError(f"{spec}: has no Python signature to bind its calls to") from None
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 
+from parity.peers import transformers as peer
 from parity.watch import same_as
 
 MODULE = "transformers.models.kimi_linear.modeling_kimi_linear"
@@ -24,11 +25,9 @@ _TORCH: dict = {}
 
 def torch_function(name: str):
     """transformers' own torch function (with fla-core installed the module name holds a wrapper
-    that hands the call to fla's GPU kernels; the torch function is its ``__wrapped__``), as first
-    found: the module name may hold a copy later."""
+    that hands the call to fla's GPU kernels), as first found: the module name may hold a copy later."""
     if name not in _TORCH:
-        fn = getattr(modeling(), name)
-        _TORCH[name] = getattr(fn, "__wrapped__", fn)
+        _TORCH[name] = peer.chosen(getattr(modeling(), name))[0]
     return _TORCH[name]
 
 
