@@ -61,6 +61,20 @@ def reference_floor(config) -> int:
     return call_bytes(config, 1)
 
 
+def reference_beside(device: str | None, engine_device: str) -> bool:
+    """Whether the reference (``--reference-device`` ``device``) will run on ``engine_device``, as
+    far as is known before anything loads: ``cpu`` and ``cuda`` as given; ``auto`` without a GPU is
+    the CPU; ``auto`` with one is decided by the memory the engine leaves
+    (``parity.reference_device.resolve``): not beside."""
+    if device in ("cpu", "cuda"):
+        return device == engine_device
+    if device is None:
+        return False
+    import torch
+
+    return engine_device == "cpu" and not torch.cuda.is_available()
+
+
 def check_weights(config, *, dtype: str, device: str, free: FreeMemory, reference: bool = False,
                   synthetic: str | None = None, what: str = "the optimized model") -> int:
     """``InputError`` (one line: the bytes needed, the bytes free, the ways out) when ``what``'s
@@ -89,10 +103,10 @@ def _ways_out(config, dtype: str, device: str, free: FreeMemory, need: int, synt
         gpu = free("cuda")
         if gpu is not None and gpu >= need:
             ways.append(f"--device cuda ({gib(gpu)} free)")
-    if dtype != "bfloat16":
+    have = free(device) or 0
+    if dtype != "bfloat16" and weight_bytes(config, "bfloat16") <= have:
         ways.append(f"--dtype bfloat16 ({gib(weight_bytes(config, 'bfloat16'))} of weights)")
     if synthetic is not None:
-        have = free(device) or 0
         smaller = [(name, weight_bytes(c, dtype)) for name, c in _presets() if name != synthetic]
         fitting = [(name, n) for name, n in smaller if n <= have]
         if fitting:

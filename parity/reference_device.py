@@ -51,19 +51,6 @@ def resolve(device: str, share=None) -> str:
     return "cuda" if free >= AUTO_FREE_BYTES else "cpu"
 
 
-def beside(device: str | None, engine_device: str) -> bool:
-    """Whether the reference (``--reference-device`` ``device``) will run on ``engine_device``, as
-    far as is known before anything loads: ``cpu`` and ``cuda`` as given; ``auto`` without a GPU is
-    the CPU; ``auto`` with one is decided by the memory the engine leaves (``resolve``): not beside."""
-    if device in ("cpu", "cuda"):
-        return device == engine_device
-    if device is None:
-        return False
-    import torch
-
-    return engine_device == "cpu" and not torch.cuda.is_available()
-
-
 def _on_gpu(model) -> bool:
     return model is not None and str(getattr(model, "device", "")).startswith("cuda")
 

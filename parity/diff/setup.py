@@ -240,10 +240,11 @@ def load_engine(spec: str, ckpt: Checkpoint, *, dtype: str | None, device: str, 
 def check_fits(ckpt: Checkpoint, *, dtype: str, device: str, free, reference_device: str | None) -> None:
     """The optimized model of ``ckpt`` at ``dtype`` fits ``device`` before it loads, with the
     reference's floor beside it where the reference will run there (``parity.memory``)."""
-    from parity import memory, reference_device as where
+    from parity import memory
 
     memory.check_weights(ckpt.source.config, dtype=dtype, device=device, free=free,
-                         reference=where.beside(reference_device, device), synthetic=ckpt.info.get("preset"))
+                         reference=memory.reference_beside(reference_device, device),
+                         synthetic=ckpt.info.get("preset"))
 
 
 def lm_head_span(ckpt: Checkpoint, device: str):

@@ -85,7 +85,7 @@ class Twin:
             from parity.memory import check_weights
 
             check_weights(self.source.config, dtype=self.dtype, device=self.device, free=self.free,
-                          what="the certified twin (our optimized model at the engine's dtype)")
+                          what="the certified twin")
 
             if self.device == "cpu" and optimized.interpreting():
                 optimized.install_faithful_bf16_dot()
