@@ -80,6 +80,20 @@ class SequenceCache:
         return ModelCache(layers, self.length)
 
 
+def sequence_bytes(config: KimiConfig, tokens: int, *, dtype: torch.dtype, block_size: int = 64) -> int:
+    """Bytes one sequence of ``tokens`` positions holds in a ``CachePool`` of a model at ``dtype``:
+    per KDA layer its conv state ``3C (W-1)`` at ``dtype`` and its recurrent state ``HV K V`` at
+    float32 (float64 in a float64 model), per MLA layer its blocks of ``block_size`` rows of
+    ``L+R``. A lower bound of the pool's own growth (doubling the block store when it runs out)."""
+    c = config
+    size = torch.empty((), dtype=dtype).element_size()
+    state = 8 if dtype == torch.float64 else 4
+    H, K, W = c.kda_num_heads, c.kda_head_dim, c.short_conv_kernel_size
+    kda = 3 * H * K * (W - 1) * size + H * K * K * state
+    mla = -(-tokens // block_size) * block_size * (c.kv_lora_rank + c.qk_rope_head_dim) * size
+    return sum(kda if c.is_kda_layer(i) else mla for i in range(c.num_hidden_layers))
+
+
 class CachePool:
     """Slot-indexed KDA/conv state pools and paged MLA latent caches (see the module docstring)."""
 

@@ -223,6 +223,30 @@ def load_weights(source, *, device: torch.device, dtype: torch.dtype) -> ModelWe
     return weights
 
 
+SMALL_SUFFIXES = (".A_log", ".dt_bias", ".e_score_correction_bias", ".block_sparse_moe.gate.weight")
+# kept in float32 whatever the model dtype (float64 in a float64 model): spec b.0, gate and router
+
+
+def resident_bytes(config: KimiConfig, dtype: torch.dtype) -> int:
+    """Bytes ``load_weights`` keeps resident for ``config`` at ``dtype``, counted from the tensor
+    table (``reference.tensors.expected_tensors``), before anything is read: every tensor once at
+    ``dtype`` (fusing and stacking copy, they do not duplicate), the gate and router parameters
+    (``SMALL_SUFFIXES``) at float32 (float64 in a float64 model), no ``lm_head`` of its own when
+    the embeddings are tied. Equals ``ModelWeights.nbytes()`` of the loaded model (a test holds
+    them equal)."""
+    from reference.tensors import expected_tensors
+
+    size = torch.empty((), dtype=dtype).element_size()
+    small = 8 if dtype == torch.float64 else 4
+    total = 0
+    for name, shape in expected_tensors(config).items():
+        n = 1
+        for s in shape:
+            n *= s
+        total += n * (small if name.endswith(SMALL_SUFFIXES) else size)
+    return total
+
+
 def named_views(weights: ModelWeights, config: KimiConfig) -> dict[str, torch.Tensor]:
     """``{checkpoint tensor name: view}`` of resident ``weights``: every tensor of spec §(c) as a view
     into the fused/stacked blocks (no copy; shapes as stored here, e.g. conv taps ``[C, W]``). The

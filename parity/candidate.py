@@ -237,6 +237,28 @@ def identify(fn: Callable) -> dict:
     return dict(inner, adapter=me)
 
 
+PROJECT_MODULES = ("optimized", "reference", "parity")  # code of this project: trusted in-process
+
+
+def in_project(cand: Candidate) -> bool:
+    """Whether ``cand`` is this project's code, which ``parity certify`` runs in its own process
+    on the CPU by default: the repository's own candidates, a callable of ``optimized``,
+    ``reference`` or ``parity`` (the registered peer adapters, ``parity.peers``, included: on the
+    CPU they call fla-core's own torch recurrences, no native code of their own, and CI certifies
+    them). Anything else (a ``module:function`` of yours, any ``file.py:function``, the tests'
+    planted candidates) may end its process (``os._exit``, a segfault in a C extension): a worker
+    process runs it, so the crash fails only its inputs (docs/certificates.md)."""
+    if not cand.outside:
+        return True
+    if cand.spec is not None:
+        module = cand.spec.rpartition(":")[0]
+        if module.endswith(".py") or "/" in module:
+            return False
+    else:
+        module = getattr(cand.fn, "__module__", None) or ""
+    return module.split(".")[0] in PROJECT_MODULES
+
+
 def first_case(record: OpRecord):
     """The first input hypothesis draws from the record's builder (derandomized: the same every
     time), for probing a candidate before a run."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import metrics
 from .bounds.core import dtype_name, precision_for
-from .errors import Unsupported
+from .errors import OutOfMemory, Unsupported, is_out_of_memory, memory_line
 from .platform import default_device
 from .registry import Case, Mutant, OpRecord, OutputsError
 
@@ -168,6 +168,16 @@ class CallResult:
     called: bool | None = None       # a witnessed candidate: the user's callable was called
     aliased: str | None = None       # a witnessed candidate: an output is memory it did not own
     outputs_error: bool = False      # it returned another number of outputs (registry.OutputsError)
+    out_of_memory: str | None = None  # the call ran out of memory: no finding, the run cannot go on
+
+
+def raise_out_of_memory(results: list) -> list:
+    """``results``, unless a call ran out of memory: then ``OutOfMemory`` with its line (the CLI's
+    exit 2; a candidate that cannot get memory for a small input is not judged, nor is the run)."""
+    for res in results:
+        if res.out_of_memory is not None:
+            raise OutOfMemory(res.out_of_memory)
+    return results
 
 
 def first_line(exc: BaseException) -> str:
@@ -240,6 +250,9 @@ def run_call(record: OpRecord, fn, call: Call, inputs: dict, kwargs: dict, aux: 
     except OutputsError as exc:  # the candidate's result is not the record's outputs
         return CallResult(call, error=first_line(exc), outputs_error=True, seconds=time.perf_counter() - t0)
     except Exception as exc:  # user code raised (or a mutant around it): the check fails, with why
+        if is_out_of_memory(exc):  # not a finding: the machine, not the candidate
+            return CallResult(call, error=first_line(exc), seconds=time.perf_counter() - t0,
+                              out_of_memory=f"{record.name}: {memory_line(exc, gpu=str(device))}")
         return CallResult(call, error=first_line(exc), fault=context_fault(device),
                           seconds=time.perf_counter() - t0)
     res = CallResult(call, out, seconds=time.perf_counter() - t0, fault=fault)
@@ -276,8 +289,8 @@ class InProcess:
 
     def run(self, record, cand, job: Job, ref=None) -> list:
         fn = self._normalized(record, cand)
-        return [run_call(record, fn, c, job.inputs, job.kwargs, job.aux, counter=cand.counter, ref=ref,
-                         device=self.device) for c in job.calls]
+        return raise_out_of_memory([run_call(record, fn, c, job.inputs, job.kwargs, job.aux, counter=cand.counter,
+                                             ref=ref, device=self.device) for c in job.calls])
 
     def _normalized(self, record, cand):
         key = (record.name, id(cand))
@@ -442,6 +455,7 @@ def check(prepared: Prepared, cand, *, counter: str | None = None) -> Judgement:
     """Call the normalized candidate ``cand`` once on ``prepared`` (in this process) and judge it."""
     res = run_call(prepared.record, cand, Call(CANDIDATE), prepared.tensors, prepared.case.kwargs,
                    prepared.aux, counter=counter, ref=prepared.ref, device=prepared.device)
+    raise_out_of_memory([res])
     if res.unsupported is not None:
         raise Unsupported(res.unsupported)
     ran, why = witness(prepared, res)

@@ -21,7 +21,8 @@ import signal
 import threading
 from dataclasses import replace
 
-from .check import CANDIDATE, CallResult, InProcess, Job, first_line, run_call  # noqa: F401  (InProcess, Job: this module's interface)
+from .check import (CANDIDATE, CallResult, InProcess, Job, first_line, raise_out_of_memory,  # noqa: F401  (InProcess, Job: this module's interface)
+                    run_call)
 
 _START = threading.Lock()   # os.environ is process-wide: one worker starts at a time
 CALL_TIMEOUT = 600.0        # seconds one call may take (the interpreter's largest take tens)
@@ -83,7 +84,7 @@ class Worker:
                 results.append(CallResult(pending.pop(0), fault=self._reap()))
             if results and results[-1].fault and results[-1].call.kind == CANDIDATE:
                 break
-        return results
+        return raise_out_of_memory(results)
 
     def _start(self) -> None:
         if self._proc is not None:

@@ -17,7 +17,6 @@ model's weights on one GPU, per-layer progress on stderr, and memory errors as o
 from __future__ import annotations
 
 import contextlib
-import re
 import sys
 
 from parity.errors import InputError
@@ -113,21 +112,19 @@ class Progress:
 
 @contextlib.contextmanager
 def memory_errors(reference_device: str, optimized_device: str | None = None):
-    """Turn running out of memory into one ``InputError`` line: what did not fit and what to try."""
+    """Turn running out of memory into one ``InputError`` line: what did not fit (the engine and
+    its call where the engine guard marked it, ``parity.errors.memory_line``) and what to try."""
+    from parity.errors import is_out_of_memory, memory_line
     from reference import DoesNotFit
 
     try:
         yield
     except DoesNotFit as exc:  # the reference's own estimate, before it allocated
         raise InputError(f"{_one(exc)}; {_hint(reference_device)}") from None
-    except MemoryError as exc:  # host memory (NumPy's ArrayMemoryError) in the optimized path
-        raise InputError(f"out of host memory: {_one(exc) or type(exc).__name__}; "
-                         f"{_hint(reference_device)}") from None
-    except RuntimeError as exc:
-        if type(exc).__name__ != "OutOfMemoryError":  # torch.cuda.OutOfMemoryError
+    except (MemoryError, RuntimeError) as exc:  # NumPy, torch on the GPU, torch's CPU allocator
+        if not is_out_of_memory(exc):
             raise
-        raise InputError(f"the optimized model ran out of GPU memory on {optimized_device or 'cuda'}: "
-                         f"{_torch_oom(exc)}; {_hint(reference_device)}") from None
+        raise InputError(f"{memory_line(exc, gpu=optimized_device)}; {_hint(reference_device)}") from None
 
 
 def _hint(reference_device: str) -> str:
@@ -138,12 +135,3 @@ def _hint(reference_device: str) -> str:
 
 def _one(exc) -> str:
     return " ".join(str(exc).split())
-
-
-def _torch_oom(exc) -> str:
-    """'tried to allocate 2.00 GiB, 1.10 GiB free' from torch's multi-line message."""
-    text = str(exc)
-    m = re.search(r"Tried to allocate ([\d.]+ [KMG]iB)", text)
-    f = re.search(r"([\d.]+ [KMG]iB) is free", text)
-    parts = ([f"tried to allocate {m.group(1)}"] if m else []) + ([f"{f.group(1)} free"] if f else [])
-    return ", ".join(parts) or text.splitlines()[0][:200]

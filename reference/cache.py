@@ -74,6 +74,15 @@ def empty_cache(c: KimiConfig, xp, device) -> ModelCache:
     return ModelCache(layers, 0)
 
 
+def cache_bytes(c: KimiConfig, tokens: int) -> int:
+    """Bytes of the float64 ``ModelCache`` of a sequence of ``tokens`` positions: per KDA layer the
+    three conv states ``C (W-1)`` and the state ``H K V``, per MLA layer ``tokens (L+R)``."""
+    C, Wm1, H, K = c.kda_dim, c.short_conv_kernel_size - 1, c.kda_num_heads, c.kda_head_dim
+    kda = 3 * C * Wm1 + H * K * K
+    mla = tokens * (c.kv_lora_rank + c.qk_rope_head_dim)
+    return 8 * sum(kda if c.is_kda_layer(i) else mla for i in range(c.num_hidden_layers))
+
+
 def check_cache(cache, c: KimiConfig) -> None:
     """``ValueError`` naming the layer unless ``cache`` is a ``ModelCache`` of the shapes of ``c``."""
     if not isinstance(cache, ModelCache):

@@ -226,22 +226,8 @@ class Executor:
             torch.cuda.synchronize(self.device)
 
     def free_bytes(self) -> int | None:
-        """Memory an allocation may still take on the device: free GPU memory plus what torch's
-        allocator holds unused, or the host's MemAvailable; None when unknown."""
-        if self.name == "torch" and self.device.startswith("cuda"):
-            import torch
-
-            free, _ = torch.cuda.mem_get_info(self.device)
-            reserved = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-            return int(free + reserved)
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return None
+        """Memory an allocation may still take on the device (``free_bytes``)."""
+        return free_bytes(self.device if self.name == "torch" else "cpu")
 
     def describe(self) -> str:
         return self.name if self.device == "cpu" else f"{self.name} on {self.device}"
@@ -264,6 +250,25 @@ class Executor:
         else:
             out["threads"] = cpu_count()
         return out
+
+
+def free_bytes(device: str) -> int | None:
+    """Memory an allocation may still take on ``device``: on ``cuda[:i]`` the GPU's free memory
+    plus what torch's allocator holds unused, elsewhere the host's MemAvailable; None when unknown."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        reserved = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free + reserved)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def get_executor(device: str | None = None, executor: str | None = None) -> Executor:

@@ -2,7 +2,18 @@
 
 Each subcommand module exposes ``register(subparsers)`` (adds its parser and sets ``func``) and
 raises ``parity.errors.InputError`` for unusable input; ``main`` turns that into a single line
-``error: ...`` on stderr and exit code 2, never a traceback.
+``error: ...`` on stderr and exit code 2, never a traceback. Exit 1 means only that a bug was found.
+
+A failure to run is exit 2 as well, each caught where it is known for what it is: an engine that
+cannot load or run becomes an ``InputError`` at the engine boundary (``parity.engines``), and
+``main`` turns what no command can foresee into one line: running out of memory on any device
+(``parity.errors.is_out_of_memory``) and a package that is not installed (a ``ModuleNotFoundError``
+naming a module outside this project). Anything else is a bug of parity itself and keeps its
+traceback.
+
+``args.free_memory(device) -> bytes or None`` is what the commands ask before they allocate
+(``parity.memory``): ``main``'s ``free_memory`` argument, by default the device's real free memory;
+a test passes its own to see a refusal on any machine.
 """
 from __future__ import annotations
 
@@ -29,22 +40,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+PROJECT_PACKAGES = ("parity", "reference", "optimized", "tests")  # a module of these missing is our bug
+
+
+def main(argv: list[str] | None = None, *, free_memory=None) -> int:
+    """``parity ARGV``: the exit status. ``free_memory(device) -> bytes or None`` replaces the
+    devices' real free memory (``parity.memory.free_bytes``) in every check made before allocating."""
+    from parity import memory
+
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["diff", *argv]  # `parity` alone is `parity diff` on the bundled checkpoint
     args = parser.parse_args(argv)
+    args.free_memory = free_memory or memory.free_bytes
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
-        from reference.validate import one_line
+        return _error(str(exc))
+    except (MemoryError, RuntimeError) as exc:
+        from parity.errors import is_out_of_memory, memory_line
 
-        print(f"error: {one_line(str(exc))}", file=sys.stderr)
-        return 2
+        if not is_out_of_memory(exc):
+            raise
+        return _error(memory_line(exc))
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if not top or top in PROJECT_PACKAGES:
+            raise
+        return _error(f"the package {top!r} is not installed ({exc}); install it into this environment "
+                      "(pip install 'kimi-parity[peers]' for the outside implementations)")
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+
+
+def _error(message: str) -> int:
+    from reference.validate import one_line
+
+    print(f"error: {one_line(message)}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

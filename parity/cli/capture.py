@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     ids, _, _ = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
     if args.prompt_length is not None:
         ids = [ids[i % len(ids)] for i in range(args.prompt_length)]
+    setup.check_fits(ckpt, dtype=args.dtype, device=device, free=args.free_memory, reference_device=None)
     model = _load(ckpt, device, args.dtype)
     limit = capture.STORE_LIMIT if args.store_limit is None else args.store_limit
     console = Console(highlight=False, width=None if Console().is_terminal else 160)

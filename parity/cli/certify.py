@@ -15,9 +15,9 @@ without ``--ops`` only the ops given an implementation run. Exit 0 only if every
 otherwise, 2 for unusable arguments (an implementation that does not import, has another signature
 or returns other shapes or dtypes included).
 
-``--workers N`` runs the candidates in N worker processes (default: one per visible GPU on CUDA,
-none on the CPU, where they run in this process): a candidate that kills its process or faults its
-CUDA context fails only the input it faulted on. ``--shard I/N`` certifies every N-th (op, dtype)
+``--workers N`` runs the candidates in N worker processes (default: one per visible GPU on CUDA; on
+the CPU one when an ``--impl`` comes from outside the project, else none: this process): a
+candidate that kills its process or faults its CUDA context fails only the input it faulted on. ``--shard I/N`` certifies every N-th (op, dtype)
 from the I-th; ``merge`` combines the shards' certificates into the one the unsharded run writes.
 ``--repro DIR`` writes a standalone repro of each failing input (docs/certificates.md).
 """
@@ -63,7 +63,8 @@ def register(sub):
                         "--ops leaves out are skipped, with a line)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="worker processes running the candidates, each pinned to one GPU (default: one per "
-                        "visible GPU on cuda; on cpu none: in this process); 0: in this process")
+                        "visible GPU on cuda; on cpu one for an --impl from outside the project, else none); "
+                        "0: in this process")
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="certify the I-th of N shares of the (op, dtype) runs (merge the certificates after)")
     p.add_argument("--repro", default=None, metavar="DIR",
@@ -123,8 +124,11 @@ def run(args) -> int:
         (f", candidate {args.candidate} for the rest" if len(impls) < len(records) else "")
     from parity.certify import runners, units
 
-    workers = sum(r.isolated for r in runners(device, args.workers))
+    asked = _workers(args.workers, device, impls)
+    workers = sum(r.isolated for r in runners(device, asked))
     where = f", {workers} worker process(es)" if workers else ""
+    if asked != args.workers:
+        where += " (outside code runs isolated on the CPU by default; --workers 0: in this process)"
     part = f", shard {shard[0]}/{shard[1]} ({len(units(records, dtypes, shard))} (op, dtype) runs)" if shard else ""
     console.print(f"parity certify: {len(records)} op(s), {who}, device {device}, dtypes {', '.join(dtypes)}, "
                   f"{n} input(s) per dtype (hypothesis profile {profile}){where}{part}")
@@ -144,7 +148,7 @@ def run(args) -> int:
         try:
             engine.certify(records, dtypes=dtypes, device=device, candidate=args.candidate, examples=n,
                            on_case=on_case, on_op=on_op, impls=impls, contract=args.contract, cases=cases,
-                           workers=args.workers, shard=shard, repro=args.repro)
+                           workers=asked, shard=shard, repro=args.repro)
         except CandidateError as exc:
             raise InputError(f"--impl: {exc}") from None
     seconds = time.perf_counter() - t0
@@ -163,6 +167,17 @@ def run(args) -> int:
         write_output(args.json_path, lambda: write_json(args.json_path, doc))
         console.print(f"certificate written to {args.json_path}")
     return 0 if doc["summary"]["verdict"] == "certified" else 1
+
+
+def _workers(workers: int | None, device: str, impls: dict) -> int | None:
+    """``--workers`` as given; not given on the CPU with an implementation from outside the project
+    (``candidate.in_project``): one worker, so that a candidate that ends its process fails only its
+    own inputs (on CUDA the default is a worker per GPU already)."""
+    from parity.candidate import in_project
+
+    if workers is None and device == "cpu" and not all(in_project(c) for c in impls.values()):
+        return 1
+    return workers
 
 
 def _merge(args) -> int:

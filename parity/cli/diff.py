@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
 
     def load(spec):
         return setup.load_engine(spec, opt_ckpt or ckpt, dtype=args.dtype, device=device, variants=variants,
-                                 backends=backends, reference_source=ckpt.source)
+                                 backends=backends, reference_source=ckpt.source, free=args.free_memory,
+                                 reference_device=args.reference_device)
 
     engine = load(args.engine if folder is None else f"dump:{folder / prompts[0].source}")
     if prompts is not None:

@@ -140,13 +140,14 @@ def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, 
     source = str(args.prompts) if args.prompts else args.engine[len("dump:"):]
     result = CorpusResult(corpus={"file": source, "size": len(prompts), "digest": corpus_digest(prompts)},
                           shard=shard, settings=settings, environment=env)
-    try:
-        twin = twin_for(engine, ref, dtype=args.dtype)  # one for the corpus: its runs are memoized
+    try:  # one for the corpus: its runs are memoized
+        twin = twin_for(engine, ref, dtype=args.dtype, free=args.free_memory)
     except ValueError as exc:
         raise InputError(setup.one_line(exc)) from None
     lm_head = setup.lm_head_span(ckpt, device)
     t0 = time.perf_counter()
     batch = 1 if engine_for is not None else batch_size(args, engine)
+    _check_batch(args, config, engine, mine, batch, device)
     err.print(f"decoding: {_how(args, engine)}", markup=False)
     with reference_device.memory_errors(args.reference_device, device):
         for prompt, res in _decode_all(ref, engine_for or (lambda p: engine), mine, config, args, err, rounding,
@@ -165,6 +166,20 @@ def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, 
 
         write_output(args.plot, lambda: write_corpus_plot(result, args.plot))
     return result.exit_code
+
+
+def _check_batch(args, config, engine, prompts, batch: int, device: str) -> None:
+    """``batch`` prompts' caches fit their devices before the first prefill (``parity.memory``):
+    our optimized engine's at its dtype on ``device``, the reference's and, for that engine (it
+    fills traces), the replay's on the reference's device; an engine of your own or a dump holds
+    caches not counted here."""
+    from parity import memory
+
+    ours = args.engine == "optimized"
+    memory.check_batch(config, [len(p.ids) + args.steps for p in prompts], batch,
+                       engine_dtype=args.dtype if ours else None, engine_device=device,
+                       reference_device=args.reference_device, replay=ours, free=args.free_memory,
+                       default=args.batch is None)
 
 
 def _where(p) -> str:

@@ -63,6 +63,7 @@ def run_record(args: argparse.Namespace) -> int:
                                  write_output)
     from parity.diff import setup
     from parity.diff.report import environment
+    from parity.engines import EngineError
     from parity.errors import InputError
 
     check_outputs(("--out", args.out))
@@ -75,15 +76,16 @@ def run_record(args: argparse.Namespace) -> int:
     device = setup.check_device(args.device)
     ckpt = setup.open_checkpoint(args.checkpoint, synthetic=args.synthetic, seed=args.seed)
     ids, text, _ = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
-    opt = setup.load_optimized(ckpt, device=device, dtype=args.dtype, variants=variants, backends={})
-    ref = reference_device.load(ckpt, variants, args.reference_device, share=opt)
+    opt = setup.load_engine("optimized", ckpt, dtype=args.dtype, device=device, variants=variants, backends={},
+                            free=args.free_memory, reference_device=args.reference_device)
+    ref = reference_device.load(ckpt, variants, args.reference_device, share=opt.engine)
     args.reference_device = reference_device.where(ref)
     try:
         with reference_device.memory_errors(args.reference_device, device):
             body, result = golden.record(ref, opt, ids, config=ckpt.source.config, steps=args.steps,
                                          dtype=args.dtype, top_k=args.top_k,
                                          rounding=setup.platform_rounding(args.dtype, device))
-    except setup.checkpoint_errors() as exc:
+    except (EngineError, *setup.checkpoint_errors()) as exc:
         raise InputError(setup.one_line(exc)) from None
     summary = result.summary()
     print(summary["line"])
@@ -146,7 +148,7 @@ def run_check(args: argparse.Namespace) -> int:
     if args.engine not in ("optimized", "transformers"):  # a dump or a factory runs its own semantics:
         variants = {}                                        # the numbers will say if they differ
     opt = setup.load_engine(args.engine, ckpt, dtype=g["dtype"], device=device, variants=variants,
-                            backends=backends)
+                            backends=backends, free=args.free_memory)
     try:
         result = golden.check(g, opt, vocab_size=vocab, steps=args.steps)
     except EngineError as exc:

@@ -71,6 +71,11 @@ def select_impls(records, ops_given, named, shorthands, device, dtype, contract)
                 raise InputError(f"--impl {op}={named[op]}: {op} is not among --ops")
     fns, specs = {}, {}
     for name in shorthands:
+        from parity.peers import missing
+
+        why = missing(name)
+        if why is not None:
+            raise InputError(why)
         for op, fn in implementations(name, device).items():
             if (op in selected or not ops_given) and op not in named:
                 fns[op], specs[op] = fn, name

@@ -155,15 +155,6 @@ def load_reference(ckpt: Checkpoint, variants: dict):
         raise InputError(one_line(exc)) from None
 
 
-def load_optimized(ckpt: Checkpoint, *, device: str, dtype: str, variants: dict, backends: dict):
-    import optimized
-
-    try:
-        return optimized.load(ckpt.source, device=device, dtype=dtype, backends=backends or None, **variants)
-    except load_errors() as exc:
-        raise InputError(one_line(exc)) from None
-
-
 def same_model(a: Checkpoint, b: Checkpoint) -> None:
     """``--optimized-from`` must describe the same architecture as the checkpoint."""
     if a.source.config != b.source.config:
@@ -217,14 +208,19 @@ def engine_checkpoint(ckpt: Checkpoint):
 
 
 def load_engine(spec: str, ckpt: Checkpoint, *, dtype: str | None, device: str, variants: dict,
-                backends: dict, reference_source=None):
+                backends: dict, reference_source=None, free=None, reference_device: str | None = None):
     """``--engine SPEC`` (optimized, transformers, dump:PATH, module:factory) over ``ckpt``, behind
     ``CheckedEngine``. ``reference_source``: the reference's weights (its router bias completes
-    traces; default: ``ckpt``'s)."""
+    traces; default: ``ckpt``'s). ``free(device) -> bytes``: the optimized model's weights (and the
+    reference's floor where ``reference_device``, the ``--reference-device`` asked for, puts it
+    beside them) are checked against it before anything loads (``parity.memory.check_weights``);
+    None: not checked."""
     from parity.engines import BUILTIN, DUMP_PREFIX, CheckedEngine, EngineError, from_factory, router_bias
     from parity.engines import load_engine as builtin
 
     source = reference_source or ckpt.source
+    if spec == "optimized" and free is not None:
+        check_fits(ckpt, dtype=dtype or "bfloat16", device=device, free=free, reference_device=reference_device)
     try:
         if spec in BUILTIN or spec.startswith(DUMP_PREFIX):
             target = ckpt.source if spec == "optimized" else engine_checkpoint(ckpt)
@@ -239,6 +235,16 @@ def load_engine(spec: str, ckpt: Checkpoint, *, dtype: str | None, device: str, 
         raise InputError(one_line(exc)) from None
     except load_errors() as exc:
         raise InputError(one_line(exc)) from None
+
+
+def check_fits(ckpt: Checkpoint, *, dtype: str, device: str, free, reference_device: str | None) -> None:
+    """The optimized model of ``ckpt`` at ``dtype`` fits ``device`` before it loads, with the
+    reference's floor beside it where the reference will run there (``parity.memory``)."""
+    from parity import memory
+
+    memory.check_weights(ckpt.source.config, dtype=dtype, device=device, free=free,
+                         reference=memory.reference_beside(reference_device, device),
+                         synthetic=ckpt.info.get("preset"))
 
 
 def lm_head_span(ckpt: Checkpoint, device: str):

@@ -36,8 +36,11 @@ class Twin:
     """Our optimized model on ``source`` at ``dtype`` on ``device``, loaded on first use, giving the
     logits of the last consumed token for each step's consumed sequence."""
 
-    def __init__(self, source, *, dtype: str, device: str, variants: dict | None = None):
+    def __init__(self, source, *, dtype: str, device: str, variants: dict | None = None, free=None):
+        from parity.memory import free_bytes
+
         self.source, self.dtype, self.device = source, dtype, device
+        self.free = free or free_bytes  # its weights are checked against it before they load
         self.variants = dict(variants or {})
         self._model = None
         # (prompt length, prompt) -> (tokens consumed, cache): each prompt's run so far
@@ -79,6 +82,11 @@ class Twin:
         if self._model is None:
             import optimized
 
+            from parity.memory import check_weights
+
+            check_weights(self.source.config, dtype=self.dtype, device=self.device, free=self.free,
+                          what="the certified twin")
+
             if self.device == "cpu" and optimized.interpreting():
                 optimized.install_faithful_bf16_dot()
             self._model = optimized.load(self.source, device=self.device, dtype=self.dtype, **self.variants)
@@ -95,9 +103,10 @@ def is_own_twin(engine, source, dtype: str) -> bool:
             and not any(v == "reference" for v in inner.ops.choice.values()))
 
 
-def twin_for(engine, ref_model, *, dtype: str, device: str | None = None) -> Twin | None:
+def twin_for(engine, ref_model, *, dtype: str, device: str | None = None, free=None) -> Twin | None:
     """The twin of ``engine`` (None: the engine is its own twin, ``is_own_twin``). ``device``:
-    where the twin runs (default: the engine's, else cuda when present, else cpu)."""
+    where the twin runs (default: the engine's, else cuda when present, else cpu). ``free``: the
+    free-memory source its weights are checked against before they load (``parity.memory``)."""
     source = ref_model.source
     if is_own_twin(engine, source, dtype):
         return None
@@ -112,4 +121,5 @@ def twin_for(engine, ref_model, *, dtype: str, device: str | None = None) -> Twi
             device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype not in TWIN_DTYPES:
         raise ValueError(f"no certified twin runs at {dtype} (ours run at {', '.join(TWIN_DTYPES)})")
-    return Twin(source, dtype=dtype, device=device, variants=dict(getattr(ref_model, "variants", {}) or {}))
+    return Twin(source, dtype=dtype, device=device, variants=dict(getattr(ref_model, "variants", {}) or {}),
+                free=free)

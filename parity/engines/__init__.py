@@ -13,11 +13,13 @@ Built in: ``optimized`` (this repository's model), ``transformers`` (transformer
 ``KimiLinearForCausalLM``, ``hf.py``) and ``dump:PATH`` (a file any engine writes, ``dump.py``).
 Anything else is ``module:factory`` (or ``path/to/file.py:factory``), built by
 ``factory(checkpoint, *, dtype, device)``. Every engine reaches the diff through ``CheckedEngine``,
-which refuses what breaks the protocol with one line (``EngineError``).
+which refuses what breaks the protocol with one line (``EngineError``). Loading is the engine's too:
+whatever a factory (ours or yours) raises is one ``EngineError`` line naming the engine and ``load``
+(``checked.failure``), except a broken checkpoint or a bad option of ours, which name themselves.
 """
 from __future__ import annotations
 
-from .checked import CheckedEngine, EngineError
+from .checked import CheckedEngine, EngineError, failure
 from .dump import DumpEngine, DumpError
 
 BUILTIN = ("optimized", "transformers")
@@ -43,23 +45,39 @@ def load_engine(name: str, checkpoint, *, dtype: str | None, device: str | None,
     if name == "optimized":
         import optimized
 
-        return optimized.load(checkpoint, device=device, dtype=dtype or "bfloat16",
-                              backends=backends or None, **variants)
+        return _loading(name, lambda: optimized.load(checkpoint, device=device, dtype=dtype or "bfloat16",
+                                                     backends=backends or None, **variants), ours=True)
     if backends:
         raise EngineError(f"--backend applies to the optimized engine only, not {name!r}")
     if name == "transformers":
         from . import hf
 
         _fixed_variants(name, variants, hf.VARIANTS)
-        return hf.load(checkpoint, dtype=dtype or "bfloat16", device=device or "cpu",
-                       config=_config_of(checkpoint))
+        config = _config_of(checkpoint)
+        return _loading(name, lambda: hf.load(checkpoint, dtype=dtype or "bfloat16", device=device or "cpu",
+                                              config=config))
     if name.startswith(DUMP_PREFIX):
-        engine = DumpEngine(name[len(DUMP_PREFIX):], _config_of(checkpoint))
+        config = _config_of(checkpoint)
+        engine = _loading(name, lambda: DumpEngine(name[len(DUMP_PREFIX):], config))
         if dtype is not None and dtype != engine.dtype:
             raise DumpError(f"{engine.path}: the dump ran {engine.dtype}, not {dtype}")
         return engine
     raise EngineError(f"unknown engine {name!r}; built in: {', '.join(BUILTIN)}, dump:PATH; "
                       "or your own as module:factory")
+
+
+def _loading(name: str, load, *, ours: bool = False):
+    """``load()``; what it raises is the engine's failure (``checked.failure``). ``ours``: this
+    repository's model, whose unusable-input errors (a broken checkpoint, a bad variant, dtype or
+    device: ``ValueError``s of one line that name the thing) stay as they are."""
+    try:
+        return load()
+    except EngineError:
+        raise
+    except Exception as exc:
+        if ours and isinstance(exc, ValueError):
+            raise
+        raise failure(name, "load", exc) from None
 
 
 def _fixed_variants(name: str, asked: dict, runs: dict) -> None:
@@ -101,8 +119,7 @@ def from_factory(spec: str, checkpoint, *, dtype: str, device: str):
     try:
         return factory(checkpoint, dtype=dtype, device=device)
     except Exception as exc:
-        raise EngineError(f"--engine {spec}: the factory raised {type(exc).__name__}: "
-                          f"{' '.join(str(exc).split()) or '(no message)'}") from None
+        raise failure(spec, "the factory", exc) from None
 
 
 def router_bias(source):

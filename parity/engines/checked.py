@@ -4,18 +4,69 @@ An outside engine can raise, return logits of another vocabulary or of every pos
 was asked for, fill half a trace, or trace the prefill and not the decode. ``CheckedEngine`` turns
 each of these into an ``EngineError`` whose one line names the engine, the call and the problem, so
 the CLI reports it as unusable input (exit 2) instead of diffing wrong numbers.
+
+This is the engine boundary: whatever an engine raises while it loads (``parity.engines``) or runs
+(``CheckedEngine``) is the engine's failure, not a finding and not a bug of the diff: one line
+naming the engine, the phase, the exception and the innermost frame it came from (``failure``).
+Running out of memory passes through as itself, marked with where it happened, for the CLI's one
+memory line (``parity.errors.memory_line``). Code outside the boundary (the diff, the replay, the
+report) is parity's own: its exceptions keep their tracebacks.
 """
 from __future__ import annotations
 
 import inspect
+import os
+import sys
+import traceback
 
 import numpy as np
+
+from parity.errors import is_out_of_memory
 
 from .trace import TraceError, check_trace
 
 
 class EngineError(ValueError):
     """An engine that cannot be used: it raised, or returned something outside the protocol."""
+
+
+def failure(name: str, phase: str, exc: BaseException) -> BaseException:
+    """What to raise for ``exc``, raised by engine ``name`` in ``phase`` (``load``, ``prefill``,
+    ``decode``, ...): an ``EngineError`` of one line (``engine NAME: PHASE raised Type: message
+    (at file:line)``), or an out-of-memory error itself with ``parity_where`` set."""
+    if is_out_of_memory(exc):
+        try:
+            exc.parity_where = f"engine {name}: {phase}"
+        except AttributeError:  # an exception type that takes no attributes: the line says less
+            pass
+        return exc
+    if isinstance(exc, EngineError):  # an engine made of another (a factory loading a built-in one)
+        return EngineError(f"engine {name}: {phase}: {exc}")
+    text = " ".join(str(exc).split()) or "(no message)"
+    where = _innermost(exc)
+    return EngineError(f"engine {name}: {phase} raised {type(exc).__name__}: {text}"
+                       + (f" (at {where})" if where else ""))
+
+
+def _innermost(exc: BaseException) -> str | None:
+    """Where ``exc`` came from: the innermost Python frame (``path:line``, the path relative to the
+    ``sys.path`` entry or working directory that holds it), preceded by the last frame outside
+    that frame's package when there is one below the guard (``parity/engines/hf.py:143 ->
+    torch/nn/modules/module.py:1967``: a library's frame alone rarely says whose call it was)."""
+    frames = [(_relative(f.filename), f.lineno) for f in traceback.extract_tb(exc.__traceback__)]
+    if not frames:
+        return None
+    package = lambda path: path.split(os.sep)[0]  # noqa: E731
+    inner = frames[-1]
+    caller = next((f for f in reversed(frames[1:-1]) if package(f[0]) != package(inner[0])), None)
+    return " -> ".join(f"{p}:{n}" for p, n in ([caller] if caller else []) + [inner])
+
+
+def _relative(filename: str) -> str:
+    path = os.path.abspath(filename)
+    roots = sorted({os.path.abspath(p) for p in sys.path if p} | {os.getcwd()}, key=len, reverse=True)
+    root = next((r for r in roots if path.startswith(r + os.sep)), None)
+    return path[len(root) + 1:] if root else path
 
 
 def _takes_trace(method) -> bool:
@@ -88,9 +139,8 @@ class CheckedEngine:
             return fn()
         except EngineError:
             raise
-        except Exception as exc:  # an outside engine's failure, whatever its type: one line
-            text = " ".join(str(exc).split()) or type(exc).__name__
-            raise EngineError(f"engine {self.name}: {method} raised {type(exc).__name__}: {text}") from None
+        except Exception as exc:  # the engine's failure, whatever its type: one line (``failure``)
+            raise failure(self.name, method, exc) from None
 
     def _call(self, method: str, args: tuple, rows: int, trace: dict | None, kwargs: dict | None = None):
         fn = getattr(self.engine, method)

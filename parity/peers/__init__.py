@@ -9,6 +9,17 @@ adapter runs; ``reference/`` and ``optimized/`` never import these packages.
 from __future__ import annotations
 
 SHORTHANDS = ("fla",)
+PACKAGES = {"fla": ("fla", "fla-core")}  # shorthand -> (module it imports, distribution to install)
+
+
+def missing(name: str) -> str | None:
+    """Why the shorthand ``name`` cannot run here (its package is not installed), or None."""
+    import importlib.util
+
+    module, dist = PACKAGES[name]
+    if importlib.util.find_spec(module) is None:
+        return f"--impl {name} needs {dist}, which is not installed (pip install 'kimi-parity[peers]')"
+    return None
 
 
 def implementations(name: str, device: str) -> dict:

@@ -12,10 +12,11 @@ from reference.checkpoint import WeightSource, save_checkpoint
 PROMPT_IDS = "75,107,104,117,35,108,104,111,104,100,117,35,115,100,117,104,35,102,114,106"
 
 
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    """``parity *argv`` in this process: (exit status, stdout, stderr). argparse errors exit too."""
+def run_cli(capsys, *argv, free_memory=None) -> tuple[int, str, str]:
+    """``parity *argv`` in this process: (exit status, stdout, stderr). argparse errors exit too.
+    ``free_memory``: ``main``'s (what each device has free, for the checks before allocating)."""
     try:
-        rc = main(list(argv))
+        rc = main(list(argv), free_memory=free_memory)
     except SystemExit as exc:
         rc = exc.code
     out = capsys.readouterr()

@@ -15,6 +15,11 @@
   ``decode_batch``, so a corpus decodes it in batches.
 * ``raises``, ``wrong_vocab``, ``two_rows``, ``half_traced``, ``not_an_engine``,
   ``one_row_batches``: engines that break the protocol.
+* engines that cannot run, each failing in one phase as a real engine does: ``prefill_raises``
+  (KeyError 'query'), ``decode_raises`` (a CUDA error's multi-line message), ``prefill_out_of_gpu_memory``
+  (torch.OutOfMemoryError), ``decode_out_of_host_memory`` (NumPy's own _ArrayMemoryError, from an
+  allocation NumPy refuses at once), ``factory_out_of_memory``, ``transformers_raises``
+  (transformers' own model, a layer of which raises in its forward).
 """
 from __future__ import annotations
 
@@ -195,3 +200,77 @@ def nan_state(checkpoint, *, dtype, device):
     from tests.parity.planted_model import Planted
 
     return Planted(optimized.load(_source(checkpoint), dtype=dtype, device=device), "nan_state", 0)
+
+
+GPU_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB of which "
+           "1.10 GiB is free. Including non-PyTorch memory, this process has 78.0 GiB memory in use.\n"
+           "If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF")
+
+
+class _FailsIn:
+    """The NumPy model, except that its ``phase`` call (prefill or decode) calls ``fail()``."""
+
+    def __init__(self, model, phase: str, fail):
+        self.model, self.phase, self.fail = model, phase, fail
+
+    def prefill(self, token_ids, *, trace=None):
+        if self.phase == "prefill":
+            self.fail()
+        return self.model.prefill(token_ids, trace=trace)
+
+    def decode(self, token_id, cache, *, trace=None):
+        if self.phase == "decode":
+            self.fail()
+        return self.model.decode(token_id, cache, trace=trace)
+
+
+def _fails_in(checkpoint, phase, fail):
+    import reference
+
+    return _FailsIn(reference.load(_source(checkpoint)), phase, fail)
+
+
+def _raise(exc):
+    def fail():
+        raise exc
+
+    return fail
+
+
+def prefill_raises(checkpoint, *, dtype, device):
+    return _fails_in(checkpoint, "prefill", _raise(KeyError("query")))
+
+
+def decode_raises(checkpoint, *, dtype, device):
+    return _fails_in(checkpoint, "decode", _raise(RuntimeError(
+        "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported")))
+
+
+def prefill_out_of_gpu_memory(checkpoint, *, dtype, device):
+    import torch
+
+    return _fails_in(checkpoint, "prefill", _raise(torch.OutOfMemoryError(GPU_OOM)))
+
+
+def decode_out_of_host_memory(checkpoint, *, dtype, device):
+    return _fails_in(checkpoint, "decode", lambda: np.empty(1 << 47))  # 1 PiB: refused by NumPy at once
+
+
+def factory_out_of_memory(checkpoint, *, dtype, device):
+    import torch
+
+    raise torch.OutOfMemoryError(GPU_OOM)
+
+
+def transformers_raises(checkpoint, *, dtype, device):
+    """transformers' own model whose first decoder layer raises in its forward (a kernel the
+    installed stack cannot launch); where transformers itself cannot load, that failure instead."""
+    from parity.engines import load_engine
+
+    engine = load_engine("transformers", checkpoint, dtype=dtype, device=device)
+
+    def fail(module, args):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    engine.hf_model.model.layers[0].register_forward_pre_hook(fail)
+    return engine

@@ -15,6 +15,8 @@ to it. Usable from the command line: ``--impl kda.recurrent=tests/parity/planted
 - ``faults`` (CUDA only): a kernel stores to an unmapped address, which poisons the process's CUDA
   context (fla's chunk_kda faulted with a misaligned address on some shapes);
 - ``kills_its_process``: correct, but it ends its process (``os._exit``) or segfaults on two shapes;
+  ``exits``: ends its process on every call (``os._exit(13)``); ``out_of_memory``: raises
+  ``torch.OutOfMemoryError`` on every call;
 - ``flips_a_bit``: correct, but every other call flips the last bit of one output element (a racy
   kernel: within the bound, not the same bytes twice).
 """
@@ -146,6 +148,18 @@ def kills_its_process(q, k, v, g, beta, *, scale=None, initial_state=None, cu_se
     if q.shape[1] == 70:
         ctypes.string_at(0)
     return recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)
+
+
+def exits(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
+    """Ends its process on every call (``os._exit(13)``), as a C extension that aborts does."""
+    import os
+
+    os._exit(13)
+
+
+def out_of_memory(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+                                 "of 79.11 GiB of which 1.10 GiB is free.\nIncluding non-PyTorch memory")
 
 
 _FLIPS = [0]

@@ -189,3 +189,44 @@ def test_a_call_that_never_returns_is_a_fault_and_its_worker_is_killed(parity_de
     finally:
         worker.close()
     assert res.fault == "the call did not return within 2 s (the worker was killed)" and worker.faults == 1
+
+
+def test_an_outside_candidate_that_ends_its_process_fails_only_its_op_without_any_flag(tmp_path, capsys, parity_device):
+    """No --workers: on the CPU an --impl from outside the project runs in a worker by default (on a
+    GPU, one per device already). Its os._exit(13) fails kda.recurrent, named in the certificate,
+    and the other op is certified: exit 1, a certificate written."""
+    path = tmp_path / "c.json"
+    rc = main(["certify", "--device", parity_device, "--ops", "kda.recurrent", "elementwise.silu",
+               "--impl", f"kda.recurrent={planted_kda.__file__}:exits", "--candidate", "reference-f32",
+               "--dtype", "float32", "--examples", "1", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "worker process(es)" in out
+    doc = json.loads(path.read_text())
+    by_op = {op["op"]: op for op in doc["ops"]}
+    assert by_op["elementwise.silu"]["verdict"] == "certified"
+    kda = by_op["kda.recurrent"]
+    assert kda["verdict"] == "not certified"
+    faults = [c["fault"] for run in kda["runs"].values() for c in run["cases"] if c.get("fault")]
+    assert faults and set(faults) == {"the worker process exited with status 13"}, faults
+
+
+@pytest.mark.parametrize("spec, isolated", [
+    ("optimized", False), ("reference-f32", False), ("fla", False),
+    ("tests.parity.planted_kda:recurrent", True), ("tests/parity/planted_kda.py:recurrent", True),
+    ("optimized.kda:recurrent", False),
+])
+def test_outside_code_is_isolated_by_default_on_the_cpu_and_the_projects_own_is_not(spec, isolated):
+    from parity import candidate
+    from parity.cli.certify import _workers
+    from parity.peers import implementations
+
+    if spec in candidate.NAMES:
+        cand = candidate.named(RECURRENT, spec)
+    elif spec == "fla":
+        cand = candidate.of(implementations("fla", "cpu")["kda.recurrent"])
+    else:
+        cand = candidate.of(candidate.load(spec), spec=spec)
+    assert candidate.in_project(cand) is not isolated
+    assert _workers(None, "cpu", {"kda.recurrent": cand}) == (1 if isolated else None)
+    assert _workers(0, "cpu", {"kda.recurrent": cand}) == 0   # asked for: as asked

@@ -199,3 +199,13 @@ def test_a_batchs_logit_rows_are_checked_together_as_each_alone(parity_device):
             assert g == want
         else:
             assert g.units == pytest.approx(want.units, rel=1e-9, abs=1e-12)
+
+
+@needs_transformers
+def test_transformers_failing_inside_its_own_model_is_one_line_and_exit_2(tmp_path, capsys, parity_device):
+    """transformers' model (or, where this transformers cannot load it, its loading) raising."""
+    rc, out, err = run_cli(capsys, "diff", "--engine", f"{PLANTED}:transformers_raises", "--dtype", "float32",
+                           "--device", parity_device, "--steps", "2", "--prompt-ids", PROMPT_IDS, "--no-progress")
+    one_line_error(rc, out, err, "raised")
+    assert ("prefill raised RuntimeError: no kernel image is available" in err
+            or "the factory: engine transformers: load raised" in err), err

@@ -108,7 +108,7 @@ def test_memory_errors_become_one_line_saying_what_did_not_fit_and_what_to_try()
     assert "\n" not in msg and "80.0 GiB on cuda:0" in msg and "try --reference-device cpu" in msg
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
                                  "capacity of 139.81 GiB of which 1.10 GiB is free.\nIncluding ...")
-    with pytest.raises(InputError, match=r"optimized model ran out of GPU memory on cuda: tried to allocate "
+    with pytest.raises(InputError, match=r"^out of GPU memory on cuda: tried to allocate "
                                          r"2.00 GiB, 1.10 GiB free; try --reference-device cpu"):
         with reference_device.memory_errors("cuda", "cuda"):
             raise oom
