@@ -1,6 +1,6 @@
-"""Rewrite the outputs the docs show by running them again: every transcript (a ```console block
-whose mark names this script) and every ``<!-- output -->`` block after a python block (one the
-suite runs, or one whose mark names this script).
+"""Rewrite the outputs the docs show by running them again: every transcript (a ```console block)
+and every ``<!-- output -->`` block after a python block, of the blocks the test suite runs and
+those whose ``<!-- not run: ... -->`` mark names this script.
 
     python tools/doc_outputs.py                       # every document
     python tools/doc_outputs.py docs/cli.md           # one
@@ -8,12 +8,12 @@ suite runs, or one whose mark names this script).
 
 Each document runs in a fresh folder holding a copy of fixtures/ and the docs' files (as the test
 suite runs them, tests/parity/test_docs_examples.py): its unmarked bash and python blocks in order,
-each transcript's commands under bash when its turn comes (stdout and stderr together, as a
-terminal 200 columns wide shows them, without the progress bar), ``CHECKPOINT`` and ``CKPT`` standing for the bundled
-checkpoint. ``docs/`` in that folder is the repository's (a copy with ``--check``), so a transcript
-that writes ``docs/runs/...`` refreshes the committed report too. The repository's path is shown as
-``~/kimi-parity``, the folder's as ``.``. Prints the wall time of every transcript: the docs quote
-them. The shown outputs are CPU runs: run it on a machine without a GPU.
+each transcript's commands under bash when its turn comes (stdout and stderr together, as a pipe
+gets them: tables 140 columns wide, no progress bar), ``CHECKPOINT`` and ``CKPT`` standing for the
+bundled checkpoint. ``docs/`` in that folder is the repository's (a copy with ``--check``), so a
+transcript that writes ``docs/runs/...`` refreshes the committed report too. The repository's path
+is shown as ``~/kimi-parity``, the folder's as ``.``. Prints the wall and CPU time of every
+transcript: the docs quote them. The shown outputs are CPU runs: run it on a machine without a GPU.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import io
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -35,7 +36,6 @@ from tests.parity import doc_blocks as db  # noqa: E402
 
 SHOWN_ROOT = "~/kimi-parity"
 ME = "tools/doc_outputs.py"
-WIDTH = 200  # the terminal's columns: rich wraps no line of the tool's at this width
 
 
 class Folder:
@@ -55,7 +55,7 @@ class Folder:
     def shell(self, line: str) -> str:
         if line == "echo $?":
             return f"{self.status}\n"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS=str(WIDTH),
+        env = dict(os.environ, PYTHONUNBUFFERED="1",
                    PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
         done = subprocess.run(["bash", "-c", db.substitute(line)], cwd=self.path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -79,10 +79,21 @@ class Folder:
         return text.replace(str(ROOT), SHOWN_ROOT)
 
 
+def _children_cpu() -> float:
+    """CPU seconds of the finished child processes (a wall time on a busy machine overstates a run)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _regenerated(blocks: list[db.Block], i: int) -> bool:
-    """Whether this script rewrites block ``i``: a transcript marked for it, or a shown output."""
+    """Whether this script rewrites block ``i``: a transcript it runs, or a shown output."""
     b = blocks[i]
-    return b.output or (b.lang == "console" and b.not_run is not None and ME in b.not_run)
+    return b.output or (b.lang == "console" and _runs(b))
+
+
+def _runs(block: db.Block) -> bool:
+    """Whether this script runs the block: the suite runs it, or its mark names this script."""
+    return block.not_run is None or ME in block.not_run
 
 
 def regenerate(doc: str, *, check: bool) -> list[str]:
@@ -102,15 +113,16 @@ def regenerate(doc: str, *, check: bool) -> list[str]:
                 for line in db.logical_lines(block.text):
                     folder.shell(line)
                     assert folder.status == 0, f"{block.where}: `{line}` exited {folder.status}"
-            elif block.lang == "python" and (not block.not_run or ME in block.not_run):
+            elif block.lang == "python" and _runs(block):
                 printed = folder.python(block)
                 shown = blocks[i + 1] if i + 1 < len(blocks) and blocks[i + 1].output else None
                 if shown is not None:
                     replace.append((shown, printed))
-            elif block.lang == "console" and block.not_run and ME in block.not_run:
-                start = time.time()
+            elif block.lang == "console" and _runs(block):
+                start, cpu = time.time(), _children_cpu()
                 text = "".join(f"$ {command}\n" + folder.shell(command) for command, _ in db.transcript(block.text))
-                print(f"{block.where}: {time.time() - start:.1f} s", file=sys.stderr)
+                print(f"{block.where}: {time.time() - start:.1f} s wall, {_children_cpu() - cpu:.1f} s CPU",
+                      file=sys.stderr)
                 replace.append((block, text))
     for block, text in sorted(replace, key=lambda r: -r[0].line):
         if block.text != text:
@@ -124,7 +136,7 @@ def regenerate(doc: str, *, check: bool) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("docs", nargs="*", default=list(db.DOCUMENTS))
+    parser.add_argument("docs", nargs="*", default=list(db.documents()))
     parser.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 where an output differs")
     args = parser.parse_args(argv)
     changed = [where for doc in args.docs for where in regenerate(doc, check=args.check)]

@@ -23,9 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCUMENTS = ("README.md", "docs/getting-started.md", "docs/cli.md", "docs/dump-format.md", "docs/api.md",
-             "docs/certificates.md", "docs/watch.md", "docs/concepts.md", "docs/error-bounds.md",
-             "docs/ARCHITECTURE.md", "docs/BENCHMARKS.md", "docs/spec.md")
 CODE = ("bash", "python", "console")
 NOT_RUN = re.compile(r"<!-- not run: (?P<why>.*?) -->")
 FILE_BLOCK = re.compile(r"# (?P<name>[\w.-]+\.py)\b")
@@ -84,8 +81,13 @@ def blocks(doc: str) -> list[Block]:
     return out
 
 
+def documents() -> list[str]:
+    """README.md and every page of docs/, relative to the repository."""
+    return ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+
+
 def all_blocks() -> list[Block]:
-    return [b for doc in DOCUMENTS for b in blocks(doc)]
+    return [b for doc in documents() for b in blocks(doc)]
 
 
 def files() -> dict[str, Block]:
@@ -141,6 +143,12 @@ CORPUS_SUMMARY = re.compile(r"^(?P<prompts>\d+) prompts, (?P<steps>\d+) steps: (
                             r"(?P<near>\d+) near-tie, (?P<past>\d+) past-bound, (?P<diverged>\d+) diverged")
 ROW = re.compile(r"^│\s+(?P<step>\d+) │ (?P<ref>[^│]+)│ (?P<opt>[^│]+)│ (?P<verdict>[a-z-]+(?: \(\w+\))?)\s+│")
 TABLE_LONG = 64  # longer runs print only the steps that did not match or had a router flip
+
+
+def table(output: str) -> list[list[str]]:
+    """The cells of every step row of a ``parity diff`` table: step, ref, opt, verdict,
+    max|dlogit|, KL, ref gap, margin, bound, router flips."""
+    return [[c.strip() for c in line.split("│")[1:-1]] for line in output.splitlines() if ROW.match(line)]
 
 
 def header(output: str) -> list[str]:
@@ -207,6 +215,16 @@ def corpus_shape(line: str) -> dict:
     n = {k: int(m[k]) for k in ("prompts", "match", "near", "past", "diverged")}
     assert n["match"] + n["near"] + n["past"] + n["diverged"] == n["prompts"], line
     return n
+
+
+def summary(output: str) -> tuple | None:
+    """The kind and counts of the last summary line of ``output`` (diff, golden check or corpus)."""
+    for line in reversed(output.strip().splitlines()):
+        for kind, pattern in (("diff", DIFF_SUMMARY), ("golden", GOLDEN_SUMMARY), ("corpus", CORPUS_SUMMARY)):
+            m = pattern.match(line)
+            if m:
+                return (kind, *(int(v) for k, v in m.groupdict().items() if k != "near_steps" and v is not None))
+    return None
 
 
 def check_shape(command: str, output: str, status: int | None) -> str:

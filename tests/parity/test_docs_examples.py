@@ -27,11 +27,12 @@ import sys
 import pytest
 
 from . import doc_blocks as db
+from parity.cli import main
 
 OPERATORS = {"|", "||", ";", "<", ">", ">>", "&", "(", ")"}  # a line with one of these runs under bash,
 SHELL = set("$`*")  # and one that expands these
 LANGS = ("bash", "python", "console", "json", "text", "")  # any other fence could hide code from the runner
-RUN_DOCS = [d for d in db.DOCUMENTS if any(b.code and not b.not_run for b in db.blocks(d))]
+RUN_DOCS = [d for d in db.documents() if any(b.code and not b.not_run for b in db.blocks(d))]
 
 
 def _tokens(line: str) -> list[str]:
@@ -56,31 +57,30 @@ def _inside(folder):
 
 class Reader:
     """The working folder and what ran in it: ``done`` {command: (status, output)}, ``headers``
-    (the header labels each ``parity diff`` printed), ``used`` (the docs' files some command or
-    block named)."""
+    (the header labels each ``parity diff`` printed)."""
 
     def __init__(self, folder):
         self.folder = folder
         shutil.copytree(db.ROOT / "fixtures", folder / "fixtures")
-        self.files = db.files()
-        for name, block in self.files.items():
+        for name, block in db.files().items():
             (folder / name).write_text(block.text)
         self.done: dict[str, tuple[int, str]] = {}
         self.headers: list[list[str]] = []
-        self.used: set[str] = set()
         self.namespaces: dict[str, dict] = {}
 
-    def _note_files(self, text: str) -> None:
-        self.used |= {name for name in self.files if name in text or name[:-3] in text.split()}
-
-    def command(self, line: str, where: str) -> str:
-        """Run one command line of a bash block; returns its output (stderr, then stdout)."""
+    def command(self, line: str, where: str, *, status: int = 0) -> str:
+        """Run one command line (or find it run) and check it exits with ``status``; returns its
+        output (stderr, then stdout)."""
         line = db.substitute(line)
-        self._note_files(line)
         tokens = _tokens(line)
         key = " ".join(tokens)  # the same command, whatever its comment or spacing, runs once
-        if key in self.done:
-            return self.done[key][1]
+        if key not in self.done:
+            self.done[key] = self._run(line, tokens)
+        got, output = self.done[key]
+        assert got == status, f"{where}: `{line}` exited {got}, not {status}:\n{output}"
+        return output
+
+    def _run(self, line: str, tokens: list[str]) -> tuple[int, str]:
         if OPERATORS & set(tokens) or SHELL & set(line):
             status, output = self._bash(line)
         else:
@@ -93,14 +93,11 @@ class Reader:
                 output, argv = output + out, []
                 if status:
                     break
-        self.done[key] = (status, output)
-        assert status == 0, f"{where}: `{line}` exited {status}:\n{output}"
-        return output
+        return status, output
 
     def _one(self, argv: list[str]) -> tuple[int, str]:
         if argv[0] == "parity":
-            return self._in_process(lambda: __import__("parity.cli", fromlist=["main"]).main(argv[1:]),
-                                    diff=argv[1:2] in ([], ["diff"]))
+            return self._in_process(lambda: main(argv[1:]), diff=argv[1:2] in ([], ["diff"]))
         if argv[0] in ("python", "python3") and len(argv) > 1 and argv[1].endswith(".py"):
             def script():
                 sys.argv = argv[1:]
@@ -129,7 +126,6 @@ class Reader:
 
     def python(self, block: db.Block) -> str:
         """Run a python block (the blocks of one document share their names); returns its stdout."""
-        self._note_files(block.text)
         scope = self.namespaces.setdefault(block.doc, {"__name__": "__main__"})
         out = io.StringIO()
         with _inside(self.folder), contextlib.redirect_stdout(out):
@@ -146,6 +142,7 @@ def _shown_output(blocks: list[db.Block], i: int) -> db.Block | None:
     return blocks[i + 1] if i + 1 < len(blocks) and blocks[i + 1].output else None
 
 
+@pytest.mark.parity_interpreter  # the docs' examples are CPU runs: device="cpu", the Triton interpreter
 @pytest.mark.parametrize("doc", RUN_DOCS)
 def test_every_unmarked_example_runs_as_written(doc, reader):
     blocks = db.blocks(doc)
@@ -161,8 +158,21 @@ def test_every_unmarked_example_runs_as_written(doc, reader):
             if shown is not None:
                 _same_shape(printed, shown)
         else:
-            pytest.fail(f"{block.where}: a transcript the suite runs: mark it <!-- not run: ... --> "
-                        "(python tools/doc_outputs.py regenerates it)")
+            _run_transcript(reader, block)
+
+
+def _run_transcript(reader: Reader, block: db.Block) -> None:
+    """Run a transcript's commands: each exits as shown (``$ echo $?``), and prints a summary line
+    of the same kind with the same counts as the one shown (the numbers around them may move with
+    the platform; tools/doc_outputs.py rewrites them)."""
+    runs = db.transcript(block.text)
+    for k, (command, shown) in enumerate(runs):
+        if command == "echo $?":
+            continue
+        status = int(runs[k + 1][1]) if k + 1 < len(runs) and runs[k + 1][0] == "echo $?" else 0
+        printed = reader.command(command, block.where, status=status)
+        assert db.summary(printed) == db.summary(shown), \
+            f"{block.where}: `{command}` printed\n{printed}\nthe doc shows\n{shown}"
 
 
 def _same_shape(printed: str, shown: db.Block) -> None:
@@ -192,10 +202,11 @@ def test_every_code_block_is_run_or_says_why_not():
             texts.append(b.text if b.lang == "python" else db.substitute(b.text))
     for name, block in db.files().items():
         if block.not_run is None:
-            assert any(name in t or f"import {name[:-3]}" in t for t in texts), \
+            assert any(re.search(rf"\b{re.escape(name[:-3])}\b", t) for t in texts), \
                 f"{block.where}: no block that runs uses {name}"
 
 
+@pytest.mark.parity_interpreter  # the transcripts are CPU runs: their header is the interpreter's
 def test_every_transcript_has_the_shape_of_what_the_tool_prints(reader):
     """Each ``$ parity ...`` output of a transcript: its counts add up and agree with its table, the
     exit status shown follows from them, and a ``parity diff`` header names every line the tool
