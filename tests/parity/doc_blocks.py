@@ -5,14 +5,15 @@ Every fenced block is one of:
 - ```` ```bash ````: commands the suite runs (``tests/parity/test_docs_examples.py``), line by line;
 - ```` ```python ````: code the suite runs; a block whose first line is ``# NAME.py`` is that file,
   written into the working folder for the commands that use it;
-- ```` ```console ````: a transcript, ``$ COMMAND`` lines and what they printed;
-  ``python tools/doc_outputs.py`` runs the commands again and rewrites it;
+- ```` ```console ````: a transcript, ``$ COMMAND`` lines and what they printed (``$ echo $?``: the
+  exit status); the suite runs it unless marked, ``python tools/doc_outputs.py`` reruns and rewrites it;
 - a block right after ``<!-- output -->``: what the python block before it prints (rewritten by the
   same script);
 - anything else (a synopsis, a formula, a JSON header): text.
 
 A code block the suite does not run says why, on the line before its fence:
-``<!-- not run: needs a GPU -->``. Transcripts and outputs are checked for their shape here:
+``<!-- not run: needs a GPU -->`` (a mark that names ``tools/doc_outputs.py``: that script still
+runs it). Transcripts and outputs are checked for their shape here:
 the counts of a summary line add up and agree with the table above it, the header names what the
 tool names today, the exit status shown follows from the verdicts.
 """
