@@ -64,6 +64,21 @@ def test_the_default_run_on_the_bundled_checkpoint_is_benign_and_its_report_vali
     image = matplotlib.image.imread(png)
     assert image.ndim == 3 and image.shape[0] > 400 and image.shape[1] > 600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]  # no temporaries left
+    _the_getting_started_transcript_is_this_run(report)
+
+
+def _the_getting_started_transcript_is_this_run(report: dict) -> None:
+    """docs/getting-started.md shows this command's output: its reference side (float64, the same
+    on every platform) is this run's, step by step; the engine's side is bf16 noise of the machine
+    that ran it (python tools/doc_outputs.py rewrites it; test_docs_examples.py checks its shape)."""
+    from . import doc_blocks
+
+    shown = next(out for b in doc_blocks.blocks("docs/getting-started.md") if b.lang == "console"
+                 for command, out in doc_blocks.transcript(b.text) if command == "parity diff --steps 32")
+    rows = doc_blocks.table(shown)
+    assert [(int(r[0]), r[1].split()[0], r[6]) for r in rows] == [
+        (s["step"], str(s["ref_token"]), f"{s['ref_gap']:.3g}") for s in report["steps"]], \
+        "docs/getting-started.md's 32-step run is stale: python tools/doc_outputs.py docs/getting-started.md"
 
 
 def test_a_generator_checkpoint_in_free_mode(tmp_path, capsys):
