@@ -231,6 +231,9 @@ def summary(output: str) -> tuple | None:
 def check_shape(command: str, output: str, status: int | None) -> str:
     """Check the output of one transcript command by what it ran; returns the kind checked."""
     argv = command.split()
+    if output.startswith("error: "):  # a refusal: one line, exit 2
+        assert len(output.strip().splitlines()) == 1 and status == 2, f"`{command}`: {output!r}, exit {status}"
+        return "error"
     if argv[:2] == ["parity", "diff"] or argv == ["parity"]:
         diff_shape(output, status=status)
         return "diff"
