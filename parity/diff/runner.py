@@ -226,7 +226,7 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
              on_step: Callable[[StepRecord], None] | None = None,
              on_logits: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
              localize: bool = True, tokens: list[int] | None = None,
-             lm_head: LmHeadSpan | None = None, twin="auto") -> DiffResult:
+             lm_head: LmHeadSpan | None = None, twin="auto", twin_every_step: bool = False) -> DiffResult:
     """Decode ``steps`` tokens on both paths and compare them step by step (module docstring).
 
     ``ref_model``: the reference; ``opt_model``: the optimized model or any engine
@@ -239,12 +239,14 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
     checkpoint's ``LmHeadSpan``, to hold the logits to their own bound (None: not checked).
     ``twin``: where the noise that may excuse a flip comes from (``parity.diff.twin``): "auto"
     (``twin_for``: never the engine under test), a ``Twin``, or None (no twin: flips and logits are
-    held to the ops' model-level bound only). ``on_step(record)`` is called after each step, ``on_logits(step, ref,
-    opt)`` with both float64 logit vectors (golden files keep digests of them).
+    held to the ops' model-level bound only); ``twin_every_step``: run the twin at every step, not only
+    where the engine has no traces or the tokens differ (a golden keeps every step's noise bound).
+    ``on_step(record)`` is called after each step, ``on_logits(step, ref, opt)`` with both float64
+    logit vectors (golden files keep digests of them).
     """
     run = PromptRun(ref_model, opt_model, prompt_ids, config=config, steps=steps, mode=mode, dtype=dtype,
                     rounding=rounding, on_step=on_step, on_logits=on_logits, localize=localize, tokens=tokens,
-                    lm_head=lm_head, twin=twin)
+                    lm_head=lm_head, twin=twin, twin_every_step=twin_every_step)
     ref_cache = opt_cache = None
     for step in range(steps):
         rt, ot, call = {}, {}, None
@@ -299,8 +301,8 @@ class PromptRun:
                  on_step: Callable[[StepRecord], None] | None = None,
                  on_logits: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
                  localize: bool = True, tokens: list[int] | None = None,
-                 lm_head: LmHeadSpan | None = None, twin="auto", host_weights: HostWeights | None = None,
-                 head: LmHead | None = None):
+                 lm_head: LmHeadSpan | None = None, twin="auto", twin_every_step: bool = False,
+                 host_weights: HostWeights | None = None, head: LmHead | None = None):
         self.prompt = _check_args(mode, steps, prompt_ids, config, tokens)
         self.ref_model, self.opt_model, self.config = ref_model, opt_model, config
         self.steps, self.mode, self.dtype, self.rounding = steps, mode, dtype, rounding
@@ -308,7 +310,7 @@ class PromptRun:
             on_step, on_logits, localize, tokens, lm_head)
         self.precision = precision_for(dtype, rounding=rounding)
         self.twin = twin_for(opt_model, ref_model, dtype=dtype) if twin == "auto" else twin
-        self._head = head
+        self._head, self.twin_every_step = head, twin_every_step
         # what both paths have consumed (the optimized path is always re-anchored)
         self.seq = list(self.prompt)
         self.records: list[StepRecord] = []
@@ -359,7 +361,7 @@ class PromptRun:
         out = StepLogits(step=step, position=len(seq) - 1, input_token=None if step == 0 else seq[-1], r=r, o=o,
                          t=None, dtype=self.dtype, lossy=self.lossy, stored=self.stored_dtype(opt_logits),
                          scale=getattr(twin, "arith_scale", 1.0))
-        if out.flipped or not self.localizes:
+        if out.flipped or not self.localizes or self.twin_every_step:
             out.t = None if twin is None else twin.logits(seq, len(self.prompt))
             out.certified = self.certified(rt, len(seq))
         return out

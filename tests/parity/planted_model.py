@@ -33,7 +33,8 @@ import optimized
 import reference
 from parity.diff import run_diff
 from parity.engines import CheckedEngine, load_engine, router_bias
-from parity.engines.dump import record
+from parity.engines.dump import _host, record
+from parity.engines.dump_writer import write_dump
 from parity.platform import store_rounding
 from reference.config import KimiConfig
 from reference.synthetic import SyntheticSource
@@ -197,11 +198,80 @@ def diff(source, engine, dtype, *, steps=STEPS, mode="forced", tokens=None, prom
 
 
 def through_dump(source, engine, dtype, path):
-    """``engine``'s free-mode run written to a dump at ``path``, then diffed from the file alone."""
+    """``engine``'s free-mode run written to a dump at ``path``, then diffed from the file alone;
+    the same dump without its traces is diffed too, and its verdict is never more severe (traces
+    never weaken a verdict: ``assert_traces_never_weaken``)."""
     record(engine, path, config=source.config, dtype=dtype, prompt_ids=PROMPT, steps=STEPS)
+    traced = diff_dump(source, path, dtype)
+    assert_traces_never_weaken(traced, diff_dump(source, bare_copy(path), dtype))
+    return traced
+
+
+def diff_dump(source, path, dtype):
+    """The dump at ``path`` diffed from the file alone (free mode: the reference follows its tokens)."""
     dump = CheckedEngine(load_engine(f"dump:{path}", source, dtype=None, device=None), source.config,
                          name="dump", bias=router_bias(source))
-    return diff(source, dump, dtype, mode="free", tokens=dump.engine.tokens)
+    mode = dump.engine.mode
+    return diff(source, dump, dtype, mode=mode, tokens=dump.engine.tokens if mode == "free" else None,
+                prompt=dump.engine.prompt_ids, steps=dump.engine.steps)
+
+
+def bare_copy(path):
+    """The dump at ``path`` without its traces, written beside it (``*.bare.safetensors``)."""
+    from safetensors.numpy import load_file
+
+    from parity.engines.dump import read_header
+
+    head, t = read_header(path), load_file(str(path))
+    out = path.with_suffix(".bare.safetensors")
+    write_dump(out, config=head["config"], prompt_ids=head["prompt_ids"], tokens=t["tokens"], logits=t["logits"],
+               dtype=head["dtype"], mode=head["mode"], engine=head.get("engine", ""))
+    return out
+
+
+SEVERITY = {"match": 0, "near-tie": 1, "past-bound": 2, "diverged": 3}
+
+
+def assert_traces_never_weaken(traced, untraced) -> None:
+    """The verdict with traces at least as severe as without (traces buy evidence, never leniency)."""
+    assert SEVERITY[traced.verdict] >= SEVERITY[untraced.verdict], (traced.summary()["line"],
+                                                                     untraced.summary()["line"])
+
+
+class Recording:
+    """An engine that keeps what it returned (each call's last logit row, its traces on the host,
+    the tokens it consumed), so the run just diffed is written as a forced dump (``write``)
+    without running the engine again."""
+
+    def __init__(self, engine):
+        self.engine, self.rows, self.traces, self.fed, self.prompt = engine, [], {}, [], None
+
+    def _keep(self, logits, trace: dict) -> None:
+        rows = _host(logits)
+        self.rows.append(rows.reshape(-1, rows.shape[-1])[-1])
+        for k, v in trace.items():
+            v = _host(v)
+            self.traces.setdefault(k, []).append(v.reshape(-1, v.shape[-1]))
+
+    def prefill(self, ids, *, trace=None):
+        trace = {} if trace is None else trace
+        logits, cache = self.engine.prefill(ids, trace=trace)
+        self.prompt, self.fed = list(ids), [int(ids[-1])]
+        self._keep(logits, trace)
+        return logits, cache
+
+    def decode(self, token, cache, *, trace=None):
+        trace = {} if trace is None else trace
+        logits, cache = self.engine.decode(token, cache, trace=trace)
+        self.fed.append(int(token))
+        self._keep(logits, trace)
+        return logits, cache
+
+    def write(self, path, config, dtype: str, *, traced: bool = True):
+        """The recorded run as a forced dump at ``path`` (with its traces, or without)."""
+        traces = {k: np.concatenate(v) for k, v in self.traces.items()} if traced else None
+        return write_dump(path, config=config.to_hub_dict(), prompt_ids=self.prompt, tokens=self.fed,
+                          logits=np.stack(self.rows), dtype=dtype, mode="forced", engine="recorded", traces=traces)
 
 
 def assert_caught(result, bug: str, layer: int) -> None:
