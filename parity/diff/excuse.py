@@ -71,7 +71,7 @@ class Counterfactual:
             rel = "<=" if self.margin <= self.bound else ">"
             gave = (f"gives token {self.token}, the engine's {self.opt_token} at margin {self.margin:.3g} {rel} "
                     f"bound {self.bound:.3g}")
-        return f"{what} {gave}; the engine's logits are {self.units:.3g}x the noise from its"
+        return f"{what} {gave}; the engine's logits are {self.units:.3g}x the noise away from that replay's"
 
 
 def judged(what: str, r2: np.ndarray, o: np.ndarray, e: np.ndarray, dtype: str, *, flip=None, forced: int = 1,

@@ -49,7 +49,7 @@ CASES = {
     "residual: zero": (_set(h, lambda x, t: 0 * x), f"layers.{LAYER}.residual"),
     "residual: constant": (_set(h, lambda x, t: np.ones_like(x)), f"layers.{LAYER}.residual"),
     "residual: NaN": (_set(h, lambda x, t: x * np.nan), None),
-    "final norm: (1 + w) gamma": (_set("final_norm", lambda x, t: 2 * x), "final_norm"),
+    "final norm: 2x": (_set("final_norm", lambda x, t: 2 * x), "final_norm"),
     "final norm: zero": (_set("final_norm", lambda x, t: 0 * x), "final_norm"),
     "final norm: constant": (_set("final_norm", lambda x, t: np.ones_like(x)), "final_norm"),
     "final norm: NaN": (_set("final_norm", lambda x, t: x * np.nan), None),
