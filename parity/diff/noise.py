@@ -25,7 +25,7 @@ no final norm), an insane twin leaves the dtype floor ``u |r_v|``: no excuse at 
 and the floor, so ``||e||`` sits ~2.6x above the twin's own ``||t - r||`` for Gaussian noise;
 measured on the bundled fixture (8 steps, 3 prompts): a correct engine at <= 0.57 of it at bf16
 and <= 0.09 at fp32 (with the emulated twin's scale). It is what an engine without traces is held
-to at every step (a 2x lm_head scale is ~50x past it), and with traces at each step whose tokens
+to at every step (a 2x lm_head is 20-40x past it at bf16), and with traces at each step whose tokens
 differ (``runner.py``).
 """
 from __future__ import annotations

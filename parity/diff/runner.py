@@ -109,8 +109,7 @@ class DiffResult:
             return f.describe()
         s = next((s for s in self.steps if s.past_noise), None)
         if s is not None:
-            return f"step {s.step}: {s.noise.describe()}" + ("" if self.traced else " (no traces: nothing to show "
-                                                                                  "a router flip with)")
+            return f"step {s.step}: {s.noise.describe()}"
         s = next((s for s in self.steps if s.logits is not None and s.logits.units > 1), None)
         return f"step {s.step}: {s.logits.describe()}" if s is not None else None
 
