@@ -17,14 +17,17 @@ amplification one op may apply to the error it is handed. ``A`` and the ``KAPPA`
 calibrated on benign runs (docs/concepts.md); ``amp`` is derived, per position: 1, except for a KDA
 mixer, where it is the read-out's amplification (``replay.readout_amplification``: a head whose
 ``S^T q`` cancels carries a relative error ``kappa`` times a generic head's). The router has a
-derived bound of its own (``router.py``); its ``e`` is in units of it.
+derived bound of its own (``router.py``); its ``e`` is in units of it, and so are the residual
+stream's (``replay.py``) and lm_head's (``head.py``): the ``DERIVED`` checks, each a worst-case bound
+per position, past which any single position is a bug.
 
 Two checks per op: the level (the median of ``e`` over positions against the median of the bound:
 a wrong op moves its output at most positions) and spikes (single positions past ``SPIKE`` times
-their bound; the router's bound is derived per token, so any position past it is one). The first op
-past either, layer by layer (mixer, router, FFN), is named: each op is judged on its own input, so
-the earliest in the computation is where the first bug is. With every op within its bound, router
-flips within their noise are what moved the logits.
+their bound; a ``DERIVED`` check's bound is derived per position, so any position past it is one).
+The first check past either, layer by layer (mixer, router, FFN, residual stream), then the final
+norm and lm_head, is named: each is judged on the engine's own values, so the earliest in the
+computation is where the first bug is. With every check within its bound, a router flip may explain
+a step only where a counterfactual replay shows it (``excuse.py``; the runner records it here).
 """
 from __future__ import annotations
 
@@ -135,13 +138,13 @@ class Localization:
         if self.nonfinite is not None:
             return f"first NaN/Inf at {self.nonfinite['name']} (position {self.nonfinite['position']})"
         if self.first is None:
-            text = f"not localized: every check within its bound (judged: {self.ran()}"
+            text = f"every check within its bound (judged: {self.ran()}"
             if self.unchecked:
                 text += "; could not run: " + "; ".join(self.unchecked)
             text += ")"
             if self.shown is not None:
-                text += f"; explained: {self.shown.describe()}"
-            return text
+                return f"{text}; a router decision shown to explain it: {self.shown.describe()}"
+            return f"not localized: {text}"
         f = self.first
         bad = [x for x in self.router_flips if x.layer == f.layer and not x.within_noise]
         if f.op == "router" and bad:

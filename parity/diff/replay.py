@@ -10,7 +10,13 @@ replay recovers what the engine handed each op:
   call;
 * ``layers.i.router`` and ``layers.i.ffn`` read ``mid``, that stream plus the engine's mixer
   output (as the engine added them, one rounding to its storage dtype at most); the replayed router is judged by ``router.judge_router``, and the replayed FFN runs the experts the
-  engine chose (its router is judged on its own), so a benign router flip never fails an FFN.
+  engine chose (its router is judged on its own), so a benign router flip never fails an FFN;
+* ``layers.i.residual``: the engine's stream after the layer against its stream before it plus its
+  own mixer and FFN outputs, in float64, in units of a bound derived from their storage rounding
+  (``_Batch.residual``): an add the engine got wrong (an output added twice, or not at all) is named
+  here, never at a correct op;
+* ``final_norm`` (where traced) replayed on the engine's own last stream, judged as the ops are.
+  The step's logits are replayed through lm_head from that row by the runner (``head.py``).
 
 Per op and position the replay's error is ``e[p] = ||engine - replay|| / max(||replay[p]||,
 median_q ||replay[q]||)`` and its bound ``amp[p] * (A * e_in[p] + fresh)``: ``e_in`` only the
