@@ -41,3 +41,21 @@ def test_the_logits_are_held_to_the_norm_of_the_noise_and_nan_is_never_within_it
     n = step_noise(R, R, T, dtype="float32", scale=1.0, certified=None, lossy=None)
     assert logits_noise(R, T, n).units < 1 < logits_noise(R, 2 * R, n).units
     assert logits_noise(R, np.full(V, np.nan), n).units == np.inf
+
+
+def test_the_twin_of_our_optimized_model_is_never_the_engine_under_test():
+    import optimized
+    import reference
+    from parity.diff.twin import twin_for
+    from reference.checkpoint import open_source
+    from reference.fixtures import default_checkpoint_path
+
+    source = open_source(default_checkpoint_path())
+    ref, engine = reference.load(source), optimized.load(source, dtype="bfloat16")
+    twin = twin_for(engine, ref, dtype="bfloat16")
+    assert twin.kind == "emulated" and "every op family on the reference backend" in twin.describe()
+    model = twin._load()
+    assert model is not engine and set(model.ops.choice.values()) == {"reference"}
+    assert abs(twin.arith_scale - 1.0) < 1e-3 and twin_for(engine, ref, dtype="float32").arith_scale == 17.0
+    # any other engine on a GPU: our optimized model (loaded on first use only)
+    assert twin_for(object(), ref, dtype="bfloat16", device="cuda").kind == "triton"
