@@ -153,12 +153,13 @@ class Localization:
             return (f"{f.name} (router) at position {f.position}: its scores or selection "
                     f"{f.spike_units:.3g}x their derived bound")
         pos = f.position if self.first_position is None else self.first_position
+        worst = "" if pos == f.position else f" at worst (position {f.position})"
         if f.op == "residual":
             return (f"{f.name} (residual stream) at position {pos}: the stream after the layer differs from its "
-                    f"input + mixer + FFN output by {f.spike_units:.3g}x its bound (worst, at position {f.position})")
+                    f"input + mixer + FFN output by {f.spike_units:.3g}x its bound{worst}")
         if f.op == "lm_head":
             return (f"lm_head at position {pos}: the engine's logits differ from lm_head of its own final_norm row "
-                    f"by {f.spike_units:.3g}x their bound (worst, at position {f.position})")
+                    f"by {f.spike_units:.3g}x their bound{worst}")
         if self.first_kind == "level":
             text = (f"{f.name} ({f.op}): median error {f.rel_err:.3g} = {f.units:.3g}x its bound "
                     f"{f.bound:.3g}")
