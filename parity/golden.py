@@ -4,8 +4,8 @@ recomputing the float64 reference.
 ``record`` decodes ``steps`` tokens on both paths (forced mode, exactly as ``parity diff``) and keeps,
 per step, the reference's greedy token, the SHA-256 of its float64 logits (little-endian bytes: a
 re-recording on any machine must reproduce it bit for bit), the ``top_k`` largest reference logits
-with their ids, and the optimized path's noise bound of that step (``classify_step``'s bound at
-record time, at the recorded dtype). A run with a diverged step is not recorded: a golden
+with their ids, and the noise bound of that step (``classify_step``'s bound at record time, at the
+recorded dtype, from the certified twin's noise: ``parity.diff.noise``, never the engine's own). A run with a diverged step is not recorded: a golden
 certifies the optimized path as it was when it agreed with the reference.
 
 ``check`` runs only the optimized path, teacher-forced on the golden tokens, and compares:
@@ -92,7 +92,7 @@ def record(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int, d
         kept[step] = {"logits_sha256": logits_digest(r), "top_ids": ids, "top_values": vals}
 
     result = run_diff(ref_model, opt_model, prompt_ids, config=config, steps=steps, mode="forced",
-                      dtype=dtype, rounding=rounding, on_step=on_step, on_logits=keep)
+                      dtype=dtype, rounding=rounding, on_step=on_step, on_logits=keep, twin_every_step=True)
     rows = [{"step": s.step, "token": s.ref_token, **kept[s.step], "bound": s.bound} for s in result.steps]
     return {"top_k": top_k, "steps": rows}, result
 

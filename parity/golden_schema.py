@@ -12,7 +12,8 @@ most ``n`` long errs by at most ``L * gamma_n(u)`` relative to the logits (each 
 worth more than the logit itself. So a bound above ``2 * min(1, L * gamma_n(u)) * scale`` is more than
 the dtype's noise can explain, with ``scale = max(1, max |top_values|)`` and ``u`` the dtype's unit
 roundoff under round-toward-zero (the Triton interpreter's rounding; twice nearest for bf16). The
-bundled float32 golden's bounds are 11-28 u * scale, its ceiling about 1,000 u * scale.
+bundled float32 golden's bounds (the emulated twin's noise, x17 at fp32 for the arithmetic inside the
+ops: ``parity.diff.twin``) are 106-448 u * scale, its ceiling about 1,000 u * scale.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import numpy as np
 from .executor import to_numpy
 
 MOE_COMBINES = ("unbiased", "biased")
+OWN = -1  # a replayed routing's row of OWN: that token keeps the router's own choice
 
 
 def check_variants(*, moe_combine, kv_norm_eps) -> None:
@@ -54,8 +55,9 @@ def check_token_id(token_id, vocab_size: int) -> int:
 
 def check_routing(routing, T: int, config) -> dict:
     """``routing`` ``{layer: ids [T, k_e]}`` (expert choices to replay) checked against ``config``
-    (a ``KimiConfig``): MoE layer indices, integer ids in ``[0, E)``, no expert twice in a row.
-    Returns ``{layer: int ids}`` (NumPy); None is ``{}``."""
+    (a ``KimiConfig``): MoE layer indices, integer ids in ``[0, E)``, no expert twice in a row; a
+    row of ``-1`` (``OWN``) leaves that token to the router's own choice. Returns ``{layer: int
+    ids}`` (NumPy); None is ``{}``."""
     c = config
     if routing is None:
         return {}
@@ -70,10 +72,12 @@ def check_routing(routing, T: int, config) -> dict:
         want = (T, c.num_experts_per_token)
         if ids.shape != want or ids.dtype.kind not in "iu":
             raise ValueError(f"routing[{layer}]: expected integer ids of shape {want}, got {ids.dtype} {ids.shape}")
-        if ids.size and (ids.min() < 0 or ids.max() >= c.num_experts):
-            raise ValueError(f"routing[{layer}]: expert ids must be in [0, {c.num_experts}), got "
-                             f"{ids.min()}..{ids.max()}")
-        if any(len(set(row)) != len(row) for row in ids.tolist()):
+        own = np.all(ids == OWN, axis=-1)
+        given = ids[~own]
+        if given.size and (given.min() < 0 or given.max() >= c.num_experts):
+            raise ValueError(f"routing[{layer}]: expert ids must be in [0, {c.num_experts}) (or a whole row "
+                             f"of {OWN}: the router's own choice), got {given.min()}..{given.max()}")
+        if any(len(set(row)) != len(row) for row in given.tolist()):
             raise ValueError(f"routing[{layer}]: a token names the same expert twice")
         checked[int(layer)] = ids
     return checked

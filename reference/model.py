@@ -64,7 +64,7 @@ from . import conv, embed, kda, mla, moe, norm
 from .batch import Rider, check_batch, check_riders
 from .cache import KDACache, MLACache, ModelCache, check_cache, empty_cache
 from .checkpoint import WeightSource, open_source
-from .checks import check_routing, check_token_id, check_token_ids, check_variants
+from .checks import OWN, check_routing, check_token_id, check_token_ids, check_variants
 from .config import KimiConfig
 from .elementwise import sigmoid
 from .executor import NUMPY, Executor, device_of, get_executor, to_numpy
@@ -135,8 +135,9 @@ class Model:
 
         ``routing`` ``{layer: ids [T, k_e]}``: replay these expert choices in those MoE layers
         instead of the reference's own top-k (the combine weights are still the reference's scores at
-        those ids, by the same rule). For judging a run whose router split a near-tie the other way:
-        with its choices replayed, what is left between the two is smooth arithmetic error.
+        those ids, by the same rule); a row of ``-1`` keeps that token's own top-k, so one choice can
+        be forced alone. For judging a run whose router split a near-tie the other way: with its
+        choices replayed, what is left between the two is smooth arithmetic error.
         """
         ids = self._check_ids(token_ids)
         return self._run(ids, trace, self._check_routing(routing, len(ids)), logits=logits,
@@ -585,6 +586,12 @@ class Model:
                                       num_groups=c.num_expert_group, topk_groups=c.topk_group, **rule)
         else:
             ids = forced
+            own = to_numpy(forced)[:, 0] == OWN
+            if own.any():  # these rows keep the router's own top-k
+                _, mine = moe.router(logits, bias, top_k=c.num_experts_per_token, num_groups=c.num_expert_group,
+                                     topk_groups=c.topk_group, **rule)
+                ex = self.executor
+                ids = ex.xp.where(ex.asarray(own, dtype=ex.xp.bool)[:, None], mine, forced)
             weights = moe.route_weights(sigmoid(logits), bias, ids, **rule)
         if trace is not None:
             scores = sigmoid(logits)

@@ -61,11 +61,16 @@ def hidden_rel_bound(config, S: int, dtype: str) -> float:
     return LAMBDA * math.sqrt(sum(u ** 2 + n * ua ** 2 for _, n in path_ops(config, S)))
 
 
+def logit_rel_bound(config, S: int, dtype: str) -> float:
+    """A logit's bound of a token at position S-1 in units of its magnitude ``sum_k |h_k| |W_jk|``:
+    the final hidden state's relative bound plus the lm_head's own rounding."""
+    u, ua = _units(dtype)
+    return hidden_rel_bound(config, S, dtype) + LAMBDA * math.sqrt(u ** 2 + config.hidden_size * ua ** 2)
+
+
 def logit_bound(config, S_of_rows, h_ref: np.ndarray, w_lm: np.ndarray, dtype: str) -> np.ndarray:
     """[T, vocab] bound of logits whose rows sit at positions ``S_of_rows - 1``; ``h_ref`` [T, D]
     the reference's final-norm output, ``w_lm`` [vocab, D] the lm_head weight."""
-    u, ua = _units(dtype)
     mag = np.abs(h_ref) @ np.abs(w_lm).T
-    lm = LAMBDA * math.sqrt(u ** 2 + config.hidden_size * ua ** 2)
-    rel = np.array([hidden_rel_bound(config, int(S), dtype) for S in np.atleast_1d(S_of_rows)])
-    return (rel[:, None] + lm) * mag
+    rel = np.array([logit_rel_bound(config, int(S), dtype) for S in np.atleast_1d(S_of_rows)])
+    return rel[:, None] * mag

@@ -4,9 +4,12 @@
     result = run_diff(ref_model, opt_model, prompt_ids, config=config, steps=32)
     result.summary()["line"]   # '32/32 tokens match, 0 near-ties, 0 diverged'
 
-Modules: ``runner`` (the decode loop, verdicts, summary), ``router`` (router flips and their noise
-bound), ``localize`` (first layer and op past its bound, first NaN/Inf), ``logits`` (the logits'
-own bound: their part outside lm_head's span), ``report`` (JSON report, atomic writes), ``render``
+Modules: ``runner`` (the decode loop, verdicts, summary), ``step`` (one step's logits and record),
+``replay`` (every layer, its residual stream and the final norm on the engine's own values),
+``router`` (router flips and their noise bound), ``localize`` (first check past its bound, first
+NaN/Inf), ``head`` (the logits replayed through lm_head), ``logits`` (the logits' own bound: their
+part outside lm_head's span), ``twin`` and ``noise`` (the certified twin, its sanity, the step's
+noise), ``excuse`` (counterfactual replays of router flips), ``report`` (JSON report, atomic writes), ``render``
 (rich table), ``plot`` (PNG), ``corpus`` (``--prompts``: one run per prompt, the corpus report,
 shards and their merge). The optimized side may be any engine (``parity.engines``).
 """

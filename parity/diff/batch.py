@@ -31,6 +31,7 @@ from parity.metrics import to_numpy
 from reference.batch import split_trace
 
 from .localize import first_nonfinite
+from .head import LmHead
 from .logits import LmHeadSpan
 from .replay import HostWeights, ReplayCall, replay_batch, riders
 from .runner import HERE, DiffResult, PromptRun, StepLogits, StepRecord, on_host, prefill_riding
@@ -46,8 +47,10 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
     all of them taken together: ``ref_model`` and ``opt_model`` need ``decode_batch``
     (``opt_model`` a ``CheckedEngine``). Returns the results in prompt order."""
     host = HostWeights(ref_model)  # the router weights on the host, once for the batch
+    head = LmHead.of(ref_model.source, config, span=lm_head)  # the lm_head, once for the batch
     runs = [PromptRun(ref_model, opt_model, p, config=config, steps=steps, mode=mode, dtype=dtype,
-                      rounding=rounding, localize=localize, lm_head=lm_head, twin=twin, host_weights=host)
+                      rounding=rounding, localize=localize, lm_head=lm_head, twin=twin, host_weights=host,
+                      head=head)
             for p in prompts]
     fresh = opt_model.batch_caches(len(runs))
     ref_caches, opt_caches = [], []
@@ -57,7 +60,7 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
         opt_logits, ot = on_host(opt_logits, ot)
         ref_logits, ref_cache, call = prefill_riding(run, ot, rt)
         ref_logits, rt = on_host(ref_logits, rt)
-        run.judge(run.logits(0, ref_logits, opt_logits), rt, ot, call=call)
+        run.judge(run.logits(0, ref_logits, opt_logits, rt, ot), rt, ot, call=call)
         ref_caches.append(ref_cache)
         opt_caches.append(opt_cache)
     B = len(runs)
@@ -77,7 +80,7 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
         calls = _replayed(runs, replaying, tokens, ots, riding)
         checks = _logits_checks(runs[0], opt_logits)
         nonfinite = None if first_nonfinite(ot, config) is None else HERE  # a finite batch: every row
-        logits = [run.logits(step, ref_logits[b], opt_logits[b]) for b, run in enumerate(runs)]
+        logits = [run.logits(step, ref_logits[b], opt_logits[b], rts[b], ots[b]) for b, run in enumerate(runs)]
         records = _records(logits)
         for b, (run, r, o, call) in enumerate(zip(runs, rts, ots, calls)):
             run.judge(logits[b], r, o, call=call, logits_check=checks[b], nonfinite=nonfinite, record=records[b])

@@ -17,14 +17,17 @@ amplification one op may apply to the error it is handed. ``A`` and the ``KAPPA`
 calibrated on benign runs (docs/concepts.md); ``amp`` is derived, per position: 1, except for a KDA
 mixer, where it is the read-out's amplification (``replay.readout_amplification``: a head whose
 ``S^T q`` cancels carries a relative error ``kappa`` times a generic head's). The router has a
-derived bound of its own (``router.py``); its ``e`` is in units of it.
+derived bound of its own (``router.py``); its ``e`` is in units of it, and so are the residual
+stream's (``replay.py``) and lm_head's (``head.py``): the ``DERIVED`` checks, each a worst-case bound
+per position, past which any single position is a bug.
 
 Two checks per op: the level (the median of ``e`` over positions against the median of the bound:
 a wrong op moves its output at most positions) and spikes (single positions past ``SPIKE`` times
-their bound; the router's bound is derived per token, so any position past it is one). The first op
-past either, layer by layer (mixer, router, FFN), is named: each op is judged on its own input, so
-the earliest in the computation is where the first bug is. With every op within its bound, router
-flips within their noise are what moved the logits.
+their bound; a ``DERIVED`` check's bound is derived per position, so any position past it is one).
+The first check past either, layer by layer (mixer, router, FFN, residual stream), then the final
+norm and lm_head, is named: each is judged on the engine's own values, so the earliest in the
+computation is where the first bug is. With every check within its bound, a router flip may explain
+a step only where a counterfactual replay shows it (``excuse.py``; the runner records it here).
 """
 from __future__ import annotations
 
@@ -45,13 +48,17 @@ KAPPA_STORAGE = 4.0   # fresh rounding of one op: values stored at the run dtype
 KAPPA_ARITH = 64.0    # ... and its arithmetic (fp32 reductions, exp/log/sqrt), units of ua
 SPIKE = 2.0           # a single position may exceed the level bound this much before it is a spike
 ENTRIES = ("mixer", "ffn")
+DERIVED = ("router", "residual", "lm_head")  # their e is in units of a bound derived per position
+HINT = {"kda": "kda", "mla": "mla", "moe": "moe", "mlp": "moe", "router": "moe", "norm": "norm",
+        "residual": "norm", "lm_head": "embed"}  # the family to swap (our model fuses each residual add
+                                                 # with the norm after it)
 
 
 @dataclass
 class EntryError:
-    name: str           # trace key, e.g. "layers.2.mixer"
-    layer: int | None   # None for final_norm
-    op: str             # kda | mla | mlp | moe | norm
+    name: str           # trace key, e.g. "layers.2.mixer", or the check: "layers.2.residual", "lm_head"
+    layer: int | None   # None for final_norm and lm_head
+    op: str             # kda | mla | mlp | moe | router | residual | norm | lm_head
     rel_err: float      # level: median relative error over the positions
     bound: float        # its bound
     units: float        # rel_err / bound
@@ -77,12 +84,21 @@ class Localization:
     entries: list[EntryError]
     first: EntryError | None                 # the op past its bound (level first, else the root spike);
                                              # None when nothing is, or only router flips in noise
-    first_kind: str | None                   # "level" | "spike" | "router" (nothing past its bound)
+    first_kind: str | None                   # "level" | "spike" | "router" (nothing past its bound
+                                             # and a replayed flip shown to explain the step)
     first_position: int | None               # the root spike's position (or the explaining flip's)
     nonfinite: dict | None                   # first entry where the optimized path holds NaN/Inf
     router_flips: list[RouterFlip]
-    explained_by_router: list[RouterFlip]    # non-empty: the root spike is a router flip in noise
+    explained_by_router: list[RouterFlip]    # the flip a counterfactual replay showed to explain the
+                                             # step (set by the runner; ``shown`` says what it gave)
     backend_hint: str | None
+    unchecked: list[str] = field(default_factory=list)  # checks that could not run, and why
+    shown: object | None = None              # the ``excuse.Counterfactual`` that explained the step
+
+    @property
+    def localized(self) -> bool:
+        """Whether something is named: a check past its bound, or NaN/Inf."""
+        return self.first is not None or self.nonfinite is not None
 
     def to_dict(self) -> dict:
         return {
@@ -91,21 +107,44 @@ class Localization:
             "first_kind": self.first_kind, "first_position": self.first_position,
             "nonfinite": self.nonfinite,
             "explained_by_router": [f.to_dict() for f in self.explained_by_router],
+            "shown": self.shown.to_dict() if self.shown is not None else None,
             "backend_hint": self.backend_hint,
             "router_flips": [f.to_dict() for f in self.router_flips],
+            "checks": self.checks(),
+            "unchecked": self.unchecked,
             "entries": [e.to_dict() for e in self.entries],
         }
+
+    def checks(self) -> list[str]:
+        """What was judged, in order: ``mixer``, ``router``, ``ffn``, ``residual`` (per layer),
+        ``final_norm``, ``lm_head`` (those the run's traces allowed)."""
+        seen: list[str] = []
+        for e in self.entries:
+            kind = e.name.rsplit(".", 1)[-1]
+            if kind not in seen:
+                seen.append(kind)
+        return seen
+
+    def ran(self) -> str:
+        """``mixer, router, ffn, residual of 4 layers, final_norm, lm_head over 12 positions``."""
+        kinds = self.checks()
+        layers = len({e.layer for e in self.entries if e.layer is not None})
+        per_layer = [k for k in kinds if k not in ("final_norm", "lm_head")]
+        head = [k for k in kinds if k in ("final_norm", "lm_head")]
+        text = ", ".join(per_layer) + f" of {layers} layers" if per_layer else "nothing"
+        return text + "".join(f", {k}" for k in head) + f" over {self.tokens} positions"
 
     def describe(self) -> str:
         if self.nonfinite is not None:
             return f"first NaN/Inf at {self.nonfinite['name']} (position {self.nonfinite['position']})"
-        if self.explained_by_router:
-            more = len(self.explained_by_router) - 2
-            return ("every op within its bound on the engine's own inputs; router flip(s) in noise: "
-                    + "; ".join(f.describe() for f in self.explained_by_router[:2])
-                    + (f" (+{more} more)" if more > 0 else ""))
         if self.first is None:
-            return "not localized: every layer within its bound"
+            text = f"every check within its bound (judged: {self.ran()}"
+            if self.unchecked:
+                text += "; could not run: " + "; ".join(self.unchecked)
+            text += ")"
+            if self.shown is not None:
+                return f"{text}; a router decision shown to explain it: {self.shown.describe()}"
+            return f"not localized: {text}"
         f = self.first
         bad = [x for x in self.router_flips if x.layer == f.layer and not x.within_noise]
         if f.op == "router" and bad:
@@ -113,6 +152,14 @@ class Localization:
         if f.op == "router":
             return (f"{f.name} (router) at position {f.position}: its scores or selection "
                     f"{f.spike_units:.3g}x their derived bound")
+        pos = f.position if self.first_position is None else self.first_position
+        worst = "" if pos == f.position else f" at worst (position {f.position})"
+        if f.op == "residual":
+            return (f"{f.name} (residual stream) at position {pos}: the stream after the layer differs from its "
+                    f"input + mixer + FFN output by {f.spike_units:.3g}x its bound{worst}")
+        if f.op == "lm_head":
+            return (f"lm_head at position {pos}: the engine's logits differ from lm_head of its own final_norm row "
+                    f"by {f.spike_units:.3g}x their bound{worst}")
         if self.first_kind == "level":
             text = (f"{f.name} ({f.op}): median error {f.rel_err:.3g} = {f.units:.3g}x its bound "
                     f"{f.bound:.3g}")
@@ -183,29 +230,29 @@ class ReplayStats:
             if len(self._parts) > 1:
                 self._parts = [np.concatenate(self._parts, axis=-1)]
             e, e_in, amp = self._parts[0][..., :upto]
-            router = np.array([op == "router" for _, _, op in self.names])
-            # the router's e is in units of its own derived bound; it spikes at any position past it
-            bound = np.where(router[:, None], 1.0, amp * (AMPLIFICATION * e_in + fresh))
-            entries = _entries(self.names, e, bound, amp, spike=np.where(router, 1.0, SPIKE), router=router)
+            derived = np.array([op in DERIVED for _, _, op in self.names])
+            # the router's, the residual stream's and lm_head's e are in units of their own derived
+            # bound: each spikes at any position past it
+            bound = np.where(derived[:, None], 1.0, amp * (AMPLIFICATION * e_in + fresh))
+            entries = _entries(self.names, e, bound, amp, spike=np.where(derived, 1.0, SPIKE), router=derived)
         first = next((x for x in entries if x.units > 1.0 or x.past_bound), None)
         kind = pos = None
         if first is not None:
             kind = "level" if first.units > 1.0 else "spike"
             pos = None if kind == "level" else first.past_bound[0]
         visible = [f for f in self.flips if f.position < upto]
-        explained: list[RouterFlip] = []
-        if first is None and visible:
-            # every op within its bound: the router's discrete decisions are the only way a correct
-            # model moves logits past their noise (the latest flips first: the nearest the step)
-            kind, explained = "router", sorted(visible, key=lambda f: (-f.position, f.layer))
-            pos = explained[0].position
-        hint = None
-        if first is not None:
-            hint = f"--backend {'moe' if first.op in ('mlp', 'router') else first.op}=reference"
+        hint = None if first is None else f"--backend {HINT[first.op]}=reference"
         nonfinite = self.nonfinite if self.nonfinite and self.nonfinite["position"] < upto else None
         return Localization(step=step, tokens=upto, entries=entries, first=first, first_kind=kind,
                             first_position=pos, nonfinite=nonfinite, router_flips=visible,
-                            explained_by_router=explained, backend_hint=hint)
+                            explained_by_router=[], backend_hint=hint, unchecked=self.unchecked())
+
+    def unchecked(self) -> list[str]:
+        """The head's checks the run's traces did not allow, each with why."""
+        if not self._parts or any(name == "final_norm" for name, _, _ in self.names):
+            return []
+        why = "the engine's trace holds no final_norm"
+        return [f"final_norm ({why})", f"lm_head replay ({why}; the logits are held to the twin's noise only)"]
 
 
 def _entries(names, e, bound, amp, *, spike, router) -> list[EntryError]:

@@ -72,18 +72,19 @@ def print_result(result: DiffResult, console: Console, *, decode=None) -> None:
             console.print(f"split at step {sp['step']} ({sp['verdict']}): {again}")
     loc = result.localization
     if loc is not None:
-        head = "explained" if loc.explained_by_router else "localized"
-        where = "the run (no token flipped)" if loc is result.final else f"step {loc.step}"
-        console.print(f"{where} {head}: {loc.describe()}", markup=False)
+        where = "the run (no step diverged)" if loc is result.final else f"step {loc.step}"
+        # describe() says "not localized: ..." itself when nothing is named
+        head = " localized" if loc.localized else " explained" if loc.shown is not None else ""
+        console.print(f"{where}{head}: {loc.describe()}", markup=False)
         if loc.nonfinite:
             console.print(f"first NaN/Inf in the optimized path: {loc.nonfinite['name']}", markup=False)
         if loc.backend_hint:
             console.print(f"confirm: rerun with {loc.backend_hint} (that family then runs the reference "
                           "math on the optimized side)", markup=False)
-        worst = sorted(loc.entries, key=lambda e: -e.units)[:3]
-        console.print("each op replayed on the engine's own inputs, median error in units of its bound "
-                      "(largest): "
-                      + ", ".join(f"{e.name} {e.units:.3g}" for e in worst), markup=False)
+        worst = sorted(loc.entries, key=lambda e: -max(e.units, e.spike_units))[:3]
+        console.print("each check on the engine's own inputs, in units of its bound (largest, level or worst "
+                      "position): " + ", ".join(f"{e.name} {max(e.units, e.spike_units):.3g}" for e in worst),
+                      markup=False)
     nonfinite = next((s for s in result.steps if s.nonfinite), None)
     if nonfinite is not None and (loc is None or not loc.nonfinite):
         console.print(f"first NaN/Inf: step {nonfinite.step}, {nonfinite.nonfinite['name']}", markup=False)

@@ -10,7 +10,13 @@ replay recovers what the engine handed each op:
   call;
 * ``layers.i.router`` and ``layers.i.ffn`` read ``mid``, that stream plus the engine's mixer
   output (as the engine added them, one rounding to its storage dtype at most); the replayed router is judged by ``router.judge_router``, and the replayed FFN runs the experts the
-  engine chose (its router is judged on its own), so a benign router flip never fails an FFN.
+  engine chose (its router is judged on its own), so a benign router flip never fails an FFN;
+* ``layers.i.residual``: the engine's stream after the layer against its stream before it plus its
+  own mixer and FFN outputs, in float64, in units of a bound derived from their storage rounding
+  (``_Batch.residual``): an add the engine got wrong (an output added twice, or not at all) is named
+  here, never at a correct op;
+* ``final_norm`` (where traced) replayed on the engine's own last stream, judged as the ops are.
+  The step's logits are replayed through lm_head from that row by the runner (``head.py``).
 
 Per op and position the replay's error is ``e[p] = ||engine - replay|| / max(||replay[p]||,
 median_q ||replay[q]||)`` and its bound ``amp[p] * (A * e_in[p] + fresh)``: ``e_in`` only the
@@ -50,7 +56,7 @@ def _rows(x) -> np.ndarray:
     return x.astype(np.float64).reshape(-1, x.shape[-1])
 
 
-def _lossy(x, u: float) -> float:
+def trace_roundoff(x, u: float) -> float:
     """The relative rounding a trace entry's storage adds to what the engine held: its dtype's unit
     roundoff when coarser than the run's storage ``u`` (an engine that holds its stream at the run
     dtype traces it exactly), else 0."""
@@ -60,11 +66,12 @@ def _lossy(x, u: float) -> float:
 
 @dataclass
 class OpError:
-    """One replayed op over one call's positions."""
-    name: str              # "layers.2.mixer", "layers.2.router", "layers.2.ffn"
-    layer: int
-    op: str                # kda | mla | router | mlp | moe
-    err: np.ndarray        # [T] relative error (router: units of its derived bound)
+    """One replayed op (or check) over one call's positions."""
+    name: str              # "layers.2.mixer", "layers.2.router", "layers.2.ffn", "layers.2.residual",
+                           # "final_norm", "lm_head"
+    layer: int | None      # None: the head
+    op: str                # kda | mla | router | mlp | moe | residual | norm | lm_head
+    err: np.ndarray        # [T] relative error (router, residual, lm_head: units of their derived bound)
     err_in: np.ndarray     # [T] relative storage error of the input (router: 0)
     amp: np.ndarray        # [T] the op's own amplification (KDA read-out; 1 elsewhere)
 
@@ -240,12 +247,49 @@ class _Batch:
             h = self.stream_before(i)
             a_e = np.concatenate(self.gather(p + "mixer"))
             self.mixer(i, self.on(h), a_e, lossy)
-            e_mid = [r.u + max(lo, _lossy(t[p + "mixer"], r.u)) for r, lo, t in zip(self.replays, lossy, self.traces)]
+            e_mid = [r.u + max(lo, trace_roundoff(t[p + "mixer"], r.u)) for r, lo, t in zip(self.replays, lossy, self.traces)]
             self.ffn(i, h + a_e, e_mid)
-            lossy = [_lossy(t[p + "hidden"], r.u) for r, t in zip(self.replays, self.traces)]
+            after = [trace_roundoff(t[p + "hidden"], r.u) for r, t in zip(self.replays, self.traces)]
+            self.residual(i, h, a_e, lossy, after)
+            lossy = after
+        self.final_norm(lossy)
         for r, x in zip(self.replays, self.ids):
             r.position += len(x)
         return self.calls
+
+    def residual(self, i: int, h: np.ndarray, a: np.ndarray, l_in: list[float], l_out: list[float]) -> None:
+        """Layer ``i``'s residual stream: the engine's stream after the layer against its stream
+        before it ``h [N, D]`` plus its own mixer output ``a`` and FFN output, in float64. Two
+        roundings to the storage dtype (the sum after the mixer and after the FFN, each an fp32 add,
+        ``u + 2 ua`` at most) and the traces' own storage (``l_in``, ``l_out`` and the mixer's and
+        FFN's, each where coarser than the run) bound each element by ``(2 (u + 2 ua) + sum of the
+        traces' roundings) (|h| + |a| + |f|)``, the (1 + 2u) the traced magnitudes' own rounding
+        (docs/error-bounds.md, "The residual stream"). Per position the error's norm in units of
+        that bound's norm: every element within its bound puts the norm within it."""
+        p = f"layers.{i}."
+        f = np.concatenate(self.gather(p + "ffn"))
+        out = np.concatenate(self.gather(p + "hidden"))
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = np.linalg.norm(out - (h + a + f), axis=-1)
+            m = np.linalg.norm(np.abs(h) + np.abs(a) + np.abs(f), axis=-1)
+        for b, (r, t, rows) in enumerate(zip(self.replays, self.traces, self.rows)):
+            c = (2 * (r.u + 2 * r.ua) + l_in[b] + l_out[b] + trace_roundoff(t[p + "mixer"], r.u)
+                 + trace_roundoff(t[p + "ffn"], r.u)) * (1 + 2 * r.u)
+            T = rows.stop - rows.start
+            self.calls[b].ops.append(OpError(p + "residual", i, "residual", _units(d[rows], c * m[rows]),
+                                             np.zeros(T), np.ones(T)))
+
+    def final_norm(self, lossy: list[float]) -> None:
+        """The final norm replayed on the engine's own last stream (``layers.{L-1}.hidden``),
+        judged as the ops are (``localize.py``), where every trace holds ``final_norm``."""
+        if any("final_norm" not in t for t in self.traces):
+            return
+        last = f"layers.{self.config.num_hidden_layers - 1}.hidden"
+        y_r = to_numpy(self.model.final_norm(self.on(np.concatenate(self.gather(last)))))
+        errs = _rel(np.concatenate(self.gather("final_norm")), y_r, self.rows)
+        for b, rows in enumerate(self.rows):
+            T = rows.stop - rows.start
+            self.calls[b].ops.append(OpError("final_norm", None, "norm", errs[b], np.full(T, lossy[b]), np.ones(T)))
 
     def mixer(self, i: int, h_in, a_e: np.ndarray, lossy: list[float]) -> None:
         """Layer ``i``'s mixer on the stream ``h_in [N, D]``, each sequence on its own cache;
@@ -326,6 +370,13 @@ class _Batch:
         out = np.concatenate([to_numpy(x) for x in parts]).view(HostCopy)
         out.stored = stored.pop()
         return out
+
+
+def _units(err: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """``err / bound`` per position: 0 where both are 0, inf where only the bound is (or NaN/Inf)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        u = np.where(bound > 0, err / bound, np.where(err == 0, 0.0, np.inf))
+    return np.where(np.isfinite(u), u, np.inf)
 
 
 def _rel(engine: np.ndarray, replay: np.ndarray, calls: list[slice]) -> list[np.ndarray]:

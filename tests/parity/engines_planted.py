@@ -13,6 +13,8 @@
 * ``fb_doubled_on_trigger``: ``fb_doubled`` for a prompt that holds the token id ``TRIGGER``, the
   clean float64 model for any other (a bug only some prompts of a corpus reach); it has
   ``decode_batch``, so a corpus decodes it in batches.
+* ``bf16_state``: our optimized model holding its KDA recurrent state in bf16 between calls (a
+  shipped precision option below bf16 rounding of the state): a correct engine, clean.
 * ``raises``, ``wrong_vocab``, ``two_rows``, ``half_traced``, ``not_an_engine``,
   ``one_row_batches``: engines that break the protocol.
 * engines that cannot run, each failing in one phase as a real engine does: ``prefill_raises``
@@ -191,6 +193,36 @@ def two_rows(checkpoint, *, dtype, device):
 
 def not_an_engine(checkpoint, *, dtype, device):
     return object()
+
+
+class _Bf16State:
+    """Our optimized model holding its KDA recurrent state in bf16 between calls (a shipped precision
+    option: vLLM's ``mamba_ssm_cache_dtype``): the kernels still run the recurrence in fp32, the
+    state pool is rounded to bf16 after every call."""
+
+    def __init__(self, model):
+        self.model, self.variants = model, model.variants
+
+    def _round(self, cache) -> None:
+        for st in cache.pool.kda.values():
+            st.state[cache.slot] = st.state[cache.slot].bfloat16().to(st.state.dtype)
+
+    def prefill(self, ids, *, trace=None):
+        logits, cache = self.model.prefill(ids, trace=trace)
+        self._round(cache)
+        return logits, cache
+
+    def decode(self, token, cache, *, trace=None):
+        logits, cache = self.model.decode(token, cache, trace=trace)
+        self._round(cache)
+        return logits, cache
+
+
+def bf16_state(checkpoint, *, dtype, device):
+    """Our optimized model at ``dtype`` with its KDA recurrent state held in bf16 (a correct engine)."""
+    import optimized
+
+    return _Bf16State(optimized.load(_source(checkpoint), dtype=dtype, device=device))
 
 
 def nan_state(checkpoint, *, dtype, device):

@@ -262,7 +262,7 @@ def test_unusable_corpus_input_is_one_line_and_exit_2(case, tmp_path, capsys):
 
 
 def test_the_corpus_schema_repeats_the_single_reports_step_definitions():
-    for name in ("verdict", "run_verdict", "step", "router_flip", "nonfinite", "logits_check"):
+    for name in ("verdict", "run_verdict", "step", "router_flip", "nonfinite", "logits_check", "counterfactual"):
         assert SCHEMA["$defs"][name] == DOCS_SCHEMA["$defs"][name], name
 
 

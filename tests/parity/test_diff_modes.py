@@ -94,3 +94,28 @@ def test_forced_mode_classifies_without_anchoring_and_a_far_flip_is_diverged():
         f"2/4 tokens match, 1 near-tie (step 1, margin {s1.ref_margin:.3g} <= bound {s1.bound:.3g}), "
         f"1 diverged (first: step 3, margin 2 > bound {s3.bound:.3g}); {NO_TRACES}")
     assert result.localization is None and not result.traced  # scripted logits: nothing to localize
+
+
+def test_without_traces_every_steps_logits_are_held_to_the_twins_noise():
+    """A 2x lm_head never moves a token; the logits of every step are past the twin's noise."""
+    ref, opt, twin = _pair({}, steps=3)
+    opt.rows = [(2 * r).astype(np.float32) for r in ref.rows]
+    result = run_diff(ref, opt, [5], config=CONFIG, steps=3, mode="forced", dtype="float32", twin=twin)
+    assert result.counts["match"] == 3 and result.verdict == "past-bound"
+    assert all(s.noise.source == "twin" and s.noise.units > 10 for s in result.steps)
+    assert "not clean: past its bound although no step diverged: step 0: logits: ||engine - reference||" \
+        in result.summary()["line"]
+
+
+def test_a_twin_that_picks_another_token_is_set_aside_and_excuses_nothing_without_a_bound_to_fall_back_on():
+    """The scripted reference traces no final norm: no model-level bound can be formed, so a step
+    whose twin is not sane is held to the dtype floor, and the report says why."""
+    ref, opt, twin = _pair({1: 0.004}, steps=3)
+    r = ref.rows[1]
+    twin.rows[1] = r.copy()
+    twin.rows[1][[10 + 1, 20 + 1]] = r[[20 + 1, 10 + 1]] + [0.0, 0.001]   # the twin flips the tie too
+    result = run_diff(ref, opt, [5], config=CONFIG, steps=3, mode="forced", dtype="float32", twin=twin)
+    s1 = result.steps[1]
+    assert s1.twin_note == "the twin's token 21 is not the reference's 11" and s1.noise.source == "floor"
+    assert s1.verdict == "diverged" and result.twin_set_aside == [{"step": 1, "why": s1.twin_note}]
+    assert "the twin's noise set aside at 1 step(s) (step 1: the twin's token 21" in result.summary()["line"]

@@ -72,7 +72,8 @@ def test_nan_in_one_layer_is_named_as_the_first_non_finite_layer():
     assert step.verdict == "diverged" and step.nonfinite["name"] == "layers.3.ffn"
     loc = result.localization
     assert loc.nonfinite["name"] == "layers.3.ffn" and loc.first.name == "layers.3.ffn"
-    assert all(e.units < 1 for e in loc.entries if e.name != "layers.3.ffn" and e.layer is not None)
+    # everything upstream of the NaN within its bound (the layer's residual stream holds the NaN too)
+    assert all(e.units < 1 for e in loc.entries if e.layer is not None and e.name not in ("layers.3.ffn", "layers.3.residual"))
     assert "first NaN/Inf at layers.3.ffn" in result.summary()["line"]
 
 
@@ -90,7 +91,10 @@ def test_a_constructed_router_near_tie_is_detected_and_reported(tmp_path, capsys
     # the swapped expert moves the logits: a token flip, explained by the router near-tie
     assert step["ref_token"] != step["opt_token"]
     assert step["verdict"] == "near-tie" and step["cause"] == "router"
-    assert "router flip in noise: layers.1 pos 19 experts" in out.strip().splitlines()[-1]
+    # shown, not assumed: the reference forced down the engine's choice there reproduces its step
+    assert "router flip shown: the reference forced down the engine's choice at layers.1 pos 19 experts" \
+        in out.strip().splitlines()[-1]
+    assert step["counterfactual"]["what"] == "flip" and step["counterfactual"]["shown"]
 
 
 def test_runs_that_route_apart_after_a_benign_drift_are_a_near_tie_not_a_bug():
@@ -144,5 +148,6 @@ def test_runs_that_route_apart_after_a_benign_drift_are_a_near_tie_not_a_bug():
     (step,) = result.steps
     assert step.ref_token != step.opt_token and step.ref_margin > step.bound, step   # past the twin's noise
     assert step.verdict == "near-tie" and step.cause == "router", step.explanation
-    assert "routed differently upstream" in step.explanation and "layers.1 pos 19" in step.explanation
+    assert "the engine's own expert choices at every position" in step.explanation
+    assert "first layers.1 pos 19" in step.explanation and step.counterfactual.shown
     assert result.final.first is None   # every replayed op within its bound

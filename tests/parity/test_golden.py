@@ -99,7 +99,9 @@ def test_the_committed_golden_is_valid_and_its_bounds_sit_far_under_the_noise_ce
     config = KimiConfig.from_hub_dict(g["config"])
     tokens = len(g["prompt"]["ids"]) + len(g["steps"])
     worst = max(s["bound"] / noise_ceiling(config, g["dtype"], tokens, s["top_values"]) for s in g["steps"])
-    assert 0 < worst < 0.05, worst  # recorded bounds are 11-28 u * scale; the ceiling ~1,000
+    # recorded bounds are 106-448 u * scale (the emulated twin's noise, x17 at fp32 for the arithmetic
+    # inside the ops it does exactly: parity.diff.twin); the ceiling ~1,000
+    assert 0 < worst < 0.5, worst
 
 
 def test_the_noise_ceiling_grows_with_depth_reduction_length_and_unit_roundoff():

@@ -179,13 +179,19 @@ def test_replayed_routing_changes_only_the_rows_and_layers_it_differs_at(tiny):
     np.testing.assert_array_equal(change > 1e-12 * scale, np.arange(12) == 5)
     change = np.abs(forced - logits).max(-1) / np.abs(logits).max()
     np.testing.assert_array_equal(change > 1e-12, np.arange(12) >= 5)
+    # the same choice forced alone: rows of -1 keep the router's own choice, the same logits
+    alone = np.full_like(swapped, -1)
+    alone[5] = swapped[5]
+    np.testing.assert_array_equal(tiny.forward(ids, routing={layer: alone}), forced)
+    np.testing.assert_array_equal(tiny.forward(ids, routing={layer: np.full_like(swapped, -1)}), logits)
 
 
 @pytest.mark.parametrize("routing, match", [
     ({0: np.zeros((12, 2), dtype=np.int64)}, "is not a MoE layer index"),
     ({1: np.zeros((11, 2), dtype=np.int64)}, "expected integer ids of shape"),
     ({1: np.full((12, 2), 1.0)}, "expected integer ids of shape"),
-    ({1: np.full((12, 2), -1)}, "expert ids must be in"),
+    ({1: np.full((12, 2), -2)}, "expert ids must be in"),
+    ({1: np.array([[-1, 1]] * 12)}, "expert ids must be in"),   # -1 keeps the router's own: whole rows only
     ({1: np.zeros((12, 2), dtype=np.int64)}, "names the same expert twice"),
     ([1, 2], "expected a dict"),
 ])
