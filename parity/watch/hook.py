@@ -163,7 +163,10 @@ def _rebind(swaps: dict, done: Installed) -> None:
         if not isinstance(d, dict):
             continue
         values = d.values()
-        if not any(any(map(operator.is_, values, itertools.repeat(obj))) for obj in objs):
+        for obj in objs:
+            if any(map(operator.is_, values, itertools.repeat(obj))):
+                break
+        else:
             continue
         for k, v in list(d.items()):
             hit = swaps.get(id(v))

@@ -130,13 +130,14 @@ def test_the_budget_keeps_the_first_and_the_largest_calls_and_samples_the_rest()
 
 def test_past_the_budget_the_file_says_what_was_dropped(tmp_path):
     sys.path.insert(0, str(tmp_path))
-    (tmp_path / "kern_budget.py").write_text(wp.KERNEL)
+    (tmp_path / "kern_budget.py").write_text(wp.NEVER)
     try:
         import kern_budget
 
         q = torch.nn.functional.normalize(torch.randn(1, 3, 1, 4), dim=-1)
         args = (q, q, torch.randn(1, 3, 1, 2), -torch.rand(1, 3, 1, 4), torch.rand(1, 3, 1))
-        with parity.watch({"kda.recurrent": "kern_budget:recurrent"}, out=tmp_path / "c.safetensors", max_bytes=0):
+        with parity.watch({"kda.recurrent": "kern_budget:recurrent", "kda.chunked": "kern_budget:chunked"},
+                          out=tmp_path / "c.safetensors", max_bytes=0):
             for _ in range(3):
                 kern_budget.recurrent(*args)
     finally:
@@ -145,6 +146,10 @@ def test_past_the_budget_the_file_says_what_was_dropped(tmp_path):
     cf = callfile.read(tmp_path / "c.safetensors")
     assert [c["kept"] for c in cf.calls] == [False] * 3 and cf.calls[0]["inputs"]["q"]["shape"] == [1, 3, 1, 4]
     assert cf.header["dropped"] == [{"op": "kda.recurrent", "reason": "shapes only (max bytes 0)", "calls": 3}]
+    # the target not called beside one that was: both likely reasons, without naming its holders
+    [never] = cf.header["run"]["never_called"]
+    assert never["target"] == "kern_budget:chunked" and never["why"].startswith(
+        "likely the program does not call it here (a prefill makes no decode call), or the program dispatches")
     v = judge.judge_file(tmp_path / "c.safetensors")
     assert not v.certified and {c.verdict for c in v.calls} == {"not kept"}
 
