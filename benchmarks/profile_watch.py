@@ -3,9 +3,11 @@ model, targets and prefill), split into entering the watch, the prefill inside i
 with the host's own profile of the block (cProfile, the watch's functions) and the device calls
 the block makes (torch.profiler: synchronizations and copies, against a plain prefill's).
 
-    python benchmarks/profile_watch.py --device cuda [--tokens 4096] [--out DIR]
+    python benchmarks/profile_watch.py --device cuda [--tokens 4096] [--out DIR] [--bench-json PATH]
 
-Prints a table per mode; with ``--out``, writes ``profile-<mode>.txt`` (the cProfile listing).
+Prints a table per mode; with ``--out``, writes ``profile-<mode>.txt`` (the cProfile listing);
+with ``--bench-json``, runs bench_watch.py first in the same process (the kernels compiled and
+tuned once) and writes its figures there.
 """
 from __future__ import annotations
 
@@ -72,7 +74,16 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--bench-json", default=None)
     args = ap.parse_args(argv)
+    if args.device == "cuda":
+        print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    if args.bench_json:
+        import bench_watch
+
+        bench_watch.main(["--checkpoint", args.checkpoint, "--device", args.device, "--tokens", str(args.tokens),
+                          "--repeats", str(args.repeats), "--json", args.bench_json])
+        sys.stdout.flush()
     model = load(args.checkpoint, args.device, "bfloat16")
     ids = torch.randint(3, model.config.vocab_size, (1, args.tokens),
                         generator=torch.Generator().manual_seed(0)).to(args.device)
