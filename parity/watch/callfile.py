@@ -135,7 +135,7 @@ def merge(path, run: dict | None = None, *, empty: bool = False, held: Held | No
             reasons.append((pid, head["never_called"]))
     if held is not None:
         entries += held.calls
-        tensors.update(held.tensors)
+        tensors.update({k: v.contiguous() for k, v in held.tensors.items()})   # a host copy keeps a view's strides
         if held.calls and held.pid not in pids:
             pids.append(held.pid)
         if held.never_called:

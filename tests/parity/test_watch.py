@@ -343,8 +343,9 @@ def test_a_kernel_that_writes_its_inputs_in_place_is_recorded_with_the_values_it
         path = tmp_path / "calls.safetensors"
         with parity.watch({"kda.recurrent": "kern_in_place:recurrent_in_place"}, out=path) as rec:
             state = torch.randn(1, 2, 16, 8, device=dev)
-            for T in (64, 1, 1):
-                q, k = (torch.nn.functional.normalize(torch.randn(1, T, 2, 16, device=dev), dim=-1) for _ in range(2))
+            for T in (64, 1, 1):       # q, k: views with a head-major layout, as a model's projections give
+                q, k = (torch.nn.functional.normalize(torch.randn(1, 2, T, 16, device=dev), dim=-1).transpose(1, 2)
+                        for _ in range(2))
                 v, g, beta = torch.randn(1, T, 2, 8, device=dev), -torch.rand(1, T, 2, 16, device=dev), \
                     torch.rand(1, T, 2, device=dev)
                 o, new = kern.recurrent_in_place(q, k, v, g, beta, initial_state=state, output_final_state=True)
