@@ -25,7 +25,7 @@ def headline(v) -> str:
     fb = v.first_bad
     judged = sum(c.ratio is not None for c in v.calls)
     if fb is None:
-        if not v.calls and v.never_called:
+        if not v.file.calls and v.never_called:
             return f"no call judged: no watched target was called ({len(v.never_called)} never called, below)"
         if not judged:
             return f"no call judged: {len(v.calls)} call(s), none kept with its tensors"
