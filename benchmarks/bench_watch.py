@@ -135,8 +135,9 @@ def main(argv=None) -> int:
                     inside[mode].append(rec.spent)
                     calls = sum(rec.called.values())
                     if calls < kda_layers:     # else the figures would time a watch that sees nothing
-                        raise SystemExit(f"error: the watched prefill made {calls} watched call(s) for "
-                                         f"{kda_layers} KDA layers: the watch does not see this engine's KDA calls")
+                        print(f"error: the watched prefill made {calls} watched call(s) for {kda_layers} KDA "
+                              "layers: the watch does not see this engine's KDA calls", file=sys.stderr)
+                        raise SystemExit(2)
                 times[mode].append(time.process_time() - c0)
                 t3 = time.perf_counter()
                 walls[mode].append(t3 - t0)
