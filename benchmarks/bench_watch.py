@@ -6,13 +6,18 @@ tensors kept (host copies of every input and output).
     python benchmarks/bench_watch.py --device cuda        # GPU: fla-core's kernels when installed
 
 Runs alternate (plain, watched, plain, ...) so that drift of a shared machine falls on both; the
-figures are medians over ``--repeats`` of each, of the process's CPU time and of wall time. On a
-machine shared with other work those swing by tens of percent from run to run, far more than a
-watch costs; the figure of record is therefore the time the engine's calls spent inside the
-recorder during the watched prefill (``Recorder.spent``: every wrapper's work before and after the
-call, host copies included), against the plain prefill's wall time, and the per-call cost of a
-watch on a stub that returns at once. On the CPU the KDA functions are transformers' own
-torch code (fla-core's kernels need a GPU): the ones a CPU run watches.
+figures are medians over ``--repeats`` of each, of the process's CPU time and of wall time. A
+watched run is one ``with parity.watch(...)`` block around one prefill, split into its three
+parts: entering the watch (wrapping the targets: one pass over the loaded modules), the prefill
+inside the running watch (what watching costs an engine's work: the wrappers, host copies), and
+leaving it (the calls file written, a kept run's tensors with it). A watch around a whole
+generation or server run pays the first and the last once. On a machine shared with other work
+the CPU figures swing by tens of percent from run to run, far more than a watch costs; there the
+figure of record is the time the engine's calls spent inside the recorder during the watched
+prefill (``Recorder.spent``: every wrapper's work before and after the call, host copies queued
+included), against the plain prefill's wall time, and the per-call cost of a watch on a stub that
+returns at once. On the CPU the KDA functions are transformers' own torch code (fla-core's kernels
+need a GPU): the ones a CPU run watches.
 """
 from __future__ import annotations
 
@@ -106,28 +111,47 @@ def main(argv=None) -> int:
     vocab = model.config.vocab_size
     ids = torch.randint(3, vocab, (1, args.tokens), generator=torch.Generator().manual_seed(0)).to(args.device)
     prefill(model, ids, args.device)                       # warm-up
+    kda_layers = sum(t == "linear_attention" for t in model.config.layer_types)
     times = {"plain": [], "shapes only (max bytes 0)": [], "tensors kept": []}
     walls = {m: [] for m in times}
     inside = {m: [] for m in times}     # seconds spent in the recorder during the watched prefill
+    parts = {m: {"enter": [], "prefill": [], "exit": []} for m in times}
     with tempfile.TemporaryDirectory() as tmp:
+        with parity.watch(TARGETS, out=Path(tmp) / "warm.safetensors", max_bytes=2 << 30, quiet=True):
+            prefill(model, ids, args.device)                # warm-up: the watch's own first imports
         for r in range(args.repeats):
             for mode in times:
                 t0, c0 = time.perf_counter(), time.process_time()
                 if mode == "plain":
                     prefill(model, ids, args.device)
+                    t1 = t2 = t0
                 else:
                     budget = 0 if mode.startswith("shapes") else 2 << 30
                     with parity.watch(TARGETS, out=Path(tmp) / f"{r}.safetensors", max_bytes=budget,
                                       quiet=True) as rec:
+                        t1 = time.perf_counter()
                         prefill(model, ids, args.device)
+                        t2 = time.perf_counter()
                     inside[mode].append(rec.spent)
+                    calls = sum(rec.called.values())
+                    if calls < kda_layers:     # else the figures would time a watch that sees nothing
+                        print(f"error: the watched prefill made {calls} watched call(s) for {kda_layers} KDA "
+                              "layers: the watch does not see this engine's KDA calls", file=sys.stderr)
+                        raise SystemExit(2)
                 times[mode].append(time.process_time() - c0)
-                walls[mode].append(time.perf_counter() - t0)
+                t3 = time.perf_counter()
+                walls[mode].append(t3 - t0)
+                for part, sec in (("enter", t1 - t0), ("prefill", t2 - t1), ("exit", t3 - t2)):
+                    parts[mode][part].append(sec)
     base = statistics.median(times["plain"])
     wbase = statistics.median(walls["plain"])
     rows = {m: {"cpu_s": statistics.median(t), "overhead": statistics.median(t) / base - 1,
                 "wall_s": statistics.median(walls[m]), "wall_overhead": statistics.median(walls[m]) / wbase - 1,
-                "in_recorder_s": statistics.median(inside[m]) if inside[m] else 0.0}
+                "in_recorder_s": statistics.median(inside[m]) if inside[m] else 0.0,
+                **({} if m == "plain" else
+                   {"enter_s": statistics.median(parts[m]["enter"]), "exit_s": statistics.median(parts[m]["exit"]),
+                    "prefill_in_watch_s": statistics.median(parts[m]["prefill"]),
+                    "prefill_in_watch_overhead": statistics.median(parts[m]["prefill"]) / wbase - 1})}
             for m, t in times.items()}
     print(f"prefill of {args.tokens} tokens, {args.device}, {args.dtype}, median of {args.repeats} "
           f"({torch.get_num_threads()} torch threads):")
@@ -136,6 +160,10 @@ def main(argv=None) -> int:
               f"wall {r['wall_s'] * 1e3:9.1f} ms {100 * r['wall_overhead']:+6.2f} %   "
               f"in the recorder {r['in_recorder_s'] * 1e3:8.3f} ms ({100 * r['in_recorder_s'] / wbase:.4f} % "
               "of the plain wall time)")
+        if m != "plain":
+            print(f"  {'':28s} = enter {r['enter_s'] * 1e3:.2f} ms + prefill in the running watch "
+                  f"{r['prefill_in_watch_s'] * 1e3:.2f} ms ({100 * r['prefill_in_watch_overhead']:+.2f} % of plain) "
+                  f"+ exit {r['exit_s'] * 1e3:.2f} ms (the calls file written)")
     plain, watched = per_call(args.tokens, 2000, 0)
     kda_calls = sum(t == "linear_attention" for t in model.config.layer_types)
     added = (watched - plain) * kda_calls

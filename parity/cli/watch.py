@@ -114,4 +114,6 @@ def run(args) -> int:
     print(f"parity watch: {len(head['calls'])} call(s), {kept} kept, from {len(head['run'].get('processes', []))} "
           f"process(es) in {args.out} (the program exited {code}); judge them: parity certify --calls {args.out}",
           file=sys.stderr)
+    for t in head["run"].get("never_called", []):
+        print(f"parity watch: {t['target']} ({t['watched']}) was never called: {t['why']}", file=sys.stderr)
     return code

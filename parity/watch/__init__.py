@@ -52,7 +52,9 @@ def watch(targets: dict, out, *, max_bytes=DEFAULT_MAX_BYTES, quiet: bool = Fals
     ``out`` (a calls file; written whole when the block ends, even by an exception).
     ``max_bytes``: the budget of kept tensor bytes (an int or ``"2G"``; 0: shapes only). The
     functions run on their own arguments and return their own results: the engine computes the same
-    bits. Yields the recorder. WatchError (one line) for a target that cannot be watched."""
+    bits. Yields the recorder. WatchError (one line) for a target that cannot be watched. A target
+    never called inside the block is named on stderr with the likely reason (unless ``quiet``) and
+    in the file (``run.never_called``)."""
     from .recorder import Recorder
 
     check_targets(targets)
@@ -75,9 +77,13 @@ def watch(targets: dict, out, *, max_bytes=DEFAULT_MAX_BYTES, quiet: bool = Fals
         yield rec
     finally:
         hook.activate(None)
-        installed.restore()
-        rec.close()
-        callfile.merge(out, run=rec.run, empty=True)
+        try:
+            rec.close_into_file()      # names the targets never called while they are still wrapped
+        finally:
+            installed.restore()
+        if not quiet:
+            for t in rec.never_called_report():
+                print(f"parity watch: {t['target']} ({t['watched']}) was never called: {t['why']}", file=sys.stderr)
 
 
 class _CallableModule(type(sys)):

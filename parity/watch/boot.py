@@ -40,7 +40,7 @@ def start() -> None:
     def in_child() -> None:
         # the parent flushes what it recorded (the child's copy of it is dropped, so an exit of the
         # child never writes it twice); the child records its own calls under its own pid
-        rec._entries, rec._tensors, rec.closed = [], {}, True     # no lock: another thread may have held it
+        rec._entries, rec._tensors, rec._events, rec.closed = [], {}, [], True   # no lock: another thread may have held it
         child = Recorder(cfg["out"], max_bytes=int(cfg["max_bytes"]), run=cfg["run"])
         hook.activate(child)
         atexit.register(child.close)

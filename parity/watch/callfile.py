@@ -6,7 +6,9 @@ entry per call, in each process's call order: id, process, index, step, the watc
 target, the op its adapter mapped it to (or the one-line reason none did), the call site, whether
 its tensors were kept (else why not: the budget, shapes only), its scalar kwargs and per input and
 output its dtype and shape. A kept call's tensors are ``<id>.in.<name>`` and ``<id>.out.<name>``.
-``dropped`` counts the calls not kept, by op and reason.
+``dropped`` counts the calls not kept, by op and reason. ``run.never_called`` names each target no
+process called, and why it likely was not (``uncalled``; absent in files written before it was
+recorded: the judge then finds those targets from ``run.targets``).
 
 While a program runs, each process writes its calls as parts, one safetensors file per flush in
 ``<FILE>.parts/`` (each part written whole, then renamed: a crash leaves whole parts only);
@@ -19,7 +21,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -54,9 +56,11 @@ def parts_dir(path) -> Path:
     return path.with_name(path.name + ".parts")
 
 
-def write_part(path, pid: int, seq: int, run: dict, entries: list, tensors: dict) -> Path:
+def write_part(path, pid: int, seq: int, run: dict, entries: list, tensors: dict, *,
+               never_called: dict | None = None) -> Path:
     """One flush of one process: ``entries`` and the kept ``tensors`` (name -> CPU tensor), written
-    whole under a temporary name, then renamed."""
+    whole under a temporary name, then renamed; ``never_called`` (a process's last part): target
+    spec -> why this process never called it."""
     from safetensors.torch import save
 
     from parity.atomic import atomic_write
@@ -64,6 +68,8 @@ def write_part(path, pid: int, seq: int, run: dict, entries: list, tensors: dict
     d = parts_dir(path)
     d.mkdir(parents=True, exist_ok=True)
     head = {"format": FORMAT, "version": VERSION, "part": True, "run": run, "calls": entries}
+    if never_called:
+        head["never_called"] = never_called
     data = save({k: v.contiguous() for k, v in tensors.items()},
                 metadata={METADATA_KEY: json.dumps(head, allow_nan=False)})
     return atomic_write(d / f"p{pid}-{seq}.safetensors", data)
@@ -91,10 +97,22 @@ def _header(path) -> dict:
     return head, header.tensors
 
 
-def merge(path, run: dict | None = None, *, empty: bool = False) -> Path | None:
-    """Join the parts of ``path`` (every process's flushes, in process and flush order) into
-    ``path``, atomically, and remove them; the run fields of the first part, updated with ``run``.
-    No parts: a file without calls when ``empty`` (the run fields from ``run``), else None."""
+@dataclass
+class Held:
+    """A process's calls still in memory when it writes the file itself (``parity.watch``): merged
+    after its parts, as its last part would be."""
+
+    pid: int
+    calls: list
+    tensors: dict
+    never_called: dict = field(default_factory=dict)
+
+
+def merge(path, run: dict | None = None, *, empty: bool = False, held: Held | None = None) -> Path | None:
+    """Join the parts of ``path`` (every process's flushes, in process and flush order) and then
+    ``held`` into ``path``, atomically, and remove the parts; the run fields of the first part,
+    updated with ``run``. No parts and nothing held: a file without calls when ``empty`` (the run
+    fields from ``run``), else None."""
     from safetensors.torch import load_file, save
 
     from parity.atomic import atomic_write
@@ -102,22 +120,32 @@ def merge(path, run: dict | None = None, *, empty: bool = False) -> Path | None:
     d = parts_dir(path)
     files = sorted((p for p in d.glob("p*.safetensors") if PART.fullmatch(p.name)),
                    key=lambda p: tuple(int(x) for x in PART.fullmatch(p.name).groups())) if d.is_dir() else []
-    if not files and not empty:
+    if not files and not empty and held is None:
         return None
-    entries, tensors, pids, head_run = [], {}, [], None
+    entries, tensors, pids, head_run, reasons = [], {}, [], None, []
     for f in files:
         head, _ = _header(f)
         head_run = head_run or head.get("run", {})
         entries += head["calls"]
         tensors.update(load_file(str(f)))
         pid = int(PART.fullmatch(f.name).group(1))
-        if pid not in pids:
+        if head["calls"] and pid not in pids:
             pids.append(pid)
+        if isinstance(head.get("never_called"), dict):
+            reasons.append((pid, head["never_called"]))
+    if held is not None:
+        entries += held.calls
+        tensors.update({k: v.contiguous() for k, v in held.tensors.items()})   # a host copy keeps a view's strides
+        if held.calls and held.pid not in pids:
+            pids.append(held.pid)
+        if held.never_called:
+            reasons.append((held.pid, held.never_called))
     dropped = Counter()
     for e in entries:
         if not e["kept"]:
             dropped[(e["op"] or "unmapped", e["dropped"])] += 1
     out_run = {**(head_run or {}), **(run or {}), "processes": pids}
+    out_run["never_called"] = never_called(out_run.get("targets") or {}, entries, reasons)
     head = {"format": FORMAT, "version": VERSION, "part": False, "run": out_run,
             "dropped": [{"op": op, "reason": why, "calls": n} for (op, why), n in dropped.items()],
             "calls": entries}
@@ -129,6 +157,28 @@ def merge(path, run: dict | None = None, *, empty: bool = False) -> Path | None:
     except OSError:
         pass
     return Path(path)
+
+
+UNKNOWN_WHY = "not recorded (the file was written by a watch that did not name never-called targets)"
+NO_REPORT = ("no watched process reported on it: the program started no Python process, or each was "
+             "killed before it exited")
+
+
+def never_called(targets: dict, entries: list, reasons: list) -> list:
+    """``[{"watched", "target", "why"}]`` for each target (name -> spec) that no entry calls;
+    ``reasons``: ``[(pid, {spec: why})]`` as the processes said (the distinct ones, joined)."""
+    called = {e["target"] for e in entries}
+    out = []
+    for name, spec in targets.items():
+        if spec in called:
+            continue
+        whys = []
+        for pid, said in reasons:
+            why = said.get(spec)
+            if why and why not in whys:
+                whys.append(why)
+        out.append({"watched": name, "target": spec, "why": "; and elsewhere: ".join(whys) or NO_REPORT})
+    return out
 
 
 @dataclass

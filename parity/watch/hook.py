@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.abc
+import itertools
+import operator
 import sys
 
 from parity.errors import InputError
@@ -122,6 +124,7 @@ def install_now(targets: dict) -> Installed:
     """Wrap each ``name -> "module:function"`` target now (module docstring); WatchError, one line,
     for a target that does not import, resolve or map; nothing is left replaced then."""
     done = Installed()
+    swaps: dict = {}
     try:
         for name, spec in targets.items():
             module, attr = split(spec)
@@ -138,18 +141,37 @@ def install_now(targets: dict) -> Installed:
             original = w.__wrapped__
             setattr(holder, last, w)
             done.replaced.append((holder, last, fn, w))
-            for m in list(sys.modules.values()):        # names bound before the watch began
-                d = getattr(m, "__dict__", None)
-                if not isinstance(d, dict) or m is holder:
-                    continue
-                for k, v in list(d.items()):
-                    if v is original or v is fn:
-                        setattr(m, k, w)
-                        done.replaced.append((m, k, v, w))
+            for obj in (fn, original):
+                swaps.setdefault(id(obj), (obj, w))
+        _rebind(swaps, done)
     except BaseException:
         done.restore()
         raise
     return done
+
+
+def _rebind(swaps: dict, done: Installed) -> None:
+    """Names bound before the watch began: in every loaded module, each name that holds a watched
+    function (``swaps``: id -> (function, its wrapper)) is given the wrapper. One pass over the
+    modules for all targets, each module's values tested by identity in C (``map(operator.is_)``):
+    a process with transformers and fla loaded holds some 10^5 module-level names, and this runs
+    once per watch, before the engine's first call."""
+    objs = [obj for obj, _ in swaps.values()]
+    for m in list(sys.modules.values()):
+        d = getattr(m, "__dict__", None)
+        if not isinstance(d, dict):
+            continue
+        values = d.values()
+        for obj in objs:
+            if any(map(operator.is_, values, itertools.repeat(obj))):
+                break
+        else:
+            continue
+        for k, v in list(d.items()):
+            hit = swaps.get(id(v))
+            if hit is not None and hit[0] is v:
+                setattr(m, k, hit[1])
+                done.replaced.append((m, k, v, hit[1]))
 
 
 class _Loader(importlib.abc.Loader):

@@ -78,6 +78,17 @@ class CallsVerdict:
         judged = [c for c in self.calls if c.ratio is not None]
         return bool(judged) and self.first_bad is None and all(c.certified for c in self.certs)
 
+    @property
+    def never_called(self) -> list:
+        """``[{"watched", "target", "why"}]``: each watched target the file holds no call of, with
+        the reason the watch gave (``run.never_called``; a file from before it was recorded: the
+        targets of ``run.targets`` without calls, the reason unknown)."""
+        run = self.file.header["run"]
+        if isinstance(run.get("never_called"), list):
+            return run["never_called"]
+        return [dict(t, why=callfile.UNKNOWN_WHY) for t in
+                callfile.never_called(run.get("targets") or {}, self.file.calls, [])]
+
     def calls_entry(self) -> dict:
         """The certificate's ``calls`` object (parity/schemas/certificate.schema.json)."""
         counts = {}
@@ -88,7 +99,7 @@ class CallsVerdict:
                 "verdicts": counts, "dropped": list(self.file.header.get("dropped", [])),
                 "run": {k: v for k, v in self.file.header["run"].items() if k in ("command", "targets", "max_bytes",
                                                                                   "processes", "exit_code")},
-                "first_bad": None if fb is None else fb.to_dict(),
+                "first_bad": None if fb is None else fb.to_dict(), "never_called": self.never_called,
                 "entries": [c.to_dict() for c in self.calls]}
 
 

@@ -6,6 +6,12 @@ inputs are copied to the host (a kernel may write its inputs: the state pool of 
 Then the function runs on the caller's own arguments, untouched; its result is returned as it is.
 After: a kept call's outputs are copied. Nothing the recorder does changes what the engine computes.
 
+Nothing in a call waits for the device: a CUDA tensor is copied into pinned host memory
+asynchronously on its own stream (ordered before the kernel for an input, after it for an output),
+and an event recorded after the copies is waited on only when the part that holds them is written,
+by the flusher thread (or, past ``BACKLOG_BYTES`` held, by the engine's thread). Shapes, dtypes and
+the budget are host metadata: a call whose tensors are not kept costs no device work at all.
+
 Budget (``max_bytes``, per process): a call's tensors are kept while the kept bytes stay under it,
 sampled more sparsely as they fill it (every call until half of it, then every second call of the
 op, every fourth past three quarters, ...), so later steps are kept too; the first call of each op
@@ -31,9 +37,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import adapters, callfile
+from . import adapters, callfile, uncalled
 
-FLUSH_BYTES = 64 << 20       # kept bytes held in memory before a part is written
+FLUSH_BYTES = 64 << 20       # kept bytes held in memory before the flusher is woken
+BACKLOG_BYTES = 8 * FLUSH_BYTES   # held past this (the flusher behind): the engine's thread writes
 FLUSH_SECONDS = 2.0          # at most this long between a call and the part that holds it
 
 
@@ -108,6 +115,30 @@ class Pending:
     arguments: dict | None
     tensors: dict = field(default_factory=dict)
     t0: float = 0.0
+    devices: set = field(default_factory=set)     # CUDA devices whose copies are still in flight
+
+
+def host_copy(t: torch.Tensor, devices: set) -> torch.Tensor:
+    """A host copy of ``t`` that the caller may not read before the device's current stream has
+    passed this point: a CUDA tensor is copied asynchronously into pinned memory (torch pins the
+    host side of a non-blocking device-to-host copy) and its device is added to ``devices``; any
+    other tensor is copied at once."""
+    t = t.detach()
+    if t.is_cuda:
+        devices.add(t.device)
+        return t.to("cpu", non_blocking=True)
+    return t.to("cpu", copy=True)
+
+
+def copies_done(devices) -> list:
+    """An event per device in ``devices``, recorded on its current stream after the copies queued
+    there (waited on when the copies are written)."""
+    events = []
+    for d in devices:
+        ev = torch.cuda.Event(blocking=True)
+        ev.record(torch.cuda.current_stream(d))
+        events.append(ev)
+    return events
 
 
 class Recorder:
@@ -124,11 +155,15 @@ class Recorder:
         self._highest = -1             # how far above the call two calls of one step part
         self._entries: list = []
         self._tensors: dict = {}
+        self._events: list = []        # CUDA events after the held tensors' copies
         self._bytes = 0
         self._seq = 0
+        self.called: dict = defaultdict(int)    # target spec -> calls made in this process
+        self.never_called: dict = {}   # target spec -> why it was never called (set by close)
         self._lock = threading.RLock()
         self._write_lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._flusher = None
         self._flush_failed = False
         self._start_flusher()
@@ -182,6 +217,7 @@ class Recorder:
             index = self.index
             self.index += 1
             step = self.step
+            self.called[target.spec] += 1
         code = frame.f_code
         entry = {"id": f"p{self.pid}c{index}", "pid": self.pid, "index": index, "step": step,
                  "watched": target.name, "target": target.spec, "adapter_of": target.known,
@@ -215,7 +251,7 @@ class Recorder:
             entry["kept"] = True
             for n, t in mapping.inputs.items():
                 if isinstance(t, torch.Tensor):
-                    pend.tensors[f"{entry['id']}.in.{n}"] = t.detach().to("cpu", copy=True)
+                    pend.tensors[f"{entry['id']}.in.{n}"] = host_copy(t, pend.devices)
         else:
             entry["dropped"] = why
         pend.t0 = time.perf_counter()
@@ -251,14 +287,18 @@ class Recorder:
             entry["outputs"] = {n: _spec(t) for n, t in outs.items()}
             if entry["kept"]:
                 for n, t in outs.items():
-                    pend.tensors[f"{entry['id']}.out.{n}"] = t.detach().to("cpu", copy=True)
+                    pend.tensors[f"{entry['id']}.out.{n}"] = host_copy(t, pend.devices)
+        events = copies_done(pend.devices) if pend.devices else []
         with self._lock:
             self._entries.append(entry)
             self._tensors.update(pend.tensors)
+            self._events += events
             self._bytes += _nbytes(pend.tensors.values())
-            full = self._bytes >= FLUSH_BYTES
-        if full:         # bounds the host memory held; otherwise the flusher thread writes
+            held = self._bytes
+        if held >= BACKLOG_BYTES:    # the flusher is behind: bound the host memory held
             self.flush()
+        elif held >= FLUSH_BYTES:
+            self._wake.set()
 
     # -- writing -------------------------------------------------------------------------------
     def _start_flusher(self) -> None:
@@ -268,7 +308,11 @@ class Recorder:
         self._flusher.start()
 
     def _flush_every(self) -> None:
-        while not self._stop.wait(FLUSH_SECONDS):
+        while not self._stop.is_set():
+            self._wake.wait(FLUSH_SECONDS)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.flush()
             except Exception:  # a full disk: said once, the engine goes on
@@ -276,28 +320,70 @@ class Recorder:
                     self._flush_failed = True
                     traceback.print_exc()
 
-    def flush(self) -> None:
-        """Write the calls held so far as the next part (parts are written in order)."""
-        with self._write_lock:
-            with self._lock:
-                if not self._entries:
-                    return
-                entries, tensors, seq = self._entries, self._tensors, self._seq
-                self._entries, self._tensors, self._bytes = [], {}, 0
-                self._seq += 1
-            callfile.write_part(self.out, self.pid, seq, self.run, entries, tensors)
+    def _take(self) -> tuple[list, dict]:
+        """The calls held so far and their tensors, their copies complete (waits for the device
+        here, off the engine's thread unless the engine flushes)."""
+        with self._lock:
+            entries, tensors, events = self._entries, self._tensors, self._events
+            self._entries, self._tensors, self._events, self._bytes = [], {}, [], 0
+        for ev in events:
+            ev.synchronize()
+        return entries, tensors
 
-    def close(self) -> None:
+    def flush(self, *, last: bool = False) -> None:
+        """Write the calls held so far as the next part (parts are written in order); ``last``:
+        the process's final part, written with the targets never called even without calls."""
+        with self._write_lock:
+            entries, tensors = self._take()
+            if not entries and not (last and self.never_called):
+                return
+            seq, self._seq = self._seq, self._seq + 1
+            callfile.write_part(self.out, self.pid, seq, self.run, entries, tensors,
+                                never_called=self.never_called if last else None)
+
+    def _finish(self) -> bool:
+        """Stop recording; False when closed already. Names the targets this process never called
+        (while they are still wrapped: ``uncalled``)."""
         with self._lock:
             if self.closed:
-                return
+                return False
             self.closed = True
         self._stop.set()
+        self._wake.set()
         try:
-            self.flush()
+            self.never_called = uncalled.reasons(self.run.get("targets") or {}, self.called)
+        except Exception as exc:  # naming them is a courtesy: never mask the calls themselves
+            self.never_called = {}
+            print(f"parity watch: cannot tell why a target was never called: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+        self._stack = []
+        return True
+
+    def close(self) -> None:
+        """Stop recording and write what is held as this process's last part (``parity watch``:
+        the command merges the parts when the program ends)."""
+        if not self._finish():
+            return
+        try:
+            self.flush(last=True)
         except Exception:  # at exit: say it, never mask the program's own exit
             traceback.print_exc()
-        self._stack = []
+
+    def never_called_report(self) -> list:
+        """``[{"watched", "target", "why"}]``: the targets this process never called (after close)."""
+        targets = self.run.get("targets") or {}
+        return [{"watched": name, "target": spec, "why": self.never_called[spec]}
+                for name, spec in targets.items() if spec in self.never_called]
+
+    def close_into_file(self):
+        """Stop recording and write the calls file ``out`` whole (``parity.watch``): the parts
+        flushed while the block ran and the calls still held, in one write."""
+        if not self._finish():
+            return None
+        with self._write_lock:
+            entries, tensors = self._take()
+            return callfile.merge(self.out, run=self.run, empty=True,
+                                  held=callfile.Held(self.pid, entries, tensors, self.never_called))
 
 
 def _spec(t) -> dict | None:
@@ -305,4 +391,4 @@ def _spec(t) -> dict | None:
         return None
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"expected a tensor, got {type(t).__name__}")
-    return {"dtype": callfile.dtype_name(t), "shape": [int(d) for d in t.shape]}
+    return {"dtype": callfile.dtype_name(t), "shape": list(t.shape)}

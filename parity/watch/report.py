@@ -25,6 +25,8 @@ def headline(v) -> str:
     fb = v.first_bad
     judged = sum(c.ratio is not None for c in v.calls)
     if fb is None:
+        if not v.file.calls and v.never_called:
+            return f"no call judged: no watched target was called ({len(v.never_called)} never called, below)"
         if not judged:
             return f"no call judged: {len(v.calls)} call(s), none kept with its tensors"
         return f"every judged call is clean: {judged} of {len(v.calls)} call(s) judged"
@@ -43,6 +45,9 @@ def render(console, v) -> None:
 
     style = "green" if v.first_bad is None else "red"
     console.print(f"[{style}]{headline(v)}[/]", highlight=False, soft_wrap=True)
+    for t in v.never_called:
+        console.print(f"  [yellow]never called[/]: {t['target']} ({t['watched']}): {t['why']}", highlight=False,
+                      soft_wrap=True)
     bad = [c for c in v.calls if c.verdict != "clean"]
     rows = bad[:SHOWN] + [c for c in v.calls if c.verdict == "clean"][:max(0, SHOWN - len(bad))]
     rows.sort(key=lambda c: v.calls.index(c))

@@ -130,13 +130,14 @@ def test_the_budget_keeps_the_first_and_the_largest_calls_and_samples_the_rest()
 
 def test_past_the_budget_the_file_says_what_was_dropped(tmp_path):
     sys.path.insert(0, str(tmp_path))
-    (tmp_path / "kern_budget.py").write_text(wp.KERNEL)
+    (tmp_path / "kern_budget.py").write_text(wp.NEVER)
     try:
         import kern_budget
 
         q = torch.nn.functional.normalize(torch.randn(1, 3, 1, 4), dim=-1)
         args = (q, q, torch.randn(1, 3, 1, 2), -torch.rand(1, 3, 1, 4), torch.rand(1, 3, 1))
-        with parity.watch({"kda.recurrent": "kern_budget:recurrent"}, out=tmp_path / "c.safetensors", max_bytes=0):
+        with parity.watch({"kda.recurrent": "kern_budget:recurrent", "kda.chunked": "kern_budget:chunked"},
+                          out=tmp_path / "c.safetensors", max_bytes=0):
             for _ in range(3):
                 kern_budget.recurrent(*args)
     finally:
@@ -145,6 +146,10 @@ def test_past_the_budget_the_file_says_what_was_dropped(tmp_path):
     cf = callfile.read(tmp_path / "c.safetensors")
     assert [c["kept"] for c in cf.calls] == [False] * 3 and cf.calls[0]["inputs"]["q"]["shape"] == [1, 3, 1, 4]
     assert cf.header["dropped"] == [{"op": "kda.recurrent", "reason": "shapes only (max bytes 0)", "calls": 3}]
+    # the target not called beside one that was: both likely reasons, without naming its holders
+    [never] = cf.header["run"]["never_called"]
+    assert never["target"] == "kern_budget:chunked" and never["why"].startswith(
+        "likely the program does not call it here (a prefill makes no decode call), or the program dispatches")
     v = judge.judge_file(tmp_path / "c.safetensors")
     assert not v.certified and {c.verdict for c in v.calls} == {"not kept"}
 
@@ -166,18 +171,20 @@ def test_a_call_no_record_fits_is_one_line_naming_the_argument():
         recurrent_reverse(dict(query=x, key=x, value=torch.zeros(1, 2, 2, 4), g=x, beta=x[..., 0]))
 
 
-def _watch(tmp_path, mode, *args, **popen):
+def _watch(tmp_path, mode, *args, ops=(), **popen):
     (tmp_path / "kern.py").write_text(wp.KERNEL)
     (tmp_path / "prog.py").write_text(wp.PROGRAM)
     env = dict(os.environ, MODE=mode)
     cmd = [sys.executable, "-m", "parity", "watch", "--op", "kda.recurrent=kern:recurrent",
+           *(a for op in ops for a in ("--op", op)),
            "--out", str(tmp_path / "calls.safetensors"), "--", sys.executable, "prog.py", *args]
     return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             **popen)
 
 
 def test_a_crashing_program_and_its_subprocess_leave_a_valid_file(tmp_path):
-    p = _watch(tmp_path, "child-crash")
+    (tmp_path / "kern_unused.py").write_text(wp.NEVER)
+    p = _watch(tmp_path, "child-crash", ops=("kda.chunked=kern_unused:chunked",))
     out, err = p.communicate(timeout=300)
     assert p.returncode == 1 and "RuntimeError: the program crashed" in err, err
     v = judge.judge_file(tmp_path / "calls.safetensors")
@@ -185,6 +192,13 @@ def test_a_crashing_program_and_its_subprocess_leave_a_valid_file(tmp_path):
     pids = v.file.header["run"]["processes"]
     assert len(pids) == 2 and v.file.header["run"]["exit_code"] == 1      # the program and its child
     assert [(c.entry["pid"], c.entry["index"]) for c in v.calls] == [(pid, i) for pid in pids for i in (0, 1, 2)]
+    # the target no process imported is named, once for both processes, by the command and the file
+    said = "kern_unused:chunked (kda.chunked) was never called: its module kern_unused was never imported"
+    assert [line for line in err.splitlines() if "never called" in line] == [
+        f"parity watch: {said} in this process (the program does not use it here: a framework that picked "
+        "another implementation, or a process that does not compute)"]
+    assert v.never_called == [{"watched": "kda.chunked", "target": "kern_unused:chunked",
+                               "why": err.split("was never called: ")[1].splitlines()[0]}]
 
 
 def test_an_interrupted_program_leaves_a_valid_file(tmp_path):
@@ -262,3 +276,85 @@ def test_a_watched_call_no_record_fits_is_unmapped_with_the_argument_named(tmp_p
     assert len(err) == 1 and "argument value: 4 heads for 2 query heads" in err[0]      # once per reason
     rc, out, err = run_cli(capsys, "certify", "--calls", str(path))
     assert rc == 1 and "first bad call: " in out.splitlines()[1] and "argument value: 4 heads" in out.splitlines()[1]
+
+
+def _module(tmp_path, name, text):
+    (tmp_path / f"{name}.py").write_text(text)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_a_target_never_called_is_named_with_the_likely_reason(tmp_path, capsys):
+    """One target held by a dispatcher built before the watch began (its closure, which the watch
+    cannot replace), one that nothing calls: each is named by the watch, the file and certify."""
+    kern = _module(tmp_path, "kern_never", wp.NEVER)
+    try:
+        dispatch = kern.dispatcher()
+        path = tmp_path / "calls.safetensors"
+        q = torch.nn.functional.normalize(torch.randn(1, 3, 1, 4), dim=-1)
+        with parity.watch({"kda.recurrent": "kern_never:recurrent", "kda.chunked": "kern_never:chunked"}, out=path):
+            dispatch(q, q, torch.randn(1, 3, 1, 2), -torch.rand(1, 3, 1, 4), torch.rand(1, 3, 1))
+    finally:
+        sys.modules.pop("kern_never", None)
+    err = [line for line in capsys.readouterr().err.splitlines() if "never called" in line]
+    assert len(err) == 2, err
+    assert err[0].startswith("parity watch: kern_never:recurrent (kda.recurrent) was never called: likely it was "
+                             "taken before the watch began and is held by the closure of "
+                             "kern_never.dispatcher.<locals>.dispatch, where the watch cannot replace it"), err[0]
+    assert err[1].startswith("parity watch: kern_never:chunked (kda.chunked) was never called: likely the program "
+                             "dispatches elsewhere (e.g. transformers runs its own torch KDA functions"), err[1]
+    head = callfile.read(path).header
+    assert [(t["target"], t["why"]) for t in head["run"]["never_called"]] == \
+        [(line.split(" ")[2], line.split("was never called: ")[1]) for line in err]
+    rc, out, _ = run_cli(capsys, "certify", "--calls", str(path))
+    lines = out.splitlines()
+    assert rc == 1 and lines[1] == "no call judged: no watched target was called (2 never called, below)", out
+    assert lines[2].startswith("  never called: kern_never:recurrent (kda.recurrent): likely it was taken before")
+    doc = judge.judge_file(path)
+    assert [t["target"] for t in doc.calls_entry()["never_called"]] == ["kern_never:recurrent", "kern_never:chunked"]
+
+
+def test_a_file_without_never_called_targets_recorded_still_names_them(tmp_path):
+    """A calls file written before the watch recorded ``run.never_called``: the judge finds the
+    targets without calls from ``run.targets``, the reason unknown."""
+    callfile.merge(tmp_path / "old.safetensors", run={"targets": {"kda.chunked": "m:f"}, "max_bytes": 0}, empty=True)
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(tmp_path / "old.safetensors"), framework="pt") as f:
+        head = json.loads(f.metadata()[callfile.METADATA_KEY])
+    del head["run"]["never_called"]
+    save_file({}, str(tmp_path / "old.safetensors"), metadata={callfile.METADATA_KEY: json.dumps(head)})
+    v = judge.judge_file(tmp_path / "old.safetensors")
+    assert v.never_called == [{"watched": "kda.chunked", "target": "m:f", "why": callfile.UNKNOWN_WHY}]
+
+
+def test_a_kernel_that_writes_its_inputs_in_place_is_recorded_with_the_values_it_was_given(tmp_path, parity_device):
+    """The kept copies are taken in the stream's order (asynchronous device-to-host on a GPU, waited
+    on only when the file is written): the inputs as the kernel got them, the outputs as it returned
+    them, whatever the kernel and the caller write into those tensors afterwards."""
+    kern = _module(tmp_path, "kern_in_place", wp.IN_PLACE)
+    try:
+        torch.manual_seed(0)
+        dev = torch.device(parity_device)
+        path = tmp_path / "calls.safetensors"
+        with parity.watch({"kda.recurrent": "kern_in_place:recurrent_in_place"}, out=path) as rec:
+            state = torch.randn(1, 2, 16, 8, device=dev)
+            for T in (64, 1, 1):       # q, k: views with a head-major layout, as a model's projections give
+                q, k = (torch.nn.functional.normalize(torch.randn(1, 2, T, 16, device=dev), dim=-1).transpose(1, 2)
+                        for _ in range(2))
+                v, g, beta = torch.randn(1, T, 2, 8, device=dev), -torch.rand(1, T, 2, 16, device=dev), \
+                    torch.rand(1, T, 2, device=dev)
+                o, new = kern.recurrent_in_place(q, k, v, g, beta, initial_state=state, output_final_state=True)
+                o.zero_()                # the caller reuses the output buffer at once
+                state = new.clone()
+                new.fill_(float("nan"))
+            assert not rec._entries or rec._entries[0]["device"] == parity_device
+    finally:
+        sys.modules.pop("kern_in_place", None)
+    v = judge.judge_file(path)
+    assert len(v.calls) == 3 and all(c.entry["kept"] for c in v.calls)
+    assert v.certified, [c.summary for c in v.calls]

@@ -62,6 +62,37 @@ def recurrent(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     return o, (S if output_final_state else None)
 '''
 
+# a module with two watchable functions: ``recurrent`` held by a dispatcher built before a watch
+# begins (the watch cannot replace it there), ``chunked`` that nothing calls
+NEVER = KERNEL + '''
+
+@same_as("fla.ops.kda.naive:naive_chunk_kda")
+def chunked(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, chunk_size=64):
+    raise AssertionError("nothing calls this")
+
+
+def dispatcher():
+    impl = recurrent
+
+    def dispatch(*args, **kwargs):
+        return impl(*args, **kwargs)
+
+    return dispatch
+'''
+
+# the KERNEL's recurrence, which then writes its inputs in place (a decode step's state pool, a
+# buffer reused): the recorded inputs must be the values it was given
+IN_PLACE = KERNEL + '''
+
+@same_as("fla.ops.kda.naive:naive_recurrent_kda")
+def recurrent_in_place(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
+    o, state = recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                         output_final_state=output_final_state)
+    for t in (q, k, v, g, beta, initial_state):
+        t.mul_(-3.0).add_(1.0)
+    return o, state
+'''
+
 PROGRAM = '''
 import os, subprocess, sys, time
 import torch
