@@ -12,6 +12,20 @@ import numpy as np
 from .executor import to_numpy
 
 MOE_COMBINES = ("unbiased", "biased")
+LOWER_BOUND_RANGE = (-5.0, 0.0)  # [lo, hi): the bounded gate's b, as its kernels take it
+
+
+def check_lower_bound(lower_bound):
+    """The KDA gate's ``lower_bound`` as a float (None: the softplus gate); ``ValueError`` outside
+    [-5, 0), the range the bounded gate's kernels (FlashKDA, fla's safe gate) take."""
+    if lower_bound is None:
+        return None
+    lo, hi = LOWER_BOUND_RANGE
+    if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float, np.floating, np.integer)) \
+            or not lo <= float(lower_bound) < hi:
+        raise ValueError(f"lower_bound: expected a number in [{lo:g}, {hi:g}) (None: the softplus gate), "
+                         f"got {lower_bound!r}")
+    return float(lower_bound)
 
 
 def check_variants(*, moe_combine, kv_norm_eps) -> None:
