@@ -143,7 +143,7 @@ def fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None,
 # validation and sequence handling
 
 
-def _prologue(q, k, g_raw, beta_logits, A_log, dt_bias, lower_bound):
+def _prologue(q, k, g_raw, beta_logits, A_log, dt_bias, lower_bound=None):
     return l2norm(q), l2norm(k), gate(g_raw, A_log, dt_bias, lower_bound=lower_bound), sigmoid(beta_logits)
 
 

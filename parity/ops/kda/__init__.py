@@ -1,6 +1,14 @@
 """Records: kda.gate, kda.recurrent, kda.chunked, kda.fused_recurrent, kda.fused_chunked and
 kda.fused_recurrent_decode (one token per sequence, states updated in place in a pool by slot id:
-parity/ops/_slots.py); and the ``+qk_l2norm`` variants (:func:`variants`).
+parity/ops/_slots.py); the bounded gate's records of the four ops that compute the gate,
+``kda.gate+lower_bound`` and the other three with the same suffix (:data:`BOUNDED`); and the
+``+qk_l2norm`` variants (:func:`variants`).
+
+The bounded gate (``lower_bound`` b in [-5, 0): ``g = b sigmoid(exp(A_log) (g_raw + dt_bias))``)
+is the same optimized op called with ``lower_bound=b``: its records draw that keyword (and A_log
+absent on some inputs), judge it by the bounded gate's bound and hold it to the bounded gate's
+mutants (the softplus gate run on a bounded-gate layer, the softplus clamped at b, a wrong b).
+``GATES`` names each gated op's record per gate (``parity certify --variant kda_gate=...``).
 """
 from __future__ import annotations
 
@@ -18,19 +26,23 @@ from .inputs import core_cases, decode_cases, gate_cases, raw_qk_cases, wide_cor
 
 
 # -- the decode step: the optimized op updates the pool in place; the record compares it whole ----
-def decode_step(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, scale=None):
+def decode_step(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, scale=None,
+                lower_bound=None):
     """optimized.kda.fused_recurrent_decode, returning (o, the pool it updated in place)."""
     from optimized.kda import fused_recurrent_decode  # here: importing optimized picks the Triton backend
 
-    o = fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, scale=scale)
+    kw = {} if lower_bound is None else {"lower_bound": lower_bound}
+    o = fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, scale=scale, **kw)
     return o, state_pool
 
 
-def decode_step_reference(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, scale=None):
+def decode_step_reference(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, scale=None,
+                          lower_bound=None):
     """reference.kda.fused_recurrent, one token per named slot."""
     def step(b, s):
         one = [t[b, ...][None, None, ...] for t in (q, k, v, g_raw, beta_logits)]
-        o, st_ = ref.fused_recurrent(*one, A_log, dt_bias, initial_state=s[None, ...], scale=scale)
+        o, st_ = ref.fused_recurrent(*one, A_log, dt_bias, initial_state=s[None, ...], scale=scale,
+                                     lower_bound=lower_bound)
         return o[0, 0, ...], st_[0, ...]
 
     return _slots.per_row(step, v, state_pool, slot_ids)
@@ -93,8 +105,37 @@ FUSED_RECURRENT_DECODE = OpRecord(
     mutants=mutants.FUSED_RECURRENT_DECODE)
 
 
+# -- the bounded gate: the same ops, called with lower_bound -----------------------------------------
+BOUNDED_SUFFIX = "+lower_bound"
+_BOUNDED_DOC = ("; the bounded gate b sigmoid(y), y = exp(A_log) (g_raw + dt_bias): its error relative to |g| "
+                "((1 - s)|dy| + sigmoid's and the product's roundings), absolute 2|b| tiny where sigmoid underflows")
+
+
+def _bounded(rec: OpRecord, inputs, mutants, wide=None) -> OpRecord:
+    """``rec``'s op under the bounded gate: the same reference, optimized op (counted under its own
+    name), emulation and bound (both read ``lower_bound`` from the kwargs), other inputs and mutants."""
+    return dataclasses.replace(
+        rec, name=rec.name + BOUNDED_SUFFIX, counter=rec.counter_name, inputs=inputs, wide=wide,
+        mutants=mutants, bound_doc=rec.bound_doc + _BOUNDED_DOC)
+
+
+GATE_BOUNDED = _bounded(GATE, lambda: gate_cases(bounded=True), mutants.GATE_BOUNDED)
+FUSED_RECURRENT_BOUNDED = _bounded(
+    FUSED_RECURRENT, lambda: core_cases(fused=True, bounded=True), mutants.FUSED_RECURRENT_BOUNDED,
+    lambda space: wide_core_cases(space, fused=True, bounded=True))
+FUSED_CHUNKED_BOUNDED = _bounded(
+    FUSED_CHUNKED, lambda: core_cases(chunked=True, fused=True, bounded=True), mutants.FUSED_CHUNKED_BOUNDED,
+    lambda space: wide_core_cases(space, chunked=True, fused=True, bounded=True))
+FUSED_RECURRENT_DECODE_BOUNDED = _bounded(
+    FUSED_RECURRENT_DECODE, lambda: decode_cases(bounded=True), mutants.FUSED_RECURRENT_DECODE_BOUNDED)
+BOUNDED = (GATE_BOUNDED, FUSED_RECURRENT_BOUNDED, FUSED_CHUNKED_BOUNDED, FUSED_RECURRENT_DECODE_BOUNDED)
+# a gated op's record per gate: "softplus" (Kimi-Linear-48B) and "lower_bound" (the bounded gate)
+GATES = {r.name: {"softplus": r.name, "lower_bound": b.name}
+         for r, b in zip((GATE, FUSED_RECURRENT, FUSED_CHUNKED, FUSED_RECURRENT_DECODE), BOUNDED)}
+
+
 def records() -> list[OpRecord]:
-    return [GATE, RECURRENT, CHUNKED, FUSED_RECURRENT, FUSED_CHUNKED, FUSED_RECURRENT_DECODE]
+    return [GATE, RECURRENT, CHUNKED, FUSED_RECURRENT, FUSED_CHUNKED, FUSED_RECURRENT_DECODE, *BOUNDED]
 
 
 # -- the core ops with only the q/k l2norm fused in the call ------------------------------------------
