@@ -4,11 +4,14 @@ is a function with a record's signature that calls the outside API, declaring it
 contract and what it wraps (``parity.candidate.adapter``). Nothing outside is imported until an
 adapter runs; ``reference/`` and ``optimized/`` never import these packages.
 
-- ``fla``: fla-core 0.6.0 (``pip install 'kimi-parity[peers]'``), :mod:`parity.peers.fla`.
+- ``fla``: fla-core 0.6.0 (``pip install 'kimi-parity[peers]'``), :mod:`parity.peers.fla`: both KDA
+  gates (its safe-gate path for the bounded one).
+- ``flashkda``: Moonshot's FlashKDA (built from its source; CUDA, bf16, K = V = 128, the bounded gate
+  only), :mod:`parity.peers.flashkda`.
 """
 from __future__ import annotations
 
-SHORTHANDS = ("fla",)
+SHORTHANDS = ("fla", "flashkda")
 
 
 def implementations(name: str, device: str) -> dict:
@@ -18,4 +21,8 @@ def implementations(name: str, device: str) -> dict:
         from . import fla
 
         return fla.implementations(device)
+    if name == "flashkda":
+        from . import flashkda
+
+        return flashkda.implementations(device)
     raise KeyError(f"unknown implementation {name!r}; known: {', '.join(SHORTHANDS)}")

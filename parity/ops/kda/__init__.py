@@ -59,7 +59,7 @@ GATE = OpRecord(
     args=("g_raw", "A_log", "dt_bias"), policy=POLICY, reductions="none",
     batch={"inputs": {"g_raw": 0}, "outputs": {"g": 0}},
     bound_doc="exp(A) (sigmoid(z) ua |z| + softplus err) + ((3 + |A_log|) ua + uo) |g|, z = g_raw + dt_bias",
-    mutants=mutants.GATE)
+    mutants=mutants.GATE, gate="softplus")
 
 _CORE_DOC = ("per value column: E_t^2 = rho_t^2 E_{t-1}^2 + lam_t^2, rho = max exp(g) max(1, |1 - beta|k|^2|); "
              "o: scale (|q| LAMBDA E_t + gamma_K(ua) |q|.|S_t|) + (ua + uo)|o|")
@@ -75,7 +75,8 @@ def _over_sequences(name: str, *, reductions: str, bound_doc: str) -> OpRecord:
         emulated=getattr(emulate, name), inputs=lambda: core_cases(chunked=chunked, fused=fused),
         wide=lambda space: wide_core_cases(space, chunked=chunked, fused=fused), bound=getattr(bounds, name),
         outputs=("o", "final_state"), args=FUSED if fused else CORE, kwarg_arrays=KWARG_ARRAYS, policy=POLICY,
-        batch=BATCH, reductions=reductions, bound_doc=bound_doc, mutants=getattr(mutants, name.upper()))
+        batch=BATCH, reductions=reductions, bound_doc=bound_doc, mutants=getattr(mutants, name.upper()),
+        gate="softplus" if fused else None)
 
 
 RECURRENT = _over_sequences("recurrent", reductions="K, T", bound_doc=_CORE_DOC + "; state in ua (fp32 registers)")
@@ -102,7 +103,7 @@ FUSED_RECURRENT_DECODE = OpRecord(
     in_place=True, reductions="K", dirty=_slots.dirty,
     batch={"inputs": {n: 0 for n in ("q", "k", "v", "g_raw", "beta_logits", "slot_ids")}, "outputs": {"o": 0}},
     bound_doc="kda.fused_recurrent's model (T = 1) on the named slots; untouched pool rows and padding outputs exact",
-    mutants=mutants.FUSED_RECURRENT_DECODE)
+    mutants=mutants.FUSED_RECURRENT_DECODE, gate="softplus")
 
 
 # -- the bounded gate: the same ops, called with lower_bound -----------------------------------------
@@ -116,7 +117,7 @@ def _bounded(rec: OpRecord, inputs, mutants, wide=None) -> OpRecord:
     name), emulation and bound (both read ``lower_bound`` from the kwargs), other inputs and mutants."""
     return dataclasses.replace(
         rec, name=rec.name + BOUNDED_SUFFIX, counter=rec.counter_name, inputs=inputs, wide=wide,
-        mutants=mutants, bound_doc=rec.bound_doc + _BOUNDED_DOC)
+        mutants=mutants, bound_doc=rec.bound_doc + _BOUNDED_DOC, gate="lower_bound")
 
 
 GATE_BOUNDED = _bounded(GATE, lambda: gate_cases(bounded=True), mutants.GATE_BOUNDED)
@@ -136,6 +137,35 @@ GATES = {r.name: {"softplus": r.name, "lower_bound": b.name}
 
 def records() -> list[OpRecord]:
     return [GATE, RECURRENT, CHUNKED, FUSED_RECURRENT, FUSED_CHUNKED, FUSED_RECURRENT_DECODE, *BOUNDED]
+
+
+def under_gate(recs: list, lower_bound) -> list:
+    """``recs`` with every op that computes the KDA gate (of either gate) replaced by its record of
+    the gate ``lower_bound`` (None: the softplus gate; a number b: the bounded gate, every input
+    drawn with that b), in order, each once; other records unchanged (``parity certify --variant
+    kda_gate=...``)."""
+    by_name = {r.name: r for r in records()}
+    family = {name: base for base, gates in GATES.items() for name in gates.values()}
+    out = []
+    for r in recs:
+        if r.name in family:
+            r = by_name[GATES[family[r.name]]["softplus" if lower_bound is None else "lower_bound"]]
+            if lower_bound is not None:
+                r = _pinned(r, float(lower_bound))
+        if r.name not in {o.name for o in out}:
+            out.append(r)
+    return out
+
+
+def _pinned(rec: OpRecord, b: float) -> OpRecord:
+    """The bounded gate's ``rec`` with every input drawn at ``lower_bound = b``."""
+    def pin(case):
+        old = case.kwargs.get("lower_bound")
+        label = case.label.replace(f"lb{old:g}", f"lb{b:g}") if old is not None else case.label
+        return dataclasses.replace(case, kwargs={**case.kwargs, "lower_bound": b}, label=label)
+
+    wide = None if rec.wide is None else (lambda space: rec.wide(space).map(pin))
+    return dataclasses.replace(rec, inputs=lambda: rec.inputs().map(pin), wide=wide)
 
 
 # -- the core ops with only the q/k l2norm fused in the call ------------------------------------------
