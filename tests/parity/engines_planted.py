@@ -13,6 +13,8 @@
 * ``fb_doubled_on_trigger``: ``fb_doubled`` for a prompt that holds the token id ``TRIGGER``, the
   clean float64 model for any other (a bug only some prompts of a corpus reach); it has
   ``decode_batch``, so a corpus decodes it in batches.
+* ``softplus_on_bounded``: the float64 NumPy model with the softplus KDA gate, whatever gate the
+  checkpoint's config names (Kimi-Linear-48B's path run on a Kimi-K3 / GLM-5.3 checkpoint).
 * ``raises``, ``wrong_vocab``, ``two_rows``, ``half_traced``, ``not_an_engine``,
   ``one_row_batches``: engines that break the protocol.
 """
@@ -40,6 +42,12 @@ def fb_doubled(checkpoint, *, dtype, device):
     import reference
 
     return reference.load(fb_doubled_source(_source(checkpoint)))
+
+
+def softplus_on_bounded(checkpoint, *, dtype, device):
+    import reference
+
+    return reference.load(_source(checkpoint), kda_gate="softplus")
 
 
 TRIGGER = 90  # byte 'W' + 3: a token id the bundled checkpoint's byte-level prompts may hold
