@@ -108,19 +108,20 @@ FUSED_RECURRENT_DECODE = OpRecord(
 
 # -- the bounded gate: the same ops, called with lower_bound -----------------------------------------
 BOUNDED_SUFFIX = "+lower_bound"
-_BOUNDED_DOC = ("; the bounded gate b sigmoid(y), y = exp(A_log) (g_raw + dt_bias): its error relative to |g| "
-                "((1 - s)|dy| + sigmoid's and the product's roundings), absolute 2|b| tiny where sigmoid underflows")
+_BOUNDED_GATE_DOC = ("((1 - s)(|dy| + exp_rel(y) ua) + 5 ua + uo) |g| + 2 |b| tiny, g = b s, s = sigmoid(y), "
+                     "y = exp(A_log) (g_raw + dt_bias), |dy| = ua |y| (3 + |A_log|); tiny: float32's smallest normal")
 
 
-def _bounded(rec: OpRecord, inputs, mutants, wide=None) -> OpRecord:
+def _bounded(rec: OpRecord, inputs, mutants, wide=None, bound_doc=None) -> OpRecord:
     """``rec``'s op under the bounded gate: the same reference, optimized op (counted under its own
     name), emulation and bound (both read ``lower_bound`` from the kwargs), other inputs and mutants."""
+    doc = bound_doc or f"{rec.bound_doc}; the gate's error: kda.gate+lower_bound's model"
     return dataclasses.replace(
         rec, name=rec.name + BOUNDED_SUFFIX, counter=rec.counter_name, inputs=inputs, wide=wide,
-        mutants=mutants, bound_doc=rec.bound_doc + _BOUNDED_DOC, gate="lower_bound")
+        mutants=mutants, bound_doc=doc, gate="lower_bound")
 
 
-GATE_BOUNDED = _bounded(GATE, lambda: gate_cases(bounded=True), mutants.GATE_BOUNDED)
+GATE_BOUNDED = _bounded(GATE, lambda: gate_cases(bounded=True), mutants.GATE_BOUNDED, bound_doc=_BOUNDED_GATE_DOC)
 FUSED_RECURRENT_BOUNDED = _bounded(
     FUSED_RECURRENT, lambda: core_cases(fused=True, bounded=True), mutants.FUSED_RECURRENT_BOUNDED,
     lambda space: wide_core_cases(space, fused=True, bounded=True))

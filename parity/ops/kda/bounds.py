@@ -73,7 +73,10 @@ def bounded_gate_err(g_raw, A_log, dt, b, p, uo):
       the factor, exp(A_log)'s own error and the product (only the add without A_log);
     - sigmoid's slope is ``s (1 - s)``, so that error moves ``s`` by ``(1 - s) |dy|`` relative to ``s``:
       damped where the gate saturates at the bound (s -> 1), the exponential's conditioning |y| where
-      s -> 0; sigmoid's own evaluation adds ``ua (exp_rel(y) + 3)`` (as elementwise.sigmoid's);
+      s -> 0. Its evaluation, ``1 / (1 + z)`` or ``z / (1 + z)`` with ``z = exp(-|y|)`` (or ``1 / (1 +
+      exp(-y))``), carries exp's relative error ``exp_rel(y) ua`` damped the same way, ``z / (1 + z) =
+      1 - s`` for ``y >= 0`` and ``1 / (1 + z) = 1 - s`` otherwise, plus three roundings (add,
+      divide, multiply);
     - the product with ``b`` and ``b``'s own rounding to the arithmetic dtype: ``2 ua``; the store ``uo``;
     - where sigmoid underflows (``s`` below the arithmetic dtype's smallest normal, ``tiny``: y below
       about -87 in float32) a kernel returns 0 or a subnormal (flushed on a GPU): relative error means
@@ -82,7 +85,7 @@ def bounded_gate_err(g_raw, A_log, dt, b, p, uo):
     g, s, y = bounded_gate(g_raw, A_log, dt, b)
     ea = 0.0 if A_log is None else exp_rel(np.reshape(A_log, (-1,)))[:, None] + 1.0
     dy = p.ua * np.abs(y) * (1.0 + ea)
-    rel = (1.0 - s) * dy + p.ua * (exp_rel(y) + 3.0) + 2.0 * p.ua + uo
+    rel = (1.0 - s) * (dy + p.ua * exp_rel(y)) + 5.0 * p.ua + uo
     return rel * np.abs(g) + 2.0 * abs(b) * underflow(arithmetic_dtype(p.dtype))
 
 
