@@ -109,7 +109,7 @@ FUSED_RECURRENT_DECODE = OpRecord(
 # -- the bounded gate: the same ops, called with lower_bound -----------------------------------------
 BOUNDED_SUFFIX = "+lower_bound"
 _BOUNDED_GATE_DOC = ("((1 - s)(|dy| + exp_rel(y) ua) + 5 ua + uo) |g| + 2 |b| tiny, g = b s, s = sigmoid(y), "
-                     "y = exp(A_log) (g_raw + dt_bias), |dy| = ua |y| (3 + |A_log|); tiny: float32's smallest normal")
+                     "y = exp(A_log) (g_raw + dt_bias), |dy| = ua |y| (4 + |A_log|); tiny: float32's smallest normal")
 
 
 def _bounded(rec: OpRecord, inputs, mutants, wide=None, bound_doc=None) -> OpRecord:
