@@ -175,7 +175,8 @@ def slice_ratio(x, o, contract: str) -> float:
     q, k, v, g_raw, beta, A_log, dt_bias = x
     s = (slice(0, 1), slice(0, SLICE_T), slice(0, SLICE_H))
     arrays = {"q": n(q[s]), "k": n(k[s]), "v": n(v[s]), "g_raw": n(g_raw[s]), "beta_logits": n(beta[s]),
-              "A_log": n(A_log[:SLICE_H]), "dt_bias": n(dt_bias[:SLICE_H * K]), "initial_state": None, "cu_seqlens": None}
+              "A_log": n(A_log[:SLICE_H]), "dt_bias": n(dt_bias[:SLICE_H * K]), "initial_state": None,
+              "cu_seqlens": None}
     prep = prepare(rec, Case(arrays, {"lower_bound": LOWER_BOUND, "chunk_size": 64}), "bfloat16", "cpu",
                    contract=contract)
     bound = prep.bound({"o": "bfloat16", "final_state": "float32"})["o"]
@@ -201,7 +202,8 @@ def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda) -> Result:
                                                      "lower_bound": LOWER_BOUND},
                   times.get("ours"), fla_ms=times.get("fla safe gate"), baseline="FlashKDA",
                   baseline_ms=times.get("FlashKDA"), bytes_moved=nbytes,
-                  extra={"slice_ratio": ratios, "slice": f"batch row 0, tokens 0..{SLICE_T - 1}, heads 0..{SLICE_H - 1}"})
+                  extra={"slice_ratio": ratios,
+                         "slice": f"batch row 0, tokens 0..{SLICE_T - 1}, heads 0..{SLICE_H - 1}"})
 
 
 def bounded_table(results) -> str:

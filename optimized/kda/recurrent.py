@@ -192,8 +192,9 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
     q, k: [B,H,K] (raw; l2-normalized in kernel); v: [B,HV,V]; g_raw: [B,HV,K]; beta_logits: [B,HV];
     A_log: HV elements (None: the bounded gate without it); dt_bias: HV*K elements; lower_bound:
     None (the softplus gate) or b in [-5, 0) (the bounded gate, as :func:`fused_recurrent`);
-    state_pool: [num_slots,HV,K,V], contiguous, float32 (float64 for fp64 runs), K-first; slot_ids: [B] ints on the pool's device. Sequence b reads and
-    writes only ``state_pool[slot_ids[b]]``; other slots are never touched. ``slot_ids[b] < 0`` marks a
+    state_pool: [num_slots,HV,K,V], contiguous, float32 (float64 for fp64 runs), K-first; slot_ids: [B]
+    ints on the pool's device. Sequence b reads and writes only ``state_pool[slot_ids[b]]``; other
+    slots are never touched. ``slot_ids[b] < 0`` marks a
     padding entry (output 0, no state access). Slot ids must be distinct and < num_slots (not checked:
     that would need a host sync). Returns o [B,HV,V] in q.dtype; ``out`` (optional, a contiguous
     [B,HV,V] tensor of q's dtype on q's device, e.g. the first rows of a padded decode tile): o

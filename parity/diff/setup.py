@@ -24,7 +24,8 @@ def _kda_gate(value):
     try:
         return kda_gate_name(kda_gate_bound(value))
     except ValueError:
-        raise InputError(f"--variant kda_gate={value}: expected softplus or lower_bound:<b> with b in [-5, 0)") from None
+        raise InputError(f"--variant kda_gate={value}: expected softplus or lower_bound:<b> with b in "
+                         "[-5, 0)") from None
 
 
 def _choice(name, value, allowed):

@@ -200,8 +200,8 @@ def safe_gate_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None
     return _quiet_import("fla.ops.kda").chunk_kda(
         q, k, v, g_raw, beta_logits, scale=scale, initial_state=initial_state, output_final_state=True,
         use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
-        A_log=A_log, dt_bias=dt_bias, safe_gate=lower_bound is not None, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
-        chunk_size=_chunk(chunk_size))
+        A_log=A_log, dt_bias=dt_bias, safe_gate=lower_bound is not None, lower_bound=lower_bound,
+        cu_seqlens=cu_seqlens, chunk_size=_chunk(chunk_size))
 
 
 @adapter(contract="ieee", wraps="fla.modules.norm.l2norm:l2norm")
