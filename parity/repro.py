@@ -81,8 +81,8 @@ def write(root, record, cand, prep, entry, outputs, device: str) -> Path:
     want = {}
     for k in record.outputs:
         want[k] = torch.from_numpy(np.ascontiguousarray(prep.ref[k], dtype=np.float64))
-        want[k + ".bound"] = torch.from_numpy(np.ascontiguousarray(np.broadcast_to(bounds[k], np.shape(prep.ref[k])),
-                                                                   dtype=np.float64))
+        want[k + ".bound"] = torch.from_numpy(np.array(np.broadcast_to(bounds[k], np.shape(prep.ref[k])),
+                                                        dtype=np.float64, order="C"))
     save_file(want, str(folder / "expected.safetensors"))
     meta = {"op": record.name, "dtype": prep.dtype, "label": entry.label, "args": list(record.args),
             "kwarg_arrays": list(record.kwarg_arrays), "kwargs": {**scalars, **dict(prep.case.kwargs)},
