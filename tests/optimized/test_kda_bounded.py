@@ -11,10 +11,10 @@ import torch
 import optimized
 import reference
 from optimized import kda
+from parity import ops
 from parity.check import tensors
 from parity.ops.kda.args import FUSED
 from parity.ops.kda.inputs import core_case, decode_case, gate_case
-from parity import ops
 from parity.testing import assert_parity
 from reference.config import PRESETS
 from reference.synthetic import SyntheticSource

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from parity import ops
 from parity.bounds.core import precision_for
 from parity.ops.kda import BOUNDED, GATES, bounds, inputs, under_gate
-from parity.ops.kda.inputs import HOSTILE, core_case, gate_case, make_hostile
+from parity.ops.kda.inputs import HOSTILE, core_case, make_hostile
 from reference import kda as rkda
 
 from .diff_helpers import run_cli

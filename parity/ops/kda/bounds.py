@@ -25,7 +25,7 @@ import dataclasses
 
 import numpy as np
 
-from parity.bounds.core import LAMBDA, arithmetic_dtype, exp_rel, gamma, sig, underflow
+from parity.bounds.core import LAMBDA, exp_rel, gamma, sig, underflow
 from parity.ops import _slots
 from parity.ops.norm.bounds import rms_rel
 from reference.executor import device_of, namespace
@@ -86,7 +86,7 @@ def bounded_gate_err(g_raw, A_log, dt, b, p, uo):
     ea = 0.0 if A_log is None else exp_rel(np.reshape(A_log, (-1,)))[:, None] + 1.0
     dy = p.ua * np.abs(y) * (1.0 + ea)
     rel = (1.0 - s) * (dy + p.ua * exp_rel(y)) + 5.0 * p.ua + uo
-    return rel * np.abs(g) + 2.0 * abs(b) * underflow(arithmetic_dtype(p.dtype))
+    return rel * np.abs(g) + 2.0 * abs(b) * underflow(p.dtype)
 
 
 def _norm(a, axis):
