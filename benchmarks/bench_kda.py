@@ -1,9 +1,21 @@
 """KDA prefill (chunked, gate + beta-sigmoid + q/k l2norm fused) and the decode step, ours vs fla-core.
 
     python benchmarks/bench_kda.py --out kda.json
+    python benchmarks/bench_kda.py --bounded --out kda-bounded.json [--md kda-bounded.md]
 
 fla-core is a dev-only comparator: imported if installed, otherwise its figures are left empty and
 its figures measured on the H200 are quoted from docs/BENCHMARKS.md instead.
+
+``--bounded``: KDA prefill under the bounded gate ``-5 sigmoid(exp(A_log) (g_raw + dt_bias))``, three
+kernels side by side in one process on the same inputs (bf16, K = V = 128): ours (``lower_bound=-5``),
+fla-core's safe-gate path (``chunk_kda(..., safe_gate=True, lower_bound=-5)``) and FlashKDA
+(``flash_kda.fwd``, built by benchmarks/build_flashkda.sh; its ``out`` and ``final_state`` buffers
+allocated once, outside the timed call, as its API takes them), at B=1 with T = 4k, 8k, 16k, 64k and
+B=8 with T = 4k, each at H = 32 and 96. Before timing a shape, each kernel's output is judged against
+the float64 reference on a slice (the first 256 tokens of two heads: heads are independent and the
+output is causal, so the slice of the full run is the run of the slice) in units of the bounded
+gate's bound under the contract the kernel claims (ours ieee, fla tf32, FlashKDA bf16-storage); the
+markdown table gives each time, the byte floor and those ratios.
 """
 from __future__ import annotations
 
@@ -95,14 +107,148 @@ def bench_decode(B, fused_recurrent_kda):
                   ms, spread, fla_ms=fla_ms, bytes_moved=nbytes, extra={"wall_ms_per_call": wall, **graph})
 
 
+BOUNDED_SHAPES = [(1, 4096), (1, 8192), (1, 16384), (1, 65536), (8, 4096)]
+LOWER_BOUND = -5.0
+SLICE_T, SLICE_H = 256, 2   # the slice each kernel's output is judged on
+
+
+def bounded_inputs(B, T, Hn, dev="cuda"):
+    """bf16 q, k, v, g_raw, beta logits [B,T,H,*]; fp32 A_log [H] (0 at init in GLM-5.3: here
+    uniform in log space over [1/4, 1]) and dt_bias [H*K]."""
+    g = torch.Generator(device=dev).manual_seed(1)
+    bf = torch.bfloat16
+    q, k = (torch.randn(B, T, Hn, K, device=dev, dtype=bf, generator=g) for _ in range(2))
+    v = torch.randn(B, T, Hn, V, device=dev, dtype=bf, generator=g)
+    g_raw = torch.randn(B, T, Hn, K, device=dev, dtype=bf, generator=g)
+    beta = torch.randn(B, T, Hn, device=dev, dtype=bf, generator=g)
+    A_log = torch.empty(Hn, device=dev).uniform_(-1.4, 0.0, generator=g)
+    dt_bias = torch.randn(Hn * K, device=dev, generator=g) * 0.5
+    return q, k, v, g_raw, beta, A_log, dt_bias
+
+
+def _flash_kda():
+    try:
+        import flash_kda
+
+        return flash_kda
+    except Exception as exc:  # noqa: BLE001 - report any import failure, keep benchmarking the others
+        print(f"FlashKDA not available: {exc}")
+        return None
+
+
+def bounded_kernels(x, chunk_kda, flash_kda):
+    """name -> (contract, callable returning the output [B,T,H,V]) on the inputs ``x``."""
+    import optimized.kda as okda
+
+    q, k, v, g_raw, beta, A_log, dt_bias = x
+    B, T, Hn = q.shape[:3]
+    out = {"ours": ("ieee", lambda: okda.fused_chunked(q, k, v, g_raw, beta, A_log, dt_bias,
+                                                        lower_bound=LOWER_BOUND)[0])}
+    if chunk_kda is not None:
+        out["fla safe gate"] = ("tf32", lambda: chunk_kda(
+            q, k, v, g_raw, beta, A_log=A_log, dt_bias=dt_bias, output_final_state=True,
+            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+            safe_gate=True, lower_bound=LOWER_BOUND)[0])
+    if flash_kda is not None:
+        o = torch.empty_like(v)
+        final = torch.empty(B, Hn, V, K, dtype=torch.float32, device=q.device)
+        bias = dt_bias.reshape(Hn, K).contiguous()
+
+        def fk():
+            flash_kda.fwd(q, k, v, g_raw, beta, K ** -0.5, o, A_log, bias, LOWER_BOUND, final_state=final)
+            return o
+        out["FlashKDA"] = ("bf16-storage", fk)
+    return out
+
+
+def slice_ratio(x, o, contract: str) -> float:
+    """The worst error of ``o[:, :SLICE_T, :SLICE_H]`` (batch row 0) in units of the bounded gate's
+    bound under ``contract``, against the float64 reference of the same slice of the inputs."""
+    import numpy as np
+
+    from parity import ops
+    from parity.check import prepare
+    from parity.registry import Case
+
+    rec = ops.get("kda.fused_chunked+lower_bound")
+    n = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
+    q, k, v, g_raw, beta, A_log, dt_bias = x
+    s = (slice(0, 1), slice(0, SLICE_T), slice(0, SLICE_H))
+    arrays = {"q": n(q[s]), "k": n(k[s]), "v": n(v[s]), "g_raw": n(g_raw[s]), "beta_logits": n(beta[s]),
+              "A_log": n(A_log[:SLICE_H]), "dt_bias": n(dt_bias[:SLICE_H * K]), "initial_state": None,
+              "cu_seqlens": None}
+    prep = prepare(rec, Case(arrays, {"lower_bound": LOWER_BOUND, "chunk_size": 64}), "bfloat16", "cpu",
+                   contract=contract)
+    bound = prep.bound({"o": "bfloat16", "final_state": "float32"})["o"]
+    got = n(o[s])
+    err = np.abs(got - prep.ref["o"])
+    ratio = np.where(err == 0, 0.0, err / bound)
+    return float("inf") if not np.all(np.isfinite(got)) else float(ratio.max())
+
+
+def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda) -> Result:
+    x = bounded_inputs(B, T, Hn)
+    times, ratios = {}, {}
+    for name, (contract, fn) in bounded_kernels(x, chunk_kda, flash_kda).items():
+        try:
+            ratios[name] = slice_ratio(x, fn(), contract)
+            times[name] = bench(fn)[0]
+        except Exception as exc:  # noqa: BLE001 - one kernel's failure is a row's note, not the run's end
+            print(f"  {name} B={B} T={T} H={Hn}: {type(exc).__name__}: {exc}")
+            times[name], ratios[name] = None, None
+        torch.cuda.synchronize()
+    nbytes = B * T * Hn * (3 * K + V) * 2 + B * T * Hn * K * 2 + B * T * Hn * 2 + B * Hn * K * V * 4
+    return Result("kda.fused_chunked+lower_bound", {"B": B, "T": T, "H": Hn, "K": K, "V": V, "dtype": "bfloat16",
+                                                     "lower_bound": LOWER_BOUND},
+                  times.get("ours"), fla_ms=times.get("fla safe gate"), baseline="FlashKDA",
+                  baseline_ms=times.get("FlashKDA"), bytes_moved=nbytes,
+                  extra={"slice_ratio": ratios,
+                         "slice": f"batch row 0, tokens 0..{SLICE_T - 1}, heads 0..{SLICE_H - 1}"})
+
+
+def bounded_table(results) -> str:
+    """The markdown table of the ``--bounded`` rows."""
+    f = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
+    lines = ["| B | T | H | ours ms | fla safe gate ms | FlashKDA ms | byte floor ms | ours / floor | "
+             "slice error in bound units (ours / fla / FlashKDA) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        p, sr = r.params, r.extra["slice_ratio"]
+        ratio = " / ".join(f(sr.get(n)) for n in ("ours", "fla safe gate", "FlashKDA"))
+        lines.append(f"| {p['B']} | {p['T']} | {p['H']} | {f(r.ours_ms)} | {f(r.fla_ms)} | {f(r.baseline_ms)} | "
+                     f"{f(r.floor_ms)} | {f(r.ours_ms / r.floor_ms) if r.ours_ms else '-'} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def main_bounded(args):
+    chunk_kda, _ = _fla()
+    flash_kda = _flash_kda()
+    results = []
+    cmd = f"python benchmarks/bench_kda.py --bounded --out {args.out}"
+    for Hn in args.heads:
+        for B, T in BOUNDED_SHAPES:
+            r = bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda)
+            results.append(r)
+            print(r.as_dict(), flush=True)
+            save(results, args.out, command=cmd)
+            if args.md:
+                Path(args.md).write_text(bounded_table(results))
+    print(bounded_table(results))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="kda.json")
+    ap.add_argument("--bounded", action="store_true", help="KDA prefill under the bounded gate: ours, fla's "
+                    "safe-gate path and FlashKDA side by side (module docstring)")
+    ap.add_argument("--heads", type=int, nargs="*", default=[32, 96], help="--bounded: the head counts")
+    ap.add_argument("--md", default=None, help="--bounded: also write the markdown table here")
     ap.add_argument("--prefill-T", type=int, nargs="*", default=[1024, 2048, 4096, 16384, 65536])
     ap.add_argument("--decode-B", type=int, nargs="*", default=[1, 8, 64, 256])
     ap.add_argument("--launch", default=None, help="JSON of kda.ChunkLaunch fields for the prefill "
                     "(e.g. from tune.py kda --best-out; default: the tuned defaults)")
     args = ap.parse_args(argv)
+    if args.bounded:
+        return main_bounded(args)
     launch = None
     if args.launch:
         from optimized.kda import ChunkLaunch

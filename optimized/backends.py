@@ -64,6 +64,10 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(device="cpu", dtype=torch.float64).numpy()
 
 
+def _np_or_none(t):
+    return None if t is None else _np(t)
+
+
 def _back(a, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64)).to(
         device=like.device, dtype=like.dtype if dtype is None else dtype)
@@ -168,20 +172,24 @@ class Ops:
         return self._opt["conv"].short_conv_step_(x, weight, state_pool, slot_ids)
 
     # -- kda ------------------------------------------------------------------------------------
-    def kda_prefill(self, q, k, v, g_raw, beta_logits, A_log, dt_bias, *, initial_state=None):
-        """Chunked KDA with gate, beta sigmoid and q/k l2norm fused: -> (o, final_state)."""
+    def kda_prefill(self, q, k, v, g_raw, beta_logits, A_log, dt_bias, *, initial_state=None, lower_bound=None):
+        """Chunked KDA with gate, beta sigmoid and q/k l2norm fused: -> (o, final_state).
+        ``lower_bound``: the bounded gate's b (None: the softplus gate; A_log may be None with it)."""
+        gate = {} if lower_bound is None else {"lower_bound": lower_bound}
         if self._is_ref("kda"):
             s0 = None if initial_state is None else _np(initial_state)
             o, st = self._r("kda", "fused_chunked")(_np(q), _np(k), _np(v), _np(g_raw), _np(beta_logits),
-                                                   _np(A_log), _np(dt_bias), initial_state=s0)
+                                                   _np_or_none(A_log), _np(dt_bias), initial_state=s0, **gate)
             return _back(o, q), _back(st, q, _state_dtype(q))
         return self._opt["kda"].fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias,
-                                              initial_state=initial_state)
+                                              initial_state=initial_state, **gate)
 
-    def kda_decode_(self, q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, out=None):
+    def kda_decode_(self, q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, out=None,
+                    lower_bound=None):
         """One recurrent step for B sequences (q, k [B,H,K], v [B,HV,V], g_raw [B,HV,K],
         beta_logits [B,HV]); states in ``state_pool`` at ``slot_ids`` updated in place; -> o [B,HV,V]
-        (written into ``out`` when given)."""
+        (written into ``out`` when given). ``lower_bound`` as :meth:`kda_prefill`'s."""
+        gate = {} if lower_bound is None else {"lower_bound": lower_bound}
         if self._is_ref("kda"):
             o = torch.zeros(v.shape, dtype=q.dtype, device=q.device) if out is None else out.zero_()
             real = slot_ids >= 0  # negative slot id: a padding row (output 0, no state touched)
@@ -189,13 +197,13 @@ class Ops:
                 slots = slot_ids[real]
                 res, st = self._r("kda", "fused_recurrent")(
                     _np(q[real])[:, None], _np(k[real])[:, None], _np(v[real])[:, None],
-                    _np(g_raw[real])[:, None], _np(beta_logits[real])[:, None], _np(A_log),
-                    _np(dt_bias), initial_state=_np(state_pool[slots]))
+                    _np(g_raw[real])[:, None], _np(beta_logits[real])[:, None], _np_or_none(A_log),
+                    _np(dt_bias), initial_state=_np(state_pool[slots]), **gate)
                 state_pool[slots] = _back(st, state_pool)
                 o[real] = _back(res[:, 0], q)
             return o
         return self._opt["kda"].fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias,
-                                                       state_pool, slot_ids, out=out)
+                                                       state_pool, slot_ids, out=out, **gate)
 
     # -- mla ------------------------------------------------------------------------------------
     def mla_prefill(self, q, latent, k_pe, w_kvb):

@@ -68,7 +68,8 @@ import os
 
 import torch
 
-from reference.checks import check_token_id, check_token_ids, check_variants
+from reference.checks import (check_token_id, check_token_ids, check_variants, kda_gate_bound,
+                              resolve_kda_gate)
 from reference.config import KimiConfig
 
 from . import backends as _backends
@@ -116,7 +117,8 @@ class Model:
     """Kimi-Linear on the device (see the module docstring)."""
 
     def __init__(self, source, weights: ModelWeights, *, device: torch.device, dtype: str,
-                 moe_combine: str, kv_norm_eps: float, backends: dict[str, str], cuda_graphs: bool = False):
+                 moe_combine: str, kv_norm_eps: float, backends: dict[str, str], cuda_graphs: bool = False,
+                 kda_gate: str | None = None):
         self.source = source
         self.config: KimiConfig = source.config
         self.weights = weights
@@ -127,8 +129,11 @@ class Model:
         # rows of one decode step (B sequences + padding; more sequences run as several steps);
         # any fixed value keeps decode batch-invariant, a larger one batches more per launch
         self.decode_tile = DECODE_TILE if device.type == "cuda" else CPU_DECODE_TILE
-        self.variants = {"moe_combine": moe_combine, "kv_norm_eps": float(kv_norm_eps),
+        gate = resolve_kda_gate(kda_gate, self.config)
+        self.variants = {"moe_combine": moe_combine, "kv_norm_eps": float(kv_norm_eps), "kda_gate": gate,
                          "dtype": dtype, "device": str(device), "backends": dict(backends)}
+        # the KDA gate's keyword for the kda ops: none for the softplus gate, lower_bound for the bounded
+        self._gate = {} if kda_gate_bound(gate) is None else {"lower_bound": kda_gate_bound(gate)}
         # decode steps without a trace replay captured CUDA graphs (optimized.graphs)
         self.cuda_graphs = bool(cuda_graphs)
         self._graphs = None
@@ -407,7 +412,7 @@ class Model:
         s0 = None if fresh else st.state[seq.slot:seq.slot + 1]
         o, s1 = ops.kda_prefill(q.reshape(1, T, H, K), k.reshape(1, T, H, K), v.reshape(1, T, HV, V),
                                 g_raw.reshape(1, T, HV, K), b.reshape(1, T, HV), kw.A_log, kw.dt_bias,
-                                initial_state=s0)
+                                initial_state=s0, **self._gate)
         st.conv[seq.slot] = conv_final[0]
         st.state[seq.slot] = s1[0]
         return self._kda_out(kw, o[0], gate)
@@ -427,7 +432,7 @@ class Model:
         tile = self._tile_out(x.shape[0], B, (HV, V))
         ops.kda_decode_(q.reshape(B, H, K), k.reshape(B, H, K), v.reshape(B, HV, V),
                         g_raw[:B].reshape(B, HV, K), b[:B].reshape(B, HV), kw.A_log, kw.dt_bias,
-                        st.state, slots[:B], out=tile[:B])
+                        st.state, slots[:B], out=tile[:B], **self._gate)
         return self._kda_out(kw, tile, gate)
 
     # -- MLA (spec b.11 / b.12) --------------------------------------------------------------------
@@ -517,12 +522,14 @@ class Model:
 
 
 def load(path_or_source, *, device=None, dtype="bfloat16", moe_combine: str = "unbiased",
-         kv_norm_eps: float = 1e-6, backends: dict | None = None, cuda_graphs: bool | None = None) -> Model:
+         kv_norm_eps: float = 1e-6, kda_gate: str | None = None, backends: dict | None = None,
+         cuda_graphs: bool | None = None) -> Model:
     """The optimized model of a checkpoint directory or a ``WeightSource`` (reference
     ``open_source`` / ``SyntheticSource``), weights resident on ``device`` (None: cuda if available,
     else cpu) in ``dtype`` ("bfloat16", "float32" or "float64").
 
-    ``moe_combine`` ("unbiased" | "biased") and ``kv_norm_eps`` as ``reference.load``; ``backends``
+    ``moe_combine`` ("unbiased" | "biased"), ``kv_norm_eps`` and ``kda_gate`` ("softplus" |
+    "lower_bound:<b>"; None: the checkpoint config's gate) as ``reference.load``; ``backends``
     ``{family: "triton" | "reference"}`` (``optimized.backends``). ``cuda_graphs``: replay the
     decode step as a captured CUDA graph (``optimized.graphs``; bitwise the eager logits); None: on
     when the device is CUDA and every family runs on Triton (the reference backends sync with the
@@ -531,7 +538,7 @@ def load(path_or_source, *, device=None, dtype="bfloat16", moe_combine: str = "u
     ``CheckpointError`` for a broken checkpoint (including non-finite weights, named)."""
     from reference.checkpoint import WeightSource, open_source
 
-    check_variants(moe_combine=moe_combine, kv_norm_eps=kv_norm_eps)
+    check_variants(moe_combine=moe_combine, kv_norm_eps=kv_norm_eps, kda_gate=kda_gate)
     dtype_name = _dtype_name(dtype)
     choice = _backends.resolve(backends)
     dev = resolve_device(device)
@@ -547,7 +554,7 @@ def load(path_or_source, *, device=None, dtype="bfloat16", moe_combine: str = "u
     graphs = _resolve_cuda_graphs(cuda_graphs, dev, choice)
     weights = load_weights(source, device=dev, dtype=DTYPES[dtype_name])
     return Model(source, weights, device=dev, dtype=dtype_name, moe_combine=moe_combine,
-                 kv_norm_eps=kv_norm_eps, backends=choice, cuda_graphs=graphs)
+                 kv_norm_eps=kv_norm_eps, backends=choice, cuda_graphs=graphs, kda_gate=kda_gate)
 
 
 def _resolve_cuda_graphs(cuda_graphs, dev: torch.device, choice: dict[str, str]) -> bool:

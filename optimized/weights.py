@@ -52,7 +52,7 @@ class KDAWeights:
     f_b: torch.Tensor  # [HV*K, rank_f]
     g_b: torch.Tensor  # [HV*V, rank_g]
     fg_b: torch.Tensor | None  # [2, HV*K, rank]: f_b and g_b as one block (f_b, g_b its views) when their shapes agree
-    A_log: torch.Tensor  # [HV] fp32
+    A_log: torch.Tensor | None  # [HV] fp32 (None: a bounded-gate checkpoint without it)
     dt_bias: torch.Tensor  # [HV*K] fp32
     o_norm: torch.Tensor  # [V]
     o_proj: torch.Tensor  # [D, HV*V]
@@ -188,7 +188,8 @@ def load_weights(source, *, device: torch.device, dtype: torch.dtype) -> ModelWe
                 fg_b = torch.stack([f_b, g_b])
                 f_b, g_b = fg_b[0], fg_b[1]
             mixer = KDAWeights(
-                w_in=w_in, conv=taps, f_b=f_b, g_b=g_b, fg_b=fg_b, A_log=w(a + "A_log", small).reshape(-1).contiguous(),
+                w_in=w_in, conv=taps, f_b=f_b, g_b=g_b, fg_b=fg_b,
+                A_log=w(a + "A_log", small).reshape(-1).contiguous() if cfg.kda_A_log else None,
                 dt_bias=w(a + "dt_bias", small).reshape(-1).contiguous(),
                 o_norm=w(a + "o_norm.weight"), o_proj=w(a + "o_proj.weight"), splits=splits)
         else:
@@ -266,8 +267,10 @@ def named_views(weights: ModelWeights, config: KimiConfig) -> dict[str, torch.Te
             out.update({a + f"{n}.weight": t for n, t in zip(names, mx.w_in.split(mx.splits))})
             C = (mx.conv.shape[0]) // 3
             out.update({a + f"{x}_conv1d.weight": mx.conv[j * C:(j + 1) * C] for j, x in enumerate("qkv")})
-            out.update({a + "f_b_proj.weight": mx.f_b, a + "g_b_proj.weight": mx.g_b, a + "A_log": mx.A_log,
+            out.update({a + "f_b_proj.weight": mx.f_b, a + "g_b_proj.weight": mx.g_b,
                         a + "dt_bias": mx.dt_bias, a + "o_norm.weight": mx.o_norm, a + "o_proj.weight": mx.o_proj})
+            if mx.A_log is not None:
+                out[a + "A_log"] = mx.A_log
         else:
             q, kv_a = mx.w_in.split(mx.splits)
             out.update({a + "q_proj.weight": q, a + "kv_a_proj_with_mqa.weight": kv_a,

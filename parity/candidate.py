@@ -25,6 +25,18 @@ from .platform import default_device
 from .registry import OpRecord, describe
 
 NAMES = ("optimized", "reference-f32")
+# the KDA gates an op's record computes (OpRecord.gate) and an adapter may declare (adapter(gate=))
+GATES = {"softplus": "the softplus gate -exp(A_log) softplus(g_raw + dt_bias) (Kimi-Linear-48B)",
+         "lower_bound": "the bounded gate b sigmoid(exp(A_log) (g_raw + dt_bias)) (Kimi-K3, GLM-5.3)"}
+
+
+def gate_mismatch(record: OpRecord, fn) -> str | None:
+    """Why ``fn`` cannot be certified as ``record``: it declares (``adapter(gate=)``) a KDA gate other
+    than the one the record computes; None when it does not."""
+    have, want = getattr(fn, "parity_gate", None), record.gate
+    if have is None or want is None or have == want:
+        return None
+    return f"{describe(fn)} computes only {GATES[have]}; {record.name} is {GATES[want]}"
 
 
 @dataclass(frozen=True)
@@ -141,20 +153,29 @@ def named(record: OpRecord, candidate, contract: str | None = None) -> Candidate
 
 
 # -- outside implementations: declaring, loading, identifying, probing -------------------------------
-def adapter(*, contract: str = "ieee", wraps: str | None = None, reverse: Callable | None = None):
+def adapter(*, contract: str = "ieee", wraps: str | None = None, reverse: Callable | None = None,
+            gate: str | None = None):
     """Decorate an adapter (a function with a record's signature that calls an outside API) with
     the arithmetic contract its implementation claims (``parity_contract``) and the outside
     callable it wraps, as ``"module:attr"`` (``parity_wraps``; the certificate names that one, with
     its package and version, and the adapter beside it). Nothing is imported until asked.
 
+    ``gate`` (``parity_gate``): the only KDA gate the wrapped kernel computes, ``"softplus"`` or
+    ``"lower_bound"`` (the bounded gate; FlashKDA's), None when it computes the one it is asked for.
+    Certifying it as an op of the other gate fails, the certificate naming the gate it computes.
+
     ``reverse`` (``parity_reverse``) is the other direction, for ``parity.watch``: a call of the
     wrapped callable, its arguments bound by name, fitted to a record's inputs
     (``reverse(arguments) -> parity.watch.adapters.Mapping``, raising
     ``parity.watch.adapters.Mismatch`` naming the argument that fits no record)."""
+    if gate not in (None, *GATES):
+        raise ValueError(f"gate: expected one of {', '.join(GATES)} or None, got {gate!r}")
+
     def mark(fn):
         fn.parity_contract = contract
         fn.parity_wraps = wraps
         fn.parity_reverse = reverse
+        fn.parity_gate = gate
         return fn
 
     return mark
@@ -221,8 +242,9 @@ def identify(fn: Callable) -> dict:
     callable is named and the adapter goes under ``adapter``."""
     me = _identity(fn)
     wraps = getattr(fn, "parity_wraps", None)
+    gate = getattr(fn, "parity_gate", None)
     if not wraps:
-        return dict(me, adapter=None)
+        return dict(me, adapter=None, **({"gate": gate} if gate else {}))
     from .loading import attribute, split_spec
 
     module, attr = split_spec(wraps)
@@ -234,7 +256,7 @@ def identify(fn: Callable) -> dict:
     except Exception as exc:  # named, not imported: the certificate says what it could not find
         inner = {"module": module, "function": attr, "file": None, "package": None, "version": None,
                  "git": {"revision": None, "dirty": None}, "error": f"{type(exc).__name__}: {exc}"}
-    return dict(inner, adapter=me)
+    return dict(inner, adapter=me, **({"gate": gate} if gate else {}))
 
 
 PROJECT_MODULES = ("optimized", "reference", "parity")  # code of this project: trusted in-process

@@ -46,7 +46,7 @@ from hypothesis.errors import Unsatisfiable
 from . import fingerprint, strategies
 from .bounds.core import weaker_contracts
 from .candidate import NAMES as CANDIDATES
-from .candidate import Candidate, named, probe, standin
+from .candidate import Candidate, gate_mismatch, named, probe, standin
 from .check import (BATCH, CANDIDATE, MUTANT, REPEAT, Call, CallResult, check, differing, half_batch, judge,
                     prepare, strength_of, witness)
 from .errors import Unsupported
@@ -90,16 +90,21 @@ class _Unit:
 
 
 def _new_cert(record: OpRecord, candidate, contract):
-    """(OpCertificate, Candidate or None): None when the optimized op is unavailable (the
-    certificate says why)."""
+    """(OpCertificate, Candidate or None): None when the optimized op is unavailable or the
+    candidate declares another KDA gate than the op's (the certificate says why)."""
     try:
         cand = named(record, candidate, contract)
     except (ImportError, AttributeError) as exc:
         cert = OpCertificate(record, str(candidate), counter=record.counter_name)
         cert.error = f"optimized op unavailable: {type(exc).__name__}: {exc}"
         return cert, None
-    return OpCertificate(record, cand.name, counter=cand.counter, contract=cand.contract,
-                         implementation=cand.implementation(), outside=cand.outside), cand
+    cert = OpCertificate(record, cand.name, counter=cand.counter, contract=cand.contract,
+                         implementation=cand.implementation(), outside=cand.outside)
+    mismatch = gate_mismatch(record, cand.fn)
+    if mismatch:
+        cert.error = f"gate: {mismatch}"
+        return cert, None
+    return cert, cand
 
 
 def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str | None = None,

@@ -71,6 +71,13 @@ def _variants(value) -> None:
             as_str(v, "variants.moe_combine", choices=("unbiased", "biased"))
         elif key == "kv_norm_eps":
             as_float(v, "variants.kv_norm_eps", lo=0.0, lo_open=True, hi=1.0)
+        elif key == "kda_gate":
+            from reference.checks import kda_gate_bound
+
+            try:
+                kda_gate_bound(as_str(v, "variants.kda_gate", max_len=64))
+            except ValueError:
+                raise InvalidInput("variants.kda_gate: expected softplus or lower_bound:<b> with b in [-5, 0)") from None
         else:
             raise InvalidInput(f"variants: unknown variant '{label(key)}'")
 

@@ -158,6 +158,8 @@ class OpRecord:
     dirty: Callable | None = None   # (case, fill) -> the case with the memory its contract leaves
                                     # unused (a pool's free rows, a cache's tail) holding FILLS[i]
     wide: Callable | None = None    # (space) -> strategy of Case drawn widely (parity search); None: inputs
+    gate: str | None = None         # the KDA gate the op computes: "softplus", "lower_bound" (the bounded
+                                    # gate, b in the kwargs), None: it takes the gate's output or none
 
     def __post_init__(self):
         if len(self.mutants) < MIN_MUTANTS:

@@ -124,10 +124,12 @@ def _threshold() -> float:
 
 
 def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=None, contract=None,
-                impls=None, cases=None, workers: int = 0, shard: dict | None = None) -> dict:
+                impls=None, cases=None, workers: int = 0, shard: dict | None = None,
+                variants: dict | None = None) -> dict:
     """The certificate document; ``cases``: the ``cases`` entry of a ``--cases`` run (file, sha256,
     replayed, skipped); ``workers``: the worker processes the candidates ran in (0: certify's own);
-    ``shard``: ``{"index", "count", "ops", "units"}`` of a ``--shard`` run."""
+    ``shard``: ``{"index", "count", "ops", "units"}`` of a ``--shard`` run; ``variants``: the
+    ``--variant`` values (``kda_gate``)."""
     from .environment import environment
     from .strategies import profile_name
 
@@ -145,6 +147,7 @@ def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=Non
         "ops": [c.to_dict() for c in certs],
         **({"cases": cases} if cases is not None else {}),
         **({"shard": shard} if shard is not None else {}),
+        **({"variants": dict(variants)} if variants else {}),
         "summary": _summary(certs),
     }
 

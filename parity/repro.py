@@ -37,7 +37,7 @@ META = json.load(open(os.path.join(HERE, "meta.json")))
 x = load_file(os.path.join(HERE, "inputs.safetensors"), device=DEVICE)
 want = load_file(os.path.join(HERE, "expected.safetensors"))   # float64 reference and bound
 kwargs = dict({{n: x[n] for n in META["kwarg_arrays"] if n in x}}, **META["kwargs"])
-out = impl(*[x[n] for n in META["args"]], **kwargs)
+out = impl(*[x.get(n) for n in META["args"]], **kwargs)   # an absent optional input: None
 out = out if isinstance(out, (tuple, list)) else (out,)
 worst = 0.0
 for name, o in zip(META["outputs"], out):
@@ -82,7 +82,7 @@ def write(root, record, cand, prep, entry, outputs, device: str) -> Path:
     for k in record.outputs:
         want[k] = torch.from_numpy(np.ascontiguousarray(prep.ref[k], dtype=np.float64))
         want[k + ".bound"] = torch.from_numpy(np.array(np.broadcast_to(bounds[k], np.shape(prep.ref[k])),
-                                                        dtype=np.float64))
+                                                        dtype=np.float64, order="C"))
     save_file(want, str(folder / "expected.safetensors"))
     meta = {"op": record.name, "dtype": prep.dtype, "label": entry.label, "args": list(record.args),
             "kwarg_arrays": list(record.kwarg_arrays), "kwargs": {**scalars, **dict(prep.case.kwargs)},

@@ -334,6 +334,7 @@ class OpCertificate:
                 "implementation": self.implementation, "nearest_bug": bug, "bug_similarity": scores,
                 "faults": self.faults(), "nondeterminism": self.nondeterminism(),
                 **({"error": self.error} if self.error else {}),
+                **({"gate": self.record.gate} if self.record.gate else {}),
                 **({"replayed": replayed} if replayed else {}),
                 "runs": {d: r.to_dict() for d, r in self.runs.items()}}
 

@@ -20,6 +20,7 @@ config's ``ConfigError``.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -37,7 +38,7 @@ from .safetensors_format import Header
 from .safetensors_format import read_header as read_st_header
 from .storage import RAW_NUMPY, all_finite, raw_to_float64, to_storage
 from .streamed import NonFiniteBlock, StreamedWeight, linear_from_storage
-from .tensors import alternative_shapes, expected_tensors, transformers_aliases
+from .tensors import alternative_shapes, expected_tensors, layer_prefix, transformers_aliases
 from .validate import InvalidInput, as_file_name, as_object, field, inside, label, read_json_file
 
 SINGLE_FILE = "model.safetensors"
@@ -312,6 +313,7 @@ def open_source(path: str | os.PathLike) -> SafetensorsSource:
 
     entries, data_start = _collect(files, weight_map, index)
     entries = _rename_transformers(entries, config)
+    config = _kda_A_log(entries, config)
     _check_expected(entries, config, files[0] if weight_map is None else index)
     extra = [n for n in entries if n not in expected_tensors(config)]
     if extra:
@@ -359,6 +361,17 @@ def _rename_transformers(entries: dict[str, _Entry], config: KimiConfig) -> dict
             raise CheckpointError(f"{entries[alt].file}: both {hub} (hub layout) and {alt} "
                                   "(transformers layout) are present; a checkpoint holds one of them")
     return {aliases.get(n, n): e for n, e in entries.items()}
+
+
+def _kda_A_log(entries: dict[str, _Entry], config: KimiConfig) -> KimiConfig:
+    """A bounded-gate checkpoint whose KDA layers hold no ``A_log`` at all has the gate without it
+    (``config.kda_A_log`` False); some layers without it is a missing tensor, as for the softplus gate."""
+    if config.gate_lower_bound is None:
+        return config
+    names = [layer_prefix(i) + "self_attn.A_log" for i in range(config.num_hidden_layers) if config.is_kda_layer(i)]
+    if names and not any(n in entries for n in names):
+        return dataclasses.replace(config, kda_A_log=False)
+    return config
 
 
 def _check_expected(entries: dict[str, _Entry], config: KimiConfig, where: Path) -> None:

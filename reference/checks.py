@@ -13,15 +13,66 @@ from .executor import to_numpy
 
 MOE_COMBINES = ("unbiased", "biased")
 OWN = -1  # a replayed routing's row of OWN: that token keeps the router's own choice
+LOWER_BOUND_RANGE = (-5.0, 0.0)  # [lo, hi): the bounded gate's b, as its kernels take it
 
 
-def check_variants(*, moe_combine, kv_norm_eps) -> None:
-    """``ValueError`` for an unknown ``moe_combine`` or a non-positive / non-finite ``kv_norm_eps``."""
+def check_lower_bound(lower_bound):
+    """The KDA gate's ``lower_bound`` as a float (None: the softplus gate); ``ValueError`` outside
+    [-5, 0), the range the bounded gate's kernels (FlashKDA, fla's safe gate) take."""
+    if lower_bound is None:
+        return None
+    lo, hi = LOWER_BOUND_RANGE
+    if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float, np.floating, np.integer)) \
+            or not lo <= float(lower_bound) < hi:
+        raise ValueError(f"lower_bound: expected a number in [{lo:g}, {hi:g}) (None: the softplus gate), "
+                         f"got {lower_bound!r}")
+    return float(lower_bound)
+
+
+def kda_gate_bound(kda_gate: str):
+    """The ``kda_gate`` variant's b: ``"softplus"`` -> None, ``"lower_bound:<b>"`` -> b (in [-5, 0));
+    ``ValueError`` naming the variant for anything else."""
+    if kda_gate == "softplus":
+        return None
+    kind, sep, value = kda_gate.partition(":") if isinstance(kda_gate, str) else ("", "", "")
+    try:
+        if kind != "lower_bound" or not sep:
+            raise ValueError
+        return check_lower_bound(float(value))
+    except ValueError:
+        lo, hi = LOWER_BOUND_RANGE
+        raise ValueError(f"kda_gate: expected softplus or lower_bound:<b> with b in [{lo:g}, {hi:g}), "
+                         f"got {kda_gate!r}") from None
+
+
+def kda_gate_name(lower_bound) -> str:
+    """The ``kda_gate`` variant of a gate's b (None: ``"softplus"``): ``"lower_bound:-5"``."""
+    if lower_bound is None:
+        return "softplus"
+    r = repr(float(lower_bound))
+    return "lower_bound:" + (r[:-2] if r.endswith(".0") else r)
+
+
+def check_variants(*, moe_combine, kv_norm_eps, kda_gate=None) -> None:
+    """``ValueError`` for an unknown ``moe_combine``, a non-positive / non-finite ``kv_norm_eps`` or a
+    ``kda_gate`` other than None (the checkpoint's), ``softplus`` or ``lower_bound:<b>``."""
     if moe_combine not in MOE_COMBINES:
         raise ValueError(f"moe_combine: expected one of {MOE_COMBINES}, got {moe_combine!r}")
     if (not isinstance(kv_norm_eps, numbers.Real) or isinstance(kv_norm_eps, bool)
             or not math.isfinite(kv_norm_eps) or kv_norm_eps <= 0):
         raise ValueError(f"kv_norm_eps: expected a positive finite number, got {kv_norm_eps!r}")
+    if kda_gate is not None:
+        kda_gate_bound(kda_gate)
+
+
+def resolve_kda_gate(kda_gate, config) -> str:
+    """The ``kda_gate`` a model runs: the variant given, else the checkpoint config's; a gate without
+    A_log (``config.kda_A_log`` False) cannot run as the softplus gate (``ValueError``)."""
+    name = config.kda_gate if kda_gate is None else kda_gate_name(kda_gate_bound(kda_gate))
+    if name == "softplus" and not config.kda_A_log:
+        raise ValueError("kda_gate: softplus needs A_log, which this checkpoint's KDA layers do not have "
+                         "(it is a bounded-gate checkpoint without A_log)")
+    return name
 
 
 def check_token_ids(ids, vocab_size: int, what: str = "token_ids") -> np.ndarray:

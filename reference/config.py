@@ -13,6 +13,12 @@ be a list (the HF form). Keys that name math the model fixes (``hidden_act``,
 when present, name that math: a config describing another model is refused, never run as this one.
 Keys the model does not read (``rope_theta``, ``head_dim``, ...) are ignored. Errors name the key,
 never echo a string.
+
+The KDA gate: ``linear_attn_config.gate_lower_bound`` (a number in [-5, 0)) makes it the bounded
+gate ``b sigmoid(exp(A_log) (g_raw + dt_bias))`` of the later KDA models (Kimi-K3, GLM-5.3);
+``safe_gate: true`` with no bound means b = -5 (transformers' GLM-5.3 config does the same); neither
+key: the softplus gate of Kimi-Linear-48B. ``kda_A_log`` is not a config key: a bounded-gate
+checkpoint whose KDA layers hold no ``A_log`` (``reference.checkpoint`` sees it) drops that term.
 """
 from __future__ import annotations
 
@@ -50,7 +56,8 @@ POSITIVE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_hea
 HUB_KEYS = {"kda_num_heads": "linear_attn_config.num_heads", "kda_head_dim": "linear_attn_config.head_dim",
             "short_conv_kernel_size": "linear_attn_config.short_conv_kernel_size",
             "kda_layers": "linear_attn_config.kda_layers",
-            "full_attn_layers": "linear_attn_config.full_attn_layers", "torch_dtype": "dtype"}
+            "full_attn_layers": "linear_attn_config.full_attn_layers", "torch_dtype": "dtype",
+            "gate_lower_bound": "linear_attn_config.gate_lower_bound"}
 MAX_CONFIG_BYTES = 16 << 20  # a hub config.json is a few kB
 MAX_TENSORS = 1_000_000  # 50x the 48B model's 20,493
 
@@ -90,6 +97,10 @@ class KimiConfig:
     eos_token_id: int | tuple[int, ...] | None = None  # a tuple: HF's list of end tokens
     pad_token_id: int | None = None
     torch_dtype: str = "bfloat16"
+    # the KDA gate: None the softplus gate, b in [-5, 0) the bounded gate; kda_A_log False: the bounded
+    # gate without the exp(A_log) factor (a checkpoint without A_log tensors)
+    gate_lower_bound: float | None = None
+    kda_A_log: bool = True
 
     def __post_init__(self):
         try:
@@ -108,6 +119,13 @@ class KimiConfig:
         as_float(self.rms_norm_eps, "rms_norm_eps", lo=0.0, lo_open=True, hi=1.0)
         as_float(self.routed_scaling_factor, "routed_scaling_factor", lo=0.0, lo_open=True, hi=1e6)
         as_str(self.torch_dtype, "dtype", max_len=64)
+        if self.gate_lower_bound is not None:
+            b = as_float(self.gate_lower_bound, HUB_KEYS["gate_lower_bound"], lo=-5.0, hi=0.0)
+            if b == 0.0:
+                raise InvalidInput(f"{HUB_KEYS['gate_lower_bound']}: 0.0 is outside its domain (expected < 0)")
+        as_bool(self.kda_A_log, "kda_A_log")
+        if not self.kda_A_log and self.gate_lower_bound is None:
+            raise InvalidInput("A_log: the softplus KDA gate needs A_log (only the bounded gate has a form without it)")
         for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
             for t in self.special_ids(name):
                 as_int(t, name, lo=0, hi=self.vocab_size - 1)
@@ -172,6 +190,14 @@ class KimiConfig:
         return self.kda_num_heads * self.kda_head_dim
 
     @property
+    def kda_gate(self) -> str:
+        """The KDA gate this config describes, as the ``kda_gate`` variant names it: ``"softplus"`` or
+        ``"lower_bound:<b>"``."""
+        from .checks import kda_gate_name
+
+        return kda_gate_name(self.gate_lower_bound)
+
+    @property
     def qk_head_dim(self) -> int:
         """MLA query/key head width P + R (192 in the real model)."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim
@@ -231,6 +257,7 @@ class KimiConfig:
                 "short_conv_kernel_size": self.short_conv_kernel_size,
                 "kda_layers": list(self.kda_layers),
                 "full_attn_layers": list(self.full_attn_layers),
+                **({} if self.gate_lower_bound is None else {"gate_lower_bound": self.gate_lower_bound}),
             },
             "bos_token_id": self.bos_token_id,
             "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
@@ -318,7 +345,8 @@ def _linear_attn(d: dict, source: str) -> dict:
         hub = dict(kda_num_heads=sub("num_heads"), kda_head_dim=sub("head_dim"),
                    short_conv_kernel_size=sub("short_conv_kernel_size"),
                    kda_layers=_ints(sub("kda_layers"), "linear_attn_config.kda_layers"),
-                   full_attn_layers=_ints(sub("full_attn_layers"), "linear_attn_config.full_attn_layers"))
+                   full_attn_layers=_ints(sub("full_attn_layers"), "linear_attn_config.full_attn_layers"),
+                   gate_lower_bound=_gate_lower_bound(lac))
     if "layer_types" not in d:
         if hub is None:
             raise InvalidInput(f"{source}: missing required key 'linear_attn_config' (or transformers' "
@@ -337,6 +365,16 @@ def _linear_attn(d: dict, source: str) -> dict:
                 kda_head_dim=field(d, "linear_head_dim", source),
                 short_conv_kernel_size=field(d, "linear_conv_kernel_dim", source))
     return flat
+
+
+def _gate_lower_bound(lac: dict):
+    """The bounded KDA gate's b from ``linear_attn_config`` (None: the softplus gate):
+    ``gate_lower_bound`` when it is a number; -5 when it is null or absent and ``safe_gate`` is true."""
+    safe = as_bool(lac.get("safe_gate", False), "linear_attn_config.safe_gate")
+    b = lac.get("gate_lower_bound")
+    if b is not None:
+        return b   # typed by KimiConfig
+    return -5.0 if safe else None
 
 
 def _moe_layout(d: dict) -> dict:
@@ -440,3 +478,5 @@ PRESETS: dict[str, KimiConfig] = {
                             ffn=512, expert_ffn=128, experts=32, top_k=8),
     "kimi-linear-48b": _kimi_48b(),
 }
+# tiny with the bounded KDA gate (b = -5) of the later KDA models
+PRESETS["tiny-bounded"] = dataclasses.replace(PRESETS["tiny"], gate_lower_bound=-5.0)

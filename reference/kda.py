@@ -23,6 +23,7 @@ from functools import partial
 import numpy as np
 
 from .elementwise import sigmoid, softplus
+from .checks import check_lower_bound
 from .executor import device_of, namespace, to_numpy
 from .norm import l2norm
 
@@ -41,27 +42,40 @@ CHUNK_BLOCK_BYTES = 1 << 27
 CPU_CHUNK_BLOCK_BYTES = 1 << 21
 
 
-def gate(g_raw, A_log, dt_bias):
-    """KDA forget gate, softplus form (spec b.6): ``g = -exp(A_log[hv]) * softplus(g_raw + dt_bias)``.
+def gate(g_raw, A_log, dt_bias, *, lower_bound=None):
+    """KDA forget gate (spec b.6): the log-space decay ``g [B, T, HV, K]`` (<= 0).
+
+    ``lower_bound`` None, the softplus gate of Kimi-Linear-48B: ``g = -exp(A_log[hv]) *
+    softplus(g_raw + dt_bias)`` (torch's threshold 20). ``lower_bound`` a number ``b`` in [-5, 0),
+    the bounded ("safe") gate of the later KDA models: ``g = b * sigmoid(exp(A_log[hv]) * (g_raw +
+    dt_bias))``, in (b, 0); there ``A_log`` may be None: ``g = b * sigmoid(g_raw + dt_bias)``.
 
     g_raw: [B, T, HV, K]; A_log: [HV] (the checkpoint's [1, 1, HV, 1] is accepted too); dt_bias:
-    [HV*K] (flat index ``hv*K + d``). Returns the log-space decay g [B, T, HV, K] (<= 0). softplus
-    uses torch's threshold 20.
+    [HV*K] (flat index ``hv*K + d``).
     """
-    xp = namespace(g_raw, A_log, dt_bias)
+    b = check_lower_bound(lower_bound)
+    xp = namespace(g_raw, dt_bias) if A_log is None else namespace(g_raw, A_log, dt_bias)
     g_raw = xp.asarray(g_raw, dtype=xp.float64)
-    A_log = xp.asarray(A_log, dtype=xp.float64)
     dt_bias = xp.asarray(dt_bias, dtype=xp.float64)
     if g_raw.ndim != 4:
         raise ValueError(f"g_raw: expected [B,T,HV,K], got {tuple(g_raw.shape)}")
     HV, K = g_raw.shape[2:]
+    if tuple(dt_bias.shape) != (HV * K,):
+        raise ValueError(f"dt_bias: expected [HV*K] = ({HV * K},), got {tuple(dt_bias.shape)}")
+    z = g_raw + xp.reshape(dt_bias, (HV, K))
+    if A_log is None:
+        if b is None:
+            raise ValueError("A_log: None is the bounded gate's form only (give lower_bound, or A_log)")
+        return b * sigmoid(z)
+    A_log = xp.asarray(A_log, dtype=xp.float64)
     if tuple(A_log.shape) == (1, 1, HV, 1):
         A_log = xp.reshape(A_log, (HV,))
     if tuple(A_log.shape) != (HV,):
         raise ValueError(f"A_log: expected [HV] = ({HV},) or [1,1,HV,1], got {tuple(A_log.shape)}")
-    if tuple(dt_bias.shape) != (HV * K,):
-        raise ValueError(f"dt_bias: expected [HV*K] = ({HV * K},), got {tuple(dt_bias.shape)}")
-    return -xp.exp(A_log)[:, None] * softplus(g_raw + xp.reshape(dt_bias, (HV, K)))
+    a = xp.exp(A_log)[:, None]
+    if b is None:
+        return -a * softplus(z)
+    return b * sigmoid(a * z)
 
 
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None):
@@ -107,19 +121,20 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None
 
 
 def fused_recurrent(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None,
-                    initial_state=None, cu_seqlens=None):
+                    initial_state=None, cu_seqlens=None, lower_bound=None):
     """``recurrent`` after the fused prologue: l2norm(q), l2norm(k) (eps 1e-6), ``gate(g_raw,
-    A_log, dt_bias)``, ``sigmoid(beta_logits)``. g_raw: [B, T, HV, K]; beta_logits: [B, T, HV];
-    other arguments and the result as in ``recurrent``."""
-    q, k, g, beta = _prologue(q, k, g_raw, beta_logits, A_log, dt_bias)
+    A_log, dt_bias, lower_bound=lower_bound)`` (None: the softplus gate; a number: the bounded
+    gate, where A_log may be None), ``sigmoid(beta_logits)``. g_raw: [B, T, HV, K]; beta_logits:
+    [B, T, HV]; other arguments and the result as in ``recurrent``."""
+    q, k, g, beta = _prologue(q, k, g_raw, beta_logits, A_log, dt_bias, lower_bound)
     return recurrent(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                      cu_seqlens=cu_seqlens)
 
 
 def fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None,
-                  initial_state=None, cu_seqlens=None, chunk_size=64):
+                  initial_state=None, cu_seqlens=None, chunk_size=64, lower_bound=None):
     """``chunked`` after the same fused prologue as ``fused_recurrent``."""
-    q, k, g, beta = _prologue(q, k, g_raw, beta_logits, A_log, dt_bias)
+    q, k, g, beta = _prologue(q, k, g_raw, beta_logits, A_log, dt_bias, lower_bound)
     return chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                    cu_seqlens=cu_seqlens, chunk_size=chunk_size)
 
@@ -128,8 +143,8 @@ def fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None,
 # validation and sequence handling
 
 
-def _prologue(q, k, g_raw, beta_logits, A_log, dt_bias):
-    return l2norm(q), l2norm(k), gate(g_raw, A_log, dt_bias), sigmoid(beta_logits)
+def _prologue(q, k, g_raw, beta_logits, A_log, dt_bias, lower_bound=None):
+    return l2norm(q), l2norm(k), gate(g_raw, A_log, dt_bias, lower_bound=lower_bound), sigmoid(beta_logits)
 
 
 def _expect(name, x, letters, shape):

@@ -49,7 +49,9 @@ prologue), the state it started from ``.initial_state`` ``[HV, K, V]`` and the g
 
 Semantic variants (spec §(e)), reported in ``model.variants``: ``moe_combine`` ("unbiased": combine
 weights from the sigmoid scores, as vLLM; "biased": from scores + correction bias, as the HF remote
-code) and ``kv_norm_eps`` (``kv_a_layernorm`` eps: 1e-6 HF, 1e-5 vLLM).
+code), ``kv_norm_eps`` (``kv_a_layernorm`` eps: 1e-6 HF, 1e-5 vLLM) and ``kda_gate`` ("softplus":
+Kimi-Linear-48B's gate; "lower_bound:<b>": the bounded gate ``b sigmoid(exp(A_log) (g_raw +
+dt_bias))`` of Kimi-K3 and GLM-5.3; default: what the checkpoint's config says).
 """
 from __future__ import annotations
 
@@ -64,7 +66,8 @@ from . import conv, embed, kda, mla, moe, norm
 from .batch import Rider, check_batch, check_riders
 from .cache import KDACache, MLACache, ModelCache, check_cache, empty_cache
 from .checkpoint import WeightSource, open_source
-from .checks import OWN, check_routing, check_token_id, check_token_ids, check_variants
+from .checks import (OWN, check_routing, check_token_id, check_token_ids, check_variants, kda_gate_bound,
+                     resolve_kda_gate)
 from .config import KimiConfig
 from .elementwise import sigmoid
 from .executor import NUMPY, Executor, device_of, get_executor, to_numpy
@@ -88,15 +91,17 @@ class Model:
     """Float64 Kimi-Linear over a ``WeightSource`` on an executor (see the module docstring)."""
 
     def __init__(self, source: WeightSource, *, moe_combine: str = "unbiased", kv_norm_eps: float = 1e-6,
-                 executor: Executor = NUMPY, shared_weights: Mapping | None = None,
+                 kda_gate: str | None = None, executor: Executor = NUMPY, shared_weights: Mapping | None = None,
                  weight_cache_bytes: int | None = None, segment: int = SEGMENT):
-        check_variants(moe_combine=moe_combine, kv_norm_eps=kv_norm_eps)
+        check_variants(moe_combine=moe_combine, kv_norm_eps=kv_norm_eps, kda_gate=kda_gate)
         budget = WEIGHT_CACHE_BYTES if weight_cache_bytes is None else int(weight_cache_bytes)
         if budget < 0:
             raise ValueError(f"weight_cache_bytes: expected a non-negative size, got {weight_cache_bytes!r}")
         self.source = source
         self.config: KimiConfig = source.config
-        self.variants = {"moe_combine": moe_combine, "kv_norm_eps": float(kv_norm_eps)}
+        gate = resolve_kda_gate(kda_gate, self.config)
+        self.variants = {"moe_combine": moe_combine, "kv_norm_eps": float(kv_norm_eps), "kda_gate": gate}
+        self.lower_bound = kda_gate_bound(gate)   # the KDA gate's b (None: softplus)
         self.executor = executor
         self._w = Weights(source, executor, budget, shared_weights)
         self.progress: Callable[[dict], None] | None = None
@@ -445,6 +450,12 @@ class Model:
         gate = xp.reshape(w.linear(a + "g_b_proj.weight", g_a), (T, H, K))
         return proj, g_raw, beta_logits, gate
 
+    def _A_log(self, a: str, H: int):
+        """The KDA layer's ``A_log`` as ``[H]`` (None: a bounded-gate checkpoint without it)."""
+        if not self.config.kda_A_log:
+            return None
+        return self.executor.xp.reshape(self._w(a + "A_log"), (H,))
+
     def _kda_out(self, i: int, o, gate):
         """The gated norm of the core's output ``o [T, H, K]`` and the output projection: ``(out
         [T, D], normed [T, H, K])``."""
@@ -469,8 +480,9 @@ class Model:
             conv_out.append(xp.reshape(y[0], (1, T, H, K)))
             conv_states.append(st[0])
         q, k, v = conv_out
-        args = (q, k, g_raw[None], beta_logits[None], xp.reshape(w(a + "A_log"), (H,)), w(a + "dt_bias"))
-        o, S = kda.fused_chunked(*args[:2], v, *args[2:], initial_state=None if prev is None else prev.state[None])
+        args = (q, k, g_raw[None], beta_logits[None], self._A_log(a, H), w(a + "dt_bias"), self.lower_bound)
+        o, S = kda.fused_chunked(*args[:2], v, *args[2:6], lower_bound=args[6],
+                                 initial_state=None if prev is None else prev.state[None])
         out, normed = self._kda_out(i, o[0], gate)
         if core is not None:
             core.append((args, v, normed))
@@ -490,7 +502,7 @@ class Model:
         C = H * K
         taps = xp.concat([w(a + f"{which}_conv1d.weight")[:, 0, :] for which in "qkv"], axis=0)  # [3C, W]
         qkv = xp.concat(proj, axis=-1)  # [B, 3C]
-        A_log, dt_bias = xp.reshape(w(a + "A_log"), (H,)), w(a + "dt_bias")
+        A_log, dt_bias = self._A_log(a, H), w(a + "dt_bias")
         runs = [(b, b + 1) for b in range(B)] if self.bitwise_rows else [(0, B)]
         outs, caches, core = [], [], []
         for lo, hi in runs:
@@ -500,8 +512,9 @@ class Model:
             q, k, v = (xp.reshape(y[:, j * C:(j + 1) * C], (n, 1, H, K)) for j in range(3))
             conv_states = [st[:, j * C:(j + 1) * C, :] for j in range(3)]
             args = (q, k, xp.reshape(g_raw[lo:hi, ...], (n, 1, H, K)),
-                    xp.reshape(beta_logits[lo:hi, ...], (n, 1, H)), A_log, dt_bias)
-            o, S = kda.fused_recurrent(*args[:2], v, *args[2:], initial_state=_stacked(xp, [c.state for c in mine]))
+                    xp.reshape(beta_logits[lo:hi, ...], (n, 1, H)), A_log, dt_bias, self.lower_bound)
+            o, S = kda.fused_recurrent(*args[:2], v, *args[2:6], lower_bound=args[6],
+                                       initial_state=_stacked(xp, [c.state for c in mine]))
             outs.append(o[:, 0, ...])
             caches += [KDACache(*(st[j, ...] for st in conv_states), S[j, ...]) for j in range(n)]
             core.append((lo, hi, args, v))
@@ -635,19 +648,20 @@ def _stacked(xp, arrays: list):
 
 
 def load(path_or_source, *, moe_combine: str = "unbiased", kv_norm_eps: float = 1e-6,
-         device: str | None = None, executor: str | None = None, shared_weights: Mapping | None = None,
-         weight_cache_bytes: int | None = None) -> Model:
+         kda_gate: str | None = None, device: str | None = None, executor: str | None = None,
+         shared_weights: Mapping | None = None, weight_cache_bytes: int | None = None) -> Model:
     """The float64 reference model of a checkpoint directory or a ``WeightSource``.
 
     ``moe_combine``: "unbiased" (vLLM, default) or "biased" (HF remote code); ``kv_norm_eps``: the
-    ``kv_a_layernorm`` eps (1e-6 HF, default; 1e-5 vLLM). ``device``: "cpu" (default), "cuda" or
+    ``kv_a_layernorm`` eps (1e-6 HF, default; 1e-5 vLLM); ``kda_gate``: "softplus" or
+    "lower_bound:<b>" (b in [-5, 0)), default the checkpoint config's gate. ``device``: "cpu" (default), "cuda" or
     "cuda:N"; ``executor``: "numpy" (default on cpu), "torch" (default on cuda; also runs on cpu),
     "array-api-strict" (tests). ``shared_weights``: ``{name: tensor}`` already on the device in the
     storage dtype or wider (the optimized model's, ``optimized.weights.named_views``), read instead
     of the source. ``weight_cache_bytes``: the float64 weight LRU (default 64 MiB). Raises
     ``ValueError`` for an unknown variant, device or executor and ``CheckpointError`` for a broken
     checkpoint."""
-    check_variants(moe_combine=moe_combine, kv_norm_eps=kv_norm_eps)
+    check_variants(moe_combine=moe_combine, kv_norm_eps=kv_norm_eps, kda_gate=kda_gate)
     ex = get_executor(device, executor)
     if shared_weights is not None and ex.name != "torch":
         raise ValueError(f"shared_weights: needs the torch executor, not {ex.name}")
@@ -657,5 +671,5 @@ def load(path_or_source, *, moe_combine: str = "unbiased", kv_norm_eps: float = 
         source = open_source(path_or_source)
     else:
         raise TypeError(f"load: expected a checkpoint path or a WeightSource, got {type(path_or_source).__name__}")
-    return Model(source, moe_combine=moe_combine, kv_norm_eps=kv_norm_eps, executor=ex,
+    return Model(source, moe_combine=moe_combine, kv_norm_eps=kv_norm_eps, kda_gate=kda_gate, executor=ex,
                  shared_weights=shared_weights, weight_cache_bytes=weight_cache_bytes)

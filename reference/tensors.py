@@ -50,7 +50,7 @@ def layer_tensors(config: KimiConfig, i: int) -> dict[str, Shape]:
             a + "f_a_proj.weight": (K, D),
             a + "f_b_proj.weight": (HK, K),
             a + "dt_bias": (HK,),
-            a + "A_log": (1, 1, H, 1),
+            **({a + "A_log": (1, 1, H, 1)} if c.kda_A_log else {}),   # none: the bounded gate without it
             a + "b_proj.weight": (H, D),
             a + "g_a_proj.weight": (K, D),
             a + "g_b_proj.weight": (HK, K),

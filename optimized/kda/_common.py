@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from reference.checks import check_lower_bound
+
 from .._checks import FLOAT_DTYPES, check_shape  # noqa: F401  (check_shape: re-exported for chunk.py, recurrent.py)
 from ..elementwise.kernels import sigmoid_f, softplus_f  # noqa: F401  (sigmoid_f: re-exported for gate.py)
 
@@ -59,16 +61,36 @@ def check_qkv(op: str, q, k, v):
     return B, T, H, HV, K, V
 
 
-def check_gate_params(op: str, A_log, dt_bias, HV: int, K: int, ref: torch.Tensor):
-    """A_log: any shape with HV elements (checkpoint shape [1,1,HV,1] accepted); dt_bias: HV*K."""
-    check_tensor(op, "A_log", A_log)
+def check_gate_params(op: str, A_log, dt_bias, HV: int, K: int, ref: torch.Tensor, lower_bound=None):
+    """A_log: any shape with HV elements (checkpoint shape [1,1,HV,1] accepted), or None with a
+    ``lower_bound`` (the bounded gate without A_log); dt_bias: HV*K; lower_bound: None (the softplus
+    gate) or a number in [-5, 0). Returns ``(A_log, dt_bias, lower_bound)``."""
+    lower_bound = check_bound(op, lower_bound)
+    if A_log is None and lower_bound is None:
+        raise ValueError(f"{op}: A_log: None is the bounded gate's form only (give lower_bound, or A_log)")
+    if A_log is not None:
+        check_tensor(op, "A_log", A_log)
+        if A_log.numel() != HV:
+            raise ValueError(f"{op}: A_log: expected [HV] = ({HV},), got {tuple(A_log.shape)}")
     check_tensor(op, "dt_bias", dt_bias)
-    if A_log.numel() != HV:
-        raise ValueError(f"{op}: A_log: expected [HV] = ({HV},), got {tuple(A_log.shape)}")
     if dt_bias.numel() != HV * K:
         raise ValueError(f"{op}: dt_bias: expected [HV*K] = ({HV * K},), got {tuple(dt_bias.shape)}")
     check_device(op, ref, A_log=A_log, dt_bias=dt_bias)
-    return A_log.reshape(HV).contiguous(), dt_bias.reshape(HV * K).contiguous()
+    A_log = None if A_log is None else A_log.reshape(HV).contiguous()
+    return A_log, dt_bias.reshape(HV * K).contiguous(), lower_bound
+
+
+def check_bound(op: str, lower_bound):
+    """``lower_bound`` as a float in [-5, 0), or None (the softplus gate); the error names ``op``."""
+    try:
+        return check_lower_bound(lower_bound)
+    except ValueError as exc:
+        raise ValueError(f"{op}: {exc}") from None
+
+
+def gate_kind(lower_bound) -> int:
+    """The kernels' ``GATE`` constexpr: 0 for the softplus gate (``lower_bound`` None), 1 bounded."""
+    return 0 if lower_bound is None else 1
 
 
 def prepare_state(op: str, initial_state, N: int, HV: int, K: int, V: int, acc, ref, varlen: bool):
@@ -176,6 +198,14 @@ def chunk_span(cu, cidx, i_c, i_b, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr)
 def kda_gate_f(x, a, bias):
     """``g = -a * softplus(x + bias)`` with ``a = exp(A_log)`` (log-space decay, <= 0)."""
     return -a * softplus_f(x + bias, 20.0)  # torch's threshold (spec b.1)
+
+
+@triton.jit
+def bounded_gate_f(z, b, ACC: tl.constexpr):
+    """``g = b * sigmoid(z)`` with ``z = exp(A_log) * (g_raw + dt_bias)`` (or without the factor):
+    the bounded gate, in (b, 0) for ``b < 0``. ``b`` is the kernel's fp64 scalar argument: the
+    product is rounded once, to ACC."""
+    return (b * sigmoid_f(z)).to(ACC)
 
 
 @triton.jit

@@ -482,9 +482,9 @@ class _Plan:
         return self.cu is not None
 
 
-def _check_inputs(op, q, k, v, g, beta, A_log, dt_bias, chunk_size, fused):
+def _check_inputs(op, q, k, v, g, beta, A_log, dt_bias, chunk_size, fused, lower_bound=None):
     """Validated sizes ``(B, T, H, HV, K, V)``, chunk size and the gate parameters (contiguous when
-    fused)."""
+    fused; ``lower_bound`` None or the bounded gate's b)."""
     B, T, H, HV, K, V = check_qkv(op, q, k, v)
     BT = _check_chunk_size(op, chunk_size)
     gname, bname = ("g_raw", "beta_logits") if fused else ("g", "beta")
@@ -493,8 +493,8 @@ def _check_inputs(op, q, k, v, g, beta, A_log, dt_bias, chunk_size, fused):
     check_tensor(op, bname, beta)
     check_shape(op, bname, beta, (B, T, HV), "[B,T,HV]")
     if fused:
-        A_log, dt_bias = check_gate_params(op, A_log, dt_bias, HV, K, q)
-    return (B, T, H, HV, K, V), BT, A_log, dt_bias
+        A_log, dt_bias, lower_bound = check_gate_params(op, A_log, dt_bias, HV, K, q, lower_bound)
+    return (B, T, H, HV, K, V), BT, A_log, dt_bias, lower_bound
 
 
 def _plan(op, sizes, BT, dtype, cu_seqlens, dev) -> _Plan:
@@ -583,11 +583,13 @@ def _aq_as_read(p: _Plan, Aq, dev):
 
 
 def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_size, cu_seqlens,
-              fused, stages=None, launch=None):
+              fused, stages=None, launch=None, lower_bound=None):
     """The five launches. ``stages``, a dict, receives the intermediates (tests localize a wrong
-    kernel with them): G, w, u, Aq, kg, qg, h, v_new. ``launch``: a :class:`ChunkLaunch`."""
+    kernel with them): G, w, u, Aq, kg, qg, h, v_new. ``launch``: a :class:`ChunkLaunch`;
+    ``lower_bound``: the fused gate's (None: softplus)."""
     launch = _launch.resolve(op, launch, CHUNK_LAUNCH)
-    sizes, BT, A_log, dt_bias = _check_inputs(op, q, k, v, g, beta, A_log, dt_bias, chunk_size, fused)
+    sizes, BT, A_log, dt_bias, lower_bound = _check_inputs(op, q, k, v, g, beta, A_log, dt_bias, chunk_size,
+                                                           fused, lower_bound)
     B, T, H, HV, K, V = sizes
     dev, dt = q.device, q.dtype
     acc = acc_dtype(dt)
@@ -602,7 +604,8 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     G, beta_f = gate_chunk_cumsum(g, A_log=A_log if fused else None, dt_bias=dt_bias if fused else None,
                                   beta_logits=beta if fused else None, chunk_size=p.BT, cumsum=True,
                                   cu=p.cu, cidx=p.cidx, grid_chunks=p.n_chunks, acc=acc,
-                                  num_warps=launch.gate_warps, block_k_cols=launch.gate_block_k)
+                                  num_warps=launch.gate_warps, block_k_cols=launch.gate_block_k,
+                                  lower_bound=lower_bound)
     if fused:
         beta = beta_f
     # 2-3. intra-chunk matrices and the diagonal blocks' inverses; the merged inverse and WY
@@ -633,13 +636,15 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, chunk_size=64, 
 
 
 def fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, initial_state=None,
-                  chunk_size=64, cu_seqlens=None, launch=None):
-    """:func:`chunked` of ``l2norm(q), l2norm(k), gate(g_raw, A_log, dt_bias), sigmoid(beta_logits)``
-    with the prologue fused into the kernels (q, k normalized on load in float32, never rounded).
+                  chunk_size=64, cu_seqlens=None, launch=None, lower_bound=None):
+    """:func:`chunked` of ``l2norm(q), l2norm(k), gate(g_raw, A_log, dt_bias, lower_bound=lower_bound),
+    sigmoid(beta_logits)`` with the prologue fused into the kernels (q, k normalized on load in
+    float32, never rounded).
 
-    g_raw: [B,T,HV,K]; beta_logits: [B,T,HV]; A_log: HV elements; dt_bias: HV*K elements. Other
-    arguments and the result as in :func:`chunked`.
+    g_raw: [B,T,HV,K]; beta_logits: [B,T,HV]; A_log: HV elements (None: the bounded gate without
+    it); dt_bias: HV*K elements; lower_bound: None (the softplus gate) or b in [-5, 0) (the bounded
+    gate). Other arguments and the result as in :func:`chunked`.
     """
     _counters.record("kda.fused_chunked")
     return _pipeline("kda.fused_chunked", q, k, v, g_raw, beta_logits, A_log, dt_bias, scale,
-                     initial_state, chunk_size, cu_seqlens, fused=True, launch=launch)
+                     initial_state, chunk_size, cu_seqlens, fused=True, launch=launch, lower_bound=lower_bound)

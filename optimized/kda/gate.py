@@ -1,7 +1,11 @@
 """KDA forget gate (spec b.6) and the fused gate + within-chunk prefix sum (spec b.9 step 1).
 
-``g = -exp(A_log[hv]) * softplus(g_raw + dt_bias[hv*K + d])`` (softplus threshold 20), log-space,
-natural base (no ``1/ln 2`` rescaling: the kernels use ``tl.exp``).
+Two gates, chosen by the constexpr ``GATE`` (each compiles its own kernel; the softplus one is the
+code it always was): ``GATE = 0``, the softplus gate ``g = -exp(A_log[hv]) * softplus(g_raw +
+dt_bias[hv*K + d])`` (threshold 20); ``GATE = 1``, the bounded gate ``g = b * sigmoid(exp(A_log[hv])
+* (g_raw + dt_bias))`` with ``b = lower_bound`` in [-5, 0), or ``b * sigmoid(g_raw + dt_bias)``
+without ``A_log`` (``HAS_A = False``). Log-space, natural base (no ``1/ln 2`` rescaling: the
+kernels use ``tl.exp``).
 
 Storage dtypes: the gate and its prefix sums are always written in the compute dtype, float32 (float64
 for fp64 inputs), whatever the dtype of ``g_raw``: a bf16 log-decay would lose ``2^-8 |G|`` of
@@ -15,18 +19,19 @@ import triton
 import triton.language as tl
 
 from .. import _counters
-from ._common import (acc_dtype, block_k, cdiv, check_gate_params, check_tensor, chunk_span,
-                      kda_gate_f, next_pow2, sigmoid_f)
+from ._common import (acc_dtype, block_k, bounded_gate_f, cdiv, check_gate_params, check_tensor,
+                      chunk_span, gate_kind, kda_gate_f, next_pow2, sigmoid_f)
 
 
 @triton.jit
-def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T,
+def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T, lower_bound: tl.float64,
                         HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                         RAW: tl.constexpr, CUMSUM: tl.constexpr, HAS_BETA: tl.constexpr,
-                        IS_VARLEN: tl.constexpr):
+                        IS_VARLEN: tl.constexpr, GATE: tl.constexpr = 0, HAS_A: tl.constexpr = True):
     # One program per (chunk, sequence*value head, BK key channels): a [BT, BK] tile of tokens x key
-    # channels. RAW: g holds g_raw and the gate is applied; CUMSUM: inclusive prefix sum over the
-    # chunk's rows (chunks restart at every sequence start); HAS_BETA: also beta_out =
+    # channels. RAW: g holds g_raw and the gate is applied (GATE 0 softplus, 1 bounded by
+    # lower_bound, an fp64 argument: a plain float would arrive as fp32); CUMSUM: inclusive prefix
+    # sum over the chunk's rows (chunks restart at every sequence start); HAS_BETA: also beta_out =
     # sigmoid(beta_in), by the first channel block's program.
     ACC = G_out.dtype.element_ty
     i_c = tl.program_id(0)
@@ -45,9 +50,16 @@ def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T
     off = (tok * HV + i_hv)[:, None] * K + dk[None, :]
     x = tl.load(g + off, mask=m2, other=0.0).to(ACC)
     if RAW:
-        a = tl.exp(tl.load(A_log + i_hv).to(ACC))
-        bias = tl.load(dt_bias + i_hv * K + dk, mask=mk, other=0.0).to(ACC)
-        x = tl.where(m2, kda_gate_f(x, a, bias[None, :]), 0.0)
+        if GATE == 0:
+            a = tl.exp(tl.load(A_log + i_hv).to(ACC))
+            bias = tl.load(dt_bias + i_hv * K + dk, mask=mk, other=0.0).to(ACC)
+            x = tl.where(m2, kda_gate_f(x, a, bias[None, :]), 0.0)
+        else:
+            bias = tl.load(dt_bias + i_hv * K + dk, mask=mk, other=0.0).to(ACC)
+            z = x + bias[None, :]
+            if HAS_A:
+                z = tl.exp(tl.load(A_log + i_hv).to(ACC)) * z
+            x = tl.where(m2, bounded_gate_f(z, lower_bound, ACC), 0.0)
     if CUMSUM:
         x = tl.cumsum(x, axis=0)
     tl.store(G_out + off, x.to(G_out.dtype.element_ty), mask=m2)
@@ -58,10 +70,11 @@ def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T
 
 def gate_chunk_cumsum(g, *, A_log=None, dt_bias=None, beta_logits=None, chunk_size=64,
                       cumsum=True, cu=None, cidx=None, grid_chunks=None, acc=None, num_warps=4,
-                      block_k_cols=None):
+                      block_k_cols=None, lower_bound=None):
     """Launch the gate kernel (internal; no argument checks, no launch counter).
 
-    g: [B,T,HV,K] (``g_raw`` when ``A_log``/``dt_bias`` are given, else the log-decay). Returns
+    g: [B,T,HV,K] (``g_raw`` when ``dt_bias`` is given, with ``A_log`` (None only for the bounded
+    gate) and ``lower_bound`` (None: the softplus gate), else the log-decay). Returns
     ``(G [B,T,HV,K], beta [B,T,HV] or None)`` in ``acc`` (float32/float64): ``G`` holds the
     within-chunk inclusive prefix sums when ``cumsum`` (chunks of ``chunk_size``; with ``cu``/``cidx``
     from :func:`._common.varlen_chunk_plan` they restart at each sequence start), else the gate itself.
@@ -71,7 +84,7 @@ def gate_chunk_cumsum(g, *, A_log=None, dt_bias=None, beta_logits=None, chunk_si
     B, T, HV, K = g.shape
     acc = acc or acc_dtype(g.dtype)
     G = torch.empty(B, T, HV, K, dtype=acc, device=g.device)
-    raw = A_log is not None
+    raw = dt_bias is not None
     has_beta = beta_logits is not None
     beta = torch.empty(B, T, HV, dtype=acc, device=g.device) if has_beta else None
     BT = chunk_size
@@ -80,14 +93,18 @@ def gate_chunk_cumsum(g, *, A_log=None, dt_bias=None, beta_logits=None, chunk_si
         return G, beta
     BK = min(block_k_cols or block_k(K), block_k(K))
     _gate_cumsum_kernel[(nchunks, B * HV, cdiv(K, BK))](
-        g, A_log, dt_bias, beta_logits, G, beta, cu, cidx, T,
+        g, A_log, dt_bias, beta_logits, G, beta, cu, cidx, T, 0.0 if lower_bound is None else lower_bound,
         HV=HV, K=K, BT=BT, BK=BK, RAW=raw, CUMSUM=cumsum, HAS_BETA=has_beta,
-        IS_VARLEN=cidx is not None, num_warps=num_warps)
+        IS_VARLEN=cidx is not None, GATE=gate_kind(lower_bound), HAS_A=A_log is not None,
+        num_warps=num_warps)
     return G, beta
 
 
-def gate(g_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
-    """KDA forget gate: ``g = -exp(A_log[hv]) * softplus(g_raw + dt_bias)`` (threshold 20).
+def gate(g_raw: torch.Tensor, A_log: torch.Tensor | None, dt_bias: torch.Tensor, *,
+         lower_bound: float | None = None) -> torch.Tensor:
+    """KDA forget gate: ``g = -exp(A_log[hv]) * softplus(g_raw + dt_bias)`` (threshold 20), or with
+    ``lower_bound = b`` in [-5, 0) the bounded gate ``g = b * sigmoid(exp(A_log[hv]) * (g_raw +
+    dt_bias))`` (``A_log`` None: ``b * sigmoid(g_raw + dt_bias)``).
 
     g_raw: [B,T,HV,K] (any float dtype); A_log: HV elements ([HV] or the checkpoint's [1,1,HV,1]);
     dt_bias: HV*K elements (flat index ``hv*K + d``). Returns g [B,T,HV,K], the log-space decay
@@ -99,8 +116,9 @@ def gate(g_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> tor
     B, T, HV, K = g_raw.shape
     if K > 256:
         raise ValueError(f"{op}: g_raw: K = {K} > 256 is not supported")
-    A_log, dt_bias = check_gate_params(op, A_log, dt_bias, HV, K, g_raw)
+    A_log, dt_bias, lower_bound = check_gate_params(op, A_log, dt_bias, HV, K, g_raw, lower_bound)
     g_raw = g_raw.contiguous()
     BT = min(64, next_pow2(max(T, 1)))
-    G, _ = gate_chunk_cumsum(g_raw, A_log=A_log, dt_bias=dt_bias, chunk_size=BT, cumsum=False)
+    G, _ = gate_chunk_cumsum(g_raw, A_log=A_log, dt_bias=dt_bias, chunk_size=BT, cumsum=False,
+                             lower_bound=lower_bound)
     return G

@@ -7,7 +7,9 @@ block: ``e = beta (v - S~^T k)`` is per column). Per token::
     S~ = diag(exp(g_t)) S;  e = beta_t (v_t - S~^T k_t);  S = S~ + k_t e^T;  o_t = scale S^T q_t
 
 The fused forms compute, in registers, ``l2norm`` of q and k (``x / sqrt(sum x^2 + 1e-6)``), the gate
-``g = -exp(A_log) softplus(g_raw + dt_bias)`` and ``beta = sigmoid(beta_logits)``.
+``g = -exp(A_log) softplus(g_raw + dt_bias)`` (constexpr ``GATE = 0``) or the bounded gate ``g = b
+sigmoid(exp(A_log) (g_raw + dt_bias))`` (``GATE = 1``, b = ``lower_bound``; ``HAS_A = False``: without
+the ``exp(A_log)`` factor) and ``beta = sigmoid(beta_logits)``.
 
 Storage/compute dtypes: every input is widened on load to ACC (float32, or float64 for fp64 inputs;
 for decode, the state pool's dtype); nothing intermediate is stored; o is written once per token in
@@ -27,8 +29,8 @@ import triton.language as tl
 from .. import _counters, _pdl
 from .._pdl import pdl_wait
 from .._checks import out_or_new
-from ._common import (SUM, acc_dtype, block_k, cdiv, check_device, check_gate_params, check_qkv,
-                      check_shape, check_tensor, next_pow2, prepare_cu_seqlens, prepare_state)
+from ._common import (SUM, acc_dtype, block_k, cdiv, check_bound, check_device, check_gate_params, check_qkv,
+                      check_shape, check_tensor, gate_kind, next_pow2, prepare_cu_seqlens, prepare_state)
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 _BV = 32  # value columns per program: fixed (bitwise batch invariance), small (decode parallelism)
@@ -36,9 +38,11 @@ _BV = 32  # value columns per program: fixed (bitwise batch invariance), small (
 
 @triton.jit
 def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, scale: tl.float64, T,
-                      sq, sk, sv, sg, sb, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                      BK: tl.constexpr, BV: tl.constexpr, FUSED: tl.constexpr, HAS_H0: tl.constexpr,
-                      IS_VARLEN: tl.constexpr, USE_SLOTS: tl.constexpr, PDL: tl.constexpr = False):
+                      sq, sk, sv, sg, sb, lower_bound: tl.float64, H: tl.constexpr, HV: tl.constexpr,
+                      K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FUSED: tl.constexpr,
+                      HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr, USE_SLOTS: tl.constexpr,
+                      PDL: tl.constexpr = False, GATE: tl.constexpr = 0, HAS_A: tl.constexpr = True):
+    # lower_bound: the bounded gate's b (GATE 1), an fp64 argument (a plain float arrives as fp32)
     ACC = ht.dtype.element_ty
     pdl_wait(PDL)
     i_v = tl.program_id(0)
@@ -72,7 +76,8 @@ def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, sc
     else:
         S = tl.zeros([BK, BV], dtype=ACC)
     if FUSED:
-        a = tl.exp(tl.load(A_log + i_hv).to(ACC))
+        if HAS_A:
+            a = tl.exp(tl.load(A_log + i_hv).to(ACC))
         bias = tl.load(dt_bias + i_hv * K + dk, mask=mk, other=0.0).to(ACC)
     # per-token pointers, advanced by one token each step (s*: the inputs' token strides, so decode
     # reads q/k/v/g/beta rows in place from the projection's output)
@@ -94,11 +99,18 @@ def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, sc
             qt = qt / tl.sqrt(tl.reduce(qt * qt, 0, SUM) + 1e-6)
             kt = kt / tl.sqrt(tl.reduce(kt * kt, 0, SUM) + 1e-6)
             x = gt + bias
-            z = tl.exp(-tl.abs(x))
-            zw = 1.0 + z
-            zd = zw - 1.0
-            l1p = tl.where(zd == 0.0, z, tl.log(zw) * (z / tl.where(zd == 0.0, 1.0, zd)))
-            gt = -a * tl.where(x > 20.0, x, tl.maximum(x, 0.0) + l1p)
+            if GATE == 0:
+                z = tl.exp(-tl.abs(x))
+                zw = 1.0 + z
+                zd = zw - 1.0
+                l1p = tl.where(zd == 0.0, z, tl.log(zw) * (z / tl.where(zd == 0.0, 1.0, zd)))
+                gt = -a * tl.where(x > 20.0, x, tl.maximum(x, 0.0) + l1p)
+            else:
+                if HAS_A:
+                    x = a * x
+                zs = tl.exp(-tl.abs(x))  # sigmoid as optimized.elementwise's sigmoid_f
+                rs = 1.0 / (1.0 + zs)
+                gt = (lower_bound * tl.where(x >= 0, rs, zs * rs)).to(ACC)
             zb = tl.exp(-tl.abs(bt))
             bt = tl.where(bt >= 0, 1.0, zb) / (1.0 + zb)
         S = S * tl.exp(gt)[:, None]
@@ -116,7 +128,7 @@ def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, sc
     tl.store(ht + s_off + kv_off, S.to(ht.dtype.element_ty), mask=mkv)
 
 
-def _launch(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, fused):
+def _launch(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqlens, fused, lower_bound=None):
     B, T, H, HV, K, V = check_qkv(op, q, k, v)
     gname, bname = ("g_raw", "beta_logits") if fused else ("g", "beta")
     check_tensor(op, gname, g)
@@ -125,7 +137,7 @@ def _launch(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqle
     check_shape(op, bname, beta, (B, T, HV), "[B,T,HV]")
     check_device(op, q, **{gname: g, bname: beta})
     if fused:
-        A_log, dt_bias = check_gate_params(op, A_log, dt_bias, HV, K, q)
+        A_log, dt_bias, lower_bound = check_gate_params(op, A_log, dt_bias, HV, K, q, lower_bound)
     acc = acc_dtype(q.dtype)
     scale = K ** -0.5 if scale is None else float(scale)
     varlen = cu_seqlens is not None
@@ -140,9 +152,10 @@ def _launch(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, cu_seqle
     BV = min(_BV, max(16, next_pow2(V)))
     _recurrent_kernel[(cdiv(V, BV), N * HV)](
         q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, None, scale, T,
-        H * K, H * K, HV * V, HV * K, HV,
+        H * K, H * K, HV * V, HV * K, HV, 0.0 if lower_bound is None else lower_bound,
         H=H, HV=HV, K=K, V=V, BK=block_k(K), BV=BV, FUSED=fused, HAS_H0=h0 is not None,
-        IS_VARLEN=varlen, USE_SLOTS=False, num_warps=4)
+        IS_VARLEN=varlen, USE_SLOTS=False, GATE=gate_kind(lower_bound), HAS_A=A_log is not None or not fused,
+        num_warps=4)
     return o, ht
 
 
@@ -160,31 +173,39 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=No
 
 
 def fused_recurrent(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, initial_state=None,
-                    cu_seqlens=None):
-    """:func:`recurrent` of ``l2norm(q), l2norm(k), gate(g_raw, A_log, dt_bias),
+                    cu_seqlens=None, lower_bound=None):
+    """:func:`recurrent` of ``l2norm(q), l2norm(k), gate(g_raw, A_log, dt_bias, lower_bound=lower_bound),
     sigmoid(beta_logits)``, all computed in the kernel (float32 registers).
 
-    g_raw: [B,T,HV,K]; beta_logits: [B,T,HV]; A_log: HV elements; dt_bias: HV*K elements.
+    g_raw: [B,T,HV,K]; beta_logits: [B,T,HV]; A_log: HV elements (None: the bounded gate without
+    it); dt_bias: HV*K elements; lower_bound: None (the softplus gate) or b in [-5, 0).
     """
     _counters.record("kda.fused_recurrent")
     return _launch("kda.fused_recurrent", q, k, v, g_raw, beta_logits, A_log, dt_bias, scale,
-                   initial_state, cu_seqlens, fused=True)
+                   initial_state, cu_seqlens, fused=True, lower_bound=lower_bound)
 
 
 def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *,
-                           scale=None, out=None):
+                           scale=None, out=None, lower_bound=None):
     """One decode step for a batch of sequences, updating their states IN PLACE in a pool.
 
     q, k: [B,H,K] (raw; l2-normalized in kernel); v: [B,HV,V]; g_raw: [B,HV,K]; beta_logits: [B,HV];
-    A_log: HV elements; dt_bias: HV*K elements; state_pool: [num_slots,HV,K,V], contiguous, float32
-    (float64 for fp64 runs), K-first; slot_ids: [B] ints on the pool's device. Sequence b reads and
-    writes only ``state_pool[slot_ids[b]]``; other slots are never touched. ``slot_ids[b] < 0`` marks a
+    A_log: HV elements (None: the bounded gate without it); dt_bias: HV*K elements; lower_bound:
+    None (the softplus gate) or b in [-5, 0) (the bounded gate, as :func:`fused_recurrent`);
+    state_pool: [num_slots,HV,K,V], contiguous, float32 (float64 for fp64 runs), K-first; slot_ids: [B]
+    ints on the pool's device. Sequence b reads and writes only ``state_pool[slot_ids[b]]``; other
+    slots are never touched. ``slot_ids[b] < 0`` marks a
     padding entry (output 0, no state access). Slot ids must be distinct and < num_slots (not checked:
     that would need a host sync). Returns o [B,HV,V] in q.dtype; ``out`` (optional, a contiguous
     [B,HV,V] tensor of q's dtype on q's device, e.g. the first rows of a padded decode tile): o
     is written there and returned.
     """
     _counters.record("kda.fused_recurrent_decode")
+    if lower_bound is not None:
+        lower_bound = check_bound("kda.fused_recurrent_decode", lower_bound)
+        if A_log is None:   # the A_log-free bounded gate: the kernel never reads it
+            return _decode(q, k, v, g_raw, beta_logits, None, dt_bias, state_pool, slot_ids, scale, out,
+                           lower_bound)
     # The per-token hot path: one combined test of everything; the detailed checks (which name the
     # offending argument) run only when it fails.
     try:
@@ -204,6 +225,19 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
         ok = False
     if not ok:
         _decode_checks(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids)
+    return _decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, scale, out, lower_bound,
+                   checked=True)
+
+
+def _decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, scale, out, lower_bound,
+            checked=False):
+    """The decode launch (``checked``: the arguments passed the hot path's test; else they are checked
+    here in full)."""
+    if not checked:
+        _decode_checks(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, lower_bound,
+                       valid_ok=True)
+    B, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
     scale = K ** -0.5 if scale is None else float(scale)
     o = out_or_new("kda.fused_recurrent_decode", out, (B, HV, V), q)
     if B == 0:
@@ -215,7 +249,9 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
         q, k, v, g_raw, beta_logits, A_log, dt_bias, o, state_pool, state_pool, None,
         slot_ids.contiguous(), scale, 1,
         q.stride(0), k.stride(0), v.stride(0), g_raw.stride(0), beta_logits.stride(0),
+        0.0 if lower_bound is None else lower_bound,
         H=H, HV=HV, K=K, V=V, BK=block_k(K), BV=BV, FUSED=True, HAS_H0=True, IS_VARLEN=False,
+        GATE=gate_kind(lower_bound), HAS_A=A_log is not None,
         USE_SLOTS=True, PDL=pdl, launch_pdl=pdl, num_warps=4)
     return o
 
@@ -227,8 +263,10 @@ def _token_rows(x: torch.Tensor) -> torch.Tensor:
     return x if inner.is_contiguous() else x.contiguous()
 
 
-def _decode_checks(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids):
-    """Raise the error that names what is wrong with fused_recurrent_decode's arguments."""
+def _decode_checks(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, lower_bound=None,
+                   valid_ok=False):
+    """Raise the error that names what is wrong with fused_recurrent_decode's arguments (``valid_ok``:
+    return when nothing is)."""
     op = "kda.fused_recurrent_decode"
     check_tensor(op, "q", q, 3, "B,H,K")
     check_tensor(op, "k", k, 3, "B,H,K")
@@ -240,8 +278,8 @@ def _decode_checks(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot
     check_shape(op, "g_raw", g_raw, (B, HV, K), "[B,HV,K]")
     check_tensor(op, "beta_logits", beta_logits)
     check_shape(op, "beta_logits", beta_logits, (B, HV), "[B,HV]")
-    check_gate_params(op, A_log, dt_bias, HV, K, q)
-    if not (A_log.is_contiguous() and dt_bias.is_contiguous()):
+    check_gate_params(op, A_log, dt_bias, HV, K, q, lower_bound)
+    if not ((A_log is None or A_log.is_contiguous()) and dt_bias.is_contiguous()):
         raise ValueError(f"{op}: A_log and dt_bias must be contiguous")
     if not isinstance(state_pool, torch.Tensor) or state_pool.dim() != 4 \
             or tuple(state_pool.shape[1:]) != (HV, K, V):
@@ -257,4 +295,6 @@ def _decode_checks(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot
                          f"{tuple(getattr(slot_ids, 'shape', ()))} {getattr(slot_ids, 'dtype', None)}")
     check_device(op, q, g_raw=g_raw, beta_logits=beta_logits, state_pool=state_pool,
                  slot_ids=slot_ids)
+    if valid_ok:
+        return
     raise ValueError(f"{op}: invalid arguments")  # unreachable unless a check above is incomplete

@@ -19,6 +19,11 @@ UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-24, 
 # <= c_i^2 / 3, so the Gaussian tail at LAMBDA = 4 is ~1e-11 per element in practice.
 LAMBDA = 4.0
 
+# The smallest normal number of each arithmetic dtype: below it a result keeps no relative accuracy
+# (a subnormal, or 0 where the GPU flushes subnormals), so a bound there is absolute, this times the
+# magnitude the value is a fraction of (the KDA bounded gate: docs/error-bounds.md).
+UNDERFLOW = {"float32": 2.0**-126, "float64": 2.0**-1022}
+
 # The reference runs in float64: its own rounding is added to every unit roundoff of a model.
 U_REFERENCE = UNIT_ROUNDOFF["float64"]
 
@@ -171,6 +176,11 @@ def precision_for(dtype, out_dtypes: dict | None = None, rounding: str = "neares
         out[k] = uo + U_REFERENCE
     return Precision(name, u + U_REFERENCE, ua + U_REFERENCE, ua + U_REFERENCE, out, rounding,
                      c.udot, c.name)
+
+
+def underflow(dtype) -> float:
+    """The smallest normal number of the arithmetic dtype ``dtype`` (UNDERFLOW)."""
+    return UNDERFLOW[arithmetic_dtype(dtype)]
 
 
 def gamma(n, u):

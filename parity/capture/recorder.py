@@ -11,6 +11,7 @@ model passed, untouched: recording copies, it never writes, so the model compute
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import sys
@@ -58,6 +59,9 @@ class Recorder:
     def add(self, site: Site, call_site: str, args: dict) -> None:
         rec = self.records[site.op]
         arrays, kwargs = site.convert(args)
+        if kwargs.get("lower_bound") is not None:   # the bounded KDA gate: the op's record of that gate
+            site = dataclasses.replace(site, op=site.op + "+lower_bound")
+            rec = self.records[site.op]
         kwargs = {**self._scalar_defaults(rec), **kwargs}
         key = (site.op, call_site, json.dumps(kwargs, sort_keys=True, default=str),
                tuple((n, None if t is None else (tuple(t.shape), str(t.dtype))) for n, t in arrays.items()))

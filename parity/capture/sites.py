@@ -41,6 +41,8 @@ def scalar_defaults(record) -> dict:
     for name, p in inspect.signature(record.optimized_callable()).parameters.items():
         if p.kind is not p.KEYWORD_ONLY or name in arrays or name.startswith("_") or name not in ref:
             continue
+        if name == "lower_bound":   # the KDA gate's b: the bounded gate's records carry it, never a default
+            continue
         if p.default is not p.empty:
             out[name] = p.default
     return out

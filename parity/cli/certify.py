@@ -4,6 +4,7 @@
                    [--examples N] [--json PATH] [--candidate optimized|reference-f32] [--cases FILE]
                    [--impl OP=module:function | OP=path/to/file.py:function | fla ...]
                    [--contract ieee|tf32|bf16-storage] [--workers N] [--shard I/N] [--repro DIR]
+                   [--variant kda_gate=softplus|lower_bound:B]
     parity certify merge SHARD.json ... --json PATH
     parity certify --calls FILE [--ops OP|FAMILY ...] [--json PATH]
 
@@ -20,6 +21,10 @@ the CPU one when an ``--impl`` comes from outside the project, else none: this p
 candidate that kills its process or faults its CUDA context fails only the input it faulted on. ``--shard I/N`` certifies every N-th (op, dtype)
 from the I-th; ``merge`` combines the shards' certificates into the one the unsharded run writes.
 ``--repro DIR`` writes a standalone repro of each failing input (docs/certificates.md).
+``--variant kda_gate=softplus|lower_bound:B`` certifies every selected op that computes the KDA
+gate as that gate's record (``kda.fused_chunked`` <-> ``kda.fused_chunked+lower_bound``; a bound B:
+every input drawn with it); a shorthand's adapters then apply to the selected ops whatever gate
+they declare (a kernel of the other gate fails, the certificate naming its gate).
 """
 from __future__ import annotations
 
@@ -69,6 +74,9 @@ def register(sub):
                    help="certify the I-th of N shares of the (op, dtype) runs (merge the certificates after)")
     p.add_argument("--repro", default=None, metavar="DIR",
                    help="write a standalone repro (inputs, reference, script) of each failing input here")
+    p.add_argument("--variant", action="append", default=[], metavar="kda_gate=VALUE",
+                   help="certify the ops that compute the KDA gate under this gate: kda_gate=softplus or "
+                        "kda_gate=lower_bound:B (B in [-5, 0))")
     p.add_argument("--calls", metavar="FILE", default=None,
                    help="judge the calls parity watch recorded, each on its own inputs, from its recorded "
                         "outputs (the kernel is not run again; docs/watch.md)")
@@ -95,13 +103,19 @@ def run(args) -> int:
         raise InputError(f"--repro {args.repro}: not a folder")
     named, shorthands = parse_impls(args.impl)
     records, dtypes = select_runs(args.ops, args.dtypes)
+    variants = _variants(args.variant)
+    if "kda_gate" in variants:
+        from parity.ops.kda import under_gate
+        from reference.checks import kda_gate_bound
+
+        records = under_gate(records, kda_gate_bound(variants["kda_gate"]))
     try:
         profile = strategies.load_profile()
     except ValueError as exc:
         raise InputError(str(exc)) from None
     device = setup_device(args.device)
     records, impls, specs = select_impls(records, bool(args.ops), named, shorthands, device, dtypes[0],
-                                             args.contract)
+                                         args.contract, gate_given="kda_gate" in variants)
     import optimized
 
     # our kernels run on the CPU only under the interpreter; outside implementations and the
@@ -156,6 +170,7 @@ def run(args) -> int:
     doc = certificate(certs, device=device, dtypes=dtypes, candidate=args.candidate, examples=n,
                       seconds=seconds, argv=["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"]
                       else None, contract=args.contract, impls=specs, cases=cases_info, workers=workers,
+                      variants=variants,
                       shard=None if shard is None else {"index": shard[0], "count": shard[1],
                                                         "ops": [r.name for r in records],
                                                         "units": [[r.name, d] for r, d in units(records, dtypes, shard)]})
@@ -178,6 +193,22 @@ def _workers(workers: int | None, device: str, impls: dict) -> int | None:
     if workers is None and device == "cpu" and not all(in_project(c) for c in impls.values()):
         return 1
     return workers
+def _variants(items) -> dict:
+    """``--variant`` values: ``{"kda_gate": "softplus" | "lower_bound:<b>"}`` (the only variant an op
+    certification has: the gate of the ops that compute one)."""
+    from reference.checks import kda_gate_bound, kda_gate_name
+
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if name != "kda_gate" or not eq:
+            raise InputError(f"--variant {item}: expected kda_gate=softplus or kda_gate=lower_bound:B")
+        try:
+            out["kda_gate"] = kda_gate_name(kda_gate_bound(value))
+        except ValueError:
+            raise InputError(f"--variant {item}: expected kda_gate=softplus or kda_gate=lower_bound:B with B in "
+                             "[-5, 0)") from None
+    return out
 
 
 def _merge(args) -> int:

@@ -16,7 +16,8 @@ def register(sub):
     p = sub.add_parser("fixture", help="write a synthetic checkpoint (hub layout) for a preset",
                        description="Write SyntheticSource(PRESET, SEED) as a hub-layout checkpoint "
                                    "(config.json + model.safetensors, or N shards + index).")
-    p.add_argument("preset", help="config preset: tiny, small, medium or kimi-linear-48b")
+    p.add_argument("preset", help="config preset: tiny, tiny-bounded (the bounded KDA gate), small, medium or "
+                   "kimi-linear-48b")
     p.add_argument("out_dir", help="checkpoint directory to create")
     p.add_argument("--seed", type=int, default=0, help="weight seed, 0 <= S < 2**32 (default 0)")
     p.add_argument("--shards", type=int, default=None, metavar="N",

@@ -56,11 +56,14 @@ def parse_impls(values) -> tuple[dict, list]:
     return named, shorthands
 
 
-def select_impls(records, ops_given, named, shorthands, device, dtype, contract):
+def select_impls(records, ops_given, named, shorthands, device, dtype, contract, gate_given=False):
     """(records to run, op -> Candidate, op -> spec) for the ``--impl`` values: each loaded and its
     contract checked (CandidateError -> one line, exit 2; certify probes them before any work).
     Without ``--ops`` the ops given an implementation run; with it, a named op outside it is an error
-    and a shorthand covers the selected ops it has adapters for."""
+    and a shorthand covers the selected ops it has adapters for. An adapter that declares the one
+    KDA gate it computes covers, unless the ops or the gate were chosen (``--ops``, ``--variant
+    kda_gate``; ``gate_given``), only the ops of that gate: asked, it is certified as the other's
+    too, and fails naming its gate."""
     from parity import candidate, ops
     from parity.peers import implementations
 
@@ -70,6 +73,7 @@ def select_impls(records, ops_given, named, shorthands, device, dtype, contract)
             if op not in selected:
                 raise InputError(f"--impl {op}={named[op]}: {op} is not among --ops")
     fns, specs = {}, {}
+    chosen = ops_given or gate_given
     for name in shorthands:
         from parity.peers import missing
 
@@ -77,14 +81,17 @@ def select_impls(records, ops_given, named, shorthands, device, dtype, contract)
         if why is not None:
             raise InputError(why)
         for op, fn in implementations(name, device).items():
-            if (op in selected or not ops_given) and op not in named:
-                fns[op], specs[op] = fn, name
+            if op not in selected or op in named:
+                continue
+            if not chosen and candidate.gate_mismatch(ops.get(op), fn):
+                continue   # not the gate it computes, and nobody asked
+            fns[op], specs[op] = fn, name
     try:
         for op, spec in named.items():
             fns[op], specs[op] = candidate.load(spec), spec
         if named or shorthands:
             if not ops_given:
-                records = [r for r in ops.records() if r.name in fns]
+                records = [r for r in records if r.name in fns]
             if not fns:
                 raise InputError(f"--impl {', '.join(shorthands)}: no implementation of the selected ops on {device}")
         impls = {}

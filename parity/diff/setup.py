@@ -13,7 +13,19 @@ BUILTIN_PROMPT = "The quick brown fox jumps over the lazy dog. "
 VARIANTS = {  # name -> parser of its value (spec §(e): the semantic variants both paths expose)
     "moe_combine": lambda v: _choice("moe_combine", v, ("unbiased", "biased")),
     "kv_norm_eps": lambda v: _positive_float("kv_norm_eps", v),
+    "kda_gate": lambda v: _kda_gate(v),
 }
+
+
+def _kda_gate(value):
+    """``softplus`` or ``lower_bound:<b>`` (b in [-5, 0)), as the models take it."""
+    from reference.checks import kda_gate_bound, kda_gate_name
+
+    try:
+        return kda_gate_name(kda_gate_bound(value))
+    except ValueError:
+        raise InputError(f"--variant kda_gate={value}: expected softplus or lower_bound:<b> with b in "
+                         "[-5, 0)") from None
 
 
 def _choice(name, value, allowed):

@@ -16,7 +16,8 @@ decoder layer's ``self_attn`` output (mixer), ``mlp`` output (ffn) and its own o
 indices. ``.hf_model`` is the transformers model itself, for a user's own hooks.
 
 transformers' KimiLinear combines the experts with unbiased scores and normalizes the MLA latent
-with eps 1e-6 (``KimiLinearRMSNorm``'s default): it runs ``moe_combine=unbiased, kv_norm_eps=1e-6``.
+with eps 1e-6 (``KimiLinearRMSNorm``'s default), and its KDA forget gate is the softplus one (it reads
+no ``gate_lower_bound``): it runs ``moe_combine=unbiased, kv_norm_eps=1e-6, kda_gate=softplus``.
 
 Which KDA and short-conv code runs is chosen by transformers when it imports the model: fla-core's
 and causal-conv1d's kernels when those packages import, else its own PyTorch functions. The
@@ -34,7 +35,7 @@ from ..peers.transformers import chosen
 from .checked import EngineError
 
 MIN_VERSION = 5
-VARIANTS = {"moe_combine": "unbiased", "kv_norm_eps": 1e-6}
+VARIANTS = {"moe_combine": "unbiased", "kv_norm_eps": 1e-6, "kda_gate": "softplus"}
 TORCH_DTYPES = ("bfloat16", "float32")
 # the model's functions transformers may hand to an outside kernel package at import
 KERNEL_FUNCTIONS = ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention", "causal_conv1d_fn",

@@ -4,12 +4,17 @@ is a function with a record's signature that calls the outside API, declaring it
 contract and what it wraps (``parity.candidate.adapter``). Nothing outside is imported until an
 adapter runs; ``reference/`` and ``optimized/`` never import these packages.
 
-- ``fla``: fla-core 0.6.0 (``pip install 'kimi-parity[peers]'``), :mod:`parity.peers.fla`.
+- ``fla``: fla-core 0.6.0 (``pip install 'kimi-parity[peers]'``), :mod:`parity.peers.fla`: both KDA
+  gates (its safe-gate path for the bounded one).
+- ``flashkda``: Moonshot's FlashKDA (built from its source; CUDA, bf16, K = V = 128, the bounded gate
+  only), :mod:`parity.peers.flashkda`.
 """
 from __future__ import annotations
 
-SHORTHANDS = ("fla",)
-PACKAGES = {"fla": ("fla", "fla-core")}  # shorthand -> (module it imports, distribution to install)
+SHORTHANDS = ("fla", "flashkda")
+# shorthand -> (module it imports, how to get it)
+PACKAGES = {"fla": ("fla", "fla-core (pip install 'kimi-parity[peers]')"),
+            "flashkda": ("flash_kda", "FlashKDA (built from its source: docs/certificates.md)")}
 
 
 def missing(name: str) -> str | None:
@@ -18,7 +23,7 @@ def missing(name: str) -> str | None:
 
     module, dist = PACKAGES[name]
     if importlib.util.find_spec(module) is None:
-        return f"--impl {name} needs {dist}, which is not installed (pip install 'kimi-parity[peers]')"
+        return f"--impl {name} needs {dist.split(' (')[0]}, which is not installed ({dist.split(' (', 1)[1]}"
     return None
 
 
@@ -29,4 +34,8 @@ def implementations(name: str, device: str) -> dict:
         from . import fla
 
         return fla.implementations(device)
+    if name == "flashkda":
+        from . import flashkda
+
+        return flashkda.implementations(device)
     raise KeyError(f"unknown implementation {name!r}; known: {', '.join(SHORTHANDS)}")

@@ -6,9 +6,13 @@ On CUDA, fla's Triton kernels: ``fused_kda_gate`` (kda.gate), ``fused_recurrent_
 with the gate, l2norm and beta sigmoid off; kda.fused_recurrent with all three in the kernel),
 ``chunk_kda`` (kda.chunked, kda.fused_chunked; chunk sizes 32 and 64 only: other inputs are
 ``Unsupported``), ``l2norm`` (norm.l2norm) and ``rms_norm_gated`` with a sigmoid gate
-(norm.gated_rms_norm). On the CPU, where fla's kernels do not run (Triton needs a GPU), fla's own
-torch recurrences: ``naive_recurrent_kda`` (kda.recurrent), ``naive_chunk_kda`` (kda.chunked) and
-``naive_kda_gate`` (kda.gate).
+(norm.gated_rms_norm). The bounded gate ``lower_bound * sigmoid(exp(A_log) (g + dt_bias))``:
+``fused_kda_gate(..., lower_bound=)`` (kda.gate+lower_bound), ``fused_recurrent_kda(...,
+lower_bound=)`` (kda.fused_recurrent+lower_bound) and the safe-gate path ``chunk_kda(...,
+use_gate_in_kernel=True, safe_gate=True, lower_bound=)`` (kda.fused_chunked+lower_bound; its M = 16
+tensor-core intra-chunk path). On the CPU, where fla's kernels do not run (Triton needs a GPU), fla's
+own torch recurrences: ``naive_recurrent_kda`` (kda.recurrent), ``naive_chunk_kda`` (kda.chunked),
+``naive_kda_gate`` (kda.gate) and ``naive_kda_lowerbound_gate`` (kda.gate+lower_bound).
 
 Contracts, read in fla-core 0.6.0's source: ``chunk_kda``'s kernels call ``tl.dot`` without an
 ``input_precision`` (wy_fast.py, chunk_intra.py, common/chunk_delta_h.py, common/chunk_o.py), which
@@ -33,8 +37,11 @@ def implementations(device: str) -> dict:
     if device == "cuda":
         return {"kda.gate": gate, "kda.recurrent": recurrent, "kda.chunked": chunked,
                 "kda.fused_recurrent": fused_recurrent, "kda.fused_chunked": fused_chunked,
-                "norm.l2norm": l2norm, "norm.gated_rms_norm": gated_rms_norm}
-    return {"kda.gate": naive_gate, "kda.recurrent": naive_recurrent, "kda.chunked": naive_chunked}
+                "norm.l2norm": l2norm, "norm.gated_rms_norm": gated_rms_norm,
+                "kda.gate+lower_bound": bounded_gate, "kda.fused_recurrent+lower_bound": bounded_fused_recurrent,
+                "kda.fused_chunked+lower_bound": safe_gate_chunked}
+    return {"kda.gate": naive_gate, "kda.recurrent": naive_recurrent, "kda.chunked": naive_chunked,
+            "kda.gate+lower_bound": naive_bounded_gate}
 
 
 def _quiet_import(module: str):
@@ -56,23 +63,28 @@ def _chunk(chunk_size):
 # chunk_kda / fused_recurrent_kda compute one of three records, by their flags:
 #   use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel all False: the core op;
 #   only the l2norm: the core op of l2norm(q), l2norm(k) (parity.ops.kda.variants(): ``+qk_l2norm``);
-#   all three: the fused op (g is then g_raw, beta the beta logits, A_log and dt_bias given).
-_BEYOND = ("allow_neg_eigval", "safe_gate", "lower_bound", "state_v_first", "return_intermediate_states",
-           "cp_context")
-_WHY = "no registered op computes it (beta in (0, 2), a lower-bounded gate, a V-major state, context parallelism)"
+#   all three: the fused op (g is then g_raw, beta the beta logits, A_log and dt_bias given), of the
+#   bounded gate (its ``+lower_bound`` record, b a scalar kwarg) when lower_bound is given. A core call's
+#   safe_gate (the M = 16 path for gates the caller bounded) and lower_bound change no result.
+_BEYOND = ("allow_neg_eigval", "state_v_first", "return_intermediate_states", "cp_context")
+_WHY = "no registered op computes it (beta in (0, 2), a V-major state, context parallelism)"
 
 
 def _kda_op(a: dict, core: str, fused: str) -> str:
     from ..watch.adapters import Mismatch, flag, require_none
 
     require_none(a, _BEYOND, _WHY)
+    flag(a, "safe_gate")
     l2, gate_, sig = (flag(a, n) for n in ("use_qk_l2norm_in_kernel", "use_gate_in_kernel",
                                            "use_beta_sigmoid_in_kernel"))
     if gate_ and sig and l2:
-        for n in ("A_log", "dt_bias"):
+        bounded = a.get("lower_bound") is not None
+        for n in ("dt_bias",) if bounded else ("A_log", "dt_bias"):
             if a.get(n) is None:
                 raise Mismatch(n, "None with use_gate_in_kernel=True: the fused gate needs it")
-        return fused
+        return fused + ("+lower_bound" if bounded else "")
+    if a.get("safe_gate") and a.get("lower_bound") is None and gate_:
+        raise Mismatch("lower_bound", "None with safe_gate=True and use_gate_in_kernel=True")
     if gate_ or sig:
         name = "use_beta_sigmoid_in_kernel" if gate_ and not sig else \
             "use_gate_in_kernel" if sig and not gate_ else "use_qk_l2norm_in_kernel"
@@ -96,6 +108,14 @@ def _kda_mapping(a: dict, op: str, contract: str, **scalars):
     names = ("o", "final_state") if a.get("output_final_state") else ("o",)
     note = {True: "q/k l2norm, gate and beta sigmoid fused in the kernel"}.get(fused) or \
         ("q/k l2norm fused in the kernel" if op.endswith("+qk_l2norm") else "")
+    if op.endswith("+lower_bound"):
+        scalars["lower_bound"] = float(a["lower_bound"])
+        note += f"; the bounded gate, lower_bound {a['lower_bound']}" + ("" if a.get("A_log") is not None else
+                                                                         ", no A_log")
+        if a.get("safe_gate"):
+            note += " (safe_gate)"
+    elif a.get("safe_gate"):
+        note += ("; " if note else "") + "safe_gate (the gates given, bounded by the caller)"
     return Mapping(op, inputs, {"scale": a.get("scale"), **scalars}, returned(*names), contract, note)
 
 
@@ -156,6 +176,32 @@ def fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, in
         q, k, v, g_raw, beta_logits, scale=scale, initial_state=initial_state, output_final_state=True,
         use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
         A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu_seqlens, chunk_size=_chunk(chunk_size))
+
+
+# -- CUDA: the bounded gate (fla's safe-gate path). Called without lower_bound (a mutant that drops it),
+# the same kernels compute the softplus gate.
+@adapter(contract="ieee", wraps="fla.ops.kda.gate:fused_kda_gate")
+def bounded_gate(g_raw, A_log, dt_bias, *, lower_bound=None):
+    return _quiet_import("fla.ops.kda.gate").fused_kda_gate(g_raw, A_log, dt_bias, lower_bound=lower_bound)
+
+
+@adapter(contract="ieee", wraps="fla.ops.kda:fused_recurrent_kda", reverse=fused_recurrent_kda_reverse)
+def bounded_fused_recurrent(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, initial_state=None,
+                            cu_seqlens=None, lower_bound=None):
+    return _quiet_import("fla.ops.kda").fused_recurrent_kda(
+        q, k, v, g_raw, beta_logits, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=initial_state,
+        output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+        use_beta_sigmoid_in_kernel=True, lower_bound=lower_bound, cu_seqlens=cu_seqlens)
+
+
+@adapter(contract="tf32", wraps="fla.ops.kda:chunk_kda", reverse=chunk_kda_reverse)
+def safe_gate_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, initial_state=None,
+                      cu_seqlens=None, chunk_size=64, lower_bound=None):
+    return _quiet_import("fla.ops.kda").chunk_kda(
+        q, k, v, g_raw, beta_logits, scale=scale, initial_state=initial_state, output_final_state=True,
+        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+        A_log=A_log, dt_bias=dt_bias, safe_gate=lower_bound is not None, lower_bound=lower_bound,
+        cu_seqlens=cu_seqlens, chunk_size=_chunk(chunk_size))
 
 
 @adapter(contract="ieee", wraps="fla.modules.norm.l2norm:l2norm")
@@ -221,3 +267,11 @@ def naive_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlen
 @adapter(contract="ieee", wraps="fla.ops.kda.gate:naive_kda_gate")
 def naive_gate(g_raw, A_log, dt_bias):
     return _quiet_import("fla.ops.kda.gate").naive_kda_gate(g_raw, A_log, dt_bias)
+
+
+@adapter(contract="ieee", wraps="fla.ops.kda.gate:naive_kda_lowerbound_gate")
+def naive_bounded_gate(g_raw, A_log, dt_bias, *, lower_bound=None):
+    gate = _quiet_import("fla.ops.kda.gate")
+    if lower_bound is None:   # the softplus gate (a mutant's call): fla's naive softplus gate
+        return gate.naive_kda_gate(g_raw, A_log, dt_bias)
+    return gate.naive_kda_lowerbound_gate(g_raw, A_log, dt_bias, lower_bound=lower_bound)

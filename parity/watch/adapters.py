@@ -101,15 +101,16 @@ def _ours(spec: str):
     from parity import ops
 
     op = OURS.get(spec)
-    if op is None:
-        for rec in ops.records():
-            if str(rec.optimized) == spec and spec.startswith("optimized."):
-                op = rec.name
+    if op is None:   # the first record of the function: a gated KDA op's softplus one
+        op = next((r.name for r in ops.records() if str(r.optimized) == spec and spec.startswith("optimized.")), None)
     if op is None:
         return None
-    rec = ops.get(op)
+    known = set(ops.names())
 
     def reverse(arguments: dict) -> Mapping:
+        # a call with lower_bound is the bounded KDA gate's record of the op
+        name = op + "+lower_bound" if arguments.get("lower_bound") is not None and op + "+lower_bound" in known else op
+        rec = ops.get(name)
         names = set(rec.args) | set(rec.kwarg_arrays)
         inputs = {n: arguments.get(n) for n in (*rec.args, *rec.kwarg_arrays)}
         scalars = {k: v for k, v in arguments.items() if k not in names and k in _scalar_names(rec)}
@@ -120,7 +121,7 @@ def _ours(spec: str):
             out.update({n: args[n] for n in rec.outputs if n not in produced})
             return out
 
-        return Mapping(op, inputs, scalars, outputs, "ieee", "this repository's op, by its own names")
+        return Mapping(name, inputs, scalars, outputs, "ieee", "this repository's op, by its own names")
 
     return reverse
 

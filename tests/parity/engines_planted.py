@@ -15,6 +15,8 @@
   ``decode_batch``, so a corpus decodes it in batches.
 * ``bf16_state``: our optimized model holding its KDA recurrent state in bf16 between calls (a
   shipped precision option below bf16 rounding of the state): a correct engine, clean.
+* ``softplus_on_bounded``: the float64 NumPy model with the softplus KDA gate, whatever gate the
+  checkpoint's config names (Kimi-Linear-48B's path run on a Kimi-K3 / GLM-5.3 checkpoint).
 * ``raises``, ``wrong_vocab``, ``two_rows``, ``half_traced``, ``not_an_engine``,
   ``one_row_batches``: engines that break the protocol.
 * engines that cannot run, each failing in one phase as a real engine does: ``prefill_raises``
@@ -47,6 +49,12 @@ def fb_doubled(checkpoint, *, dtype, device):
     import reference
 
     return reference.load(fb_doubled_source(_source(checkpoint)))
+
+
+def softplus_on_bounded(checkpoint, *, dtype, device):
+    import reference
+
+    return reference.load(_source(checkpoint), kda_gate="softplus")
 
 
 TRIGGER = 90  # byte 'W' + 3: a token id the bundled checkpoint's byte-level prompts may hold

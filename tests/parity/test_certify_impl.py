@@ -199,15 +199,21 @@ def test_bad_implementations_are_one_line_errors_exit_2(args, needle, capsys, pa
 @pytest.mark.parity_interpreter  # fla-core's CPU path: as on a machine without a GPU
 def test_fla_cores_torch_recurrences_are_certified_on_the_cpu(parity_device):
     """``--impl fla`` on the CPU: fla-core's own torch recurrences (its Triton kernels need a GPU),
-    named with their package and version and the adapter that fits them."""
+    named with their package and version and the adapter that fits them. Its bounded gate
+    (naive_kda_lowerbound_gate) is within its bound but not batch invariant: torch's CPU sigmoid
+    takes another code path for the tail of a vectorized loop, which moves with the batch (1 ulp)."""
     pytest.importorskip("fla", reason="fla-core is not installed (pip install 'kimi-parity[peers]')")
     from parity.peers import implementations
 
     impls = implementations("fla", parity_device)
-    assert set(impls) == {"kda.gate", "kda.recurrent", "kda.chunked"}
+    assert set(impls) == {"kda.gate", "kda.recurrent", "kda.chunked", "kda.gate+lower_bound"}
     for op, fn in impls.items():
         cert = _certify(fn, dtypes=("float32", "bfloat16"), examples=1, record=ops.get(op), device=parity_device)
-        assert cert.certified, (op, cert.reasons())
+        if op == "kda.gate+lower_bound":
+            assert all(r.contract_verdict()["holds"] for r in cert.runs.values()), cert.contract_summary()
+            assert cert.reasons() and all("bytes: batch of 1 of 2 differs in ['g']" in w for w in cert.reasons())
+        else:
+            assert cert.certified, (op, cert.reasons())
         impl = cert.implementation
         assert (impl["package"], impl["version"]) == ("fla-core", "0.6.0") and impl["git"]["revision"] is None
         assert impl["adapter"]["module"] == "parity.peers.fla"
@@ -219,8 +225,12 @@ def test_fla_adapters_declare_what_fla_cores_source_does():
     cuda = fla.implementations("cuda")
     assert {op: fn.parity_contract for op, fn in cuda.items()} == {
         "kda.gate": "ieee", "kda.recurrent": "ieee", "kda.chunked": "tf32", "kda.fused_recurrent": "ieee",
-        "kda.fused_chunked": "tf32", "norm.l2norm": "ieee", "norm.gated_rms_norm": "ieee"}
+        "kda.fused_chunked": "tf32", "norm.l2norm": "ieee", "norm.gated_rms_norm": "ieee",
+        "kda.gate+lower_bound": "ieee", "kda.fused_recurrent+lower_bound": "ieee",
+        "kda.fused_chunked+lower_bound": "tf32"}
     assert all(fn.parity_wraps.startswith("fla.") for fn in cuda.values())
+    # fla's kernels compute either gate: none declares one (the safe-gate path is chunk_kda's)
+    assert all(getattr(fn, "parity_gate", None) is None for fn in cuda.values())
 
 
 @pytest.mark.parity_gpu
@@ -239,6 +249,22 @@ def test_fla_cores_triton_kernels_on_a_gpu(parity_device):
                           device=parity_device)
         assert not gate.certified and gate.runs["float32"].worst_ratio > 100, gate.reasons()
         assert "fails ieee at float32" in gate.contract_summary()
+
+
+@pytest.mark.parity_gpu
+def test_fla_cores_bounded_gate_and_safe_gate_path_on_a_gpu(parity_device):
+    """fla-core's bounded gate kernels under the bounded gate's bound: fused_kda_gate and
+    fused_recurrent_kda with lower_bound, and chunk_kda's safe-gate path (bf16: its float32 chunk-32
+    fault is the softplus test's)."""
+    from parity.peers import implementations
+
+    fns = implementations("fla", parity_device)
+    with cpu_threads(parity_device):
+        for op, dtypes in (("kda.gate+lower_bound", ("float32", "bfloat16")),
+                           ("kda.fused_recurrent+lower_bound", ("float32", "bfloat16")),
+                           ("kda.fused_chunked+lower_bound", ("bfloat16",))):
+            cert = certify_op(ops.get(op), candidate=fns[op], dtypes=dtypes, examples=6, device=parity_device)
+            assert cert.certified, (op, cert.contract_summary(), cert.reasons())
 
 
 @pytest.mark.parity_gpu

@@ -60,7 +60,7 @@ def test_the_default_run_on_the_bundled_checkpoint_is_benign_and_its_report_vali
     info = report["environment"]["backend_info"]
     assert report["prompt"]["text"] and info["triton_interpreter"] == (not torch.cuda.is_available())
     assert info["faithful_bf16_dot"] == info["triton_interpreter"]
-    assert report["variants"]["reference"] == {"moe_combine": "unbiased", "kv_norm_eps": 1e-6}
+    assert report["variants"]["reference"] == {"moe_combine": "unbiased", "kv_norm_eps": 1e-6, "kda_gate": "softplus"}
     image = matplotlib.image.imread(png)
     assert image.ndim == 3 and image.shape[0] > 400 and image.shape[1] > 600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]  # no temporaries left

@@ -32,7 +32,7 @@ def test_a_recorded_golden_has_the_format_header_and_per_step_digests(recorded):
     g = golden.load(recorded)
     assert (g["format"], g["version"], g["dtype"], g["top_k"]) == ("kimi-parity/golden", 1, "float32", 16)
     assert g["checkpoint"] == {"kind": "bundled", "describe": "the bundled default checkpoint (fixtures/default)"}
-    assert g["variants"] == {"moe_combine": "unbiased", "kv_norm_eps": 1e-6} and g["weights_sha256"]
+    assert g["variants"] == {"moe_combine": "unbiased", "kv_norm_eps": 1e-6, "kda_gate": "softplus"} and g["weights_sha256"]
     for s in g["steps"]:
         assert s["token"] == s["top_ids"][0] and len(s["logits_sha256"]) == 64
         assert s["top_values"] == sorted(s["top_values"], reverse=True) and s["bound"] > 0

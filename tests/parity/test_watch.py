@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -95,10 +96,14 @@ def test_a_planted_state_layout_bug_names_the_first_bad_call_and_state_stored_tr
         and "nearest known bug: state_stored_transposed" in top
 
 
-def test_our_optimized_model_watched_at_its_kda_op_entry_points_is_judged_clean(tmp_path):
+@pytest.mark.parametrize("bounded", [False, True])
+def test_our_optimized_model_watched_at_its_kda_op_entry_points_is_judged_clean(tmp_path, bounded):
+    """Also on the bounded-gate fixture (fixtures/bounded): its calls pass lower_bound and are judged
+    as the ``+lower_bound`` records."""
     import optimized
 
-    model = optimized.load(default_checkpoint_path(), dtype="bfloat16", cuda_graphs=False,
+    ckpt = Path(default_checkpoint_path()).parent / "bounded" if bounded else default_checkpoint_path()
+    model = optimized.load(ckpt, dtype="bfloat16", cuda_graphs=False,
                            backends={f: "reference" for f in ("embed", "norm", "conv", "mla", "moe")})
     path = tmp_path / "calls.safetensors"
     targets = {"kda.fused_chunked": "optimized.kda:fused_chunked",
@@ -111,10 +116,13 @@ def test_our_optimized_model_watched_at_its_kda_op_entry_points_is_judged_clean(
     assert torch.equal(plain, logits)
     v = judge.judge_file(path)
     assert v.certified, [c.summary for c in v.calls]
-    assert [(c.entry["op"], c.entry["step"]) for c in v.calls] == [("kda.fused_chunked", 0)] * 3 + \
-        [("kda.fused_recurrent_decode", 1)] * 3
-    assert {c.op: c.mutants_killed() for c in v.certs} == {"kda.fused_chunked": (6, 6),
-                                                         "kda.fused_recurrent_decode": (5, 5)}
+    gate = "+lower_bound" if bounded else ""
+    assert [(c.entry["op"], c.entry["step"]) for c in v.calls] == [("kda.fused_chunked" + gate, 0)] * 3 + \
+        [("kda.fused_recurrent_decode" + gate, 1)] * 3
+    killed = {"kda.fused_chunked": (6, 6), "kda.fused_recurrent_decode": (5, 5)}
+    if bounded:   # the gate's three mutants too (the decode step's one that dirty memory shows is not judged here)
+        killed = {"kda.fused_chunked+lower_bound": (9, 9), "kda.fused_recurrent_decode+lower_bound": (8, 8)}
+    assert {c.op: c.mutants_killed() for c in v.certs} == killed
 
 
 def test_the_budget_keeps_the_first_and_the_largest_calls_and_samples_the_rest():

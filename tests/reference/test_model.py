@@ -138,7 +138,8 @@ def test_moe_combine_changes_only_the_moe_outputs(tiny):
     t_u, t_b = {}, {}
     unbiased = tiny.forward(ids, trace=t_u)
     biased = reference.load(tiny.source, moe_combine="biased").forward(ids, trace=t_b)
-    assert reference.load(tiny.source, moe_combine="biased").variants == {"moe_combine": "biased", "kv_norm_eps": 1e-6}
+    assert reference.load(tiny.source, moe_combine="biased").variants == {"moe_combine": "biased", "kv_norm_eps": 1e-6,
+                                                                        "kda_gate": "softplus"}
     assert rel(biased, unbiased) > 1e-3
     np.testing.assert_array_equal(t_b["layers.0.hidden"], t_u["layers.0.hidden"])  # dense layer 0
     np.testing.assert_array_equal(t_b["layers.1.mixer"], t_u["layers.1.mixer"])

@@ -1,6 +1,14 @@
 """Records: kda.gate, kda.recurrent, kda.chunked, kda.fused_recurrent, kda.fused_chunked and
 kda.fused_recurrent_decode (one token per sequence, states updated in place in a pool by slot id:
-parity/ops/_slots.py); and the ``+qk_l2norm`` variants (:func:`variants`).
+parity/ops/_slots.py); the bounded gate's records of the four ops that compute the gate,
+``kda.gate+lower_bound`` and the other three with the same suffix (:data:`BOUNDED`); and the
+``+qk_l2norm`` variants (:func:`variants`).
+
+The bounded gate (``lower_bound`` b in [-5, 0): ``g = b sigmoid(exp(A_log) (g_raw + dt_bias))``)
+is the same optimized op called with ``lower_bound=b``: its records draw that keyword (and A_log
+absent on some inputs), judge it by the bounded gate's bound and hold it to the bounded gate's
+mutants (the softplus gate run on a bounded-gate layer, the softplus clamped at b, a wrong b).
+``GATES`` names each gated op's record per gate (``parity certify --variant kda_gate=...``).
 """
 from __future__ import annotations
 
@@ -18,19 +26,23 @@ from .inputs import core_cases, decode_cases, gate_cases, raw_qk_cases, wide_cor
 
 
 # -- the decode step: the optimized op updates the pool in place; the record compares it whole ----
-def decode_step(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, scale=None):
+def decode_step(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, scale=None,
+                lower_bound=None):
     """optimized.kda.fused_recurrent_decode, returning (o, the pool it updated in place)."""
     from optimized.kda import fused_recurrent_decode  # here: importing optimized picks the Triton backend
 
-    o = fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, scale=scale)
+    kw = {} if lower_bound is None else {"lower_bound": lower_bound}
+    o = fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, scale=scale, **kw)
     return o, state_pool
 
 
-def decode_step_reference(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, scale=None):
+def decode_step_reference(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, scale=None,
+                          lower_bound=None):
     """reference.kda.fused_recurrent, one token per named slot."""
     def step(b, s):
         one = [t[b, ...][None, None, ...] for t in (q, k, v, g_raw, beta_logits)]
-        o, st_ = ref.fused_recurrent(*one, A_log, dt_bias, initial_state=s[None, ...], scale=scale)
+        o, st_ = ref.fused_recurrent(*one, A_log, dt_bias, initial_state=s[None, ...], scale=scale,
+                                     lower_bound=lower_bound)
         return o[0, 0, ...], st_[0, ...]
 
     return _slots.per_row(step, v, state_pool, slot_ids)
@@ -47,7 +59,7 @@ GATE = OpRecord(
     args=("g_raw", "A_log", "dt_bias"), policy=POLICY, reductions="none",
     batch={"inputs": {"g_raw": 0}, "outputs": {"g": 0}},
     bound_doc="exp(A) (sigmoid(z) ua |z| + softplus err) + ((3 + |A_log|) ua + uo) |g|, z = g_raw + dt_bias",
-    mutants=mutants.GATE)
+    mutants=mutants.GATE, gate="softplus")
 
 _CORE_DOC = ("per value column: E_t^2 = rho_t^2 E_{t-1}^2 + lam_t^2, rho = max exp(g) max(1, |1 - beta|k|^2|); "
              "o: scale (|q| LAMBDA E_t + gamma_K(ua) |q|.|S_t|) + (ua + uo)|o|")
@@ -63,7 +75,8 @@ def _over_sequences(name: str, *, reductions: str, bound_doc: str) -> OpRecord:
         emulated=getattr(emulate, name), inputs=lambda: core_cases(chunked=chunked, fused=fused),
         wide=lambda space: wide_core_cases(space, chunked=chunked, fused=fused), bound=getattr(bounds, name),
         outputs=("o", "final_state"), args=FUSED if fused else CORE, kwarg_arrays=KWARG_ARRAYS, policy=POLICY,
-        batch=BATCH, reductions=reductions, bound_doc=bound_doc, mutants=getattr(mutants, name.upper()))
+        batch=BATCH, reductions=reductions, bound_doc=bound_doc, mutants=getattr(mutants, name.upper()),
+        gate="softplus" if fused else None)
 
 
 RECURRENT = _over_sequences("recurrent", reductions="K, T", bound_doc=_CORE_DOC + "; state in ua (fp32 registers)")
@@ -90,11 +103,70 @@ FUSED_RECURRENT_DECODE = OpRecord(
     in_place=True, reductions="K", dirty=_slots.dirty,
     batch={"inputs": {n: 0 for n in ("q", "k", "v", "g_raw", "beta_logits", "slot_ids")}, "outputs": {"o": 0}},
     bound_doc="kda.fused_recurrent's model (T = 1) on the named slots; untouched pool rows and padding outputs exact",
-    mutants=mutants.FUSED_RECURRENT_DECODE)
+    mutants=mutants.FUSED_RECURRENT_DECODE, gate="softplus")
+
+
+# -- the bounded gate: the same ops, called with lower_bound -----------------------------------------
+BOUNDED_SUFFIX = "+lower_bound"
+_BOUNDED_GATE_DOC = ("((1 - s)(|dy| + exp_rel(y) ua) + 5 ua + uo) |g| + 2 |b| tiny, g = b s, s = sigmoid(y), "
+                     "y = exp(A_log) (g_raw + dt_bias), |dy| = ua |y| (4 + |A_log|); tiny: float32's smallest normal")
+
+
+def _bounded(rec: OpRecord, inputs, mutants, wide=None, bound_doc=None) -> OpRecord:
+    """``rec``'s op under the bounded gate: the same reference, optimized op (counted under its own
+    name), emulation and bound (both read ``lower_bound`` from the kwargs), other inputs and mutants."""
+    doc = bound_doc or f"{rec.bound_doc}; the gate's error: kda.gate+lower_bound's model"
+    return dataclasses.replace(
+        rec, name=rec.name + BOUNDED_SUFFIX, counter=rec.counter_name, inputs=inputs, wide=wide,
+        mutants=mutants, bound_doc=doc, gate="lower_bound")
+
+
+GATE_BOUNDED = _bounded(GATE, lambda: gate_cases(bounded=True), mutants.GATE_BOUNDED, bound_doc=_BOUNDED_GATE_DOC)
+FUSED_RECURRENT_BOUNDED = _bounded(
+    FUSED_RECURRENT, lambda: core_cases(fused=True, bounded=True), mutants.FUSED_RECURRENT_BOUNDED,
+    lambda space: wide_core_cases(space, fused=True, bounded=True))
+FUSED_CHUNKED_BOUNDED = _bounded(
+    FUSED_CHUNKED, lambda: core_cases(chunked=True, fused=True, bounded=True), mutants.FUSED_CHUNKED_BOUNDED,
+    lambda space: wide_core_cases(space, chunked=True, fused=True, bounded=True))
+FUSED_RECURRENT_DECODE_BOUNDED = _bounded(
+    FUSED_RECURRENT_DECODE, lambda: decode_cases(bounded=True), mutants.FUSED_RECURRENT_DECODE_BOUNDED)
+BOUNDED = (GATE_BOUNDED, FUSED_RECURRENT_BOUNDED, FUSED_CHUNKED_BOUNDED, FUSED_RECURRENT_DECODE_BOUNDED)
+# a gated op's record per gate: "softplus" (Kimi-Linear-48B) and "lower_bound" (the bounded gate)
+GATES = {r.name: {"softplus": r.name, "lower_bound": b.name}
+         for r, b in zip((GATE, FUSED_RECURRENT, FUSED_CHUNKED, FUSED_RECURRENT_DECODE), BOUNDED)}
 
 
 def records() -> list[OpRecord]:
-    return [GATE, RECURRENT, CHUNKED, FUSED_RECURRENT, FUSED_CHUNKED, FUSED_RECURRENT_DECODE]
+    return [GATE, RECURRENT, CHUNKED, FUSED_RECURRENT, FUSED_CHUNKED, FUSED_RECURRENT_DECODE, *BOUNDED]
+
+
+def under_gate(recs: list, lower_bound) -> list:
+    """``recs`` with every op that computes the KDA gate (of either gate) replaced by its record of
+    the gate ``lower_bound`` (None: the softplus gate; a number b: the bounded gate, every input
+    drawn with that b), in order, each once; other records unchanged (``parity certify --variant
+    kda_gate=...``)."""
+    by_name = {r.name: r for r in records()}
+    family = {name: base for base, gates in GATES.items() for name in gates.values()}
+    out = []
+    for r in recs:
+        if r.name in family:
+            r = by_name[GATES[family[r.name]]["softplus" if lower_bound is None else "lower_bound"]]
+            if lower_bound is not None:
+                r = _pinned(r, float(lower_bound))
+        if r.name not in {o.name for o in out}:
+            out.append(r)
+    return out
+
+
+def _pinned(rec: OpRecord, b: float) -> OpRecord:
+    """The bounded gate's ``rec`` with every input drawn at ``lower_bound = b``."""
+    def pin(case):
+        old = case.kwargs.get("lower_bound")
+        label = case.label.replace(f"lb{old:g}", f"lb{b:g}") if old is not None else case.label
+        return dataclasses.replace(case, kwargs={**case.kwargs, "lower_bound": b}, label=label)
+
+    wide = None if rec.wide is None else (lambda space: rec.wide(space).map(pin))
+    return dataclasses.replace(rec, inputs=lambda: rec.inputs().map(pin), wide=wide)
 
 
 # -- the core ops with only the q/k l2norm fused in the call ------------------------------------------

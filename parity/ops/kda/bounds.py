@@ -25,7 +25,7 @@ import dataclasses
 
 import numpy as np
 
-from parity.bounds.core import LAMBDA, exp_rel, gamma, sig
+from parity.bounds.core import LAMBDA, exp_rel, gamma, sig, underflow
 from parity.ops import _slots
 from parity.ops.norm.bounds import rms_rel
 from reference.executor import device_of, namespace
@@ -35,8 +35,12 @@ from .args import segments
 
 def gate(x, kw, ref, p):
     """g = -exp(A_log) softplus(z), z = g_raw + dt_bias: the add (ua |z|) reaches softplus through
-    its slope sigmoid(z); softplus itself (see parity.ops.elementwise.bounds.softplus); exp(A_log) and the product."""
+    its slope sigmoid(z); softplus itself (see parity.ops.elementwise.bounds.softplus); exp(A_log) and
+    the product. With ``lower_bound``: the bounded gate's model, :func:`bounded_gate_err`."""
     g_raw, A_log, dt = x["g_raw"], x["A_log"], x["dt_bias"]
+    b = kw.get("lower_bound")
+    if b is not None:
+        return {"g": bounded_gate_err(g_raw, A_log, dt, b, p, p.uo("g"))}
     return {"g": _gate_err(g_raw, A_log, dt, ref["g"], p, p.uo("g"))}
 
 
@@ -48,6 +52,41 @@ def _gate_err(g_raw, A_log, dt, g, p, uo):
     sp = np.maximum(z, 0) + np.log1p(zz)
     dsp = sig(z) * p.ua * np.abs(z) + p.ua * (exp_rel(z) * zz / (1 + zz) + 4 * sp)
     return e * dsp + (p.ua * (exp_rel(A_log)[:, None] + 1.0) + uo) * np.abs(g)
+
+
+def bounded_gate(g_raw, A_log, dt, b):
+    """``(g, s, y)`` of the bounded gate in float64: ``y = exp(A_log) (g_raw + dt_bias)`` (no factor
+    without A_log), ``s = sigmoid(y)``, ``g = b s``."""
+    HV, K = g_raw.shape[2:]
+    y = g_raw + dt.reshape(HV, K)
+    if A_log is not None:
+        y = np.exp(np.reshape(A_log, (HV,)))[:, None] * y
+    s = sig(y)
+    return b * s, s, y
+
+
+def bounded_gate_err(g_raw, A_log, dt, b, p, uo):
+    """Bound of ``g = b sigmoid(y)``, ``y = exp(A_log) (g_raw + dt_bias)`` (docs/error-bounds.md,
+    "The bounded gate"), per element:
+
+    - ``y`` errs by ``|dy| <= ua |y| (1 + [A] (exp_rel(A_log) + 1))``: the add's rounding carried by
+      the factor, exp(A_log)'s own error and the product (only the add without A_log);
+    - sigmoid's slope is ``s (1 - s)``, so that error moves ``s`` by ``(1 - s) |dy|`` relative to ``s``:
+      damped where the gate saturates at the bound (s -> 1), the exponential's conditioning |y| where
+      s -> 0. Its evaluation, ``1 / (1 + z)`` or ``z / (1 + z)`` with ``z = exp(-|y|)`` (or ``1 / (1 +
+      exp(-y))``), carries exp's relative error ``exp_rel(y) ua`` damped the same way, ``z / (1 + z) =
+      1 - s`` for ``y >= 0`` and ``1 / (1 + z) = 1 - s`` otherwise, plus three roundings (add,
+      divide, multiply);
+    - the product with ``b`` and ``b``'s own rounding to the arithmetic dtype: ``2 ua``; the store ``uo``;
+    - where sigmoid underflows (``s`` below the arithmetic dtype's smallest normal, ``tiny``: y below
+      about -87 in float32) a kernel returns 0 or a subnormal (flushed on a GPU): relative error means
+      nothing there, so the bound is absolute, ``2 |b| tiny``, everywhere (it is below float32's
+      resolution of any gate that does not underflow)."""
+    g, s, y = bounded_gate(g_raw, A_log, dt, b)
+    ea = 0.0 if A_log is None else exp_rel(np.reshape(A_log, (-1,)))[:, None] + 1.0
+    dy = p.ua * np.abs(y) * (1.0 + ea)
+    rel = (1.0 - s) * (dy + p.ua * exp_rel(y)) + 5.0 * p.ua + uo
+    return rel * np.abs(g) + 2.0 * abs(b) * underflow(p.dtype)
 
 
 def _norm(a, axis):
@@ -253,9 +292,14 @@ def fused(x, kw, ref, p, *, chunk=None, stored=False):
     dq = relqk * np.linalg.norm(q, axis=-1)
     dk = relqk * np.linalg.norm(k, axis=-1)
     HV, Kk = x["g_raw"].shape[2:]
-    z = x["g_raw"] + x["dt_bias"].reshape(HV, Kk)
-    g = -np.exp(x["A_log"])[:, None] * (np.maximum(z, 0) + np.log1p(np.exp(-np.abs(z))))
-    dg = _gate_err(x["g_raw"], x["A_log"], x["dt_bias"], g, p, p.ua)
+    b = kw.get("lower_bound")
+    if b is None:
+        z = x["g_raw"] + x["dt_bias"].reshape(HV, Kk)
+        g = -np.exp(x["A_log"])[:, None] * (np.maximum(z, 0) + np.log1p(np.exp(-np.abs(z))))
+        dg = _gate_err(x["g_raw"], x["A_log"], x["dt_bias"], g, p, p.ua)
+    else:   # the bounded gate: its error (absolute where it underflows) perturbs g like the softplus gate's
+        g = bounded_gate(x["g_raw"], x["A_log"], x["dt_bias"], b)[0]
+        dg = bounded_gate_err(x["g_raw"], x["A_log"], x["dt_bias"], b, p, p.ua)
     bl = x["beta_logits"]
     beta = sig(bl)
     db = p.ua * (exp_rel(bl) + 3.0) * beta

@@ -5,7 +5,9 @@ state pool, and the core ops with only the q/k l2norm fused (the ``+qk_l2norm`` 
 Mutations (the internal mutants): ``output_before_update`` (o reads the state before the step's
 update), ``chunk_boundary_off_by_one`` (the carried state decays by the prefix sum one row short of
 the chunk's last row), ``l2norm_skipped``, ``beta_sigmoid_skipped``, ``gate_sign_flipped`` (fused:
-the gate's sign lost inside the kernel).
+the gate's sign lost inside the kernel), ``clamped_softplus`` (the bounded gate as ``max(b,
+-exp(A_log) softplus(g_raw + dt_bias))``, a port's mistake: the softplus gate clamped at the bound
+instead of ``b sigmoid(...)``).
 """
 from __future__ import annotations
 
@@ -17,15 +19,23 @@ from parity.ops.norm.emulate import l2norm
 from .args import segments
 
 
-def gate(g_raw, A_log, dt_bias, *, mutation=None):
-    check_mutation("gate", mutation, ("A_log_not_exponentiated",))
+def gate(g_raw, A_log, dt_bias, *, lower_bound=None, mutation=None):
+    check_mutation("gate", mutation, ("A_log_not_exponentiated", "clamped_softplus"))
     cd = cdt(g_raw.dtype)
     HV, K = g_raw.shape[2:]
     z = g_raw.to(cd) + dt_bias.to(cd).reshape(HV, K)
+    if A_log is None:
+        a = torch.ones(HV, dtype=cd, device=z.device)
+    else:
+        a = A_log.to(cd) if mutation == "A_log_not_exponentiated" else torch.exp(A_log.to(cd))
+    if lower_bound is not None and mutation != "clamped_softplus":
+        return (lower_bound * torch.sigmoid(a[:, None] * z)).to(cd)
     sp = torch.clamp(z, min=0) + torch.log1p(torch.exp(-z.abs()))
     sp = torch.where(z > 20.0, z, sp)
-    a = A_log.to(cd) if mutation == "A_log_not_exponentiated" else torch.exp(A_log.to(cd))
-    return (-a[:, None] * sp).to(cdt(g_raw.dtype))
+    g = -a[:, None] * sp
+    if mutation == "clamped_softplus" and lower_bound is not None:
+        g = torch.clamp(g, min=lower_bound)
+    return g.to(cd)
 
 
 def _setup(q, k, v, g, beta, scale, initial_state, cu_seqlens):
@@ -117,7 +127,7 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None
     return o.to(v.dtype), S.to(cdt(v.dtype))
 
 
-_FUSED = ("l2norm_skipped", "beta_sigmoid_skipped", "gate_sign_flipped")
+_FUSED = ("l2norm_skipped", "beta_sigmoid_skipped", "gate_sign_flipped", "clamped_softplus")
 
 
 def _normed_qk(q, k, mutation):
@@ -128,10 +138,11 @@ def _normed_qk(q, k, mutation):
     return l2norm(q.to(cd)), l2norm(k.to(cd))
 
 
-def _prologue(q, k, g_raw, beta_logits, A_log, dt_bias, mutation):
+def _prologue(q, k, g_raw, beta_logits, A_log, dt_bias, mutation, lower_bound=None):
     cd = cdt(q.dtype)
     qn, kn = _normed_qk(q, k, mutation)
-    g = gate(g_raw.to(cd), A_log, dt_bias).to(cd)
+    g = gate(g_raw.to(cd), A_log, dt_bias, lower_bound=lower_bound,
+             mutation="clamped_softplus" if mutation == "clamped_softplus" else None).to(cd)
     if mutation == "gate_sign_flipped":
         g = -g
     beta = beta_logits.to(cd) if mutation == "beta_sigmoid_skipped" else torch.sigmoid(beta_logits.to(cd))
@@ -139,25 +150,25 @@ def _prologue(q, k, g_raw, beta_logits, A_log, dt_bias, mutation):
 
 
 def fused_recurrent(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, initial_state=None,
-                    cu_seqlens=None, mutation=None):
+                    cu_seqlens=None, lower_bound=None, mutation=None):
     check_mutation("fused_recurrent", mutation, _FUSED)
-    qn, kn, g, beta = _prologue(q, k, g_raw, beta_logits, A_log, dt_bias, mutation)
+    qn, kn, g, beta = _prologue(q, k, g_raw, beta_logits, A_log, dt_bias, mutation, lower_bound)
     o, S = recurrent(qn, kn, v.to(qn.dtype), g, beta, scale=scale, initial_state=initial_state,
                      cu_seqlens=cu_seqlens)
     return o.to(v.dtype), S.to(cdt(v.dtype))
 
 
 def fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, initial_state=None,
-                  cu_seqlens=None, chunk_size=64, mutation=None):
+                  cu_seqlens=None, chunk_size=64, lower_bound=None, mutation=None):
     check_mutation("fused_chunked", mutation, _FUSED)
-    qn, kn, g, beta = _prologue(q, k, g_raw, beta_logits, A_log, dt_bias, mutation)
+    qn, kn, g, beta = _prologue(q, k, g_raw, beta_logits, A_log, dt_bias, mutation, lower_bound)
     o, S = chunked(qn, kn, v.to(qn.dtype), g, beta, scale=scale, initial_state=initial_state,
                    cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     return o.to(v.dtype), S.to(cdt(v.dtype))
 
 
 def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, scale=None,
-                           mutation=None):
+                           lower_bound=None, mutation=None):
     """:func:`fused_recurrent` (T = 1) on each sequence's pool row ``slot_ids[b]``, written back in
     place; a padding row (slot -1) outputs zeros. Returns ``(o, state_pool)``."""
     o = torch.zeros_like(v)
@@ -166,7 +177,8 @@ def fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_po
             continue
         ob, sb = fused_recurrent(q[b][None, None], k[b][None, None], v[b][None, None],
                                  g_raw[b][None, None], beta_logits[b][None, None], A_log, dt_bias,
-                                 initial_state=state_pool[s][None], scale=scale, mutation=mutation)
+                                 initial_state=state_pool[s][None], scale=scale, lower_bound=lower_bound,
+                                 mutation=mutation)
         o[b] = ob[0, 0]
         state_pool[s] = sb[0].to(state_pool.dtype)
     return o, state_pool

@@ -33,7 +33,8 @@ def _beta_logits_inf(d):
 
 
 def _A_plus_one(d):
-    d["A_log"] = d["A_log"] + 1
+    if d["A_log"] is not None:   # the bounded gate without A_log: nothing to shift
+        d["A_log"] = d["A_log"] + 1
     return d
 
 
@@ -56,6 +57,41 @@ def _neg_out(out, inp):
 def _dt_zero(d):
     d["dt_bias"] = torch.zeros_like(d["dt_bias"])
     return d
+
+
+# -- the bounded gate ``b sigmoid(exp(A_log) (g_raw + dt_bias))`` (the ``+lower_bound`` records) ------
+LN2 = 0.6931471805599453
+
+
+def _softplus_gate(kw):
+    kw.pop("lower_bound", None)
+    return kw
+
+
+def _bound_base_two(kw):
+    kw["lower_bound"] = kw["lower_bound"] * LN2
+    return kw
+
+
+def _A_dropped(d):
+    d["A_log"] = None
+    return d
+
+
+SOFTPLUS_ON_BOUNDED = wrap(
+    "softplus_gate_on_bounded", "the softplus gate -exp(A_log) softplus(g_raw + dt_bias) run on a bounded-gate "
+    "checkpoint (Kimi-Linear-48B's kernel path on a Kimi-K3 / GLM-5.3 layer)", kwargs=_softplus_gate)
+WRONG_BOUND = wrap(
+    "wrong_bound_value", "the bound read in base 2, b ln 2 (-3.47 for -5): a kernel working in exp2 that "
+    "converts g but not b", kwargs=_bound_base_two)
+A_LOG_DROPPED = wrap(
+    "A_log_dropped", "b sigmoid(g_raw + dt_bias) on a checkpoint that has A_log (the A_log-free form taken)",
+    inputs=_A_dropped)
+
+
+def _clamped(fn):
+    return internal("clamped_softplus", "max(b, -exp(A_log) softplus(g_raw + dt_bias)): the softplus gate "
+                    "clamped at the bound instead of b sigmoid(...) (a shipped port's mistake)", fn)
 
 
 STATE_T = wrap("state_stored_transposed", "final state written V-major into the K-major buffer (K != V)",
@@ -114,3 +150,18 @@ FUSED_RECURRENT_DECODE = _slots.MUTANTS + (
     _l2norm_skipped(emulate.fused_recurrent_decode),
     _slots.blanked_by_zero("o"),
 )
+
+# the bounded gate's records: the three gate mutants of every op that computes the gate, beside the op's
+# own (those of A_log, beta, the state layout, the l2norm)
+_BOUNDED = (SOFTPLUS_ON_BOUNDED, WRONG_BOUND)
+
+GATE_BOUNDED = (
+    wrap("gate_sign_flipped", "g = -b sigmoid(...): growth instead of decay", outputs=_neg_out),
+    *_BOUNDED,
+    _clamped(emulate.gate),
+    A_LOG_DROPPED,
+)
+
+FUSED_RECURRENT_BOUNDED = FUSED_RECURRENT + _BOUNDED + (_clamped(emulate.fused_recurrent),)
+FUSED_CHUNKED_BOUNDED = FUSED_CHUNKED + _BOUNDED + (_clamped(emulate.fused_chunked),)
+FUSED_RECURRENT_DECODE_BOUNDED = FUSED_RECURRENT_DECODE + _BOUNDED + (_clamped(emulate.fused_recurrent_decode),)

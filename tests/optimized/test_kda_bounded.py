@@ -1,0 +1,77 @@
+"""optimized.kda under the bounded gate ``b sigmoid(exp(A_log) (g_raw + dt_bias))``: the gate kernel,
+the fused chunked pipeline, the fused recurrence and the decode step take ``lower_bound`` (the
+constexpr ``GATE = 1``; ``HAS_A`` False without A_log); values judged through the ``+lower_bound``
+records (parity.testing.assert_parity) at float64 (the arithmetic exact but for ordering) and bf16;
+the argument errors name the op; the optimized model reads the gate from the config. The softplus
+kernels' bits are tests/optimized/test_kda.py's. About 30 s on 2 cores under the interpreter."""
+import numpy as np
+import pytest
+import torch
+
+import optimized
+import reference
+from optimized import kda
+from parity import ops
+from parity.check import tensors
+from parity.ops.kda.args import FUSED
+from parity.ops.kda.inputs import core_case, decode_case, gate_case
+from parity.testing import assert_parity
+from reference.config import PRESETS
+from reference.synthetic import SyntheticSource
+
+
+@pytest.mark.parametrize("has_A", [True, False])
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+def test_the_gate_kernel_computes_the_bounded_gate(dtype, has_A):
+    c = gate_case(2, 9, 3, 40, 4, lower_bound=-4.0, has_A=has_A)   # K = 40: a masked channel block
+    j = assert_parity("kda.gate+lower_bound", c, dtype=dtype)
+    assert j.ratio < 1
+
+
+@pytest.mark.parametrize("op, has_A", [("fused_chunked", False), ("fused_recurrent", True)])
+def test_the_fused_kernels_compute_the_bounded_gate(op, has_A):
+    c = core_case(2, 37, 2, 4, 32, 16, 11, chunk=32 if op == "fused_chunked" else None, fused=True,
+                  lower_bound=-5.0, has_A=has_A, hostile="bound")
+    for dtype in ("float64", "bfloat16"):
+        j = assert_parity(f"kda.{op}+lower_bound", c, dtype=dtype)
+        assert j.ratio < 1
+
+
+def test_the_decode_step_computes_the_bounded_gate_without_A_log_too():
+    for has_A in (True, False):
+        assert_parity("kda.fused_recurrent_decode+lower_bound",
+                      decode_case(3, 1, 2, 32, 16, 5, lower_bound=-2.5, has_A=has_A), dtype="float32")
+
+
+def test_bounded_and_softplus_differ_and_a_bad_bound_names_the_op():
+    c = core_case(1, 20, 1, 1, 16, 16, 3, chunk=16, fused=True, lower_bound=-5.0)
+    d = tensors(ops.get("kda.fused_chunked+lower_bound"), c, "float32")
+    args = [d[n] for n in FUSED]
+    o_b, _ = kda.fused_chunked(*args, chunk_size=16, lower_bound=-5.0)
+    o_s, _ = kda.fused_chunked(*args, chunk_size=16)
+    assert (o_b - o_s).abs().max() > 1e-3
+    for op in (kda.fused_chunked, kda.fused_recurrent):
+        with pytest.raises(ValueError, match=rf"kda\.{op.__name__}: lower_bound: expected a number in \[-5, 0\)"):
+            op(*args, lower_bound=0.5)
+        with pytest.raises(ValueError, match=rf"kda\.{op.__name__}: A_log: None is the bounded gate's form only"):
+            op(*args[:5], None, args[6])
+    with pytest.raises(ValueError, match="kda.gate: lower_bound"):
+        kda.gate(d["g_raw"], d["A_log"], d["dt_bias"], lower_bound=-7)
+    B = 2
+    pool = torch.zeros(3, 1, 16, 16)
+    with pytest.raises(ValueError, match="kda.fused_recurrent_decode: lower_bound"):
+        kda.fused_recurrent_decode(args[0][:B, 0], args[1][:B, 0], args[2][:B, 0], args[3][:B, 0], args[4][:B, 0],
+                                   args[5], args[6], pool, torch.tensor([0, 1]), lower_bound=True)
+
+
+def test_the_optimized_model_runs_the_gate_its_checkpoint_names(parity_device):
+    src = SyntheticSource(PRESETS["tiny-bounded"], 4)
+    ids = np.array([7, 3, 11])
+    model = optimized.load(src, device=parity_device, dtype="float32")
+    assert model.variants["kda_gate"] == "lower_bound:-5"
+    ref = reference.load(src).forward(ids)
+    got = model.forward(torch.tensor(ids, device=parity_device)).double().cpu().numpy()
+    assert np.max(np.abs(got - ref)) < 1e-4 * np.max(np.abs(ref))
+    soft = optimized.load(src, device=parity_device, dtype="float32", kda_gate="softplus")
+    assert soft.variants["kda_gate"] == "softplus"
+    assert np.max(np.abs(soft.forward(torch.tensor(ids, device=parity_device)).double().cpu().numpy() - ref)) > 1e-2
