@@ -16,6 +16,11 @@ A third, of older interpreters only (Triton 3.6): a tensor used as a Python int 
 ``int(array)``, which NumPy 2.4 refuses; it is converted through its single element
 (``_index_through_item``).
 
+And a cost: every call of a ``@triton.jit`` device function inside a kernel patches
+``triton.language`` again, though the kernel's launch patched the same modules with the same
+functions and restores them when it ends; the repeat is skipped (``_patch_language_once``), which
+takes a third off a CPU ``parity diff`` and changes no bit.
+
 ``optimized`` installs it itself whenever its kernels run under the interpreter: on import (where it
 selects the interpreter when there is no GPU) and again when a family's kernels are defined (were
 ``TRITON_INTERPRET`` set later), so no public entry point (``optimized.load``, the ops, ``parity``)
@@ -126,6 +131,7 @@ def install_faithful_bf16_dot() -> None:
                  "create_fp_to_si", "create_fp_to_ui"):
         setattr(builder_cls, name, lambda self, src, dst_type, _c=cast_impl: _c(self, src, dst_type))
     _index_through_item(_interp)
+    _patch_language_once(_interp)
     _INSTALLED = True
 
 
@@ -149,6 +155,57 @@ def _index_through_item(interp) -> None:
         scope.set_attr(tensor, "__index__", index)
 
     interp._patch_lang_tensor = _patch_lang_tensor
+
+
+def _patch_language_once(interp) -> None:
+    """Inside a kernel launch (``GridExecutor.__call__``, which patches the language modules the
+    kernel sees and restores them at its end), a device function call (``InterpretedFunction.__call__``)
+    whose language modules are patched already does not patch them again (a device call's own patch,
+    of ``triton.language.core`` for ``tl.sum`` say, is never restored): the interpreter's
+    ``_patch_lang`` walks every member of ``triton.language`` with ``inspect.getmembers`` (2-3 ms),
+    and a launch runs a device function once per program and call site. Where the interpreter lacks
+    these names nothing is changed (it only costs time)."""
+    import inspect
+    import threading
+    import weakref
+
+    import triton.language as tl
+
+    original, executor = getattr(interp, "_patch_lang", None), getattr(interp, "GridExecutor", None)
+    if original is None or executor is None or getattr(original, "parity_once", False):
+        return
+    languages = (tl, tl.core)   # the modules the interpreter patches, as it picks them
+    launches = threading.local()   # per thread: [languages patched, or None before the launch patches]
+
+    modules_of = weakref.WeakKeyDictionary()   # function -> the language modules it sees
+
+    def seen(fn) -> frozenset:
+        if fn not in modules_of:
+            modules_of[fn] = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in languages)
+        return modules_of[fn]
+
+    def _patch_lang(fn):
+        stack, mine = getattr(launches, "stack", None), seen(fn)
+        if stack and stack[-1] is not None and mine <= stack[-1]:
+            return None   # a device call ignores what it returns
+        scope = original(fn)
+        if stack:   # the launch's own patch, or a device call's of more modules (never restored)
+            stack[-1] = mine | (stack[-1] or frozenset())
+        return scope
+
+    call = executor.__call__
+
+    def launch(self, *args, **kwargs):
+        stack = launches.__dict__.setdefault("stack", [])
+        stack.append(None)
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            stack.pop()
+
+    _patch_lang.parity_once = True
+    interp._patch_lang = _patch_lang
+    executor.__call__ = launch
 
 
 def interpreter_is_faithful() -> bool:

@@ -184,6 +184,10 @@ def planted_engine(source, bug: str, layer: int, *, dtype: str):
 TINY_MLA = dataclasses.replace(KimiConfig.from_name("tiny"), kda_layers=(1, 3), full_attn_layers=(2, 4))
 PROMPT = [75, 107, 104, 117, 35, 108, 104, 111]
 STEPS = 4   # the prefill and three decode steps: the state bugs act from the first decode on
+# a clean control's prompt: 52 tokens and 16 decode steps cross the 64th position (an MLA page, a KDA
+# chunk) in decode, at a quarter of the decode steps of a short prompt's run past it
+LONG_PROMPT = (PROMPT * 7)[:52]
+CLEAN_STEPS = 16
 
 
 def mla_source():

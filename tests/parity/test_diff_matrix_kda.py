@@ -1,13 +1,13 @@
 """The diff's teeth on KDA layers: a doubled ``f_b``, a state transposed after prefill, NaN in the
 carried state; each planted in our optimized model at an early and a deep layer (bf16; fp32 at the
-deep one), caught and named at its layer and op, directly and through a dump; a clean run of 64
-steps stays clean, and so does an engine holding its KDA state in bf16 between calls (below bf16
-rounding of the state, a shipped precision option). Each op is judged on the engine's own inputs
+deep one), caught and named at its layer and op, directly and through a dump; a clean run past the
+64th position stays clean, and so does an engine holding its KDA state in bf16 between calls (below
+bf16 rounding of the state, a shipped precision option). Each op is judged on the engine's own inputs
 (``parity.diff.replay``)."""
 import pytest
 
 import optimized
-from .planted_model import PROMPT, assert_caught, base_source, assert_clean, diff, planted_engine, through_dump
+from .planted_model import CLEAN_STEPS, LONG_PROMPT, assert_caught, base_source, assert_clean, diff, planted_engine, through_dump
 from reference.checkpoint import open_source
 from reference.fixtures import default_checkpoint_path
 
@@ -31,8 +31,9 @@ def test_a_doubled_f_b_is_caught_through_a_dump(source, tmp_path):
     assert_caught(through_dump(source, engine, "bfloat16", tmp_path / "run.safetensors"), "fb_doubled", 2)
 
 
-def test_a_clean_bf16_run_of_64_steps_stays_clean(source):
-    assert_clean(diff(source, optimized.load(source, dtype="bfloat16"), "bfloat16", steps=64, prompt=PROMPT[:4]))
+def test_a_clean_bf16_run_past_the_64th_position_stays_clean(source):
+    assert_clean(diff(source, optimized.load(source, dtype="bfloat16"), "bfloat16", steps=CLEAN_STEPS,
+                      prompt=LONG_PROMPT))
 
 
 def test_an_engine_holding_its_kda_state_in_bf16_stays_clean(source):

@@ -1,10 +1,10 @@
 """The diff's teeth on MLA layers: a stale row in the latent cache and NaN in it, planted in our
 optimized model at an early and a deep MLA layer (bf16; fp32 at the deep one), caught and named at
-its layer, directly and through a dump; a clean run of 64 steps stays clean."""
+its layer, directly and through a dump; a clean run past the 64th position stays clean."""
 import pytest
 
 import optimized
-from .planted_model import PROMPT, assert_caught, base_source, assert_clean, diff, mla_source, planted_engine, through_dump
+from .planted_model import CLEAN_STEPS, LONG_PROMPT, assert_caught, base_source, assert_clean, diff, mla_source, planted_engine, through_dump
 
 CELLS = [("mla_stale", layer, "bfloat16") for layer in (1, 3)] + [("mla_stale", 3, "float32")]
 CELLS += [("nan_state", layer, "bfloat16") for layer in (1, 3)]
@@ -26,5 +26,6 @@ def test_a_stale_latent_row_is_caught_through_a_dump(source, tmp_path):
     assert_caught(through_dump(source, engine, "bfloat16", tmp_path / "run.safetensors"), "mla_stale", 3)
 
 
-def test_a_clean_bf16_run_of_64_steps_stays_clean(source):
-    assert_clean(diff(source, optimized.load(source, dtype="bfloat16"), "bfloat16", steps=64, prompt=PROMPT[:4]))
+def test_a_clean_bf16_run_past_the_64th_position_stays_clean(source):
+    assert_clean(diff(source, optimized.load(source, dtype="bfloat16"), "bfloat16", steps=CLEAN_STEPS,
+                      prompt=LONG_PROMPT))

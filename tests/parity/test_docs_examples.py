@@ -10,6 +10,10 @@ else under bash. ``CHECKPOINT`` and ``CKPT`` stand for the bundled checkpoint. A
 or as its transcript shows; a transcript's summary has the counts it shows. Every transcript and
 shown output is checked for its shape against what the tool prints.
 
+The reader's machine is the one the docs were written on, CI's: its host memory is counted as at
+most ``DOCS_HOST_MEMORY`` (24 GiB), so a transcript of a refusal (the 48B model on the CPU) is
+refused on a larger host too, instead of starting a run of hours there.
+
 Cost on a 2-core CPU: about 30 s (72 s of CPU on a machine loaded 7-fold, where the getting-started
 32-step run that takes 21 s idle took 49 s), nearly all of it the Triton interpreter in a few short
 runs (prompts of a few tokens, 2 to 4 steps) and the golden check of the bundled checkpoint."""
@@ -29,11 +33,21 @@ import sys
 import pytest
 
 from . import doc_blocks as db
+from parity import memory
 from parity.cli import main
 
 OPERATORS = {"|", "||", ";", "<", ">", ">>", "&", "(", ")"}  # a line with one of these runs under bash,
 SHELL = set("$`*")  # and one that expands these
 LANGS = ("bash", "python", "console", "json", "text", "")  # any other fence could hide code from the runner
+DOCS_HOST_MEMORY = 24 * memory.GIB
+
+
+def _docs_machine(device: str) -> int | None:
+    """The free memory ``parity`` sees while the docs run: the real one, the host's capped at CI's."""
+    free = memory.free_bytes(device)
+    return min(free, DOCS_HOST_MEMORY) if device == "cpu" and free is not None else free
+
+
 RUN_DOCS = [d for d in db.documents() if any(b.code and not b.not_run for b in db.blocks(d))]
 
 
@@ -99,7 +113,7 @@ class Reader:
 
     def _one(self, argv: list[str]) -> tuple[int, str]:
         if argv[0] == "parity":
-            return self._in_process(lambda: main(argv[1:]), diff=argv[1:2] in ([], ["diff"]))
+            return self._in_process(lambda: main(argv[1:], free_memory=_docs_machine), diff=argv[1:2] in ([], ["diff"]))
         if argv[0] in ("python", "python3") and len(argv) > 1 and argv[1].endswith(".py"):
             def script():
                 sys.argv = argv[1:]

@@ -20,7 +20,7 @@ ENGINES = {
                                            f"engine {PLANTED}:factory_out_of_memory: the factory: out of GPU "
                                            "memory: tried to allocate 2.00 GiB, 1.10 GiB free"),
     "prefill runs out of GPU memory": (f"{PLANTED}:prefill_out_of_gpu_memory",
-                                       "prefill: out of GPU memory: tried to allocate 2.00 GiB, 1.10 GiB free; try"),
+                                       "prefill: out of GPU memory{on}: tried to allocate 2.00 GiB, 1.10 GiB free; try"),
     "decode runs out of host memory": (f"{PLANTED}:decode_out_of_host_memory",
                                        "decode: out of host memory: Unable to allocate"),
     "a file that is not a dump": ("dump:{tmp}/not-a-dump.safetensors", "not-a-dump.safetensors"),
@@ -40,7 +40,8 @@ def _diff(capsys, tmp_path, engine, *more, **kw):
 @pytest.mark.parametrize("case", list(ENGINES))
 def test_an_engine_that_cannot_load_or_run_is_one_line_and_exit_2(tmp_path, capsys, case, parity_device):
     engine, message = ENGINES[case]
-    one_line_error(*_diff(capsys, tmp_path, engine, "--device", parity_device), message)
+    on = "" if parity_device == "cpu" else f" on {parity_device}"  # where the run's device is a GPU, it is named
+    one_line_error(*_diff(capsys, tmp_path, engine, "--device", parity_device), message.format(on=on))
 
 
 def test_the_optimized_engine_that_cannot_fit_is_refused_before_it_loads(tmp_path, capsys, parity_device):

@@ -37,9 +37,9 @@ def _storages(obj, seen: dict) -> dict:
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_the_weight_estimate_is_the_loaded_models_bytes(dtype):
+def test_the_weight_estimate_is_the_loaded_models_bytes(dtype, parity_device):
     """Counted from the tensor table before loading; measured as the loaded model's storages."""
-    model = optimized.load(default_checkpoint_path(), device="cpu", dtype=dtype)
+    model = optimized.load(default_checkpoint_path(), device=parity_device, dtype=dtype)
     held = sum(_storages(model.weights, {}).values())
     assert resident_bytes(model.config, getattr(torch, dtype)) == held == model.weights.nbytes()
 
