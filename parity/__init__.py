@@ -1,6 +1,6 @@
 """Certifies the optimized Kimi-Linear path against the float64 reference.
 
-Public API (lazily imported, so ``import parity`` stays light):
+Public API:
 
 - ``parity.classify_step`` / ``StepVerdict``: the near-tie primitive (parity/neartie.py);
 - ``parity.ops``: the op records (``records()``, ``get``, ``select``), one package per op family
@@ -16,27 +16,12 @@ Public API (lazily imported, so ``import parity`` stays light):
 """
 from __future__ import annotations
 
-_LAZY = {
-    "classify_step": ("parity.neartie", "classify_step"),
-    "StepVerdict": ("parity.neartie", "StepVerdict"),
-    "assert_parity": ("parity.testing", "assert_parity"),
-    "nearer_truth": ("parity.metrics", "nearer_truth"),
-}
+from . import (bounds, candidate, certify, check, docs, emulate, metrics, mutants, neartie, ops, platform,
+               registry, report, schema, strategies, testing, watch)
+from .metrics import nearer_truth
+from .neartie import StepVerdict, classify_step
+from .testing import assert_parity
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        mod, attr = _LAZY[name]
-        return getattr(importlib.import_module(mod), attr)
-    if name in ("registry", "ops", "candidate", "certify", "strategies", "bounds", "metrics", "mutants",
-                "neartie", "check", "emulate", "testing", "platform", "schema", "report", "docs", "watch"):
-        import importlib
-
-        return importlib.import_module(f"parity.{name}")
-    raise AttributeError(f"module 'parity' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+__all__ = ["classify_step", "StepVerdict", "assert_parity", "nearer_truth", "registry", "ops", "candidate",
+           "certify", "strategies", "bounds", "metrics", "mutants", "neartie", "check", "emulate", "testing",
+           "platform", "schema", "report", "docs", "watch"]

@@ -14,13 +14,21 @@ where the reference is). An adapter declares its contract and what it wraps with
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.metadata
 import inspect
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
+from hypothesis import HealthCheck, Phase, given, settings
 
+from .bounds.core import UNIT_ROUNDOFF, contract_named, dtype_name
+from .check import CANDIDATE, Call, InProcess, Job, prepare
+from .environment import git_revision
 from .errors import CandidateError, Unsupported  # noqa: F401  (part of this module's interface)
+from .loading import attribute, import_module_or_file, split_spec
 from .platform import default_device
 from .registry import OpRecord, describe
 
@@ -96,16 +104,8 @@ class Witnessed:
         return self._cand(inputs, kwargs)
 
 
-def setup_interpreter() -> None:
-    """Before this repository's kernels run: importing ``optimized`` selects the backend and, on
-    CPU, makes the interpreter faithful (``optimized/_interpreter.py``); a worker process calls it."""
-    import optimized  # noqa: F401  (here, not at the top: importing it selects and sets up the backend)
-
-
 def optimized(record: OpRecord) -> Candidate:
-    """The record's optimized op (:func:`setup_interpreter` first). ImportError / AttributeError if
-    it is unavailable."""
-    setup_interpreter()
+    """The record's optimized op (its kernels run where ``optimized.use`` chose)."""
     return Candidate("optimized", record.optimized_callable(), counter=record.counter_name, triton=True)
 
 
@@ -120,8 +120,6 @@ def of(fn: Callable, *, name: str | None = None, triton: bool = False, contract:
     repository's Triton kernels called another way (a kernel test); without it an outside candidate
     (witnessed). ``contract``: the arithmetic it claims (default: what it declares with
     :func:`adapter`, else ``ieee``). ``spec``: the ``module:function`` it was loaded from."""
-    from .bounds.core import contract_named
-
     contract = contract or getattr(fn, "parity_contract", None) or "ieee"
     try:
         contract_named(contract)
@@ -144,10 +142,6 @@ def named(record: OpRecord, candidate, contract: str | None = None) -> Candidate
     else:
         raise ValueError(f"candidate: expected one of {NAMES}, a Candidate or a callable, got {candidate!r}")
     if contract is not None and contract != cand.contract:
-        from dataclasses import replace
-
-        from .bounds.core import contract_named
-
         cand = replace(cand, contract=contract_named(contract).name)
     return cand
 
@@ -184,8 +178,6 @@ def adapter(*, contract: str = "ieee", wraps: str | None = None, reverse: Callab
 def load(spec: str) -> Callable:
     """The callable named ``module:function`` or ``path/to/file.py:function`` (a dotted function
     for a class attribute); CandidateError, one line, for anything that does not resolve."""
-    from .loading import attribute, import_module_or_file, split_spec
-
     parts = split_spec(spec)
     if parts is None:
         raise CandidateError(f"{spec!r}: expected module:function or path/to/file.py:function")
@@ -208,17 +200,10 @@ def load(spec: str) -> Callable:
 
 @functools.lru_cache(maxsize=None)
 def _distributions() -> dict:
-    import importlib.metadata
-
     return importlib.metadata.packages_distributions()
 
 
 def _identity(obj) -> dict:
-    import importlib.metadata
-    import os
-
-    from .environment import git_revision
-
     module = getattr(obj, "__module__", None) or "?"
     try:
         path = inspect.getsourcefile(inspect.unwrap(obj))
@@ -245,11 +230,7 @@ def identify(fn: Callable) -> dict:
     gate = getattr(fn, "parity_gate", None)
     if not wraps:
         return dict(me, adapter=None, **({"gate": gate} if gate else {}))
-    from .loading import attribute, split_spec
-
     module, attr = split_spec(wraps)
-    import importlib
-
     try:
         # named as it is found: a callable object (transformers 5.25's kernel function modules) has no name
         inner = dict(_identity(attribute(importlib.import_module(module), attr)), function=attr)
@@ -284,8 +265,6 @@ def in_project(cand: Candidate) -> bool:
 def first_case(record: OpRecord):
     """The first input hypothesis draws from the record's builder (derandomized: the same every
     time), for probing a candidate before a run."""
-    from hypothesis import HealthCheck, Phase, given, settings
-
     found = []
 
     @settings(max_examples=1, database=None, derandomize=True, phases=[Phase.generate], deadline=None,
@@ -315,8 +294,6 @@ def check_signature(record: OpRecord, fn: Callable, kwargs=()) -> None:
 def _dtype_ok(got: torch.dtype, ref_kind: str, run_dtype: str) -> bool:
     """An integer output is an integer tensor; a float output has the run dtype, or is float32 or
     float64 and at least as precise (the states of a bf16 run come back in float32)."""
-    from .bounds.core import UNIT_ROUNDOFF, dtype_name
-
     if ref_kind in "iub":
         return not (got.is_floating_point or got.is_complex)
     if got == getattr(torch, run_dtype):
@@ -331,8 +308,6 @@ def probe(record: OpRecord, cand: Candidate, dtype: str, device: str, runner=Non
     reference's shapes, each float output of the run dtype or a wider float (float32/float64), each
     integer output an integer tensor. CandidateError, one line. An input the implementation
     refuses, an exception or a fault inside it is left to the run."""
-    from .check import CANDIDATE, Call, InProcess, Job, prepare
-
     case = first_case(record)
     check_signature(record, cand.fn, tuple(case.kwargs))
     runner = runner or InProcess(device)

@@ -43,7 +43,7 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, reject, settings, target
 from hypothesis.errors import Unsatisfiable
 
-from . import fingerprint, strategies
+from . import fingerprint, repro, strategies
 from .bounds.core import weaker_contracts
 from .candidate import NAMES as CANDIDATES
 from .candidate import Candidate, gate_mismatch, named, probe, standin
@@ -206,8 +206,6 @@ def _evaluate(unit: _Unit, case: Case, dirty: str | None = None) -> float:
         for name, make in CONTROLS.items():
             run.controls[name] = not check(prep, make(record, prep)).passed
     if not entry.passed and unit.repro is not None:
-        from . import repro
-
         repro.write(unit.repro, record, unit.cand, prep, entry, res.outputs, unit.runner.device)
     if unit.on_case:
         unit.on_case(record.name, unit.dtype, entry)

@@ -10,6 +10,9 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
+
+from optimized import _counters
 
 from . import metrics
 from .bounds.core import dtype_name, precision_for
@@ -21,8 +24,6 @@ _TORCH = {}
 
 
 def torch_dtype(name: str):
-    import torch
-
     if not _TORCH:
         _TORCH.update({"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
                        "float64": torch.float64})
@@ -41,8 +42,6 @@ def _policy_dtype(policy: str, dtype: str) -> str:
 
 
 def _to_torch(arr, policy, dtype, device):
-    import torch
-
     if arr is None:
         return None, None
     if isinstance(arr, (int, float)):
@@ -191,8 +190,6 @@ def context_fault(device) -> str | None:
     process fails), or None."""
     if not str(device).startswith("cuda"):
         return None
-    import torch
-
     try:
         torch.cuda.synchronize()
     except RuntimeError as exc:   # torch.AcceleratorError
@@ -230,8 +227,6 @@ def run_call(record: OpRecord, fn, call: Call, inputs: dict, kwargs: dict, aux: 
     if call.kind == BATCH:
         inp = half_batch(record, inp)[0]
     if counter is not None:
-        from optimized import _counters  # only for a counted kernel: importing optimized picks the backend
-
         before = _counters.launches[counter]
     calls = getattr(fn, "calls", None)
     kw = dict(kwargs)
@@ -317,8 +312,6 @@ def poison_free_memory(device) -> None:
     reads NaN. Each free block is taken by allocations of exactly its size (best fit: that block; a
     small segment's free run in pieces of the small pool's largest request), filled, and given back.
     Nothing on the CPU (its allocator offers no such view)."""
-    import torch
-
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_initialized():
         return
@@ -346,8 +339,6 @@ def poison_free_memory(device) -> None:
 def _span(x):
     """(device, first byte, end) of the memory behind a tensor's storage or a NumPy array; None
     for anything else."""
-    import torch
-
     if isinstance(x, torch.Tensor):
         st = x.untyped_storage()
         return (str(x.device), st.data_ptr(), st.data_ptr() + st.nbytes())
@@ -367,8 +358,6 @@ def aliased(record: OpRecord, inputs: dict, outputs, ref: dict | None = None) ->
     """Why ``outputs`` are not an implementation's own memory (None when they are): an output that
     is not a tensor, or shares memory with an input it was handed (an in-place record's output may
     be the buffer of the same name), with the reference's arrays ``ref`` or with another output."""
-    import torch
-
     if not isinstance(outputs, dict):
         return f"outputs are a {type(outputs).__name__}"
     spans = {}
@@ -395,8 +384,6 @@ def aliased(record: OpRecord, inputs: dict, outputs, ref: dict | None = None) ->
 def dishonest(prepared: Prepared, outputs: dict) -> str | None:
     """Why ``outputs`` are not honest (None when they are): a float output non-finite where the
     reference is finite, or finite where it is not."""
-    import torch
-
     for name in prepared.record.outputs:
         t, ref = outputs[name], np.asarray(prepared.ref[name])
         if not t.is_floating_point() or tuple(t.shape) != ref.shape:
@@ -466,8 +453,6 @@ def check(prepared: Prepared, cand, *, counter: str | None = None) -> Judgement:
 
 # -- bytes ------------------------------------------------------------------------------------
 def bitwise_equal(a, b) -> bool:
-    import torch
-
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return bool(np.array_equal(np.asarray(a), np.asarray(b)))
     if a.shape != b.shape or a.dtype != b.dtype:

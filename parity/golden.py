@@ -35,6 +35,7 @@ from typing import Callable
 
 import numpy as np
 
+from parity.diff import run_diff
 from parity.diff.numerics import finite_or_none
 from parity.diff.report import atomic_write
 from parity.golden_schema import GOLDEN_FORMAT, GOLDEN_VERSION, validate
@@ -83,8 +84,6 @@ def record(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int, d
            rounding: str = "nearest", top_k: int = TOP_K, on_step: Callable | None = None) -> tuple[dict, object]:
     """Decode on both paths and return ``(golden steps + summary, DiffResult)``; the caller adds the
     header (``make_golden``). Refuses nothing itself: the caller decides what a diverged run means."""
-    from parity.diff import run_diff
-
     kept: dict[int, dict] = {}
 
     def keep(step, r, o):

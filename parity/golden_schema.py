@@ -20,9 +20,9 @@ from __future__ import annotations
 import re
 
 from parity.bounds.core import precision_for
+from reference.checks import kda_gate_bound
 from reference.config import PRESETS, ConfigError, KimiConfig
-from reference.validate import (InvalidInput, as_float, as_int, as_list, as_object, as_path, as_str,
-                                field, label)
+from reference.validate import InvalidInput, as_float, as_int, as_list, as_object, as_path, as_str, field, label
 
 GOLDEN_FORMAT = "kimi-parity/golden"
 GOLDEN_VERSION = 1
@@ -72,8 +72,6 @@ def _variants(value) -> None:
         elif key == "kv_norm_eps":
             as_float(v, "variants.kv_norm_eps", lo=0.0, lo_open=True, hi=1.0)
         elif key == "kda_gate":
-            from reference.checks import kda_gate_bound
-
             try:
                 kda_gate_bound(as_str(v, "variants.kda_gate", max_len=64))
             except ValueError:

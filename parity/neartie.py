@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .bounds.core import UNIT_ROUNDOFF, dtype_name
-from .metrics import to_numpy
+from .metrics import round_to, to_numpy
 
 QUANTILE = 0.99
 MIN_FOR_QUANTILE = 100
@@ -53,8 +53,6 @@ def infer_dtype(opt) -> str:
     s = str(getattr(opt, "dtype", "")).replace("torch.", "")
     if s in ("bfloat16", "float16", "float32"):
         return s
-    from .metrics import round_to
-
     a = to_numpy(opt)
     a = a[np.isfinite(a)]
     for d in ("bfloat16", "float16", "float32"):

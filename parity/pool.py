@@ -15,14 +15,20 @@ the parent (an outer ``CUDA_VISIBLE_DEVICES`` respected), so ``cuda`` in a worke
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import signal
 import threading
 from dataclasses import replace
 
-from .check import (CANDIDATE, CallResult, InProcess, Job, first_line, raise_out_of_memory,  # noqa: F401  (InProcess, Job: this module's interface)
-                    run_call)
+import torch
+
+import optimized
+
+from . import candidate, ops
+from .check import (CANDIDATE, CallResult, InProcess, Job,  # noqa: F401  (InProcess, Job: this module's interface)
+                    first_line, raise_out_of_memory, run_call)
 
 _START = threading.Lock()   # os.environ is process-wide: one worker starts at a time
 CALL_TIMEOUT = 600.0        # seconds one call may take (the interpreter's largest take tens)
@@ -36,8 +42,6 @@ def visible_devices() -> list[str]:
     outer = os.environ.get("CUDA_VISIBLE_DEVICES")
     if outer is not None:
         return [d.strip() for d in outer.split(",") if d.strip() and d.strip() != "-1"]
-    import torch
-
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
@@ -89,8 +93,6 @@ class Worker:
     def _start(self) -> None:
         if self._proc is not None:
             return
-        import multiprocessing
-
         ctx = multiprocessing.get_context("spawn")   # never fork: the parent may hold CUDA state
         parent, child = ctx.Pipe()
         with _START:
@@ -167,8 +169,6 @@ def portable(record, cand) -> bytes:
 
 
 def _rebuild(op: str, blob: bytes):
-    from . import candidate, ops
-
     record = ops.get(op)
     kind, what, contract = pickle.loads(blob)
     if kind == "named":
@@ -177,18 +177,12 @@ def _rebuild(op: str, blob: bytes):
         cand = replace(candidate.of(candidate.load(what), contract=contract), spec=what)
     else:
         cand = what
-    if cand.triton or cand.counter is not None:
-        candidate.setup_interpreter()
     return record, cand, cand.normalized(record)
 
 
 def _main(conn) -> None:
     """A worker: receive jobs, run their calls, send each result (outputs moved to the CPU); after a
     fault, report it and exit."""
-    import torch
-
-    from . import ops  # noqa: F401  (imported before the parent starts timing calls)
-
     conn.send_bytes(READY)
     built: dict = {}
     while True:
@@ -199,6 +193,7 @@ def _main(conn) -> None:
         if msg is None:
             return
         job, blob, device = msg
+        optimized.use(device)   # this process's entry point: the kernels' backend, as the parent chose it
         if device == "cpu":
             torch.set_num_threads(1)   # tiny shapes on a shared machine, as certify.cpu_threads
         key = (job.op, blob)
@@ -224,8 +219,6 @@ def _main(conn) -> None:
 
 
 def _to_cpu(outputs):
-    import torch
-
     if not isinstance(outputs, dict):
         return outputs
     return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in outputs.items()}

@@ -19,7 +19,13 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from parity.errors import InputError
+import torch
+
+import reference
+from optimized.weights import named_views
+from parity.diff.setup import load_errors, one_line
+from parity.errors import InputError, is_out_of_memory, memory_line
+from reference import DoesNotFit
 
 DEVICES = ("auto", "cpu", "cuda")
 AUTO_FREE_BYTES = 16 << 30  # free GPU memory ``auto`` wants for a reference that reads its weights
@@ -41,8 +47,6 @@ def resolve(device: str, share=None) -> str:
     weights the reference would read (``auto`` then takes the GPU)."""
     if device != "auto":
         return device
-    import torch
-
     if not torch.cuda.is_available():
         return "cpu"
     if _on_gpu(share):
@@ -59,20 +63,12 @@ def load(ckpt, variants: dict, device: str, *, share=None):
     """The reference model of ``ckpt`` on ``device`` (cpu, cuda, auto: ``resolve``); ``share``: an
     optimized model loaded from the same checkpoint whose resident weights the reference reads
     (CUDA only). Progress is attached; ``where(model)`` says where it runs."""
-    from parity.diff.setup import load_errors, one_line
-
-    import reference
-
     device = resolve(device, share)
     if device == "cuda":
-        import torch
-
         if not torch.cuda.is_available():
             raise InputError("--reference-device cuda: no CUDA device is available on this machine")
     shared = None
     if device == "cuda" and _on_gpu(share):
-        from optimized.weights import named_views
-
         shared = named_views(share.weights, ckpt.source.config)
     try:
         model = reference.load(ckpt.source, device=device, shared_weights=shared, **variants)
@@ -114,9 +110,6 @@ class Progress:
 def memory_errors(reference_device: str, optimized_device: str | None = None):
     """Turn running out of memory into one ``InputError`` line: what did not fit (the engine and
     its call where the engine guard marked it, ``parity.errors.memory_line``) and what to try."""
-    from parity.errors import is_out_of_memory, memory_line
-    from reference import DoesNotFit
-
     try:
         yield
     except DoesNotFit as exc:  # the reference's own estimate, before it allocated

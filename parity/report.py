@@ -6,6 +6,14 @@ import datetime as _dt
 import json
 import math
 
+from rich.markup import escape as rich_escape
+from rich.table import Table
+
+from parity.atomic import atomic_write
+
+from .environment import environment
+from .fingerprint import THRESHOLD
+from .strategies import profile_name
 
 SCHEMA_ID = "kimi-parity/certificate"
 SCHEMA_VERSION = 1
@@ -18,8 +26,6 @@ def _r(x) -> str:
 
 
 def render_op(console, cert) -> None:
-    from rich.table import Table
-
     style = "green" if cert.certified else "red"
     k, n = cert.mutants_killed()
     t = Table(title=f"{cert.op}  [{style}]{cert.verdict}[/]  ({escape(cert.label)})", title_justify="left")
@@ -81,8 +87,6 @@ def render_op(console, cert) -> None:
 
 
 def render_summary(console, certs, seconds: float) -> None:
-    from rich.table import Table
-
     t = Table(title="summary", title_justify="left")
     for col in ("op", "candidate", "contract", "reached", "worst x bound", "mutants", "nearest bug", "verdict"):
         t.add_column(col)
@@ -99,8 +103,6 @@ def render_summary(console, certs, seconds: float) -> None:
 
 
 def escape(text: str) -> str:
-    from rich.markup import escape as rich_escape
-
     return rich_escape(text)
 
 
@@ -118,8 +120,6 @@ def _who(impl: dict) -> str:
 
 
 def _threshold() -> float:
-    from .fingerprint import THRESHOLD
-
     return THRESHOLD
 
 
@@ -130,9 +130,6 @@ def certificate(certs, *, device, dtypes, candidate, examples, seconds, argv=Non
     replayed, skipped); ``workers``: the worker processes the candidates ran in (0: certify's own);
     ``shard``: ``{"index", "count", "ops", "units"}`` of a ``--shard`` run; ``variants``: the
     ``--variant`` values (``kda_gate``)."""
-    from .environment import environment
-    from .strategies import profile_name
-
     env = environment(device)
     if device == "cpu":
         env["torch_threads"] = 1   # certify.cpu_threads: what the run used
@@ -173,6 +170,4 @@ def merged(docs, certs, argv=None) -> dict:
 
 def write_json(path: str, doc: dict) -> None:
     """Write ``doc`` atomically (strict JSON: non-finite numbers are refused)."""
-    from parity.atomic import atomic_write
-
     atomic_write(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")

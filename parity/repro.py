@@ -18,6 +18,10 @@ import types
 from pathlib import Path
 
 import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from .metrics import dtype_of
 
 SCRIPT = '''\
 #!/usr/bin/env python3
@@ -57,11 +61,6 @@ def write(root, record, cand, prep, entry, outputs, device: str) -> Path:
     """Write the repro of one failing input (``entry``: its parity.certify.CaseResult; ``outputs``:
     what the candidate returned, None on a raise or fault; ``device``: where it ran) under
     ``root``; returns its folder."""
-    import torch
-    from safetensors.torch import save_file
-
-    from .metrics import dtype_of
-
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     stem = _slug(f"{record.name}-{prep.dtype}-{entry.label}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from . import fingerprint
+from . import fingerprint, ops
 from .bounds.core import weaker_contracts
 from .registry import OpRecord
 
@@ -342,8 +342,6 @@ class OpCertificate:
     def from_dict(cls, d: dict, record: OpRecord | None = None) -> "OpCertificate":
         """The certificate of one op back from its JSON (``parity certify merge``); ``record``:
         default the registered one of that name."""
-        from . import ops
-
         record = record or ops.get(d["op"])
         return cls(record, d["candidate"], {k: DtypeRun.from_dict(r) for k, r in d["runs"].items()},
                    d.get("error"), d["counter"], d.get("contract", "ieee"), d.get("implementation"),

@@ -24,7 +24,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings, target
+from hypothesis.reporting import with_reporter
 
+from .atomic import atomic_write
 from .candidate import Candidate, named
 from .check import check, prepare
 from .errors import Unsupported
@@ -108,8 +110,6 @@ def search(record: OpRecord, candidate, dtype: str, *, device: str | None = None
             assert j.ratio <= 1.0, (f"{cand.name} {record.name} {dtype} {case.label}: {j.ratio:.3g}x its bound\n"
                                     f"{j.report()}")
 
-    from hypothesis.reporting import with_reporter
-
     try:
         if fail:
             body()
@@ -134,8 +134,6 @@ def save_case(case: Case, path) -> None:
 
     def write(f):
         np.savez(f, meta=np.array(meta), **arrays)
-
-    from .atomic import atomic_write
 
     atomic_write(path, writer=write)
 

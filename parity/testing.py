@@ -8,6 +8,7 @@ import numpy as np
 
 from . import ops
 from .candidate import named
+from .certify import certify_op, cpu_threads
 from .check import check, prepare
 from .platform import default_device
 from .registry import Case
@@ -66,8 +67,6 @@ def assert_certified(op: str, candidate, *, dtypes=("float32", "bfloat16"), exam
     profile's), and raise AssertionError with the reasons, the contract verdict and the nearest
     known bug if it is not certified. A wrong signature or wrong output shapes or dtypes raise
     ``parity.errors.CandidateError``. Returns the ``parity.certify.OpCertificate``."""
-    from .certify import certify_op, cpu_threads
-
     device = device or default_device(None)
     with cpu_threads(device):
         cert = certify_op(ops.get(op), dtypes=tuple(dtypes), device=device, candidate=candidate,

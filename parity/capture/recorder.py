@@ -18,6 +18,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
+from parity import ops
 from parity.registry import Site
 
 from . import sites, tensors
@@ -45,8 +46,6 @@ class Recorder:
     and a seed (regenerated on replay) instead of its values; ``seed``: the base of those seeds."""
 
     def __init__(self, *, store_limit: int, seed: int = 0):
-        from parity import ops
-
         self.records = {r.name: r for r in ops.records()}
         self.store_limit = int(store_limit)
         self.seed = int(seed)

@@ -14,15 +14,20 @@ exceeded its bound, 1 when one did, 2 for unusable arguments.
 """
 from __future__ import annotations
 
+import json
 import math
 import time
+from pathlib import Path
 
+from parity.atomic import atomic_write
 from parity.bounds.core import CONTRACTS
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, write_output
 from parity.cli.impls import DTYPES, parse_impls, select_impls, select_runs, setup_device
+from parity.environment import environment
 from parity.errors import InputError
 from parity.peers import SHORTHANDS
 from parity.registry import SEARCH_SPACES
+from parity.search import FORMAT, save_case, search
 
 CANDIDATES = ("optimized", "reference-f32")
 MAX_SECONDS = 7 * 24 * 3600.0
@@ -64,8 +69,6 @@ def run(args) -> int:
     if not (math.isfinite(args.seconds) and 0 < args.seconds <= MAX_SECONDS):
         raise InputError(f"--seconds {args.seconds:g}: expected a positive budget of at most {MAX_SECONDS:g}")
     if args.keep is not None:
-        from pathlib import Path
-
         if not Path(args.keep).is_dir():
             raise InputError(f"--keep {args.keep}: not a folder")
     named, shorthands = parse_impls(args.impl)
@@ -81,8 +84,6 @@ def run(args) -> int:
     if not runs:
         raise InputError("nothing to search: give --candidate or an --impl of a selected op")
     space = args.space or ("buckets" if device == "cuda" else "full")
-
-    from parity.search import save_case, search
 
     print(f"parity search: {len(runs)} run(s), device {device}, space {space}, up to {args.examples} input(s) "
           f"each, {args.seconds:g} s in all", flush=True)
@@ -102,12 +103,6 @@ def run(args) -> int:
         print(f"{rec.name:26s} {name:14s} {dt:9s} worst {r.worst_ratio:9.3g} over {r.examples:3d} "
               f"({r.past_bound} past, {r.unsupported} unsupported, {r.seconds:.0f}s)  {r.worst_label}", flush=True)
     if args.json_path is not None:
-        import json
-
-        from parity.atomic import atomic_write
-        from parity.environment import environment
-        from parity.search import FORMAT
-
         doc = {"format": FORMAT, "version": 1, "device": device, "space": space,
                "implementations": specs, "environment": environment(device), "results": results}
         write_output(args.json_path, lambda: atomic_write(args.json_path, json.dumps(doc, indent=1)))

@@ -20,6 +20,9 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
+from parity import ops
+from parity.registry import describe
+
 PEER_MODULES = ("parity.peers.fla", "parity.peers.transformers")
 # our optimized functions whose record's optimized callable is an adapter in parity.ops, not the function
 OURS = {"optimized.kda:fused_recurrent_decode": "kda.fused_recurrent_decode"}
@@ -98,11 +101,9 @@ def _peer_reverses() -> dict:
 
 
 def _ours(spec: str):
-    from parity import ops
-
     op = OURS.get(spec)
     if op is None:   # the first record of the function: a gated KDA op's softplus one
-        op = next((r.name for r in ops.records() if str(r.optimized) == spec and spec.startswith("optimized.")), None)
+        op = next((r.name for r in ops.records() if describe(r.optimized) == spec and spec.startswith("optimized.")), None)
     if op is None:
         return None
     known = set(ops.names())

@@ -8,6 +8,16 @@ import os
 import sys
 import time
 
+from rich.console import Console
+from rich.table import Table
+
+from parity.cli.args import check_outputs, write_output
+from parity.errors import InputError
+from parity.report import certificate as doc
+from parity.report import render_summary, write_json
+
+from .judge import judge_file
+
 SHOWN = 40          # rows of the per-call table: every bad call, then the first clean ones
 
 
@@ -39,10 +49,6 @@ def headline(v) -> str:
 
 
 def render(console, v) -> None:
-    from rich.table import Table
-
-    from parity.report import render_summary
-
     style = "green" if v.first_bad is None else "red"
     console.print(f"[{style}]{headline(v)}[/]", highlight=False, soft_wrap=True)
     for t in v.never_called:
@@ -72,8 +78,6 @@ def render(console, v) -> None:
 
 
 def certificate(v, argv=None) -> dict:
-    from parity.report import certificate as doc
-
     dtypes = sorted({d for c in v.certs for d in c.runs})
     judged = sum(c.ratio is not None for c in v.calls)
     out = doc(v.certs, device="cpu", dtypes=dtypes, candidate="recorded", examples=judged, seconds=v.seconds,
@@ -87,15 +91,6 @@ def certificate(v, argv=None) -> dict:
 
 def run(args) -> int:
     """``parity certify --calls FILE [--ops ...] [--json PATH]``."""
-    from rich.console import Console
-
-    from parity.cli.args import check_outputs, write_output
-    from parity.report import write_json
-
-    from .judge import judge_file
-
-    from parity.errors import InputError
-
     given = [f for f, v in (("--impl", args.impl), ("--cases", args.cases), ("--dtype", args.dtypes),
                             ("--examples", args.examples), ("--contract", args.contract), ("--device", args.device))
              if v]
