@@ -168,7 +168,7 @@ def slice_ratio(x, o, contract: str) -> float:
     import numpy as np
 
     from parity import ops
-    from parity.check import prepare
+    from parity.certify.check import prepare
     from parity.registry import Case
 
     rec = ops.get("kda.fused_chunked+lower_bound")

@@ -65,7 +65,7 @@ def reference_beside(device: str | None, engine_device: str) -> bool:
     """Whether the reference (``--reference-device`` ``device``) will run on ``engine_device``, as
     far as is known before anything loads: ``cpu`` and ``cuda`` as given; ``auto`` without a GPU is
     the CPU; ``auto`` with one is decided by the memory the engine leaves
-    (``parity.reference_device.resolve``): not beside."""
+    (``parity.diff.reference_device.resolve``): not beside."""
     if device in ("cpu", "cuda"):
         return device == engine_device
     if device is None:

@@ -5,7 +5,7 @@ raises ``parity.errors.InputError`` for unusable input; ``main`` turns that into
 ``error: ...`` on stderr and exit code 2, never a traceback. Exit 1 means only that a bug was found.
 
 A failure to run is exit 2 as well, each caught where it is known for what it is: an engine that
-cannot load or run becomes an ``InputError`` at the engine boundary (``parity.engines``), and
+cannot load or run becomes an ``InputError`` at the engine boundary (``parity.diff.engines``), and
 ``main`` turns what no command can foresee into one line: running out of memory on any device
 (``parity.errors.is_out_of_memory``) and a package that is not installed (a ``ModuleNotFoundError``
 naming a module outside this project). Anything else is a bug of parity itself and keeps its

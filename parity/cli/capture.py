@@ -15,11 +15,11 @@ import argparse
 from rich.console import Console
 
 import optimized
-from parity import capture
-from parity.capture import sites
 from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, check_text, write_output
 from parity.diff import setup
 from parity.errors import InputError
+from parity.record import capture
+from parity.record.capture import sites
 
 DEFAULT_STEPS = 2
 MAX_PROMPT = 1 << 20

@@ -36,19 +36,19 @@ import time
 
 from rich.console import Console
 
-from parity import capture
 from parity import certify as engine
 from parity import schema, strategies
 from parity.bounds.core import CONTRACTS
-from parity.candidate import in_project
 from parity.certify import merge, runners, units
+from parity.certify.candidate import in_project
+from parity.certify.report import certificate, merged, render_op, render_summary, write_json
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, parse_shard, write_output
 from parity.cli.impls import DTYPES, parse_impls, select_impls, select_runs, setup_device
 from parity.errors import CandidateError, InputError
 from parity.ops.kda import under_gate
 from parity.peers import SHORTHANDS
-from parity.report import certificate, merged, render_op, render_summary, write_json
-from parity.watch import report
+from parity.record import capture
+from parity.record.watch import report
 from reference.checks import kda_gate_bound, kda_gate_name
 
 

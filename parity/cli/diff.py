@@ -14,17 +14,16 @@ import argparse
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from parity import reference_device
 from parity.cli import diff_corpus
 from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, check_text, write_output
 from parity.cli.diff_corpus import dump_folder
-from parity.diff import build_report, run_diff, setup, write_json
+from parity.diff import build_report, reference_device, run_diff, setup, write_json
+from parity.diff.engines import DumpEngine, EngineError
+from parity.diff.engines.plan import make_plan, write_plan
 from parity.diff.plot import write_plot
 from parity.diff.render import print_result
 from parity.diff.report import environment
 from parity.diff.setup import checkpoint_errors, one_line
-from parity.engines import DumpEngine, EngineError
-from parity.engines.plan import make_plan, write_plan
 from parity.errors import InputError
 
 DEFAULT_STEPS = {"cuda": 128, "cpu": 16}  # the Triton interpreter takes ~1-3 s per decode step

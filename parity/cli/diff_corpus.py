@@ -16,20 +16,20 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from parity import memory, reference_device
+from parity import memory
 from parity.cli.args import check_count, check_outputs, parse_shard, write_output
-from parity.diff import run_diff, setup
+from parity.diff import reference_device, run_diff, setup
 from parity.diff.batch import DEFAULT_BATCH, run_diff_batch
 from parity.diff.corpus import CorpusResult, PromptResult, corpus_digest
 from parity.diff.corpus import fmt as _g
 from parity.diff.corpus import load
 from parity.diff.corpus import merge as merge_shards
 from parity.diff.corpus import read_dumps, read_prompts, shard_of
+from parity.diff.engines import DumpEngine, EngineError
 from parity.diff.plot import write_corpus_plot
 from parity.diff.report import write_json
 from parity.diff.setup import checkpoint_errors, one_line
 from parity.diff.twin import twin_for
-from parity.engines import DumpEngine, EngineError
 from parity.errors import InputError
 
 MAX_BATCH = 1024  # --batch at most this many prompts decoded together

@@ -2,19 +2,18 @@
 
 Exit status: record 0 (written), 1 (a step diverged or numbers are past their bound: nothing
 written); check 0 (no step diverged), 1 (a step diverged); 2 unusable input. ``check --engine``
-holds any engine to the golden (``parity.engines``: transformers, dump:PATH, module:factory).
-Format: parity/golden.py, docs/cli.md.
+holds any engine to the golden (``parity.diff.engines``: transformers, dump:PATH, module:factory).
+Format: parity/diff/golden.py, docs/cli.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
 
-from parity import golden, reference_device
 from parity.cli.args import MAX_STEPS, MAX_TOP_K, check_count, check_outputs, check_seed, check_text, write_output
-from parity.diff import setup
+from parity.diff import golden, reference_device, setup
+from parity.diff.engines import EngineError
 from parity.diff.report import atomic_write, environment
-from parity.engines import EngineError
 from parity.errors import InputError
 
 DEFAULT_STEPS = 32

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 import optimized
-from parity import candidate, ops
+from parity import ops
+from parity.certify import candidate
 from parity.errors import CandidateError, InputError
 from parity.peers import SHORTHANDS, implementations, missing
 

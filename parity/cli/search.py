@@ -8,7 +8,7 @@
                   [--random] [--json PATH] [--keep DIR]
 
 For every op, candidate and dtype, draws the record's wide inputs and climbs toward the worst error
-in bound units (``parity.search``); prints one line per run and writes them all with ``--json``.
+in bound units (``parity.certify.search``); prints one line per run and writes them all with ``--json``.
 ``--seconds`` is the budget of the whole command, shared among its runs. Exit 0 when no input
 exceeded its bound, 1 when one did, 2 for unusable arguments.
 """
@@ -21,13 +21,13 @@ from pathlib import Path
 
 from parity.atomic import atomic_write
 from parity.bounds.core import CONTRACTS
+from parity.certify.search import FORMAT, save_case, search
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, write_output
 from parity.cli.impls import DTYPES, parse_impls, select_impls, select_runs, setup_device
 from parity.environment import environment
 from parity.errors import InputError
 from parity.peers import SHORTHANDS
 from parity.registry import SEARCH_SPACES
-from parity.search import FORMAT, save_case, search
 
 CANDIDATES = ("optimized", "reference-f32")
 MAX_SECONDS = 7 * 24 * 3600.0
@@ -59,7 +59,7 @@ def register(sub):
     p.add_argument("--random", action="store_true", help="fresh draws each run (default: derandomized)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the results here")
     p.add_argument("--keep", metavar="DIR", default=None,
-                   help="save each run's worst input past its bound here (.npz, parity.search.load_case)")
+                   help="save each run's worst input past its bound here (.npz, parity.certify.search.load_case)")
     p.set_defaults(func=run)
 
 

@@ -4,7 +4,7 @@ in its Python subprocesses, for ``parity certify --calls`` (docs/watch.md).
     parity watch --op OP=module:function [--op ...] --out FILE [--max-bytes N] -- python prog.py ...
     parity watch --merge FILE
 
-The program runs with ``parity/watch/bootstrap`` first on PYTHONPATH (its ``sitecustomize`` starts
+The program runs with ``parity/record/watch/bootstrap`` first on PYTHONPATH (its ``sitecustomize`` starts
 the watch in every Python process) and the targets in ``PARITY_WATCH``. Each process writes its
 calls as parts while it runs; when the program ends, however it ends (an exception, Ctrl-C, a
 signal), the parts are merged into FILE. The exit code is the program's (128 + N for a signal N).
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from parity.cli.args import check_outputs
 from parity.errors import InputError
-from parity.watch import callfile, check_targets
-from parity.watch.recorder import parse_bytes
+from parity.record.watch import callfile, check_targets
+from parity.record.watch.recorder import parse_bytes
 
 
 def register(sub):
@@ -54,7 +54,7 @@ def _targets(values) -> dict:
 
 def _env(targets: dict, out: Path, max_bytes: int, command: list) -> dict:
     package = Path(__file__).parent.parent   # parity/
-    boot = package / "watch" / "bootstrap"
+    boot = package / "record" / "watch" / "bootstrap"
     root = package.parent
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot), str(root), env.get("PYTHONPATH", "")) if p)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.engines import DumpError
-from parity.engines.dump import read_header
+from parity.diff.engines import DumpError
+from parity.diff.engines.dump import read_header
 from parity.errors import InputError
 from parity.schema import errors
 from parity.schema import load as load_schema

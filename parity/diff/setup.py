@@ -13,10 +13,9 @@ import optimized
 import reference
 from optimized.backends import resolve
 from parity import memory
-from parity.cli.args import check_outputs
-from parity.engines import BUILTIN, DUMP_PREFIX, CheckedEngine, EngineError, from_factory
-from parity.engines import load_engine as builtin
-from parity.engines import router_bias
+from parity.diff.engines import BUILTIN, DUMP_PREFIX, CheckedEngine, EngineError, from_factory
+from parity.diff.engines import load_engine as builtin
+from parity.diff.engines import router_bias
 from parity.errors import InputError
 from parity.platform import store_rounding
 from reference import tokenizer
@@ -90,11 +89,6 @@ def parse_backends(items: list[str] | None) -> dict:
     except ValueError as exc:
         raise InputError(f"--backend: {one_line(exc)}") from None
     return out
-
-
-def check_output(flag: str, path: str | None) -> None:
-    """An output file must be writable before the run, not after it (``parity.cli.args``)."""
-    check_outputs((flag, path))
 
 
 def check_device(device: str | None) -> str:

@@ -5,7 +5,7 @@ A buggy engine's logits disagree with the reference more than a correct one's; a
 them widens the very bound they are judged by. The twin is a correct implementation at the engine's
 declared dtype on the reference's own weights, fed the same tokens; its disagreement with the
 reference is the noise a correct implementation at that dtype shows on this prompt
-(``parity.neartie.twin_bound``). Two twins:
+(``parity.diff.neartie.twin_bound``). Two twins:
 
 * ``emulated``: the reference's math with the dtype's rounding emulated: our optimized model with
   every op family on the reference backend (``optimized.backends``: each op the float64 reference,

@@ -1,7 +1,7 @@
 """Outside implementations fitted to the registered op signatures (docs/ARCHITECTURE.md), for
 ``parity certify --impl NAME``: a shorthand names a whole family of adapters at once. Each adapter
 is a function with a record's signature that calls the outside API, declaring its arithmetic
-contract and what it wraps (``parity.candidate.adapter``). Nothing outside is imported until an
+contract and what it wraps (``parity.certify.candidate.adapter``). Nothing outside is imported until an
 adapter runs; ``reference/`` and ``optimized/`` never import these packages.
 
 - ``fla``: fla-core 0.6.0 (``pip install 'kimi-parity[peers]'``), :mod:`parity.peers.fla`: both KDA

@@ -28,9 +28,9 @@ import warnings
 
 import torch
 
-from ..candidate import adapter
+from ..certify.candidate import adapter
 from ..errors import Unsupported
-from ..watch.adapters import Mapping, Mismatch, flag, require_none, returned
+from ..record.watch.adapters import Mapping, Mismatch, flag, require_none, returned
 
 CHUNK_SIZES = (32, 64)   # chunk_kda refuses others: "`chunk_size` must be either 32 or 64 for KDA"
 

@@ -36,7 +36,7 @@ import importlib
 
 import torch
 
-from ..candidate import adapter
+from ..certify.candidate import adapter
 from ..errors import Unsupported
 
 HEAD_DIM = 128   # FlashKDA takes K = V = 128 only

@@ -26,9 +26,9 @@ from __future__ import annotations
 import importlib
 import inspect
 
-from ..candidate import adapter
+from ..certify.candidate import adapter
 from ..errors import Unsupported
-from ..watch.adapters import Mapping, Mismatch, flag, returned
+from ..record.watch.adapters import Mapping, Mismatch, flag, returned
 
 MODULE = "transformers.models.kimi_linear.modeling_kimi_linear"
 CHUNK = f"{MODULE}:chunk_kimi_delta_attention"

@@ -1,4 +1,4 @@
-"""The model's MLA calls captured as records (parity/capture/sites.py): the prefill as mla.naive,
+"""The model's MLA calls captured as records (parity/record/capture/sites.py): the prefill as mla.naive,
 the decode step as mla.paged_decode (its paged cache gathered into contiguous rows), and the arrays
 the records' mutants need that the model never hands over (:data:`AUX`)."""
 from __future__ import annotations

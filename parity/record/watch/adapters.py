@@ -2,7 +2,7 @@
 
 ``parity certify --impl`` calls an outside kernel through an adapter with the record's signature
 (``parity.peers``); ``parity.watch`` goes the other way. The adapter that fits fla-core's
-``chunk_kda`` to ``kda.chunked`` also declares (``parity.candidate.adapter(reverse=)``) how a call
+``chunk_kda`` to ``kda.chunked`` also declares (``parity.certify.candidate.adapter(reverse=)``) how a call
 of ``chunk_kda`` made by someone else maps back: which op its flags compute, which argument is which
 input, what it returned. A reverse adapter takes the call's arguments bound by name (defaults
 applied, ``**kwargs`` spread) and returns a :class:`Mapping`, or raises :class:`Mismatch` naming

@@ -10,7 +10,7 @@ into ``gate_up_proj`` and ``w2`` into ``down_proj``. A key the model expects but
 lacks would be initialized at random: that is refused here, as is a config that transformers reads
 into another layer layout than the reference.
 
-Forward hooks fill the trace under the optimized model's names (``parity/engines/trace.py``): each
+Forward hooks fill the trace under the optimized model's names (``parity/diff/engines/trace.py``): each
 decoder layer's ``self_attn`` output (mixer), ``mlp`` output (ffn) and its own output (hidden),
 ``model.norm`` (final_norm), and each MoE gate's router logits (scores = their sigmoid) and top-k
 indices. ``.hf_model`` is the transformers model itself, for a user's own hooks.
@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from ..peers.transformers import chosen
+from parity.peers.transformers import chosen
+
 from .checked import EngineError
 
 MIN_VERSION = 5
@@ -47,7 +48,7 @@ KERNEL_FUNCTIONS = ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attentio
 
 def _import():
     try:
-        import transformers   # here: an optional dependency (kimi-parity[peers]), needed by this engine only
+        import transformers  # here: an optional dependency (kimi-parity[peers]), needed by this engine only
     except ImportError:
         raise EngineError("--engine transformers needs transformers>=5 with KimiLinear "
                           "(pip install 'kimi-parity[peers]')") from None
@@ -188,7 +189,7 @@ class TransformersEngine:
 
     def prefill(self, token_ids, *, trace: dict | None = None):
         """``(logits [T, vocab], cache)``: a fresh ``DynamicCache``, filled by the call."""
-        from transformers.cache_utils import DynamicCache   # optional dependency: see _import
+        from transformers.cache_utils import DynamicCache  # optional dependency: see _import
 
         cache = DynamicCache(config=self.hf_model.config)
         return self._run([int(t) for t in token_ids], cache, trace), cache

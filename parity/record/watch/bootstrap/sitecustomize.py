@@ -1,5 +1,5 @@
 """Put on PYTHONPATH by ``parity watch``: every Python process of the watched program starts the
-watch (parity.watch.boot) before its own code runs, then runs any other sitecustomize it would have
+watch (parity.record.watch.boot) before its own code runs, then runs any other sitecustomize it would have
 run."""
 import importlib.machinery
 import importlib.util
@@ -11,7 +11,7 @@ def _start():
     if not os.environ.get("PARITY_WATCH"):
         return
     try:   # here, and only when watching: this file runs in every Python process started with it on the path
-        from parity.watch import boot
+        from parity.record.watch import boot
 
         boot.start()
     except Exception as exc:  # the program still runs; the line says why nothing is recorded

@@ -5,7 +5,7 @@ The recorded output is the evidence: the kernel is not run again. For each kept 
 kernel received them (no rounding: the bound takes the lowest precision among the inputs the record
 rounds to the run dtype), and every recorded output is compared with it within the op's bound under
 the contract the target's adapter declares. A call past its bound is compared with each mutant of
-the op run around the float32 stand-in on the same inputs (``parity.fingerprint``): the nearest
+the op run around the float32 stand-in on the same inputs (``parity.certify.fingerprint``): the nearest
 known bug. Per op, the check's teeth are shown on the recorded inputs: each mutant, and an all-zeros
 and an all-NaN control, must fail on some recorded call (a mutant that cannot show on any, such as a
 transposed initial state in a prefill without one, meets one input the record draws).
@@ -24,16 +24,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from parity import ops
+from parity import metrics, ops
+from parity.bounds.core import UNIT_ROUNDOFF, weaker_contracts
+from parity.certify import fingerprint
+from parity.certify.candidate import first_case, standin
+from parity.certify.check import Prepared, check, prepare, strength_of
+from parity.certify.results import CaseResult, DtypeRun, MutantResult, OpCertificate
+from parity.mutants import CONTROLS
+from parity.registry import Case
 
-from .. import fingerprint, metrics
-from ..bounds.core import UNIT_ROUNDOFF, weaker_contracts
-from ..candidate import first_case, standin
 from ..capture import sites
-from ..check import Prepared, check, prepare, strength_of
-from ..mutants import CONTROLS
-from ..registry import Case
-from ..results import CaseResult, DtypeRun, MutantResult, OpCertificate
 from . import callfile
 
 

@@ -6,7 +6,7 @@ An engine is any object with the two methods of the optimized model (docs/api.md
     decode(token_id, cache, *, trace=None) -> (logits, cache)   logits [vocab]
 
 ``cache`` is the engine's own state, handed back unchanged. ``trace`` is a dict the engine may fill
-(``parity/engines/trace.py``: names and shapes); one that does gets layer localization and router
+(``parity/diff/engines/trace.py``: names and shapes); one that does gets layer localization and router
 analysis, one that does not gets verdicts from its logits alone.
 
 Built in: ``optimized`` (this repository's model), ``transformers`` (transformers' own

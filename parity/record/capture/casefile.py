@@ -81,7 +81,7 @@ def _entry(cid: str, c) -> tuple[dict, dict]:
 
 
 def write(path, captured: list, *, run: dict) -> Path:
-    """Write ``captured`` (``parity.capture.recorder.Captured``, in order) to ``path`` atomically;
+    """Write ``captured`` (``parity.record.capture.recorder.Captured``, in order) to ``path`` atomically;
     ``run``: the header's run fields (checkpoint, dtype, device, prompt_ids, steps, store_limit,
     seed, uncaptured)."""
     entries, payload = [], {}

@@ -11,10 +11,9 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from parity.cli.args import check_outputs, write_output
-from parity.errors import InputError
-from parity.report import certificate as doc
-from parity.report import render_summary, write_json
+from parity.certify.report import certificate as doc
+from parity.certify.report import render_summary, write_json
+from parity.errors import InputError, check_outputs, write_output
 
 from .judge import judge_file
 

@@ -2,7 +2,7 @@
 engine, in any language, writes; read back and replayed through the engine protocol.
 
 Format: docs/dump-format.md (header schema ``parity/schemas/dump.schema.json``); a writer:
-``parity/engines/dump_writer.py``. Everything is validated when the file is opened, before the
+``parity/diff/engines/dump_writer.py``. Everything is validated when the file is opened, before the
 reference runs: the header (format, version, config, prompt, dtype, mode, steps), every tensor's
 name, dtype and shape, token ids inside the vocabulary. The replay checks the rest as it goes: the
 prompt it is handed is the dump's, and in forced mode each token the diff feeds is the one the dump
