@@ -16,18 +16,10 @@ from optimized import _counters
 
 from .. import metrics
 from ..bounds.core import dtype_name, precision_for
+from ..emulate import torch_dtype
 from ..errors import OutOfMemory, Unsupported, is_out_of_memory, memory_line
 from ..platform import default_device
 from ..registry import Case, Mutant, OpRecord, OutputsError
-
-_TORCH = {}
-
-
-def torch_dtype(name: str):
-    if not _TORCH:
-        _TORCH.update({"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-                       "float64": torch.float64})
-    return _TORCH[dtype_name(name)]
 
 
 def strength_of(dtype: str) -> str:
