@@ -48,7 +48,7 @@ from parity.errors import CandidateError, InputError
 from parity.ops.kda import under_gate
 from parity.peers import SHORTHANDS
 from parity.record import capture
-from parity.record.watch import report
+from parity.record.watch import judge, report
 from reference.checks import kda_gate_bound, kda_gate_name
 
 
@@ -97,7 +97,7 @@ def register(sub):
 
 def run(args) -> int:
     if args.calls is not None:
-        return report.run(args)
+        return _judge_calls(args)
     if args.action == "merge":
         return _merge(args)
     if args.files:
@@ -170,6 +170,32 @@ def run(args) -> int:
         write_output(args.json_path, lambda: write_json(args.json_path, doc))
         console.print(f"certificate written to {args.json_path}")
     return 0 if doc["summary"]["verdict"] == "certified" else 1
+
+
+def _judge_calls(args) -> int:
+    """``parity certify --calls FILE [--ops ...] [--json PATH]``."""
+    given = [f for f, v in (("--impl", args.impl), ("--cases", args.cases), ("--dtype", args.dtypes),
+                            ("--examples", args.examples), ("--contract", args.contract), ("--device", args.device))
+             if v]
+    if given:
+        raise InputError(f"--calls judges the recorded outputs on their own inputs; {given[0]} does not apply")
+    check_outputs(("--json", args.json_path))
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 132)
+    console.print(f"parity certify --calls {args.calls}: each recorded call's outputs against the float64 reference "
+                  "on its recorded inputs (the kernel is not run again)", soft_wrap=True)
+    t0 = time.perf_counter()
+    with console.status("judging...") as status:
+        def on_call(c):
+            status.update(f"{c.entry['id']} {c.entry['op']}: {c.verdict}")
+
+        v = judge.judge_file(args.calls, ops=args.ops, on_call=on_call)
+    v.seconds = time.perf_counter() - t0
+    report.render(console, v)
+    d = report.certificate(v, argv=["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"] else None)
+    if args.json_path is not None:
+        write_output(args.json_path, lambda: write_json(args.json_path, d))
+        console.print(f"certificate written to {args.json_path}")
+    return 0 if v.certified else 1
 
 
 def _workers(workers: int | None, device: str, impls: dict) -> int | None:

@@ -1,21 +1,15 @@
-"""``parity certify --calls``: the printed report (the first bad call at the top, a row per call,
-the per-op summary) and the certificate document (parity/schemas/certificate.schema.json with its
-``calls`` object)."""
+"""The report of judged recorded calls (``parity certify --calls``): the printed report (the first
+bad call at the top, a row per call, the per-op summary) and the certificate document
+(parity/schemas/certificate.schema.json with its ``calls`` object)."""
 from __future__ import annotations
 
 import math
 import os
-import sys
-import time
 
-from rich.console import Console
 from rich.table import Table
 
 from parity.certify.report import certificate as doc
-from parity.certify.report import render_summary, write_json
-from parity.errors import InputError, check_outputs, write_output
-
-from .judge import judge_file
+from parity.certify.report import render_summary
 
 SHOWN = 40          # rows of the per-call table: every bad call, then the first clean ones
 
@@ -86,29 +80,3 @@ def certificate(v, argv=None) -> dict:
     out["summary"] = {"ops": len(v.certs), "certified": sum(c.certified for c in v.certs),
                       "verdict": "certified" if v.certified else "not certified"}
     return out
-
-
-def run(args) -> int:
-    """``parity certify --calls FILE [--ops ...] [--json PATH]``."""
-    given = [f for f, v in (("--impl", args.impl), ("--cases", args.cases), ("--dtype", args.dtypes),
-                            ("--examples", args.examples), ("--contract", args.contract), ("--device", args.device))
-             if v]
-    if given:
-        raise InputError(f"--calls judges the recorded outputs on their own inputs; {given[0]} does not apply")
-    check_outputs(("--json", args.json_path))
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 132)
-    console.print(f"parity certify --calls {args.calls}: each recorded call's outputs against the float64 reference "
-                  "on its recorded inputs (the kernel is not run again)", soft_wrap=True)
-    t0 = time.perf_counter()
-    with console.status("judging...") as status:
-        def on_call(c):
-            status.update(f"{c.entry['id']} {c.entry['op']}: {c.verdict}")
-
-        v = judge_file(args.calls, ops=args.ops, on_call=on_call)
-    v.seconds = time.perf_counter() - t0
-    render(console, v)
-    d = certificate(v, argv=["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"] else None)
-    if args.json_path is not None:
-        write_output(args.json_path, lambda: write_json(args.json_path, d))
-        console.print(f"certificate written to {args.json_path}")
-    return 0 if v.certified else 1
