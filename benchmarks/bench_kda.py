@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import optimized  # noqa: E402
 from benchmarks.harness import Result, bench, graph_timings, save, wall_per_call  # noqa: E402
 
 H, K, V = 32, 128, 128
@@ -167,7 +168,7 @@ def slice_ratio(x, o, contract: str) -> float:
     import numpy as np
 
     from parity import ops
-    from parity.check import prepare
+    from parity.certify.check import prepare
     from parity.registry import Case
 
     rec = ops.get("kda.fused_chunked+lower_bound")
@@ -247,6 +248,7 @@ def main(argv=None):
     ap.add_argument("--launch", default=None, help="JSON of kda.ChunkLaunch fields for the prefill "
                     "(e.g. from tune.py kda --best-out; default: the tuned defaults)")
     args = ap.parse_args(argv)
+    optimized.use("cuda")
     if args.bounded:
         return main_bounded(args)
     launch = None

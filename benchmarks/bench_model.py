@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import optimized  # noqa: E402  (sets TRITON_INTERPRET=1 when there is no GPU)
+import optimized  # noqa: E402
 from benchmarks.bench_ops import on_gpu, sync  # noqa: E402
 from benchmarks.harness import (HBM_BYTES_PER_S, Result, add_pdl_option, apply_pdl, kernel_profile,  # noqa: E402
                                 save, show_kernel_profile)
@@ -212,8 +212,7 @@ def main(argv=None):
     apply_pdl(args.pdl)
     if not on_gpu() and not args.smoke:
         ap.error("no CUDA device: the 48B model needs the GPU (use --smoke on CPU)")
-    if optimized.interpreting():
-        optimized.install_faithful_bf16_dot()
+    optimized.use("cuda" if on_gpu() else "cpu")   # on CPU the faithful interpreter
     smoke = args.smoke
     preset = args.preset or ("tiny" if smoke else "kimi-linear-48b")
     batches = args.batch or ([1, 5] if smoke else [1, 64])  # smoke: 5 > the CPU decode tile of 4

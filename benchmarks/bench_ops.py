@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import optimized  # noqa: E402  (sets TRITON_INTERPRET=1 when there is no GPU, before any kernel import)
+import optimized  # noqa: E402
 from benchmarks.harness import (Result, add_pdl_option, apply_pdl, bench, graph_timings, save,  # noqa: E402
                                 wall_per_call)
 from reference.config import KimiConfig  # noqa: E402
@@ -405,9 +405,7 @@ def main(argv=None):
     apply_pdl(args.pdl)
     if not on_gpu() and not args.smoke:
         ap.error("no CUDA device: the full-size benchmark needs the GPU (use --smoke on CPU)")
-    if optimized.interpreting():
-        optimized.install_faithful_bf16_dot()
-    dev = torch.device("cuda" if on_gpu() else "cpu")
+    dev = torch.device(optimized.use("cuda" if on_gpu() else "cpu"))   # on CPU the faithful interpreter
     p = plan(args.smoke)
     cfg: KimiConfig = p["cfg"]
     C, W = cfg.kda_dim, cfg.short_conv_kernel_size

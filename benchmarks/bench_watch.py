@@ -73,7 +73,7 @@ def per_call(tokens: int, calls: int, max_bytes: int) -> tuple[float, float]:
     """(seconds per call of ``_stub`` plain, watched with ``max_bytes``), CPU time, on a prefill's
     shapes (the bundled checkpoint's KDA layers: H=2, K=V=32)."""
     import parity
-    from parity.watch import same_as
+    from parity.record.watch import same_as
 
     same_as(TARGETS["kda.chunked"])(_stub)
     me = sys.modules[__name__]

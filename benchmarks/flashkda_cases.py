@@ -13,9 +13,9 @@ import sys
 
 import torch
 
-from parity.capture import casefile, tensors
-from parity.capture.recorder import Captured
 from parity.ops.kda.inputs import core_case
+from parity.record.capture import casefile, tensors
+from parity.record.capture.recorder import Captured
 
 OP = "kda.fused_chunked+lower_bound"
 

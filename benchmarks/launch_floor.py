@@ -27,6 +27,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.harness import HBM_BYTES_PER_S, bench, graphed  # noqa: E402
+import optimized  # noqa: E402
 from optimized import _pdl  # noqa: E402
 
 ROW = 576  # a latent cache row: L = 512 latent + R = 64 k_pe, bf16
@@ -110,6 +111,7 @@ def main(argv=None):
         ap.error(f"--chain: expected a count >= 0, got {args.chain}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (it times launches)")
+    optimized.use("cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     x = torch.zeros(8, device="cuda")
     rows = []

@@ -101,6 +101,7 @@ def cmd_decode(args) -> dict:
         import optimized
         from optimized.weights import named_views
 
+        optimized.use(args.device)
         t0 = time.perf_counter()
         opt = optimized.load(src, device=args.device, dtype="bfloat16")
         shared = named_views(opt.weights, cfg)

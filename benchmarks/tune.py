@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import optimized  # noqa: E402
 from benchmarks.harness import HBM_BYTES_PER_S, bench, graphed, kernel_profile  # noqa: E402
 
 
@@ -295,6 +296,7 @@ def main(argv=None) -> None:
     args = parser().parse_args(argv)
     if not torch.cuda.is_available():
         parser().error("needs a CUDA GPU (the sweeps time kernels)")
+    optimized.use("cuda")
     rows: list = []
     {"kda": tune_kda, "mla": tune_mla, "moe": tune_moe, "conv": tune_conv}[args.family](args, rows)
     if args.out:

@@ -1,34 +1,25 @@
 """Optimized Kimi-Linear: Triton kernels (torch for plain GEMMs) and the bf16 model.
 
-On a machine without CUDA the kernels run on CPU under the Triton interpreter. The interpreter is
-selected by ``TRITON_INTERPRET=1`` at the time kernels are defined, so it is set here, before any
-kernel module is imported, when no GPU is present (``_interpreter.select``, the one place that sets
-it up; entry points that take a device call it with theirs); ``optimized.backend_info()`` reports
-it. Under the interpreter the faithful bf16 dot and rounding (``_interpreter.py``) are put in force
-there, so every entry point computes what a GPU computes (each family checks again as it defines its
-kernels).
+Importing it chooses nothing. Where the kernels run is chosen by :func:`use` (``optimized.use(device)``),
+which every entry point calls with its device: compiled for a GPU, or on the CPU under the Triton
+interpreter made faithful (``_interpreter.py``: bf16 dots and casts as a GPU computes them); a kernel
+launched before any choice takes the default, a GPU when torch sees one. ``backend_info()`` reports
+what ran.
 """
 from __future__ import annotations
 
 import torch
+import triton
 
 from ._interpreter import (ensure_faithful, install_faithful_bf16_dot, interpreting,  # noqa: F401
-                           interpreter_is_faithful, select)
+                           interpreter_is_faithful, select, use)
+from .model import load
 
-select()
-
-
-def load(path_or_source, **kwargs):
-    """The optimized model (``optimized.model.load``; imported on first use, it pulls in every kernel)."""
-    from .model import load as _load
-
-    return _load(path_or_source, **kwargs)
+__all__ = ["use", "load", "backend_info", "interpreting", "interpreter_is_faithful"]
 
 
 def backend_info() -> dict:
     """What runs the kernels: for reports."""
-    import triton
-
     return {
         "torch": torch.__version__,
         "triton": triton.__version__,

@@ -19,24 +19,34 @@ A third, of older interpreters only (Triton 3.6): a tensor used as a Python int 
 And a cost: every call of a ``@triton.jit`` device function inside a kernel patches
 ``triton.language`` again, though the kernel's launch patched the same modules with the same
 functions and restores them when it ends; the repeat is skipped (``_patch_language_once``), which
-takes a third off a CPU ``parity diff`` and changes no bit.
+takes about a quarter off a CPU ``parity diff`` and changes no bit.
 
-``optimized`` installs it itself whenever its kernels run under the interpreter: on import (where it
-selects the interpreter when there is no GPU) and again when a family's kernels are defined (were
-``TRITON_INTERPRET`` set later), so no public entry point (``optimized.load``, the ops, ``parity``)
-can run the interpreter's raw-bit bf16 dot; where the patch cannot be installed (a Triton whose
-interpreter lacks the hooks), defining the kernels fails with a one-line error instead.
+Nothing here happens on import. :func:`use` (``optimized.use``) is the one place where the backend is
+chosen and the interpreter set up: every entry point calls it with its device (``parity certify
+--device``, ``parity diff --device``, the test suite's ``--parity-device``, the benchmarks), and a
+kernel launched before any choice takes the default (``use(None)``: compiled with a GPU, else the
+interpreter). ``triton.jit`` reads ``TRITON_INTERPRET`` when a kernel is defined; optimized's
+kernels (``optimized._jit``) and Triton's own library functions defined before the choice read it
+when they run (:func:`_interpret_jit_functions`), so the choice may come after the import. Under
+the interpreter the faithful dot is installed by :func:`use`, or where it cannot be (a Triton whose
+interpreter lacks the hooks) :func:`use` fails with a one-line error instead.
 ``interpreter_is_faithful()`` lets a report state it.
-
-:func:`select` is the one place where the backend is chosen and the interpreter set up: ``optimized``
-calls it on import, and every entry point that takes a device (``parity certify``, ``parity diff``,
-the test suite's ``--parity-device``) calls it with that device before any kernel is defined.
 """
 from __future__ import annotations
 
+import inspect
 import os
-import sys
+import threading
 import warnings
+import weakref
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from triton.runtime import interpreter as _interp
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
 
 _INSTALLED = False
 
@@ -46,34 +56,81 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-# the modules that define kernels: the interpreter is chosen when they are imported, never after
-_KERNEL_MODULES = ("conv", "elementwise", "embed", "kda", "mla", "moe", "norm", "model", "graphs")
+_CHOSEN: str | None = None   # the device of the last use(): None until an entry point (or a launch) chose
+_LATE = False                # JITFunction patched to run under the interpreter when it is set
 
 
-def kernels_defined() -> bool:
-    """True once a module of optimized/ that defines Triton kernels has been imported."""
-    return any(f"optimized.{m}" in sys.modules for m in _KERNEL_MODULES)
-
-
-def select(device: str | None = None) -> str:
-    """Where the kernels run, set up here and nowhere else; returns the device.
+def use(device: str | None = None) -> str:
+    """Choose where the kernels run, set up here and nowhere else; returns the device.
 
     ``device`` None: ``cuda`` when torch sees a GPU, else ``cpu``. On ``cpu`` the Triton interpreter
-    is selected (``TRITON_INTERPRET=1``) unless kernels are already defined (then the caller learns
-    it from :func:`interpreting`); under the interpreter the faithful bf16 dot and casts are put in
-    force (:func:`ensure_faithful`) and NumPy's warnings from masked-off padding lanes (0/0 there is
-    discarded by the store mask) are silenced. ``cuda`` is returned as given: whether a GPU is
-    present is the caller's error to report."""
+    is selected (``TRITON_INTERPRET=1``); under the interpreter the faithful bf16 dot and casts are
+    put in force (:func:`ensure_faithful`), kernels defined before the choice run under it
+    (:func:`_interpret_jit_functions`), and NumPy's warnings from masked-off padding lanes (0/0
+    there is discarded by the store mask) are silenced. ``cuda`` is returned as given: whether a GPU
+    is present is the caller's error to report."""
+    global _CHOSEN
     if device is None:
-        import torch
-
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and not kernels_defined():
+    if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     if interpreting():
         ensure_faithful("optimized")
+        _interpret_jit_functions()
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
+    _CHOSEN = device
     return device
+
+
+select = use   # the name entry points called it by before ``optimized.use``
+
+
+def chosen() -> str | None:
+    """The device of the last :func:`use`; None while nothing chose one."""
+    return _CHOSEN
+
+
+def settle() -> None:
+    """Called as a kernel launches (and by ``load``): the default backend (:func:`use` of None) when
+    nothing chose one yet, and under the interpreter the faithful dot and late definitions in force
+    (a process that set ``TRITON_INTERPRET`` itself)."""
+    if _CHOSEN is None:
+        use(None)
+    elif interpreting() and not _LATE:
+        ensure_faithful("optimized")
+        _interpret_jit_functions()
+
+
+def _interpret_jit_functions() -> None:
+    """Run a ``JITFunction`` under the interpreter whenever ``TRITON_INTERPRET`` is set: one defined
+    before the interpreter was chosen (optimized's kernels, Triton's own library functions such as
+    ``tl.sum``, defined when triton was imported) is otherwise a compiled kernel, which cannot run
+    on a CPU and which the interpreter cannot call. Compiled launches are untouched: the patched
+    methods go to the originals unless interpreting."""
+    global _LATE
+    if _LATE:
+        return
+
+    def interpreted(fn) -> InterpretedFunction:
+        form = fn.__dict__.get("_interpreted")
+        if form is None:
+            form = fn.__dict__["_interpreted"] = InterpretedFunction(fn.fn)
+        return form
+
+    original_run, original_call = JITFunction.run, JITFunction.__call__
+
+    def run(self, *args, grid, warmup, **kwargs):
+        if interpreting():
+            return interpreted(self).run(*args, grid=grid, warmup=warmup, **kwargs)
+        return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    def call(self, *args, **kwargs):   # a device function called from an interpreted kernel
+        if interpreting():
+            return interpreted(self)(*args, **kwargs)
+        return original_call(self, *args, **kwargs)
+
+    JITFunction.run, JITFunction.__call__ = run, call
+    _LATE = True
 
 
 def install_faithful_bf16_dot() -> None:
@@ -82,10 +139,6 @@ def install_faithful_bf16_dot() -> None:
     global _INSTALLED
     if _INSTALLED:
         return
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter as _interp
-
     builder_cls = _interp.InterpreterBuilder
     original = builder_cls.create_dot
 
@@ -165,12 +218,6 @@ def _patch_language_once(interp) -> None:
     ``_patch_lang`` walks every member of ``triton.language`` with ``inspect.getmembers`` (2-3 ms),
     and a launch runs a device function once per program and call site. Where the interpreter lacks
     these names nothing is changed (it only costs time)."""
-    import inspect
-    import threading
-    import weakref
-
-    import triton.language as tl
-
     original, executor = getattr(interp, "_patch_lang", None), getattr(interp, "GridExecutor", None)
     if original is None or executor is None or getattr(original, "parity_once", False):
         return
@@ -220,8 +267,6 @@ def ensure_faithful(where: str) -> None:
     try:
         install_faithful_bf16_dot()
     except Exception as exc:  # noqa: BLE001 - any failure to patch: refuse rather than compute wrong
-        import triton
-
         raise RuntimeError(
             f"{where}: the Triton kernels run under the interpreter (TRITON_INTERPRET=1), whose bf16 "
             f"tl.dot multiplies raw bit patterns, and its faithful replacement cannot be installed in "

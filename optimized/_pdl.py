@@ -29,9 +29,9 @@ import functools
 import os
 
 import torch
-import triton
 import triton.language as tl
 
+from ._jit import jit
 from ._interpreter import interpreting
 
 try:  # Triton >= 3.3
@@ -57,7 +57,7 @@ def enabled(device: torch.device) -> bool:
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
 
-@triton.jit
+@jit
 def pdl_wait(PDL: tl.constexpr, LAUNCH_NEXT: tl.constexpr = True):
     """Wait for the previous kernel in the stream (its stores visible), then (``LAUNCH_NEXT``) let
     the next one launch. A no-op without PDL."""
@@ -67,7 +67,7 @@ def pdl_wait(PDL: tl.constexpr, LAUNCH_NEXT: tl.constexpr = True):
             gdc_launch_dependents()
 
 
-@triton.jit
+@jit
 def pdl_launch_next(PDL: tl.constexpr):
     """Let the next kernel launch (for a kernel that waited with ``LAUNCH_NEXT=False``: its
     programs then reach this late, so the next kernel's programs do not sit on the SMs through its
@@ -76,7 +76,7 @@ def pdl_launch_next(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
-@triton.jit
+@jit
 def prefetch_l2(ptrs, ENABLE: tl.constexpr):
     """Ask L2 for the 128-byte lines holding ``ptrs`` (any shape; one ``prefetch.global.L2`` per
     element), then go on without waiting. A hint: it returns nothing and changes no value, so it

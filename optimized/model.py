@@ -73,7 +73,7 @@ from reference.checks import (check_token_id, check_token_ids, check_variants, k
 from reference.config import KimiConfig
 
 from . import backends as _backends
-from ._interpreter import interpreting
+from ._interpreter import interpreting, settle
 from .cache import CachePool, DecodeBatch, SequenceCache
 from ._checks import require_ieee_fp32_matmul
 from .weights import KDAWeights, ModelWeights, load_weights
@@ -548,9 +548,10 @@ def load(path_or_source, *, device=None, dtype="bfloat16", moe_combine: str = "u
         source = open_source(path_or_source)
     else:
         raise TypeError(f"load: expected a checkpoint path or a WeightSource, got {type(path_or_source).__name__}")
+    settle()
     if dev.type == "cpu" and any(v == "triton" for v in choice.values()) and not interpreting():
         raise ValueError("device 'cpu': the Triton kernels run on CPU only under the Triton interpreter; "
-                         "set TRITON_INTERPRET=1 before importing optimized")
+                         "call optimized.use('cpu') first")
     graphs = _resolve_cuda_graphs(cuda_graphs, dev, choice)
     weights = load_weights(source, device=dev, dtype=DTYPES[dtype_name])
     return Model(source, weights, device=dev, dtype=dtype_name, moe_combine=moe_combine,

@@ -11,6 +11,16 @@ these says so (candidate ``reference-f32``).
 """
 import torch
 
+from .bounds.core import dtype_name
+
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                "float64": torch.float64}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype named ``name`` (any spelling ``bounds.core.dtype_name`` takes)."""
+    return TORCH_DTYPES[dtype_name(name)]
+
 
 def cdt(dtype: torch.dtype) -> torch.dtype:
     """The arithmetic dtype for inputs of ``dtype``, which is also the dtype states are returned in."""

@@ -7,6 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hypothesis
+import numpy
+import torch
+import triton
+
+import optimized
+
 
 def git_revision(root=None, file=None) -> dict:
     """``{"revision", "dirty"}`` of the git work tree holding ``root`` (default: this repository):
@@ -35,10 +42,6 @@ def git_revision(root=None, file=None) -> dict:
 
 
 def environment(device: str) -> dict:
-    import hypothesis
-    import numpy
-    import torch
-
     env = {
         "python": sys.version.split()[0], "platform": platform.platform(),
         "numpy": numpy.__version__, "torch": torch.__version__, "hypothesis": hypothesis.__version__,
@@ -51,15 +54,8 @@ def environment(device: str) -> dict:
         "reference": {"executor": "numpy", "device": "cpu", "library": f"numpy {numpy.__version__}"},
     }
     try:
-        import optimized
-
         env["backend_info"] = optimized.backend_info()
-    except Exception as exc:  # the optimized package failed to import: the certificate says so
+    except Exception as exc:  # the backend could not be described: the certificate says so
         env["backend_info"] = {"error": f"{type(exc).__name__}: {exc}"}
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
+    env["triton"] = triton.__version__
     return env

@@ -1,13 +1,34 @@
-"""Errors the CLI reports as one line (exit 2), and how running out of memory is recognized and
-said in one line whichever library ran out."""
+"""Errors the CLI reports as one line (exit 2), output files checked before a run and written as
+input errors (:func:`check_outputs`, :func:`write_output`), and how running out of memory is
+recognized and said in one line whichever library ran out."""
 from __future__ import annotations
 
 import re
+
+from reference.validate import InvalidInput, output_file, write_error
 
 
 class InputError(Exception):
     """Unusable input: a missing or broken checkpoint, a bad argument. The message is one line
     that names the offending thing."""
+
+
+def check_outputs(*flags: tuple[str, str | None]) -> None:
+    """Each ``(flag, path)`` given on the command line is a usable output file
+    (``reference.validate.output_file``), checked before any work starts."""
+    for flag, path in flags:
+        try:
+            output_file(flag, path)
+        except InvalidInput as exc:
+            raise InputError(str(exc)) from None
+
+
+def write_output(path, write) -> None:
+    """Call ``write()``; an OS error (disk full, permission) is an input error naming the file."""
+    try:
+        write()
+    except OSError as exc:
+        raise InputError(str(write_error(path, exc))) from None
 
 
 class CandidateError(ValueError):

@@ -26,7 +26,15 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
+
+from optimized.cache import sequence_bytes
+from optimized.weights import resident_bytes
 from parity.errors import InputError
+from reference.cache import cache_bytes
+from reference.config import PRESETS
+from reference.executor import free_bytes as free
+from reference.memory import call_bytes
 
 FreeMemory = Callable[[str], "int | None"]
 GIB = 2 ** 30
@@ -35,8 +43,6 @@ GIB = 2 ** 30
 def free_bytes(device: str) -> int | None:
     """The real free memory of ``device`` (``cpu``: the host's MemAvailable; ``cuda``: free GPU
     memory plus what torch's allocator holds unused): ``reference.executor.free_bytes``."""
-    from reference.executor import free_bytes as free
-
     return free(device)
 
 
@@ -46,18 +52,12 @@ def gib(n: int) -> str:
 
 def weight_bytes(config, dtype: str) -> int:
     """Resident bytes of the optimized model of ``config`` at ``dtype`` (exact)."""
-    import torch
-
-    from optimized.weights import resident_bytes
-
     return resident_bytes(config, getattr(torch, dtype))
 
 
 def reference_floor(config) -> int:
     """The least the float64 reference holds on its device: its weight LRU and a one-token call
     (a longer call checks its own estimate before it runs, ``reference.memory``)."""
-    from reference.memory import call_bytes
-
     return call_bytes(config, 1)
 
 
@@ -65,13 +65,11 @@ def reference_beside(device: str | None, engine_device: str) -> bool:
     """Whether the reference (``--reference-device`` ``device``) will run on ``engine_device``, as
     far as is known before anything loads: ``cpu`` and ``cuda`` as given; ``auto`` without a GPU is
     the CPU; ``auto`` with one is decided by the memory the engine leaves
-    (``parity.reference_device.resolve``): not beside."""
+    (``parity.diff.reference_device.resolve``): not beside."""
     if device in ("cpu", "cuda"):
         return device == engine_device
     if device is None:
         return False
-    import torch
-
     return engine_device == "cpu" and not torch.cuda.is_available()
 
 
@@ -92,8 +90,6 @@ def check_weights(config, *, dtype: str, device: str, free: FreeMemory, referenc
 
 
 def _ways_out(config, dtype: str, device: str, free: FreeMemory, need: int, synthetic: str | None) -> list[str]:
-    import torch
-
     ways = ["a GPU with more memory" if device.startswith("cuda") else "a machine with more memory"]
     if device.startswith("cuda"):
         host = free("cpu")
@@ -116,8 +112,6 @@ def _ways_out(config, dtype: str, device: str, free: FreeMemory, need: int, synt
 
 
 def _presets():
-    from reference.config import PRESETS
-
     return PRESETS.items()
 
 
@@ -125,11 +119,6 @@ def batch_bytes(config, lengths: list[int], *, engine_dtype: str | None, replay:
     """Per prompt of full length ``lengths[k]`` (prompt + steps): (the engine's cache bytes, 0 for
     an engine whose caches are not counted (``engine_dtype`` None); the reference's float64 cache
     bytes, twice with ``replay``: the replay's caches of the same shapes)."""
-    import torch
-
-    from optimized.cache import sequence_bytes
-    from reference.cache import cache_bytes
-
     eng = [0 if engine_dtype is None else sequence_bytes(config, n, dtype=getattr(torch, engine_dtype))
            for n in lengths]
     ref = [cache_bytes(config, n) * (2 if replay else 1) for n in lengths]

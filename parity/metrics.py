@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 WORST = 5
 
@@ -78,8 +79,6 @@ def _finite(x):
 def to_numpy(x) -> np.ndarray:
     """float64 (or int64) NumPy copy of an array or torch tensor: the parity boundary's conversion."""
     if hasattr(x, "detach"):
-        import torch
-
         t = x.detach().cpu()
         if t.is_floating_point():
             return t.to(torch.float64).numpy()
@@ -121,8 +120,6 @@ def to_host(arrays: dict) -> dict:
 def host_copies(tensors: list) -> list[HostCopy]:
     """The ``HostCopy`` of each of ``tensors`` (torch, of one device and dtype), widened on their
     device and copied to the host together."""
-    import torch
-
     xs = [x.detach() for x in tensors]
     flat = torch.cat([x.reshape(-1) for x in xs])
     flat = flat.to(torch.float64 if flat.is_floating_point() else torch.int64).cpu().numpy()
@@ -167,8 +164,6 @@ def round_to(a: np.ndarray, dtype: str) -> np.ndarray:
     """float64 values rounded (to nearest even) to ``dtype`` and returned as float64."""
     if dtype == "float64":
         return a.astype(np.float64)
-    import torch
-
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64)).to(tdt).to(torch.float64).numpy()
 

@@ -22,7 +22,7 @@ from functools import partial
 
 import torch
 
-from .check import torch_dtype
+from .emulate import torch_dtype
 from .registry import Mutant
 
 

@@ -11,6 +11,13 @@ from __future__ import annotations
 
 import functools
 
+import torch
+import triton.language as tl
+
+from optimized import _interpreter
+from optimized._interpreter import interpreting
+from optimized._jit import jit
+
 NEAREST = "nearest"
 TOWARD_ZERO = "toward-zero"
 
@@ -18,13 +25,9 @@ TOWARD_ZERO = "toward-zero"
 def default_device(device: str | None = None) -> str:
     """``device``, or where the optimized kernels run by default: ``cuda`` on a machine with a GPU
     (compiled kernels), else ``cpu`` (the Triton interpreter, also where it was selected on a machine
-    with a GPU: ``optimized._interpreter.select("cpu")``)."""
+    with a GPU: ``optimized.use("cpu")``)."""
     if device is not None:
         return device
-    import torch
-
-    from optimized._interpreter import interpreting
-
     return "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
 
 
@@ -34,20 +37,12 @@ def store_rounding(dtype: str, device: str | None = None) -> str:
     interpreter's patches."""
     if dtype not in ("bfloat16", "float16"):
         return NEAREST
-    from optimized import _interpreter
-
     return _probe_rounding(dtype, default_device(device), _interpreter.interpreter_is_faithful())
 
 
 @functools.lru_cache(maxsize=None)
 def _probe_rounding(dtype: str, device: str, patched: bool) -> str:
-    import torch
-
-    import optimized  # noqa: F401  (selects the interpreter when there is no GPU)
-    import triton
-    import triton.language as tl
-
-    @triton.jit
+    @jit   # optimized's: the backend settled at launch, as for the kernels it measures
     def _probe(x_ptr, y_ptr):
         x = tl.load(x_ptr)
         tl.store(y_ptr, x.to(y_ptr.dtype.element_ty))

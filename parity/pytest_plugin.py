@@ -17,12 +17,24 @@
   ``parity.testing.op_names()``.
 - Hypothesis: the profiles of :mod:`parity.strategies` are registered and the one named by
   ``PARITY_HYPOTHESIS_PROFILE`` (default ``ci``) is loaded for the whole session.
+- The backend: ``optimized.use`` of ``--parity-device`` when the session starts, before any test
+  module is collected.
 
-Nothing heavy is imported at load time: suites that never touch torch keep running without it.
+Nothing is imported when pytest loads the plugin (it loads in every session of the environment);
+the session's configuration imports parity and optimized.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
 import pytest
+
+# parity, optimized and torch are imported inside the hooks and fixtures below, never at the top:
+# pytest loads this plugin in every session of the environment, parity's suites or not
 
 _GPU_REASON = "needs a CUDA GPU (parity_gpu); none is available"
 
@@ -37,22 +49,23 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "parity_gpu: the test needs a CUDA GPU; skipped cleanly without one")
     config.addinivalue_line("markers", "parity_interpreter: the test needs the Triton interpreter on the CPU; "
                                        "run in a child process where this one compiles for a GPU")
+    import optimized   # not at the top: see above
     from parity.strategies import load_profile
 
     load_profile()
+    device = config.getoption("--parity-device")
+    optimized.use(None if device == "auto" else device)
 
 
 def _has_gpu() -> bool:
     try:
-        import torch
+        import torch   # not at the top: see above
     except ImportError:
         return False
     return torch.cuda.is_available()
 
 
 def _interpreting() -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -91,12 +104,6 @@ def _junit_key(nodeid: str) -> tuple:
 
 
 def _child_result(item, group, results: dict) -> None:
-    import os
-    import subprocess
-    import sys
-    import tempfile
-    import xml.etree.ElementTree as ET
-
     if not results:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
         env.update({"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""})
@@ -133,7 +140,7 @@ def parity_device(pytestconfig) -> str:
 
 @pytest.fixture
 def assert_parity(parity_device):
-    from parity.testing import assert_parity as check
+    from parity.testing import assert_parity as check   # not at the top: see above
 
     def run(op, inputs, **kw):
         kw.setdefault("device", parity_device)
@@ -144,7 +151,7 @@ def assert_parity(parity_device):
 
 @pytest.fixture
 def assert_certified(parity_device):
-    from parity.testing import assert_certified as certify
+    from parity.testing import assert_certified as certify   # not at the top: see above
 
     def run(op, candidate, **kw):
         kw.setdefault("device", parity_device)
@@ -155,6 +162,6 @@ def assert_certified(parity_device):
 
 @pytest.fixture(scope="session")
 def parity_registry():
-    from parity import ops  # here, not at load: the plugin imports nothing heavy
+    from parity import ops   # not at the top: see above
 
     return {r.name: r for r in ops.records()}

@@ -1,6 +1,6 @@
 """The record types of the op registry: :class:`OpRecord` (one per op), :class:`Case` (one drawn
-input), :class:`Mutant` (a named semantic bug), :class:`Ref` (a callable named by module and
-attribute, imported when first called) and :class:`Site` (a call of the model captured as an op).
+input), :class:`Mutant` (a named semantic bug) and :class:`Site` (a call of the model captured as
+an op). Records hold callables: the reference op, the optimized op, the emulation.
 The records themselves are built by ``parity/ops/`` (``parity.ops.records()``: a plain list, one
 package per op family); this module imports nothing of the project, so anything may import it.
 
@@ -13,6 +13,7 @@ the strengths it claims. Calls are normalized: a candidate is called as ``fn(*ar
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -44,9 +45,9 @@ SEARCH_SPACES = ("cheap", "full", "buckets")
 @dataclass(frozen=True)
 class Ref:
     """A callable named by ``module`` and ``attr`` (dotted inside the module), imported on its first
-    call. The optimized ops are held this way: importing ``optimized`` picks the Triton backend (the
-    interpreter without a GPU), which the CLI must choose before. ``resolve()`` gives the function
-    (for tools: ``inspect.getsourcefile(record.optimized.resolve())``)."""
+    call. Kept for records written outside this repository before records held the optimized op
+    itself (importing optimized chooses nothing now); the project's records hold callables.
+    Deprecated: hold the function."""
 
     module: str
     attr: str
@@ -71,10 +72,19 @@ def resolve(fn) -> Callable:
 
 
 def describe(fn) -> str:
-    """``module:qualname`` of a callable or a :class:`Ref` (for tables and certificates)."""
+    """``module:qualname`` of a callable (for tables and certificates), the module being the
+    shortest package that exports it under its name, as users import it (``optimized.kda:chunked``,
+    not the file that defines it, ``optimized.kda.chunk``)."""
     if isinstance(fn, Ref):
         return str(fn)
     mod = getattr(fn, "__module__", None) or "?"
+    name = getattr(fn, "__name__", None)
+    parts = mod.split(".")
+    for i in range(1, len(parts)):
+        package = sys.modules.get(".".join(parts[:i]))
+        if name is not None and package is not None and getattr(package, name, None) is fn:
+            mod = ".".join(parts[:i])
+            break
     return f"{mod}:{getattr(fn, '__qualname__', getattr(fn, '__name__', repr(fn)))}"
 
 
@@ -139,7 +149,7 @@ def picked(*names, kw=()) -> Callable:
 class OpRecord:
     name: str                       # "kda.chunked": family.function
     reference: Callable             # float64 NumPy (reference/ itself, or a parity.ops adapter)
-    optimized: Callable             # the optimized op (a Ref into optimized/, or a parity.ops adapter)
+    optimized: Callable             # the optimized op (of optimized/, or a parity.ops adapter)
     emulated: Callable              # torch port (the family's emulate.py): the reference-f32 stand-in
     inputs: Callable                # () -> hypothesis strategy of Case
     bound: Callable                 # error-bound model (the family's bounds.py)
@@ -191,7 +201,7 @@ class OpRecord:
         return self.wide(space) if self.wide is not None else self.inputs()
 
     def optimized_callable(self) -> Callable:
-        """The optimized op (imported now if held as a :class:`Ref`)."""
+        """The optimized op (a record written with a :class:`Ref` resolved)."""
         return resolve(self.optimized)
 
     # -- normalized calls -------------------------------------------------------------------

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from .candidate import named
-from .check import check, prepare
+from .certify import certify_op, cpu_threads
+from .certify.candidate import named
+from .certify.check import check, prepare
 from .platform import default_device
 from .registry import Case
 
@@ -40,7 +41,7 @@ def assert_parity(op: str, inputs, *, kwargs=None, dtype: str = "float32", devic
     or tensor}`` with the op's parameter names (values are rounded to ``dtype`` by the record's
     policy; the reference sees the rounded values); ``kwargs``: scalar keyword arguments (added to a
     Case's own); ``candidate``: a callable with the op's signature or a
-    :class:`parity.candidate.Candidate` (default: the registered optimized op, whose launch counter
+    :class:`parity.certify.candidate.Candidate` (default: the registered optimized op, whose launch counter
     must move; any other callable must return its own, honest outputs); ``contract``: the arithmetic the candidate claims (default: its declared one, else ``ieee``).
     Returns the Judgement.
     """
@@ -66,8 +67,6 @@ def assert_certified(op: str, candidate, *, dtypes=("float32", "bfloat16"), exam
     profile's), and raise AssertionError with the reasons, the contract verdict and the nearest
     known bug if it is not certified. A wrong signature or wrong output shapes or dtypes raise
     ``parity.errors.CandidateError``. Returns the ``parity.certify.OpCertificate``."""
-    from .certify import certify_op, cpu_threads
-
     device = device or default_device(None)
     with cpu_threads(device):
         cert = certify_op(ops.get(op), dtypes=tuple(dtypes), device=device, candidate=candidate,

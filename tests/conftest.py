@@ -1,9 +1,9 @@
 """Test harness: pytest-xdist workers one per GPU, and the backend chosen for ``--parity-device``.
 
 The device of every test is the parity plugin's ``parity_device`` fixture (``--parity-device``,
-default auto: cuda when a GPU is present). Kernels are compiled for it, or, on the CPU, run under
-the faithful Triton interpreter (``optimized._interpreter.select``, before any test module defines
-a kernel).
+default auto: cuda when a GPU is present); the plugin chooses the backend for it
+(``optimized.use``): kernels compiled for it, or on the CPU run under the faithful Triton
+interpreter.
 """
 import os
 import subprocess
@@ -40,11 +40,3 @@ def _pin_worker_to_one_gpu() -> None:
 
 _pin_worker_to_one_gpu()
 
-
-def pytest_configure(config):
-    try:  # optimized/ needs torch; the reference tests run without it
-        from optimized import select
-    except ImportError:
-        return
-    device = config.getoption("--parity-device", "auto")
-    select(None if device == "auto" else device)

@@ -1,11 +1,18 @@
 """The layering of the three packages: dependencies flow reference <- optimized <- parity, and the
 import graph of all three has no cycle, counting imports inside functions (a function-level import
-that closes a cycle holds the cycle apart; it does not remove it)."""
+that closes a cycle holds the cycle apart; it does not remove it). The same holds a level up, for
+every package's subpackages and modules each taken whole, and parity's rooms are floors: each
+imports only the floors below it (``PARITY_FLOORS``)."""
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("reference", "optimized", "parity")  # each may import only those before it
+# parity's floors, lowest first, each importing only those below it: the foundation (the records,
+# the catalogue ops/ and bounds/, metrics, errors, ...: every module not named here), the rooms,
+# and the entry points that users and pytest call
+PARITY_FLOORS = ("foundation", "certify", "record", "peers", "diff", "cli", "entry")
+PARITY_ENTRY = {"parity", "parity.__main__", "parity.testing", "parity.pytest_plugin"}
 
 
 def module_of(path: Path, root: Path = ROOT) -> str:
@@ -85,6 +92,40 @@ def upward(g: dict) -> list:
     return sorted(f"{m} -> {t}" for m, ts in g.items() for t in ts if rank_of(t) > rank_of(m))
 
 
+def collapsed(g: dict, package: str) -> dict:
+    """The graph of ``package``'s direct children (subpackages and modules, each taken whole: a
+    subpackage stands for every module under it): ``{child: children it imports}``."""
+    def child(m):
+        rest = m[len(package) + 1:] if m.startswith(package + ".") else None
+        return f"{package}.{rest.split('.')[0]}" if rest else None
+
+    out = {}
+    for m, targets in g.items():
+        a = child(m)
+        if a is not None:
+            out.setdefault(a, set()).update(b for b in map(child, targets) if b not in (None, a))
+    return out
+
+
+def packages(g: dict) -> list:
+    """Every package of the graph (a module with modules under it)."""
+    return sorted(m for m in g if any(o.startswith(m + ".") for o in g))
+
+
+def floor_of(module: str) -> int:
+    """The index in ``PARITY_FLOORS`` of a module of parity."""
+    if module in PARITY_ENTRY:
+        return PARITY_FLOORS.index("entry")
+    room = module.split(".")[1]
+    return PARITY_FLOORS.index(room) if room in PARITY_FLOORS else 0
+
+
+def up_a_floor(g: dict) -> list:
+    """Imports in parity from a floor to one above it."""
+    return sorted(f"{m} -> {t}" for m, ts in g.items() if m.split(".")[0] == "parity"
+                  for t in ts if t.split(".")[0] == "parity" and floor_of(t) > floor_of(m))
+
+
 def test_the_three_packages_have_no_import_cycle_even_through_function_level_imports():
     g = graph()
     assert {"reference.model", "optimized.model", "parity.ops.kda"} <= set(g)
@@ -96,6 +137,32 @@ def test_dependencies_flow_from_reference_to_optimized_to_parity():
     g = graph()
     assert any(t.startswith("reference.") for t in g["optimized.model"])
     assert upward(g) == []
+
+
+def test_no_package_has_a_cycle_among_its_subpackages_and_modules():
+    g = graph()
+    assert {"parity", "parity.certify", "parity.diff", "parity.record", "parity.diff.engines"} <= set(packages(g))
+    assert "parity.certify" in collapsed(g, "parity")["parity.cli"]   # a subpackage stands for its modules
+    found = {p: cycles(collapsed(g, p)) for p in packages(g)}
+    assert {p: c for p, c in found.items() if c} == {}
+
+
+def test_parity_imports_only_down_its_floors():
+    g = graph()
+    assert floor_of("parity.certify.run") < floor_of("parity.record.watch.judge") < floor_of("parity.cli.certify")
+    assert floor_of("parity.registry") == floor_of("parity.ops.kda") == 0
+    assert up_a_floor(g) == []
+
+
+def test_the_package_checks_see_a_cycle_of_subpackages_that_no_module_closes():
+    g = {"p": set(), "p.a": set(), "p.a.x": {"p.b.y"}, "p.a.z": set(), "p.b": set(), "p.b.y": set(),
+         "p.b.w": {"p.a.z"}}
+    assert cycles(g) == []   # no cycle of modules
+    assert cycles(collapsed(g, "p")) == [["p.a", "p.b"]]
+    g = graph()
+    g["parity.certify.check"] = g["parity.certify.check"] | {"parity.cli.args"}
+    assert "parity.certify.check -> parity.cli.args" in up_a_floor(g)
+    assert any({"parity.certify", "parity.cli"} <= set(c) for c in cycles(collapsed(g, "parity")))
 
 
 def test_the_cycle_check_sees_a_cycle_closed_by_an_import_inside_a_function():

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .. import _counters, _interpreter, _launch, _pdl
+from .. import _counters, _launch, _pdl
 from .._checks import check_float, check_same_device, check_shape
 from ..elementwise._precision import tl_compute_dtype
 from .kernels import _short_conv_kernel, _short_conv_step_kernel
 
-_interpreter.ensure_faithful(__name__)  # the kernels above, if interpreted: bf16 dots as on a GPU
 
 __all__ = ["short_conv", "short_conv_step", "short_conv_step_"]
 

@@ -7,14 +7,14 @@ into calls, so chunked prefill, whole prefill and token-by-token decode agree bi
 """
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
+from .._jit import jit
 from .._pdl import pdl_wait
 from ..elementwise.kernels import silu_f
 
 
-@triton.jit
+@jit
 def _short_conv_kernel(x_ptr, w_ptr, s0_ptr, y_ptr, sf_ptr, T, C,
                        sxb, sxt, syb, syt, s0b, s0c, sfb, sfc,
                        W: tl.constexpr, HAS_STATE: tl.constexpr, CD: tl.constexpr,
@@ -57,7 +57,7 @@ def _short_conv_kernel(x_ptr, w_ptr, s0_ptr, y_ptr, sf_ptr, T, C,
                      mask=cmask)
 
 
-@triton.jit
+@jit
 def _short_conv_step_kernel(x_ptr, w_ptr, s_ptr, y_ptr, so_ptr, slot_ptr, C,
                             sxb, syb, ssb, ssc, sob, soc,
                             W: tl.constexpr, INDEXED: tl.constexpr, CD: tl.constexpr,

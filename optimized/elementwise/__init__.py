@@ -9,12 +9,11 @@ from __future__ import annotations
 import torch
 import triton
 
-from .. import _counters, _interpreter
+from .. import _counters
 from .._checks import check_float
 from ._precision import tl_compute_dtype
 from .kernels import _unary_kernel
 
-_interpreter.ensure_faithful(__name__)  # the kernels above, if interpreted: bf16 dots as on a GPU
 
 __all__ = ["silu", "sigmoid", "softplus"]
 

@@ -6,11 +6,12 @@ accuracy everywhere: ``exp`` is only taken of non-positive arguments, so nothing
 """
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
+from .._jit import jit
 
-@triton.jit
+
+@jit
 def sigmoid_f(x):
     """``1 / (1 + exp(-x))`` with ``z = exp(-|x|)``: ``1/(1+z)`` for x >= 0, ``z/(1+z)`` otherwise."""
     z = tl.exp(-tl.abs(x))
@@ -18,13 +19,13 @@ def sigmoid_f(x):
     return tl.where(x >= 0, r, z * r)
 
 
-@triton.jit
+@jit
 def silu_f(x):
     """``x * sigmoid(x)``."""
     return x * sigmoid_f(x)
 
 
-@triton.jit
+@jit
 def log1p_f(z):
     """``log(1 + z)`` accurate for small ``z >= 0`` (Kahan's trick: ``log(w) * z / (w - 1)``, w = 1 + z;
     ``w - 1`` is exact, so the quotient corrects the rounding of ``w``). Portable: no libdevice."""
@@ -33,14 +34,14 @@ def log1p_f(z):
     return tl.where(d == 0.0, z, tl.log(w) * (z / tl.where(d == 0.0, 1.0, d)))
 
 
-@triton.jit
+@jit
 def softplus_f(x, threshold):
     """``x`` where ``x > threshold`` else ``max(x, 0) + log1p(exp(-|x|))`` (= ``log(1 + exp(x))``)."""
     smooth = tl.maximum(x, 0.0) + log1p_f(tl.exp(-tl.abs(x)))
     return tl.where(x > threshold, x, smooth)
 
 
-@triton.jit
+@jit
 def _unary_kernel(x_ptr, y_ptr, n, threshold: tl.float64,
                   OP: tl.constexpr, CD: tl.constexpr, BLOCK: tl.constexpr):
     # OP: 0 silu, 1 sigmoid, 2 softplus. One program per BLOCK contiguous elements.

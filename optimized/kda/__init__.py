@@ -12,12 +12,10 @@ beta [B,T,HV]; states [B,HV,K,V] K-first (or [N,HV,K,V] with cu_seqlens), float3
 fp64 inputs); o [B,T,HV,V] in the input dtype. Every public op records ``kda.<name>`` in
 ``optimized._counters`` once per call.
 """
-from .. import _interpreter
 from .chunk import ChunkLaunch, chunked, fused_chunked  # noqa: F401  (ChunkLaunch: launch settings)
 from .gate import gate
 from .recurrent import fused_recurrent, fused_recurrent_decode, recurrent
 
-_interpreter.ensure_faithful(__name__)  # the kernels above, if interpreted: bf16 dots as on a GPU
 
 __all__ = ["gate", "recurrent", "chunked", "fused_recurrent", "fused_chunked",
            "fused_recurrent_decode"]

@@ -12,11 +12,11 @@ Dtype policy (all KDA kernels):
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from reference.checks import check_lower_bound
 
+from .._jit import jit
 from .._checks import FLOAT_DTYPES, check_shape  # noqa: F401  (check_shape: re-exported for chunk.py, recurrent.py)
 from ..elementwise.kernels import sigmoid_f, softplus_f  # noqa: F401  (sigmoid_f: re-exported for gate.py)
 
@@ -175,7 +175,7 @@ def block_k(K: int) -> int:
 SUM = tl.standard._sum_combine
 
 
-@triton.jit
+@jit
 def chunk_span(cu, cidx, i_c, i_b, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
     """Grid chunk ``i_c`` (batch row ``i_b`` when not varlen): ``(t0, eos, i_n)``, the row of its
     first token, the end row of its sequence, and its sequence; ``i_n < 0``: a padding entry of the
@@ -194,13 +194,13 @@ def chunk_span(cu, cidx, i_c, i_b, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr)
     return bos + local * BT, eos, i_n
 
 
-@triton.jit
+@jit
 def kda_gate_f(x, a, bias):
     """``g = -a * softplus(x + bias)`` with ``a = exp(A_log)`` (log-space decay, <= 0)."""
     return -a * softplus_f(x + bias, 20.0)  # torch's threshold (spec b.1)
 
 
-@triton.jit
+@jit
 def bounded_gate_f(z, b, ACC: tl.constexpr):
     """``g = b * sigmoid(z)`` with ``z = exp(A_log) * (g_raw + dt_bias)`` (or without the factor):
     the bounded gate, in (b, 0) for ``b < 0``. ``b`` is the kernel's fp64 scalar argument: the
@@ -208,7 +208,7 @@ def bounded_gate_f(z, b, ACC: tl.constexpr):
     return (b * sigmoid_f(z)).to(ACC)
 
 
-@triton.jit
+@jit
 def l2norm_rows(x):
     """``x * (1 / sqrt(sum(x^2) + 1e-6))`` per row of a [R, BK] tile (masked lanes hold 0): one
     division per row, not per element (a reciprocal and BK multiplies per row in the blocks
@@ -217,13 +217,13 @@ def l2norm_rows(x):
     return x * (1.0 / tl.sqrt(tl.reduce(x * x, 1, SUM) + 1e-6))[:, None]
 
 
-@triton.jit
+@jit
 def l2norm_cols(x):
     """:func:`l2norm_rows` per column of a [BK, C] tile."""
     return x * (1.0 / tl.sqrt(tl.reduce(x * x, 0, SUM) + 1e-6))[None, :]
 
 
-@triton.jit
+@jit
 def dot(a, b, DT: tl.constexpr, ACC: tl.constexpr):
     """``a @ b`` with both operands cast to ``DT`` (the input dtype) and accumulated in ``ACC``.
     ``ieee``: fp32 operands are never rounded to TF32 (ignored for bf16/fp16/fp64 operands)."""

@@ -72,16 +72,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
+from .._jit import jit
 from .. import _counters, _launch
 from ._common import (SUM, acc_dtype, block_k, cdiv, check_gate_params, check_qkv, check_shape,
                       check_tensor, chunk_span, dot, l2norm_cols, l2norm_rows, next_pow2,
                       prepare_cu_seqlens, prepare_state, varlen_chunk_plan)
 from .gate import gate_chunk_cumsum
 
-@triton.jit
+@jit
 def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md, ACC: tl.constexpr,
                L2NORM: tl.constexpr):
     """Rows ``tok`` of a [*, NH, D] tensor at head ``head``, widened to ACC, optionally l2-normalized."""
@@ -92,7 +92,7 @@ def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md,
     return x
 
 
-@triton.jit
+@jit
 def _cols_through_ref(k, Gc, tokT, okT, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                       dk, mk, last, Gr, L2NORM: tl.constexpr, ACC: tl.constexpr):
     """``[BK, n]``: columns ``k_j exp(G_r - G_j)`` for the tokens ``tokT`` (``okT``: inside the
@@ -107,7 +107,7 @@ def _cols_through_ref(k, Gc, tokT, okT, i_h, i_hv, H: tl.constexpr, HV: tl.const
     return kT * tl.exp(Gr[:, None] - GT)
 
 
-@triton.jit
+@jit
 def _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl.constexpr, dk, mk,
                 BC: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr):
     """The diagonal sub-block of (Akk, Aqk) without an exponent of a positive difference: each pair
@@ -145,7 +145,7 @@ def _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl
     return A, Qm
 
 
-@triton.jit
+@jit
 def _unit_lower_inverse(A, c16, BC: tl.constexpr, ACC: tl.constexpr):
     """``(I + A)^-1`` of a strictly lower triangular [BC, BC] tile by right-looking forward
     substitution: step s eliminates pivot s, ``X[i, :] -= A[i, s] X[s, :]`` (rows i <= s have
@@ -158,7 +158,7 @@ def _unit_lower_inverse(A, c16, BC: tl.constexpr, ACC: tl.constexpr):
     return X
 
 
-@triton.jit
+@jit
 def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, kb, cu, cidx, scale: tl.float64, T,
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                    BC: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
@@ -229,7 +229,7 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, kb, cu, cidx, scale: tl.float
         tl.store(Aq + off + bb * BC, (Qb * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
 
 
-@triton.jit
+@jit
 def _wy_kernel(kb, v, beta, w, u, Ak, cu, cidx, T,
                HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, LOG2_NB: tl.constexpr, BK: tl.constexpr,
@@ -286,7 +286,7 @@ def _wy_kernel(kb, v, beta, w, u, Ak, cu, cidx, T,
                  mask=valid[:, None] & mv[None, :])
 
 
-@triton.jit
+@jit
 def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
                   HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -346,7 +346,7 @@ def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
     tl.store(ht + i_nh.to(tl.int64) * K * V + kv_off, S.to(ht.dtype.element_ty), mask=mkv)
 
 
-@triton.jit
+@jit
 def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
                    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                    BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr):

@@ -15,15 +15,15 @@ optional ``beta = sigmoid(beta_logits)`` is written in the same dtype.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
+from .._jit import jit
 from .. import _counters
 from ._common import (acc_dtype, block_k, bounded_gate_f, cdiv, check_gate_params, check_tensor,
                       chunk_span, gate_kind, kda_gate_f, next_pow2, sigmoid_f)
 
 
-@triton.jit
+@jit
 def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T, lower_bound: tl.float64,
                         HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                         RAW: tl.constexpr, CUMSUM: tl.constexpr, HAS_BETA: tl.constexpr,

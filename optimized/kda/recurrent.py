@@ -23,9 +23,9 @@ decoding each sequence alone.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
+from .._jit import jit
 from .. import _counters, _pdl
 from .._pdl import pdl_wait
 from .._checks import out_or_new
@@ -36,7 +36,7 @@ _FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 _BV = 32  # value columns per program: fixed (bitwise batch invariance), small (decode parallelism)
 
 
-@triton.jit
+@jit
 def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, scale: tl.float64, T,
                       sq, sk, sv, sg, sb, lower_bound: tl.float64, H: tl.constexpr, HV: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, FUSED: tl.constexpr,

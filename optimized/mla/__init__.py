@@ -33,13 +33,12 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from .. import _counters, _interpreter, _launch, _pdl
+from .. import _counters, _launch, _pdl
 from .._checks import check_float, check_same_device, out_or_new, require_ieee_fp32_matmul
 from ..elementwise._precision import compute_dtype, tl_compute_dtype
 from .kernels import (_mla_attn_kernel, _mla_combine_kernel, _mla_combine_uv_kernel, _paged_write_kernel,
                       _q_lat_kernel)
 
-_interpreter.ensure_faithful(__name__)  # the kernels above, if interpreted: bf16 dots as on a GPU
 
 __all__ = ["naive", "absorbed", "paged_decode", "PagedLatentCache"]
 

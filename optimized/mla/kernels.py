@@ -25,13 +25,13 @@ row) reduces in exactly the contiguous order, and a sequence in any batch in the
 """
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
+from .._jit import jit
 from .._pdl import pdl_launch_next, pdl_wait, prefetch_l2
 
 
-@triton.jit
+@jit
 def _num_slices(S_b, split_keys, max_splits):
     """Key slices of a sequence of length S_b: cdiv(S_b, split_keys), clamped to [1, max_splits]. A
     function of the sequence's own length only (max_splits never binds below what the batch's
@@ -39,13 +39,13 @@ def _num_slices(S_b, split_keys, max_splits):
     return tl.minimum(tl.maximum(tl.cdiv(S_b, split_keys), 1), max_splits)
 
 
-@triton.jit
+@jit
 def _slice_len(S_b, n_split, BLOCK_N: tl.constexpr):
     """Keys per slice of a sequence of S_b keys cut into n_split slices: whole steps of BLOCK_N."""
     return tl.cdiv(tl.cdiv(S_b, n_split), BLOCK_N) * BLOCK_N
 
 
-@triton.jit
+@jit
 def _load_tile(rows, cols, n_cols, rows_ok, ROW_MASK: tl.constexpr, EVEN: tl.constexpr):
     """Load the tile ``rows[:, None] + cols[None, :]`` (row pointers, column offsets); rows not
     ``rows_ok`` (when ROW_MASK) and columns ``>= n_cols`` (unless EVEN: there are none) read as 0.
@@ -61,7 +61,7 @@ def _load_tile(rows, cols, n_cols, rows_ok, ROW_MASK: tl.constexpr, EVEN: tl.con
         return tl.load(ptrs, mask=(cols < n_cols)[None, :], other=0.0)
 
 
-@triton.jit
+@jit
 def _prefetch_keys(kv_ptr, bt_ptr, slen_ptr, b, split, S, ROW, block_size, split_keys, max_splits, skv,
                    sbtb, VAR_LEN: tl.constexpr, STEPS: tl.constexpr, BLOCK_N: tl.constexpr):
     """Prefetch into L2 the paged rows (ROW elements each, 2-byte) of the first STEPS steps of this
@@ -83,7 +83,7 @@ def _prefetch_keys(kv_ptr, bt_ptr, slen_ptr, b, split, S, ROW, block_size, split
             prefetch_l2(kv_ptr + row[:, None] * skv + line[None, :], True)
 
 
-@triton.jit
+@jit
 def _slice_range(S_b, n_split, rb, split, T, HP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """[start, end): an attention program's keys, its slice of the sequence's S_b keys cut at the
     program's last query position."""
@@ -94,7 +94,7 @@ def _slice_range(S_b, n_split, rb, split, T, HP: tl.constexpr, BLOCK_M: tl.const
     return start, end
 
 
-@triton.jit
+@jit
 def _mla_attn_kernel(
         q1_ptr, q2_ptr, k1_ptr, k2_ptr, v_ptr, o_ptr, pacc_ptr, pml_ptr, bt_ptr, slen_ptr,
         T, S, N, D1, R, DV, block_size, split_keys, max_splits, scale: tl.float64,
@@ -242,7 +242,7 @@ def _mla_attn_kernel(
         tl.store(pml_ptr + prow * 2 + 1, l_i, mask=rmask)
 
 
-@triton.jit
+@jit
 def _mla_combine_kernel(pacc_ptr, pml_ptr, o_ptr, T, S, N, DV, sob, sot, soh, split_keys, max_splits,
                         CD: tl.constexpr, BLOCK_DV: tl.constexpr, PDL: tl.constexpr = False):
     # grid (B * T * N, cdiv(DV, BLOCK_DV)); o = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s
@@ -271,7 +271,7 @@ def _mla_combine_kernel(pacc_ptr, pml_ptr, o_ptr, T, S, N, DV, sob, sot, soh, sp
     tl.store(o_ptr + b * sob + t * sot + h * soh + dv, o.to(o_ptr.dtype.element_ty), mask=dmask)
 
 
-@triton.jit
+@jit
 def _paged_write_kernel(lat_ptr, kpe_ptr, slot_ptr, kv_ptr, L, R, slat, skpe, skv,
                         BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr = False):
     # grid (n,): kv[slot[i], :L] = latent[i]; kv[slot[i], L:L+R] = k_pe[i]; slot < 0 = padding
@@ -289,7 +289,7 @@ def _paged_write_kernel(lat_ptr, kpe_ptr, slot_ptr, kv_ptr, L, R, slat, skpe, sk
     tl.store(kv_ptr + slot * skv + L + dr, kpe.to(kv_ptr.dtype.element_ty), mask=ok_r)
 
 
-@triton.jit
+@jit
 def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S, N, L, VH, swh, swv,
                            sob, sot, soh, split_keys, max_splits, VAR_LEN: tl.constexpr,
                            CD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
@@ -381,7 +381,7 @@ def _mla_combine_uv_kernel(pacc_ptr, pml_ptr, wuv_ptr, o_ptr, slen_ptr, BT, T, S
              mask=((i < BLOCK_R) & (ro < BT))[:, None] & vmask[None, :])
 
 
-@triton.jit
+@jit
 def _q_lat_kernel(q_ptr, w_ptr, o_ptr, M, P, L, sqm, sqh, swh, swp, som, soh,
                   CD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
                   BLOCK_L: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0):

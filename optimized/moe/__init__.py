@@ -19,14 +19,13 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .. import _counters, _interpreter, _launch, _pdl
+from .. import _counters, _launch, _pdl
 from .._checks import check_float, check_same_device, check_shape, out_or_new, require_ieee_fp32_matmul
 from ..elementwise._precision import compute_dtype, tl_compute_dtype
 from .kernels import (_combine_kernel, _gemv_down_kernel, _gemv_gate_up_kernel,
                       _grouped_down_kernel, _grouped_gate_up_kernel, _router_kernel,
                       _router_logits_kernel, _silu_mul_kernel)
 
-_interpreter.ensure_faithful(__name__)  # the kernels above, if interpreted: bf16 dots as on a GPU
 
 __all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 

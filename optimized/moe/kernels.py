@@ -17,14 +17,14 @@ k = 0 .. k_e-1 with fp32/fp64 weights):
 """
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
+from .._jit import jit
 from .._pdl import pdl_wait
 from ..elementwise.kernels import sigmoid_f, silu_f
 
 
-@triton.jit
+@jit
 def _router_kernel(logit_ptr, bias_ptr, w_ptr, id_ptr, T, E, EG, stride_l, scaling: tl.float64,
                    K: tl.constexpr, K_PAD: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
                    KG: tl.constexpr, RENORM: tl.constexpr, BIASED: tl.constexpr, CD: tl.constexpr,
@@ -89,7 +89,7 @@ def _router_kernel(logit_ptr, bias_ptr, w_ptr, id_ptr, T, E, EG, stride_l, scali
     tl.store(id_ptr + off, ids.to(id_ptr.dtype.element_ty), mask=omask)
 
 
-@triton.jit
+@jit
 def _router_logits_kernel(x_ptr, w_ptr, out_ptr, T, E, D, sx, sw, so, CD: tl.constexpr,
                           BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr,
                           PDL: tl.constexpr = False):
@@ -126,7 +126,7 @@ def _router_logits_kernel(x_ptr, w_ptr, out_ptr, T, E, D, sx, sw, so, CD: tl.con
     tl.store(out_ptr + t[:, None].to(tl.int64) * so + e[None, :], out, mask=tm[:, None] & em[None, :])
 
 
-@triton.jit
+@jit
 def _silu_mul_kernel(g_ptr, u_ptr, h_ptr, n_rows, F, sg, su, sh, CD: tl.constexpr,
                      ROWS: tl.constexpr, BLOCK_F: tl.constexpr):
     # h = silu(g) * u, per element, in CD; grid (cdiv(n_rows, ROWS), cdiv(F, BLOCK_F))
@@ -142,7 +142,7 @@ def _silu_mul_kernel(g_ptr, u_ptr, h_ptr, n_rows, F, sg, su, sh, CD: tl.constexp
 # GEMV form (decode)
 
 
-@triton.jit
+@jit
 def _gemv_pair(pair, ids_ptr, KE, DENSE: tl.constexpr, SHARED: tl.constexpr):
     """(token, expert id, whether the pair is the shared expert's) of a GEMV program's pair. Pairs
     are token-major: k_e routed pairs per token, plus one more for the shared expert (SHARED).
@@ -162,7 +162,7 @@ def _gemv_pair(pair, ids_ptr, KE, DENSE: tl.constexpr, SHARED: tl.constexpr):
     return tok, e, is_shared
 
 
-@triton.jit
+@jit
 def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr, h_ptr, D, F, KE,
                          sx, s1e, s1f, s3e, s3f, ss1f, ss3f, sh, CD: tl.constexpr, DENSE: tl.constexpr,
                          SHARED: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -198,7 +198,7 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr, h_ptr
     tl.store(h_ptr + pair * sh + f, h.to(h_ptr.dtype.element_ty), mask=fm)
 
 
-@triton.jit
+@jit
 def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, KE, sh, s2e, s2d, ss2d, so,
                       CD: tl.constexpr, DENSE: tl.constexpr, SHARED: tl.constexpr,
                       BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr, PDL: tl.constexpr = False):
@@ -231,7 +231,7 @@ def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, KE, sh, s2
 # grouped form (prefill)
 
 
-@triton.jit
+@jit
 def _tile_expert(tile, cum_ptr, offs_ptr, cnt_ptr, E, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
     """Expert owning ``tile`` (E when the tile is past the last one) and its row range."""
     ev = tl.arange(0, BLOCK_E)
@@ -245,7 +245,7 @@ def _tile_expert(tile, cum_ptr, offs_ptr, cnt_ptr, E, BLOCK_M: tl.constexpr, BLO
     return e, ec.to(tl.int64), row0, row_end
 
 
-@triton.jit
+@jit
 def _grouped_gate_up_kernel(x_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w1_ptr, w3_ptr, h_ptr,
                             D, F, E, KE, sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -275,7 +275,7 @@ def _grouped_gate_up_kernel(x_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w1_ptr
                  mask=rm[:, None] & fm[None, :])
 
 
-@triton.jit
+@jit
 def _grouped_down_kernel(h_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w2_ptr, out_ptr,
                          D, F, E, sh, s2e, s2d, so, CD: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr,
@@ -302,7 +302,7 @@ def _grouped_down_kernel(h_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w2_ptr, o
                  mask=rm[:, None] & dm[None, :])
 
 
-@triton.jit
+@jit
 def _combine_kernel(out_ptr, wts_ptr, y_ptr, D, KE, so, sy, CD: tl.constexpr, BLOCK_D: tl.constexpr,
                     ADD: tl.constexpr = False, SHARED: tl.constexpr = False, PDL: tl.constexpr = False):
     # grid (T, cdiv(D, BLOCK_D)); y[t] = sum_k wts[t, k] * out[t * P + k], k ascending (P = k_e, or

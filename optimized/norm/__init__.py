@@ -10,12 +10,11 @@ from __future__ import annotations
 import torch
 import triton
 
-from .. import _counters, _interpreter, _pdl
+from .. import _counters, _pdl
 from .._checks import check_float, check_same_device, check_shape
 from ..elementwise._precision import tl_compute_dtype
 from .kernels import _row_norm_kernel
 
-_interpreter.ensure_faithful(__name__)  # the kernels above, if interpreted: bf16 dots as on a GPU
 
 __all__ = ["rms_norm", "gated_rms_norm", "l2norm", "add_rms_norm"]
 

@@ -9,14 +9,14 @@ tile and a sequential sum across tiles: fixed order, so results are run-to-run b
 """
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
+from .._jit import jit
 from .._pdl import pdl_wait
 from ..elementwise.kernels import sigmoid_f
 
 
-@triton.jit
+@jit
 def _finish_tile(x, rstd, g_ptr, w_ptr, y_ptr, rows64, cols, m, D, stride_g, stride_y,
                  HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, CD: tl.constexpr):
     y = x * rstd[:, None]
@@ -29,7 +29,7 @@ def _finish_tile(x, rstd, g_ptr, w_ptr, y_ptr, rows64, cols, m, D, stride_g, str
     tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=m)
 
 
-@triton.jit
+@jit
 def _load_tile(x_ptr, r_ptr, h_ptr, rows64, cols, m, stride_x, stride_r, stride_h,
                HAS_RES: tl.constexpr, STORE_H: tl.constexpr, CD: tl.constexpr):
     """A ``[ROWS, BLOCK_D]`` tile of x in CD; with HAS_RES, of ``h = x + r`` rounded to h's dtype
@@ -43,7 +43,7 @@ def _load_tile(x_ptr, r_ptr, h_ptr, rows64, cols, m, stride_x, stride_r, stride_
     return x.to(CD)
 
 
-@triton.jit
+@jit
 def _row_norm_kernel(x_ptr, r_ptr, h_ptr, g_ptr, w_ptr, y_ptr, n_rows, D, stride_x, stride_r, stride_h,
                      stride_g, stride_y, eps: tl.float64, MEAN: tl.constexpr, HAS_W: tl.constexpr,
                      HAS_GATE: tl.constexpr, HAS_RES: tl.constexpr, CD: tl.constexpr,

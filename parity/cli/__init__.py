@@ -5,7 +5,7 @@ raises ``parity.errors.InputError`` for unusable input; ``main`` turns that into
 ``error: ...`` on stderr and exit code 2, never a traceback. Exit 1 means only that a bug was found.
 
 A failure to run is exit 2 as well, each caught where it is known for what it is: an engine that
-cannot load or run becomes an ``InputError`` at the engine boundary (``parity.engines``), and
+cannot load or run becomes an ``InputError`` at the engine boundary (``parity.diff.engines``), and
 ``main`` turns what no command can foresee into one line: running out of memory on any device
 (``parity.errors.is_out_of_memory``) and a package that is not installed (a ``ModuleNotFoundError``
 naming a module outside this project). Anything else is a bug of parity itself and keeps its
@@ -20,9 +20,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from parity.errors import InputError
+from parity import memory
+from parity.errors import InputError, is_out_of_memory, memory_line
+from reference.validate import one_line
 
-SUBCOMMANDS = ("diff", "certify", "search", "capture", "watch", "fixture", "golden")
+from . import capture, certify, diff, fixture, golden, search, watch
+
+SUBCOMMANDS = (diff, certify, search, capture, watch, fixture, golden)   # in the order --help lists them
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,12 +35,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import importlib
-
     parser = _Parser(prog="parity", description="Certify an optimized Kimi-Linear against a float64 reference.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    for name in SUBCOMMANDS:
-        importlib.import_module(f"parity.cli.{name}").register(sub)
+    for command in SUBCOMMANDS:
+        command.register(sub)
     return parser
 
 
@@ -46,8 +48,6 @@ PROJECT_PACKAGES = ("parity", "reference", "optimized", "tests")  # a module of 
 def main(argv: list[str] | None = None, *, free_memory=None) -> int:
     """``parity ARGV``: the exit status. ``free_memory(device) -> bytes or None`` replaces the
     devices' real free memory (``parity.memory.free_bytes``) in every check made before allocating."""
-    from parity import memory
-
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
@@ -59,8 +59,6 @@ def main(argv: list[str] | None = None, *, free_memory=None) -> int:
     except InputError as exc:
         return _error(str(exc))
     except (MemoryError, RuntimeError) as exc:
-        from parity.errors import is_out_of_memory, memory_line
-
         if not is_out_of_memory(exc):
             raise
         return _error(memory_line(exc))
@@ -76,8 +74,6 @@ def main(argv: list[str] | None = None, *, free_memory=None) -> int:
 
 
 def _error(message: str) -> int:
-    from reference.validate import one_line
-
     print(f"error: {one_line(message)}", file=sys.stderr)
     return 2
 

@@ -4,22 +4,12 @@ writable, a name the file system takes), bounded counts and seeds, and writes wh
 one-line input errors."""
 from __future__ import annotations
 
-from parity.errors import InputError
-from reference.validate import InvalidInput, output_file, write_error
+from parity.errors import InputError, check_outputs, write_output  # noqa: F401  (this module's interface)
 
 MAX_STEPS = 100_000       # decode steps of diff / golden (a golden file holds at most this many)
 MAX_EXAMPLES = 10_000     # certify inputs per op and dtype (each runs a kernel and its mutants)
 MAX_TOP_K = 4096          # logits a golden keeps per step
 MAX_SEED = 2 ** 32 - 1
-
-
-def check_outputs(*flags: tuple[str, str | None]) -> None:
-    """Each ``(flag, path)`` given on the command line is a usable output file."""
-    for flag, path in flags:
-        try:
-            output_file(flag, path)
-        except InvalidInput as exc:
-            raise InputError(str(exc)) from None
 
 
 def check_count(flag: str, value: int | None, hi: int, noun: str) -> None:
@@ -45,14 +35,6 @@ def check_text(flag: str, text: str | None) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InputError(f"{flag}: not valid UTF-8 text (bad byte at character {exc.start})") from None
-
-
-def write_output(path, write) -> None:
-    """Call ``write()``; an OS error (disk full, permission) is an input error naming the file."""
-    try:
-        write()
-    except OSError as exc:
-        raise InputError(str(write_error(path, exc))) from None
 
 
 def parse_shard(value: str | None) -> tuple[int, int] | None:

@@ -12,6 +12,15 @@ from __future__ import annotations
 
 import argparse
 
+from rich.console import Console
+
+import optimized
+from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, check_text, write_output
+from parity.diff import setup
+from parity.errors import InputError
+from parity.record import capture
+from parity.record.capture import sites
+
 DEFAULT_STEPS = 2
 MAX_PROMPT = 1 << 20
 
@@ -44,9 +53,6 @@ def register(sub):
 
 
 def _checks(args) -> None:
-    from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, check_text
-    from parity.errors import InputError
-
     check_outputs(("--out", args.out))
     check_text("--prompt", args.prompt)
     check_seed("--seed", args.seed)
@@ -58,13 +64,6 @@ def _checks(args) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from parity import capture
-    from parity.cli.args import write_output
-    from parity.diff import setup
-    from parity.errors import InputError
-
     _checks(args)
     device = setup.check_device(args.device)
     ckpt = setup.open_checkpoint(args.checkpoint, synthetic=args.synthetic, seed=args.seed)
@@ -93,10 +92,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _load(ckpt, device: str, dtype: str):
     """The optimized model, decode steps eager (a replayed CUDA graph makes no op calls to record)."""
-    import optimized
-    from parity.diff import setup
-    from parity.errors import InputError
-
     try:
         return optimized.load(ckpt.source, device=device, dtype=dtype, cuda_graphs=False)
     except setup.load_errors() as exc:
@@ -104,8 +99,6 @@ def _load(ckpt, device: str, dtype: str):
 
 
 def _print(console, cases, rec, out) -> None:
-    from parity.capture import sites
-
     for i, c in enumerate(cases):
         kind = "captured" if all(f is None or f.stored for f in c.inputs.values()) else "regenerated"
         shapes = " ".join(f"{n}={'x'.join(map(str, f.shape))}" for n, f in c.inputs.items() if f is not None)

@@ -28,16 +28,28 @@ they declare (a kernel of the other gate fails, the certificate naming its gate)
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
 import time
 
+from rich.console import Console
+
+from parity import certify as engine
+from parity import schema, strategies
 from parity.bounds.core import CONTRACTS
+from parity.certify import merge, runners, units
+from parity.certify.candidate import in_project
+from parity.certify.report import certificate, merged, render_op, render_summary, write_json
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, parse_shard, write_output
 from parity.cli.impls import DTYPES, parse_impls, select_impls, select_runs, setup_device
 from parity.errors import CandidateError, InputError
+from parity.ops.kda import under_gate
 from parity.peers import SHORTHANDS
+from parity.record import capture
+from parity.record.watch import judge, report
+from reference.checks import kda_gate_bound, kda_gate_name
 
 
 def register(sub):
@@ -85,11 +97,7 @@ def register(sub):
 
 def run(args) -> int:
     if args.calls is not None:
-        from parity.watch import report
-
-        return report.run(args)
-    from parity import strategies
-
+        return _judge_calls(args)
     if args.action == "merge":
         return _merge(args)
     if args.files:
@@ -105,9 +113,6 @@ def run(args) -> int:
     records, dtypes = select_runs(args.ops, args.dtypes)
     variants = _variants(args.variant)
     if "kda_gate" in variants:
-        from parity.ops.kda import under_gate
-        from reference.checks import kda_gate_bound
-
         records = under_gate(records, kda_gate_bound(variants["kda_gate"]))
     try:
         profile = strategies.load_profile()
@@ -116,28 +121,13 @@ def run(args) -> int:
     device = setup_device(args.device)
     records, impls, specs = select_impls(records, bool(args.ops), named, shorthands, device, dtypes[0],
                                          args.contract, gate_given="kda_gate" in variants)
-    import optimized
-
-    # our kernels run on the CPU only under the interpreter; outside implementations and the
-    # stand-in do not need it
-    if device == "cpu" and not optimized.interpreting() and args.candidate == "optimized" \
-            and any(r.name not in impls for r in records):
-        raise InputError("--device cpu: the Triton interpreter was not selected (TRITON_INTERPRET is unset "
-                         "and optimized/ was already imported)")
     cases, cases_info = _cases(args.cases, records)
-
-    from rich.console import Console
-
-    from parity import certify as engine
-    from parity.report import certificate, render_op, render_summary
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 132)
     n = args.examples or strategies.examples()
     who = f"candidate {args.candidate}" if not impls else \
         f"implementations {', '.join(f'{op}={s}' for op, s in specs.items())}" + \
         (f", candidate {args.candidate} for the rest" if len(impls) < len(records) else "")
-    from parity.certify import runners, units
-
     asked = _workers(args.workers, device, impls)
     workers = sum(r.isolated for r in runners(device, asked))
     where = f", {workers} worker process(es)" if workers else ""
@@ -177,27 +167,47 @@ def run(args) -> int:
     if args.repro is not None and any(not c.certified for c in certs):
         console.print(f"repros of the failing inputs written under {args.repro}")
     if args.json_path is not None:
-        from parity.report import write_json
-
         write_output(args.json_path, lambda: write_json(args.json_path, doc))
         console.print(f"certificate written to {args.json_path}")
     return 0 if doc["summary"]["verdict"] == "certified" else 1
+
+
+def _judge_calls(args) -> int:
+    """``parity certify --calls FILE [--ops ...] [--json PATH]``."""
+    given = [f for f, v in (("--impl", args.impl), ("--cases", args.cases), ("--dtype", args.dtypes),
+                            ("--examples", args.examples), ("--contract", args.contract), ("--device", args.device))
+             if v]
+    if given:
+        raise InputError(f"--calls judges the recorded outputs on their own inputs; {given[0]} does not apply")
+    check_outputs(("--json", args.json_path))
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 132)
+    console.print(f"parity certify --calls {args.calls}: each recorded call's outputs against the float64 reference "
+                  "on its recorded inputs (the kernel is not run again)", soft_wrap=True)
+    t0 = time.perf_counter()
+    with console.status("judging...") as status:
+        def on_call(c):
+            status.update(f"{c.entry['id']} {c.entry['op']}: {c.verdict}")
+
+        v = judge.judge_file(args.calls, ops=args.ops, on_call=on_call)
+    v.seconds = time.perf_counter() - t0
+    report.render(console, v)
+    d = report.certificate(v, argv=["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"] else None)
+    if args.json_path is not None:
+        write_output(args.json_path, lambda: write_json(args.json_path, d))
+        console.print(f"certificate written to {args.json_path}")
+    return 0 if v.certified else 1
 
 
 def _workers(workers: int | None, device: str, impls: dict) -> int | None:
     """``--workers`` as given; not given on the CPU with an implementation from outside the project
     (``candidate.in_project``): one worker, so that a candidate that ends its process fails only its
     own inputs (on CUDA the default is a worker per GPU already)."""
-    from parity.candidate import in_project
-
     if workers is None and device == "cpu" and not all(in_project(c) for c in impls.values()):
         return 1
     return workers
 def _variants(items) -> dict:
     """``--variant`` values: ``{"kda_gate": "softplus" | "lower_bound:<b>"}`` (the only variant an op
     certification has: the gate of the ops that compute one)."""
-    from reference.checks import kda_gate_bound, kda_gate_name
-
     out = {}
     for item in items:
         name, eq, value = item.partition("=")
@@ -213,12 +223,6 @@ def _variants(items) -> dict:
 
 def _merge(args) -> int:
     """``parity certify merge SHARD.json ... --json PATH``: the shards' certificates combined."""
-    import json
-
-    from parity import schema
-    from parity.certify import merge
-    from parity.report import merged, write_json
-
     if not args.files:
         raise InputError("merge: give the shard certificates (parity certify merge a.json b.json --json out.json)")
     if args.json_path is None:
@@ -251,8 +255,6 @@ def _cases(path, records):
     entry), or (None, None). The file is validated whole (an unknown op is an input error)."""
     if path is None:
         return None, None
-    from parity import capture
-
     cf = capture.casefile.read(path)
     by_op, skipped = capture.replay_cases(cf, [r.name for r in records])
     info = {"file": str(cf.path), "sha256": cf.sha256, "replayed": sum(map(len, by_op.values())),

@@ -11,7 +11,19 @@ from __future__ import annotations
 
 import argparse
 
-from parity import reference_device
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from parity.cli import diff_corpus
+from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, check_text, write_output
+from parity.cli.diff_corpus import dump_folder
+from parity.diff import build_report, reference_device, run_diff, setup, write_json
+from parity.diff.engines import DumpEngine, EngineError
+from parity.diff.engines.plan import make_plan, write_plan
+from parity.diff.plot import write_plot
+from parity.diff.render import print_result
+from parity.diff.report import environment
+from parity.diff.setup import checkpoint_errors, one_line
 from parity.errors import InputError
 
 DEFAULT_STEPS = {"cuda": 128, "cpu": 16}  # the Triton interpreter takes ~1-3 s per decode step
@@ -80,12 +92,6 @@ def register(sub):
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from parity.cli import diff_corpus
-    from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, check_text
-    from parity.diff import setup
-
     if args.checkpoint == "merge":  # a checkpoint directory of that name is given as ./merge
         return diff_corpus.merge(args)
     if args.files:
@@ -135,10 +141,6 @@ def run(args: argparse.Namespace) -> int:
 def _run_shape(args, ckpt, engine, device):
     """(prompt ids, text, tokenizer, tokens both paths consume or None): a dump fixes the prompt,
     the steps, the mode and, in free mode, the tokens; the options may only agree with it."""
-    from parity.diff import setup
-    from parity.engines import DumpEngine
-    from parity.errors import InputError
-
     dump = engine.engine if isinstance(engine.engine, DumpEngine) else None
     if dump is None:
         ids, text, tok = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
@@ -171,8 +173,6 @@ def _describe_engine(args, engine, env, rounding, backends) -> str:
                 + (f" (rounds to {args.dtype} {rounding})" if rounding != "nearest" else "")
                 + (f"; backends {backends}" if backends else ""))
     inner = engine.engine
-    from parity.cli.diff_corpus import dump_folder
-
     folder = dump_folder(args)
     if folder is not None:
         return f"engine: the dumps in {folder} ({inner.dtype}, {inner.mode} mode), each on its own prompt"
@@ -185,9 +185,6 @@ def _describe_engine(args, engine, env, rounding, backends) -> str:
 def _prepare(args, ckpt, opt_ckpt, engine, variants, backends, device, err, what: str):
     """The float64 reference, the environment and the platform's rounding; the header on stderr
     (``what``: the prompt or corpus line)."""
-    from parity.diff import setup
-    from parity.diff.report import environment
-
     # on one GPU the reference reads the optimized model's resident weights (same checkpoint only)
     share = engine.engine if args.engine == "optimized" and opt_ckpt is None else None
     ref = reference_device.load(ckpt, variants, args.reference_device, share=share)
@@ -208,12 +205,6 @@ def _prepare(args, ckpt, opt_ckpt, engine, variants, backends, device, err, what
 
 
 def _diff(args, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backends, device, err) -> int:
-    from rich.console import Console
-
-    from parity.cli.args import write_output
-    from parity.diff import build_report, setup, write_json
-    from parity.diff.render import print_result
-
     config = ckpt.source.config
     out = Console(highlight=False)
     if not out.is_terminal:  # a pipe or a file: room for every column
@@ -237,8 +228,6 @@ def _diff(args, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backen
         if args.json:
             write_output(args.json, lambda: write_json(args.json, report))
         if args.plot:
-            from parity.diff.plot import write_plot
-
             moe = [i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)]
             write_output(args.plot, lambda: write_plot(result, args.plot, moe_layers=moe))
     return 1 if result.verdict in ("diverged", "past-bound") else 0
@@ -246,11 +235,6 @@ def _diff(args, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backen
 
 def _write_plan(args, ckpt, variants, device, err) -> int:
     """``--plan PATH``: the reference alone, greedy; the plan an engine teacher-forces."""
-    from parity.cli.args import write_output
-    from parity.diff import setup
-    from parity.engines.plan import make_plan, write_plan
-    from parity.errors import InputError
-
     if args.engine != "optimized" or args.optimized_from or args.backend:
         raise InputError("--plan runs the reference alone: leave out --engine, --optimized-from and --backend")
     ids, _, _ = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
@@ -274,13 +258,6 @@ def _variants(model) -> dict:
 
 
 def _decode(ref, opt, ids, config, args, err, rounding, tokens, lm_head):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from parity.diff import run_diff
-    from parity.diff.setup import checkpoint_errors, one_line
-    from parity.engines import EngineError
-    from parity.errors import InputError
-
     show = not args.no_progress and err.is_terminal
     with Progress(TextColumn("decoding"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
                   TimeElapsedColumn(), console=err, transient=True, disable=not show) as progress:

@@ -11,7 +11,25 @@ unusable input. Documented in docs/cli.md.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from parity import memory
+from parity.cli.args import check_count, check_outputs, parse_shard, write_output
+from parity.diff import reference_device, run_diff, setup
+from parity.diff.batch import DEFAULT_BATCH, run_diff_batch
+from parity.diff.corpus import CorpusResult, PromptResult, corpus_digest
+from parity.diff.corpus import fmt as _g
+from parity.diff.corpus import load
+from parity.diff.corpus import merge as merge_shards
+from parity.diff.corpus import read_dumps, read_prompts, shard_of
+from parity.diff.engines import DumpEngine, EngineError
+from parity.diff.plot import write_corpus_plot
+from parity.diff.report import write_json
+from parity.diff.setup import checkpoint_errors, one_line
+from parity.diff.twin import twin_for
 from parity.errors import InputError
 
 MAX_BATCH = 1024  # --batch at most this many prompts decoded together
@@ -19,8 +37,6 @@ MAX_BATCH = 1024  # --batch at most this many prompts decoded together
 
 def dump_folder(args):
     """The folder of ``--engine dump:DIR`` (a corpus of dumps), else None."""
-    from pathlib import Path
-
     if args.engine.startswith("dump:") and Path(args.engine[len("dump:"):]).is_dir():
         return Path(args.engine[len("dump:"):])
     return None
@@ -38,12 +54,8 @@ def check_exclusive(args) -> None:
                 raise InputError(f"--engine dump:{folder} is a corpus of dumps, each with its own prompt: "
                                  f"leave out {flag}")
     if folder is not None or args.shard is not None:
-        from parity.cli.args import parse_shard
-
         parse_shard(args.shard)
     if args.batch is not None:
-        from parity.cli.args import check_count
-
         if not args.prompts and folder is None:
             raise InputError("--batch decodes the prompts of a corpus together: give --prompts FILE")
         check_count("--batch", args.batch, MAX_BATCH, "prompts")
@@ -55,16 +67,11 @@ def check_exclusive(args) -> None:
     if args.engine.startswith("dump:"):
         raise InputError("--prompts with --engine dump:PATH: a dump carries its own prompt; diff each dump "
                          "on its own (parity diff --engine dump:PATH)")
-    from parity.cli.args import parse_shard
-
     parse_shard(args.shard)
 
 
 def read(args, ckpt) -> list:
     """The corpus (every prompt; ``run`` takes the shard)."""
-    from parity.diff import setup
-    from parity.diff.corpus import read_prompts
-
     try:
         tok = setup.tokenizer_for(ckpt)
     except (ValueError, OSError, ImportError):  # no tokenizer: fine for a corpus of ids
@@ -75,17 +82,12 @@ def read(args, ckpt) -> list:
 
 def read_dump_folder(args, folder) -> list:
     """The dumps of ``folder`` as a corpus; ``args.steps``, ``mode`` and ``dtype`` become theirs."""
-    from parity.diff.corpus import read_dumps
-
     prompts, shared = read_dumps(folder, steps=args.steps, mode=args.mode, dtype=args.dtype)
     args.steps, args.mode, args.dtype = shared["steps"], shared["mode"], shared["dtype"]
     return prompts
 
 
 def describe(args, prompts) -> str:
-    from parity.cli.args import parse_shard
-    from parity.diff.corpus import shard_of
-
     shard = parse_shard(args.shard)
     part = f", shard {shard[0]}/{shard[1]}: {len(shard_of(prompts, shard))} of them" if shard else ""
     what = f"{args.prompts}, {len(prompts)} prompts" if args.prompts else \
@@ -96,8 +98,6 @@ def describe(args, prompts) -> str:
 def batch_size(args, engine) -> int:
     """Prompts decoded together: ``--batch`` (default ``DEFAULT_BATCH``) where the engine has
     ``decode_batch`` and one engine serves the corpus, else 1."""
-    from parity.diff.batch import DEFAULT_BATCH
-
     if dump_folder(args) is not None or not engine.batches:
         return 1
     return DEFAULT_BATCH if args.batch is None else args.batch
@@ -118,16 +118,6 @@ def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, 
         engine_for=None) -> int:
     """Diff every prompt of this shard with ``engine`` (``engine_for(prompt)``: a folder of dumps, one
     engine each), print and write the corpus report; the corpus's exit status."""
-    from rich.console import Console
-
-    from parity import reference_device
-    from parity.cli.args import write_output
-    from parity.diff import setup
-    from parity.cli.args import parse_shard
-    from parity.diff.corpus import CorpusResult, PromptResult, corpus_digest, shard_of
-    from parity.diff.report import write_json
-    from parity.diff.twin import twin_for
-
     config = ckpt.source.config
     out = Console(highlight=False)
     if not out.is_terminal:
@@ -162,8 +152,6 @@ def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, 
     if args.json:
         write_output(args.json, lambda: write_json(args.json, report))
     if args.plot:
-        from parity.diff.plot import write_corpus_plot
-
         write_output(args.plot, lambda: write_corpus_plot(result, args.plot))
     return result.exit_code
 
@@ -173,8 +161,6 @@ def _check_batch(args, config, engine, prompts, batch: int, device: str) -> None
     our optimized engine's at its dtype on ``device``, the reference's and, for that engine (it
     fills traces), the replay's on the reference's device; an engine of your own or a dump holds
     caches not counted here."""
-    from parity import memory
-
     ours = args.engine == "optimized"
     memory.check_batch(config, [len(p.ids) + args.steps for p in prompts], batch,
                        engine_dtype=args.dtype if ours else None, engine_device=device,
@@ -193,13 +179,6 @@ def _where_of(d: dict) -> str:
 def _decode_all(ref, engine_for, prompts, config, args, err, rounding, lm_head, twin, batch: int):
     """``(prompt, DiffResult)`` per prompt, in order, ``batch`` prompts decoded together; a
     progress bar over the prompts on a terminal."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from parity.diff import run_diff
-    from parity.diff.batch import run_diff_batch
-    from parity.diff.setup import checkpoint_errors, one_line
-    from parity.engines import DumpEngine, EngineError
-
     show = not args.no_progress and err.is_terminal
     same = dict(config=config, steps=args.steps, mode=args.mode, dtype=args.dtype, rounding=rounding,
                 lm_head=lm_head, twin=twin)
@@ -230,8 +209,6 @@ def _decode_all(ref, engine_for, prompts, config, args, err, rounding, lm_head, 
 def print_corpus(result, console) -> None:
     """The prompts that are not clean (diverged first, each with its first bad step and its
     localization), the per-op units, the rates; the corpus summary line last."""
-    from parity.diff.corpus import fmt as _g
-
     s = result.summary()
     for d in s["diverged"]:
         console.print(f"diverged: prompt {d['index']} ({_where_of(d)}), first at step {d['first_step']}"
@@ -253,12 +230,6 @@ def print_corpus(result, console) -> None:
 
 def merge(args) -> int:
     """``parity diff merge SHARD.json ... --json PATH``: the unsharded corpus report."""
-    from rich.console import Console
-
-    from parity.cli.args import check_outputs, write_output
-    from parity.diff.corpus import load, merge as merge_shards
-    from parity.diff.report import write_json
-
     if not args.files:
         raise InputError("merge: give the shard reports (parity diff merge r1.json r2.json --json out.json)")
     if args.json is None:
@@ -272,7 +243,5 @@ def merge(args) -> int:
     report = result.to_dict()
     write_output(args.json, lambda: write_json(args.json, report))
     if args.plot:
-        from parity.diff.plot import write_corpus_plot
-
         write_output(args.plot, lambda: write_corpus_plot(result, args.plot))
     return result.exit_code

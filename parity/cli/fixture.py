@@ -10,6 +10,8 @@ from pathlib import Path
 
 from parity.cli.args import check_seed
 from parity.errors import InputError
+from reference.config import ConfigError, KimiConfig
+from reference.fixtures import write_fixture
 
 
 def register(sub):
@@ -27,9 +29,6 @@ def register(sub):
 
 
 def run(args) -> int:
-    from reference.config import ConfigError, KimiConfig
-    from reference.fixtures import write_fixture
-
     try:
         config = KimiConfig.from_name(args.preset)
     except ConfigError as exc:

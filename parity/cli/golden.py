@@ -2,14 +2,19 @@
 
 Exit status: record 0 (written), 1 (a step diverged or numbers are past their bound: nothing
 written); check 0 (no step diverged), 1 (a step diverged); 2 unusable input. ``check --engine``
-holds any engine to the golden (``parity.engines``: transformers, dump:PATH, module:factory).
-Format: parity/golden.py, docs/cli.md.
+holds any engine to the golden (``parity.diff.engines``: transformers, dump:PATH, module:factory).
+Format: parity/diff/golden.py, docs/cli.md.
 """
 from __future__ import annotations
 
 import argparse
+import json
 
-from parity import reference_device
+from parity.cli.args import MAX_STEPS, MAX_TOP_K, check_count, check_outputs, check_seed, check_text, write_output
+from parity.diff import golden, reference_device, setup
+from parity.diff.engines import EngineError
+from parity.diff.report import atomic_write, environment
+from parity.errors import InputError
 
 DEFAULT_STEPS = 32
 
@@ -58,14 +63,6 @@ def register(sub):
 
 
 def run_record(args: argparse.Namespace) -> int:
-    from parity import golden
-    from parity.cli.args import (MAX_STEPS, MAX_TOP_K, check_count, check_outputs, check_seed, check_text,
-                                 write_output)
-    from parity.diff import setup
-    from parity.diff.report import environment
-    from parity.engines import EngineError
-    from parity.errors import InputError
-
     check_outputs(("--out", args.out))
     check_text("--prompt", args.prompt)
     check_count("--steps", args.steps, MAX_STEPS, "steps")
@@ -115,12 +112,6 @@ def _portable(info: dict) -> dict:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from parity import golden
-    from parity.cli.args import MAX_STEPS, check_count, check_outputs, write_output
-    from parity.diff import setup
-    from parity.engines import EngineError
-    from parity.errors import InputError
-
     check_outputs(("--json", args.json))
     check_count("--steps", args.steps, MAX_STEPS, "steps")
     try:
@@ -159,10 +150,6 @@ def run_check(args: argparse.Namespace) -> int:
                   f"max|dlogit| {s.max_abs_diff:.3g}, bound {s.bound:.3g}" + (f"; {s.reason}" if s.reason else ""))
     print(result.summary_line())
     if args.json is not None:
-        import json
-
-        from parity.diff.report import atomic_write
-
         text = json.dumps({"golden": str(args.file), "verdict": result.verdict, "summary": result.summary_line(),
                            "steps": [s.to_dict() for s in result.steps]}, indent=1, allow_nan=False) + "\n"
         write_output(args.json, lambda: atomic_write(args.json, text))

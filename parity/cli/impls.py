@@ -1,10 +1,15 @@
 """What ``parity certify`` and ``parity search`` both take from their arguments: the dtypes, the
-device (its backend selected before any kernel is defined) and the ``--impl`` implementations, each
+device (the kernels' backend chosen for it) and the ``--impl`` implementations, each
 loaded and its contract checked before any work starts."""
 from __future__ import annotations
 
+import torch
+
+import optimized
+from parity import ops
+from parity.certify import candidate
 from parity.errors import CandidateError, InputError
-from parity.peers import SHORTHANDS
+from parity.peers import SHORTHANDS, implementations, missing
 
 DTYPES = ("bfloat16", "float32", "float64")
 
@@ -12,8 +17,6 @@ DTYPES = ("bfloat16", "float32", "float64")
 def select_runs(op_names, dtype_names) -> tuple[list, tuple]:
     """``(records, dtypes)`` of ``--ops`` and ``--dtype`` (default float32 then bfloat16, repeats
     dropped); an unknown op is an ``InputError`` naming it."""
-    from parity import ops
-
     try:
         records = ops.select(op_names)
     except KeyError as exc:
@@ -22,21 +25,15 @@ def select_runs(op_names, dtype_names) -> tuple[list, tuple]:
 
 
 def setup_device(device):
-    """Select the backend before any kernel is defined (optimized._interpreter.select: on CPU the
-    Triton interpreter, made faithful for bf16 dots)."""
-    import torch
-
+    """Choose the kernels' backend for ``device`` (``optimized.use``: on CPU the Triton interpreter,
+    made faithful for bf16 dots)."""
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA GPU is available (torch.cuda.is_available() is False)")
-    from optimized import select
-
-    return select(device)
+    return optimized.use(device)
 
 
 def parse_impls(values) -> tuple[dict, list]:
     """``--impl`` values: (op -> spec, shorthands), checked before any work."""
-    from parity import ops
-
     named, shorthands = {}, []
     for value in values:
         op, eq, spec = value.partition("=")
@@ -64,9 +61,6 @@ def select_impls(records, ops_given, named, shorthands, device, dtype, contract,
     KDA gate it computes covers, unless the ops or the gate were chosen (``--ops``, ``--variant
     kda_gate``; ``gate_given``), only the ops of that gate: asked, it is certified as the other's
     too, and fails naming its gate."""
-    from parity import candidate, ops
-    from parity.peers import implementations
-
     selected = {r.name for r in records}
     if ops_given:
         for op in named:
@@ -75,8 +69,6 @@ def select_impls(records, ops_given, named, shorthands, device, dtype, contract,
     fns, specs = {}, {}
     chosen = ops_given or gate_given
     for name in shorthands:
-        from parity.peers import missing
-
         why = missing(name)
         if why is not None:
             raise InputError(why)

@@ -8,18 +8,23 @@
                   [--random] [--json PATH] [--keep DIR]
 
 For every op, candidate and dtype, draws the record's wide inputs and climbs toward the worst error
-in bound units (``parity.search``); prints one line per run and writes them all with ``--json``.
+in bound units (``parity.certify.search``); prints one line per run and writes them all with ``--json``.
 ``--seconds`` is the budget of the whole command, shared among its runs. Exit 0 when no input
 exceeded its bound, 1 when one did, 2 for unusable arguments.
 """
 from __future__ import annotations
 
+import json
 import math
 import time
+from pathlib import Path
 
+from parity.atomic import atomic_write
 from parity.bounds.core import CONTRACTS
+from parity.certify.search import FORMAT, save_case, search
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, write_output
 from parity.cli.impls import DTYPES, parse_impls, select_impls, select_runs, setup_device
+from parity.environment import environment
 from parity.errors import InputError
 from parity.peers import SHORTHANDS
 from parity.registry import SEARCH_SPACES
@@ -54,7 +59,7 @@ def register(sub):
     p.add_argument("--random", action="store_true", help="fresh draws each run (default: derandomized)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH", help="write the results here")
     p.add_argument("--keep", metavar="DIR", default=None,
-                   help="save each run's worst input past its bound here (.npz, parity.search.load_case)")
+                   help="save each run's worst input past its bound here (.npz, parity.certify.search.load_case)")
     p.set_defaults(func=run)
 
 
@@ -64,8 +69,6 @@ def run(args) -> int:
     if not (math.isfinite(args.seconds) and 0 < args.seconds <= MAX_SECONDS):
         raise InputError(f"--seconds {args.seconds:g}: expected a positive budget of at most {MAX_SECONDS:g}")
     if args.keep is not None:
-        from pathlib import Path
-
         if not Path(args.keep).is_dir():
             raise InputError(f"--keep {args.keep}: not a folder")
     named, shorthands = parse_impls(args.impl)
@@ -81,8 +84,6 @@ def run(args) -> int:
     if not runs:
         raise InputError("nothing to search: give --candidate or an --impl of a selected op")
     space = args.space or ("buckets" if device == "cuda" else "full")
-
-    from parity.search import save_case, search
 
     print(f"parity search: {len(runs)} run(s), device {device}, space {space}, up to {args.examples} input(s) "
           f"each, {args.seconds:g} s in all", flush=True)
@@ -102,12 +103,6 @@ def run(args) -> int:
         print(f"{rec.name:26s} {name:14s} {dt:9s} worst {r.worst_ratio:9.3g} over {r.examples:3d} "
               f"({r.past_bound} past, {r.unsupported} unsupported, {r.seconds:.0f}s)  {r.worst_label}", flush=True)
     if args.json_path is not None:
-        import json
-
-        from parity.atomic import atomic_write
-        from parity.environment import environment
-        from parity.search import FORMAT
-
         doc = {"format": FORMAT, "version": 1, "device": device, "space": space,
                "implementations": specs, "environment": environment(device), "results": results}
         write_output(args.json_path, lambda: atomic_write(args.json_path, json.dumps(doc, indent=1)))

@@ -4,7 +4,7 @@ in its Python subprocesses, for ``parity certify --calls`` (docs/watch.md).
     parity watch --op OP=module:function [--op ...] --out FILE [--max-bytes N] -- python prog.py ...
     parity watch --merge FILE
 
-The program runs with ``parity/watch/bootstrap`` first on PYTHONPATH (its ``sitecustomize`` starts
+The program runs with ``parity/record/watch/bootstrap`` first on PYTHONPATH (its ``sitecustomize`` starts
 the watch in every Python process) and the targets in ``PARITY_WATCH``. Each process writes its
 calls as parts while it runs; when the program ends, however it ends (an exception, Ctrl-C, a
 signal), the parts are merged into FILE. The exit code is the program's (128 + N for a signal N).
@@ -21,6 +21,8 @@ from pathlib import Path
 
 from parity.cli.args import check_outputs
 from parity.errors import InputError
+from parity.record.watch import callfile, check_targets
+from parity.record.watch.recorder import parse_bytes
 
 
 def register(sub):
@@ -38,8 +40,6 @@ def register(sub):
 
 
 def _targets(values) -> dict:
-    from parity.watch import check_targets
-
     targets = {}
     for v in values:
         name, eq, spec = v.partition("=")
@@ -53,10 +53,9 @@ def _targets(values) -> dict:
 
 
 def _env(targets: dict, out: Path, max_bytes: int, command: list) -> dict:
-    import parity
-
-    boot = Path(parity.__file__).parent / "watch" / "bootstrap"
-    root = Path(parity.__file__).parent.parent
+    package = Path(__file__).parent.parent   # parity/
+    boot = package / "record" / "watch" / "bootstrap"
+    root = package.parent
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot), str(root), env.get("PYTHONPATH", "")) if p)
     run = {"command": command, "targets": targets, "cwd": os.getcwd(), "python": sys.version.split()[0]}
@@ -65,9 +64,6 @@ def _env(targets: dict, out: Path, max_bytes: int, command: list) -> dict:
 
 
 def run(args) -> int:
-    from parity.watch import callfile
-    from parity.watch.recorder import parse_bytes
-
     if args.merge is not None:
         if args.ops or args.out or args.command:
             raise InputError("--merge FILE takes no other arguments")

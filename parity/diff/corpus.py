@@ -24,7 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.diff.engines import DumpError
+from parity.diff.engines.dump import read_header
 from parity.errors import InputError
+from parity.schema import errors
+from parity.schema import load as load_schema
 
 from .numerics import finite_or_none
 from .runner import RUN_VERDICTS, DiffResult
@@ -113,9 +117,6 @@ def read_dumps(directory: str | Path, *, steps: int | None, mode: str | None,
     only. Returns the prompts and what the dumps share (``steps``: ``steps`` or the dumps' own,
     ``mode``, ``dtype``); dumps that differ in mode or dtype, or in steps without ``steps``, are
     refused."""
-    from parity.engines import DumpError
-    from parity.engines.dump import read_header
-
     directory = Path(directory)
     files = sorted(directory.glob("*.safetensors"))
     if not files:
@@ -407,8 +408,6 @@ def load(path: str | Path) -> CorpusResult:
     if d.get("version") != CORPUS_VERSION:
         raise InputError(f"merge: {path}: corpus report version {d.get('version')!r}, this parity reads "
                          f"{CORPUS_VERSION}")
-    from parity.schema import errors
-
     errs = errors(d, corpus_schema())
     if errs:
         raise InputError(f"merge: {path}: not a valid corpus report: {errs[0]}")
@@ -418,6 +417,4 @@ def load(path: str | Path) -> CorpusResult:
 def corpus_schema() -> dict:
     """parity/schemas/diff-corpus.schema.json (its steps are the single-prompt report's,
     docs/diff-report-schema.json)."""
-    from parity.schema import load as load_schema
-
     return load_schema("diff-corpus")

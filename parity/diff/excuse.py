@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from parity.diff.neartie import classify_step
 from parity.metrics import to_numpy
-from parity.neartie import classify_step
 from reference.checks import OWN
 
 from .numerics import finite_or_none

@@ -22,8 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from parity.bounds.core import UNIT_ROUNDOFF, gamma
+
+from .numerics import finite_or_none
 
 BLOCK_ROWS = 16384  # rows of W read from the source at a time
 KEEP_ABS = 1 << 26  # elements of W up to which |W| is kept (512 MB of float64)
@@ -38,8 +41,6 @@ class HeadCheck:
     units: float      # err / bound
 
     def to_dict(self) -> dict:
-        from .numerics import finite_or_none
-
         return {"position": self.position, **{k: finite_or_none(getattr(self, k)) for k in ("err", "bound", "units")}}
 
     def describe(self) -> str:
@@ -61,8 +62,6 @@ class LmHead:
     def of(cls, source, config, *, span=None, device: str = "cpu") -> "LmHead":
         """The lm_head of ``source`` (a ``WeightSource``): ``span``'s copy when given (its ``A``
         holds ``W`` in its first ``D`` columns), else read from the source in blocks."""
-        import torch
-
         name = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
         storage = source.storage_dtype(name)
         if span is not None and getattr(span, "A", None) is not None:
@@ -82,8 +81,6 @@ class LmHead:
     def _rows(self, x: np.ndarray):
         """``(W x, |W| |x|)`` of each row of ``x [B, D]`` as float64 ``[B, V]``, each row its own
         product (a row's bits do not depend on its batch)."""
-        import torch
-
         W = self.W
         absW = self._absW if self._absW is not None else W.abs()
         out, mag = [], []

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from parity.bounds.core import precision_for
 from parity.metrics import to_numpy
 
 from .numerics import finite_or_none
@@ -282,8 +283,6 @@ def localize(ref_model, opt_model, token_ids: list[int], config, *, dtype: str =
     """Localize from one traced ``forward`` of the engine over ``token_ids``, replayed on the
     reference (the prefill kernels only; the decode loop replays its own calls instead).
     ``rounding``: the platform's conversion to ``dtype`` (``parity.platform.store_rounding``)."""
-    from parity.bounds.core import precision_for
-
     precision = precision_for(dtype, rounding=rounding)
     ref_model.trace_kda_core = True  # the KDA read-out's amplification reads the core's values
     opt_trace: dict = {}

@@ -24,8 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from parity.bounds.core import LAMBDA, U_REFERENCE, UNIT_ROUNDOFF
+
+from .numerics import finite_or_none
 
 BLOCK_ROWS = 16384  # rows of W read from the source at a time
 
@@ -37,8 +40,6 @@ class LogitsCheck:
     units: float      # residual / bound
 
     def to_dict(self) -> dict:
-        from .numerics import finite_or_none
-
         return {k: finite_or_none(getattr(self, k)) for k in ("residual", "bound", "units")}
 
     def describe(self) -> str:
@@ -52,8 +53,6 @@ class LmHeadSpan:
     a millisecond, 16 CPU cores in about a second)."""
 
     def __init__(self, source, config, *, device: str = "cpu"):
-        import torch
-
         name = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
         V, D = config.vocab_size, config.hidden_size
         self.D, self.active, self.chol = D, V > D + 1, None
@@ -92,8 +91,6 @@ class LmHeadSpan:
 
     def _checks(self, rows: np.ndarray, u_out: float, ua: float) -> list[LogitsCheck]:
         """The checks of finite ``rows [B, V]``, their products taken together."""
-        import torch
-
         o = torch.from_numpy(np.ascontiguousarray(rows.T)).to(self.A.device)  # [V, B]
         c = torch.cholesky_solve(self.A.T @ o, self.chol)                    # [D+1, B]
         residual = torch.linalg.vector_norm(o - self.A @ c, dim=0)

@@ -1,7 +1,7 @@
 """The noise a step is judged by: the certified twin's where the twin is sane at that step, else
 the ops' model-level bound; and the check of the engine's whole logit vector against it.
 
-Per logit ``v`` the twin gives ``e_v = arith_scale * twin_bound(r, t)_v`` (``parity.neartie``;
+Per logit ``v`` the twin gives ``e_v = arith_scale * twin_bound(r, t)_v`` (``parity.diff.neartie``;
 ``twin.py`` for the scale). The twin's noise counts at a step only where the twin is sane there:
 
 * its greedy token is the reference's, and
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from parity.bounds.core import UNIT_ROUNDOFF
-from parity.neartie import twin_bound
+from parity.diff.neartie import twin_bound
 
 from .numerics import finite_or_none
 

@@ -24,10 +24,11 @@ def write_plot(result: DiffResult, path: str | Path, *, moe_layers: list[int] | 
     """Three panels over the steps: max |logit diff| with the noise bound; the reference margin with
     the bound and a marker per verdict; router flips by MoE layer (in noise / past their bound).
     Written atomically (Agg backend, no display needed)."""
-    import matplotlib
+    import matplotlib   # here: only a --plot pays for matplotlib, and the Agg backend is chosen before pyplot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     steps = np.array([s.step for s in result.steps])
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True,
@@ -60,8 +61,6 @@ def write_plot(result: DiffResult, path: str | Path, *, moe_layers: list[int] | 
             ax3.scatter(*zip(*pts), c=color, marker="s", s=30, label=f"{label} ({len(pts)})")
     ax3.set_ylabel("MoE layer")
     ax3.set_xlabel("step")
-    from matplotlib.ticker import MaxNLocator
-
     ax3.xaxis.set_major_locator(MaxNLocator(integer=True))
     layers = sorted(set(moe_layers or []) | {f.layer for _, f in flips})
     if layers:
@@ -90,7 +89,7 @@ def write_corpus_plot(result, path: str | Path) -> Path:
     """``parity diff --prompts ... --plot``: one PNG over the corpus (a ``corpus.CorpusResult``): KL
     per prompt (mean and max over its steps) coloured by the prompt's verdict; each op's error in
     units of its bound over the prompts (1 = at the bound); the prompts per verdict."""
-    import matplotlib
+    import matplotlib   # here: only a --plot pays for matplotlib, and the Agg backend is chosen before pyplot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,6 +1,6 @@
 """Replay: the float64 reference recomputes every layer from the engine's own input to that layer.
 
-Each call of the engine (a prefill, or one decode step) comes with its trace (``parity.engines.
+Each call of the engine (a prefill, or one decode step) comes with its trace (``parity.diff.engines.
 trace``): per layer ``i`` the mixer and FFN outputs and the stream after the layer. From it the
 replay recovers what the engine handed each op:
 

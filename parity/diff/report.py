@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from parity.atomic import atomic_write  # noqa: F401  (re-exported for plot, golden, the CLI)
+from parity.environment import environment as _environment
 
 REPORT_FORMAT = "kimi-parity/diff-report"
 REPORT_VERSION = 3  # 3: ops replayed on the engine's inputs, the certified twin's noise
@@ -14,8 +15,6 @@ REPORT_VERSION = 3  # 3: ops replayed on the engine's inputs, the certified twin
 def environment(*, device: str, dtype: str) -> dict:
     """What ran (``parity.environment``: versions, device, git revision, how Triton ran) plus the
     optimized dtype."""
-    from parity.environment import environment as _environment
-
     env = _environment(device)
     env["dtype"] = dtype
     return env

@@ -229,7 +229,7 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
     """Decode ``steps`` tokens on both paths and compare them step by step (module docstring).
 
     ``ref_model``: the reference; ``opt_model``: the optimized model or any engine
-    (``parity.engines``), wrapped in ``CheckedEngine`` by callers that take outside engines;
+    (``parity.diff.engines``), wrapped in ``CheckedEngine`` by callers that take outside engines;
     ``prompt_ids``: at least one token id below ``config.vocab_size``; ``dtype``: the engine's
     compute dtype and ``rounding`` how its platform converts to it ("nearest" on a GPU,
     "toward-zero" under the Triton interpreter: ``parity.platform.store_rounding``); together they

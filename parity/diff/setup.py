@@ -7,7 +7,25 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+import optimized
+import reference
+from optimized.backends import resolve
+from parity import memory
+from parity.diff.engines import BUILTIN, DUMP_PREFIX, CheckedEngine, EngineError, from_factory
+from parity.diff.engines import load_engine as builtin
+from parity.diff.engines import router_bias
 from parity.errors import InputError
+from parity.platform import store_rounding
+from reference import tokenizer
+from reference.checkpoint import CheckpointError, open_source
+from reference.checks import kda_gate_bound, kda_gate_name
+from reference.config import ConfigError, KimiConfig
+from reference.fixtures import default_checkpoint_path
+from reference.synthetic import SyntheticSource
+
+from .logits import LmHeadSpan
 
 BUILTIN_PROMPT = "The quick brown fox jumps over the lazy dog. "
 VARIANTS = {  # name -> parser of its value (spec §(e): the semantic variants both paths expose)
@@ -19,8 +37,6 @@ VARIANTS = {  # name -> parser of its value (spec §(e): the semantic variants b
 
 def _kda_gate(value):
     """``softplus`` or ``lower_bound:<b>`` (b in [-5, 0)), as the models take it."""
-    from reference.checks import kda_gate_bound, kda_gate_name
-
     try:
         return kda_gate_name(kda_gate_bound(value))
     except ValueError:
@@ -67,8 +83,6 @@ def parse_variants(items: list[str] | None) -> dict:
 def parse_backends(items: list[str] | None) -> dict:
     """``["kda=reference", ...]`` -> the ``backends`` argument of ``optimized.load`` (validated by
     ``optimized.backends.resolve``: its message names the unknown family or value)."""
-    from optimized.backends import resolve
-
     out = dict(_pairs(items, "--backend"))
     try:
         resolve(out)
@@ -77,30 +91,17 @@ def parse_backends(items: list[str] | None) -> dict:
     return out
 
 
-def check_output(flag: str, path: str | None) -> None:
-    """An output file must be writable before the run, not after it (``parity.cli.args``)."""
-    from parity.cli.args import check_outputs
-
-    check_outputs((flag, path))
-
-
 def check_device(device: str | None) -> str:
     """``None`` -> cuda when there is a GPU, else cpu; ``cuda`` without one is an input error. On
     CPU the Triton kernels run under the interpreter, made faithful for bf16 ``tl.dot`` here."""
-    import torch
-
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA device is available on this machine")
-    from optimized import select
-
-    return select(device)
+    return optimized.use(device)
 
 
 def platform_rounding(dtype: str, device: str) -> str:
     """How the platform's kernels round to ``dtype`` ("nearest", or "toward-zero" under the Triton
     interpreter), measured by ``parity.platform.store_rounding``: the bounds of the diff use it."""
-    from parity.platform import store_rounding
-
     return store_rounding(dtype, device)
 
 
@@ -112,9 +113,6 @@ class Checkpoint:
 
 def checkpoint_errors() -> tuple:
     """What a broken checkpoint raises, also lazily while the reference streams its weights."""
-    from reference.checkpoint import CheckpointError
-    from reference.config import ConfigError
-
     return (CheckpointError, ConfigError)
 
 
@@ -125,14 +123,9 @@ def load_errors() -> tuple:
 
 def open_checkpoint(path: str | None = None, *, synthetic: str | None = None, seed: int = 0) -> Checkpoint:
     """A checkpoint directory, a synthetic preset, or (neither) the bundled default fixture."""
-    from reference.checkpoint import open_source
-
     if synthetic is not None:
         if path is not None:
             raise InputError("give either a CHECKPOINT or --synthetic PRESET, not both")
-        from reference.config import KimiConfig
-        from reference.synthetic import SyntheticSource
-
         try:
             source = SyntheticSource(KimiConfig.from_name(synthetic), seed)
         except load_errors() as exc:
@@ -141,8 +134,6 @@ def open_checkpoint(path: str | None = None, *, synthetic: str | None = None, se
                                    "describe": source.describe()})
     kind = "directory"
     if path is None:
-        from reference.fixtures import default_checkpoint_path
-
         path, kind = default_checkpoint_path(), "bundled"
     try:
         with warnings.catch_warnings():
@@ -159,8 +150,6 @@ def one_line(exc: BaseException) -> str:
 
 
 def load_reference(ckpt: Checkpoint, variants: dict):
-    import reference
-
     try:
         return reference.load(ckpt.source, **variants)
     except load_errors() as exc:
@@ -176,8 +165,6 @@ def same_model(a: Checkpoint, b: Checkpoint) -> None:
 
 def tokenizer_for(ckpt: Checkpoint):
     """The checkpoint's tokenizer (its tiktoken model when it ships one), else byte-level."""
-    from reference import tokenizer
-
     path = ckpt.info.get("path")
     if path is None:  # synthetic weights: no tokenizer files
         return tokenizer.ByteTokenizer(ckpt.source.config)
@@ -227,9 +214,6 @@ def load_engine(spec: str, ckpt: Checkpoint, *, dtype: str | None, device: str, 
     reference's floor where ``reference_device``, the ``--reference-device`` asked for, puts it
     beside them) are checked against it before anything loads (``parity.memory.check_weights``);
     None: not checked."""
-    from parity.engines import BUILTIN, DUMP_PREFIX, CheckedEngine, EngineError, from_factory, router_bias
-    from parity.engines import load_engine as builtin
-
     source = reference_source or ckpt.source
     if spec == "optimized" and free is not None:
         check_fits(ckpt, dtype=dtype or "bfloat16", device=device, free=free, reference_device=reference_device)
@@ -252,8 +236,6 @@ def load_engine(spec: str, ckpt: Checkpoint, *, dtype: str | None, device: str, 
 def check_fits(ckpt: Checkpoint, *, dtype: str, device: str, free, reference_device: str | None) -> None:
     """The optimized model of ``ckpt`` at ``dtype`` fits ``device`` before it loads, with the
     reference's floor beside it where the reference will run there (``parity.memory``)."""
-    from parity import memory
-
     memory.check_weights(ckpt.source.config, dtype=dtype, device=device, free=free,
                          reference=memory.reference_beside(reference_device, device),
                          synthetic=ckpt.info.get("preset"))
@@ -261,8 +243,6 @@ def check_fits(ckpt: Checkpoint, *, dtype: str, device: str, free, reference_dev
 
 def lm_head_span(ckpt: Checkpoint, device: str):
     """The checkpoint's ``LmHeadSpan`` (the logits' own bound, ``parity.diff.logits``) on ``device``."""
-    from .logits import LmHeadSpan
-
     try:
         return LmHeadSpan(ckpt.source, ckpt.source.config, device=device)
     except checkpoint_errors() as exc:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from parity.bounds.core import UNIT_ROUNDOFF
-from parity.neartie import classify_step
+from parity.diff.neartie import classify_step
 
 from .excuse import Counterfactual
 from .head import HeadCheck

@@ -5,7 +5,7 @@ A buggy engine's logits disagree with the reference more than a correct one's; a
 them widens the very bound they are judged by. The twin is a correct implementation at the engine's
 declared dtype on the reference's own weights, fed the same tokens; its disagreement with the
 reference is the noise a correct implementation at that dtype shows on this prompt
-(``parity.neartie.twin_bound``). Two twins:
+(``parity.diff.neartie.twin_bound``). Two twins:
 
 * ``emulated``: the reference's math with the dtype's rounding emulated: our optimized model with
   every op family on the reference backend (``optimized.backends``: each op the float64 reference,
@@ -38,8 +38,16 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
+import torch
 
+import optimized
+from optimized.backends import FAMILIES
+from optimized.model import Model
+from parity.bounds.core import precision_for
+from parity.memory import check_weights, free_bytes
 from parity.metrics import to_numpy
+
+from .localize import KAPPA_ARITH, KAPPA_STORAGE
 
 TWIN_DTYPES = ("bfloat16", "float32", "float64")  # what the optimized model runs at
 _MEMO: OrderedDict = OrderedDict()   # (key, consumed tokens) -> logits [vocab]
@@ -55,8 +63,6 @@ class Twin:
 
     def __init__(self, source, *, dtype: str, device: str, variants: dict | None = None, kind: str = "triton",
                  free=None):
-        from parity.memory import free_bytes
-
         if kind not in KINDS:
             raise ValueError(f"twin kind: expected one of {KINDS}, got {kind!r}")
         self.source, self.dtype, self.device, self.kind = source, dtype, device, kind
@@ -72,10 +78,6 @@ class Twin:
         """How much the twin's noise is scaled for the arithmetic inside the ops (module docstring)."""
         if self.kind == "triton":
             return 1.0
-        from parity.bounds.core import precision_for
-
-        from .localize import KAPPA_ARITH, KAPPA_STORAGE
-
         p = precision_for(self.dtype)
         return 1.0 + KAPPA_ARITH * p.ua / (KAPPA_STORAGE * p.u)
 
@@ -116,10 +118,6 @@ class Twin:
 
     def _load(self):
         if self._model is None:
-            import optimized
-
-            from parity.memory import check_weights
-
             check_weights(self.source.config, dtype=self.dtype, device=self.device, free=self.free,
                           what="the certified twin")
 
@@ -127,8 +125,6 @@ class Twin:
                 optimized.install_faithful_bf16_dot()
             backends = None
             if self.kind == "emulated":
-                from optimized.backends import FAMILIES
-
                 backends = {f: "reference" for f in FAMILIES}
             self._model = optimized.load(self.source, device=self.device, dtype=self.dtype, backends=backends,
                                          **self.variants)
@@ -138,8 +134,6 @@ class Twin:
 def runs_our_kernels(engine) -> bool:
     """Whether ``engine`` (possibly behind ``CheckedEngine``) is our optimized model with some op
     family on its Triton kernels: the Triton twin would share them."""
-    from optimized.model import Model
-
     inner = getattr(engine, "engine", engine)
     return isinstance(inner, Model) and any(v == "triton" for v in inner.ops.choice.values())
 
@@ -156,8 +150,6 @@ def twin_for(engine, ref_model, *, dtype: str, device: str | None = None, free=N
         if dev is not None and str(dev).split(":")[0] in ("cpu", "cuda"):
             device = str(dev).split(":")[0]
         else:
-            import torch
-
             device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype not in TWIN_DTYPES:
         raise ValueError(f"no certified twin runs at {dtype} (ours run at {', '.join(TWIN_DTYPES)})")

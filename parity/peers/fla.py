@@ -23,10 +23,14 @@ reduces with ``tl.sum`` (no tensor-core product), the gate and the norms are ele
 """
 from __future__ import annotations
 
+import importlib
 import warnings
 
-from ..candidate import adapter
+import torch
+
+from ..certify.candidate import adapter
 from ..errors import Unsupported
+from ..record.watch.adapters import Mapping, Mismatch, flag, require_none, returned
 
 CHUNK_SIZES = (32, 64)   # chunk_kda refuses others: "`chunk_size` must be either 32 or 64 for KDA"
 
@@ -46,8 +50,6 @@ def implementations(device: str) -> dict:
 
 def _quiet_import(module: str):
     """Import an fla module; on a machine without a GPU fla warns that Triton rolls back to CPU."""
-    import importlib
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return importlib.import_module(module)
@@ -71,8 +73,6 @@ _WHY = "no registered op computes it (beta in (0, 2), a V-major state, context p
 
 
 def _kda_op(a: dict, core: str, fused: str) -> str:
-    from ..watch.adapters import Mismatch, flag, require_none
-
     require_none(a, _BEYOND, _WHY)
     flag(a, "safe_gate")
     l2, gate_, sig = (flag(a, n) for n in ("use_qk_l2norm_in_kernel", "use_gate_in_kernel",
@@ -96,8 +96,6 @@ def _kda_op(a: dict, core: str, fused: str) -> str:
 
 
 def _kda_mapping(a: dict, op: str, contract: str, **scalars):
-    from ..watch.adapters import Mapping, returned
-
     fused = "fused" in op
     inputs = {"q": a["q"], "k": a["k"], "v": a["v"]}
     if fused:
@@ -222,8 +220,6 @@ def _each_sequence(run, q, k, v, g, beta, initial_state, cu_seqlens, multiple=1)
     rows to a multiple of ``multiple`` tokens (naive_chunk_kda asserts whole chunks). A zero row
     (g = 0, beta = 0, k = q = v = 0) leaves the state as it is and comes after every real token, so
     the padding changes no output."""
-    import torch
-
     B, T = q.shape[:2]
     if cu_seqlens is None:
         spans = [(b, 0, T) for b in range(B)]

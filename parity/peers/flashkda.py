@@ -32,7 +32,11 @@ nothing is monkeypatched.
 """
 from __future__ import annotations
 
-from ..candidate import adapter
+import importlib
+
+import torch
+
+from ..certify.candidate import adapter
 from ..errors import Unsupported
 
 HEAD_DIM = 128   # FlashKDA takes K = V = 128 only
@@ -48,8 +52,6 @@ def implementations(device: str) -> dict:
 
 
 def _flash_kda():
-    import importlib
-
     return importlib.import_module("flash_kda")
 
 
@@ -64,8 +66,6 @@ def run(fk, q, k, v, g_raw, beta_logits, A_log, dt_bias, scale, initial_state, c
     """``fk.fwd`` (``fk``: FlashKDA's module, or any with its documented ``fwd``) on the record's
     arguments: what it refuses raised as Unsupported, the layouts converted (module docstring).
     Returns ``(o [B,T,H,V] bf16, final_state [N,H,K,V] float32)``."""
-    import torch
-
     if lower_bound is None:
         raise ValueError("FlashKDA computes only the bounded gate lower_bound * sigmoid(exp(A_log) (g + dt_bias)); "
                          "it was asked for the softplus gate (lower_bound None)")

@@ -23,10 +23,12 @@ and :func:`torch_function` the torch function behind it, in every supported rele
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 
-from ..candidate import adapter
+from ..certify.candidate import adapter
 from ..errors import Unsupported
+from ..record.watch.adapters import Mapping, Mismatch, flag, returned
 
 MODULE = "transformers.models.kimi_linear.modeling_kimi_linear"
 CHUNK = f"{MODULE}:chunk_kimi_delta_attention"
@@ -56,14 +58,10 @@ def chosen(fn) -> tuple:
 
 def torch_function(name: str):
     """transformers' own torch function for the modeling module's kernel name ``name``."""
-    import importlib
-
     return chosen(getattr(importlib.import_module(MODULE), name))[0]
 
 
 def _mapping(a: dict, core: str, **scalars):
-    from ..watch.adapters import Mapping, Mismatch, flag, returned
-
     l2 = flag(a, "use_qk_l2norm_in_kernel")
     q, v = a["query"], a["value"]
     if q.shape[2] != v.shape[2]:

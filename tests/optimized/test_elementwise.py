@@ -10,7 +10,7 @@ import torch
 
 import optimized
 from optimized import _counters, elementwise
-from parity.candidate import of
+from parity.certify.candidate import of
 from parity.testing import assert_parity
 
 DTYPES = ["float32", "bfloat16", "float64"]

@@ -81,7 +81,8 @@ def test_an_interpreter_that_cannot_be_made_faithful_is_refused():
     script = ("import os; os.environ['TRITON_INTERPRET'] = '1'\n"
               "from triton.runtime import interpreter\n"
               "del interpreter.InterpreterBuilder.create_dot   # a Triton without the hook\n"
-              "import optimized\n")
+              "import optimized\n"
+              "optimized.use('cpu')\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)

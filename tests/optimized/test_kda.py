@@ -15,8 +15,8 @@ import torch
 from optimized import _counters, kda
 from parity import ops
 from parity.bounds.core import precision_for
-from parity.candidate import of
-from parity.check import tensors
+from parity.certify.candidate import of
+from parity.certify.check import tensors
 from parity.metrics import compare
 from parity.ops.kda import emulate as emu
 from parity.ops.kda.args import CORE, FUSED

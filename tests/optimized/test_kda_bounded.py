@@ -12,7 +12,7 @@ import optimized
 import reference
 from optimized import kda
 from parity import ops
-from parity.check import tensors
+from parity.certify.check import tensors
 from parity.ops.kda.args import FUSED
 from parity.ops.kda.inputs import core_case, decode_case, gate_case
 from parity.testing import assert_parity

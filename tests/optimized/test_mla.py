@@ -13,7 +13,7 @@ import torch
 
 import optimized
 from optimized import _counters, mla
-from parity.candidate import of
+from parity.certify.candidate import of
 from parity.testing import assert_parity
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float64]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from optimized import _counters, moe
-from parity.candidate import of
+from parity.certify.candidate import of
 from parity.testing import assert_parity
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float64]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from optimized import _counters, norm
-from parity.candidate import of
+from parity.certify.candidate import of
 from parity.ops.norm.inputs import add_case, rms_case
 from parity.testing import assert_parity
 

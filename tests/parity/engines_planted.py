@@ -105,7 +105,7 @@ def fb_doubled_on_trigger(checkpoint, *, dtype, device):
 
 
 def fb_doubled_transformers(checkpoint, *, dtype, device):
-    from parity.engines import load_engine
+    from parity.diff.engines import load_engine
 
     engine = load_engine("transformers", checkpoint, dtype=dtype, device=device)
     f_b = engine.hf_model.model.layers[FB_LAYER].self_attn.forget_gate.f_b_proj
@@ -236,7 +236,6 @@ def bf16_state(checkpoint, *, dtype, device):
 def nan_state(checkpoint, *, dtype, device):
     """Our optimized model with NaN written into layer 0's KDA state after two decode steps."""
     import optimized
-
     from tests.parity.planted_model import Planted
 
     return Planted(optimized.load(_source(checkpoint), dtype=dtype, device=device), "nan_state", 0)
@@ -305,7 +304,7 @@ def factory_out_of_memory(checkpoint, *, dtype, device):
 def transformers_raises(checkpoint, *, dtype, device):
     """transformers' own model whose first decoder layer raises in its forward (a kernel the
     installed stack cannot launch); where transformers itself cannot load, that failure instead."""
-    from parity.engines import load_engine
+    from parity.diff.engines import load_engine
 
     engine = load_engine("transformers", checkpoint, dtype=dtype, device=device)
 

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from parity.candidate import adapter
+from parity.certify.candidate import adapter
 from parity.peers import flashkda
 from tests.parity import flashkda_standin
 

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import torch
 
-from parity.candidate import adapter
+from parity.certify.candidate import adapter
 from parity.peers import flashkda
 from reference import kda
 

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parity.candidate import adapter
+from parity.certify.candidate import adapter
 
 
 def _tf32(x):

@@ -32,9 +32,9 @@ import torch
 import optimized
 import reference
 from parity.diff import run_diff
-from parity.engines import CheckedEngine, load_engine, router_bias
-from parity.engines.dump import _host, record
-from parity.engines.dump_writer import write_dump
+from parity.diff.engines import CheckedEngine, load_engine, router_bias
+from parity.diff.engines.dump import _host, record
+from parity.diff.engines.dump_writer import write_dump
 from parity.platform import store_rounding
 from reference.config import KimiConfig
 from reference.synthetic import SyntheticSource
@@ -224,7 +224,7 @@ def bare_copy(path):
     """The dump at ``path`` without its traces, written beside it (``*.bare.safetensors``)."""
     from safetensors.numpy import load_file
 
-    from parity.engines.dump import read_header
+    from parity.diff.engines.dump import read_header
 
     head, t = read_header(path), load_file(str(path))
     out = path.with_suffix(".bare.safetensors")

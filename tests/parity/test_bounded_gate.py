@@ -150,7 +150,7 @@ def test_certify_under_a_gate_variant(tmp_path, capsys):
 
 def test_fla_safe_gate_calls_map_to_the_bounded_records():
     from parity.peers import fla
-    from parity.watch.adapters import Mismatch
+    from parity.record.watch.adapters import Mismatch
 
     def call(**kw):
         a = dict(q=1, k=2, v=3, g=4, beta=5, A_log=6, dt_bias=7, output_final_state=True)

@@ -4,7 +4,7 @@ import pytest
 
 from parity import bounds, ops
 from parity.bounds.core import gamma, precision_for, unit_roundoff
-from parity.check import prepare
+from parity.certify.check import prepare
 from parity.registry import Case
 
 

@@ -13,14 +13,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import optimized
-from .diff_helpers import one_line_error, run_cli
-from parity import capture, ops, schema
-from parity.cli import main
-from parity.capture import casefile, sites, tensors
-from parity.candidate import named
+from parity import ops, schema
 from parity.certify import certify_op
-from parity.check import check, prepare
+from parity.certify.candidate import named
+from parity.certify.check import check, prepare
+from parity.cli import main
+from parity.record import capture
+from parity.record.capture import casefile, sites, tensors
 from reference.fixtures import default_checkpoint_path
+
+from .diff_helpers import one_line_error, run_cli
 
 PROMPT = "5,17,99"
 MODEL_OPS = {"embed.embedding", "embed.lm_head", "norm.rms_norm", "norm.add_rms_norm", "norm.gated_rms_norm",
@@ -221,7 +223,7 @@ def test_capture_bad_arguments_are_one_line_errors_exit_2(tmp_path, capsys, args
 # -- the regenerated path (real sizes), forced on small shapes ----------------------------------------
 def _torch_case(rec, case, dtype, device):
     """A drawn case's inputs as the model would hand them over (the record's policy at ``dtype``)."""
-    from parity.check import tensors as as_tensors
+    from parity.certify.check import tensors as as_tensors
 
     return as_tensors(rec, case, dtype, device)
 

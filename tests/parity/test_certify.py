@@ -3,8 +3,8 @@ import dataclasses
 
 from optimized import elementwise
 from parity import ops
-from parity.candidate import Candidate
 from parity.certify import certify_op
+from parity.certify.candidate import Candidate
 from parity.mutants import wrap
 from parity.registry import Ref
 

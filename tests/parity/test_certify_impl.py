@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from parity import fingerprint, ops, schema
+from parity import ops, schema
 from parity.bounds.core import CONTRACTS, precision_for, weaker_contracts
-from parity.candidate import first_case, of
-from parity.certify import certify_op, cpu_threads
-from parity.check import own_outputs, prepare
+from parity.certify import certify_op, cpu_threads, fingerprint
+from parity.certify.candidate import first_case, of
+from parity.certify.check import own_outputs, prepare
 from parity.cli import main
 from parity.errors import CandidateError
 
@@ -75,7 +75,7 @@ def test_memory_the_allocator_holds_free_reads_nan_when_a_candidate_runs(parity_
     """On CUDA an output never written (``empty_on_branch``) is the last freed block of its size: the
     output certify itself just computed on that input (the mutant output_before_update ran last),
     which the fingerprint then named with similarity 1. The free blocks are poisoned first."""
-    from parity.check import poison_free_memory
+    from parity.certify.check import poison_free_memory
 
     x = torch.full((3000,), 1.5, device=parity_device)
     del x

@@ -163,7 +163,7 @@ def test_bad_pool_shard_and_merge_arguments_are_one_line_errors_exit_2(args, nee
 def test_workers_are_pinned_one_visible_gpu_each_within_an_outer_cuda_visible_devices(monkeypatch):
     """No process starts here: which device each worker would get (its CUDA_VISIBLE_DEVICES)."""
     from parity.certify import runners
-    from parity.pool import visible_devices
+    from parity.certify.pool import visible_devices
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
     assert visible_devices() == ["2", "5"]
@@ -176,9 +176,9 @@ def test_workers_are_pinned_one_visible_gpu_each_within_an_outer_cuda_visible_de
 
 
 def test_a_call_that_never_returns_is_a_fault_and_its_worker_is_killed(parity_device):
-    from parity.candidate import first_case, of
-    from parity.check import CANDIDATE, Call, Job, prepare
-    from parity.pool import Worker
+    from parity.certify.candidate import first_case, of
+    from parity.certify.check import CANDIDATE, Call, Job, prepare
+    from parity.certify.pool import Worker
 
     case = first_case(RECURRENT)
     worker = Worker(parity_device, timeout=2)
@@ -217,7 +217,7 @@ def test_an_outside_candidate_that_ends_its_process_fails_only_its_op_without_an
     ("optimized.kda:recurrent", False),
 ])
 def test_outside_code_is_isolated_by_default_on_the_cpu_and_the_projects_own_is_not(spec, isolated):
-    from parity import candidate
+    from parity.certify import candidate
     from parity.cli.certify import _workers
     from parity.peers import implementations
 

@@ -20,10 +20,11 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from .diff_helpers import assert_same_numbers, load_report, one_line_error, reference_rows_exact, run_cli
-from .engines_planted import TRIGGER
 from parity.cli import main
 from parity.schema import errors, load
+
+from .diff_helpers import assert_same_numbers, load_report, one_line_error, reference_rows_exact, run_cli
+from .engines_planted import TRIGGER
 
 ENGINE = "tests.parity.engines_planted:fb_doubled_on_trigger"
 STEPS = "3"
@@ -268,7 +269,7 @@ def test_the_corpus_schema_repeats_the_single_reports_step_definitions():
 
 def _dumps(folder, prompts, *, steps=3, mode_of=lambda k: None):
     """The planted engine's runs of ``prompts`` written as dumps (free mode: its own tokens), one a file."""
-    from parity.engines.dump import record
+    from parity.diff.engines.dump import record
     from reference.checkpoint import open_source
     from reference.fixtures import default_checkpoint_path
 

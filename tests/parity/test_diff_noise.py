@@ -2,8 +2,8 @@
 bound capped at FAR times the twin's own noise, else the dtype floor."""
 import numpy as np
 
+from parity.diff.neartie import twin_bound
 from parity.diff.noise import FAR, logits_noise, step_noise, twin_sanity
-from parity.neartie import twin_bound
 
 RNG = np.random.default_rng(0)
 V = 512

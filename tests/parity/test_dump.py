@@ -10,16 +10,17 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import reference
-from .diff_helpers import PROMPT_IDS, one_line_error, run_cli
-from .engines_planted import fb_doubled_source
-from .test_diff_cli import SCHEMA, check_consistent
 from parity.cli import main
-from parity.engines.dump import record
-from parity.engines.dump_writer import write_dump
-from parity.engines.plan import load_plan
+from parity.diff.engines.dump import record
+from parity.diff.engines.dump_writer import write_dump
+from parity.diff.engines.plan import load_plan
 from parity.schema import errors
 from reference.checkpoint import open_source
 from reference.fixtures import default_checkpoint_path
+
+from .diff_helpers import PROMPT_IDS, one_line_error, run_cli
+from .engines_planted import fb_doubled_source
+from .test_diff_cli import SCHEMA, check_consistent
 
 STEPS = 4
 PROMPT = [int(t) for t in PROMPT_IDS.split(",")]

@@ -9,10 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from .diff_helpers import PROMPT_IDS, one_line_error, run_cli
-from .test_diff_cli import SCHEMA, check_consistent
 from parity.diff.runner import NO_TRACES
 from parity.schema import errors
+
+from .diff_helpers import PROMPT_IDS, one_line_error, run_cli
+from .test_diff_cli import SCHEMA, check_consistent
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 needs_transformers = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed "
@@ -50,7 +51,7 @@ def test_transformers_loads_a_checkpoint_it_saved_itself(tmp_path, capsys, held,
     """save_pretrained's layout (the dense MLP as block_sparse_moe, F32/F64 tensors) as it is."""
     import torch
 
-    from parity.engines import load_engine
+    from parity.diff.engines import load_engine
     from reference.fixtures import default_checkpoint_path
 
     engine = load_engine("transformers", default_checkpoint_path(), dtype="float32", device=parity_device)

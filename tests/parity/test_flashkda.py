@@ -104,7 +104,7 @@ def test_a_nan_on_repeated_keys_is_found_with_a_repro_that_reproduces_it(tmp_pat
 
 
 def test_the_adapter_inlines_into_a_repro_without_kimi_parity():
-    from parity.repro import implementation_source
+    from parity.certify.repro import implementation_source
 
     src, who = implementation_source(flashkda.fused_chunked)
     assert who == "flash_kda:fwd" and "importlib.import_module(\"flash_kda\")" in src and "def run(" in src

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from .diff_helpers import run_cli
-from parity import golden
 from parity.bounds.core import unit_roundoff
+from parity.diff import golden
+
+from .diff_helpers import run_cli
 
 COMMITTED = Path(__file__).resolve().parents[2] / "fixtures" / "golden" / "default.json"
 
@@ -92,7 +93,7 @@ def test_a_golden_of_another_version_or_other_weights_is_refused(recorded, tmp_p
 
 
 def test_the_committed_golden_is_valid_and_its_bounds_sit_far_under_the_noise_ceiling():
-    from parity.golden_schema import noise_ceiling
+    from parity.diff.golden_schema import noise_ceiling
     from reference.config import KimiConfig
 
     g = golden.load(COMMITTED)
@@ -105,7 +106,7 @@ def test_the_committed_golden_is_valid_and_its_bounds_sit_far_under_the_noise_ce
 
 
 def test_the_noise_ceiling_grows_with_depth_reduction_length_and_unit_roundoff():
-    from parity.golden_schema import noise_ceiling
+    from parity.diff.golden_schema import noise_ceiling
     from reference.config import KimiConfig
 
     tiny, big = KimiConfig.from_name("tiny"), KimiConfig.from_name("kimi-linear-48b")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import reference
-from parity import reference_device
+from parity.diff import reference_device
 from parity.environment import environment
 from parity.errors import InputError
 from reference.config import KimiConfig

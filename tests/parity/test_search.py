@@ -1,4 +1,4 @@
-"""The search (parity.search, ``parity search``): correct implementations stay within the registered
+"""The search (parity.certify.search, ``parity search``): correct implementations stay within the registered
 bounds over widely drawn inputs, the search finds an implementation that does not, and it runs on
 every record and any candidate.
 
@@ -10,10 +10,11 @@ import json
 import pytest
 import torch
 
-from parity import candidate, ops
+from parity import ops
+from parity.certify import candidate
+from parity.certify.search import judge_case, load_case, save_case, search
 from parity.cli import main
 from parity.ops.kda.inputs import core_case
-from parity.search import judge_case, load_case, save_case, search
 from parity.strategies import profile_name
 
 EXAMPLES = {"ci": 2, "dev": 8, "thorough": 40}[profile_name()]

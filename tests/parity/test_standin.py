@@ -5,12 +5,14 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, strategies as st, target
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis import target
 
 from parity import ops
-from parity.candidate import rowwise
 from parity.certify import certify_op, cpu_threads
-from parity.check import check, prepare
+from parity.certify.candidate import rowwise
+from parity.certify.check import check, prepare
 from parity.mutants import CONTROLS
 
 OPS = ops.names()

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from .diff_helpers import one_line_error, run_cli
-from . import watch_programs as wp
 import parity
 from parity import schema
-from parity.watch import callfile, judge, recorder
-from parity.watch.adapters import Mismatch
+from parity.record.watch import callfile, judge, recorder
+from parity.record.watch.adapters import Mismatch
 from reference.fixtures import default_checkpoint_path
+
+from . import watch_programs as wp
+from .diff_helpers import one_line_error, run_cli
 
 PROMPT = [[5, 17, 99, 3, 8, 41]]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 
 from parity.peers import transformers as peer
-from parity.watch import same_as
+from parity.record.watch import same_as
 
 MODULE = "transformers.models.kimi_linear.modeling_kimi_linear"
 CHUNK = f"{MODULE}:chunk_kimi_delta_attention"

@@ -3,10 +3,10 @@ step over a state pool, by slot id: parity/ops/_slots.py).
 """
 from __future__ import annotations
 
-from reference import conv as ref
-
+from optimized import conv as fast
 from parity.ops import _slots
-from parity.registry import OpRecord, Ref
+from parity.registry import OpRecord
+from reference import conv as ref
 
 from . import bounds, emulate, mutants
 from .inputs import conv_cases, pool_step_cases, step_cases, wide_conv_cases
@@ -15,9 +15,7 @@ from .inputs import conv_cases, pool_step_cases, step_cases, wide_conv_cases
 # -- the in-place step: the optimized op returns y and updates the pool; the record compares both --
 def pool_step(x, weight, state_pool, slot_ids):
     """optimized.conv.short_conv_step_, returning (y, the pool it updated in place)."""
-    from optimized.conv import short_conv_step_  # here: importing optimized picks the Triton backend
-
-    return short_conv_step_(x, weight, state_pool, slot_ids), state_pool
+    return fast.short_conv_step_(x, weight, state_pool, slot_ids), state_pool
 
 
 def pool_step_reference(x, weight, state_pool, slot_ids):
@@ -32,7 +30,7 @@ def pool_step_reference(x, weight, state_pool, slot_ids):
 ACT = "|silu'(z)| (gamma_W(ua) sum|w x| + ua |z|) + ((6 + |z|) ua + uo) |y|"
 
 SHORT_CONV = OpRecord(
-    name="conv.short_conv", reference=ref.short_conv, optimized=Ref("optimized.conv", "short_conv"),
+    name="conv.short_conv", reference=ref.short_conv, optimized=fast.short_conv,
     emulated=emulate.short_conv, inputs=conv_cases, wide=wide_conv_cases, bound=bounds.short_conv,
     outputs=("y", "final_state"), args=("x", "weight"),
     kwarg_arrays=("initial_state",), exact=("final_state",), reductions="W",
@@ -40,7 +38,7 @@ SHORT_CONV = OpRecord(
     bound_doc=f"y: {ACT}; final_state: exact (a copy of inputs)", mutants=mutants.SHORT_CONV)
 
 SHORT_CONV_STEP = OpRecord(
-    name="conv.short_conv_step", reference=ref.short_conv_step, optimized=Ref("optimized.conv", "short_conv_step"),
+    name="conv.short_conv_step", reference=ref.short_conv_step, optimized=fast.short_conv_step,
     emulated=emulate.short_conv_step, inputs=step_cases, bound=bounds.short_conv_step, outputs=("y", "new_state"),
     args=("x", "weight", "state"), exact=("new_state",), reductions="W",
     batch={"inputs": {"x": 0, "state": 0}, "outputs": {"y": 0, "new_state": 0}},

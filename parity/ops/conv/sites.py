@@ -1,4 +1,4 @@
-"""The model's short-convolution calls captured as records (parity/capture/sites.py)."""
+"""The model's short-convolution calls captured as records (parity/record/capture/sites.py)."""
 from __future__ import annotations
 
 from parity.registry import Site, picked

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from reference import kda as ref
-
+from optimized import kda as fast
 from parity.mutants import internal
 from parity.ops import _slots
-from parity.registry import OpRecord, Ref
+from parity.registry import OpRecord
+from reference import kda as ref
+from reference.norm import l2norm
 
 from . import bounds, emulate, mutants
 from .args import CORE, FUSED, KWARG_ARRAYS
@@ -29,10 +30,8 @@ from .inputs import core_cases, decode_cases, gate_cases, raw_qk_cases, wide_cor
 def decode_step(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, *, scale=None,
                 lower_bound=None):
     """optimized.kda.fused_recurrent_decode, returning (o, the pool it updated in place)."""
-    from optimized.kda import fused_recurrent_decode  # here: importing optimized picks the Triton backend
-
     kw = {} if lower_bound is None else {"lower_bound": lower_bound}
-    o = fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, scale=scale, **kw)
+    o = fast.fused_recurrent_decode(q, k, v, g_raw, beta_logits, A_log, dt_bias, state_pool, slot_ids, scale=scale, **kw)
     return o, state_pool
 
 
@@ -54,7 +53,7 @@ BATCH = {"inputs": {n: 0 for n in ("q", "k", "v", "g", "beta", "g_raw", "beta_lo
          "outputs": {"o": 0, "final_state": 0}}
 
 GATE = OpRecord(
-    name="kda.gate", reference=ref.gate, optimized=Ref("optimized.kda", "gate"),
+    name="kda.gate", reference=ref.gate, optimized=fast.gate,
     emulated=emulate.gate, inputs=gate_cases, bound=bounds.gate, outputs=("g",),
     args=("g_raw", "A_log", "dt_bias"), policy=POLICY, reductions="none",
     batch={"inputs": {"g_raw": 0}, "outputs": {"g": 0}},
@@ -71,7 +70,7 @@ def _over_sequences(name: str, *, reductions: str, bound_doc: str) -> OpRecord:
     ``name`` (the mutants by ``NAME``), and it is drawn on the inputs of its kind."""
     chunked, fused = name.endswith("chunked"), name.startswith("fused")
     return OpRecord(
-        name=f"kda.{name}", reference=getattr(ref, name), optimized=Ref("optimized.kda", name),
+        name=f"kda.{name}", reference=getattr(ref, name), optimized=getattr(fast, name),
         emulated=getattr(emulate, name), inputs=lambda: core_cases(chunked=chunked, fused=fused),
         wide=lambda space: wide_core_cases(space, chunked=chunked, fused=fused), bound=getattr(bounds, name),
         outputs=("o", "final_state"), args=FUSED if fused else CORE, kwarg_arrays=KWARG_ARRAYS, policy=POLICY,
@@ -179,8 +178,6 @@ QK_L2NORM = "+qk_l2norm"
 
 
 def _qk_l2norm_reference(fn):
-    from reference.norm import l2norm
-
     def run(q, k, v, g, beta, **kw):
         return fn(l2norm(q), l2norm(k), v, g, beta, **kw)
 
@@ -197,7 +194,7 @@ def _qk_l2norm_variant(rec: OpRecord, core_internal: str) -> OpRecord:
     chunked = rec is CHUNKED
     return dataclasses.replace(
         rec, name=rec.name + QK_L2NORM, reference=_qk_l2norm_reference(rec.reference), emulated=emulated,
-        optimized=Ref("parity.ops.kda", "no_optimized_op"), mutants=variant_mutants,
+        optimized=no_optimized_op, mutants=variant_mutants,
         inputs=lambda: raw_qk_cases(chunked=chunked),
         bound=bounds.qk_l2norm_chunked if chunked else bounds.qk_l2norm_recurrent,
         bound_doc=f"{rec.name}'s model at l2norm(q), l2norm(k), the l2norm's errors as perturbations of q, k "

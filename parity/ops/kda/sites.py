@@ -1,4 +1,4 @@
-"""The model's KDA calls captured as records (parity/capture/sites.py): the chunked prefill as
+"""The model's KDA calls captured as records (parity/record/capture/sites.py): the chunked prefill as
 kda.fused_chunked (one sequence per batch row, no cu_seqlens), the decode step as
 kda.fused_recurrent_decode; a model of the bounded gate passes ``lower_bound``, and its calls are
 those ops' ``+lower_bound`` records (the recorder reads it from the kwargs)."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
+from optimized import mla as fast
+from parity.ops._util import STALE_SEED, poison
+from parity.registry import OpRecord
 from reference import mla as ref
 from reference.executor import namespace
-
-from parity.ops._util import STALE_SEED, poison
-from parity.registry import OpRecord, Ref
 
 from . import bounds, emulate, mutants
 from .inputs import absorbed_cases, decode_cases, dirty_decode, wide_attention_cases
@@ -24,24 +24,22 @@ def paged_decode_adapter(q, latent, k_pe, w_kvb, lengths, *, block_size, seed, s
     before the sequences are written (``nan``, ``inf``, ``stale``; None: zeros), so the tail of
     each last block and the spare blocks are dirty. ``_block_shift`` is a mutant hook (reads the
     next block of the table)."""
-    from optimized.mla import PagedLatentCache, paged_decode  # here: importing optimized picks the backend
-
     B, S, L = latent.shape
     R = k_pe.shape[-1]
     nb = -(-S // block_size)
     g = torch.Generator().manual_seed(int(seed))
     perm = torch.randperm(B * nb + 2, generator=g)[: B * nb].reshape(B, nb).to(latent.device)
-    cache = PagedLatentCache(B * nb + 2, block_size, L, R, latent.dtype, latent.device)
+    cache = fast.PagedLatentCache(B * nb + 2, block_size, L, R, latent.dtype, latent.device)
     if cache_fill is not None:
         cache.kv.copy_(_dirt(cache.kv.shape, cache_fill))
     lens = lengths.to(latent.device)
     for b in range(B):
         n = int(lens[b])
         pos = torch.arange(n, device=latent.device)
-        slots = PagedLatentCache.slot_mapping(perm, torch.full_like(pos, b), pos, block_size)
+        slots = fast.PagedLatentCache.slot_mapping(perm, torch.full_like(pos, b), pos, block_size)
         cache.write(latent[b, :n].contiguous(), k_pe[b, :n].contiguous(), slots)
     table = perm.roll(-_block_shift, dims=1) if _block_shift else perm
-    return paged_decode(q, cache, table, lens, w_kvb, scale=scale)
+    return fast.paged_decode(q, cache, table, lens, w_kvb, scale=scale)
 
 
 def _dirt(shape, fill):
@@ -65,7 +63,7 @@ MLA_DOC = ("sum_s p_s rel_p_s |v_s| + LAMBDA scale sqrt(sum_l (u q_lat_l)^2 Cov_
            "Cov_l = sum_s p_s (c_sl - o~_l) v_s, rel_p = |d sigma| + sum p d sigma + (4 + |sigma - max|) ua + gamma_S(ua) + u")
 
 NAIVE = OpRecord(
-    name="mla.naive", reference=ref.naive, optimized=Ref("optimized.mla", "naive"),
+    name="mla.naive", reference=ref.naive, optimized=fast.naive,
     emulated=emulate.naive, inputs=absorbed_cases, wide=wide_attention_cases, bound=bounds.naive, outputs=("o",),
     args=("q", "latent", "k_pe", "w_kvb"), reductions="L, P + R, context S",
     batch=None,  # torch GEMMs choose kernels by M: bytes = run-to-run only
@@ -75,7 +73,7 @@ NAIVE = OpRecord(
     mutants=mutants.NAIVE)
 
 ABSORBED = OpRecord(
-    name="mla.absorbed", reference=ref.absorbed, optimized=Ref("optimized.mla", "absorbed"),
+    name="mla.absorbed", reference=ref.absorbed, optimized=fast.absorbed,
     emulated=emulate.absorbed, inputs=absorbed_cases, wide=wide_attention_cases, bound=bounds.absorbed, outputs=("o",),
     args=("q", "latent", "k_pe", "w_kvb"), reductions="P, L + R, context S, L",
     batch=None, bound_doc=MLA_DOC,  # torch GEMMs choose kernels by M: bytes = run-to-run only

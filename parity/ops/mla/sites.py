@@ -1,7 +1,9 @@
-"""The model's MLA calls captured as records (parity/capture/sites.py): the prefill as mla.naive,
+"""The model's MLA calls captured as records (parity/record/capture/sites.py): the prefill as mla.naive,
 the decode step as mla.paged_decode (its paged cache gathered into contiguous rows), and the arrays
 the records' mutants need that the model never hands over (:data:`AUX`)."""
 from __future__ import annotations
+
+import torch
 
 from parity.registry import Site, picked
 
@@ -9,8 +11,6 @@ from parity.registry import Site, picked
 def _decode(a):
     """The paged cache gathered into contiguous [B, S, L] / [B, S, R] rows (zeros past each length):
     the record's adapter builds its own paged cache from them (its block order from ``seed``)."""
-    import torch
-
     cache, batch, q = a["cache"], a["batch"], a["q"]
     lengths = batch.seq_lens[: q.shape[0]].to(torch.int64)
     S = int(lengths.max())

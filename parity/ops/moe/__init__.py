@@ -2,9 +2,9 @@
 """
 from __future__ import annotations
 
+from optimized import moe as fast
+from parity.registry import OpRecord
 from reference import moe as ref
-
-from parity.registry import OpRecord, Ref
 
 from . import bounds, emulate, mutants
 from .inputs import (experts_cases, router_cases, router_logits_cases, swiglu_cases, wide_router_logits_cases,
@@ -12,7 +12,7 @@ from .inputs import (experts_cases, router_cases, router_logits_cases, swiglu_ca
 
 ROUTER_LOGITS = OpRecord(
     name="moe.router_logits", reference=ref.router_logits,
-    optimized=Ref("optimized.moe", "router_logits"), emulated=emulate.router_logits, inputs=router_logits_cases,
+    optimized=fast.router_logits, emulated=emulate.router_logits, inputs=router_logits_cases,
     wide=wide_router_logits_cases,
     bound=bounds.router_logits, outputs=("logits",), args=("x", "weight"),
     policy={"weight": "fp32"}, reductions="D", batch={"inputs": {"x": 0}, "outputs": {"logits": 0}},
@@ -20,7 +20,7 @@ ROUTER_LOGITS = OpRecord(
     mutants=mutants.ROUTER_LOGITS)
 
 ROUTER = OpRecord(
-    name="moe.router", reference=ref.router, optimized=Ref("optimized.moe", "router"),
+    name="moe.router", reference=ref.router, optimized=fast.router,
     emulated=emulate.router, inputs=router_cases, bound=bounds.router, outputs=("weights", "ids"),
     args=("logits", "bias"), policy={"bias": "fp32"}, exact=("ids",), reductions="k_e",
     batch={"inputs": {"logits": 0}, "outputs": {"weights": 0, "ids": 0}},
@@ -31,13 +31,13 @@ SWIGLU_DOC = ("gamma_F(ua)|a||Wd|^T + LAMBDA sqrt(da^2 (Wd^2)^T) + uo|y|, a = si
               "da from gamma_D(ua)|x||W|^T and u |h| (stored)")
 
 SWIGLU = OpRecord(
-    name="moe.swiglu", reference=ref.swiglu, optimized=Ref("optimized.moe", "swiglu"),
+    name="moe.swiglu", reference=ref.swiglu, optimized=fast.swiglu,
     emulated=emulate.swiglu, inputs=swiglu_cases, wide=wide_swiglu_cases, bound=bounds.swiglu, outputs=("y",),
     args=("x", "w_gate", "w_up", "w_down"), reductions="D, F", batch=None,  # torch GEMMs choose kernels by M: bytes = run-to-run only
     bound_doc=SWIGLU_DOC, mutants=mutants.SWIGLU)
 
 EXPERTS = OpRecord(
-    name="moe.experts", reference=ref.experts, optimized=Ref("optimized.moe", "experts"),
+    name="moe.experts", reference=ref.experts, optimized=fast.experts,
     emulated=emulate.experts, inputs=experts_cases, bound=bounds.experts, outputs=("y",),
     args=("x", "weights", "ids", "w1", "w2", "w3"), policy={"weights": "fp32", "ids": "int"},
     reductions="D, F, k_e", batch={"inputs": {"x": 0, "weights": 0, "ids": 0}, "outputs": {"y": 0}},

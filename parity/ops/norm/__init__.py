@@ -2,10 +2,10 @@
 """
 from __future__ import annotations
 
-from reference import norm as ref
-
+from optimized import norm as fast
 from parity.ops._util import ROWS
-from parity.registry import OpRecord, Ref
+from parity.registry import OpRecord
+from reference import norm as ref
 
 from . import bounds, emulate, mutants
 from .inputs import add_cases, l2_cases, rms_cases, wide_l2_cases, wide_norm_cases
@@ -13,13 +13,13 @@ from .inputs import add_cases, l2_cases, rms_cases, wide_l2_cases, wide_norm_cas
 RMS_DOC = "(gamma_D(ua)/2 + 6 ua + u + uo) |y|  (u: HF rounds x/rms to the run dtype before the weight)"
 
 RMS_NORM = OpRecord(
-    name="norm.rms_norm", reference=ref.rms_norm, optimized=Ref("optimized.norm", "rms_norm"),
+    name="norm.rms_norm", reference=ref.rms_norm, optimized=fast.rms_norm,
     emulated=emulate.rms_norm, inputs=rms_cases, wide=lambda space: wide_norm_cases(space), bound=bounds.rms_norm,
     outputs=("y",),
     args=("x", "weight"), batch=ROWS, reductions="D", bound_doc=RMS_DOC, mutants=mutants.RMS_NORM)
 
 ADD_RMS_NORM = OpRecord(
-    name="norm.add_rms_norm", reference=ref.add_rms_norm, optimized=Ref("optimized.norm", "add_rms_norm"),
+    name="norm.add_rms_norm", reference=ref.add_rms_norm, optimized=fast.add_rms_norm,
     emulated=emulate.add_rms_norm, inputs=add_cases, wide=lambda space: wide_norm_cases(space, "add"),
     bound=bounds.add_rms_norm, outputs=("y", "h"),
     args=("x", "residual", "weight"), reductions="D",
@@ -29,7 +29,7 @@ ADD_RMS_NORM = OpRecord(
     mutants=mutants.ADD_RMS_NORM)
 
 GATED_RMS_NORM = OpRecord(
-    name="norm.gated_rms_norm", reference=ref.gated_rms_norm, optimized=Ref("optimized.norm", "gated_rms_norm"),
+    name="norm.gated_rms_norm", reference=ref.gated_rms_norm, optimized=fast.gated_rms_norm,
     emulated=emulate.gated_rms_norm, inputs=lambda: rms_cases(gated=True),
     wide=lambda space: wide_norm_cases(space, "gated"), bound=bounds.gated_rms_norm,
     outputs=("y",), args=("x", "gate", "weight"), reductions="V",
@@ -38,7 +38,7 @@ GATED_RMS_NORM = OpRecord(
     mutants=mutants.GATED_RMS_NORM)
 
 L2NORM = OpRecord(
-    name="norm.l2norm", reference=ref.l2norm, optimized=Ref("optimized.norm", "l2norm"),
+    name="norm.l2norm", reference=ref.l2norm, optimized=fast.l2norm,
     emulated=emulate.l2norm, inputs=l2_cases, wide=wide_l2_cases, bound=bounds.l2norm, outputs=("y",), args=("x",),
     batch=ROWS, reductions="K", bound_doc="(gamma_K(ua)/2 + 5 ua + uo) |y|", mutants=mutants.L2NORM)
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from parity.registry import Case
+
 from . import casefile, recorder, sites, tensors
 from .recorder import Recorder, recording
 from .tensors import STORE_LIMIT
@@ -44,8 +46,6 @@ def replay_cases(cf: casefile.CaseFile, ops: list[str]) -> tuple[dict, Counter]:
     """The file's cases of the ops named in ``ops`` as :class:`parity.registry.Case` (inputs stored
     or regenerated, ``source`` saying which), grouped by op; and how many cases of other ops were
     left out, by op."""
-    from parity.registry import Case
-
     by_op: dict = {}
     skipped: Counter = Counter()
     for fc in cf.cases:

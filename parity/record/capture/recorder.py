@@ -2,7 +2,7 @@
 front of ``model.ops`` (the one object the model makes its op calls through) for the duration of a
 ``with`` block, and restores it after.
 
-Each call of a captured method (``parity.capture.sites``) is fitted to its record's inputs and kept
+Each call of a captured method (``parity.record.capture.sites``) is fitted to its record's inputs and kept
 once per (op, shape signature, call site): the first call of a signature is frozen (its inputs
 copied or summarized, before the op runs: the decode ops update their state pools in place), later
 identical calls (the same call in every layer) only count. The op then runs with the arguments the
@@ -18,6 +18,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
+from parity import ops
 from parity.registry import Site
 
 from . import sites, tensors
@@ -28,7 +29,7 @@ class Captured:
     """One deduplicated op call: its record ``op``, where the model called it (``call_site``,
     ``Model._stack:281``), the phase of its first call (``prefill``, ``decode 1``, ...), how many
     identical calls it stands for, its scalar kwargs and its frozen inputs (name ->
-    :class:`parity.capture.tensors.Frozen`, None for an absent optional input)."""
+    :class:`parity.record.capture.tensors.Frozen`, None for an absent optional input)."""
 
     op: str
     call_site: str
@@ -45,8 +46,6 @@ class Recorder:
     and a seed (regenerated on replay) instead of its values; ``seed``: the base of those seeds."""
 
     def __init__(self, *, store_limit: int, seed: int = 0):
-        from parity import ops
-
         self.records = {r.name: r for r in ops.records()}
         self.store_limit = int(store_limit)
         self.seed = int(seed)

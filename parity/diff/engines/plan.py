@@ -15,6 +15,8 @@ import numpy as np
 
 from parity.atomic import atomic_write
 from parity.metrics import to_numpy
+from parity.schema import errors, load
+from reference.validate import InvalidInput, read_json_file
 
 from .checked import EngineError
 
@@ -48,9 +50,6 @@ def write_plan(path, plan: dict) -> Path:
 def load_plan(path) -> dict:
     """Read and validate a plan (strict JSON, ``reference.validate``; its schema; ``EngineError``
     names the problem)."""
-    from parity.schema import errors, load
-    from reference.validate import InvalidInput, read_json_file
-
     path = Path(path)
     try:
         plan = read_json_file(path, max_bytes=MAX_PLAN_BYTES)

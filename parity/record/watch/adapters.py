@@ -2,7 +2,7 @@
 
 ``parity certify --impl`` calls an outside kernel through an adapter with the record's signature
 (``parity.peers``); ``parity.watch`` goes the other way. The adapter that fits fla-core's
-``chunk_kda`` to ``kda.chunked`` also declares (``parity.candidate.adapter(reverse=)``) how a call
+``chunk_kda`` to ``kda.chunked`` also declares (``parity.certify.candidate.adapter(reverse=)``) how a call
 of ``chunk_kda`` made by someone else maps back: which op its flags compute, which argument is which
 input, what it returned. A reverse adapter takes the call's arguments bound by name (defaults
 applied, ``**kwargs`` spread) and returns a :class:`Mapping`, or raises :class:`Mismatch` naming
@@ -19,6 +19,9 @@ import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Callable
+
+from parity import ops
+from parity.registry import describe
 
 PEER_MODULES = ("parity.peers.fla", "parity.peers.transformers")
 # our optimized functions whose record's optimized callable is an adapter in parity.ops, not the function
@@ -98,11 +101,9 @@ def _peer_reverses() -> dict:
 
 
 def _ours(spec: str):
-    from parity import ops
-
     op = OURS.get(spec)
     if op is None:   # the first record of the function: a gated KDA op's softplus one
-        op = next((r.name for r in ops.records() if str(r.optimized) == spec and spec.startswith("optimized.")), None)
+        op = next((r.name for r in ops.records() if describe(r.optimized) == spec and spec.startswith("optimized.")), None)
     if op is None:
         return None
     known = set(ops.names())

@@ -10,19 +10,19 @@ an all-NaN candidate, which must fail) and, for an op that takes a buffer (``OpR
 same input with the buffer's unused memory holding NaN, Inf and stale values. For a counted
 candidate (the optimized ops) the launch counter must show the kernel ran on every call.
 
-Where the candidate runs: in this process (parity.check.InProcess), or in worker processes
-(parity.pool.Worker, ``workers=``), where a call that kills its process or CUDA context is a
+Where the candidate runs: in this process (parity.certify.check.InProcess), or in worker processes
+(parity.certify.pool.Worker, ``workers=``), where a call that kills its process or CUDA context is a
 ``fault`` of that input only. The inputs are drawn, rounded and judged here either way, so the
-draws are the same. The results are the typed dataclasses of parity.results.
+draws are the same. The results are the typed dataclasses of parity.certify.results.
 
-What is certified is a :class:`parity.candidate.Candidate`: the record's optimized op, the float32
+What is certified is a :class:`parity.certify.candidate.Candidate`: the record's optimized op, the float32
 stand-in, or any callable with the record's signature (an outside implementation: its calls and
 outputs are witnessed instead of a launch counter, and the certificate names it). The bounds are
 those of the arithmetic contract the candidate claims (``ieee`` unless it declares or is given
 another, parity.bounds.core.CONTRACTS). When an input fails, two diagnoses are added: the bound
 ratios of the same input under each weaker contract (the certificate says which weaker contract,
 if any, the failures are consistent with), and the error's similarity to each mutant's, run around
-the stand-in on the same input (parity.fingerprint: the nearest known bug).
+the stand-in on the same input (parity.certify.fingerprint: the nearest known bug).
 
 Verdict: ``certified`` when, at every dtype run, every input passed, the kernel ran, every mutant
 was killed and both controls were rejected, and the bytes checks held if the record claims bytes.
@@ -43,18 +43,19 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, reject, settings, target
 from hypothesis.errors import Unsatisfiable
 
-from . import fingerprint, strategies
-from .bounds.core import weaker_contracts
+from .. import strategies
+from ..bounds.core import weaker_contracts
+from ..errors import Unsupported
+from ..metrics import nearer_truth
+from ..mutants import CONTROLS
+from ..platform import default_device
+from ..registry import FILLS, Case, OpRecord
+from . import fingerprint, repro
 from .candidate import NAMES as CANDIDATES
 from .candidate import Candidate, gate_mismatch, named, probe, standin
-from .check import (BATCH, CANDIDATE, MUTANT, REPEAT, Call, CallResult, check, differing, half_batch, judge,
-                    prepare, strength_of, witness)
-from .errors import Unsupported
-from .metrics import nearer_truth
-from .mutants import CONTROLS
-from .platform import default_device
+from .check import (BATCH, CANDIDATE, MUTANT, REPEAT, Call, CallResult, check, differing, half_batch, judge, prepare,
+                    strength_of, witness)
 from .pool import InProcess, Job, Worker, visible_devices
-from .registry import FILLS, Case, OpRecord
 from .results import CaseResult, DtypeRun, MutantResult, OpCertificate, merge  # noqa: F401  (merge: re-exported)
 
 
@@ -73,12 +74,12 @@ def _summary(j) -> str:
 @dataclass
 class _Unit:
     """What one (op, dtype) run needs: the record, the candidate and its normalized stand-ins, where
-    user code runs (a parity.pool runner), the run being filled and the caller's hooks."""
+    user code runs (a parity.certify.pool runner), the run being filled and the caller's hooks."""
 
     record: OpRecord
     cand: Candidate
     dtype: str
-    runner: object                  # parity.pool.InProcess or Worker
+    runner: object                  # parity.certify.pool.InProcess or Worker
     run: DtypeRun
     bytes_cases: int = 1
     on_case: Callable | None = None
@@ -112,7 +113,7 @@ def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str 
                on_case=None, contract: str | None = None, cases=(), runner=None,
                repro: str | None = None) -> OpCertificate:
     """Certify one op (module docstring). ``candidate``: ``"optimized"``, ``"reference-f32"``, a
-    :class:`parity.candidate.Candidate` or a callable with the record's signature (probed first:
+    :class:`parity.certify.candidate.Candidate` or a callable with the record's signature (probed first:
     a wrong signature or wrong output shapes or dtypes raise ``parity.errors.CandidateError``).
     ``contract``: the arithmetic claimed (default: the candidate's own, ``ieee`` unless declared).
     ``examples``: drawn inputs per dtype (default: the hypothesis profile's max_examples);
@@ -121,8 +122,8 @@ def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str 
     ``cases``: :class:`parity.registry.Case` replayed before the draws (hypothesis' explicit
     examples, e.g. ``parity capture``'s): judged and run against the mutants like a draw, their
     ``source`` kept in the case's entry; the bytes checks and controls run on the drawn inputs.
-    ``runner``: where user code runs (parity.pool: default in this process). ``repro``: a folder
-    for a repro of each failing input (parity.repro)."""
+    ``runner``: where user code runs (parity.certify.pool: default in this process). ``repro``: a folder
+    for a repro of each failing input (parity.certify.repro)."""
     cert, cand = _new_cert(record, candidate, contract)
     if cand is None:
         return cert
@@ -206,8 +207,6 @@ def _evaluate(unit: _Unit, case: Case, dirty: str | None = None) -> float:
         for name, make in CONTROLS.items():
             run.controls[name] = not check(prep, make(record, prep)).passed
     if not entry.passed and unit.repro is not None:
-        from . import repro
-
         repro.write(unit.repro, record, unit.cand, prep, entry, res.outputs, unit.runner.device)
     if unit.on_case:
         unit.on_case(record.name, unit.dtype, entry)
@@ -359,7 +358,7 @@ def units(records, dtypes, shard: tuple[int, int] | None = None) -> list:
 
 
 def runners(device: str, workers: int | None) -> list:
-    """Where user code runs: ``workers`` worker processes (parity.pool.Worker; on CUDA each pinned
+    """Where user code runs: ``workers`` worker processes (parity.certify.pool.Worker; on CUDA each pinned
     to one visible device, round robin), or this process (``workers`` 0; None: one worker per
     visible GPU on CUDA, this process on the CPU)."""
     if workers is None:

@@ -5,7 +5,7 @@ was asked for, fill half a trace, or trace the prefill and not the decode. ``Che
 each of these into an ``EngineError`` whose one line names the engine, the call and the problem, so
 the CLI reports it as unusable input (exit 2) instead of diffing wrong numbers.
 
-This is the engine boundary: whatever an engine raises while it loads (``parity.engines``) or runs
+This is the engine boundary: whatever an engine raises while it loads (``parity.diff.engines``) or runs
 (``CheckedEngine``) is the engine's failure, not a finding and not a bug of the diff: one line
 naming the engine, the phase, the exception and the innermost frame it came from (``failure``).
 Running out of memory passes through as itself, marked with where it happened, for the CLI's one
@@ -51,7 +51,7 @@ def failure(name: str, phase: str, exc: BaseException) -> BaseException:
 def _innermost(exc: BaseException) -> str | None:
     """Where ``exc`` came from: the innermost Python frame (``path:line``, the path relative to the
     ``sys.path`` entry or working directory that holds it), preceded by the last frame outside
-    that frame's package when there is one below the guard (``parity/engines/hf.py:143 ->
+    that frame's package when there is one below the guard (``parity/diff/engines/hf.py:143 ->
     torch/nn/modules/module.py:1967``: a library's frame alone rarely says whose call it was)."""
     frames = [(_relative(f.filename), f.lineno) for f in traceback.extract_tb(exc.__traceback__)]
     if not frames:

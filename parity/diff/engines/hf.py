@@ -10,7 +10,7 @@ into ``gate_up_proj`` and ``w2`` into ``down_proj``. A key the model expects but
 lacks would be initialized at random: that is refused here, as is a config that transformers reads
 into another layer layout than the reference.
 
-Forward hooks fill the trace under the optimized model's names (``parity/engines/trace.py``): each
+Forward hooks fill the trace under the optimized model's names (``parity/diff/engines/trace.py``): each
 decoder layer's ``self_attn`` output (mixer), ``mlp`` output (ffn) and its own output (hidden),
 ``model.norm`` (final_norm), and each MoE gate's router logits (scores = their sigmoid) and top-k
 indices. ``.hf_model`` is the transformers model itself, for a user's own hooks.
@@ -28,10 +28,14 @@ engine runs transformers' PyTorch functions (the originals the kernel wrappers k
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 from pathlib import Path
 
-from ..peers.transformers import chosen
+import torch
+
+from parity.peers.transformers import chosen
+
 from .checked import EngineError
 
 MIN_VERSION = 5
@@ -44,7 +48,7 @@ KERNEL_FUNCTIONS = ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attentio
 
 def _import():
     try:
-        import transformers
+        import transformers  # here: an optional dependency (kimi-parity[peers]), needed by this engine only
     except ImportError:
         raise EngineError("--engine transformers needs transformers>=5 with KimiLinear "
                           "(pip install 'kimi-parity[peers]')") from None
@@ -88,8 +92,6 @@ class TransformersEngine:
     """transformers' KimiLinear behind the engine protocol (module docstring)."""
 
     def __init__(self, checkpoint, *, dtype: str, device: str, config):
-        import torch
-
         if not isinstance(checkpoint, (str, Path)):
             raise EngineError("--engine transformers loads a checkpoint directory (from_pretrained); "
                               "--synthetic weights have none")
@@ -126,8 +128,6 @@ class TransformersEngine:
 
     def _kernels(self):
         """(modeling module, outside kernels to swap for transformers' own, what runs per function)."""
-        import importlib
-
         module = importlib.import_module(type(self.hf_model).__module__)
         swap, runs = [], {}
         for name in KERNEL_FUNCTIONS:
@@ -189,7 +189,7 @@ class TransformersEngine:
 
     def prefill(self, token_ids, *, trace: dict | None = None):
         """``(logits [T, vocab], cache)``: a fresh ``DynamicCache``, filled by the call."""
-        from transformers.cache_utils import DynamicCache
+        from transformers.cache_utils import DynamicCache  # optional dependency: see _import
 
         cache = DynamicCache(config=self.hf_model.config)
         return self._run([int(t) for t in token_ids], cache, trace), cache

@@ -10,13 +10,13 @@ import os
 import signal
 import sys
 
+from . import hook
+from .recorder import Recorder
+
 ENV = "PARITY_WATCH"
 
 
 def start() -> None:
-    from . import hook
-    from .recorder import Recorder
-
     cfg = json.loads(os.environ[ENV])
     rec = Recorder(cfg["out"], max_bytes=int(cfg["max_bytes"]), run=cfg["run"])
     hook.activate(rec)

@@ -1,6 +1,8 @@
 """Put on PYTHONPATH by ``parity watch``: every Python process of the watched program starts the
-watch (parity.watch.boot) before its own code runs, then runs any other sitecustomize it would have
+watch (parity.record.watch.boot) before its own code runs, then runs any other sitecustomize it would have
 run."""
+import importlib.machinery
+import importlib.util
 import os
 import sys
 
@@ -8,8 +10,8 @@ import sys
 def _start():
     if not os.environ.get("PARITY_WATCH"):
         return
-    try:
-        from parity.watch import boot
+    try:   # here, and only when watching: this file runs in every Python process started with it on the path
+        from parity.record.watch import boot
 
         boot.start()
     except Exception as exc:  # the program still runs; the line says why nothing is recorded
@@ -17,9 +19,6 @@ def _start():
 
 
 def _chain():
-    import importlib.machinery
-    import importlib.util
-
     here = os.path.dirname(os.path.abspath(__file__))
     rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)

@@ -5,7 +5,7 @@ The recorded output is the evidence: the kernel is not run again. For each kept 
 kernel received them (no rounding: the bound takes the lowest precision among the inputs the record
 rounds to the run dtype), and every recorded output is compared with it within the op's bound under
 the contract the target's adapter declares. A call past its bound is compared with each mutant of
-the op run around the float32 stand-in on the same inputs (``parity.fingerprint``): the nearest
+the op run around the float32 stand-in on the same inputs (``parity.certify.fingerprint``): the nearest
 known bug. Per op, the check's teeth are shown on the recorded inputs: each mutant, and an all-zeros
 and an all-NaN control, must fail on some recorded call (a mutant that cannot show on any, such as a
 transposed initial state in a prefill without one, meets one input the record draws).
@@ -24,14 +24,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .. import fingerprint, metrics
-from ..bounds.core import UNIT_ROUNDOFF, weaker_contracts
-from ..results import CaseResult, DtypeRun, MutantResult, OpCertificate
-from ..check import Prepared, check, strength_of
-from ..mutants import CONTROLS
-from ..registry import Case
-from . import callfile
+from parity import metrics, ops
+from parity.bounds.core import UNIT_ROUNDOFF, weaker_contracts
+from parity.certify import fingerprint
+from parity.certify.candidate import first_case, standin
+from parity.certify.check import Prepared, check, prepare, strength_of
+from parity.certify.results import CaseResult, DtypeRun, MutantResult, OpCertificate
+from parity.mutants import CONTROLS
+from parity.registry import Case
 
+from ..capture import sites
+from . import callfile
 
 
 @dataclass
@@ -104,8 +107,6 @@ class CallsVerdict:
 
 
 def records() -> dict:
-    from parity import ops
-
     return {r.name: r for r in (*ops.records(), *ops.kda.variants())}
 
 
@@ -126,8 +127,6 @@ def _f64(t):
 
 def prepared(record, entry: dict, inputs: dict, *, label: str) -> Prepared:
     """The call's inputs as recorded (tensors, float64 values) and the reference on them."""
-    from ..capture import sites
-
     f64 = {n: _f64(t) for n, t in inputs.items()}
     aux = sites.aux(record.name, f64)
     first = inputs[record.args[0]]
@@ -182,8 +181,6 @@ def judge_call(cf: callfile.CallFile, entry: dict, table: dict) -> tuple[CallRes
     if not passed:
         case.contracts = {c: _compare_under(prep, outputs, c) for c in weaker_contracts(prep.contract)}
         if set(outputs) == set(record.outputs):
-            from ..candidate import standin
-
             sims = fingerprint.similarities(prep, outputs, standin(record).normalized(record))
             case.bug_similarity = sims
             res.bug_similarity = sims
@@ -201,9 +198,6 @@ def _compare_under(prep, outputs, contract) -> float:
 def _teeth(record, preps: list, run: DtypeRun) -> None:
     """Each mutant around the stand-in, on the recorded inputs until one catches it, then (if none
     did) on the record's first drawn input; the controls on the first recorded input."""
-    from ..candidate import first_case, standin
-    from ..check import prepare
-
     alt = standin(record).normalized(record)
     # a dirty-memory mutant only shows on memory certify fills: a recorded call holds what the
     # engine's memory held, and its kernel is not run again

@@ -25,8 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save
 
+from parity.atomic import atomic_write
 from parity.errors import InputError
+from parity.schema import errors, load
+from reference.safetensors_format import read_header
+from reference.validate import InvalidInput, parse_json
 
 FORMAT = "kimi-parity/calls"
 VERSION = 1
@@ -61,10 +67,6 @@ def write_part(path, pid: int, seq: int, run: dict, entries: list, tensors: dict
     """One flush of one process: ``entries`` and the kept ``tensors`` (name -> CPU tensor), written
     whole under a temporary name, then renamed; ``never_called`` (a process's last part): target
     spec -> why this process never called it."""
-    from safetensors.torch import save
-
-    from parity.atomic import atomic_write
-
     d = parts_dir(path)
     d.mkdir(parents=True, exist_ok=True)
     head = {"format": FORMAT, "version": VERSION, "part": True, "run": run, "calls": entries}
@@ -76,9 +78,6 @@ def write_part(path, pid: int, seq: int, run: dict, entries: list, tensors: dict
 
 
 def _header(path) -> dict:
-    from reference.safetensors_format import read_header
-    from reference.validate import InvalidInput, parse_json
-
     try:
         header = read_header(path)
     except InvalidInput as exc:
@@ -113,10 +112,6 @@ def merge(path, run: dict | None = None, *, empty: bool = False, held: Held | No
     ``held`` into ``path``, atomically, and remove the parts; the run fields of the first part,
     updated with ``run``. No parts and nothing held: a file without calls when ``empty`` (the run
     fields from ``run``), else None."""
-    from safetensors.torch import load_file, save
-
-    from parity.atomic import atomic_write
-
     d = parts_dir(path)
     files = sorted((p for p in d.glob("p*.safetensors") if PART.fullmatch(p.name)),
                    key=lambda p: tuple(int(x) for x in PART.fullmatch(p.name).groups())) if d.is_dir() else []
@@ -190,8 +185,6 @@ class CallFile:
 
     def tensors(self, entry: dict, side: str) -> dict:
         """name -> CPU tensor of a kept call's inputs (``side="in"``) or outputs (``"out"``)."""
-        from safetensors import safe_open
-
         names = entry["inputs" if side == "in" else "outputs"]
         out = {}
         with safe_open(str(self.path), framework="pt") as f:
@@ -210,8 +203,6 @@ def read(path) -> CallFile:
                              f"(parity watch --merge {path})")
         raise CallsError(f"{path}: no such calls file" if not path.exists() else f"{path}: not a regular file")
     head, infos = _header(path)
-    from parity.schema import errors, load
-
     bad = errors(head, load("calls"))
     if bad:
         raise CallsError(f"{path}: header: {bad[0]}")

@@ -6,7 +6,7 @@ An engine is any object with the two methods of the optimized model (docs/api.md
     decode(token_id, cache, *, trace=None) -> (logits, cache)   logits [vocab]
 
 ``cache`` is the engine's own state, handed back unchanged. ``trace`` is a dict the engine may fill
-(``parity/engines/trace.py``: names and shapes); one that does gets layer localization and router
+(``parity/diff/engines/trace.py``: names and shapes); one that does gets layer localization and router
 analysis, one that does not gets verdicts from its logits alone.
 
 Built in: ``optimized`` (this repository's model), ``transformers`` (transformers' own
@@ -19,6 +19,11 @@ whatever a factory (ours or yours) raises is one ``EngineError`` line naming the
 """
 from __future__ import annotations
 
+import optimized
+from parity.loading import import_module_or_file, split_spec
+from reference.checkpoint import WeightSource, open_source
+
+from . import hf
 from .checked import CheckedEngine, EngineError, failure
 from .dump import DumpEngine, DumpError
 
@@ -30,8 +35,6 @@ __all__ = ["BUILTIN", "CheckedEngine", "DumpEngine", "DumpError", "EngineError",
 
 
 def _config_of(checkpoint):
-    from reference.checkpoint import WeightSource, open_source
-
     return (checkpoint if isinstance(checkpoint, WeightSource) else open_source(checkpoint)).config
 
 
@@ -43,15 +46,11 @@ def load_engine(name: str, checkpoint, *, dtype: str | None, device: str | None,
     ``backends`` as ``optimized.load``; the other engines run fixed semantics and refuse others."""
     variants, backends = dict(variants or {}), dict(backends or {})
     if name == "optimized":
-        import optimized
-
         return _loading(name, lambda: optimized.load(checkpoint, device=device, dtype=dtype or "bfloat16",
                                                      backends=backends or None, **variants), ours=True)
     if backends:
         raise EngineError(f"--backend applies to the optimized engine only, not {name!r}")
     if name == "transformers":
-        from . import hf
-
         _fixed_variants(name, variants, hf.VARIANTS)
         config = _config_of(checkpoint)
         return _loading(name, lambda: hf.load(checkpoint, dtype=dtype or "bfloat16", device=device or "cpu",
@@ -88,8 +87,6 @@ def _fixed_variants(name: str, asked: dict, runs: dict) -> None:
 
 def _import(module: str):
     """``pkg.mod`` or ``path/to/file.py`` (parity.loading); a missing file is an EngineError."""
-    from parity.loading import import_module_or_file
-
     try:
         return import_module_or_file(module)
     except FileNotFoundError:
@@ -99,8 +96,6 @@ def _import(module: str):
 def from_factory(spec: str, checkpoint, *, dtype: str, device: str):
     """``module:factory`` -> ``factory(checkpoint, dtype=dtype, device=device)``; every failure
     (no module, no attribute, the factory raising) is one ``EngineError`` line naming ``spec``."""
-    from parity.loading import split_spec
-
     parts = split_spec(spec)
     if parts is None:
         raise EngineError(f"unknown engine {spec!r}; built in: {', '.join(BUILTIN)}, dump:PATH; "

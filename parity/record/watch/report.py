@@ -1,12 +1,15 @@
-"""``parity certify --calls``: the printed report (the first bad call at the top, a row per call,
-the per-op summary) and the certificate document (parity/schemas/certificate.schema.json with its
-``calls`` object)."""
+"""The report of judged recorded calls (``parity certify --calls``): the printed report (the first
+bad call at the top, a row per call, the per-op summary) and the certificate document
+(parity/schemas/certificate.schema.json with its ``calls`` object)."""
 from __future__ import annotations
 
 import math
 import os
-import sys
-import time
+
+from rich.table import Table
+
+from parity.certify.report import certificate as doc
+from parity.certify.report import render_summary
 
 SHOWN = 40          # rows of the per-call table: every bad call, then the first clean ones
 
@@ -39,10 +42,6 @@ def headline(v) -> str:
 
 
 def render(console, v) -> None:
-    from rich.table import Table
-
-    from parity.report import render_summary
-
     style = "green" if v.first_bad is None else "red"
     console.print(f"[{style}]{headline(v)}[/]", highlight=False, soft_wrap=True)
     for t in v.never_called:
@@ -72,8 +71,6 @@ def render(console, v) -> None:
 
 
 def certificate(v, argv=None) -> dict:
-    from parity.report import certificate as doc
-
     dtypes = sorted({d for c in v.certs for d in c.runs})
     judged = sum(c.ratio is not None for c in v.calls)
     out = doc(v.certs, device="cpu", dtypes=dtypes, candidate="recorded", examples=judged, seconds=v.seconds,
@@ -83,38 +80,3 @@ def certificate(v, argv=None) -> dict:
     out["summary"] = {"ops": len(v.certs), "certified": sum(c.certified for c in v.certs),
                       "verdict": "certified" if v.certified else "not certified"}
     return out
-
-
-def run(args) -> int:
-    """``parity certify --calls FILE [--ops ...] [--json PATH]``."""
-    from rich.console import Console
-
-    from parity.cli.args import check_outputs, write_output
-    from parity.report import write_json
-
-    from .judge import judge_file
-
-    from parity.errors import InputError
-
-    given = [f for f, v in (("--impl", args.impl), ("--cases", args.cases), ("--dtype", args.dtypes),
-                            ("--examples", args.examples), ("--contract", args.contract), ("--device", args.device))
-             if v]
-    if given:
-        raise InputError(f"--calls judges the recorded outputs on their own inputs; {given[0]} does not apply")
-    check_outputs(("--json", args.json_path))
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 132)
-    console.print(f"parity certify --calls {args.calls}: each recorded call's outputs against the float64 reference "
-                  "on its recorded inputs (the kernel is not run again)", soft_wrap=True)
-    t0 = time.perf_counter()
-    with console.status("judging...") as status:
-        def on_call(c):
-            status.update(f"{c.entry['id']} {c.entry['op']}: {c.verdict}")
-
-        v = judge_file(args.calls, ops=args.ops, on_call=on_call)
-    v.seconds = time.perf_counter() - t0
-    render(console, v)
-    d = certificate(v, argv=["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"] else None)
-    if args.json_path is not None:
-        write_output(args.json_path, lambda: write_json(args.json_path, d))
-        console.print(f"certificate written to {args.json_path}")
-    return 0 if v.certified else 1

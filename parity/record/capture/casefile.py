@@ -22,8 +22,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save
 
+from parity import ops
+from parity.atomic import atomic_write
 from parity.errors import InputError
+from parity.schema import errors, load
+from reference.safetensors_format import read_header
+from reference.validate import InvalidInput, label, parse_json
 
 from . import tensors as T
 
@@ -74,13 +81,9 @@ def _entry(cid: str, c) -> tuple[dict, dict]:
 
 
 def write(path, captured: list, *, run: dict) -> Path:
-    """Write ``captured`` (``parity.capture.recorder.Captured``, in order) to ``path`` atomically;
+    """Write ``captured`` (``parity.record.capture.recorder.Captured``, in order) to ``path`` atomically;
     ``run``: the header's run fields (checkpoint, dtype, device, prompt_ids, steps, store_limit,
     seed, uncaptured)."""
-    from safetensors.torch import save
-
-    from parity.atomic import atomic_write
-
     entries, payload = [], {}
     for i, c in enumerate(captured):
         entry, data = _entry(f"c{i}", c)
@@ -157,10 +160,6 @@ def _file_digest(path: Path) -> str:
 def read(path, records: dict | None = None) -> CaseFile:
     """Read and validate a cases file (module docstring); ``records``: op name -> OpRecord (default:
     every registered op). :class:`CasesError` for anything unusable."""
-    from parity.schema import errors, load
-    from reference.safetensors_format import read_header
-    from reference.validate import InvalidInput, parse_json
-
     path = Path(path)
     if not path.is_file():
         _fail(path, "no such cases file" if not path.exists() else "not a regular file")
@@ -188,8 +187,6 @@ def read(path, records: dict | None = None) -> CaseFile:
     if len(head["cases"]) > MAX_CASES:
         _fail(path, f"{len(head['cases'])} cases, more than the limit of {MAX_CASES}")
     if records is None:
-        from parity import ops
-
         records = {r.name: r for r in ops.records()}
     need = _check_entries(path, head["cases"], records, header.tensors)
     loaded = _load(path, need)
@@ -203,8 +200,6 @@ def read(path, records: dict | None = None) -> CaseFile:
 
 def _check_entries(path, entries, records, infos) -> dict:
     """Header entries against the registry and the safetensors tensors; returns {tensor: info}."""
-    from reference.validate import label
-
     need, seen = {}, set()
     for entry in entries:
         cid = entry["id"]
@@ -271,8 +266,6 @@ def _check_input(path, where, base, spec, infos) -> dict:
 
 
 def _load(path, names) -> dict:
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             return {n: f.get_tensor(n) for n in names}

@@ -22,10 +22,12 @@ import os
 import sys
 from pathlib import Path
 
+from parity import ops
+
 from . import adapters, callfile, hook
 from .adapters import Mapping, Mismatch, same_as
 from .hook import WatchError
-from .recorder import parse_bytes
+from .recorder import Recorder, parse_bytes
 
 __all__ = ["watch", "same_as", "next_step", "Mapping", "Mismatch", "WatchError", "DEFAULT_MAX_BYTES"]
 
@@ -34,8 +36,6 @@ DEFAULT_MAX_BYTES = 2 << 30
 
 def check_targets(targets: dict) -> None:
     """``targets``: a non-empty dict of name (a registered op or family) -> ``module:function``."""
-    from parity import ops
-
     if not isinstance(targets, dict) or not targets:
         raise WatchError("targets: expected {op: 'module:function', ...}, at least one")
     known = {r.name for r in ops.records()} | {r.family for r in ops.records()} | \
@@ -55,8 +55,6 @@ def watch(targets: dict, out, *, max_bytes=DEFAULT_MAX_BYTES, quiet: bool = Fals
     bits. Yields the recorder. WatchError (one line) for a target that cannot be watched. A target
     never called inside the block is named on stderr with the likely reason (unless ``quiet``) and
     in the file (``run.never_called``)."""
-    from .recorder import Recorder
-
     check_targets(targets)
     limit = parse_bytes(max_bytes) if isinstance(max_bytes, str) else int(max_bytes)
     if limit < 0:

@@ -2,7 +2,7 @@
 engine, in any language, writes; read back and replayed through the engine protocol.
 
 Format: docs/dump-format.md (header schema ``parity/schemas/dump.schema.json``); a writer:
-``parity/engines/dump_writer.py``. Everything is validated when the file is opened, before the
+``parity/diff/engines/dump_writer.py``. Everything is validated when the file is opened, before the
 reference runs: the header (format, version, config, prompt, dtype, mode, steps), every tensor's
 name, dtype and shape, token ids inside the vocabulary. The replay checks the rest as it goes: the
 prompt it is handed is the dump's, and in forced mode each token the diff feeds is the one the dump
@@ -16,8 +16,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+
+from parity.schema import errors, load
+from reference import safetensors_format
+from reference.config import ConfigError, KimiConfig
+from reference.validate import InvalidInput, label, parse_json
 
 from .checked import EngineError
+from .dump_writer import write_dump
 from .trace import expected, optional, widths
 
 FORMAT = "kimi-parity/dump"
@@ -36,11 +44,8 @@ class DumpError(EngineError):
 def _header(path: Path) -> tuple[dict, dict]:
     """({tensor name: TensorInfo}, metadata) of a safetensors file, validated as the safetensors
     library validates it (``reference.safetensors_format``: a truncated file is refused here)."""
-    from reference.safetensors_format import read_header
-    from reference.validate import InvalidInput
-
     try:
-        header = read_header(path)
+        header = safetensors_format.read_header(path)
     except InvalidInput as exc:
         raise DumpError(str(exc)) from None
     return header.tensors, header.metadata or {}
@@ -49,9 +54,6 @@ def _header(path: Path) -> tuple[dict, dict]:
 def _json_header(path: Path, meta: dict) -> dict:
     """The header JSON, strict (``reference.validate.parse_json``: no NaN, no repeated key), then
     its schema (``parity/schemas/dump.schema.json``)."""
-    from parity.schema import errors, load
-    from reference.validate import InvalidInput, parse_json
-
     raw = meta.get(METADATA_KEY)
     if not isinstance(raw, str):
         raise DumpError(f"{path}: not a kimi-parity dump (no {METADATA_KEY!r} entry in the safetensors metadata)")
@@ -80,8 +82,6 @@ def read_header(path) -> dict:
 
 
 def _same_config(path: Path, theirs: dict, config) -> None:
-    from reference.config import ConfigError, KimiConfig
-
     try:
         ran = KimiConfig.from_hub_dict(theirs, source=f"{path}: header config")
     except ConfigError as exc:
@@ -122,8 +122,6 @@ class DumpEngine:
 
     # -- validation ----------------------------------------------------------------------------
     def _check_tensors(self, infos: dict) -> None:
-        from reference.validate import label
-
         c, path, N = self.config, self.path, self.steps
         rows = len(self.prompt_ids) - 1 + N
         need, extra, width = expected(c), optional(c), widths(c)
@@ -150,8 +148,6 @@ class DumpEngine:
                 raise DumpError(f"{path}: {name}: dtype {got.dtype}, expected one of {', '.join(kinds)}")
 
     def _load(self, names: list[str]) -> dict:
-        from safetensors import SafetensorError, safe_open
-
         try:
             with safe_open(str(self.path), framework="pt") as f:
                 return {n: f.get_tensor(n) for n in names}
@@ -200,8 +196,6 @@ class DumpEngine:
 def _host(x) -> np.ndarray:
     """A tensor or array as NumPy: floats as float32 (exact for bf16 and fp16), ids as int64."""
     if hasattr(x, "detach"):
-        import torch
-
         x = x.detach().cpu()
         return (x.float() if x.is_floating_point() and x.dtype != torch.float64 else x).numpy()
     return np.asarray(x)
@@ -213,8 +207,6 @@ def record(engine, path, *, config, dtype: str, prompt_ids: list[int], steps: in
     ``[steps]``, ``tokens[0]`` the last prompt token) or, without them, greedy on its own argmax
     (mode ``free``). ``dtype``: the engine's compute dtype, for the header. Traces are written when
     the engine fills them."""
-    from .dump_writer import write_dump
-
     prompt = [int(t) for t in prompt_ids]
     fed = [prompt[-1]]
     traces: dict[str, list] = {}

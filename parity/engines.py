@@ -1,0 +1,4 @@
+"""Moved to ``parity.diff.engines``; this name is kept for code written before the move (parity/_moved.py)."""
+from parity._moved import alias
+
+alias(__name__)
