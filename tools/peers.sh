@@ -30,5 +30,6 @@ site=$("$env/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['pure
 echo "import site; site.addsitedir('$base')" >"$site/zz-base.pth"
 "$env/bin/python" -m pip install -q --disable-pip-version-check "transformers==$version"
 echo "peers.sh: transformers $version (tested range: transformers$range) in $env"
-exec "$env/bin/python" -m pytest -q -p no:cacheprovider -n auto --dist loadfile \
+# the tests of these files that run transformers (its name in theirs, or in their file's)
+exec "$env/bin/python" -m pytest -q -p no:cacheprovider -n auto --dist loadfile -k transformers \
     tests/parity/test_engines.py tests/parity/test_watch.py tests/reference/test_transformers_layout.py
