@@ -2,6 +2,7 @@
 above all), no backend is chosen and Triton is not patched, until an entry point calls
 ``optimized.use(device)`` or a kernel launches. One fresh interpreter, about 3 s."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,9 @@ print(json.dumps({"changed": changed, "chosen": chosen_on_import, "untouched": u
 
 
 def test_importing_optimized_changes_no_environment_variable_and_chooses_no_backend():
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(ROOT)}   # no TRITON_INTERPRET, no CUDA_VISIBLE_DEVICES
+    # this process's environment (where packages are found: PYTHONPATH on the GPU machine) without
+    # any choice of backend in it
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")}
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
