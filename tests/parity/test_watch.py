@@ -367,3 +367,35 @@ def test_a_kernel_that_writes_its_inputs_in_place_is_recorded_with_the_values_it
     v = judge.judge_file(path)
     assert len(v.calls) == 3 and all(c.entry["kept"] for c in v.calls)
     assert v.certified, [c.summary for c in v.calls]
+
+
+def test_the_wrappers_stay_between_blocks_pass_calls_through_and_unwatch_puts_the_functions_back(
+        tmp_path, monkeypatch):
+    """A second block finds its wrappers in place and searches no module again; between blocks the
+    wrapper records nothing and returns the function's own result; unwatch restores identity."""
+    from parity.record.watch import hook
+
+    kern = _module(tmp_path, "kern_kept", wp.KERNEL)
+    try:
+        original = kern.recurrent
+        q = torch.nn.functional.normalize(torch.randn(1, 3, 1, 4), dim=-1)
+        args = (q, q, torch.randn(1, 3, 1, 2), -torch.rand(1, 3, 1, 4), torch.rand(1, 3, 1))
+        searches = []
+        rebind = hook._rebind
+        monkeypatch.setattr(hook, "_rebind", lambda swaps, done: (searches.append(bool(swaps)), rebind(swaps, done)))
+        counts = []
+        for block in range(2):
+            with parity.watch({"kda.recurrent": "kern_kept:recurrent"}, out=tmp_path / f"{block}.safetensors",
+                              quiet=True) as rec:
+                kern.recurrent(*args)
+            counts.append(sum(rec.called.values()))
+            between = kern.recurrent(*args)
+            assert kern.recurrent is not original and kern.recurrent.__wrapped__ is original
+            assert torch.equal(between[0], original(*args)[0])
+        assert counts == [1, 1] and searches == [True, False]      # the second block: nothing to search for
+        assert len(callfile.read(tmp_path / "1.safetensors").header["calls"]) == 1
+        parity.watch.unwatch()
+        assert kern.recurrent is original
+    finally:
+        parity.watch.unwatch()
+        sys.modules.pop("kern_kept", None)

@@ -29,7 +29,7 @@ from .adapters import Mapping, Mismatch, same_as
 from .hook import WatchError
 from .recorder import Recorder, parse_bytes
 
-__all__ = ["watch", "same_as", "next_step", "Mapping", "Mismatch", "WatchError", "DEFAULT_MAX_BYTES"]
+__all__ = ["watch", "unwatch", "same_as", "next_step", "Mapping", "Mismatch", "WatchError", "DEFAULT_MAX_BYTES"]
 
 DEFAULT_MAX_BYTES = 2 << 30
 
@@ -52,7 +52,9 @@ def watch(targets: dict, out, *, max_bytes=DEFAULT_MAX_BYTES, quiet: bool = Fals
     ``out`` (a calls file; written whole when the block ends, even by an exception).
     ``max_bytes``: the budget of kept tensor bytes (an int or ``"2G"``; 0: shapes only). The
     functions run on their own arguments and return their own results: the engine computes the same
-    bits. Yields the recorder. WatchError (one line) for a target that cannot be watched. A target
+    bits. Yields the recorder. WatchError (one line) for a target that cannot be watched. The
+    wrappers stay after the block, passing calls through, so the next block enters at once
+    (:func:`unwatch` puts the functions back). A target
     never called inside the block is named on stderr with the likely reason (unless ``quiet``) and
     in the file (``run.never_called``)."""
     check_targets(targets)
@@ -69,16 +71,13 @@ def watch(targets: dict, out, *, max_bytes=DEFAULT_MAX_BYTES, quiet: bool = Fals
                          f"merge them (parity watch --merge {out}) or remove them")
     run = {"command": None, "targets": dict(targets), "cwd": os.getcwd(), "python": sys.version.split()[0]}
     rec = Recorder(out, max_bytes=limit, run=run, quiet=quiet)
-    installed = hook.install_now(targets)
+    hook.install_now(targets)
     hook.activate(rec)
     try:
         yield rec
     finally:
         hook.activate(None)
-        try:
-            rec.close_into_file()      # names the targets never called while they are still wrapped
-        finally:
-            installed.restore()
+        rec.close_into_file()
         if not quiet:
             for t in rec.never_called_report():
                 print(f"parity watch: {t['target']} ({t['watched']}) was never called: {t['why']}", file=sys.stderr)
@@ -92,6 +91,13 @@ class _CallableModule(type(sys)):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+
+
+def unwatch() -> None:
+    """Put back the functions the watches of this process wrapped (between watches; WatchError,
+    one line, inside one). Not needed to stop recording: outside a watch the wrappers pass calls
+    through. For a program that compares those functions by identity."""
+    hook.uninstall()
 
 
 def next_step() -> None:

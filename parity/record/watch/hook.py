@@ -5,7 +5,10 @@ original (``recorder``); everything else about the call is the original's. Two w
 
 - :func:`install_now` (``parity.watch`` in Python): imports the target's module, replaces the
   function there and in every loaded module that holds it under some name (a ``from m import f``
-  made before the watch began), and puts everything back afterwards;
+  made before the watch began). The wrappers stay when the block ends, passing calls straight
+  through while no watch runs (a global read, well under a microsecond a call): the next block finds
+  them in place and enters without another pass over the modules, which costs more than the
+  prefill it would watch. :func:`uninstall` puts the originals back;
 - :func:`install_on_import` (``parity watch`` on the command line, in every Python process of the
   program): an import hook replaces the function when its module finishes loading, before anyone can
   take it, so a later ``from m import f`` gets the wrapper; nothing is imported early.
@@ -73,6 +76,7 @@ def wrapper(t: Target):
         rec = _ACTIVE
         if rec is None or rec.closed:
             return fn(*args, **kwargs)
+        t = watched.parity_watched      # a later watch may name the target as another op
         try:
             pend = rec.before(t, args, kwargs)
         except Exception as exc:  # the recorder failing (out of host memory) never stops the engine
@@ -108,7 +112,7 @@ def _owner(module, attr: str):
 
 
 class Installed:
-    """What :func:`install_now` replaced: (holder, name, original) to put back."""
+    """What :func:`install_now` replaced: (holder, name, original, wrapper) to put back."""
 
     def __init__(self):
         self.replaced: list = []
@@ -120,9 +124,13 @@ class Installed:
         self.replaced = []
 
 
-def install_now(targets: dict) -> Installed:
+_KEPT = Installed()     # every place install_now replaced, kept until uninstall()
+
+
+def install_now(targets: dict) -> None:
     """Wrap each ``name -> "module:function"`` target now (module docstring); WatchError, one line,
-    for a target that does not import, resolve or map; nothing is left replaced then."""
+    for a target that does not import, resolve or map; nothing this call replaced is left then. A
+    target whose module holds its wrapper already (an earlier block, the import hook) keeps it."""
     done = Installed()
     swaps: dict = {}
     try:
@@ -137,17 +145,31 @@ def install_now(targets: dict) -> Installed:
                 fn = getattr(holder, last)
             except AttributeError:
                 raise WatchError(f"{spec}: {module} has no attribute {attr!r}") from None
-            w = wrapper(target(name, spec, fn))
-            original = w.__wrapped__
+            kept = getattr(fn, "parity_watched", None)
+            if kept is not None and (kept.name, kept.spec) == (name, spec):
+                continue
+            t = target(name, spec, fn)
+            if kept is not None and kept.fn is t.fn:
+                fn.parity_watched = t
+                continue
+            w = wrapper(t)
             setattr(holder, last, w)
             done.replaced.append((holder, last, fn, w))
-            for obj in (fn, original):
+            for obj in (fn, t.fn):
                 swaps.setdefault(id(obj), (obj, w))
         _rebind(swaps, done)
     except BaseException:
         done.restore()
         raise
-    return done
+    _KEPT.replaced += done.replaced
+
+
+def uninstall() -> None:
+    """Put back every function :func:`install_now` replaced (the wrappers pass calls through
+    meanwhile, so this is for a program that compares the functions by identity)."""
+    if _ACTIVE is not None:
+        raise WatchError("a watch is running: uninstall after its block")
+    _KEPT.restore()
 
 
 def _rebind(swaps: dict, done: Installed) -> None:
@@ -155,7 +177,9 @@ def _rebind(swaps: dict, done: Installed) -> None:
     function (``swaps``: id -> (function, its wrapper)) is given the wrapper. One pass over the
     modules for all targets, each module's values tested by identity in C (``map(operator.is_)``):
     a process with transformers and fla loaded holds some 10^5 module-level names, and this runs
-    once per watch, before the engine's first call."""
+    once per target and process, before the engine's first call."""
+    if not swaps:
+        return
     objs = [obj for obj, _ in swaps.values()]
     for m in list(sys.modules.values()):
         d = getattr(m, "__dict__", None)
