@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
-
+from ..files import write_tensors
 from ..metrics import dtype_of
 
 SCRIPT = '''\
@@ -71,7 +70,7 @@ def write(root, record, cand, prep, entry, outputs, device: str) -> Path:
     folder.mkdir()
     tensors = {k: v.detach().cpu().contiguous() for k, v in prep.tensors.items() if isinstance(v, torch.Tensor)}
     scalars = {k: v for k, v in prep.tensors.items() if v is not None and not isinstance(v, torch.Tensor)}
-    save_file(tensors, str(folder / "inputs.safetensors"))
+    write_tensors(folder / "inputs.safetensors", tensors)
     if outputs is not None:
         out_dtypes = {k: dtype_of(v) for k, v in outputs.items() if dtype_of(v)}
     else:   # no outputs (a raise, a fault): the bound of outputs in the run dtype
@@ -82,7 +81,7 @@ def write(root, record, cand, prep, entry, outputs, device: str) -> Path:
         want[k] = torch.from_numpy(np.ascontiguousarray(prep.ref[k], dtype=np.float64))
         want[k + ".bound"] = torch.from_numpy(np.array(np.broadcast_to(bounds[k], np.shape(prep.ref[k])),
                                                         dtype=np.float64, order="C"))
-    save_file(want, str(folder / "expected.safetensors"))
+    write_tensors(folder / "expected.safetensors", want)
     meta = {"op": record.name, "dtype": prep.dtype, "label": entry.label, "args": list(record.args),
             "kwarg_arrays": list(record.kwarg_arrays), "kwargs": {**scalars, **dict(prep.case.kwargs)},
             "outputs": list(record.outputs), "contract": prep.contract, "summary": entry.summary,

@@ -1,7 +1,8 @@
 """The ``dump:PATH`` engine: a safetensors file of per-step logits (and optional traces) that any
 engine, in any language, writes; read back and replayed through the engine protocol.
 
-Format: docs/dump-format.md (header schema ``parity/schemas/dump.schema.json``); a writer:
+Format: docs/dump-format.md (the container of ``parity.files``, header schema
+``parity/schemas/dump.schema.json``); a writer that needs only NumPy and safetensors:
 ``parity/diff/engines/dump_writer.py``. Everything is validated when the file is opened, before the
 reference runs: the header (format, version, config, prompt, dtype, mode, steps), every tensor's
 name, dtype and shape, token ids inside the vocabulary. The replay checks the rest as it goes: the
@@ -19,10 +20,9 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
-from parity.schema import errors, load
-from reference import safetensors_format
+from parity import files
 from reference.config import ConfigError, KimiConfig
-from reference.validate import InvalidInput, label, parse_json
+from reference.validate import label
 
 from .checked import EngineError
 from .dump_writer import write_dump
@@ -30,7 +30,7 @@ from .trace import expected, optional, widths
 
 FORMAT = "kimi-parity/dump"
 VERSION = 1
-METADATA_KEY = "kimi-parity"
+METADATA_KEY = files.METADATA_KEY
 LOGIT_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 INT_DTYPES = ("I64", "I32")
 MODES = ("forced", "free")
@@ -41,44 +41,23 @@ class DumpError(EngineError):
     """A dump that cannot be used (one line naming the file)."""
 
 
+DUMP = files.Format(FORMAT, VERSION, schema="dump", noun="dump", error=DumpError)
+
+
 def _header(path: Path) -> tuple[dict, dict]:
-    """({tensor name: TensorInfo}, metadata) of a safetensors file, validated as the safetensors
-    library validates it (``reference.safetensors_format``: a truncated file is refused here)."""
-    try:
-        header = safetensors_format.read_header(path)
-    except InvalidInput as exc:
-        raise DumpError(str(exc)) from None
-    return header.tensors, header.metadata or {}
-
-
-def _json_header(path: Path, meta: dict) -> dict:
-    """The header JSON, strict (``reference.validate.parse_json``: no NaN, no repeated key), then
-    its schema (``parity/schemas/dump.schema.json``)."""
-    raw = meta.get(METADATA_KEY)
-    if not isinstance(raw, str):
-        raise DumpError(f"{path}: not a kimi-parity dump (no {METADATA_KEY!r} entry in the safetensors metadata)")
-    try:
-        head = parse_json(raw, what=f"{path}: the {METADATA_KEY!r} metadata")
-    except InvalidInput as exc:
-        raise DumpError(str(exc)) from None
-    if not isinstance(head, dict) or head.get("format") != FORMAT:
-        got = head.get("format") if isinstance(head, dict) else None
-        raise DumpError(f"{path}: format {got!r}, expected {FORMAT!r}")
-    if head.get("version") != VERSION:
-        raise DumpError(f"{path}: dump format version {head.get('version')!r}; this tool reads {VERSION}")
-    bad = errors(head, load("dump"))
-    if bad:
-        raise DumpError(f"{path}: header: {bad[0]}")
-    if not head["prompt_ids"] or head["steps"] > MAX_STEPS:
+    """(the header JSON, {tensor name: TensorInfo}): the container's checks (``parity.files``: the
+    safetensors layout, strict JSON, format, version, schema ``parity/schemas/dump.schema.json``),
+    then a prompt and a step count within bounds."""
+    got = files.read_header(path, DUMP)
+    if not got.head["prompt_ids"] or got.head["steps"] > MAX_STEPS:
         raise DumpError(f"{path}: header: expected a prompt and 1 to {MAX_STEPS} steps")
-    return head
+    return got.head, got.tensors
 
 
 def read_header(path) -> dict:
     """The dump's header JSON (``prompt_ids``, ``mode``, ``dtype``, ``steps``, ...), validated, without
     reading its tensors: a folder of dumps is listed as a corpus before any is loaded."""
-    path = Path(path)
-    return _json_header(path, _header(path)[1])
+    return _header(Path(path))[0]
 
 
 def _same_config(path: Path, theirs: dict, config) -> None:
@@ -104,8 +83,7 @@ class DumpEngine:
         self.path = path = Path(path)
         if not path.is_file():
             raise DumpError(f"{path}: no such dump file")
-        infos, meta = _header(path)
-        head = _json_header(path, meta)
+        head, infos = _header(path)
         _same_config(path, head["config"], config)
         self.config, self.engine_name = config, head.get("engine") or ""
         self.prompt_ids, self.mode = list(head["prompt_ids"]), head["mode"]

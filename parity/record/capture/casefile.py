@@ -1,7 +1,7 @@
 """The cases file ``parity capture`` writes and ``parity certify --cases`` replays (docs/cli.md).
 
-A safetensors file (``reference.safetensors_format`` validates it as the library does) whose
-metadata key ``"kimi-parity"`` holds the JSON header (``parity/schemas/cases.schema.json``): the run
+The container of ``parity.files`` (a safetensors file, validated as the library validates it, whose
+metadata key ``"kimi-parity"`` holds the JSON header, ``parity/schemas/cases.schema.json``): the run
 (checkpoint, dtype, device, prompt ids, decode steps, store limit, seed, the model calls left
 uncaptured) and one entry per case: op, call site, first phase, calls it stands for, kind
 (``captured``: every input stored; ``regenerated``: some regenerated from statistics), the case
@@ -23,20 +23,16 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save
 
-from parity import ops
-from parity.atomic import atomic_write
+from parity import files, ops
 from parity.errors import InputError
-from parity.schema import errors, load
-from reference.safetensors_format import read_header
-from reference.validate import InvalidInput, label, parse_json
+from reference.validate import label
 
 from . import tensors as T
 
 FORMAT = "kimi-parity/cases"
 VERSION = 1
-METADATA_KEY = "kimi-parity"
+METADATA_KEY = files.METADATA_KEY
 MAX_FILE_BYTES = 8 << 30     # stored inputs are at most --store-limit bytes each
 MAX_CASES = 10_000
 MAX_NDIM = 8
@@ -47,6 +43,9 @@ SHA = re.compile(r"[0-9a-f]{64}")
 
 class CasesError(InputError):
     """A cases file that cannot be used (one line naming the file)."""
+
+
+CASES = files.Format(FORMAT, VERSION, schema="cases", noun="cases file", error=CasesError)
 
 
 # -- writing -----------------------------------------------------------------------------------
@@ -89,8 +88,7 @@ def write(path, captured: list, *, run: dict) -> Path:
         entry, data = _entry(f"c{i}", c)
         entries.append(entry)
         payload.update(data)
-    head = {"format": FORMAT, "version": VERSION, **run, "cases": entries}
-    return atomic_write(path, save(payload, metadata={METADATA_KEY: json.dumps(head, allow_nan=False)}))
+    return files.write(path, CASES, {**run, "cases": entries}, payload)
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -166,24 +164,8 @@ def read(path, records: dict | None = None) -> CaseFile:
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
         _fail(path, f"{size} bytes, more than the limit of {MAX_FILE_BYTES}")
-    try:
-        header = read_header(path)
-    except InvalidInput as exc:
-        raise CasesError(str(exc)) from None
-    raw = (header.metadata or {}).get(METADATA_KEY)
-    if not isinstance(raw, str):
-        _fail(path, f"not a kimi-parity cases file (no {METADATA_KEY!r} entry in the safetensors metadata)")
-    try:
-        head = parse_json(raw, what=f"{path}: the {METADATA_KEY!r} metadata")
-    except InvalidInput as exc:
-        raise CasesError(str(exc)) from None
-    if not isinstance(head, dict) or head.get("format") != FORMAT:
-        _fail(path, f"format {head.get('format') if isinstance(head, dict) else None!r}, expected {FORMAT!r}")
-    if head.get("version") != VERSION:
-        _fail(path, f"cases format version {head.get('version')!r}; this tool reads {VERSION}")
-    bad = errors(head, load("cases"))
-    if bad:
-        _fail(path, f"header: {bad[0]}")
+    header = files.read_header(path, CASES)
+    head = header.head
     if len(head["cases"]) > MAX_CASES:
         _fail(path, f"{len(head['cases'])} cases, more than the limit of {MAX_CASES}")
     if records is None:

@@ -1,7 +1,7 @@
 """The calls file ``parity watch`` writes and ``parity certify --calls`` judges (docs/watch.md).
 
-A safetensors file whose metadata key ``"kimi-parity"`` holds the JSON header
-(``parity/schemas/calls.schema.json``): the run (command, targets, byte budget, processes) and one
+The container of ``parity.files`` (a safetensors file whose metadata key ``"kimi-parity"`` holds
+the JSON header, ``parity/schemas/calls.schema.json``): the run (command, targets, byte budget, processes) and one
 entry per call, in each process's call order: id, process, index, step, the watched name and
 target, the op its adapter mapped it to (or the one-line reason none did), the call site, whether
 its tensors were kept (else why not: the budget, shapes only), its scalar kwargs and per input and
@@ -18,7 +18,6 @@ the merge leaves its parts, which ``merge`` (``parity watch --merge FILE``) join
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,17 +25,14 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save
+from safetensors.torch import load_file
 
-from parity.atomic import atomic_write
+from parity import files
 from parity.errors import InputError
-from parity.schema import errors, load
-from reference.safetensors_format import read_header
-from reference.validate import InvalidInput, parse_json
 
 FORMAT = "kimi-parity/calls"
 VERSION = 1
-METADATA_KEY = "kimi-parity"
+METADATA_KEY = files.METADATA_KEY
 PART = re.compile(r"p([0-9]{1,10})-([0-9]{1,8})\.safetensors")
 ID = re.compile(r"p[0-9]{1,10}c[0-9]{1,10}")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
@@ -47,6 +43,9 @@ SAFETENSORS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64"
 
 class CallsError(InputError):
     """A calls file that cannot be used (one line naming the file)."""
+
+
+CALLS = files.Format(FORMAT, VERSION, schema="calls", noun="calls file", error=CallsError)
 
 
 _NAMES = {d: n for n, d in DTYPES.items()}
@@ -69,31 +68,11 @@ def write_part(path, pid: int, seq: int, run: dict, entries: list, tensors: dict
     spec -> why this process never called it."""
     d = parts_dir(path)
     d.mkdir(parents=True, exist_ok=True)
-    head = {"format": FORMAT, "version": VERSION, "part": True, "run": run, "calls": entries}
+    fields = {"part": True, "run": run, "calls": entries}
     if never_called:
-        head["never_called"] = never_called
-    data = save({k: v.contiguous() for k, v in tensors.items()},
-                metadata={METADATA_KEY: json.dumps(head, allow_nan=False)})
-    return atomic_write(d / f"p{pid}-{seq}.safetensors", data)
-
-
-def _header(path) -> dict:
-    try:
-        header = read_header(path)
-    except InvalidInput as exc:
-        raise CallsError(str(exc)) from None
-    raw = (header.metadata or {}).get(METADATA_KEY)
-    if not isinstance(raw, str):
-        raise CallsError(f"{path}: not a kimi-parity calls file (no {METADATA_KEY!r} entry in the safetensors metadata)")
-    try:
-        head = parse_json(raw, what=f"{path}: the {METADATA_KEY!r} metadata")
-    except InvalidInput as exc:
-        raise CallsError(str(exc)) from None
-    if not isinstance(head, dict) or head.get("format") != FORMAT:
-        raise CallsError(f"{path}: format {head.get('format') if isinstance(head, dict) else None!r}, expected {FORMAT!r}")
-    if head.get("version") != VERSION:
-        raise CallsError(f"{path}: calls format version {head.get('version')!r}; this tool reads {VERSION}")
-    return head, header.tensors
+        fields["never_called"] = never_called
+    return files.write(d / f"p{pid}-{seq}.safetensors", CALLS, fields,
+                       {k: v.contiguous() for k, v in tensors.items()})
 
 
 @dataclass
@@ -113,13 +92,13 @@ def merge(path, run: dict | None = None, *, empty: bool = False, held: Held | No
     updated with ``run``. No parts and nothing held: a file without calls when ``empty`` (the run
     fields from ``run``), else None."""
     d = parts_dir(path)
-    files = sorted((p for p in d.glob("p*.safetensors") if PART.fullmatch(p.name)),
+    parts = sorted((p for p in d.glob("p*.safetensors") if PART.fullmatch(p.name)),
                    key=lambda p: tuple(int(x) for x in PART.fullmatch(p.name).groups())) if d.is_dir() else []
-    if not files and not empty and held is None:
+    if not parts and not empty and held is None:
         return None
     entries, tensors, pids, head_run, reasons = [], {}, [], None, []
-    for f in files:
-        head, _ = _header(f)
+    for f in parts:
+        head = files.read_header(f, CALLS, schema=False).head   # checked as a whole when the merged file is read
         head_run = head_run or head.get("run", {})
         entries += head["calls"]
         tensors.update(load_file(str(f)))
@@ -141,11 +120,10 @@ def merge(path, run: dict | None = None, *, empty: bool = False, held: Held | No
             dropped[(e["op"] or "unmapped", e["dropped"])] += 1
     out_run = {**(head_run or {}), **(run or {}), "processes": pids}
     out_run["never_called"] = never_called(out_run.get("targets") or {}, entries, reasons)
-    head = {"format": FORMAT, "version": VERSION, "part": False, "run": out_run,
-            "dropped": [{"op": op, "reason": why, "calls": n} for (op, why), n in dropped.items()],
-            "calls": entries}
-    atomic_write(path, save(tensors, metadata={METADATA_KEY: json.dumps(head, allow_nan=False)}))
-    for f in files:
+    files.write(path, CALLS, {"part": False, "run": out_run,
+                              "dropped": [{"op": op, "reason": why, "calls": n} for (op, why), n in dropped.items()],
+                              "calls": entries}, tensors)
+    for f in parts:
         f.unlink()
     try:
         d.rmdir()
@@ -202,10 +180,8 @@ def read(path) -> CallFile:
             raise CallsError(f"{path}: not merged yet; its parts are in {parts_dir(path)} "
                              f"(parity watch --merge {path})")
         raise CallsError(f"{path}: no such calls file" if not path.exists() else f"{path}: not a regular file")
-    head, infos = _header(path)
-    bad = errors(head, load("calls"))
-    if bad:
-        raise CallsError(f"{path}: header: {bad[0]}")
+    got = files.read_header(path, CALLS)
+    head, infos = got.head, got.tensors
     need, seen = set(), set()
     for e in head["calls"]:
         if not ID.fullmatch(e["id"]) or e["id"] in seen:
