@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors.torch import save
+from safetensors.torch import save_file
 
 from parity.atomic import atomic_write
 from parity.errors import InputError
@@ -56,17 +56,19 @@ class Header:
     tensors: dict
 
 
-def write_tensors(path, tensors: dict, metadata: dict | None = None) -> Path:
+def write_tensors(path, tensors: dict, metadata: dict | None = None, *, durable: bool = True) -> Path:
     """Write ``tensors`` (name -> contiguous CPU torch tensor) as a safetensors file at ``path``,
-    atomically (``parity.atomic``); ``metadata``: its string entries."""
-    return atomic_write(path, save(tensors, metadata=metadata))
+    atomically (``parity.atomic``; ``durable``: forced to the disk first); ``metadata``: its string
+    entries. safetensors writes the file itself, from the tensors' memory (no copy of the whole
+    file in this process: a watch keeps megabytes)."""
+    return atomic_write(path, fill=lambda name: save_file(tensors, name, metadata=metadata), durable=durable)
 
 
-def write(path, fmt: Format, fields: dict, tensors: dict) -> Path:
+def write(path, fmt: Format, fields: dict, tensors: dict, *, durable: bool = True) -> Path:
     """Write a file of ``fmt``: the header ``{"format": tag, "version": version, **fields}`` (strict
     JSON: NaN refused) and ``tensors`` (name -> contiguous CPU torch tensor), atomically."""
     head = {"format": fmt.tag, "version": fmt.version, **fields}
-    return write_tensors(path, tensors, {METADATA_KEY: json.dumps(head, allow_nan=False)})
+    return write_tensors(path, tensors, {METADATA_KEY: json.dumps(head, allow_nan=False)}, durable=durable)
 
 
 def read_header(path, fmt: Format, *, schema: bool = True) -> Header:

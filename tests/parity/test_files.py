@@ -80,3 +80,10 @@ def test_the_tensors_alone_are_plain_safetensors(tmp_path):
     path = files.write_tensors(tmp_path / "t.safetensors", {"x": torch.ones(3)})
     assert path.read_bytes() == save({"x": torch.ones(3)})
     assert "not a kimi-parity toy file" in _refused(path)
+
+
+def test_a_file_not_forced_to_disk_has_the_same_bytes(tmp_path):
+    tensors = {"b": torch.ones(2, 3, dtype=torch.bfloat16), "a": torch.arange(3), "e": torch.zeros(0)}
+    fast = files.write_tensors(tmp_path / "fast.safetensors", tensors, {"k": "v"}, durable=False)
+    assert fast.read_bytes() == save(tensors, metadata={"k": "v"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fast.safetensors"]

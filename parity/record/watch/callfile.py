@@ -33,6 +33,10 @@ from parity.errors import InputError
 FORMAT = "kimi-parity/calls"
 VERSION = 1
 METADATA_KEY = files.METADATA_KEY
+# Written whole and renamed into place (a crash of the program leaves the parts so far, each whole),
+# but not forced to the disk: a record of this run, which a crash of the machine ends anyway, and
+# an fsync would cost a watch block around a 10 ms prefill several percent of it.
+DURABLE = False
 PART = re.compile(r"p([0-9]{1,10})-([0-9]{1,8})\.safetensors")
 ID = re.compile(r"p[0-9]{1,10}c[0-9]{1,10}")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
@@ -72,7 +76,7 @@ def write_part(path, pid: int, seq: int, run: dict, entries: list, tensors: dict
     if never_called:
         fields["never_called"] = never_called
     return files.write(d / f"p{pid}-{seq}.safetensors", CALLS, fields,
-                       {k: v.contiguous() for k, v in tensors.items()})
+                       {k: v.contiguous() for k, v in tensors.items()}, durable=DURABLE)
 
 
 @dataclass
@@ -122,7 +126,7 @@ def merge(path, run: dict | None = None, *, empty: bool = False, held: Held | No
     out_run["never_called"] = never_called(out_run.get("targets") or {}, entries, reasons)
     files.write(path, CALLS, {"part": False, "run": out_run,
                               "dropped": [{"op": op, "reason": why, "calls": n} for (op, why), n in dropped.items()],
-                              "calls": entries}, tensors)
+                              "calls": entries}, tensors, durable=DURABLE)
     for f in parts:
         f.unlink()
     try:
