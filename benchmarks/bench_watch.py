@@ -8,10 +8,11 @@ tensors kept (host copies of every input and output).
 Runs alternate (plain, watched, plain, ...) so that drift of a shared machine falls on both; the
 figures are medians over ``--repeats`` of each, of the process's CPU time and of wall time. A
 watched run is one ``with parity.watch(...)`` block around one prefill, split into its three
-parts: entering the watch (wrapping the targets: one pass over the loaded modules), the prefill
-inside the running watch (what watching costs an engine's work: the wrappers, host copies), and
-leaving it (the calls file written, a kept run's tensors with it). A watch around a whole
-generation or server run pays the first and the last once. On a machine shared with other work
+parts: entering the watch (the wrappers are in place from the warm-up's block, which made the
+one pass over the loaded modules; they stay between blocks, so the plain runs go through them
+too, passing calls straight through), the prefill inside the running watch (what watching costs an
+engine's work: the wrappers, host copies), and leaving it (the calls file written, a kept run's
+tensors with it). A watch around a whole generation or server run pays the first and the last once. On a machine shared with other work
 the CPU figures swing by tens of percent from run to run, far more than a watch costs; there the
 figure of record is the time the engine's calls spent inside the recorder during the watched
 prefill (``Recorder.spent``: every wrapper's work before and after the call, host copies queued
