@@ -1,6 +1,6 @@
 """What ``parity certify`` and ``parity search`` both take from their arguments: the dtypes, the
 device (the kernels' backend chosen for it) and the ``--impl`` implementations, each
-loaded and its contract checked before any work starts."""
+loaded and its contract checked before any work starts, as one ``parity.certify.job.Impl`` each."""
 from __future__ import annotations
 
 import torch
@@ -8,6 +8,7 @@ import torch
 import optimized
 from parity import ops
 from parity.certify import candidate
+from parity.certify.job import Impl
 from parity.errors import CandidateError, InputError
 from parity.peers import SHORTHANDS, implementations, missing
 
@@ -53,20 +54,22 @@ def parse_impls(values) -> tuple[dict, list]:
     return named, shorthands
 
 
-def select_impls(records, ops_given, named, shorthands, device, dtype, contract, gate_given=False):
-    """(records to run, op -> Candidate, op -> spec) for the ``--impl`` values: each loaded and its
-    contract checked (CandidateError -> one line, exit 2; certify probes them before any work).
-    Without ``--ops`` the ops given an implementation run; with it, a named op outside it is an error
-    and a shorthand covers the selected ops it has adapters for. An adapter that declares the one
-    KDA gate it computes covers, unless the ops or the gate were chosen (``--ops``, ``--variant
-    kda_gate``; ``gate_given``), only the ops of that gate: asked, it is certified as the other's
-    too, and fails naming its gate."""
+def select_impls(values, records, *, ops_given: bool, device: str, contract: str | None,
+                 gate_given: bool = False) -> tuple[list, tuple[Impl, ...]]:
+    """(records to run, their ``Impl``s in the records' order) for the ``--impl`` ``values``: each
+    loaded and its contract checked (CandidateError -> one line, exit 2; certify probes them before
+    any work). Without ``--ops`` (``ops_given``) the ops given an implementation run; with it, a
+    named op outside it is an error and a shorthand covers the selected ops it has adapters for. An
+    adapter that declares the one KDA gate it computes covers, unless the ops or the gate were
+    chosen (``--ops``, ``--variant kda_gate``; ``gate_given``), only the ops of that gate: asked, it
+    is certified as the other's too, and fails naming its gate."""
+    named, shorthands = parse_impls(values)
     selected = {r.name for r in records}
     if ops_given:
         for op in named:
             if op not in selected:
                 raise InputError(f"--impl {op}={named[op]}: {op} is not among --ops")
-    fns, specs = {}, {}
+    found = {}   # op -> (what was written, the callable)
     chosen = ops_given or gate_given
     for name in shorthands:
         why = missing(name)
@@ -77,20 +80,18 @@ def select_impls(records, ops_given, named, shorthands, device, dtype, contract,
                 continue
             if not chosen and candidate.gate_mismatch(ops.get(op), fn):
                 continue   # not the gate it computes, and nobody asked
-            fns[op], specs[op] = fn, name
+            found[op] = (name, fn)
     try:
         for op, spec in named.items():
-            fns[op], specs[op] = candidate.load(spec), spec
+            found[op] = (spec, candidate.load(spec))
         if named or shorthands:
             if not ops_given:
-                records = [r for r in records if r.name in fns]
-            if not fns:
+                records = [r for r in records if r.name in found]
+            if not found:
                 raise InputError(f"--impl {', '.join(shorthands)}: no implementation of the selected ops on {device}")
-        impls = {}
-        for rec in records:
-            if rec.name in fns:   # probed by certify, where the candidates run (a worker on CUDA)
-                spec = named.get(rec.name)
-                impls[rec.name] = candidate.of(fns[rec.name], contract=contract, spec=spec)
+        impls = tuple(Impl(r.name, found[r.name][0],   # probed by certify, where the candidates run
+                           candidate.of(found[r.name][1], contract=contract, spec=named.get(r.name)))
+                      for r in records if r.name in found)
     except CandidateError as exc:
         raise InputError(f"--impl: {exc}") from None
-    return records, impls, {op: specs[op] for op in impls}
+    return records, impls
