@@ -38,17 +38,16 @@ import time
 from rich.console import Console
 
 from parity import certify as engine
-from parity import schema, strategies
+from parity import ops, schema, strategies
 from parity.bounds.core import CONTRACTS
-from parity.certify import CertifyJob, merge, runners, units
-from parity.certify.candidate import in_project
+from parity.certify import CertifyJob, Impl, candidate, merge, runners, units
 from parity.certify.report import certificate, merged, render_op, render_summary, write_json
-from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, parse_shard, write_output
 from parity.cli import judge
-from parity.cli.impls import DTYPES, parse_impls, select_impls, select_runs, setup_device
+from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, parse_shard, write_output
+from parity.cli.impls import DTYPES, select_runs, setup_device
 from parity.errors import CandidateError, InputError
 from parity.ops.kda import under_gate
-from parity.peers import SHORTHANDS
+from parity.peers import SHORTHANDS, implementations, missing
 from parity.record import capture
 from reference.checks import kda_gate_bound, kda_gate_name
 
@@ -148,6 +147,70 @@ def run(args) -> int:
     return 0 if doc["summary"]["verdict"] == "certified" else 1
 
 
+def parse_impls(values) -> tuple[dict, list]:
+    """``--impl`` values: (op -> spec, shorthands), checked before any work."""
+    named, shorthands = {}, []
+    for value in values:
+        op, eq, spec = value.partition("=")
+        if not eq:
+            if value not in SHORTHANDS:
+                raise InputError(f"--impl {value}: expected OP=module:function, OP=path/to/file.py:function "
+                                 f"or one of {', '.join(SHORTHANDS)}")
+            shorthands.append(value)
+            continue
+        try:
+            ops.get(op)
+        except KeyError:
+            raise InputError(f"--impl {value}: unknown op {op!r}") from None
+        if op in named:
+            raise InputError(f"--impl {value}: {op} has an implementation already ({named[op]})")
+        named[op] = spec
+    return named, shorthands
+
+
+def select_impls(values, records, *, ops_given: bool, device: str, contract: str | None,
+                 gate_given: bool = False) -> tuple[list, tuple[Impl, ...]]:
+    """(records to run, their ``Impl``s in the records' order) for the ``--impl`` ``values``: each
+    loaded and its contract checked (CandidateError -> one line, exit 2; certify probes them before
+    any work). Without ``--ops`` (``ops_given``) the ops given an implementation run; with it, a
+    named op outside it is an error and a shorthand covers the selected ops it has adapters for. An
+    adapter that declares the one KDA gate it computes covers, unless the ops or the gate were
+    chosen (``--ops``, ``--variant kda_gate``; ``gate_given``), only the ops of that gate: asked, it
+    is certified as the other's too, and fails naming its gate."""
+    named, shorthands = parse_impls(values)
+    selected = {r.name for r in records}
+    if ops_given:
+        for op in named:
+            if op not in selected:
+                raise InputError(f"--impl {op}={named[op]}: {op} is not among --ops")
+    found = {}   # op -> (what was written, the callable)
+    chosen = ops_given or gate_given
+    for name in shorthands:
+        why = missing(name)
+        if why is not None:
+            raise InputError(why)
+        for op, fn in implementations(name, device).items():
+            if op not in selected or op in named:
+                continue
+            if not chosen and candidate.gate_mismatch(ops.get(op), fn):
+                continue   # not the gate it computes, and nobody asked
+            found[op] = (name, fn)
+    try:
+        for op, spec in named.items():
+            found[op] = (spec, candidate.load(spec))
+        if named or shorthands:
+            if not ops_given:
+                records = [r for r in records if r.name in found]
+            if not found:
+                raise InputError(f"--impl {', '.join(shorthands)}: no implementation of the selected ops on {device}")
+        impls = tuple(Impl(r.name, found[r.name][0],   # probed by certify, where the candidates run
+                           candidate.of(found[r.name][1], contract=contract, spec=named.get(r.name)))
+                      for r in records if r.name in found)
+    except CandidateError as exc:
+        raise InputError(f"--impl: {exc}") from None
+    return records, impls
+
+
 def _job(args) -> tuple[CertifyJob, dict, dict | None]:
     """(the ``CertifyJob`` of ``args``, the ``--variant`` values, the certificate's ``cases`` entry
     or None), every argument checked before any work."""
@@ -195,7 +258,7 @@ def _workers(workers: int | None, device: str, impls) -> int | None:
     """``--workers`` as given; not given on the CPU with an implementation from outside the project
     (``candidate.in_project``): one worker, so that a candidate that ends its process fails only its
     own inputs (on CUDA the default is a worker per GPU already)."""
-    if workers is None and device == "cpu" and not all(in_project(i.candidate) for i in impls):
+    if workers is None and device == "cpu" and not all(candidate.in_project(i.candidate) for i in impls):
         return 1
     return workers
 def _variants(items) -> dict:

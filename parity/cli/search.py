@@ -23,7 +23,8 @@ from parity.atomic import atomic_write
 from parity.bounds.core import CONTRACTS
 from parity.certify.search import FORMAT, save_case, search
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, write_output
-from parity.cli.impls import DTYPES, parse_impls, select_impls, select_runs, setup_device
+from parity.cli.certify import parse_impls, select_impls
+from parity.cli.impls import DTYPES, select_runs, setup_device
 from parity.environment import environment
 from parity.errors import InputError
 from parity.peers import SHORTHANDS
