@@ -133,12 +133,11 @@ def run(args) -> int:
             raise InputError(f"--impl: {exc}") from None
     seconds = time.perf_counter() - t0
     render_summary(console, certs, seconds)
+    parts = None if shard is None else {"index": shard[0], "count": shard[1], "ops": [r.name for r in records],
+                                        "units": [[r.name, d] for r, d in units(records, job.dtypes, shard)]}
     doc = certificate(certs, device=device, dtypes=job.dtypes, candidate=job.candidate, examples=n,
                       seconds=seconds, argv=_argv(), contract=job.contract, impls=job.specs(), cases=cases_info,
-                      workers=workers, variants=variants,
-                      shard=None if shard is None else {"index": shard[0], "count": shard[1],
-                                                        "ops": [r.name for r in records],
-                                                        "units": [[r.name, d] for r, d in units(records, job.dtypes, shard)]})
+                      workers=workers, variants=variants, shard=parts)
     if job.repro is not None and any(not c.certified for c in certs):
         console.print(f"repros of the failing inputs written under {job.repro}")
     if args.json_path is not None:

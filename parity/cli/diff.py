@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from parity.cli.args import (MAX_STEPS, check_count, check_outputs, check_seed, check_text, parse_shard)
+from parity.cli.args import MAX_STEPS, check_count, check_outputs, check_seed, check_text, parse_shard
 from parity.cli.options import add_reference_device, parse_backends, parse_variants
 from parity.diff import command, corpus_driver, setup
 from parity.diff.corpus_driver import dump_folder
@@ -101,7 +101,7 @@ def run_merge(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.checkpoint == "merge":   # the subcommand after options (parity diff --json X merge ...): kept for a release
+    if args.checkpoint == "merge":   # merge after options (parity diff --json X merge ...): kept a release
         return corpus_driver.merge(args.files, json=args.json, plot=args.plot)
     if args.files:
         raise InputError(f"unexpected argument {args.files[0]!r} (shard reports are given to: parity diff merge)")
