@@ -54,7 +54,9 @@ from reference.checks import kda_gate_bound, kda_gate_name
 
 def register(sub):
     p = sub.add_parser("certify", help="certify optimized ops against the float64 reference",
-                       description=__doc__.split("\n\n")[0])
+                       description=__doc__.split("\n\n")[0],
+                       epilog="parity certify merge SHARD.json ... --json PATH: combine the certificates of "
+                              "--shard I/N runs into the unsharded run's")
     p.add_argument("action", nargs="?", choices=("merge",), default=None,   # merge after options: kept a release
                    help=argparse.SUPPRESS)
     p.add_argument("files", nargs="*", metavar="FILES", help=argparse.SUPPRESS)
