@@ -18,7 +18,7 @@ from . import corpus_driver, reference_device, setup
 from .corpus_driver import dump_folder
 from .engines import DumpEngine, EngineError
 from .engines.plan import make_plan, write_plan
-from .job import Decode, DiffJob
+from .job import Decode, DiffJob, Loaded
 from .plot import write_plot
 from .render import print_result
 from .report import build_report, environment, write_json
@@ -64,14 +64,12 @@ def run(job: DiffJob) -> int:
     engine = load(job.engine if folder is None else f"dump:{folder / prompts[0].source}")
     if prompts is not None:
         job = settled(job, device)
-        job, ref, env, rounding = prepare(job, ckpt, opt_ckpt, engine, variants, backends, device, err,
-                                          corpus_driver.describe(job, prompts))
-        return corpus_driver.run(job, ckpt, opt_ckpt, engine, prompts, ref=ref, env=env, rounding=rounding,
-                                 variants={"reference": variants_of(ref), "optimized": variants_of(engine)},
-                                 backends=backends, device=device, err=err,
+        job, loaded = prepare(job, ckpt, opt_ckpt, engine, err, corpus_driver.describe(job, prompts))
+        return corpus_driver.run(job, loaded, prompts,
                                  engine_for=None if folder is None else lambda p: load(f"dump:{folder / p.source}"))
     job, ids, text, tok, tokens = _run_shape(job, ckpt, engine, device)
-    return _diff(job, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backends, device, err)
+    job, loaded = prepare(job, ckpt, opt_ckpt, engine, err, f"prompt: {len(ids)} tokens")
+    return _diff(job, loaded, ids, text, tok, tokens)
 
 
 def _run_shape(job, ckpt, engine, device):
@@ -116,9 +114,11 @@ def _describe_engine(job, engine, env, rounding, backends) -> str:
     return f"engine: {job.engine} ({type(inner).__name__}), {job.dtype} on {device}"
 
 
-def prepare(job, ckpt, opt_ckpt, engine, variants, backends, device, err, what: str):
-    """(the job with ``reference_device`` resolved, the float64 reference, the environment, the
-    platform's rounding); the header on stderr (``what``: the prompt or corpus line)."""
+def prepare(job: DiffJob, ckpt, opt_ckpt, engine, err, what: str) -> tuple[DiffJob, Loaded]:
+    """(the job with ``reference_device`` resolved, what it loaded: the float64 reference beside
+    the engine, the environment, the platform's rounding); the header on stderr (``what``: the
+    prompt or corpus line)."""
+    variants, backends, device = job.variants or {}, job.backends or {}, job.device
     # on one GPU the reference reads the optimized model's resident weights (same checkpoint only)
     share = engine.engine if job.engine == "optimized" and opt_ckpt is None else None
     ref = reference_device.load(ckpt, variants, job.reference_device, share=share)
@@ -135,16 +135,17 @@ def prepare(job, ckpt, opt_ckpt, engine, variants, backends, device, err, what: 
     err.print(f"float64 reference: {ref.executor.describe()}"
               + (", reading the optimized model's weights" if ref.shares_weights else ""), markup=False)
     err.print(f"variants: {variants_of(ref)}; {what}; mode {job.mode}; {job.steps} steps", markup=False)
-    return job, ref, env, rounding
+    return job, Loaded(ckpt, opt_ckpt, engine, ref, env, rounding, err)
 
 
-def _diff(job, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backends, device, err) -> int:
-    config = ckpt.source.config
+def _diff(job: DiffJob, loaded: Loaded, ids, text, tok, tokens) -> int:
+    """One prompt decoded and judged: its table on stdout, its report and plot written."""
+    ckpt, opt_ckpt, engine, ref, env, rounding, err = (loaded.ckpt, loaded.opt_ckpt, loaded.engine, loaded.ref,
+                                                       loaded.env, loaded.rounding, loaded.err)
+    device, config = job.device, ckpt.source.config
     out = Console(highlight=False)
     if not out.is_terminal:  # a pipe or a file: room for every column
         out = Console(highlight=False, width=140)
-    job, ref, env, rounding = prepare(job, ckpt, opt_ckpt, engine, variants, backends, device, err,
-                                      f"prompt: {len(ids)} tokens")
 
     lm_head = setup.lm_head_span(ckpt, device)
     with reference_device.memory_errors(job.reference_device, device):
@@ -155,8 +156,7 @@ def _diff(job, ckpt, opt_ckpt, engine, ids, text, tok, tokens, variants, backend
     if job.json or job.plot:
         prompt = {"text": text, "ids": ids}
         report = build_report(result, checkpoint=ckpt.info, config=config,
-                              variants={"reference": variants_of(ref), "optimized": variants_of(engine)},
-                              env=env, prompt=prompt, backends=backends,
+                              variants=loaded.variants, env=env, prompt=prompt, backends=job.backends or {},
                               optimized_checkpoint=opt_ckpt.info if opt_ckpt else None,
                               engine=job.engine)
         if job.json:

@@ -29,7 +29,7 @@ from .corpus import load
 from .corpus import merge as merge_shards
 from .corpus import read_dumps, read_prompts, shard_of
 from .engines import DumpEngine, EngineError
-from .job import Decode, DiffJob
+from .job import Decode, DiffJob, Loaded
 from .plot import write_corpus_plot
 from .report import write_json
 from .runner import diff_prompt
@@ -89,11 +89,12 @@ def _how(job: DiffJob, engine) -> str:
     return "one prompt at a time (--batch 1)"
 
 
-def run(job: DiffJob, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, backends, device, err,
-        engine_for=None) -> int:
-    """Diff every prompt of this shard with ``engine`` (``engine_for(prompt)``: a folder of dumps, one
+def run(job: DiffJob, loaded: Loaded, prompts, *, engine_for=None) -> int:
+    """Diff every prompt of this shard with ``loaded.engine`` (``engine_for(prompt)``: a folder of dumps, one
     engine each), print and write the corpus report; the corpus's exit status."""
-    config = ckpt.source.config
+    ckpt, opt_ckpt, engine, ref, env, rounding, err = (loaded.ckpt, loaded.opt_ckpt, loaded.engine, loaded.ref,
+                                                       loaded.env, loaded.rounding, loaded.err)
+    device, config = job.device, ckpt.source.config
     out = Console(highlight=False)
     if not out.is_terminal:
         out = Console(highlight=False, width=140)
@@ -101,7 +102,8 @@ def run(job: DiffJob, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, va
     mine = shard_of(prompts, shard)
     settings = {"checkpoint": ckpt.info, "optimized_checkpoint": opt_ckpt.info if opt_ckpt else None,
                 "engine": job.engine, "mode": job.mode, "steps": job.steps, "dtype": job.dtype,
-                "rounding": rounding, "variants": variants, "backends": backends, "config": config.to_hub_dict()}
+                "rounding": rounding, "variants": loaded.variants, "backends": job.backends or {},
+                "config": config.to_hub_dict()}
     source = str(job.prompts) if job.prompts else job.engine[len("dump:"):]
     result = CorpusResult(corpus={"file": source, "size": len(prompts), "digest": corpus_digest(prompts)},
                           shard=shard, settings=settings, environment=env)

@@ -63,3 +63,25 @@ class DiffJob:
     plot: str | None = None
     progress: bool = True
     free_memory: Callable | None = None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What ``parity.diff.command.run`` opened and loaded for a ``DiffJob``: the checkpoint and
+    ``--optimized-from``'s (``parity.diff.setup.Checkpoint``, None), the engine (a
+    ``CheckedEngine``), the float64 reference, the report's environment, the platform's rounding to
+    the job's dtype, and ``err``, the console of the header and the progress bars (stderr)."""
+
+    ckpt: object
+    opt_ckpt: object | None
+    engine: object
+    ref: object
+    env: dict
+    rounding: str
+    err: object
+
+    @property
+    def variants(self) -> dict:
+        """The semantic variants each path ran (the report's ``variants``)."""
+        return {"reference": dict(getattr(self.ref, "variants", {}) or {}),
+                "optimized": dict(getattr(self.engine, "variants", {}) or {})}
