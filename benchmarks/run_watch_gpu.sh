@@ -23,7 +23,7 @@ fi
   "$PY" -m parity watch --op kda.chunked=fla.ops.kda:chunk_kda --op kda.recurrent=fla.ops.kda:fused_recurrent_kda \
       --out "$OUT/calls.safetensors" -- "$PY" benchmarks/watch_generate.py --device cuda --prompt-tokens 200 --new-tokens 8
   echo "watch rc=$?"
-  "$PY" -m parity certify --calls "$OUT/calls.safetensors" --json "$OUT/certificate-watch-fla-cuda.json"
+  "$PY" -m parity judge "$OUT/calls.safetensors" --json "$OUT/certificate-watch-fla-cuda.json"
   echo "certify rc=$?"
   timeout -k 10 300 "$PY" benchmarks/bench_watch.py --device cuda --repeats 9 --json "$OUT/bench-watch-cuda.json"
   echo "bench rc=$?"

@@ -5,7 +5,7 @@ torch functions.
 
     parity watch --op kda.chunked=fla.ops.kda:chunk_kda --op kda.recurrent=fla.ops.kda:fused_recurrent_kda \\
         --out calls.safetensors -- python benchmarks/watch_generate.py --device cuda
-    parity certify --calls calls.safetensors --json certificate.json
+    parity judge calls.safetensors --json certificate.json
 
 (benchmarks/run_watch_gpu.sh runs exactly this on a GPU machine.)
 """

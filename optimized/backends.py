@@ -24,6 +24,8 @@ families above), so asking to swap it is an error rather than a silent no-op.
 """
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import torch
 
@@ -98,14 +100,12 @@ class Ops:
 
     def __init__(self, choice: dict[str, str]):
         self.choice = dict(choice)
-        from . import conv, embed, kda, mla, moe, norm
+        from . import conv, embed, kda, mla, moe, norm  # why: kernels bind the backend when defined
 
         self._opt = {"conv": conv, "embed": embed, "kda": kda, "mla": mla, "moe": moe, "norm": norm}
         self._ref = {}
         for family, value in self.choice.items():
             if value == "reference":
-                import importlib
-
                 self._ref[family] = importlib.import_module(f"reference.{family}")
 
     def _is_ref(self, family: str) -> bool:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from reference.cache import KDACache, MLACache, ModelCache
 from reference.config import KimiConfig
 
 _INITIAL_BLOCKS_PER_SEQ = 4
@@ -62,8 +63,6 @@ class SequenceCache:
     def to_reference(self):
         """This sequence's state as a reference ``ModelCache`` (float64 NumPy): conv states
         ``[C, W-1]`` per q/k/v, KDA state ``[H, K, V]``, MLA ``latent [S, L]`` and ``k_pe [S, R]``."""
-        from reference.cache import KDACache, MLACache, ModelCache
-
         pool, c = self.pool, self.pool.config
         np64 = lambda t: t.detach().to("cpu", torch.float64).numpy()  # noqa: E731
         layers = []
@@ -100,7 +99,7 @@ class CachePool:
     def __init__(self, config: KimiConfig, *, device: torch.device, dtype: torch.dtype,
                  state_dtype: torch.dtype, max_seqs: int = 1, block_size: int = 64,
                  num_blocks: int | None = None):
-        from .mla import PagedLatentCache
+        from .mla import PagedLatentCache  # why: kernels bind the backend when defined
 
         if not isinstance(max_seqs, int) or max_seqs < 1:
             raise ValueError(f"max_seqs: expected a positive integer, got {max_seqs!r}")

@@ -70,11 +70,13 @@ import torch
 
 from reference.checks import (check_token_id, check_token_ids, check_variants, kda_gate_bound,
                               resolve_kda_gate)
+from reference.checkpoint import WeightSource, open_source
 from reference.config import KimiConfig
 
 from . import backends as _backends
 from ._interpreter import interpreting, settle
 from .cache import CachePool, DecodeBatch, SequenceCache
+from .graphs import DecodeGraphs
 from ._checks import require_ieee_fp32_matmul
 from .weights import KDAWeights, ModelWeights, load_weights
 
@@ -139,8 +141,6 @@ class Model:
         self._graphs = None
         self._tile_bufs: dict[tuple, torch.Tensor] = {}
         if self.cuda_graphs:
-            from .graphs import DecodeGraphs
-
             self._graphs = DecodeGraphs(device, self.decode_tile)
 
     def __repr__(self) -> str:
@@ -536,8 +536,6 @@ def load(path_or_source, *, device=None, dtype="bfloat16", moe_combine: str = "u
     host), off otherwise; True where that does not hold is a ``ValueError``. Raises ``ValueError``
     for an unknown variant, dtype, backend, an unusable device or ``cuda_graphs`` setting,
     ``CheckpointError`` for a broken checkpoint (including non-finite weights, named)."""
-    from reference.checkpoint import WeightSource, open_source
-
     check_variants(moe_combine=moe_combine, kv_norm_eps=kv_norm_eps, kda_gate=kda_gate)
     dtype_name = _dtype_name(dtype)
     choice = _backends.resolve(backends)

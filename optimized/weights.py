@@ -27,7 +27,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from reference.checkpoint import CheckpointError
 from reference.config import KimiConfig
+from reference.tensors import expected_tensors
+
+from . import synthetic
 
 _STORAGE_TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
                   "float64": torch.float64}
@@ -129,8 +133,6 @@ class _Fetcher:
         self.device = device
         self.generate = None
         if device.type == "cuda":
-            from . import synthetic
-
             if synthetic.is_synthetic(source):
                 self.generate = synthetic.DeviceGenerator(source, device)
 
@@ -140,8 +142,6 @@ class _Fetcher:
         storage = self.source.storage_dtype(name)
         t = raw_to_torch(self.source.get_raw(name), storage).to(self.device)
         if not bool(torch.isfinite(t).all()):
-            from reference.checkpoint import CheckpointError
-
             bad = int((~torch.isfinite(t)).sum())
             raise CheckpointError(f"{self._where(name)}: {name}: {bad} non-finite value(s) (NaN/Inf)")
         return t
@@ -235,8 +235,6 @@ def resident_bytes(config: KimiConfig, dtype: torch.dtype) -> int:
     (``SMALL_SUFFIXES``) at float32 (float64 in a float64 model), no ``lm_head`` of its own when
     the embeddings are tied. Equals ``ModelWeights.nbytes()`` of the loaded model (a test holds
     them equal)."""
-    from reference.tensors import expected_tensors
-
     size = torch.empty((), dtype=dtype).element_size()
     small = 8 if dtype == torch.float64 else 4
     total = 0

@@ -12,7 +12,7 @@ Public API:
 - ``parity.assert_parity(op, inputs, ...)``: one op on given inputs, AssertionError with the worst
   elements when past its bound;
 - ``parity.watch({op: "module:function"}, out=...)``: record a running engine's kernel calls, for
-  ``parity certify --calls`` (parity/record/watch/: the package is itself the context manager).
+  ``parity judge`` (parity/record/watch/: the package is itself the context manager).
 """
 from __future__ import annotations
 

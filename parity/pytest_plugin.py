@@ -50,7 +50,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "parity_interpreter: the test needs the Triton interpreter on the CPU; "
                                        "run in a child process where this one compiles for a GPU")
     import optimized   # not at the top: see above
-    from parity.strategies import load_profile
+    from parity.strategies import load_profile  # why: not at the top: see above
 
     load_profile()
     device = config.getoption("--parity-device")

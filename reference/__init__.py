@@ -6,6 +6,8 @@ when a torch executor is asked for (``reference.load(src, device="cuda")``); nev
 
 ``reference.load``, the cache classes and the weight sources are imported lazily on first use, so
 ``import reference`` stays cheap and does not pull in the model."""
+import importlib
+
 from .config import PRESETS, ConfigError, KimiConfig
 
 _LAZY = {
@@ -24,8 +26,6 @@ def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'reference' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value

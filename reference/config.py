@@ -27,6 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .checks import kda_gate_name
 from .validate import (InvalidInput, as_bool, as_float, as_int, as_list, as_object, as_str, field,
                        read_json_file)
 from .validate import kind as kind_of
@@ -193,8 +194,6 @@ class KimiConfig:
     def kda_gate(self) -> str:
         """The KDA gate this config describes, as the ``kda_gate`` variant names it: ``"softplus"`` or
         ``"lower_bound:<b>"``."""
-        from .checks import kda_gate_name
-
         return kda_gate_name(self.gate_lower_bound)
 
     @property

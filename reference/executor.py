@@ -59,7 +59,7 @@ def _library_namespace(a):
     xp = array_api_compat.array_namespace(a)
     if not array_api_compat.is_torch_namespace(xp):
         return xp
-    import torch
+    import torch  # why: optional: the array-API reference runs without torch
 
     ns = types.ModuleType(xp.__name__, xp.__doc__)
     ns.__dict__.update(vars(xp))
@@ -104,7 +104,7 @@ def upload(ints: np.ndarray, like):
     ints = np.ascontiguousarray(ints, dtype=np.int64)
     dev = device_of(like)
     if getattr(dev, "type", None) == "cuda":
-        import torch
+        import torch  # why: optional: the array-API reference runs without torch
 
         return torch.from_numpy(ints).pin_memory().to(dev, non_blocking=True)
     return xp.asarray(ints, device=dev)
@@ -127,7 +127,7 @@ class Executor:
         xp = self.xp
         dtype = xp.float64 if dtype is None else dtype
         if self.name == "torch":
-            import torch
+            import torch  # why: optional: the array-API reference runs without torch
 
             if isinstance(x, np.ndarray):  # a writable contiguous copy only where needed
                 x = torch.from_numpy(x if x.flags.c_contiguous and x.flags.writeable else x.copy())
@@ -160,7 +160,7 @@ class Executor:
         return self.asarray(np.asarray(raw))
 
     def _torch_from_storage(self, raw, storage: str):
-        import torch
+        import torch  # why: optional: the array-API reference runs without torch
 
         if isinstance(raw, np.ndarray) and not (raw.flags.c_contiguous and raw.flags.writeable):
             raw = raw.copy()
@@ -185,7 +185,7 @@ class Executor:
         by device ids; else None (and always for libraries other than torch)."""
         if self.name != "torch" or not arrays:
             return None
-        import torch
+        import torch  # why: optional: the array-API reference runs without torch
 
         a0 = arrays[0]
         if not all(isinstance(a, torch.Tensor) and a.is_contiguous() and a.dtype == a0.dtype
@@ -203,7 +203,7 @@ class Executor:
         """float32 values (this executor's array) rounded to ``storage`` (nearest even), as float64:
         what a checkpoint written from them holds (the synthetic weights)."""
         if self.name == "torch":
-            import torch
+            import torch  # why: optional: the array-API reference runs without torch
 
             dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
             return values.to(dtypes[storage]).to(torch.float64)
@@ -214,14 +214,14 @@ class Executor:
         """What running out of this executor's memory raises (NumPy's ArrayMemoryError is a
         MemoryError; torch's OutOfMemoryError is not)."""
         if self.name == "torch":
-            import torch
+            import torch  # why: optional: the array-API reference runs without torch
 
             return (MemoryError, torch.OutOfMemoryError)
         return (MemoryError,)
 
     def synchronize(self) -> None:
         if self.name == "torch" and self.device.startswith("cuda"):
-            import torch
+            import torch  # why: optional: the array-API reference runs without torch
 
             torch.cuda.synchronize(self.device)
 
@@ -237,14 +237,14 @@ class Executor:
         out = {"executor": self.name, "device": self.device, "device_name": "cpu",
                "library": f"numpy {np.__version__}"}
         if self.name == "torch":
-            import torch
+            import torch  # why: optional: the array-API reference runs without torch
 
             out["library"] = f"torch {torch.__version__}"
             if self.device.startswith("cuda"):
                 out["device_name"] = torch.cuda.get_device_name(self.device)
             out["threads"] = torch.get_num_threads()
         elif self.name == "array-api-strict":
-            import array_api_strict
+            import array_api_strict  # why: optional: the strict array API of the tests
 
             out["library"] = f"array-api-strict {array_api_strict.__version__}"
         else:
@@ -256,7 +256,7 @@ def free_bytes(device: str) -> int | None:
     """Memory an allocation may still take on ``device``: on ``cuda[:i]`` the GPU's free memory
     plus what torch's allocator holds unused, elsewhere the host's MemAvailable; None when unknown."""
     if str(device).startswith("cuda"):
-        import torch
+        import torch  # why: optional: the array-API reference runs without torch
 
         free, _ = torch.cuda.mem_get_info(device)
         reserved = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -287,11 +287,11 @@ def get_executor(device: str | None = None, executor: str | None = None) -> Exec
     if executor == "numpy":
         return Executor("numpy", "cpu", array_api_compat.array_namespace(np.empty(0)))
     if executor == "array-api-strict":
-        import array_api_strict
+        import array_api_strict  # why: optional: the strict array API of the tests
 
         return Executor("array-api-strict", "cpu", array_api_strict)
     try:
-        import torch
+        import torch  # why: optional: the array-API reference runs without torch
     except ImportError:
         raise ValueError("executor torch: torch is not installed") from None
     if device.startswith("cuda"):

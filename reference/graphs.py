@@ -68,7 +68,7 @@ class _Graph:
     """One captured part: static input copies, the graph, its outputs and the checks it holds."""
 
     def __init__(self, fn: Callable, inputs, weights, pool):
-        import torch
+        import torch  # why: optional: the array-API reference runs without torch
 
         self.inputs = [a.clone() for a in inputs]
         side = torch.cuda.Stream()

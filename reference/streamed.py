@@ -240,7 +240,7 @@ class _BlasOneThread:
     def _controllers(self) -> list:
         if self._libs is None:
             try:
-                from threadpoolctl import ThreadpoolController
+                from threadpoolctl import ThreadpoolController  # why: optional: caps BLAS threads where installed
             except ImportError:
                 self._libs = []
             else:

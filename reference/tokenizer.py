@@ -70,8 +70,8 @@ class TiktokenTokenizer:
 
     def __init__(self, model_file: Path):
         try:
-            import tiktoken
-            from tiktoken.load import load_tiktoken_bpe
+            import tiktoken  # why: optional: only a checkpoint with a tiktoken model
+            from tiktoken.load import load_tiktoken_bpe  # why: optional: only a checkpoint with a tiktoken model
         except ImportError:
             raise TokenizerError(f"{model_file}: this checkpoint ships a tiktoken tokenizer but the "
                                  "'tiktoken' package is not installed (pip install tiktoken)") from None

@@ -55,6 +55,7 @@ from .candidate import NAMES as CANDIDATES
 from .candidate import Candidate, gate_mismatch, named, probe, standin
 from .check import (BATCH, CANDIDATE, MUTANT, REPEAT, Call, CallResult, check, differing, half_batch, judge, prepare,
                     strength_of, witness)
+from .job import CertifyJob, Impl
 from .pool import InProcess, Job, Worker, visible_devices
 from .results import CaseResult, DtypeRun, MutantResult, OpCertificate, merge  # noqa: F401  (merge: re-exported)
 
@@ -374,22 +375,35 @@ def runners(device: str, workers: int | None) -> list:
 def certify(records, *, dtypes=("float32", "bfloat16"), device=None, candidate="optimized",
             examples=None, on_case=None, on_op=None, impls=None, contract=None, cases=None,
             workers: int | None = None, shard: tuple[int, int] | None = None, repro: str | None = None) -> list:
-    """Certify several records (``candidate`` a name: ``optimized`` or ``reference-f32``; ``impls``:
-    op name -> a callable or Candidate certified instead for that op); ``contract`` replaces every
-    candidate's claimed contract; ``on_op(cert)`` is called as each finishes, in the records'
-    order; ``cases``: op name -> replayed cases (``certify_op``). ``workers``/``shard``: see
-    :func:`runners` and :func:`units` (with workers, the (op, dtype) runs go to them in parallel,
-    one thread each drawing its inputs here); ``repro``: a folder for the repros of failures."""
-    if candidate not in CANDIDATES:
-        raise ValueError(f"candidate: expected one of {CANDIDATES}, got {candidate!r}")
-    impls = dict(impls or {})
-    device = device or ("cpu" if candidate == "reference-f32" and not impls else default_device(None))
-    todo = units(records, dtypes, shard)
+    """Certify several records: :func:`run_job` of the :class:`parity.certify.job.CertifyJob` of
+    these arguments (``impls``: op name -> a callable or Candidate certified instead for that op;
+    the rest as the job's fields)."""
+    job = CertifyJob(tuple(records), tuple(dtypes), device, candidate, examples,
+                     tuple(Impl(op, None, c) for op, c in (impls or {}).items()), contract, cases, workers, shard,
+                     repro)
+    return run_job(job, on_case=on_case, on_op=on_op)
+
+
+def run_job(job: CertifyJob, *, on_case=None, on_op=None) -> list:
+    """Certify ``job.records`` (``job.candidate`` a name: ``optimized`` or ``reference-f32``; each
+    ``job.impls`` certified instead for its op); ``job.contract`` replaces every candidate's claimed
+    contract; ``on_op(cert)`` is called as each finishes, in the records' order, ``on_case(op,
+    dtype, CaseResult)`` after each input; ``job.cases``: op name -> replayed cases
+    (``certify_op``). ``job.workers``/``job.shard``: see :func:`runners` and :func:`units` (with
+    workers, the (op, dtype) runs go to them in parallel, one thread each drawing its inputs here);
+    ``job.repro``: a folder for the repros of failures."""
+    if job.candidate not in CANDIDATES:
+        raise ValueError(f"candidate: expected one of {CANDIDATES}, got {job.candidate!r}")
+    dtypes, examples, cases, repro = job.dtypes, job.examples, job.cases or {}, job.repro
+    device = job.device or ("cpu" if job.candidate == "reference-f32" and not job.impls else default_device(None))
+    todo = units(job.records, dtypes, job.shard)
     order = list(dict.fromkeys(r.name for r, _ in todo))
     certs, cands = {}, {}
     for rec in {r.name: r for r, _ in todo}.values():
-        certs[rec.name], cands[rec.name] = _new_cert(rec, impls.get(rec.name, candidate), contract)
-    pool = runners(device, workers)
+        impl = job.impl(rec.name)
+        certs[rec.name], cands[rec.name] = _new_cert(rec, job.candidate if impl is None else impl.candidate,
+                                                     job.contract)
+    pool = runners(device, job.workers)
     try:   # outside implementations probed before any work (CandidateError: one line)
         for name, cand in cands.items():
             if cand is not None and cand.outside:
@@ -403,7 +417,6 @@ def certify(records, *, dtypes=("float32", "bfloat16"), device=None, candidate="
     total = {name: sum(1 for r, _ in todo if r.name == name) for name in order}
     lock = threading.Lock()
     flushed = [0]
-    examples_ = examples
 
     def finish(name):
         with lock:
@@ -416,8 +429,8 @@ def certify(records, *, dtypes=("float32", "bfloat16"), device=None, candidate="
     def work(rec, dtype, runner):
         cand, cert = cands[rec.name], certs[rec.name]
         if cand is not None:
-            _certify_dtype(cert, cand, dtype, runner, examples=examples_, on_case=on_case,
-                           cases=(cases or {}).get(rec.name, ()), repro=repro, base=base)
+            _certify_dtype(cert, cand, dtype, runner, examples=examples, on_case=on_case,
+                           cases=cases.get(rec.name, ()), repro=repro, base=base)
         finish(rec.name)
 
     try:

@@ -1,6 +1,9 @@
-"""The ``parity`` command line: one subcommand per module in this package.
+"""The ``parity`` command line: one subcommand per module in this package, the only code that reads
+arguments: each command checks its flags, builds its job (``parity.certify.job.CertifyJob``,
+``parity.diff.job.DiffJob``, ...) and calls the library once.
 
-Each subcommand module exposes ``register(subparsers)`` (adds its parser and sets ``func``) and
+Each subcommand module exposes ``register(subparsers)`` (adds its parser and sets ``func``; a
+command's own subcommands, ``parity diff merge`` and ``parity certify merge``: ``NESTED``) and
 raises ``parity.errors.InputError`` for unusable input; ``main`` turns that into a single line
 ``error: ...`` on stderr and exit code 2, never a traceback. Exit 1 means only that a bug was found.
 
@@ -24,9 +27,12 @@ from parity import memory
 from parity.errors import InputError, is_out_of_memory, memory_line
 from reference.validate import one_line
 
-from . import capture, certify, diff, fixture, golden, search, watch
+from . import capture, certify, diff, fixture, golden, judge, search, watch
 
-SUBCOMMANDS = (diff, certify, search, capture, watch, fixture, golden)   # in the order --help lists them
+SUBCOMMANDS = (diff, certify, judge, search, capture, watch, fixture, golden)   # in the order --help lists them
+# a command's own subcommands: ``parity diff merge``, ``parity certify merge`` (the command's
+# positionals stay free for its main form, ``parity diff CHECKPOINT``)
+NESTED = {"diff": {"merge": diff.register_merge}, "certify": {"merge": certify.register_merge}}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def nested_parser(command: str, action: str) -> argparse.ArgumentParser:
+    """The parser of ``parity COMMAND ACTION ...`` (``NESTED``)."""
+    parser = _Parser(prog=f"parity {command}")
+    NESTED[command][action](parser.add_subparsers(dest="action", parser_class=_Parser))
+    return parser
+
+
 PROJECT_PACKAGES = ("parity", "reference", "optimized", "tests")  # a module of these missing is our bug
 
 
@@ -49,10 +62,12 @@ def main(argv: list[str] | None = None, *, free_memory=None) -> int:
     """``parity ARGV``: the exit status. ``free_memory(device) -> bytes or None`` replaces the
     devices' real free memory (``parity.memory.free_bytes``) in every check made before allocating."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["diff", *argv]  # `parity` alone is `parity diff` on the bundled checkpoint
-    args = parser.parse_args(argv)
+    if len(argv) > 1 and argv[1] in NESTED.get(argv[0], ()):
+        args = nested_parser(argv[0], argv[1]).parse_args(argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     args.free_memory = free_memory or memory.free_bytes
     try:
         return int(args.func(args) or 0)

@@ -6,7 +6,7 @@
                    [--contract ieee|tf32|bf16-storage] [--workers N] [--shard I/N] [--repro DIR]
                    [--variant kda_gate=softplus|lower_bound:B]
     parity certify merge SHARD.json ... --json PATH
-    parity certify --calls FILE [--ops OP|FAMILY ...] [--json PATH]
+    parity certify --calls FILE [--ops OP|FAMILY ...] [--json PATH]     (the older spelling of parity judge)
 
 Prints a table per op (shapes tried, worst error in bound units, strength, mutants killed, teeth,
 verdict, the contract verdict, the nearest known bug of a failure) and a summary; ``--json`` writes
@@ -28,6 +28,7 @@ they declare (a kernel of the other gate fails, the certificate naming its gate)
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -37,27 +38,28 @@ import time
 from rich.console import Console
 
 from parity import certify as engine
-from parity import schema, strategies
+from parity import ops, schema, strategies
 from parity.bounds.core import CONTRACTS
-from parity.certify import merge, runners, units
-from parity.certify.candidate import in_project
+from parity.certify import CertifyJob, Impl, candidate, merge, runners, units
 from parity.certify.report import certificate, merged, render_op, render_summary, write_json
+from parity.cli import judge
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, parse_shard, write_output
-from parity.cli.impls import DTYPES, parse_impls, select_impls, select_runs, setup_device
+from parity.cli.impls import DTYPES, select_runs, setup_device
 from parity.errors import CandidateError, InputError
 from parity.ops.kda import under_gate
-from parity.peers import SHORTHANDS
+from parity.peers import SHORTHANDS, implementations, missing
 from parity.record import capture
-from parity.record.watch import judge, report
 from reference.checks import kda_gate_bound, kda_gate_name
 
 
 def register(sub):
     p = sub.add_parser("certify", help="certify optimized ops against the float64 reference",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("action", nargs="?", choices=("merge",), default=None,
-                   help="merge: combine the shard certificates FILES into one (--json PATH)")
-    p.add_argument("files", nargs="*", metavar="FILES", help="merge: the shard certificates")
+                       description=__doc__.split("\n\n")[0],
+                       epilog="parity certify merge SHARD.json ... --json PATH: combine the certificates of "
+                              "--shard I/N runs into the unsharded run's")
+    p.add_argument("action", nargs="?", choices=("merge",), default=None,   # merge after options: kept a release
+                   help=argparse.SUPPRESS)
+    p.add_argument("files", nargs="*", metavar="FILES", help=argparse.SUPPRESS)
     p.add_argument("--ops", nargs="+", metavar="OP", help="ops (kda.chunked) or families (kda); default: all")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="where the candidate runs (default: cuda if available, else cpu)")
@@ -90,8 +92,7 @@ def register(sub):
                    help="certify the ops that compute the KDA gate under this gate: kda_gate=softplus or "
                         "kda_gate=lower_bound:B (B in [-5, 0))")
     p.add_argument("--calls", metavar="FILE", default=None,
-                   help="judge the calls parity watch recorded, each on its own inputs, from its recorded "
-                        "outputs (the kernel is not run again; docs/watch.md)")
+                   help="the older spelling of: parity judge FILE (judge the calls parity watch recorded)")
     p.set_defaults(func=run)
 
 
@@ -102,42 +103,21 @@ def run(args) -> int:
         return _merge(args)
     if args.files:
         raise InputError(f"unexpected argument {args.files[0]!r} (certificates are given to: parity certify merge)")
-    check_outputs(("--json", args.json_path))
-    check_count("--examples", args.examples, MAX_EXAMPLES, "examples")
-    if args.workers is not None and args.workers < 0:
-        raise InputError(f"--workers {args.workers}: expected a count >= 0")
-    shard = parse_shard(args.shard)
-    if args.repro is not None and os.path.exists(args.repro) and not os.path.isdir(args.repro):
-        raise InputError(f"--repro {args.repro}: not a folder")
-    named, shorthands = parse_impls(args.impl)
-    records, dtypes = select_runs(args.ops, args.dtypes)
-    variants = _variants(args.variant)
-    if "kda_gate" in variants:
-        records = under_gate(records, kda_gate_bound(variants["kda_gate"]))
-    try:
-        profile = strategies.load_profile()
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
-    device = setup_device(args.device)
-    records, impls, specs = select_impls(records, bool(args.ops), named, shorthands, device, dtypes[0],
-                                         args.contract, gate_given="kda_gate" in variants)
-    cases, cases_info = _cases(args.cases, records)
-
+    job, variants, cases_info = _job(args)
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 132)
-    n = args.examples or strategies.examples()
-    who = f"candidate {args.candidate}" if not impls else \
-        f"implementations {', '.join(f'{op}={s}' for op, s in specs.items())}" + \
-        (f", candidate {args.candidate} for the rest" if len(impls) < len(records) else "")
-    asked = _workers(args.workers, device, impls)
-    workers = sum(r.isolated for r in runners(device, asked))
+    n, device, records, shard = job.examples, job.device, job.records, job.shard
+    who = f"candidate {job.candidate}" if not job.impls else \
+        f"implementations {', '.join(f'{i.op}={i.spec}' for i in job.impls)}" + \
+        (f", candidate {job.candidate} for the rest" if len(job.impls) < len(records) else "")
+    workers = sum(r.isolated for r in runners(device, job.workers))
     where = f", {workers} worker process(es)" if workers else ""
-    if asked != args.workers:
+    if job.workers != args.workers:
         where += " (outside code runs isolated on the CPU by default; --workers 0: in this process)"
-    part = f", shard {shard[0]}/{shard[1]} ({len(units(records, dtypes, shard))} (op, dtype) runs)" if shard else ""
-    console.print(f"parity certify: {len(records)} op(s), {who}, device {device}, dtypes {', '.join(dtypes)}, "
-                  f"{n} input(s) per dtype (hypothesis profile {profile}){where}{part}")
+    part = f", shard {shard[0]}/{shard[1]} ({len(units(records, job.dtypes, shard))} (op, dtype) runs)" if shard else ""
+    console.print(f"parity certify: {len(records)} op(s), {who}, device {device}, dtypes {', '.join(job.dtypes)}, "
+                  f"{n} input(s) per dtype (hypothesis profile {strategies.profile_name()}){where}{part}")
     if cases_info is not None:
-        console.print(_cases_line(cases, cases_info), highlight=False)
+        console.print(_cases_line(job.cases, cases_info), highlight=False)
     t0 = time.perf_counter()
     certs = []
 
@@ -150,59 +130,136 @@ def run(args) -> int:
             status.update(f"{op} [{dtype}] {case.label}: {_r(case.ratio)} x bound")
 
         try:
-            engine.certify(records, dtypes=dtypes, device=device, candidate=args.candidate, examples=n,
-                           on_case=on_case, on_op=on_op, impls=impls, contract=args.contract, cases=cases,
-                           workers=asked, shard=shard, repro=args.repro)
+            engine.run_job(job, on_case=on_case, on_op=on_op)
         except CandidateError as exc:
             raise InputError(f"--impl: {exc}") from None
     seconds = time.perf_counter() - t0
     render_summary(console, certs, seconds)
-    doc = certificate(certs, device=device, dtypes=dtypes, candidate=args.candidate, examples=n,
-                      seconds=seconds, argv=["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"]
-                      else None, contract=args.contract, impls=specs, cases=cases_info, workers=workers,
-                      variants=variants,
-                      shard=None if shard is None else {"index": shard[0], "count": shard[1],
-                                                        "ops": [r.name for r in records],
-                                                        "units": [[r.name, d] for r, d in units(records, dtypes, shard)]})
-    if args.repro is not None and any(not c.certified for c in certs):
-        console.print(f"repros of the failing inputs written under {args.repro}")
+    parts = None if shard is None else {"index": shard[0], "count": shard[1], "ops": [r.name for r in records],
+                                        "units": [[r.name, d] for r, d in units(records, job.dtypes, shard)]}
+    doc = certificate(certs, device=device, dtypes=job.dtypes, candidate=job.candidate, examples=n,
+                      seconds=seconds, argv=_argv(), contract=job.contract, impls=job.specs(), cases=cases_info,
+                      workers=workers, variants=variants, shard=parts)
+    if job.repro is not None and any(not c.certified for c in certs):
+        console.print(f"repros of the failing inputs written under {job.repro}")
     if args.json_path is not None:
         write_output(args.json_path, lambda: write_json(args.json_path, doc))
         console.print(f"certificate written to {args.json_path}")
     return 0 if doc["summary"]["verdict"] == "certified" else 1
 
 
+def parse_impls(values) -> tuple[dict, list]:
+    """``--impl`` values: (op -> spec, shorthands), checked before any work."""
+    named, shorthands = {}, []
+    for value in values:
+        op, eq, spec = value.partition("=")
+        if not eq:
+            if value not in SHORTHANDS:
+                raise InputError(f"--impl {value}: expected OP=module:function, OP=path/to/file.py:function "
+                                 f"or one of {', '.join(SHORTHANDS)}")
+            shorthands.append(value)
+            continue
+        try:
+            ops.get(op)
+        except KeyError:
+            raise InputError(f"--impl {value}: unknown op {op!r}") from None
+        if op in named:
+            raise InputError(f"--impl {value}: {op} has an implementation already ({named[op]})")
+        named[op] = spec
+    return named, shorthands
+
+
+def select_impls(values, records, *, ops_given: bool, device: str, contract: str | None,
+                 gate_given: bool = False) -> tuple[list, tuple[Impl, ...]]:
+    """(records to run, their ``Impl``s in the records' order) for the ``--impl`` ``values``: each
+    loaded and its contract checked (CandidateError -> one line, exit 2; certify probes them before
+    any work). Without ``--ops`` (``ops_given``) the ops given an implementation run; with it, a
+    named op outside it is an error and a shorthand covers the selected ops it has adapters for. An
+    adapter that declares the one KDA gate it computes covers, unless the ops or the gate were
+    chosen (``--ops``, ``--variant kda_gate``; ``gate_given``), only the ops of that gate: asked, it
+    is certified as the other's too, and fails naming its gate."""
+    named, shorthands = parse_impls(values)
+    selected = {r.name for r in records}
+    if ops_given:
+        for op in named:
+            if op not in selected:
+                raise InputError(f"--impl {op}={named[op]}: {op} is not among --ops")
+    found = {}   # op -> (what was written, the callable)
+    chosen = ops_given or gate_given
+    for name in shorthands:
+        why = missing(name)
+        if why is not None:
+            raise InputError(why)
+        for op, fn in implementations(name, device).items():
+            if op not in selected or op in named:
+                continue
+            if not chosen and candidate.gate_mismatch(ops.get(op), fn):
+                continue   # not the gate it computes, and nobody asked
+            found[op] = (name, fn)
+    try:
+        for op, spec in named.items():
+            found[op] = (spec, candidate.load(spec))
+        if named or shorthands:
+            if not ops_given:
+                records = [r for r in records if r.name in found]
+            if not found:
+                raise InputError(f"--impl {', '.join(shorthands)}: no implementation of the selected ops on {device}")
+        impls = tuple(Impl(r.name, found[r.name][0],   # probed by certify, where the candidates run
+                           candidate.of(found[r.name][1], contract=contract, spec=named.get(r.name)))
+                      for r in records if r.name in found)
+    except CandidateError as exc:
+        raise InputError(f"--impl: {exc}") from None
+    return records, impls
+
+
+def _job(args) -> tuple[CertifyJob, dict, dict | None]:
+    """(the ``CertifyJob`` of ``args``, the ``--variant`` values, the certificate's ``cases`` entry
+    or None), every argument checked before any work."""
+    check_outputs(("--json", args.json_path))
+    check_count("--examples", args.examples, MAX_EXAMPLES, "examples")
+    if args.workers is not None and args.workers < 0:
+        raise InputError(f"--workers {args.workers}: expected a count >= 0")
+    shard = parse_shard(args.shard)
+    if args.repro is not None and os.path.exists(args.repro) and not os.path.isdir(args.repro):
+        raise InputError(f"--repro {args.repro}: not a folder")
+    parse_impls(args.impl)   # unusable --impl values: refused before anything loads
+    records, dtypes = select_runs(args.ops, args.dtypes)
+    variants = _variants(args.variant)
+    if "kda_gate" in variants:
+        records = under_gate(records, kda_gate_bound(variants["kda_gate"]))
+    try:
+        strategies.load_profile()
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    device = setup_device(args.device)
+    records, impls = select_impls(args.impl, records, ops_given=bool(args.ops), device=device,
+                                  contract=args.contract, gate_given="kda_gate" in variants)
+    cases, cases_info = _cases(args.cases, records)
+    job = CertifyJob(tuple(records), dtypes, device, args.candidate, args.examples or strategies.examples(), impls,
+                     args.contract, cases, _workers(args.workers, device, impls), shard, args.repro)
+    return job, variants, cases_info
+
+
+def _argv() -> list | None:
+    """The command line, as the certificate records it (None when not run as ``parity certify``)."""
+    return ["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"] else None
+
+
 def _judge_calls(args) -> int:
-    """``parity certify --calls FILE [--ops ...] [--json PATH]``."""
+    """``parity certify --calls FILE [--ops ...] [--json PATH]``: ``parity judge``'s older spelling."""
     given = [f for f, v in (("--impl", args.impl), ("--cases", args.cases), ("--dtype", args.dtypes),
                             ("--examples", args.examples), ("--contract", args.contract), ("--device", args.device))
              if v]
     if given:
         raise InputError(f"--calls judges the recorded outputs on their own inputs; {given[0]} does not apply")
-    check_outputs(("--json", args.json_path))
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 132)
-    console.print(f"parity certify --calls {args.calls}: each recorded call's outputs against the float64 reference "
-                  "on its recorded inputs (the kernel is not run again)", soft_wrap=True)
-    t0 = time.perf_counter()
-    with console.status("judging...") as status:
-        def on_call(c):
-            status.update(f"{c.entry['id']} {c.entry['op']}: {c.verdict}")
-
-        v = judge.judge_file(args.calls, ops=args.ops, on_call=on_call)
-    v.seconds = time.perf_counter() - t0
-    report.render(console, v)
-    d = report.certificate(v, argv=["parity", "certify", *sys.argv[2:]] if sys.argv[1:2] == ["certify"] else None)
-    if args.json_path is not None:
-        write_output(args.json_path, lambda: write_json(args.json_path, d))
-        console.print(f"certificate written to {args.json_path}")
-    return 0 if v.certified else 1
+    return judge.judge_calls(args.calls, ops=args.ops, json_path=args.json_path, command="parity certify --calls")
 
 
-def _workers(workers: int | None, device: str, impls: dict) -> int | None:
+def _workers(workers: int | None, device: str, impls) -> int | None:
     """``--workers`` as given; not given on the CPU with an implementation from outside the project
     (``candidate.in_project``): one worker, so that a candidate that ends its process fails only its
     own inputs (on CUDA the default is a worker per GPU already)."""
-    if workers is None and device == "cpu" and not all(in_project(c) for c in impls.values()):
+    if workers is None and device == "cpu" and not all(candidate.in_project(i.candidate) for i in impls):
         return 1
     return workers
 def _variants(items) -> dict:
@@ -219,6 +276,17 @@ def _variants(items) -> dict:
             raise InputError(f"--variant {item}: expected kda_gate=softplus or kda_gate=lower_bound:B with B in "
                              "[-5, 0)") from None
     return out
+
+
+def register_merge(sub):
+    """``parity certify merge SHARD.json ... --json PATH``."""
+    p = sub.add_parser("merge", help="combine the certificates of --shard I/N runs",
+                       description="Combine the certificates of the shards of one certification (parity certify "
+                                   "--shard I/N) into the one the unsharded run writes.")
+    p.add_argument("files", nargs="*", metavar="SHARD.json", help="the shard certificates")
+    p.add_argument("--json", dest="json_path", default=None, metavar="PATH",
+                   help="where the merged certificate goes (required)")
+    p.set_defaults(func=_merge)
 
 
 def _merge(args) -> int:

@@ -11,6 +11,7 @@ import argparse
 import json
 
 from parity.cli.args import MAX_STEPS, MAX_TOP_K, check_count, check_outputs, check_seed, check_text, write_output
+from parity.cli.options import VARIANTS, add_reference_device, parse_backends, parse_variants
 from parity.diff import golden, reference_device, setup
 from parity.diff.engines import EngineError
 from parity.diff.report import atomic_write, environment
@@ -42,7 +43,7 @@ def register(sub):
                         "bounds, the same on every platform; a bfloat16 golden holds the noise of the "
                         "platform it was recorded on)")
     r.add_argument("--variant", action="append", metavar="NAME=VALUE")
-    reference_device.add_argument(r)
+    add_reference_device(r)
     r.add_argument("--synthetic", metavar="PRESET")
     r.add_argument("--seed", type=int, default=0)
     r.set_defaults(func=run_record)
@@ -69,16 +70,15 @@ def run_record(args: argparse.Namespace) -> int:
     check_seed("--seed", args.seed)
     if not 2 <= args.top_k <= MAX_TOP_K:
         raise InputError(f"--top-k {args.top_k}: expected 2 to {MAX_TOP_K}")
-    variants = setup.parse_variants(args.variant)
+    variants = parse_variants(args.variant)
     device = setup.check_device(args.device)
     ckpt = setup.open_checkpoint(args.checkpoint, synthetic=args.synthetic, seed=args.seed)
     ids, text, _ = setup.prompt_ids(ckpt, text=args.prompt, ids=args.prompt_ids)
     opt = setup.load_engine("optimized", ckpt, dtype=args.dtype, device=device, variants=variants, backends={},
                             free=args.free_memory, reference_device=args.reference_device)
     ref = reference_device.load(ckpt, variants, args.reference_device, share=opt.engine)
-    args.reference_device = reference_device.where(ref)
     try:
-        with reference_device.memory_errors(args.reference_device, device):
+        with reference_device.memory_errors(reference_device.where(ref), device):
             body, result = golden.record(ref, opt, ids, config=ckpt.source.config, steps=args.steps,
                                          dtype=args.dtype, top_k=args.top_k,
                                          rounding=setup.platform_rounding(args.dtype, device))
@@ -118,7 +118,7 @@ def run_check(args: argparse.Namespace) -> int:
         g = golden.load(args.file)
     except golden.GoldenError as exc:
         raise InputError(str(exc)) from None
-    backends = setup.parse_backends(args.backend)
+    backends = parse_backends(args.backend)
     device = setup.check_device(args.device)
     info = g["checkpoint"]
     if args.checkpoint is not None:
@@ -135,7 +135,7 @@ def run_check(args: argparse.Namespace) -> int:
         raise InputError(f"{args.file}: recorded on different weights than {ckpt.info['describe']} "
                          "(weights_sha256 differs)")
     vocab = ckpt.source.config.vocab_size  # the golden's own ids were checked against its config, equal to this one
-    variants = {k: v for k, v in (g.get("variants") or {}).items() if k in setup.VARIANTS}
+    variants = {k: v for k, v in (g.get("variants") or {}).items() if k in VARIANTS}
     if args.engine not in ("optimized", "transformers"):  # a dump or a factory runs its own semantics:
         variants = {}                                        # the numbers will say if they differ
     opt = setup.load_engine(args.engine, ckpt, dtype=g["dtype"], device=device, variants=variants,

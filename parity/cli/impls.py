@@ -1,15 +1,13 @@
-"""What ``parity certify`` and ``parity search`` both take from their arguments: the dtypes, the
-device (the kernels' backend chosen for it) and the ``--impl`` implementations, each
-loaded and its contract checked before any work starts."""
+"""What ``parity certify`` and ``parity search`` both take from their arguments: the ops and dtypes,
+and the device (the kernels' backend chosen for it). Their ``--impl`` values:
+``parity.cli.certify.select_impls``."""
 from __future__ import annotations
 
 import torch
 
 import optimized
 from parity import ops
-from parity.certify import candidate
-from parity.errors import CandidateError, InputError
-from parity.peers import SHORTHANDS, implementations, missing
+from parity.errors import InputError
 
 DTYPES = ("bfloat16", "float32", "float64")
 
@@ -30,67 +28,3 @@ def setup_device(device):
     if device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA GPU is available (torch.cuda.is_available() is False)")
     return optimized.use(device)
-
-
-def parse_impls(values) -> tuple[dict, list]:
-    """``--impl`` values: (op -> spec, shorthands), checked before any work."""
-    named, shorthands = {}, []
-    for value in values:
-        op, eq, spec = value.partition("=")
-        if not eq:
-            if value not in SHORTHANDS:
-                raise InputError(f"--impl {value}: expected OP=module:function, OP=path/to/file.py:function "
-                                 f"or one of {', '.join(SHORTHANDS)}")
-            shorthands.append(value)
-            continue
-        try:
-            ops.get(op)
-        except KeyError:
-            raise InputError(f"--impl {value}: unknown op {op!r}") from None
-        if op in named:
-            raise InputError(f"--impl {value}: {op} has an implementation already ({named[op]})")
-        named[op] = spec
-    return named, shorthands
-
-
-def select_impls(records, ops_given, named, shorthands, device, dtype, contract, gate_given=False):
-    """(records to run, op -> Candidate, op -> spec) for the ``--impl`` values: each loaded and its
-    contract checked (CandidateError -> one line, exit 2; certify probes them before any work).
-    Without ``--ops`` the ops given an implementation run; with it, a named op outside it is an error
-    and a shorthand covers the selected ops it has adapters for. An adapter that declares the one
-    KDA gate it computes covers, unless the ops or the gate were chosen (``--ops``, ``--variant
-    kda_gate``; ``gate_given``), only the ops of that gate: asked, it is certified as the other's
-    too, and fails naming its gate."""
-    selected = {r.name for r in records}
-    if ops_given:
-        for op in named:
-            if op not in selected:
-                raise InputError(f"--impl {op}={named[op]}: {op} is not among --ops")
-    fns, specs = {}, {}
-    chosen = ops_given or gate_given
-    for name in shorthands:
-        why = missing(name)
-        if why is not None:
-            raise InputError(why)
-        for op, fn in implementations(name, device).items():
-            if op not in selected or op in named:
-                continue
-            if not chosen and candidate.gate_mismatch(ops.get(op), fn):
-                continue   # not the gate it computes, and nobody asked
-            fns[op], specs[op] = fn, name
-    try:
-        for op, spec in named.items():
-            fns[op], specs[op] = candidate.load(spec), spec
-        if named or shorthands:
-            if not ops_given:
-                records = [r for r in records if r.name in fns]
-            if not fns:
-                raise InputError(f"--impl {', '.join(shorthands)}: no implementation of the selected ops on {device}")
-        impls = {}
-        for rec in records:
-            if rec.name in fns:   # probed by certify, where the candidates run (a worker on CUDA)
-                spec = named.get(rec.name)
-                impls[rec.name] = candidate.of(fns[rec.name], contract=contract, spec=spec)
-    except CandidateError as exc:
-        raise InputError(f"--impl: {exc}") from None
-    return records, impls, {op: specs[op] for op in impls}

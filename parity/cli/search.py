@@ -23,7 +23,8 @@ from parity.atomic import atomic_write
 from parity.bounds.core import CONTRACTS
 from parity.certify.search import FORMAT, save_case, search
 from parity.cli.args import MAX_EXAMPLES, check_count, check_outputs, write_output
-from parity.cli.impls import DTYPES, parse_impls, select_impls, select_runs, setup_device
+from parity.cli.certify import parse_impls, select_impls
+from parity.cli.impls import DTYPES, select_runs, setup_device
 from parity.environment import environment
 from parity.errors import InputError
 from parity.peers import SHORTHANDS
@@ -71,15 +72,14 @@ def run(args) -> int:
     if args.keep is not None:
         if not Path(args.keep).is_dir():
             raise InputError(f"--keep {args.keep}: not a folder")
-    named, shorthands = parse_impls(args.impl)
+    parse_impls(args.impl)   # unusable --impl values: refused before anything loads
     records, dtypes = select_runs(args.ops, args.dtypes)
     device = setup_device(args.device)
     candidates = args.candidates if args.candidates is not None else ([] if args.impl else ["optimized"])
     # with --impl and no --ops, the ops given an implementation
-    records, impls, specs = select_impls(records, bool(args.ops), named, shorthands, device, dtypes[0],
-                                             args.contract)
+    records, impls = select_impls(args.impl, records, ops_given=bool(args.ops), device=device, contract=args.contract)
     runs = [(rec, cand) for rec in records for cand in candidates]
-    runs += [(rec, impls[rec.name]) for rec in records if rec.name in impls]
+    runs += [(rec, i.candidate) for rec in records for i in impls if i.op == rec.name]
     runs = [(rec, cand, dt) for rec, cand in runs for dt in dtypes]
     if not runs:
         raise InputError("nothing to search: give --candidate or an --impl of a selected op")
@@ -104,6 +104,6 @@ def run(args) -> int:
               f"({r.past_bound} past, {r.unsupported} unsupported, {r.seconds:.0f}s)  {r.worst_label}", flush=True)
     if args.json_path is not None:
         doc = {"format": FORMAT, "version": 1, "device": device, "space": space,
-               "implementations": specs, "environment": environment(device), "results": results}
+               "implementations": {i.op: i.spec for i in impls}, "environment": environment(device), "results": results}
         write_output(args.json_path, lambda: atomic_write(args.json_path, json.dumps(doc, indent=1)))
     return 1 if past else 0

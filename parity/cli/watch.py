@@ -1,5 +1,5 @@
 """`parity watch`: run a Python program unchanged and record the calls of named functions in it and
-in its Python subprocesses, for ``parity certify --calls`` (docs/watch.md).
+in its Python subprocesses, for ``parity judge`` (docs/watch.md).
 
     parity watch --op OP=module:function [--op ...] --out FILE [--max-bytes N] -- python prog.py ...
     parity watch --merge FILE
@@ -108,7 +108,7 @@ def run(args) -> int:
     head = callfile.read(out).header
     kept = sum(c["kept"] for c in head["calls"])
     print(f"parity watch: {len(head['calls'])} call(s), {kept} kept, from {len(head['run'].get('processes', []))} "
-          f"process(es) in {args.out} (the program exited {code}); judge them: parity certify --calls {args.out}",
+          f"process(es) in {args.out} (the program exited {code}); judge them: parity judge {args.out}",
           file=sys.stderr)
     for t in head["run"].get("never_called", []):
         print(f"parity watch: {t['target']} ({t['watched']}) was never called: {t['why']}", file=sys.stderr)

@@ -11,7 +11,10 @@ NaN/Inf), ``head`` (the logits replayed through lm_head), ``logits`` (the logits
 part outside lm_head's span), ``twin`` and ``noise`` (the certified twin, its sanity, the step's
 noise), ``excuse`` (counterfactual replays of router flips), ``report`` (JSON report, atomic writes), ``render``
 (rich table), ``plot`` (PNG), ``corpus`` (``--prompts``: one run per prompt, the corpus report,
-shards and their merge). The optimized side may be any engine (``parity.diff.engines``).
+shards and their merge), ``job`` (``DiffJob``: the ``parity diff`` command as one frozen record;
+``Decode``: the decode loop's settings), ``command`` (``parity diff`` run from its ``DiffJob``),
+``corpus_driver`` (a corpus decoded, printed and written; ``parity diff merge``). The optimized
+side may be any engine (``parity.diff.engines``).
 """
 from .localize import Localization, localize
 from .report import atomic_write, build_report, write_json

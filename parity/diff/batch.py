@@ -32,6 +32,7 @@ from reference.batch import split_trace
 
 from .localize import first_nonfinite
 from .head import LmHead
+from .job import Decode
 from .logits import LmHeadSpan
 from .replay import HostWeights, ReplayCall, replay_batch, riders
 from .runner import HERE, DiffResult, PromptRun, StepLogits, StepRecord, on_host, prefill_riding
@@ -46,12 +47,20 @@ def run_diff_batch(ref_model, opt_model, prompts: list[list[int]], *, config, st
     """``run_diff`` of each of ``prompts`` (the arguments as ``run_diff``'s), the decode steps of
     all of them taken together: ``ref_model`` and ``opt_model`` need ``decode_batch``
     (``opt_model`` a ``CheckedEngine``). Returns the results in prompt order."""
+    decode = Decode(config, steps, mode=mode, dtype=dtype, rounding=rounding, localize=localize, lm_head=lm_head,
+                    twin=twin)
+    return diff_batch(ref_model, opt_model, prompts, decode)
+
+
+def diff_batch(ref_model, opt_model, prompts: list[list[int]], decode: Decode) -> list[DiffResult]:
+    """``run_diff_batch`` with its settings as one ``Decode`` (the reference's tokens: its
+    ``tokens`` None)."""
+    if decode.tokens is not None:
+        raise ValueError("tokens: a batch decodes the reference's tokens (diff a dump's own on its own)")
+    config, steps = decode.config, decode.steps
     host = HostWeights(ref_model)  # the router weights on the host, once for the batch
-    head = LmHead.of(ref_model.source, config, span=lm_head)  # the lm_head, once for the batch
-    runs = [PromptRun(ref_model, opt_model, p, config=config, steps=steps, mode=mode, dtype=dtype,
-                      rounding=rounding, localize=localize, lm_head=lm_head, twin=twin, host_weights=host,
-                      head=head)
-            for p in prompts]
+    head = LmHead.of(ref_model.source, config, span=decode.lm_head)  # the lm_head, once for the batch
+    runs = [PromptRun(ref_model, opt_model, p, decode, host_weights=host, head=head) for p in prompts]
     fresh = opt_model.batch_caches(len(runs))
     ref_caches, opt_caches = [], []
     for run in runs:

@@ -27,8 +27,8 @@ def write_plot(result: DiffResult, path: str | Path, *, moe_layers: list[int] | 
     import matplotlib   # here: only a --plot pays for matplotlib, and the Agg backend is chosen before pyplot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    import matplotlib.pyplot as plt  # why: optional: --plot only
+    from matplotlib.ticker import MaxNLocator  # why: optional: --plot only
 
     steps = np.array([s.step for s in result.steps])
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True,
@@ -92,7 +92,7 @@ def write_corpus_plot(result, path: str | Path) -> Path:
     import matplotlib   # here: only a --plot pays for matplotlib, and the Agg backend is chosen before pyplot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # why: optional: --plot only
 
     units = result.op_units()
     names = list(units)

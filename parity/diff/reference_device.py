@@ -34,14 +34,6 @@ LONG_S = 1.0  # a prefill still running after this long reports every layer
 TTY_TOKENS = 512  # on a terminal, a prefill of this many tokens reports from its first layer
 
 
-def add_argument(parser) -> None:
-    parser.add_argument("--reference-device", choices=DEVICES, default="auto",
-                        help="where the float64 reference runs: cpu (NumPy, every core), cuda (torch "
-                             "float64, sharing the optimized model's weights on the GPU) or auto "
-                             "(default: cuda when a GPU is present and the reference fits beside the "
-                             "engine, else cpu)")
-
-
 def resolve(device: str, share=None) -> str:
     """``device`` (cpu, cuda, auto) as cpu or cuda; ``share``: the engine whose resident GPU
     weights the reference would read (``auto`` then takes the GPU)."""

@@ -43,8 +43,9 @@ them instead of the reference's: an engine that already ran (free mode) cannot b
 the reference follows it, every step compares the same context, and a split is a step where the
 engine's greedy token left the reference's.
 
-``PromptRun`` is one prompt's diff between its calls (it judges each step); ``run_diff`` drives one
-through ``prefill`` and ``decode``, ``parity.diff.batch`` several through ``decode_batch``.
+``PromptRun`` is one prompt's diff between its calls (it judges each step); ``diff_prompt`` drives
+one through ``prefill`` and ``decode`` (``run_diff``: the same, its ``Decode`` given as keywords),
+``parity.diff.batch`` several through ``decode_batch``.
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ from parity.metrics import dtype_of, to_host, to_numpy
 
 from .excuse import Routes, candidates, replay_flip, replay_routing
 from .head import LmHead
+from .job import Decode
 from .localize import Localization, ReplayStats, first_nonfinite
 from .logits import LmHeadSpan, output_roundoff
 from .numerics import finite_or_none
@@ -66,8 +68,8 @@ from .replay import HostWeights, OpError, Replay, ReplayCall, riders, trace_roun
 from .step import StepLogits, StepRecord, coarser
 from .twin import twin_for
 
-__all__ = ["MODES", "VERDICTS", "RUN_VERDICTS", "DiffResult", "PromptRun", "StepLogits", "StepRecord", "run_diff",
-           "summary_line"]
+__all__ = ["MODES", "VERDICTS", "RUN_VERDICTS", "Decode", "DiffResult", "PromptRun", "StepLogits", "StepRecord",
+           "diff_prompt", "run_diff", "summary_line"]
 
 MODES = ("forced", "free")
 VERDICTS = ("match", "near-tie", "diverged")
@@ -243,11 +245,19 @@ def run_diff(ref_model, opt_model, prompt_ids: list[int], *, config, steps: int,
     ``on_step(record)`` is called after each step, ``on_logits(step, ref, opt)`` with both float64
     logit vectors (golden files keep digests of them).
     """
-    run = PromptRun(ref_model, opt_model, prompt_ids, config=config, steps=steps, mode=mode, dtype=dtype,
-                    rounding=rounding, on_step=on_step, on_logits=on_logits, localize=localize, tokens=tokens,
+    decode = Decode(config, steps, mode=mode, dtype=dtype, rounding=rounding, localize=localize, tokens=tokens,
                     lm_head=lm_head, twin=twin, twin_every_step=twin_every_step)
+    return diff_prompt(ref_model, opt_model, prompt_ids, decode, on_step=on_step, on_logits=on_logits)
+
+
+def diff_prompt(ref_model, opt_model, prompt_ids: list[int], decode: Decode, *,
+                on_step: Callable[[StepRecord], None] | None = None,
+                on_logits: Callable[[int, np.ndarray, np.ndarray], None] | None = None) -> DiffResult:
+    """``run_diff`` with its settings as one ``Decode``: ``decode.steps`` steps of one prompt
+    through ``prefill`` and ``decode``, each judged by a ``PromptRun``."""
+    run = PromptRun(ref_model, opt_model, prompt_ids, decode, on_step=on_step, on_logits=on_logits)
     ref_cache = opt_cache = None
-    for step in range(steps):
+    for step in range(decode.steps):
         rt, ot, call = {}, {}, None
         if step == 0:
             opt_logits, opt_cache = opt_model.prefill(list(run.seq), trace=ot)
@@ -291,33 +301,32 @@ class PromptRun:
     step; ``result`` gives the ``DiffResult``. ``run_diff`` drives one run a step at a time;
     ``parity.diff.batch`` drives several in lockstep through both paths' ``decode_batch``: the
     judging is this one code either way, so a prompt's result does not depend on its batch.
-    Arguments: as ``run_diff``; ``host_weights``: the reference's router weights on the host,
-    shared by the runs of a batch (None: the run's own); ``head``: the checkpoint's ``LmHead``,
-    shared likewise (None: the run's own, read when first needed)."""
+    Arguments: the models and the prompt as ``run_diff``'s, its settings as one ``Decode``;
+    ``on_step``, ``on_logits`` as ``run_diff``'s; ``host_weights``: the reference's router weights
+    on the host, shared by the runs of a batch (None: the run's own); ``head``: the checkpoint's
+    ``LmHead``, shared likewise (None: the run's own, read when first needed)."""
 
-    def __init__(self, ref_model, opt_model, prompt_ids: list[int], *, config, steps: int, mode: str = "forced",
-                 dtype: str = "bfloat16", rounding: str = "nearest",
+    def __init__(self, ref_model, opt_model, prompt_ids: list[int], decode: Decode, *,
                  on_step: Callable[[StepRecord], None] | None = None,
                  on_logits: Callable[[int, np.ndarray, np.ndarray], None] | None = None,
-                 localize: bool = True, tokens: list[int] | None = None,
-                 lm_head: LmHeadSpan | None = None, twin="auto", twin_every_step: bool = False,
                  host_weights: HostWeights | None = None, head: LmHead | None = None):
-        self.prompt = _check_args(mode, steps, prompt_ids, config, tokens)
-        self.ref_model, self.opt_model, self.config = ref_model, opt_model, config
-        self.steps, self.mode, self.dtype, self.rounding = steps, mode, dtype, rounding
+        d = decode
+        self.prompt = _check_args(d.mode, d.steps, prompt_ids, d.config, d.tokens)
+        self.ref_model, self.opt_model, self.config = ref_model, opt_model, d.config
+        self.steps, self.mode, self.dtype, self.rounding = d.steps, d.mode, d.dtype, d.rounding
         self.on_step, self.on_logits, self.localize, self.tokens, self.lm_head = (
-            on_step, on_logits, localize, tokens, lm_head)
-        self.precision = precision_for(dtype, rounding=rounding)
-        self.twin = twin_for(opt_model, ref_model, dtype=dtype) if twin == "auto" else twin
-        self._head, self.twin_every_step = head, twin_every_step
+            on_step, on_logits, d.localize, d.tokens, d.lm_head)
+        self.precision = precision_for(d.dtype, rounding=d.rounding)
+        self.twin = twin_for(opt_model, ref_model, dtype=d.dtype) if d.twin == "auto" else d.twin
+        self._head, self.twin_every_step = head, d.twin_every_step
         # what both paths have consumed (the optimized path is always re-anchored)
         self.seq = list(self.prompt)
         self.records: list[StepRecord] = []
         self.splits: list[dict] = []
-        self.replay = Replay(ref_model, config, u=self.precision.u, ua=self.precision.ua, host=host_weights)
-        self.stats = ReplayStats(config)    # every check of every engine call, on its own inputs
-        self.drift = Drift(config)
-        self.routes = Routes(config)        # both paths' own expert choices, position by position
+        self.replay = Replay(ref_model, d.config, u=self.precision.u, ua=self.precision.ua, host=host_weights)
+        self.stats = ReplayStats(d.config)    # every check of every engine call, on its own inputs
+        self.drift = Drift(d.config)
+        self.routes = Routes(d.config)        # both paths' own expert choices, position by position
         self.traced = True
         self.lossy = None
 

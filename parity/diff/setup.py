@@ -1,5 +1,5 @@
-"""What the ``diff`` and ``golden`` commands share: resolving the checkpoint, parsing variants and
-backends, loading both models, encoding the prompt. Every unusable input raises ``InputError`` with
+"""What the ``diff`` and ``golden`` commands share: resolving the checkpoint, loading both models,
+encoding the prompt. Every unusable input raises ``InputError`` with
 one line that names it (the CLI prints it as ``error: ...`` and exits 2)."""
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import torch
 
 import optimized
 import reference
-from optimized.backends import resolve
 from parity import memory
 from parity.diff.engines import BUILTIN, DUMP_PREFIX, CheckedEngine, EngineError, from_factory
 from parity.diff.engines import load_engine as builtin
@@ -20,7 +19,6 @@ from parity.errors import InputError
 from parity.platform import store_rounding
 from reference import tokenizer
 from reference.checkpoint import CheckpointError, open_source
-from reference.checks import kda_gate_bound, kda_gate_name
 from reference.config import ConfigError, KimiConfig
 from reference.fixtures import default_checkpoint_path
 from reference.synthetic import SyntheticSource
@@ -28,69 +26,6 @@ from reference.synthetic import SyntheticSource
 from .logits import LmHeadSpan
 
 BUILTIN_PROMPT = "The quick brown fox jumps over the lazy dog. "
-VARIANTS = {  # name -> parser of its value (spec §(e): the semantic variants both paths expose)
-    "moe_combine": lambda v: _choice("moe_combine", v, ("unbiased", "biased")),
-    "kv_norm_eps": lambda v: _positive_float("kv_norm_eps", v),
-    "kda_gate": lambda v: _kda_gate(v),
-}
-
-
-def _kda_gate(value):
-    """``softplus`` or ``lower_bound:<b>`` (b in [-5, 0)), as the models take it."""
-    try:
-        return kda_gate_name(kda_gate_bound(value))
-    except ValueError:
-        raise InputError(f"--variant kda_gate={value}: expected softplus or lower_bound:<b> with b in "
-                         "[-5, 0)") from None
-
-
-def _choice(name, value, allowed):
-    if value not in allowed:
-        raise InputError(f"--variant {name}={value}: expected one of {', '.join(allowed)}")
-    return value
-
-
-def _positive_float(name, value):
-    try:
-        x = float(value)
-    except ValueError:
-        x = float("nan")
-    if not x > 0 or x == float("inf"):
-        raise InputError(f"--variant {name}={value}: expected a positive number")
-    return x
-
-
-def _pairs(items, flag) -> list[tuple[str, str]]:
-    out = []
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        if not sep or not name or not value:
-            raise InputError(f"{flag} {item!r}: expected NAME=VALUE")
-        out.append((name.strip(), value.strip()))
-    return out
-
-
-def parse_variants(items: list[str] | None) -> dict:
-    """``["moe_combine=biased", ...]`` -> keyword arguments of ``reference.load`` / ``optimized.load``."""
-    out = {}
-    for name, value in _pairs(items, "--variant"):
-        if name not in VARIANTS:
-            raise InputError(f"--variant {name}: unknown variant; known: {', '.join(VARIANTS)}")
-        out[name] = VARIANTS[name](value)
-    return out
-
-
-def parse_backends(items: list[str] | None) -> dict:
-    """``["kda=reference", ...]`` -> the ``backends`` argument of ``optimized.load`` (validated by
-    ``optimized.backends.resolve``: its message names the unknown family or value)."""
-    out = dict(_pairs(items, "--backend"))
-    try:
-        resolve(out)
-    except ValueError as exc:
-        raise InputError(f"--backend: {one_line(exc)}") from None
-    return out
-
-
 def check_device(device: str | None) -> str:
     """``None`` -> cuda when there is a GPU, else cpu; ``cuda`` without one is an input error. On
     CPU the Triton kernels run under the interpreter, made faithful for bf16 ``tl.dot`` here."""

@@ -217,7 +217,7 @@ def test_an_outside_candidate_that_ends_its_process_fails_only_its_op_without_an
     ("optimized.kda:recurrent", False),
 ])
 def test_outside_code_is_isolated_by_default_on_the_cpu_and_the_projects_own_is_not(spec, isolated):
-    from parity.certify import candidate
+    from parity.certify import Impl, candidate
     from parity.cli.certify import _workers
     from parity.peers import implementations
 
@@ -228,5 +228,6 @@ def test_outside_code_is_isolated_by_default_on_the_cpu_and_the_projects_own_is_
     else:
         cand = candidate.of(candidate.load(spec), spec=spec)
     assert candidate.in_project(cand) is not isolated
-    assert _workers(None, "cpu", {"kda.recurrent": cand}) == (1 if isolated else None)
-    assert _workers(0, "cpu", {"kda.recurrent": cand}) == 0   # asked for: as asked
+    impls = (Impl("kda.recurrent", spec, cand),)
+    assert _workers(None, "cpu", impls) == (1 if isolated else None)
+    assert _workers(0, "cpu", impls) == 0   # asked for: as asked

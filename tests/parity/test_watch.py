@@ -1,4 +1,4 @@
-"""`parity.watch`, `parity watch` and `parity certify --calls` on real programs: transformers'
+"""`parity.watch`, `parity watch` and `parity judge` (or `parity certify --calls`) on real programs: transformers'
 KimiLinearForCausalLM generating on the bundled checkpoint (its own torch KDA functions), watched at
 its two KDA entry points; the same with the vLLM state-layout bug planted in a copy of the watched
 function; our optimized model at its KDA op entry points (the Triton interpreter); a program run by
@@ -61,8 +61,9 @@ def test_a_watched_transformers_generate_computes_the_same_bits_and_every_call_i
         [("kda.recurrent+qk_l2norm", s) for s in (1, 1, 1, 2, 2, 2)]
     assert all(c["kept"] and "modeling_kimi_linear.py" in c["call_site"] for c in calls)
     assert calls[3]["inputs"]["initial_state"]["shape"] == [1, 2, 32, 32]
-    rc, out, err = run_cli(capsys, "certify", "--calls", str(path), "--json", str(tmp_path / "c.json"))
+    rc, out, err = run_cli(capsys, "judge", str(path), "--json", str(tmp_path / "c.json"))
     assert rc == 0, out + err
+    assert out.startswith(f"parity judge {path}: ")
     assert "every judged call is clean: 9 of 9" in out.splitlines()[1]
     doc = json.loads((tmp_path / "c.json").read_text())
     schema.validate(doc)
@@ -229,6 +230,8 @@ def test_an_interrupted_program_leaves_a_valid_file(tmp_path):
     (["certify", "--calls", "{d}/missing.safetensors"], "no such calls file"),
     (["certify", "--calls", "{d}/foreign.safetensors"], "not a kimi-parity calls file"),
     (["certify", "--calls", "{d}/foreign.safetensors", "--impl", "fla"], "--impl does not apply"),
+    (["judge", "{d}/missing.safetensors"], "no such calls file"),
+    (["judge", "{d}/foreign.safetensors", "--json", "{d}/c.json"], "not a kimi-parity calls file"),
 ])
 def test_unusable_arguments_are_one_line_errors_exit_2(tmp_path, capsys, argv, needle):
     from safetensors.torch import save_file

@@ -4,7 +4,7 @@ outputs, and judge each one against the float64 reference (docs/watch.md).
     >>> import parity
     >>> with parity.watch({"kda.chunked": "fla.ops.kda:chunk_kda"}, out="calls.safetensors"):
     ...     model.generate(...)
-    $ parity certify --calls calls.safetensors
+    $ parity judge calls.safetensors
 
 Each watched function is wrapped where it is defined (``hook``); each call is recorded with its
 call site and step, its tensors kept within a byte budget (``recorder``), and fitted to a

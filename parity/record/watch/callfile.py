@@ -1,4 +1,4 @@
-"""The calls file ``parity watch`` writes and ``parity certify --calls`` judges (docs/watch.md).
+"""The calls file ``parity watch`` writes and ``parity judge`` judges (docs/watch.md).
 
 The container of ``parity.files`` (a safetensors file whose metadata key ``"kimi-parity"`` holds
 the JSON header, ``parity/schemas/calls.schema.json``): the run (command, targets, byte budget, processes) and one

@@ -1,4 +1,4 @@
-"""``parity certify --calls FILE``: each recorded call judged against the float64 reference.
+"""``parity judge FILE``: each recorded call judged against the float64 reference.
 
 The recorded output is the evidence: the kernel is not run again. For each kept call of the file
 (``callfile``), the float64 reference of its op runs on the call's recorded inputs exactly as the

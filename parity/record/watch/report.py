@@ -1,4 +1,4 @@
-"""The report of judged recorded calls (``parity certify --calls``): the printed report (the first
+"""The report of judged recorded calls (``parity judge``): the printed report (the first
 bad call at the top, a row per call, the per-op summary) and the certificate document
 (parity/schemas/certificate.schema.json with its ``calls`` object)."""
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``parity diff --prompts FILE [--batch B] [--shard I/N]`` and ``parity diff merge SHARD.json ... --json PATH``.
+"""A corpus for ``parity diff --prompts FILE [--batch B] [--shard I/N]`` (or ``--engine dump:FOLDER``)
+and ``parity diff merge SHARD.json ... --json PATH``: the driver of ``parity.diff.corpus``'s records.
 
 One ``run_diff`` per prompt with one engine object, one float64 reference and one certified twin
 (``parity.diff.corpus``); with an engine that has ``decode_batch``, up to ``--batch`` prompts at a
@@ -11,137 +12,113 @@ unusable input. Documented in docs/cli.md.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from parity import memory
-from parity.cli.args import check_count, check_outputs, parse_shard, write_output
-from parity.diff import reference_device, run_diff, setup
-from parity.diff.batch import DEFAULT_BATCH, run_diff_batch
-from parity.diff.corpus import CorpusResult, PromptResult, corpus_digest
-from parity.diff.corpus import fmt as _g
-from parity.diff.corpus import load
-from parity.diff.corpus import merge as merge_shards
-from parity.diff.corpus import read_dumps, read_prompts, shard_of
-from parity.diff.engines import DumpEngine, EngineError
-from parity.diff.plot import write_corpus_plot
-from parity.diff.report import write_json
-from parity.diff.setup import checkpoint_errors, one_line
-from parity.diff.twin import twin_for
-from parity.errors import InputError
+from parity.errors import InputError, check_outputs, write_output
 
-MAX_BATCH = 1024  # --batch at most this many prompts decoded together
+from . import reference_device, setup
+from .batch import DEFAULT_BATCH, diff_batch
+from .corpus import CorpusResult, PromptResult, corpus_digest
+from .corpus import fmt as _g
+from .corpus import load
+from .corpus import merge as merge_shards
+from .corpus import read_dumps, read_prompts, shard_of
+from .engines import DumpEngine, EngineError
+from .job import Decode, DiffJob, Loaded
+from .plot import write_corpus_plot
+from .report import write_json
+from .runner import diff_prompt
+from .setup import checkpoint_errors, one_line
+from .twin import twin_for
 
 
-def dump_folder(args):
-    """The folder of ``--engine dump:DIR`` (a corpus of dumps), else None."""
-    if args.engine.startswith("dump:") and Path(args.engine[len("dump:"):]).is_dir():
-        return Path(args.engine[len("dump:"):])
+def dump_folder(engine: str):
+    """The folder of ``--engine dump:DIR`` (``engine`` the spec; a corpus of dumps), else None."""
+    if engine.startswith("dump:") and Path(engine[len("dump:"):]).is_dir():
+        return Path(engine[len("dump:"):])
     return None
 
 
-def check_exclusive(args) -> None:
-    """What ``--prompts``, a folder of dumps and ``--shard`` cannot be combined with, refused before
-    anything loads."""
-    folder = dump_folder(args)
-    if args.shard is not None and not args.prompts and folder is None:
-        raise InputError("--shard splits a corpus: give --prompts FILE or --engine dump:FOLDER")
-    if folder is not None and not args.prompts:
-        for flag, value in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids), ("--plan", args.plan)):
-            if value is not None:
-                raise InputError(f"--engine dump:{folder} is a corpus of dumps, each with its own prompt: "
-                                 f"leave out {flag}")
-    if folder is not None or args.shard is not None:
-        parse_shard(args.shard)
-    if args.batch is not None:
-        if not args.prompts and folder is None:
-            raise InputError("--batch decodes the prompts of a corpus together: give --prompts FILE")
-        check_count("--batch", args.batch, MAX_BATCH, "prompts")
-    if not args.prompts:
-        return
-    for flag, value in (("--prompt", args.prompt), ("--prompt-ids", args.prompt_ids), ("--plan", args.plan)):
-        if value is not None:
-            raise InputError(f"--prompts and {flag}: give the prompts either as a corpus file or as one prompt")
-    if args.engine.startswith("dump:"):
-        raise InputError("--prompts with --engine dump:PATH: a dump carries its own prompt; diff each dump "
-                         "on its own (parity diff --engine dump:PATH)")
-    parse_shard(args.shard)
-
-
-def read(args, ckpt) -> list:
-    """The corpus (every prompt; ``run`` takes the shard)."""
+def read(path: str, ckpt) -> list:
+    """The corpus file ``path`` (every prompt; ``run`` takes the shard)."""
     try:
         tok = setup.tokenizer_for(ckpt)
     except (ValueError, OSError, ImportError):  # no tokenizer: fine for a corpus of ids
         tok = None
-    return read_prompts(args.prompts, vocab=ckpt.source.config.vocab_size,
+    return read_prompts(path, vocab=ckpt.source.config.vocab_size,
                         encode=None if tok is None else tok.encode)
 
 
-def read_dump_folder(args, folder) -> list:
-    """The dumps of ``folder`` as a corpus; ``args.steps``, ``mode`` and ``dtype`` become theirs."""
-    prompts, shared = read_dumps(folder, steps=args.steps, mode=args.mode, dtype=args.dtype)
-    args.steps, args.mode, args.dtype = shared["steps"], shared["mode"], shared["dtype"]
-    return prompts
+def read_dump_folder(job: DiffJob, folder) -> tuple[list, dict]:
+    """The dumps of ``folder`` as a corpus, and the ``steps``, ``mode`` and ``dtype`` they share
+    (the job's, where given, checked against them)."""
+    prompts, shared = read_dumps(folder, steps=job.steps, mode=job.mode, dtype=job.dtype)
+    return prompts, {"steps": shared["steps"], "mode": shared["mode"], "dtype": shared["dtype"]}
 
 
-def describe(args, prompts) -> str:
-    shard = parse_shard(args.shard)
+def describe(job: DiffJob, prompts) -> str:
+    """The corpus line of the header."""
+    shard = job.shard
     part = f", shard {shard[0]}/{shard[1]}: {len(shard_of(prompts, shard))} of them" if shard else ""
-    what = f"{args.prompts}, {len(prompts)} prompts" if args.prompts else \
-        f"{len(prompts)} dumps in {args.engine[len('dump:'):]}"
+    what = f"{job.prompts}, {len(prompts)} prompts" if job.prompts else \
+        f"{len(prompts)} dumps in {job.engine[len('dump:'):]}"
     return f"corpus: {what}{part}"
 
 
-def batch_size(args, engine) -> int:
+def batch_size(job: DiffJob, engine) -> int:
     """Prompts decoded together: ``--batch`` (default ``DEFAULT_BATCH``) where the engine has
     ``decode_batch`` and one engine serves the corpus, else 1."""
-    if dump_folder(args) is not None or not engine.batches:
+    if dump_folder(job.engine) is not None or not engine.batches:
         return 1
-    return DEFAULT_BATCH if args.batch is None else args.batch
+    return DEFAULT_BATCH if job.batch is None else job.batch
 
 
-def _how(args, engine) -> str:
-    n = batch_size(args, engine)
+def _how(job: DiffJob, engine) -> str:
+    n = batch_size(job, engine)
     if n > 1:
         return f"up to {n} prompts at a time through decode_batch"
-    if dump_folder(args) is not None:
+    if dump_folder(job.engine) is not None:
         return "one dump at a time"
     if not engine.batches:
-        return f"one prompt at a time ({args.engine} has no decode_batch)"
+        return f"one prompt at a time ({job.engine} has no decode_batch)"
     return "one prompt at a time (--batch 1)"
 
 
-def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, backends, device, err,
-        engine_for=None) -> int:
-    """Diff every prompt of this shard with ``engine`` (``engine_for(prompt)``: a folder of dumps, one
+def run(job: DiffJob, loaded: Loaded, prompts, *, engine_for=None) -> int:
+    """Diff every prompt of this shard with ``loaded.engine`` (``engine_for(prompt)``: a folder of dumps, one
     engine each), print and write the corpus report; the corpus's exit status."""
-    config = ckpt.source.config
+    ckpt, opt_ckpt, engine, ref, env, rounding, err = (loaded.ckpt, loaded.opt_ckpt, loaded.engine, loaded.ref,
+                                                       loaded.env, loaded.rounding, loaded.err)
+    device, config = job.device, ckpt.source.config
     out = Console(highlight=False)
     if not out.is_terminal:
         out = Console(highlight=False, width=140)
-    shard = parse_shard(args.shard)
+    shard = job.shard
     mine = shard_of(prompts, shard)
     settings = {"checkpoint": ckpt.info, "optimized_checkpoint": opt_ckpt.info if opt_ckpt else None,
-                "engine": args.engine, "mode": args.mode, "steps": args.steps, "dtype": args.dtype,
-                "rounding": rounding, "variants": variants, "backends": backends, "config": config.to_hub_dict()}
-    source = str(args.prompts) if args.prompts else args.engine[len("dump:"):]
+                "engine": job.engine, "mode": job.mode, "steps": job.steps, "dtype": job.dtype,
+                "rounding": rounding, "variants": loaded.variants, "backends": job.backends or {},
+                "config": config.to_hub_dict()}
+    source = str(job.prompts) if job.prompts else job.engine[len("dump:"):]
     result = CorpusResult(corpus={"file": source, "size": len(prompts), "digest": corpus_digest(prompts)},
                           shard=shard, settings=settings, environment=env)
     try:  # one for the corpus: its runs are memoized
-        twin = twin_for(engine, ref, dtype=args.dtype, free=args.free_memory)
+        twin = twin_for(engine, ref, dtype=job.dtype, free=job.free_memory)
     except ValueError as exc:
         raise InputError(setup.one_line(exc)) from None
     lm_head = setup.lm_head_span(ckpt, device)
     t0 = time.perf_counter()
-    batch = 1 if engine_for is not None else batch_size(args, engine)
-    _check_batch(args, config, engine, mine, batch, device)
-    err.print(f"decoding: {_how(args, engine)}", markup=False)
-    with reference_device.memory_errors(args.reference_device, device):
-        for prompt, res in _decode_all(ref, engine_for or (lambda p: engine), mine, config, args, err, rounding,
-                                       lm_head, twin, batch):
+    batch = 1 if engine_for is not None else batch_size(job, engine)
+    _check_batch(job, config, engine, mine, batch, device)
+    err.print(f"decoding: {_how(job, engine)}", markup=False)
+    decode = Decode(config, job.steps, mode=job.mode, dtype=job.dtype, rounding=rounding, lm_head=lm_head, twin=twin)
+    with reference_device.memory_errors(job.reference_device, device):
+        for prompt, res in _decode_all(ref, engine_for or (lambda p: engine), mine, decode, job, err, batch):
             p = PromptResult.of(prompt, res)
             result.prompts.append(p)
             out.print(f"prompt {p.index} ({_where(p)}): {p.summary['line']}", markup=False, highlight=False,
@@ -149,23 +126,23 @@ def run(args, ckpt, opt_ckpt, engine, prompts, *, ref, env, rounding, variants, 
     result.seconds = time.perf_counter() - t0
     print_corpus(result, out)
     report = result.to_dict()
-    if args.json:
-        write_output(args.json, lambda: write_json(args.json, report))
-    if args.plot:
-        write_output(args.plot, lambda: write_corpus_plot(result, args.plot))
+    if job.json:
+        write_output(job.json, lambda: write_json(job.json, report))
+    if job.plot:
+        write_output(job.plot, lambda: write_corpus_plot(result, job.plot))
     return result.exit_code
 
 
-def _check_batch(args, config, engine, prompts, batch: int, device: str) -> None:
+def _check_batch(job: DiffJob, config, engine, prompts, batch: int, device: str) -> None:
     """``batch`` prompts' caches fit their devices before the first prefill (``parity.memory``):
     our optimized engine's at its dtype on ``device``, the reference's and, for that engine (it
     fills traces), the replay's on the reference's device; an engine of your own or a dump holds
     caches not counted here."""
-    ours = args.engine == "optimized"
-    memory.check_batch(config, [len(p.ids) + args.steps for p in prompts], batch,
-                       engine_dtype=args.dtype if ours else None, engine_device=device,
-                       reference_device=args.reference_device, replay=ours, free=args.free_memory,
-                       default=args.batch is None)
+    ours = job.engine == "optimized"
+    memory.check_batch(config, [len(p.ids) + job.steps for p in prompts], batch,
+                       engine_dtype=job.dtype if ours else None, engine_device=device,
+                       reference_device=job.reference_device, replay=ours, free=job.free_memory,
+                       default=job.batch is None)
 
 
 def _where(p) -> str:
@@ -176,12 +153,10 @@ def _where_of(d: dict) -> str:
     return f"line {d['line']}" if d["source"] is None else d["source"]
 
 
-def _decode_all(ref, engine_for, prompts, config, args, err, rounding, lm_head, twin, batch: int):
+def _decode_all(ref, engine_for, prompts, decode: Decode, job: DiffJob, err, batch: int):
     """``(prompt, DiffResult)`` per prompt, in order, ``batch`` prompts decoded together; a
     progress bar over the prompts on a terminal."""
-    show = not args.no_progress and err.is_terminal
-    same = dict(config=config, steps=args.steps, mode=args.mode, dtype=args.dtype, rounding=rounding,
-                lm_head=lm_head, twin=twin)
+    show = job.progress and err.is_terminal
     with Progress(TextColumn("prompts"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
                   TimeElapsedColumn(), console=err, transient=True, disable=not show) as progress:
         task = progress.add_task("corpus", total=len(prompts), last="")
@@ -190,12 +165,12 @@ def _decode_all(ref, engine_for, prompts, config, args, err, rounding, lm_head, 
             engine = engine_for(group[0])
             try:
                 if batch > 1:
-                    results = run_diff_batch(ref, engine, [list(p.ids) for p in group], **same)
+                    results = diff_batch(ref, engine, [list(p.ids) for p in group], decode)
                 else:
                     dump = engine.engine if isinstance(engine.engine, DumpEngine) else None
                     # a free-mode dump already ran: both paths consume its tokens (as a single dump's diff does)
                     tokens = dump.tokens if dump is not None and dump.mode == "free" else None
-                    results = [run_diff(ref, engine, list(group[0].ids), tokens=tokens, **same)]
+                    results = [diff_prompt(ref, engine, list(group[0].ids), replace(decode, tokens=tokens))]
             except checkpoint_errors() as exc:
                 raise InputError(one_line(exc)) from None
             except EngineError as exc:
@@ -228,20 +203,21 @@ def print_corpus(result, console) -> None:
     console.print(s["line"], markup=False, highlight=False, soft_wrap=True)
 
 
-def merge(args) -> int:
-    """``parity diff merge SHARD.json ... --json PATH``: the unsharded corpus report."""
-    if not args.files:
+def merge(files, *, json: str | None, plot: str | None = None) -> int:
+    """``parity diff merge SHARD.json ... --json PATH [--plot PATH]``: the unsharded corpus report
+    of the shard reports ``files``, printed and written; the corpus's exit status."""
+    if not files:
         raise InputError("merge: give the shard reports (parity diff merge r1.json r2.json --json out.json)")
-    if args.json is None:
+    if json is None:
         raise InputError("merge: --json PATH is required (where the merged report goes)")
-    check_outputs(("--json", args.json), ("--plot", args.plot))
-    result = merge_shards([(path, load(path)) for path in args.files])
+    check_outputs(("--json", json), ("--plot", plot))
+    result = merge_shards([(path, load(path)) for path in files])
     out = Console(highlight=False)
     if not out.is_terminal:
         out = Console(highlight=False, width=140)
     print_corpus(result, out)
     report = result.to_dict()
-    write_output(args.json, lambda: write_json(args.json, report))
-    if args.plot:
-        write_output(args.plot, lambda: write_corpus_plot(result, args.plot))
+    write_output(json, lambda: write_json(json, report))
+    if plot:
+        write_output(plot, lambda: write_corpus_plot(result, plot))
     return result.exit_code
