@@ -6,16 +6,18 @@
 fla-core is a dev-only comparator: imported if installed, otherwise its figures are left empty and
 its figures measured on the H200 are quoted from docs/BENCHMARKS.md instead.
 
-``--bounded``: KDA prefill under the bounded gate ``-5 sigmoid(exp(A_log) (g_raw + dt_bias))``, three
-kernels side by side in one process on the same inputs (bf16, K = V = 128): ours (``lower_bound=-5``),
-fla-core's safe-gate path (``chunk_kda(..., safe_gate=True, lower_bound=-5)``) and FlashKDA
-(``flash_kda.fwd``, built by benchmarks/build_flashkda.sh; its ``out`` and ``final_state`` buffers
-allocated once, outside the timed call, as its API takes them), at B=1 with T = 4k, 8k, 16k, 64k and
-B=8 with T = 4k, each at H = 32 and 96. Before timing a shape, each kernel's output is judged against
-the float64 reference on a slice (the first 256 tokens of two heads: heads are independent and the
-output is causal, so the slice of the full run is the run of the slice) in units of the bounded
-gate's bound under the contract the kernel claims (ours ieee, fla tf32, FlashKDA bf16-storage); the
-markdown table gives each time, the byte floor and those ratios.
+``--bounded``: KDA prefill side by side in one process on the same inputs (bf16, K = V = 128), under
+both gates: ours and fla-core's ``chunk_kda`` under the softplus gate, then under the bounded gate
+``-5 sigmoid(exp(A_log) (g_raw + dt_bias))`` ours (``lower_bound=-5``), fla-core's safe-gate path
+(``chunk_kda(..., safe_gate=True, lower_bound=-5)``) and FlashKDA (``flash_kda.fwd``, built by
+benchmarks/build_flashkda.sh; its ``out`` and ``final_state`` buffers allocated once, outside the
+timed call, as its API takes them), at B=1 with T = 4k, 8k, 16k, 64k and B=8 with T = 4k, each at
+H = 32 and 96 (``--heads``, ``--shapes BxT`` narrow it). Before timing a shape, each kernel's output is
+judged against the float64 reference on a slice (the first 256 tokens of two heads: heads are
+independent and the output is causal, so the slice of the full run is the run of the slice) in units
+of its gate's bound under the contract the kernel claims (ours ieee, fla tf32, FlashKDA
+bf16-storage); a kernel whose slice is not within its bound is not timed. The markdown table gives
+each time, the byte floor and those ratios.
 """
 from __future__ import annotations
 
@@ -137,16 +139,28 @@ def _flash_kda():
         return None
 
 
+#: the kernels of a side-by-side row, in the table's order: name -> the gate it computes
+SIDE_BY_SIDE = {"ours softplus": "softplus", "fla softplus": "softplus", "ours": "bounded",
+                "fla safe gate": "bounded", "FlashKDA": "bounded"}
+
+
 def bounded_kernels(x, chunk_kda, flash_kda):
-    """name -> (contract, callable returning the output [B,T,H,V]) on the inputs ``x``."""
+    """name -> (contract, gate, callable returning the output [B,T,H,V]) on the inputs ``x``; the
+    names those of :data:`SIDE_BY_SIDE` whose kernels are installed."""
     import optimized.kda as okda
 
     q, k, v, g_raw, beta, A_log, dt_bias = x
     B, T, Hn = q.shape[:3]
-    out = {"ours": ("ieee", lambda: okda.fused_chunked(q, k, v, g_raw, beta, A_log, dt_bias,
-                                                        lower_bound=LOWER_BOUND)[0])}
+    out = {"ours softplus": ("ieee", "softplus", lambda: okda.fused_chunked(q, k, v, g_raw, beta, A_log,
+                                                                             dt_bias)[0])}
     if chunk_kda is not None:
-        out["fla safe gate"] = ("tf32", lambda: chunk_kda(
+        out["fla softplus"] = ("tf32", "softplus", lambda: chunk_kda(
+            q, k, v, g_raw, beta, A_log=A_log, dt_bias=dt_bias, output_final_state=True,
+            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)[0])
+    out["ours"] = ("ieee", "bounded", lambda: okda.fused_chunked(q, k, v, g_raw, beta, A_log, dt_bias,
+                                                                  lower_bound=LOWER_BOUND)[0])
+    if chunk_kda is not None:
+        out["fla safe gate"] = ("tf32", "bounded", lambda: chunk_kda(
             q, k, v, g_raw, beta, A_log=A_log, dt_bias=dt_bias, output_final_state=True,
             use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
             safe_gate=True, lower_bound=LOWER_BOUND)[0])
@@ -158,28 +172,30 @@ def bounded_kernels(x, chunk_kda, flash_kda):
         def fk():
             flash_kda.fwd(q, k, v, g_raw, beta, K ** -0.5, o, A_log, bias, LOWER_BOUND, final_state=final)
             return o
-        out["FlashKDA"] = ("bf16-storage", fk)
+        out["FlashKDA"] = ("bf16-storage", "bounded", fk)
     return out
 
 
-def slice_ratio(x, o, contract: str) -> float:
-    """The worst error of ``o[:, :SLICE_T, :SLICE_H]`` (batch row 0) in units of the bounded gate's
-    bound under ``contract``, against the float64 reference of the same slice of the inputs."""
+def slice_ratio(x, o, contract: str, gate: str = "bounded") -> float:
+    """The worst error of ``o[:, :SLICE_T, :SLICE_H]`` (batch row 0) in units of ``gate``'s bound
+    (``"bounded"`` or ``"softplus"``) under ``contract``, against the float64 reference of the same
+    slice of the inputs."""
     import numpy as np
 
     from parity import ops
     from parity.certify.check import prepare
     from parity.registry import Case
 
-    rec = ops.get("kda.fused_chunked+lower_bound")
+    bounded = gate == "bounded"
+    rec = ops.get("kda.fused_chunked+lower_bound" if bounded else "kda.fused_chunked")
     n = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
     q, k, v, g_raw, beta, A_log, dt_bias = x
     s = (slice(0, 1), slice(0, SLICE_T), slice(0, SLICE_H))
     arrays = {"q": n(q[s]), "k": n(k[s]), "v": n(v[s]), "g_raw": n(g_raw[s]), "beta_logits": n(beta[s]),
               "A_log": n(A_log[:SLICE_H]), "dt_bias": n(dt_bias[:SLICE_H * K]), "initial_state": None,
               "cu_seqlens": None}
-    prep = prepare(rec, Case(arrays, {"lower_bound": LOWER_BOUND, "chunk_size": 64}), "bfloat16", "cpu",
-                   contract=contract)
+    kwargs = {"lower_bound": LOWER_BOUND, "chunk_size": 64} if bounded else {"chunk_size": 64}
+    prep = prepare(rec, Case(arrays, kwargs), "bfloat16", "cpu", contract=contract)
     bound = prep.bound({"o": "bfloat16", "final_state": "float32"})["o"]
     got = n(o[s])
     err = np.abs(got - prep.ref["o"])
@@ -190,10 +206,10 @@ def slice_ratio(x, o, contract: str) -> float:
 def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda) -> Result:
     x = bounded_inputs(B, T, Hn)
     times, ratios = {}, {}
-    for name, (contract, fn) in bounded_kernels(x, chunk_kda, flash_kda).items():
+    for name, (contract, gate, fn) in bounded_kernels(x, chunk_kda, flash_kda).items():
         try:
-            ratios[name] = slice_ratio(x, fn(), contract)
-            times[name] = bench(fn)[0]
+            ratios[name] = slice_ratio(x, fn(), contract, gate)
+            times[name] = bench(fn)[0] if ratios[name] <= 1 else None  # outputs agree first
         except Exception as exc:  # noqa: BLE001 - one kernel's failure is a row's note, not the run's end
             print(f"  {name} B={B} T={T} H={Hn}: {type(exc).__name__}: {exc}")
             times[name], ratios[name] = None, None
@@ -203,20 +219,24 @@ def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda) -> Result:
                                                      "lower_bound": LOWER_BOUND},
                   times.get("ours"), fla_ms=times.get("fla safe gate"), baseline="FlashKDA",
                   baseline_ms=times.get("FlashKDA"), bytes_moved=nbytes,
-                  extra={"slice_ratio": ratios,
+                  extra={"slice_ratio": ratios, "ms": times,
                          "slice": f"batch row 0, tokens 0..{SLICE_T - 1}, heads 0..{SLICE_H - 1}"})
 
 
 def bounded_table(results) -> str:
-    """The markdown table of the ``--bounded`` rows."""
+    """The markdown table of the ``--bounded`` rows: each kernel's ms (- where not installed, or not
+    timed because its slice missed its bound), the byte floor, ours over the floor under each gate,
+    and each slice error in its gate's bound units."""
     f = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
-    lines = ["| B | T | H | ours ms | fla safe gate ms | FlashKDA ms | byte floor ms | ours / floor | "
-             "slice error in bound units (ours / fla / FlashKDA) |", "|---|---|---|---|---|---|---|---|---|"]
+    names = list(SIDE_BY_SIDE)
+    lines = ["| B | T | H | " + " | ".join(f"{n} ms" for n in names) + " | byte floor ms | ours / floor "
+             "(softplus, bounded) | slice error in bound units (" + " / ".join(names) + ") |",
+             "|" + "---|" * (len(names) + 6)]
     for r in results:
-        p, sr = r.params, r.extra["slice_ratio"]
-        ratio = " / ".join(f(sr.get(n)) for n in ("ours", "fla safe gate", "FlashKDA"))
-        lines.append(f"| {p['B']} | {p['T']} | {p['H']} | {f(r.ours_ms)} | {f(r.fla_ms)} | {f(r.baseline_ms)} | "
-                     f"{f(r.floor_ms)} | {f(r.ours_ms / r.floor_ms) if r.ours_ms else '-'} | {ratio} |")
+        p, sr, ms = r.params, r.extra["slice_ratio"], r.extra["ms"]
+        over = ", ".join(f(ms.get(n) / r.floor_ms) if ms.get(n) else "-" for n in ("ours softplus", "ours"))
+        lines.append(f"| {p['B']} | {p['T']} | {p['H']} | " + " | ".join(f(ms.get(n)) for n in names)
+                     + f" | {f(r.floor_ms)} | {over} | " + " / ".join(f(sr.get(n)) for n in names) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -224,9 +244,10 @@ def main_bounded(args):
     chunk_kda, _ = _fla()
     flash_kda = _flash_kda()
     results = []
-    cmd = f"python benchmarks/bench_kda.py --bounded --out {args.out}"
+    cmd = "python benchmarks/bench_kda.py " + " ".join(sys.argv[1:])
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes] if args.shapes else BOUNDED_SHAPES
     for Hn in args.heads:
-        for B, T in BOUNDED_SHAPES:
+        for B, T in shapes:
             r = bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda)
             results.append(r)
             print(r.as_dict(), flush=True)
@@ -243,6 +264,8 @@ def main(argv=None):
                     "safe-gate path and FlashKDA side by side (module docstring)")
     ap.add_argument("--heads", type=int, nargs="*", default=[32, 96], help="--bounded: the head counts")
     ap.add_argument("--md", default=None, help="--bounded: also write the markdown table here")
+    ap.add_argument("--shapes", nargs="*", default=None, help="--bounded: BxT shapes (default: "
+                    "B=1 at T = 4k, 8k, 16k, 64k and B=8 at T = 4k)")
     ap.add_argument("--prefill-T", type=int, nargs="*", default=[1024, 2048, 4096, 16384, 65536])
     ap.add_argument("--decode-B", type=int, nargs="*", default=[1, 8, 64, 256])
     ap.add_argument("--launch", default=None, help="JSON of kda.ChunkLaunch fields for the prefill "

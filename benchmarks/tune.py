@@ -4,7 +4,7 @@ output compared bit for bit with the defaults' on the same inputs, so a setting 
 bits can become a default without re-certifying (one that changes them is re-certified:
 ``parity certify --device cuda``).
 
-    python benchmarks/tune.py kda  [--shapes 1x4096 1x65536] [--kernels gate blocks wy state output]
+    python benchmarks/tune.py kda  [--shapes 1x4096 1x65536] [--kernels gate blocks wy state output fused]
                                    [--best-out best.json]     # then bench_kda.py --launch best.json
     python benchmarks/tune.py mla  [--parts epilogue prefetch ...]
     python benchmarks/tune.py moe  [--kernels gate_up down router] [--no-shared]
@@ -68,11 +68,15 @@ KDA = {
     "blocks": [dict(blocks_warps=w) for w in (1, 2, 4)] + [dict(blocks_stages=s) for s in (1, 2, 3)]
     + [dict(blocks_maxnreg=n) for n in (96, 128, 160, 200)],
     "wy": [dict(wy_warps=w, wy_stages=s) for w in (2, 4, 8) for s in (2, 3)],
-    "state": [dict(state_block_v=bv, state_warps=w) for bv in (16, 32, 64) for w in (2, 4, 8)],
-    "output": [dict(output_block_v=bv, output_warps=w) for bv in (64, 128) for w in (4, 8)],
+    # the separate state pass and output kernels (fused_output=False)
+    "state": [dict(fused_output=False, state_block_v=bv, state_warps=w) for bv in (16, 32, 64) for w in (2, 4, 8)],
+    "output": [dict(fused_output=False, output_block_v=bv, output_warps=w) for bv in (64, 128) for w in (4, 8)],
+    # the state pass with the output in it
+    "fused": [dict(fused_block_v=bv, fused_warps=w) for bv in (16, 32, 64) for w in (4, 8)]
+    + [dict(fused_stages=s) for s in (2, 3)],
 }
 KDA_KERNEL = {"gate": "_gate_cumsum_kernel", "blocks": "_blocks_kernel", "wy": "_wy_kernel",
-              "state": "_state_kernel", "output": "_output_kernel"}
+              "state": "_state_kernel", "output": "_output_kernel", "fused": "_state_output_kernel"}
 
 
 def tune_kda(args, rows: list) -> None:
@@ -85,8 +89,8 @@ def tune_kda(args, rows: list) -> None:
         inputs = prefill_inputs(B, T)
         run = lambda launch: okda.fused_chunked(*inputs, launch=launch)  # noqa: E731
         prof = kernel_profile(lambda: run(okda.ChunkLaunch()), reps=3)
-        print(f"{shape} defaults: " + ", ".join(f"{k} {prof[v][1]:.1f} us" for k, v in KDA_KERNEL.items()),
-              flush=True)
+        print(f"{shape} defaults: " + ", ".join(f"{k} {prof[v][1]:.1f} us" for k, v in KDA_KERNEL.items()
+                                                if v in prof), flush=True)
         for kernel in args.kernels:
             for s, same in bits_against_defaults(run, okda.ChunkLaunch(), KDA[kernel]):
                 if isinstance(same, str):

@@ -6,6 +6,8 @@ others are part of a reduction order, and a new default for them is re-certified
 (``parity certify --device cuda``)."""
 from __future__ import annotations
 
+import torch
+
 
 def resolve(op: str, launch, default):
     """``launch`` when given (it must be of ``default``'s class), else ``default``."""
@@ -16,3 +18,11 @@ def resolve(op: str, launch, default):
         raise TypeError(f"{op}: launch: expected {cls.__qualname__} ({cls.__module__}), "
                         f"got {type(launch).__name__}")
     return launch
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA ``device`` (1 elsewhere: the interpreter runs one program
+    at a time), for heuristics that size a grid against the GPU."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -1,4 +1,4 @@
-"""Chunked KDA (spec b.9) as a pipeline of five Triton kernels.
+"""Chunked KDA (spec b.9) as a pipeline of four Triton kernels (five with ``fused_output=False``).
 
 Per sequence and value head, chunks of ``BT = chunk_size`` tokens (16, 32 or 64), ``G`` = the
 inclusive prefix sum of the log-decay g within the chunk (g <= 0, so G is non-increasing in a chunk)::
@@ -32,9 +32,17 @@ Kernels (grid in brackets):
    ``w = M kb`` with ``kb = beta k exp(G)`` written by kernel 2 (so this kernel reads one DT tile
    where it would read k and the ACC G and take the exps again; the store costs kernel 2 less than
    it saves here) and ``u = M (beta v)``.
-4. ``_state_kernel`` [V/16, N*HV]: the sequential pass over chunks, S in ACC registers; per chunk two
-   dependent dots; stores the chunk-start state h and v_new, returns the final state.
-5. ``_output_kernel`` [V/BV, chunks, B*HV]: o = qg h + Aqk v_new (BV = 128 in 16-bit runs).
+4-5. ``_state_output_kernel`` [V/BV, N*HV]: the sequential pass over chunks, S in ACC registers, with
+   the output in it: per chunk v_new = u - w S, o = qg S + Aqk v_new, S <- exp(G_last) S + kg^T v_new
+   (the chain is two dependent dots; the output's two dots hang off it). The chunk-start states h and
+   v_new never go through memory; each program re-reads its chunks' qg and Aqk (BV = 64 where the
+   64-column grid covers the SMs, else 32: :func:`_fused_block_v`). Bytes per token and head (K = V =
+   128, BT = 64, bf16): the state pass and output kernel read and wrote 2,952 (h alone 512 written and
+   512 read), the fused kernel 1,416; the pipeline about 7,200 before and 5,650 after, against a floor
+   of 1,282 (q, k, v, g_raw, beta read, o written).
+   ``fused_output=False`` runs them as the two kernels they were (bitwise the same result):
+   ``_state_kernel`` [V/16, N*HV] stores h and v_new, ``_output_kernel`` [V/BV, chunks, B*HV]
+   computes o = qg h + Aqk v_new (BV = 128 in 16-bit runs).
 
 Each launch setting and kernel form above is chosen by its time: the figures, with the command
 that measures each (``benchmarks/tune.py kda``), are in docs/BENCHMARKS.md, "KDA against fla-core".
@@ -57,8 +65,10 @@ Aqk                 DT   [B,T,HV,BT]        only ever a DT tl.dot operand (outpu
 w, u, kg            DT                      tl.dot operands of the state pass
 kb (in w's buffer)  DT                      tl.dot operand of the WY kernel; rounded as the dot would
 qg                  DT                      tl.dot operand of the output kernel
-v_new               DT                      tl.dot operand (state update and output)
-h (chunk states)    DT   [chunks,HV,K,V]    tl.dot operand of the output kernel
+v_new               DT                      tl.dot operand (state update and output); registers only
+                                            in the fused kernel
+h (chunk states)    DT   [chunks,HV,K,V]    tl.dot operand of the output: S as DT, the operand of
+                                            ``dot``, in the fused kernel (never stored)
 running state S     ACC  (registers)        the recurrence accumulates in ACC
 final state         ACC                     contract: float32 (float64 for fp64 runs)
 o                   DT                      contract: input dtype
@@ -391,11 +401,83 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
              mask=valid[:, None] & mv[None, :])
 
 
+@jit
+def _state_output_kernel(kg, w, u, qg, Aq, Gc, o, vnew, h, h0, ht, cu, co, T, NT,
+                         HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                         BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                         IS_VARLEN: tl.constexpr, WRITE_STAGES: tl.constexpr):
+    # Kernels 4 and 5 as one: per (sequence*value head, V block), per chunk, v_new = u - w S,
+    # o = qg S + Aq v_new, S <- exp(G_last) S + kg^T v_new, so neither the chunk-start states h nor
+    # v_new go through memory (WRITE_STAGES: stored anyway, for the stage tests). The same roundings
+    # as the two kernels: S enters both dots as DT (what h holds), v_new is rounded once to DT.
+    ACC = ht.dtype.element_ty
+    DT = w.dtype.element_ty
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    if IS_VARLEN:
+        bos = tl.load(cu + i_n).to(tl.int64)
+        eos = tl.load(cu + i_n + 1).to(tl.int64)
+        nt = (eos - bos + BT - 1) // BT
+        c0 = tl.load(co + i_n).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+        nt = NT
+        c0 = i_n.to(tl.int64) * NT
+    dk = tl.arange(0, BK)
+    mk = dk < K
+    dv = i_v * BV + tl.arange(0, BV)
+    mv = dv < V
+    mkv = mk[:, None] & mv[None, :]
+    kv_off = dk[:, None] * V + dv[None, :]
+    if HAS_H0:
+        S = tl.load(h0 + i_nh.to(tl.int64) * K * V + kv_off, mask=mkv, other=0.0).to(ACC)
+    else:
+        S = tl.zeros([BK, BV], dtype=ACC)
+    rows = tl.arange(0, BT)
+    lower = (rows // BC)[:, None] >= (rows // BC)[None, :]  # Aq's blocks right of the diagonal: 0
+    # G_last fetched one chunk ahead, as in _state_kernel
+    Gl_next = tl.load(Gc + ((tl.minimum(bos + BT, eos) - 1) * HV + i_hv) * K + dk,
+                      mask=mk & (dk * 0 < nt), other=0.0)
+    for c in range(0, nt):
+        t0 = bos + c * BT
+        tok = t0 + rows
+        valid = tok < eos
+        Gl = Gl_next.to(ACC)
+        Gl_next = tl.load(Gc + ((tl.minimum(t0 + 2 * BT, eos) - 1) * HV + i_hv) * K + dk,
+                          mask=mk & (dk * 0 + c + 1 < nt), other=0.0)
+        if WRITE_STAGES:
+            tl.store(h + ((c0 + c) * HV + i_hv) * K * V + kv_off, S.to(h.dtype.element_ty), mask=mkv)
+        row_v = (tok * HV + i_hv)[:, None] * V + dv[None, :]
+        m_v = valid[:, None] & mv[None, :]
+        wt = tl.load(w + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+                     mask=valid[:, None] & mk[None, :], other=0.0)
+        ut = tl.load(u + row_v, mask=m_v, other=0.0).to(ACC)
+        vn = (ut - dot(wt, S, DT, ACC)).to(DT)  # rounded once: the same v_new feeds o and S
+        if WRITE_STAGES:
+            tl.store(vnew + row_v, vn, mask=m_v)
+        # rows past the sequence end of qg / Aq were never written: masked to 0
+        qgt = tl.load(qg + (tok * HV + i_hv)[:, None] * K + dk[None, :],
+                      mask=valid[:, None] & mk[None, :], other=0.0)
+        At = tl.load(Aq + (tok * HV + i_hv)[:, None] * BT + rows[None, :], mask=valid[:, None] & lower,
+                     other=0.0)
+        acc = dot(qgt, S, DT, ACC)
+        acc += dot(At, vn, DT, ACC)
+        tl.store(o + row_v, acc.to(o.dtype.element_ty), mask=m_v)
+        kgT = tl.load(kg + (tok * HV + i_hv)[None, :] * K + dk[:, None],
+                      mask=mk[:, None] & valid[None, :], other=0.0)
+        S = S * tl.exp(Gl)[:, None] + dot(kgT, vn, DT, ACC)
+    tl.store(ht + i_nh.to(tl.int64) * K * V + kv_off, S.to(ht.dtype.element_ty), mask=mkv)
+
+
 @dataclass(frozen=True)
 class ChunkLaunch:
-    """Launch settings of the five chunked-KDA kernels; a None is chosen per dtype or V beside the
-    kernel (:func:`_num_stages`, :func:`_output_block_v`). None of them changes a row's arithmetic
-    (the state pass and the output kernel split V columns, which never mix) except ``gate_warps``
+    """Launch settings of the chunked-KDA kernels; a None is chosen per dtype or V beside the
+    kernel (:func:`_num_stages`, :func:`_output_block_v`, :func:`_fused_block_v`). None of them
+    changes a row's arithmetic (the state pass and the output kernel split V columns, which never
+    mix; ``fused_output`` only decides whether h and v_new go through memory) except ``gate_warps``
     and ``gate_block_k``, whose layout can re-associate the gate's prefix sum (the defaults are the
     certified values; another is re-certified, ``parity certify --device cuda``).
     ``blocks_maxnreg``: a register cap for the blocks kernel (a launch option of Triton's CUDA
@@ -414,7 +496,13 @@ class ChunkLaunch:
       the block's width, so narrower blocks spread it over more programs; other warp counts and
       wider blocks are slower;
     - output: one 128-column program per chunk and head in 16-bit runs reads qg and Aq once, not
-      once per 64-column block.
+      once per 64-column block;
+    - ``fused_output`` (default): the output computed in the state pass (kernels 4 and 5 as one;
+      bitwise the same as the two; ``state_*`` and ``output_*`` then unused), 13-18% faster in all
+      on an H100 at B=1 T=4k-64k H=32, B=8 T=4k and H=96 T=8k; ``fused_block_v`` None picks 64
+      columns where that grid covers every SM, else 32 (``_fused_block_v``; 16 columns, 2 stages
+      and 8 warps are slower), ``fused_warps`` 4, ``fused_stages`` None: 3 in 16-bit runs, else 1
+      (``benchmarks/kda_forms.py``).
     """
     gate_warps: int = 4
     gate_block_k: int = 64
@@ -428,6 +516,10 @@ class ChunkLaunch:
     state_stages: int | None = None
     output_block_v: int | None = None
     output_warps: int = 4
+    fused_output: bool = True
+    fused_block_v: int | None = None
+    fused_warps: int = 4
+    fused_stages: int | None = None
 
 
 CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)
@@ -438,6 +530,8 @@ def _num_stages(kernel: str, dtype: torch.dtype) -> int:
     G and u per stage, which at fp32/fp64 would exceed the H200's 227 KiB of shared memory."""
     if kernel == "state":
         return {torch.float64: 1, torch.float32: 2}.get(dtype, 3)
+    if kernel == "fused":  # the state pass's tiles plus qg and Aq per stage
+        return 1 if dtype.itemsize > 2 else 3
     if kernel == "blocks":  # prefetch of the earlier sub-blocks' columns (tune.py kda --kernels blocks)
         return 3 if dtype.itemsize == 2 else 2
     return 3 if dtype != torch.float64 else 2
@@ -572,6 +666,33 @@ def _launch_output(p: _Plan, qg, h, vnew, Aq, launch: ChunkLaunch):
     return o
 
 
+def _fused_block_v(p: _Plan, dev) -> int:
+    """V columns per program of the fused state pass: 64 where the 64-column grid (sequences x value
+    heads x V/64) still covers every SM, else 32 (more programs for the serial chain over chunks);
+    each program re-reads its chunks' qg and Aq, so wider blocks read them fewer times."""
+    return 64 if p.N * p.HV * cdiv(p.V, 64) >= _launch.sm_count(dev) else 32
+
+
+def _launch_state_output(p: _Plan, kg, w, u, qg, Aq, G, h0, launch: ChunkLaunch, write_stages: bool):
+    """Kernels 4 and 5 fused: ``(o, h, v_new, final state)``; h and v_new are allocated and written
+    only for ``write_stages`` (else None)."""
+    dt, dev = w.dtype, w.device
+    o = torch.empty(p.B, p.T, p.HV, p.V, dtype=dt, device=dev)
+    h = vnew = None
+    if write_stages:
+        h = torch.empty((p.B * p.NT if not p.varlen else p.n_chunks), p.HV, p.K, p.V, dtype=dt, device=dev)
+        vnew = torch.empty_like(u)
+    ht = torch.empty(p.N, p.HV, p.K, p.V, dtype=acc_dtype(dt), device=dev)
+    BVf = _fused_block_v(p, dev) if launch.fused_block_v is None else launch.fused_block_v
+    _state_output_kernel[(cdiv(p.V, BVf), p.N * p.HV)](
+        kg, w, u, qg, Aq, G, o, vnew if write_stages else o, h if write_stages else o, h0, ht,
+        p.cu, p.co, p.T, p.NT,
+        HV=p.HV, K=p.K, V=p.V, BT=p.BT, BC=p.BC, BK=p.BK, BV=BVf, HAS_H0=h0 is not None,
+        IS_VARLEN=p.varlen, WRITE_STAGES=write_stages, num_warps=launch.fused_warps,
+        num_stages=_num_stages("fused", dt) if launch.fused_stages is None else launch.fused_stages)
+    return o, h, vnew, ht
+
+
 def _aq_as_read(p: _Plan, Aq, dev):
     """Aq as the output kernel reads it: the blocks right of the diagonal, never written, as 0."""
     t = torch.arange(p.T, device=dev)
@@ -584,7 +705,7 @@ def _aq_as_read(p: _Plan, Aq, dev):
 
 def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_size, cu_seqlens,
               fused, stages=None, launch=None, lower_bound=None):
-    """The five launches. ``stages``, a dict, receives the intermediates (tests localize a wrong
+    """The launches. ``stages``, a dict, receives the intermediates (tests localize a wrong
     kernel with them): G, w, u, Aq, kg, qg, h, v_new. ``launch``: a :class:`ChunkLaunch`;
     ``lower_bound``: the fused gate's (None: softplus)."""
     launch = _launch.resolve(op, launch, CHUNK_LAUNCH)
@@ -610,9 +731,12 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
         beta = beta_f
     # 2-3. intra-chunk matrices and the diagonal blocks' inverses; the merged inverse and WY
     w, u, Aq, kg, qg = _launch_intra(p, q, k, v, G, beta, scale, fused, launch)
-    # 4. sequential state pass; 5. output
-    h, vnew, ht = _launch_state(p, kg, w, u, G, h0, launch)
-    o = _launch_output(p, qg, h, vnew, Aq, launch)
+    # 4. sequential state pass; 5. output (fused into 4 by default: h and v_new stay on chip)
+    if launch.fused_output:
+        o, h, vnew, ht = _launch_state_output(p, kg, w, u, qg, Aq, G, h0, launch, stages is not None)
+    else:
+        h, vnew, ht = _launch_state(p, kg, w, u, G, h0, launch)
+        o = _launch_output(p, qg, h, vnew, Aq, launch)
     if stages is not None:
         stages.update(G=G, w=w, u=u, Aq=_aq_as_read(p, Aq, dev), kg=kg, qg=qg, h=h, v_new=vnew)
     return o, ht

@@ -58,12 +58,6 @@ def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(n))
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 #: A paged decode's key slices (flash-decoding) on a GPU unless the caller names a count: one per
 #: DECODE_SPLIT_KEYS keys of the sequence's own length, at most DECODE_MAX_SPLITS. Chosen from the
 #: sequence alone (never from the batch), for batch invariance; a long sequence alone still spreads
@@ -77,7 +71,7 @@ def _default_splits(device: torch.device, programs: int, S: int) -> int:
     blocks per slice; 1 on CPU (the interpreter gains nothing from splitting)."""
     if device.type != "cuda":
         return 1
-    want = triton.cdiv(4 * _sm_count(device), max(programs, 1))
+    want = triton.cdiv(4 * _launch.sm_count(device), max(programs, 1))
     return max(1, min(want, triton.cdiv(S, 4 * BLOCK_N), 64))
 
 
@@ -245,7 +239,7 @@ def _launch_attention(q1, q2, k1, k2, v, o1, pacc, pml, call: _Call, launch: Lau
     c = call
     B, dt = q1.shape[0], k1.dtype
     HP = c.N if c.shared_kv else 1
-    sms = _sm_count(q1.device)
+    sms = _launch.sm_count(q1.device)
     BM = _pick(launch.attn_block_m, _block_m(B, c.T * HP, c.D1, c.max_splits, sms))
     kst, k2st, vst, bt, sbt = _key_strides(k1, k2, v, c)
     aligned = c.paged and c.block_size % _block_n(dt, c.shared_kv) == 0  # a step within one page
@@ -420,7 +414,7 @@ def absorbed(q: torch.Tensor, latent: torch.Tensor, k_pe: torch.Tensor, w_kvb: t
     q_lat = _q_lat(q[..., :P], w_uk, launch)
     latent, k_pe = _last_contig(latent), _last_contig(k_pe)
     if num_splits is None:
-        bm = _block_m(B, T * N, L, 1, _sm_count(q.device))  # depth 1: the slices are chosen from it
+        bm = _block_m(B, T * N, L, 1, _launch.sm_count(q.device))  # depth 1: the slices are chosen from it
         num_splits = _default_splits(q.device, B * triton.cdiv(T * N, bm), S)
     o = torch.empty((B, T, N, Vh), dtype=q.dtype, device=q.device)
     call = _Call(T=T, S=S, N=N, D1=L, R=R, DV=L, scale=scale, shared_kv=True, split_keys=1,

@@ -221,6 +221,23 @@ def test_no_kernel_reads_unwritten_memory(dtype, monkeypatch):
         assert torch.equal(o, o2) and torch.equal(s, s2)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_output_in_the_state_pass_keeps_the_bits(dtype):
+    """The state pass with the output fused into it (the default) and the separate state and output
+    kernels (``fused_output=False``) round the same values: bitwise equal, varlen with an empty and
+    a ragged sequence and an initial state, at 64 V columns per program (the interpreter's default:
+    one SM), 32 and 16 (V = 48: a partly masked block)."""
+    from dataclasses import replace
+    cu = [0, 5, 5, 70, 130]
+    d = inputs("fused_chunked", case(1, 130, 1, 2, 32, 48, seed=23, op="fused_chunked", cu_seqlens=cu), dtype)
+    fused = run("fused_chunked", d, cu_seqlens=cu)
+    split = run("fused_chunked", d, cu_seqlens=cu, launch=replace(kda.ChunkLaunch(), fused_output=False))
+    for bv in (16, 32):
+        narrow = run("fused_chunked", d, cu_seqlens=cu, launch=replace(kda.ChunkLaunch(), fused_block_v=bv))
+        assert torch.equal(fused[0], narrow[0]) and torch.equal(fused[1], narrow[1]), bv
+    assert torch.equal(fused[0], split[0]) and torch.equal(fused[1], split[1])
+
+
 def test_split_prefill():
     """Prefill in two calls carrying the state: bitwise equal to one call when the split is at a
     chunk boundary (chunked) or anywhere (recurrent: the state stays fp32 either way); at an
