@@ -1,6 +1,7 @@
 """Compare two certificates, or two diff reports, field for field with what varies from run to run
-set aside: the timings (every ``seconds``, ``created``), the command line, and the environment's
-run-dependent fields (git revision and dirt, thread counts). Used to show that a change of the code's
+set aside: the timings (every ``seconds``, ``created``), the command line, and the run-dependent
+fields of the environment and of an outside implementation's provenance (git revision and dirt,
+thread counts; an ``--impl`` file's repository moves with every commit). Used to show that a change of the code's
 layout leaves what the tools write byte for byte the same.
 
     parity certify --device cpu --json before/c.json          # on the old tree
@@ -19,6 +20,7 @@ import sys
 
 VOLATILE_KEYS = {"seconds", "created", "command"}
 VOLATILE_ENVIRONMENT = {"git", "torch_threads", "threads"}
+PROVENANCE = {"environment", "implementation"}   # the objects whose VOLATILE_ENVIRONMENT fields vary
 
 
 def normalized(doc, *, inside_environment: bool = False):
@@ -29,7 +31,7 @@ def normalized(doc, *, inside_environment: bool = False):
         for key, value in doc.items():
             volatile = key in VOLATILE_KEYS or (inside_environment and key in VOLATILE_ENVIRONMENT)
             out[key] = "<varies>" if volatile else normalized(
-                value, inside_environment=inside_environment or key == "environment")
+                value, inside_environment=inside_environment or key in PROVENANCE)
         return out
     if isinstance(doc, list):
         return [normalized(v, inside_environment=inside_environment) for v in doc]
