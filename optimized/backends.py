@@ -29,7 +29,7 @@ import importlib
 import numpy as np
 import torch
 
-from . import _counters
+from . import _counters, conv, embed, kda, mla, moe, norm
 
 FAMILIES = ("embed", "norm", "conv", "kda", "mla", "moe")
 CHOICES = ("triton", "reference")
@@ -100,8 +100,6 @@ class Ops:
 
     def __init__(self, choice: dict[str, str]):
         self.choice = dict(choice)
-        from . import conv, embed, kda, mla, moe, norm  # why: kernels bind the backend when defined
-
         self._opt = {"conv": conv, "embed": embed, "kda": kda, "mla": mla, "moe": moe, "norm": norm}
         self._ref = {}
         for family, value in self.choice.items():

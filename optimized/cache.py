@@ -27,6 +27,8 @@ import torch
 from reference.cache import KDACache, MLACache, ModelCache
 from reference.config import KimiConfig
 
+from .mla import PagedLatentCache
+
 _INITIAL_BLOCKS_PER_SEQ = 4
 
 
@@ -99,8 +101,6 @@ class CachePool:
     def __init__(self, config: KimiConfig, *, device: torch.device, dtype: torch.dtype,
                  state_dtype: torch.dtype, max_seqs: int = 1, block_size: int = 64,
                  num_blocks: int | None = None):
-        from .mla import PagedLatentCache  # why: kernels bind the backend when defined
-
         if not isinstance(max_seqs, int) or max_seqs < 1:
             raise ValueError(f"max_seqs: expected a positive integer, got {max_seqs!r}")
         if not isinstance(block_size, int) or block_size < 1:
