@@ -297,18 +297,9 @@ def _wy_kernel(kb, v, beta, w, u, Ak, cu, cidx, T,
 
 
 @jit
-def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
-                  HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
-    # One program per (sequence*value head, V block): the only sequential part. Per chunk: two
-    # dependent dots on operands prepared by kernels 2 and 3; S stays in ACC registers.
-    ACC = ht.dtype.element_ty
-    DT = w.dtype.element_ty
-    i_v = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
+def _sequence_chunks(cu, co, i_n, T, NT, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Sequence ``i_n`` of a state pass: ``(bos, eos, nt, c0)``, its first and end rows, its chunk
+    count, and the row of its first chunk in the chunk-state tensor h."""
     if IS_VARLEN:
         bos = tl.load(cu + i_n).to(tl.int64)
         eos = tl.load(cu + i_n + 1).to(tl.int64)
@@ -319,16 +310,40 @@ def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
         eos = bos + T
         nt = NT
         c0 = i_n.to(tl.int64) * NT
+    return bos, eos, nt, c0
+
+
+@jit
+def _initial_state(h0, i_nh, kv_off, mkv, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                   BV: tl.constexpr, HAS_H0: tl.constexpr, ACC: tl.constexpr):
+    """``[BK, BV]``, ACC: the state a state pass starts from (h0's block, or zeros)."""
+    if HAS_H0:
+        S = tl.load(h0 + i_nh.to(tl.int64) * K * V + kv_off, mask=mkv, other=0.0).to(ACC)
+    else:
+        S = tl.zeros([BK, BV], dtype=ACC)
+    return S
+
+
+@jit
+def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
+                  HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
+    # One program per (sequence*value head, V block): the only sequential part. Per chunk: two
+    # dependent dots on operands prepared by kernels 2 and 3; S stays in ACC registers.
+    ACC = ht.dtype.element_ty
+    DT = w.dtype.element_ty
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_hv = i_nh % HV
+    bos, eos, nt, c0 = _sequence_chunks(cu, co, i_nh // HV, T, NT, BT, IS_VARLEN)
     dk = tl.arange(0, BK)
     mk = dk < K
     dv = i_v * BV + tl.arange(0, BV)
     mv = dv < V
     mkv = mk[:, None] & mv[None, :]
     kv_off = dk[:, None] * V + dv[None, :]
-    if HAS_H0:
-        S = tl.load(h0 + i_nh.to(tl.int64) * K * V + kv_off, mask=mkv, other=0.0).to(ACC)
-    else:
-        S = tl.zeros([BK, BV], dtype=ACC)
+    S = _initial_state(h0, i_nh, kv_off, mkv, K, V, BK, BV, HAS_H0, ACC)
     rows = tl.arange(0, BT)
     # G_last of each chunk, fetched one chunk ahead: the compiler's pipeline prefetches only the dot
     # operands' tiles, and a load issued in the step that uses it stalls the chain a memory latency
@@ -414,28 +429,15 @@ def _state_output_kernel(kg, w, u, qg, Aq, Gc, o, vnew, h, h0, ht, cu, co, T, NT
     DT = w.dtype.element_ty
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
-    i_n = i_nh // HV
     i_hv = i_nh % HV
-    if IS_VARLEN:
-        bos = tl.load(cu + i_n).to(tl.int64)
-        eos = tl.load(cu + i_n + 1).to(tl.int64)
-        nt = (eos - bos + BT - 1) // BT
-        c0 = tl.load(co + i_n).to(tl.int64)
-    else:
-        bos = i_n.to(tl.int64) * T
-        eos = bos + T
-        nt = NT
-        c0 = i_n.to(tl.int64) * NT
+    bos, eos, nt, c0 = _sequence_chunks(cu, co, i_nh // HV, T, NT, BT, IS_VARLEN)
     dk = tl.arange(0, BK)
     mk = dk < K
     dv = i_v * BV + tl.arange(0, BV)
     mv = dv < V
     mkv = mk[:, None] & mv[None, :]
     kv_off = dk[:, None] * V + dv[None, :]
-    if HAS_H0:
-        S = tl.load(h0 + i_nh.to(tl.int64) * K * V + kv_off, mask=mkv, other=0.0).to(ACC)
-    else:
-        S = tl.zeros([BK, BV], dtype=ACC)
+    S = _initial_state(h0, i_nh, kv_off, mkv, K, V, BK, BV, HAS_H0, ACC)
     rows = tl.arange(0, BT)
     lower = (rows // BC)[:, None] >= (rows // BC)[None, :]  # Aq's blocks right of the diagonal: 0
     # G_last fetched one chunk ahead, as in _state_kernel
