@@ -14,13 +14,15 @@ Kernels (grid in brackets):
    too); 64-channel programs on 4 warps (:class:`ChunkLaunch`).
 2. ``_blocks_kernel`` [chunks, B*HV, BT/BC]: the rows of one ``BC = 16`` row sub-block a of Akk and
    Aqk, and their kg, qg, kb (every exp of the pipeline is taken here). No exponent of a positive
-   difference is formed:
+   difference is formed (but one bounded by 75 under the bounded gate, below):
    - earlier sub-blocks through the reference row ``r = a*BC``: ``exp(G_i - G_r) * exp(G_r - G_j)``
      with i >= r > j, both factors <= 1, as tl.dot;
    - the diagonal sub-block the same way, each pair i > j through the reference row at the highest
      bit where i and j differ (i >= r > j again): four levels of dots, squares of 8, 4, 2 and 1 rows,
      one exp tile each (``_diag_block``: log2(BC) exp tiles, where forming each pair directly,
-     ``exp(G_i - G_j)`` masked before exp, takes BC [BC, K] exp-and-sum steps); then
+     ``exp(G_i - G_j)`` masked before exp, takes BC [BC, K] exp-and-sum steps). Under the fused
+     bounded gate (each step's g >= b >= -5) the block's first row serves every pair of it
+     (``_diag_block_bounded``: exp(G_r0 - G_j) <= e^75, one exp tile and two dots); then
      its inverse ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution (BC - 1 rank-1 steps),
      stored in place of the block (Akk is kept in ACC). In a bf16 run the diagonal block's
      products, like the other blocks', take bf16 operands.
@@ -156,6 +158,26 @@ def _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl
 
 
 @jit
+def _diag_block_bounded(kl, ql, kt, qt, Gm, Gr, c16, BC: tl.constexpr, DT: tl.constexpr,
+                        ACC: tl.constexpr):
+    """The diagonal sub-block of (Akk, Aqk) under the bounded gate: every pair through the block's
+    first row r0 alone, ``exp(G_i - G_r0) * exp(G_r0 - G_j)``. The left factors (<= 1) are the rows'
+    own, already formed for the earlier sub-blocks (``kl``, ``ql``: DT, as a dot rounds them); the
+    right factor is the exponent of a positive difference, at most ``exp(-b (BC - 1))`` <= e^75 for a
+    gate bounded below by b >= -5 (every step decays by more than b), inside the range of bf16 and
+    fp32, with k l2-normalized. Each product keeps its two operands' relative roundings, as in
+    :func:`_diag_block`; one exp tile and two tl.dots in place of its four levels. The pairs j > i
+    (finite, at most 128 e^75) are discarded."""
+    right = tl.trans(kt * tl.exp(Gr[None, :] - Gm))
+    lower = c16[:, None] > c16[None, :]
+    A = tl.where(lower, dot(kl, right, DT, ACC), 0.0)
+    Qm = tl.where(lower, dot(ql, right, DT, ACC), 0.0)
+    qk = tl.reduce(qt * kt, 1, SUM)
+    Qm = tl.where(c16[:, None] == c16[None, :], qk[:, None], Qm)
+    return A, Qm
+
+
+@jit
 def _unit_lower_inverse(A, c16, BC: tl.constexpr, ACC: tl.constexpr):
     """``(I + A)^-1`` of a strictly lower triangular [BC, BC] tile by right-looking forward
     substitution: step s eliminates pivot s, ``X[i, :] -= A[i, s] X[s, :]`` (rows i <= s have
@@ -172,7 +194,7 @@ def _unit_lower_inverse(A, c16, BC: tl.constexpr, ACC: tl.constexpr):
 def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, kb, cu, cidx, scale: tl.float64, T,
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                    BC: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
-                   IS_VARLEN: tl.constexpr):
+                   IS_VARLEN: tl.constexpr, BOUNDED_DIAG: tl.constexpr):
     # One program per (chunk, sequence*value head, BC-row sub-block a): rows a*BC .. a*BC+BC-1 of
     # beta*Akk (ACC, for the inverse; its diagonal block replaced by the block's inverse D) and of
     # Aqk (scale included), and their kg, qg rows. Small [BC, BK] tiles: NB times the programs of a
@@ -206,8 +228,17 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, kb, cu, cidx, scale: tl.float
 
     c16 = tl.arange(0, BC)
     off = (tok * HV + i_hv)[:, None] * BT + c16[None, :]  # + column block * BC
-    # -- the diagonal sub-block, through reference rows inside it, and D = (I + beta*A_aa)^-1
-    A, Qm = _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV, K, dk, mk, BC, DT, ACC)
+    # the rows' left factors exp(G_i - G_r0) (<= 1) through the block's first row r0: the earlier
+    # sub-blocks' products, and the diagonal block's under the bounded gate
+    Gr = tl.load(Gc + (tl.minimum(t0 + r0, last) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
+    left = tl.exp(Gm - Gr[None, :])
+    kl = (kt * left).to(DT)
+    ql = (qt * left).to(DT)
+    # -- the diagonal sub-block, and D = (I + beta*A_aa)^-1
+    if BOUNDED_DIAG:
+        A, Qm = _diag_block_bounded(kl, ql, kt, qt, Gm, Gr, c16, BC, DT, ACC)
+    else:  # through reference rows inside it, no exponent of a positive difference
+        A, Qm = _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV, K, dk, mk, BC, DT, ACC)
     X = _unit_lower_inverse(A * b[:, None], c16, BC, ACC)
     tl.store(Ak + off + r0, X.to(Ak.dtype.element_ty), mask=valid[:, None])
     tl.store(Aq + off + r0, (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
@@ -225,10 +256,6 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, kb, cu, cidx, scale: tl.float
 
     # -- earlier sub-blocks bb < a through the reference row r0: exp(G_i - G_r0) exp(G_r0 - G_j) with
     # i >= r0 > j, both factors <= 1. Last, so only the two DT row tiles stay live through the loop.
-    Gr = tl.load(Gc + (tl.minimum(t0 + r0, last) * HV + i_hv) * K + dk, mask=mk, other=0.0).to(ACC)
-    left = tl.exp(Gm - Gr[None, :])
-    kl = (kt * left).to(DT)
-    ql = (qt * left).to(DT)
     for bb in range(0, i_a):
         tokT = t0 + bb * BC + c16  # all before r0, so < eos
         rT = _cols_through_ref(k, Gc, tokT, tokT < eos, i_h, i_hv, H, HV, K, dk, mk, last, Gr, L2NORM, ACC)
@@ -480,8 +507,9 @@ class ChunkLaunch:
     kernel (:func:`_num_stages`, :func:`_output_block_v`, :func:`_fused_block_v`). None of them
     changes a row's arithmetic (the state pass and the output kernel split V columns, which never
     mix; ``fused_output`` only decides whether h and v_new go through memory) except ``gate_warps``
-    and ``gate_block_k``, whose layout can re-associate the gate's prefix sum (the defaults are the
-    certified values; another is re-certified, ``parity certify --device cuda``).
+    and ``gate_block_k``, whose layout can re-associate the gate's prefix sum, and ``bounded_diag``
+    (the defaults are the certified values; another is re-certified, ``parity certify --device
+    cuda``).
     ``blocks_maxnreg``: a register cap for the blocks kernel (a launch option of Triton's CUDA
     backend; None: the compiler's choice). Why the defaults (bf16, B=1, T=65536; each setting timed
     per kernel and checked bit for bit against the defaults by ``benchmarks/tune.py kda --shapes
@@ -504,7 +532,11 @@ class ChunkLaunch:
       on an H100 at B=1 T=4k-64k H=32, B=8 T=4k and H=96 T=8k; ``fused_block_v`` None picks 64
       columns where that grid covers every SM, else 32 (``_fused_block_v``; 16 columns, 2 stages
       and 8 warps are slower), ``fused_warps`` 4, ``fused_stages`` None: 3 in 16-bit runs, else 1
-      (``benchmarks/kda_forms.py``).
+      (``benchmarks/kda_forms.py``);
+    - ``bounded_diag`` (default): under the fused bounded gate the diagonal blocks are formed
+      through their first row (:func:`_diag_block_bounded`: one exp tile and two dots) rather than
+      four levels of reference rows (:func:`_diag_block`, the softplus gate's form); its own
+      roundings, within the same bound.
     """
     gate_warps: int = 4
     gate_block_k: int = 64
@@ -522,6 +554,7 @@ class ChunkLaunch:
     fused_block_v: int | None = None
     fused_warps: int = 4
     fused_stages: int | None = None
+    bounded_diag: bool = True
 
 
 CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)
@@ -614,9 +647,10 @@ def _plan(op, sizes, BT, dtype, cu_seqlens, dev) -> _Plan:
     return _Plan(B, T, H, HV, K, V, BT, min(16, BT), BK, BV, N, NT, n_chunks, cu, cidx, co)
 
 
-def _launch_intra(p: _Plan, q, k, v, G, beta, scale, fused, launch: ChunkLaunch):
+def _launch_intra(p: _Plan, q, k, v, G, beta, scale, fused, launch: ChunkLaunch, bounded: bool):
     """Kernels 2 and 3: ``(w, u, Aq, kg, qg)``. w's buffer first holds kb = beta k exp(G) (blocks
-    kernel), replaced by w in the WY kernel."""
+    kernel), replaced by w in the WY kernel. ``bounded``: the fused bounded gate (g >= b >= -5, q and
+    k l2-normalized), under which the diagonal blocks may take :func:`_diag_block_bounded`."""
     dt, dev, acc = q.dtype, q.device, acc_dtype(q.dtype)
     B, T, HV = p.B, p.T, p.HV
     w = torch.empty(B, T, HV, p.K, dtype=dt, device=dev)
@@ -629,7 +663,7 @@ def _launch_intra(p: _Plan, q, k, v, G, beta, scale, fused, launch: ChunkLaunch)
     _blocks_kernel[(p.n_chunks, B * HV, p.BT // p.BC)](
         q, k, G, beta, Ak, Aq, kg, qg, w, p.cu, p.cidx, scale, T,
         H=p.H, HV=HV, K=p.K, BT=p.BT, BC=p.BC, BK=p.BK, L2NORM=fused, IS_VARLEN=p.varlen,
-        num_warps=launch.blocks_warps,
+        BOUNDED_DIAG=bounded and launch.bounded_diag, num_warps=launch.blocks_warps,
         num_stages=_num_stages("blocks", dt) if launch.blocks_stages is None else launch.blocks_stages,
         **({"maxnreg": cap} if cap is not None else {}))
     _wy_kernel[(p.n_chunks, B * HV)](
@@ -732,7 +766,8 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     if fused:
         beta = beta_f
     # 2-3. intra-chunk matrices and the diagonal blocks' inverses; the merged inverse and WY
-    w, u, Aq, kg, qg = _launch_intra(p, q, k, v, G, beta, scale, fused, launch)
+    w, u, Aq, kg, qg = _launch_intra(p, q, k, v, G, beta, scale, fused, launch,
+                                     bounded=fused and lower_bound is not None)
     # 4. sequential state pass; 5. output (fused into 4 by default: h and v_new stay on chip)
     if launch.fused_output:
         o, h, vnew, ht = _launch_state_output(p, kg, w, u, qg, Aq, G, h0, launch, stages is not None)
