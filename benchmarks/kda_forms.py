@@ -4,7 +4,7 @@ inputs, each checked against the first setting (bit for bit, else the largest di
 of the first's largest output) before it is timed; both gates; per-kernel profile too.
 
     python benchmarks/kda_forms.py --out forms.json [--shapes 1x4096x32 8x4096x32 1x8192x96]
-        [--launches '{"fused_output": false}' '{}' '{"fused_block_v": 16}']
+        [--launches '{"fused_output": false}' '{}' '{"fused_block_v": 16}'] [--chunk-sizes 64 16]
 
 Prints one line per (shape, gate, setting): median ms (``harness.bench``), the byte floor, the
 kernels' device us, bits against the first setting.
@@ -44,6 +44,9 @@ def main(argv=None):
     ap.add_argument("--launches", nargs="+", default=LAUNCHES, help="JSON of ChunkLaunch fields; the first is "
                     "the baseline")
     ap.add_argument("--gates", nargs="+", default=["softplus", "bounded"], choices=["softplus", "bounded"])
+    ap.add_argument("--chunk-sizes", nargs="+", type=int, default=[64], choices=[16, 32, 64],
+                    help="chunk sizes, each run under every launch (the first launch at the first size is "
+                         "the baseline)")
     args = ap.parse_args(argv)
     optimized.use("cuda")
     launches = [replace(okda.ChunkLaunch(), **json.loads(s)) for s in args.launches]
@@ -55,9 +58,10 @@ def main(argv=None):
             lb = LOWER_BOUND if gate == "bounded" else None
             q, k, v, g_raw, beta, A_log, dt_bias = x
             base = None
-            for spec, launch in zip(args.launches, launches):
+            forms = [(spec, launch, c) for c in args.chunk_sizes for spec, launch in zip(args.launches, launches)]
+            for spec, launch, chunk in forms:
                 fn = lambda: okda.fused_chunked(q, k, v, g_raw, beta, A_log, dt_bias, launch=launch,  # noqa: E731
-                                                lower_bound=lb)
+                                                lower_bound=lb, chunk_size=chunk)
                 out = fn()
                 if base is None:
                     base, bits, diff = out, True, 0.0
@@ -67,10 +71,11 @@ def main(argv=None):
                 finite = bool(torch.isfinite(out[0]).all() and torch.isfinite(out[1]).all())
                 ms = bench(fn)[0]
                 prof = {k.split("_kernel")[0].lstrip("_"): round(us, 1) for k, (_, us) in kernel_profile(fn, reps=3).items()}
-                row = dict(B=B, T=T, H=Hn, gate=gate, launch=json.loads(spec), ms=ms, floor_ms=floor_ms(B, T, Hn),
+                row = dict(B=B, T=T, H=Hn, gate=gate, launch=json.loads(spec), chunk_size=chunk, ms=ms,
+                           floor_ms=floor_ms(B, T, Hn),
                            bits_equal_first=bits, max_diff_rel_first=diff, finite=finite, kernels_us=prof)
                 rows.append(row)
-                print(f"{shape} {gate:8s} {spec:40s} {ms:.3f} ms (floor {row['floor_ms']:.3f}) bits "
+                print(f"{shape} {gate:8s} {spec:40s} chunk {chunk} {ms:.3f} ms (floor {row['floor_ms']:.3f}) bits "
                       f"{'equal' if bits else f'differ by {diff:.2e}'}{'' if finite else ' NOT FINITE'} {prof}",
                       flush=True)
                 Path(args.out).write_text(json.dumps(dict(environment=environment(), rows=rows), indent=1) + "\n")
