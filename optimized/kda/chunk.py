@@ -90,8 +90,8 @@ from .._jit import jit
 from .. import _counters, _launch
 from ._common import (SUM, acc_dtype, block_k, cdiv, check_gate_params, check_qkv, check_shape,
                       check_tensor, chunk_span, dot, l2norm_cols, l2norm_rows, next_pow2,
-                      prepare_cu_seqlens, prepare_state, varlen_chunk_plan)
-from .gate import gate_chunk_cumsum
+                      prepare_cu_seqlens, prepare_state, sigmoid_f, varlen_chunk_plan)
+from .gate import gate_chunk_cumsum, gate_tile
 
 @jit
 def _load_rows(ptr, tok, valid, head, NH: tl.constexpr, D: tl.constexpr, dd, md, ACC: tl.constexpr,
@@ -264,6 +264,80 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, kb, cu, cidx, scale: tl.float
         tl.store(Ak + off + bb * BC, (Ab * b[:, None]).to(Ak.dtype.element_ty), mask=valid[:, None])
         # scale is an fp64 arg (a plain float arrives as fp32: wrong for fp64 runs); back to ACC
         tl.store(Aq + off + bb * BC, (Qb * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
+
+
+@jit
+def _row_of(x, rows, r):
+    """Row ``r`` of a [R, BK] tile, as [BK] (exact: the other rows add zeros)."""
+    return tl.reduce(tl.where(rows[:, None] == r, x, 0.0), 0, SUM)
+
+
+@jit
+def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, cu, cidx,
+                      scale: tl.float64, lower_bound: tl.float64, T, H: tl.constexpr, HV: tl.constexpr,
+                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                      BV: tl.constexpr, NV: tl.constexpr, HAS_A: tl.constexpr, IS_VARLEN: tl.constexpr,
+                      WRITE_G: tl.constexpr):
+    # Kernels 1-3 as one at chunk 16 under the fused bounded gate (one 16-row block per chunk, so
+    # M = D, no merge): one program per (chunk, sequence*value head) computes the gate and its
+    # prefix sums, beta, the block (through its first row, _diag_block_bounded) and its inverse, and
+    # w, u, kg, qg, Aq with the roundings kernels 1-3 give them; G, Akk and kb stay in registers.
+    # G's last row per chunk is stored for the state pass (every row with WRITE_G, for the stage
+    # tests).
+    ACC = Gc.dtype.element_ty
+    DT = k.dtype.element_ty
+    i_c = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_h = i_hv // (HV // H)
+    t0, eos, i_n = chunk_span(cu, cidx, i_c, i_b, T, BT, IS_VARLEN)
+    if i_n < 0:
+        return
+    rows = tl.arange(0, BT)
+    tok = t0 + rows
+    valid = tok < eos
+    dk = tl.arange(0, BK)
+    mk = dk < K
+    m2 = valid[:, None] & mk[None, :]
+    row_k = (tok * HV + i_hv)[:, None] * K + dk[None, :]
+    # the gate and its prefix sums over the chunk: rows past the end add 0 (G stays at the last valid
+    # row's, as kernel 1 leaves it)
+    x = tl.load(g_raw + row_k, mask=m2, other=0.0).to(ACC)
+    G = tl.cumsum(gate_tile(x, A_log, dt_bias, i_hv, dk, mk, m2, lower_bound, K, 1, HAS_A, ACC), axis=0)
+    Gl = _row_of(G, rows, BT - 1)
+    if WRITE_G:
+        tl.store(Gc + row_k, G.to(Gc.dtype.element_ty), mask=m2)
+    else:
+        last = tl.minimum(t0 + BT, eos) - 1
+        tl.store(Gc + (last * HV + i_hv) * K + dk, Gl.to(Gc.dtype.element_ty), mask=mk)
+    b = sigmoid_f(tl.load(beta_logits + tok * HV + i_hv, mask=valid, other=0.0).to(ACC))
+    b = tl.where(valid, b, 0.0)
+
+    kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, True)
+    qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, True)
+    Gr = _row_of(G, rows, 0)
+    left = tl.exp(G - Gr[None, :])
+    kl = (kt * left).to(DT)
+    ql = (qt * left).to(DT)
+    A, Qm = _diag_block_bounded(kl, ql, kt, qt, G, Gr, rows, BT, DT, ACC)
+    X = _unit_lower_inverse(A * b[:, None], rows, BT, ACC)   # M = D
+    tl.store(Aq + (tok * HV + i_hv)[:, None] * BT + rows[None, :],
+             (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
+    tl.store(kg + row_k, (kt * tl.exp(Gl[None, :] - G)).to(kg.dtype.element_ty), mask=m2)
+    eG = tl.exp(G)
+    tl.store(qg + row_k, ((qt * eG) * scale).to(qg.dtype.element_ty), mask=m2)
+    kb = (kt * eG * b[:, None]).to(w.dtype.element_ty)   # as kernel 2 stores it
+    # kb's rows past the end are 0 (k loads 0 there), as are beta's, so w's and u's are too
+    tl.store(w + row_k, dot(X, kb, DT, ACC).to(w.dtype.element_ty), mask=m2)
+    dv = tl.arange(0, BV)
+    for iv in tl.static_range(0, NV):
+        ov = iv * BV + dv
+        mv = ov < V
+        vt = _load_rows(v, tok, valid, i_hv, HV, V, ov, mv, ACC, False)
+        ut = dot(X, vt * b[:, None], DT, ACC)
+        tl.store(u + (tok * HV + i_hv)[:, None] * V + ov[None, :], ut.to(u.dtype.element_ty),
+                 mask=valid[:, None] & mv[None, :])
 
 
 @jit
@@ -555,6 +629,8 @@ class ChunkLaunch:
     fused_warps: int = 4
     fused_stages: int | None = None
     bounded_diag: bool = True
+    prepare16: bool = True
+    prepare_warps: int = 4
 
 
 CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)
@@ -674,6 +750,25 @@ def _launch_intra(p: _Plan, q, k, v, G, beta, scale, fused, launch: ChunkLaunch,
     return w, u, Aq, kg, qg
 
 
+def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, scale, lower_bound,
+                      launch: ChunkLaunch, write_g: bool):
+    """Kernels 1-3 as one at chunk 16 under the fused bounded gate: ``(G, w, u, Aq, kg, qg)``; G
+    holds each chunk's last row only (every row for ``write_g``)."""
+    dt, dev = q.dtype, q.device
+    B, T, HV = p.B, p.T, p.HV
+    G = torch.empty(B, T, HV, p.K, dtype=acc_dtype(dt), device=dev)
+    w = torch.empty(B, T, HV, p.K, dtype=dt, device=dev)
+    u = torch.empty(B, T, HV, p.V, dtype=dt, device=dev)
+    Aq = torch.empty(B, T, HV, p.BT, dtype=dt, device=dev)
+    kg = torch.empty_like(w)
+    qg = torch.empty_like(w)
+    _prepare16_kernel[(p.n_chunks, B * HV)](
+        q, k, v, g_raw, A_log, dt_bias, beta_logits, G, Aq, kg, qg, w, u, p.cu, p.cidx, scale,
+        lower_bound, T, H=p.H, HV=HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=p.BV, NV=cdiv(p.V, p.BV),
+        HAS_A=A_log is not None, IS_VARLEN=p.varlen, WRITE_G=write_g, num_warps=launch.prepare_warps)
+    return G, w, u, Aq, kg, qg
+
+
 def _launch_state(p: _Plan, kg, w, u, G, h0, launch: ChunkLaunch):
     """Kernel 4, the sequential pass: ``(h, v_new, final state)``. Smaller V blocks: more programs
     for the pass, fewer registers."""
@@ -757,17 +852,22 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     if B * T == 0:
         o = torch.empty(B, T, HV, V, dtype=dt, device=dev)
         return o, (h0.clone() if h0 is not None else torch.zeros(p.N, HV, K, V, dtype=acc, device=dev))
-    # 1. gate / prefix sums (fused: the gate and the beta sigmoid too)
-    G, beta_f = gate_chunk_cumsum(g, A_log=A_log if fused else None, dt_bias=dt_bias if fused else None,
-                                  beta_logits=beta if fused else None, chunk_size=p.BT, cumsum=True,
-                                  cu=p.cu, cidx=p.cidx, grid_chunks=p.n_chunks, acc=acc,
-                                  num_warps=launch.gate_warps, block_k_cols=launch.gate_block_k,
-                                  lower_bound=lower_bound)
-    if fused:
-        beta = beta_f
-    # 2-3. intra-chunk matrices and the diagonal blocks' inverses; the merged inverse and WY
-    w, u, Aq, kg, qg = _launch_intra(p, q, k, v, G, beta, scale, fused, launch,
-                                     bounded=fused and lower_bound is not None)
+    bounded = fused and lower_bound is not None
+    if bounded and p.BT == 16 and launch.bounded_diag and launch.prepare16:
+        # 1-3 as one kernel: one 16-row block per chunk needs no merge
+        G, w, u, Aq, kg, qg = _launch_prepare16(p, q, k, v, g, beta, A_log, dt_bias, scale, lower_bound,
+                                                launch, write_g=stages is not None)
+    else:
+        # 1. gate / prefix sums (fused: the gate and the beta sigmoid too)
+        G, beta_f = gate_chunk_cumsum(g, A_log=A_log if fused else None, dt_bias=dt_bias if fused else None,
+                                      beta_logits=beta if fused else None, chunk_size=p.BT, cumsum=True,
+                                      cu=p.cu, cidx=p.cidx, grid_chunks=p.n_chunks, acc=acc,
+                                      num_warps=launch.gate_warps, block_k_cols=launch.gate_block_k,
+                                      lower_bound=lower_bound)
+        if fused:
+            beta = beta_f
+        # 2-3. intra-chunk matrices and the diagonal blocks' inverses; the merged inverse and WY
+        w, u, Aq, kg, qg = _launch_intra(p, q, k, v, G, beta, scale, fused, launch, bounded=bounded)
     # 4. sequential state pass; 5. output (fused into 4 by default: h and v_new stay on chip)
     if launch.fused_output:
         o, h, vnew, ht = _launch_state_output(p, kg, w, u, qg, Aq, G, h0, launch, stages is not None)

@@ -24,6 +24,24 @@ from ._common import (acc_dtype, block_k, bounded_gate_f, cdiv, check_gate_param
 
 
 @jit
+def gate_tile(x, A_log, dt_bias, i_hv, dk, mk, m2, lower_bound, K: tl.constexpr, GATE: tl.constexpr,
+              HAS_A: tl.constexpr, ACC: tl.constexpr):
+    """The gate of a [rows, BK] tile ``x`` of g_raw (ACC) at value head ``i_hv``, channels ``dk``
+    (``mk``: inside K); 0 outside ``m2`` (rows past the sequence end, masked channels), so a prefix
+    sum over the rows stays flat past the end. GATE 0: softplus, 1: bounded by ``lower_bound``."""
+    bias = tl.load(dt_bias + i_hv * K + dk, mask=mk, other=0.0).to(ACC)
+    if GATE == 0:
+        a = tl.exp(tl.load(A_log + i_hv).to(ACC))
+        x = tl.where(m2, kda_gate_f(x, a, bias[None, :]), 0.0)
+    else:
+        z = x + bias[None, :]
+        if HAS_A:
+            z = tl.exp(tl.load(A_log + i_hv).to(ACC)) * z
+        x = tl.where(m2, bounded_gate_f(z, lower_bound, ACC), 0.0)
+    return x
+
+
+@jit
 def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T, lower_bound: tl.float64,
                         HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                         RAW: tl.constexpr, CUMSUM: tl.constexpr, HAS_BETA: tl.constexpr,
@@ -50,16 +68,7 @@ def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T
     off = (tok * HV + i_hv)[:, None] * K + dk[None, :]
     x = tl.load(g + off, mask=m2, other=0.0).to(ACC)
     if RAW:
-        if GATE == 0:
-            a = tl.exp(tl.load(A_log + i_hv).to(ACC))
-            bias = tl.load(dt_bias + i_hv * K + dk, mask=mk, other=0.0).to(ACC)
-            x = tl.where(m2, kda_gate_f(x, a, bias[None, :]), 0.0)
-        else:
-            bias = tl.load(dt_bias + i_hv * K + dk, mask=mk, other=0.0).to(ACC)
-            z = x + bias[None, :]
-            if HAS_A:
-                z = tl.exp(tl.load(A_log + i_hv).to(ACC)) * z
-            x = tl.where(m2, bounded_gate_f(z, lower_bound, ACC), 0.0)
+        x = gate_tile(x, A_log, dt_bias, i_hv, dk, mk, m2, lower_bound, K, GATE, HAS_A, ACC)
     if CUMSUM:
         x = tl.cumsum(x, axis=0)
     tl.store(G_out + off, x.to(G_out.dtype.element_ty), mask=m2)

@@ -37,6 +37,17 @@ def test_the_fused_kernels_compute_the_bounded_gate(op, has_A):
         assert j.ratio < 1
 
 
+@pytest.mark.parametrize("has_A, varlen", [(True, False), (False, True)])
+def test_the_one_kernel_prepare_at_chunk_16_computes_the_bounded_gate(has_A, varlen):
+    # chunk 16 under the fused bounded gate runs kernels 1-3 as one (_prepare16_kernel): the gate at
+    # its bound (exp(G_r0 - G_j) up to e^75 in the diagonal blocks), the production K = 128 tiles
+    c = core_case(1, 45, 2, 2, 128, 32, 12, chunk=16, fused=True, lower_bound=-5.0, has_A=has_A,
+                  hostile="bound", varlen=varlen)
+    for dtype in ("float64", "bfloat16"):
+        j = assert_parity("kda.fused_chunked+lower_bound", c, dtype=dtype)
+        assert j.ratio < 1
+
+
 def test_the_decode_step_computes_the_bounded_gate_without_A_log_too():
     for has_A in (True, False):
         assert_parity("kda.fused_recurrent_decode+lower_bound",
