@@ -11,11 +11,12 @@ each kernel launches with programmatic dependent launch. Figures against the lay
 with and without either: docs/BENCHMARKS.md, "MoE layer" (``benchmarks/bench_ops.py --only moe``,
 ``--pdl off``). From :data:`GEMV_BY_EXPERT_MIN_PAIRS` pairs (a decode batch) the same GEMV bodies
 run expert-major (``form="gemv_by_expert"``): pairs sorted by expert on the device, each program
-looping over up to ``by_expert_pairs`` pairs of one expert, so an expert's rows come from HBM once
-per tile instead of once per pair. Every pair's bits are the per-pair form's by construction (the
-one device function per kernel body), so the model may choose between the two by the pair count
-(``form="decode"``) and a sequence's decode still does not depend on its batch. ``router_logits`` is the fp32 gate GEMM, batch invariant, x read in bf16
-(``ROUTER_LOGITS`` tiles, ``benchmarks/tune.py moe --kernels router``).
+looping over up to ``by_expert_pairs`` pairs of one expert, so an expert's rows are fetched once
+per tile instead of once per pair. Every pair's bits are the per-pair form's by construction (one
+device function per kernel body), so the model chooses between the two by the pair count
+(``form="decode"``) and a sequence's decode still does not depend on its batch.
+``router_logits`` is the fp32 gate GEMM, batch invariant, x read in bf16 (``ROUTER_LOGITS`` tiles,
+``benchmarks/tune.py moe --kernels router``).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from .kernels import (_combine_kernel, _gemv_by_expert_down_kernel, _gemv_by_exp
                       _grouped_gate_up_kernel, _router_kernel, _router_logits_kernel, _silu_mul_kernel)
 
 
-__all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS", "GEMV_BY_EXPERT_MIN_PAIRS"]
+__all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 
 #: ``experts`` uses the GEMV form (no sort, two launches) up to this many (token, expert) pairs and
 #: the grouped tl.dot form above it. The two forms round differently (within the same bound).
@@ -79,9 +80,10 @@ class GemvLaunch:
 GEMV = GemvLaunch()
 #: Under the CPU interpreter a program costs its Python overhead, not its loads: 32 gate/up rows
 #: per program there (a 4x shorter grid; rows per program never change a value), and expert-major
-#: from 4 pairs, where pairs start to share experts and so programs (the tiny preset's B=4 decode
-#: step: 1.14 s against 1.54 s per pair). One token of the tiny preset (3 pairs) stays per pair, so
-#: the CPU suite's batched-against-alone decode tests compare the two forms.
+#: from 4 pairs, where the two forms cost about the same there (the tiny preset's B=4 decode step
+#: 1.14 s against 1.54 s per pair; its MoE layer at B=16 1.02 s against 0.94 s): one token of the
+#: tiny preset (3 pairs) stays per pair, so the CPU suite's batched-against-alone decode tests
+#: compare the two forms.
 GEMV_CPU = GemvLaunch(gate_up_rows=32, by_expert_from=4)
 
 

@@ -12,7 +12,7 @@ k = 0 .. k_e-1 with fp32/fp64 weights):
 * GEMV form, expert-major (decode batches with many pairs): the pairs sorted by expert on the device
   (the shared expert as expert E), and one program per (tile of up to PAIRS pairs of one expert, F
   or D tile) runs the GEMV form's very body (``_gemv_gate_up_rows``, ``_gemv_down_rows``) for each
-  of its pairs in turn, so the expert's rows come from HBM once per tile rather than once per pair,
+  of its pairs in turn, so the expert's rows are fetched once per tile rather than once per pair,
   and every pair's bits are the per-pair form's. The grid is an upper bound on the tiles, as in the
   grouped form; the combine kernel is the same.
 * grouped form (prefill): pairs are sorted by expert on the device; each program takes a tile of up
