@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import optimized
+from optimized import moe
 from reference.config import KimiConfig
 from reference.synthetic import SyntheticSource
 from .test_model_parity import (PROMPT, TINY, _float32_parity, check_bf16_run, check_greedy_agrees_with_recompute,
@@ -46,10 +47,13 @@ def test_float32_medium_preset_matches_the_reference_on_the_gpu():
 
 
 def test_bf16_batched_decode_equals_alone_with_the_64_row_tile(parity_device):
+    """Alone, one token's pairs run per pair; batched, enough for the experts' expert-major form."""
     model = optimized.load(SyntheticSource(TINY, 2), device=parity_device, dtype="bfloat16")
     assert model.decode_tile == 64
     rng = np.random.default_rng(0)
-    B = 9
+    pairs = TINY.num_experts_per_token + TINY.num_shared_experts  # per token
+    assert pairs < moe.GEMV.by_expert_from
+    B = max(9, -(-moe.GEMV.by_expert_from // pairs))
     prompts = [rng.integers(0, TINY.vocab_size, int(n)).tolist() for n in rng.integers(1, 70, B)]
     pool = model.new_pool(B)
     seqs = [model.prefill(p, cache=pool.new_sequence())[1] for p in prompts]
