@@ -1,4 +1,4 @@
-"""FlashKDA's ``fwd`` as the stand-in computes it (tests/parity/flashkda_standin.py), with NaN planted
+"""FlashKDA's ``fwd`` as the stand-in computes it (tests/parity/peers/flashkda_standin.py), with NaN planted
 where FlashKDA 1ce47ea's fp16 Neumann inverse gives it: the output and final state of every head
 whose keys repeat 16 times in a row."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 from parity.certify.candidate import adapter
 from parity.peers import flashkda
-from tests.parity import flashkda_standin
+from tests.parity.peers import flashkda_standin
 
 
 def repeats(k: torch.Tensor, run: int = 16) -> torch.Tensor:
@@ -32,7 +32,7 @@ def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state
             final_state[b if cu_seqlens is None else slice(None), h] = float("nan")
 
 
-@adapter(contract="bf16-storage", wraps="tests.parity.flashkda_nan:fwd", gate="lower_bound")
+@adapter(contract="bf16-storage", wraps="tests.parity.peers.flashkda_nan:fwd", gate="lower_bound")
 def fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, initial_state=None, cu_seqlens=None,
                   chunk_size=64, lower_bound=None):
     """parity.peers.flashkda's adapter around this module's ``fwd`` (the adapter's import seam)."""

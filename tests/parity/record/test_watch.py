@@ -20,7 +20,7 @@ from parity.record.watch.adapters import Mismatch
 from reference.fixtures import default_checkpoint_path
 
 from . import watch_programs as wp
-from .diff_helpers import one_line_error, run_cli
+from ..diff_helpers import one_line_error, run_cli
 
 PROMPT = [[5, 17, 99, 3, 8, 41]]
 
@@ -254,7 +254,7 @@ def test_transformers_handing_its_kda_calls_to_fla_core_is_watched_at_fla_s_kern
     """The watch as benchmarks/run_watch_gpu.sh runs it: transformers hands its KDA calls to fla-core's
     kernels as its model module loads; the import hook has wrapped them by then."""
     pytest.importorskip("fla")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     out = tmp_path / "calls.safetensors"
     cmd = [sys.executable, "-m", "parity", "watch", "--op", "kda.chunked=fla.ops.kda:chunk_kda",
            "--op", "kda.recurrent=fla.ops.kda:fused_recurrent_kda", "--out", str(out), "--",

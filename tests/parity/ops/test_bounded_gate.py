@@ -2,7 +2,7 @@
 saturation, the underflow where the bound turns absolute, the product with b), the hostile KDA
 inputs both gates draw, ``parity certify --variant kda_gate=...``, and fla's safe-gate calls as
 ``parity watch`` maps them. The kernels' certification under both gates is tests/parity/
-test_optimized.py's (every record), the stand-in's test_standin.py's. About 20 s on 2 cores."""
+certify/test_optimized.py's (every record), the stand-in's test_standin.py's. About 20 s on 2 cores."""
 import json
 
 import numpy as np
@@ -15,7 +15,7 @@ from parity.ops.kda import BOUNDED, GATES, bounds, inputs, under_gate
 from parity.ops.kda.inputs import HOSTILE, core_case, make_hostile
 from reference import kda as rkda
 
-from .diff_helpers import run_cli
+from ..diff_helpers import run_cli
 
 GATED = ("kda.gate", "kda.fused_recurrent", "kda.fused_chunked", "kda.fused_recurrent_decode")
 

@@ -236,7 +236,7 @@ def bf16_state(checkpoint, *, dtype, device):
 def nan_state(checkpoint, *, dtype, device):
     """Our optimized model with NaN written into layer 0's KDA state after two decode steps."""
     import optimized
-    from tests.parity.planted_model import Planted
+    from tests.parity.diff.planted_model import Planted
 
     return Planted(optimized.load(_source(checkpoint), dtype=dtype, device=device), "nan_state", 0)
 

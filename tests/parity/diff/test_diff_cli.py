@@ -11,10 +11,10 @@ import matplotlib.image
 import pytest
 import torch
 
-from .diff_helpers import run_cli
+from ..diff_helpers import run_cli
 from parity.schema import errors
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "diff-report-schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "docs" / "diff-report-schema.json").read_text())
 
 
 def check_consistent(report: dict) -> None:
@@ -71,7 +71,7 @@ def _the_getting_started_transcript_is_this_run(report: dict) -> None:
     """docs/getting-started.md shows this command's output: its reference side (float64, the same
     on every platform) is this run's, step by step; the engine's side is bf16 noise of the machine
     that ran it (python tools/doc_outputs.py rewrites it; test_docs_examples.py checks its shape)."""
-    from . import doc_blocks
+    from .. import doc_blocks
 
     shown = next(out for b in doc_blocks.blocks("docs/getting-started.md") if b.lang == "console"
                  for command, out in doc_blocks.transcript(b.text) if command == "parity diff --steps 32")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from .diff_helpers import Override, run_cli, write_checkpoint
+from ..diff_helpers import Override, run_cli, write_checkpoint
 from reference.checkpoint import open_source
 from reference.fixtures import default_checkpoint_path
 

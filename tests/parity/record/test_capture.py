@@ -22,7 +22,7 @@ from parity.record import capture
 from parity.record.capture import casefile, sites, tensors
 from reference.fixtures import default_checkpoint_path
 
-from .diff_helpers import one_line_error, run_cli
+from ..diff_helpers import one_line_error, run_cli
 
 PROMPT = "5,17,99"
 MODEL_OPS = {"embed.embedding", "embed.lm_head", "norm.rms_norm", "norm.add_rms_norm", "norm.gated_rms_norm",

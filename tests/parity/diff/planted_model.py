@@ -1,6 +1,6 @@
 """Model-level bugs that shipped in other engines, planted in our optimized model (real Triton
 kernels, bf16 or fp32) at one layer, and the checks of the diff's teeth that use them
-(``test_diff_matrix_*.py``, one file per op family so the suite's workers share them out):
+(``test_diff_matrix.py``, parametrized by op family, and ``test_diff_matrix_head.py``):
 
 - ``fb_doubled``: a KDA layer's ``f_b_proj`` output doubled (llama.cpp's Kimi-Linear port);
 - ``state_transposed``: a KDA layer's recurrent state stored transposed after prefill (vLLM's

@@ -12,13 +12,13 @@ import pytest
 from parity.diff.runner import NO_TRACES
 from parity.schema import errors
 
-from .diff_helpers import PROMPT_IDS, one_line_error, run_cli
+from ..diff_helpers import PROMPT_IDS, one_line_error, run_cli
 from .test_diff_cli import SCHEMA, check_consistent
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 needs_transformers = pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed "
                                         "(pip install 'kimi-parity[peers]')")
-PLANTED = "tests.parity.engines_planted"
+PLANTED = "tests.parity.diff.engines_planted"
 
 
 def _diff(capsys, tmp_path, engine, *more, device, steps="2"):
@@ -101,7 +101,7 @@ def test_llama_cpp_doubled_f_b_exits_1_and_is_localized_to_that_layers_mixer(tmp
 
 
 def test_an_engine_without_traces_is_judged_on_its_logits_and_says_so(tmp_path, capsys, parity_device):
-    rc, out, err, report = _diff(capsys, tmp_path, "tests/parity/engines_planted.py:untraced", steps="3", device=parity_device)
+    rc, out, err, report = _diff(capsys, tmp_path, "tests/parity/diff/engines_planted.py:untraced", steps="3", device=parity_device)
     assert rc == 0, out + err
     check_consistent(report)
     assert report["summary"]["traces"] is False and report["engine"]["traced"] is False

@@ -39,7 +39,7 @@ def test_a_correct_outside_implementation_is_certified_and_named(parity_device):
     assert cert.certified, cert.reasons()
     d = cert.to_dict()
     impl = d["implementation"]
-    assert (impl["module"], impl["function"]) == ("tests.parity.planted_kda", "recurrent")
+    assert (impl["module"], impl["function"]) == ("tests.parity.certify.planted_kda", "recurrent")
     assert impl["file"].endswith("planted_kda.py") and impl["git"]["revision"] and impl["adapter"] is None
     assert d["contract"] == "ieee" and d["contract_verdict"].startswith("holds ieee at float32")
     assert all(r["kernel_ran"] is True for r in d["runs"].values())   # called, fresh, honest outputs

@@ -5,10 +5,10 @@ import importlib
 
 import pytest
 
-from .diff_helpers import PROMPT_IDS, one_line_error, run_cli
+from ..diff_helpers import PROMPT_IDS, one_line_error, run_cli
 
-PLANTED = "tests.parity.engines_planted"
-HERE = "tests/parity/engines_planted.py:"  # where the planted engines raise, as the line names it
+PLANTED = "tests.parity.diff.engines_planted"
+HERE = "tests/parity/diff/engines_planted.py:"  # where the planted engines raise, as the line names it
 
 ENGINES = {
     "the factory raises": (f"{PLANTED}:raises", f"engine {PLANTED}:raises: the factory raised RuntimeError: "
@@ -54,7 +54,7 @@ def test_certify_a_candidate_out_of_memory_is_one_line_and_exit_2(capsys, parity
     """Not a finding (exit 1): the machine ran out, in this process or in a worker."""
     for workers in ("0", "1"):
         rc, out, err = run_cli(capsys, "certify", "--device", parity_device, "--ops", "kda.recurrent", "--workers",
-                               workers, "--impl", "kda.recurrent=tests.parity.planted_kda:out_of_memory",
+                               workers, "--impl", "kda.recurrent=tests.parity.certify.planted_kda:out_of_memory",
                                "--dtype", "float32", "--examples", "1")
         assert rc == 2 and err.startswith("error: kda.recurrent: out of GPU memory") and err.count("\n") == 1, \
             (workers, out, err)

@@ -19,9 +19,9 @@ from parity.errors import InputError
 from reference.config import KimiConfig
 from reference.synthetic import SyntheticSource
 
-from .diff_helpers import run_cli
+from ..diff_helpers import run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = KimiConfig.from_name("tiny")
 
 

@@ -18,7 +18,7 @@ from parity.schema import errors
 from reference.checkpoint import open_source
 from reference.fixtures import default_checkpoint_path
 
-from .diff_helpers import PROMPT_IDS, one_line_error, run_cli
+from ..diff_helpers import PROMPT_IDS, one_line_error, run_cli
 from .engines_planted import fb_doubled_source
 from .test_diff_cli import SCHEMA, check_consistent
 

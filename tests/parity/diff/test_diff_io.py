@@ -7,7 +7,7 @@ import pytest
 from parity.diff.report import atomic_write
 from parity.schema import errors
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "diff-report-schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "docs" / "diff-report-schema.json").read_text())
 
 
 def test_atomic_write_replaces_the_file_whole(tmp_path):

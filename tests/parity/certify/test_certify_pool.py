@@ -52,7 +52,7 @@ def test_a_candidate_that_kills_its_process_fails_only_its_own_inputs(parity_dev
     assert judged and all(c.passed for c in judged) and all(
         ("T=70" in c.label or ("T=37" in c.label and " h0" not in c.label)) for c in rec.runs["float32"].cases
         if c.label in killed)
-    assert not rec.certified and rec.label == "tests.parity.planted_kda:kills_its_process"
+    assert not rec.certified and rec.label == "tests.parity.certify.planted_kda:kills_its_process"
     assert schema.errors({"ops": [rec.to_dict()]}, _op_schema()) == []
     for a, b in zip(pooled[1:], here):
         assert a.certified and b.certified, a.reasons()
@@ -213,7 +213,7 @@ def test_an_outside_candidate_that_ends_its_process_fails_only_its_op_without_an
 
 @pytest.mark.parametrize("spec, isolated", [
     ("optimized", False), ("reference-f32", False), ("fla", False),
-    ("tests.parity.planted_kda:recurrent", True), ("tests/parity/planted_kda.py:recurrent", True),
+    ("tests.parity.certify.planted_kda:recurrent", True), ("tests/parity/certify/planted_kda.py:recurrent", True),
     ("optimized.kda:recurrent", False),
 ])
 def test_outside_code_is_isolated_by_default_on_the_cpu_and_the_projects_own_is_not(spec, isolated):

@@ -6,10 +6,10 @@ the first KDA layer. About 25 s on 2 cores."""
 import json
 from pathlib import Path
 
-from .diff_helpers import run_cli
+from ..diff_helpers import run_cli
 from .test_diff_cli import check_consistent
 
-BOUNDED = str(Path(__file__).resolve().parents[2] / "fixtures" / "bounded")
+BOUNDED = str(Path(__file__).resolve().parents[3] / "fixtures" / "bounded")
 
 
 def test_a_bounded_gate_checkpoint_diffs_clean_end_to_end(tmp_path, capsys):
@@ -25,7 +25,7 @@ def test_a_bounded_gate_checkpoint_diffs_clean_end_to_end(tmp_path, capsys):
 
 def test_the_softplus_gate_on_a_bounded_checkpoint_diverges(tmp_path, capsys):
     path = tmp_path / "r.json"
-    rc, out, err = run_cli(capsys, "diff", BOUNDED, "--engine", "tests.parity.engines_planted:softplus_on_bounded",
+    rc, out, err = run_cli(capsys, "diff", BOUNDED, "--engine", "tests.parity.diff.engines_planted:softplus_on_bounded",
                            "--steps", "2", "--json", str(path))
     assert rc == 1, out + err
     report = json.loads(path.read_text())

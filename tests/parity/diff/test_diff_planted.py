@@ -8,7 +8,7 @@ import pytest
 
 import optimized
 import reference
-from .diff_helpers import Override, PROMPT_IDS, perturbed_a_log, router_near_tie, run_cli, write_checkpoint
+from ..diff_helpers import Override, PROMPT_IDS, perturbed_a_log, router_near_tie, run_cli, write_checkpoint
 from parity.diff import run_diff
 from reference.checkpoint import open_source
 from reference.config import KimiConfig
@@ -16,7 +16,7 @@ from reference.fixtures import default_checkpoint_path
 from reference.synthetic import SyntheticSource
 
 PROMPT = [int(t) for t in PROMPT_IDS.split(",")]
-PLANTED = "tests.parity.engines_planted"
+PLANTED = "tests.parity.diff.engines_planted"
 
 
 def test_a_perturbed_a_log_in_the_optimized_checkpoint_is_diverged_and_localized_to_its_layer(tmp_path, capsys):

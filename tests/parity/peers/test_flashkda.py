@@ -1,5 +1,5 @@
 """The FlashKDA adapter (parity/peers/flashkda.py) on the CPU, against a torch stand-in of FlashKDA's
-documented ``fwd`` (tests/parity/flashkda_standin.py; FlashKDA itself needs an SM90 GPU): its layouts
+documented ``fwd`` (tests/parity/peers/flashkda_standin.py; FlashKDA itself needs an SM90 GPU): its layouts
 (the V-major state both ways, dt_bias as [H, K], the A_log-free gate as A_log = 0), what it refuses,
 the bounded gate it declares (certified as the softplus gate it fails, naming that gate), and a
 planted copy of FlashKDA 1ce47ea's NaN on repeated keys found by certify with a repro that
@@ -16,9 +16,9 @@ from parity.errors import Unsupported
 from parity.ops.kda.inputs import core_case
 from parity.peers import SHORTHANDS, flashkda, implementations
 from parity.testing import assert_parity
-from tests.parity import flashkda_nan, flashkda_standin
+from . import flashkda_nan, flashkda_standin
 
-from .diff_helpers import run_cli
+from ..diff_helpers import run_cli
 
 BOUNDED = "kda.fused_chunked+lower_bound"
 
@@ -74,14 +74,14 @@ def test_certified_as_the_softplus_gate_it_fails_and_the_certificate_names_its_g
     cert = certify_op(ops.get("kda.fused_chunked"), candidate=flashkda_standin.fused_chunked,
                       dtypes=("bfloat16",), examples=1, device="cpu")
     assert not cert.certified and not cert.runs
-    assert cert.reasons() == [f"gate: tests.parity.flashkda_standin:fused_chunked computes only the bounded gate "
+    assert cert.reasons() == [f"gate: tests.parity.peers.flashkda_standin:fused_chunked computes only the bounded gate "
                               "b sigmoid(exp(A_log) (g_raw + dt_bias)) (Kimi-K3, GLM-5.3); kda.fused_chunked is "
                               "the softplus gate -exp(A_log) softplus(g_raw + dt_bias) (Kimi-Linear-48B)"]
     d = cert.to_dict()
     assert d["implementation"]["gate"] == "lower_bound" and d["gate"] == "softplus"
     out = tmp_path / "c.json"
     rc, stdout, err = run_cli(capsys, "certify", "--device", "cpu", "--dtype", "bfloat16", "--ops", "kda.fused_chunked",
-                              "--impl", "kda.fused_chunked=tests.parity.flashkda_standin:fused_chunked",
+                              "--impl", "kda.fused_chunked=tests.parity.peers.flashkda_standin:fused_chunked",
                               "--json", str(out))
     assert rc == 1 and "computes only the bounded gate" in stdout, stdout + err
     doc = json.loads(out.read_text())

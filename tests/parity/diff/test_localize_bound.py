@@ -7,7 +7,7 @@ import pytest
 
 import optimized
 import reference
-from .diff_helpers import perturbed_a_log
+from ..diff_helpers import perturbed_a_log
 from parity.diff.localize import SPIKE, _entries, localize
 from reference.config import KimiConfig
 from reference.synthetic import SyntheticSource

@@ -1,6 +1,6 @@
 """Outside implementations of ``kda.recurrent`` for the ``parity certify --impl`` tests: one correct
 torch recurrence, and replays of bugs that reached users of other KDA kernels, each a small change
-to it. Usable from the command line: ``--impl kda.recurrent=tests/parity/planted_kda.py:NAME``.
+to it. Usable from the command line: ``--impl kda.recurrent=tests/parity/certify/planted_kda.py:NAME``.
 
 - ``state_v_major``: the final state written V-major into the K-major buffer (vLLM's chunk_kda
   read the inter-chunk state as (V, K) while it was stored (K, V));

@@ -8,9 +8,9 @@ import pytest
 from parity.bounds.core import unit_roundoff
 from parity.diff import golden
 
-from .diff_helpers import run_cli
+from ..diff_helpers import run_cli
 
-COMMITTED = Path(__file__).resolve().parents[2] / "fixtures" / "golden" / "default.json"
+COMMITTED = Path(__file__).resolve().parents[3] / "fixtures" / "golden" / "default.json"
 
 
 @pytest.fixture(scope="module")

@@ -23,17 +23,17 @@ import pytest
 from parity.cli import main
 from parity.schema import errors, load
 
-from .diff_helpers import assert_same_numbers, load_report, one_line_error, reference_rows_exact, run_cli
+from ..diff_helpers import assert_same_numbers, load_report, one_line_error, reference_rows_exact, run_cli
 from .engines_planted import TRIGGER
 
-ENGINE = "tests.parity.engines_planted:fb_doubled_on_trigger"
+ENGINE = "tests.parity.diff.engines_planted:fb_doubled_on_trigger"
 STEPS = "3"
 # byte-level tokens: id = byte + 3, so 'W' (87) is TRIGGER (90): prompts 1, 4 and 7 reach the bug
 PROMPTS = ["The cat sat.", "Water flows downhill.", "hello there", "A quick test of it", "What is it?",
            "Numbers: 1 2 3", "small prompt", "We go now."]
 REACHED = [k for k, p in enumerate(PROMPTS) if "W" in p]
 SCHEMA = load("diff-corpus")
-DOCS_SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "diff-report-schema.json").read_text())
+DOCS_SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "docs" / "diff-report-schema.json").read_text())
 
 
 def _times_dropped(report: dict) -> dict:
@@ -148,10 +148,10 @@ def test_the_optimized_engine_on_a_jsonl_corpus_reports_each_prompt_as_its_own_r
 def test_an_engine_without_decode_batch_runs_one_prompt_at_a_time(tmp_path, capsys):
     path = tmp_path / "p.jsonl"
     path.write_text('{"ids": [75, 107, 104]}\n{"ids": [90, 100]}\n')
-    rc, out, err = run_cli(capsys, "diff", "--prompts", str(path), "--engine", "tests.parity.engines_planted:untraced",
+    rc, out, err = run_cli(capsys, "diff", "--prompts", str(path), "--engine", "tests.parity.diff.engines_planted:untraced",
                            "--steps", "2", "--batch", "4", "--json", str(tmp_path / "c.json"))
     assert rc == 0, out + err
-    assert "decoding: one prompt at a time (tests.parity.engines_planted:untraced has no decode_batch)" in err
+    assert "decoding: one prompt at a time (tests.parity.diff.engines_planted:untraced has no decode_batch)" in err
     assert [p["verdict"] for p in load_report(tmp_path / "c.json")["prompts"]] == ["match", "match"]
 
 
@@ -159,8 +159,8 @@ def test_an_engine_whose_decode_batch_breaks_the_protocol_is_one_line_naming_the
     path = tmp_path / "p.jsonl"
     path.write_text('{"ids": [75, 107, 104]}\n{"ids": [90, 100]}\n')
     one_line_error(*run_cli(capsys, "diff", "--prompts", str(path), "--engine",
-                            "tests.parity.engines_planted:one_row_batches", "--steps", "2"),
-                   "prompts 0 (line 1), 1 (line 2): engine tests.parity.engines_planted:one_row_batches: "
+                            "tests.parity.diff.engines_planted:one_row_batches", "--steps", "2"),
+                   "prompts 0 (line 1), 1 (line 2): engine tests.parity.diff.engines_planted:one_row_batches: "
                    "decode_batch returned logits of shape (1, 512); expected (2, 512)")
 
 

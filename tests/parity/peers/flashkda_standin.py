@@ -4,7 +4,7 @@ reference, so that the adapter's layouts and gate plumbing (parity.peers.flashkd
 the CPU. Its checks are those ``fwd`` documents: bf16 q, k, v, g, beta; fp32 ``A_log [H]`` and
 ``dt_bias [H, K]``; K = V = 128; states ``[N, H, V, K]`` (V-major); int64 ``cu_seqlens`` with B = 1.
 
-tests/parity/flashkda_nan.py is the same with FlashKDA 1ce47ea's NaN planted."""
+tests/parity/peers/flashkda_nan.py is the same with FlashKDA 1ce47ea's NaN planted."""
 from __future__ import annotations
 
 import sys
@@ -47,7 +47,7 @@ def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state
         final_state.copy_(torch.from_numpy(np.ascontiguousarray(s.swapaxes(-1, -2))))
 
 
-@adapter(contract="bf16-storage", wraps="tests.parity.flashkda_standin:fwd", gate="lower_bound")
+@adapter(contract="bf16-storage", wraps="tests.parity.peers.flashkda_standin:fwd", gate="lower_bound")
 def fused_chunked(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, scale=None, initial_state=None, cu_seqlens=None,
                   chunk_size=64, lower_bound=None):
     """parity.peers.flashkda's adapter around this module's ``fwd`` (the adapter's import seam)."""
