@@ -19,10 +19,11 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .checkpoint import CheckpointError, WeightSource
+from kimi.checkpoint import CheckpointError, WeightSource
+from kimi.tensors import expert_name
+
 from .executor import Executor, to_numpy
-from .streamed import StreamedWeight, linear, linear_rows
-from .tensors import expert_name
+from .streamed import StreamedWeight, linear, linear_rows, source_linear, source_streamed
 
 WEIGHT_CACHE_BYTES = 64 << 20  # default LRU of float64 weights: all of tiny/small, a few tensors of 48b
 EXPERT_CHECK_BYTES = 1 << 29  # a stack of shared experts is checked finite in blocks of this much float64
@@ -213,7 +214,7 @@ class Weights:
         not depend on the calls before it (a corpus decoded in batches runs its calls in another
         order than one prompt at a time)."""
         if self.streams and (self.by_row or x.shape[0] <= STREAM_TOKENS):
-            return self.source.linear(name, x, row_by_row=self.by_row)
+            return source_linear(self.source, name, x, row_by_row=self.by_row)
         return self.applied(self(name))(x)
 
     def linears(self, names: list[str], x) -> list:
@@ -254,9 +255,9 @@ class Weights:
         return StreamedWeight(tuple(w.shape), self.applied(w), name) if self.by_row else w
 
     def streamed(self, name: str) -> StreamedWeight:
-        """``name`` applied from its storage bits (``WeightSource.streamed``; row by row inside
+        """``name`` applied from its storage bits (``streamed.source_streamed``; row by row inside
         ``row_by_row``)."""
-        return self.source.streamed(name, row_by_row=self.by_row)
+        return source_streamed(self.source, name, row_by_row=self.by_row)
 
     def experts(self, layer: int, which: str, count: int) -> Experts:
         """Expert matrices ``which`` (w1, w2, w3) of MoE layer ``layer``, loaded on demand."""

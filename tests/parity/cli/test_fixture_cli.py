@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
+from kimi.checkpoint import open_source
+from kimi.config import KimiConfig
+from kimi.synthetic import SyntheticSource
 from parity.cli import main
-from reference.checkpoint import open_source
-from reference.config import KimiConfig
-from reference.synthetic import SyntheticSource
 
 
 def test_fixture_writes_a_sharded_checkpoint_equal_to_its_source(tmp_path, capsys):

@@ -35,7 +35,7 @@ FB_LAYER = 1  # a KDA layer of the bundled checkpoint (layers 0-2 are KDA, 3 is 
 
 
 def _source(checkpoint):
-    from reference.checkpoint import WeightSource, open_source
+    from kimi.checkpoint import WeightSource, open_source
 
     return checkpoint if isinstance(checkpoint, WeightSource) else open_source(checkpoint)
 

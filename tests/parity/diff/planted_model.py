@@ -31,13 +31,13 @@ import torch
 
 import optimized
 import reference
+from kimi.config import KimiConfig
+from kimi.synthetic import SyntheticSource
 from parity.diff import run_diff
 from parity.diff.engines import CheckedEngine, load_engine, router_bias
 from parity.diff.engines.dump import _host, record
 from parity.diff.engines.dump_writer import write_dump
 from parity.platform import store_rounding
-from reference.config import KimiConfig
-from reference.synthetic import SyntheticSource
 from tests.parity.diff_helpers import Override
 
 BUGS = ("fb_doubled", "state_transposed", "raw_routing", "bias_dropped", "bias_bf16", "nan_state", "mla_stale",

@@ -269,9 +269,9 @@ def test_the_corpus_schema_repeats_the_single_reports_step_definitions():
 
 def _dumps(folder, prompts, *, steps=3, mode_of=lambda k: None):
     """The planted engine's runs of ``prompts`` written as dumps (free mode: its own tokens), one a file."""
+    from kimi.checkpoint import open_source
+    from kimi.fixtures import default_checkpoint_path
     from parity.diff.engines.dump import record
-    from reference.checkpoint import open_source
-    from reference.fixtures import default_checkpoint_path
 
     from .engines_planted import fb_doubled_on_trigger
 

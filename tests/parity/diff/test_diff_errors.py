@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ..diff_helpers import Override, run_cli, write_checkpoint
-from reference.checkpoint import open_source
-from reference.fixtures import default_checkpoint_path
+from kimi.checkpoint import open_source
+from kimi.fixtures import default_checkpoint_path
 
 A_LOG = "model.layers.1.self_attn.A_log"
 

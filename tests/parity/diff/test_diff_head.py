@@ -6,8 +6,8 @@ import pytest
 
 import reference
 from .planted_model import PROMPT, diff
-from reference.checkpoint import open_source
-from reference.fixtures import default_checkpoint_path
+from kimi.checkpoint import open_source
+from kimi.fixtures import default_checkpoint_path
 
 LAYER = 2
 

@@ -22,8 +22,8 @@ import optimized
 from .engines_planted import bf16_state
 from .planted_model import (CLEAN_STEPS, LONG_PROMPT, PROMPT, assert_caught, assert_clean, base_source, diff,
                             mla_source, planted_engine, through_dump)
-from reference.checkpoint import open_source
-from reference.fixtures import default_checkpoint_path
+from kimi.checkpoint import open_source
+from kimi.fixtures import default_checkpoint_path
 
 
 @dataclasses.dataclass(frozen=True)

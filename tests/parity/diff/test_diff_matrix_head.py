@@ -7,8 +7,8 @@ logits against the twin's noise), with no near-tie; traces never weaken a verdic
 import pytest
 
 from .planted_model import HEAD, OP, Recording, assert_traces_never_weaken, diff, diff_dump, planted_engine
-from reference.checkpoint import open_source
-from reference.fixtures import default_checkpoint_path
+from kimi.checkpoint import open_source
+from kimi.fixtures import default_checkpoint_path
 
 LAYER = 2  # the MoE layer of the double add (the others live in the head)
 

@@ -3,9 +3,9 @@ free-mode splits, re-anchoring and re-convergence, the summary line. The flip no
 scripted twin: the reference plus the same 0.01 noise, never the engine's own logits."""
 import numpy as np
 
+from kimi.config import KimiConfig
 from parity.diff import run_diff
 from parity.diff.runner import NO_TRACES
-from reference.config import KimiConfig
 
 CONFIG = KimiConfig.from_name("tiny")
 V = CONFIG.vocab_size

@@ -46,9 +46,9 @@ def test_the_logits_are_held_to_the_norm_of_the_noise_and_nan_is_never_within_it
 def test_the_twin_of_our_optimized_model_is_never_the_engine_under_test():
     import optimized
     import reference
+    from kimi.checkpoint import open_source
+    from kimi.fixtures import default_checkpoint_path
     from parity.diff.twin import twin_for
-    from reference.checkpoint import open_source
-    from reference.fixtures import default_checkpoint_path
 
     source = open_source(default_checkpoint_path())
     ref, engine = reference.load(source), optimized.load(source, dtype="bfloat16")

@@ -10,10 +10,10 @@ import optimized
 import reference
 from ..diff_helpers import Override, PROMPT_IDS, perturbed_a_log, router_near_tie, run_cli, write_checkpoint
 from parity.diff import run_diff
-from reference.checkpoint import open_source
-from reference.config import KimiConfig
-from reference.fixtures import default_checkpoint_path
-from reference.synthetic import SyntheticSource
+from kimi.checkpoint import open_source
+from kimi.config import KimiConfig
+from kimi.fixtures import default_checkpoint_path
+from kimi.synthetic import SyntheticSource
 
 PROMPT = [int(t) for t in PROMPT_IDS.split(",")]
 PLANTED = "tests.parity.diff.engines_planted"

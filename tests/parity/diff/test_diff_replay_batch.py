@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 import reference
+from kimi.fixtures import default_checkpoint_path
 from parity.bounds.core import precision_for
 from parity.diff.replay import HostWeights, Replay, ReplayCall, replay_batch, riders
 from reference.batch import split_trace
 from reference.executor import to_numpy
-from reference.fixtures import default_checkpoint_path
 
 # ragged: shorter than the conv window, one token, longer prompts
 PROMPTS = [[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9], [40], [3, 3, 3, 3, 3, 3, 9, 200, 17, 4, 4, 80]]

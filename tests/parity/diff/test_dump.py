@@ -10,13 +10,13 @@ from safetensors import safe_open
 from safetensors.numpy import load_file
 
 import reference
+from kimi.checkpoint import open_source
+from kimi.fixtures import default_checkpoint_path
 from parity.cli import main
 from parity.diff.engines.dump import record
 from parity.diff.engines.dump_writer import write_dump
 from parity.diff.engines.plan import load_plan
 from parity.schema import errors
-from reference.checkpoint import open_source
-from reference.fixtures import default_checkpoint_path
 
 from ..diff_helpers import PROMPT_IDS, one_line_error, run_cli
 from .engines_planted import fb_doubled_source

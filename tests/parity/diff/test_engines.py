@@ -51,8 +51,8 @@ def test_transformers_loads_a_checkpoint_it_saved_itself(tmp_path, capsys, held,
     """save_pretrained's layout (the dense MLP as block_sparse_moe, F32/F64 tensors) as it is."""
     import torch
 
+    from kimi.fixtures import default_checkpoint_path
     from parity.diff.engines import load_engine
-    from reference.fixtures import default_checkpoint_path
 
     engine = load_engine("transformers", default_checkpoint_path(), dtype="float32", device=parity_device)
     engine.hf_model.to(getattr(torch, held)).save_pretrained(tmp_path / "saved")
@@ -76,7 +76,7 @@ def test_transformers_in_bfloat16_on_cuda_has_no_step_diverged_over_128_steps(tm
 @pytest.mark.parity_interpreter  # transformers' torch path (on a GPU it calls fla-core's TF32 kernels)
 @needs_transformers
 def test_golden_check_holds_transformers_to_the_committed_golden(capsys, parity_device):
-    from reference.fixtures import default_checkpoint_path
+    from kimi.fixtures import default_checkpoint_path
 
     golden = default_checkpoint_path().parent / "golden" / "default.json"
     rc, out, err = run_cli(capsys, "golden", "check", str(golden), "--engine", "transformers", "--device", parity_device,
@@ -152,10 +152,10 @@ def test_an_unusable_engine_is_one_line_exit_2_and_nothing_written(tmp_path, cap
 
 
 def test_the_lm_head_bound_holds_for_lm_head_outputs_and_has_teeth():
+    from kimi.checkpoint import open_source
+    from kimi.fixtures import default_checkpoint_path
     from parity.bounds.core import precision_for
     from parity.diff.logits import LmHeadSpan
-    from reference.checkpoint import open_source
-    from reference.fixtures import default_checkpoint_path
 
     source = open_source(default_checkpoint_path())
     span = LmHeadSpan(source, source.config)
@@ -180,10 +180,10 @@ def test_the_lm_head_bound_holds_for_lm_head_outputs_and_has_teeth():
 def test_a_batchs_logit_rows_are_checked_together_as_each_alone(parity_device):
     # on a GPU the rows' products are taken at once (within float64 rounding of each row's own
     # check); on the CPU row by row, bit for bit; a non-finite row is None, the others still checked
+    from kimi.checkpoint import open_source
+    from kimi.fixtures import default_checkpoint_path
     from parity.bounds.core import precision_for
     from parity.diff.logits import LmHeadSpan
-    from reference.checkpoint import open_source
-    from reference.fixtures import default_checkpoint_path
 
     source = open_source(default_checkpoint_path())
     span = LmHeadSpan(source, source.config, device=parity_device)

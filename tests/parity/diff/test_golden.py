@@ -93,8 +93,8 @@ def test_a_golden_of_another_version_or_other_weights_is_refused(recorded, tmp_p
 
 
 def test_the_committed_golden_is_valid_and_its_bounds_sit_far_under_the_noise_ceiling():
+    from kimi.config import KimiConfig
     from parity.diff.golden_schema import noise_ceiling
-    from reference.config import KimiConfig
 
     g = golden.load(COMMITTED)
     config = KimiConfig.from_hub_dict(g["config"])
@@ -106,8 +106,8 @@ def test_the_committed_golden_is_valid_and_its_bounds_sit_far_under_the_noise_ce
 
 
 def test_the_noise_ceiling_grows_with_depth_reduction_length_and_unit_roundoff():
+    from kimi.config import KimiConfig
     from parity.diff.golden_schema import noise_ceiling
-    from reference.config import KimiConfig
 
     tiny, big = KimiConfig.from_name("tiny"), KimiConfig.from_name("kimi-linear-48b")
     values = [3.0, -1.0]

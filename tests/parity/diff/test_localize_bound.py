@@ -9,8 +9,8 @@ import optimized
 import reference
 from ..diff_helpers import perturbed_a_log
 from parity.diff.localize import SPIKE, _entries, localize
-from reference.config import KimiConfig
-from reference.synthetic import SyntheticSource
+from kimi.config import KimiConfig
+from kimi.synthetic import SyntheticSource
 
 
 def _entry(name, layer, op, e, bound, *, amp):

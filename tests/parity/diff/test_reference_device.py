@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import reference
+from kimi.config import KimiConfig
+from kimi.synthetic import SyntheticSource
 from parity.diff import reference_device
 from parity.environment import environment
 from parity.errors import InputError
-from reference.config import KimiConfig
-from reference.synthetic import SyntheticSource
 
 from ..diff_helpers import run_cli
 
@@ -27,8 +27,8 @@ TINY = KimiConfig.from_name("tiny")
 
 def test_the_optimized_models_resident_weights_are_the_checkpoints_and_the_reference_reads_them(parity_device):
     import optimized
+    from kimi.tensors import expected_tensors
     from optimized.weights import named_views
-    from reference.tensors import expected_tensors
 
     dev = parity_device
     src = SyntheticSource(TINY, 0)

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import optimized
+from kimi.fixtures import default_checkpoint_path
 from parity import ops, schema
 from parity.certify import certify_op
 from parity.certify.candidate import named
@@ -20,7 +21,6 @@ from parity.certify.check import check, prepare
 from parity.cli import main
 from parity.record import capture
 from parity.record.capture import casefile, sites, tensors
-from reference.fixtures import default_checkpoint_path
 
 from ..diff_helpers import one_line_error, run_cli
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import parity
+from kimi.fixtures import default_checkpoint_path
 from parity import schema
 from parity.record.watch import callfile, judge, recorder
 from parity.record.watch.adapters import Mismatch
-from reference.fixtures import default_checkpoint_path
 
 from . import watch_programs as wp
 from ..diff_helpers import one_line_error, run_cli

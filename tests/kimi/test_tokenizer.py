@@ -3,9 +3,9 @@ import importlib.util
 
 import pytest
 
-from reference.config import KimiConfig
-from reference.fixtures import default_checkpoint_path
-from reference.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
+from kimi.config import KimiConfig
+from kimi.fixtures import default_checkpoint_path
+from kimi.tokenizer import ByteTokenizer, TokenizerError, load_tokenizer
 
 
 def test_byte_ids_round_trip_and_avoid_the_special_ids():

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from reference.config import PRESETS, ConfigError, KimiConfig
-from reference.tensors import alternative_shapes, expected_tensors, num_parameters, storage_dtype
+from kimi.config import PRESETS, ConfigError, KimiConfig
+from kimi.tensors import alternative_shapes, expected_tensors, num_parameters, storage_dtype
 
 
 def test_the_48b_preset_matches_the_released_config():

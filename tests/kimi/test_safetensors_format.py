@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference.safetensors_format import DTYPE_BITS, parse_header
-from reference.validate import InvalidInput
+from kimi.safetensors_format import DTYPE_BITS, parse_header
+from kimi.validate import InvalidInput
 
 safetensors = pytest.importorskip("safetensors", reason="the safetensors library is the oracle of these tests")
 

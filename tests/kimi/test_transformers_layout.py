@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from reference.checkpoint import open_source
-from reference.config import KimiConfig
-from reference.tensors import transformers_aliases
+from kimi.checkpoint import open_source
+from kimi.config import KimiConfig
+from kimi.tensors import transformers_aliases
 
 try:
     import torch

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reference.checkpoint import (CheckpointConfigError, CheckpointError, CheckpointWarning, open_source,
+from kimi.checkpoint import (CheckpointConfigError, CheckpointError, CheckpointWarning, open_source,
                                   plan_shards, read_header, save_checkpoint)
-from reference.config import ConfigError, KimiConfig
-from reference.fixtures import write_fixture
-from reference.storage import bf16_bits_to_float64, float_to_bf16_bits
-from reference.synthetic import SyntheticSource
-from reference.tensors import storage_dtype
+from kimi.config import ConfigError, KimiConfig
+from kimi.fixtures import write_fixture
+from kimi.storage import bf16_bits_to_float64, float_to_bf16_bits
+from kimi.synthetic import SyntheticSource
+from kimi.tensors import storage_dtype
 
 TINY = KimiConfig.from_name("tiny")
 DT_BIAS = "model.layers.0.self_attn.dt_bias"

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from reference.validate import (InvalidInput, as_bool, as_file_name, as_float, as_int, as_list, as_path, as_str,
+from kimi.validate import (InvalidInput, as_bool, as_file_name, as_float, as_int, as_list, as_path, as_str,
                                 check_finite, inside, json_depth, label, one_line, output_file, parse_json)
 
 

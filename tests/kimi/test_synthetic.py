@@ -6,9 +6,9 @@ import zlib
 import numpy as np
 import pytest
 
-from reference.config import KimiConfig
-from reference.storage import bf16_bits_to_float64, float_to_bf16_bits
-from reference.synthetic import SyntheticSource, synthetic_values
+from kimi.config import KimiConfig
+from kimi.storage import bf16_bits_to_float64, float_to_bf16_bits
+from kimi.synthetic import SyntheticSource, synthetic_values
 
 TINY = KimiConfig.from_name("tiny")
 M = 0xFFFFFFFF
