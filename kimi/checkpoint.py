@@ -119,36 +119,18 @@ class WeightSource:
         return CheckpointError(f"{self._where(name)}: {self._label(name)}: non-finite values; "
                                "expected finite weights")
 
-    # -- on an executor (reference.executor): float64 where the model runs --------------------------
-    def get_on(self, name: str, executor, *, pending: list | None = None):
-        """``name`` as float64 on ``executor``, validated like ``get``. The bits are read on the
-        host and converted on the device (a GPU copies 2 bytes per bf16 weight, not 8). With
-        ``pending`` (a list) the finiteness check is queued there (``Weights.verify``) instead of
-        synchronizing with the device now."""
-        if executor.name == "numpy":
-            return self.get(name)
-        values = executor.from_storage(self.get_raw(name), self.storage_dtype(name))
-        return self.check_finite_on(name, values, executor, pending=pending)
+    def values_on(self, name: str, rows, xp, device):
+        """None: ``name``'s values are its storage bits, read on the host (``get_raw``,
+        ``get_raw_rows``) for the reader to move where it computes. A source that makes its values
+        (the synthetic generator) returns them made by the array namespace ``xp`` on ``device``
+        instead, float32 before storage rounding: ``[len(rows), *shape[1:]]`` (``rows``: 1-D host
+        indices), or the whole tensor with ``rows`` None (``reference.weights.get_on`` uses it)."""
+        return None
 
-    def get_rows_on(self, name: str, rows, executor, *, pending: list | None = None):
-        """``get_rows`` on ``executor``."""
-        if executor.name == "numpy":
-            return self.get_rows(name, rows)
-        raw = self.get_raw_rows(name, rows)
-        values = executor.from_storage(raw, self.storage_dtype(name))
-        return self.check_finite_on(name, values, executor, pending=pending)
-
-    def check_finite_on(self, name: str, values, executor, *, pending: list | None = None):
-        """``values`` if all finite (one reduction on the device), else ``CheckpointError``; with
-        ``pending``, the reduction is queued as ``((name,), sum, False)`` and checked by
-        ``Weights.verify``."""
-        total = executor.xp.sum(values)
-        if pending is not None:
-            pending.append(((name,), total, False))
-            return values
-        if math.isfinite(float(total)):
-            return values
-        return self._check_finite(name, executor.to_numpy(values))
+    def check_finite(self, name: str, values: np.ndarray) -> np.ndarray:
+        """``values`` (float64 NumPy, of ``name``) if all finite, else ``CheckpointError`` naming the
+        tensor, the count and the first non-finite value's index."""
+        return self._check_finite(name, values)
 
     def _check_finite(self, name: str, values: np.ndarray) -> np.ndarray:
         # a finite float64 sum means every value is finite (block sums on every core, no
