@@ -97,11 +97,11 @@ class WeightSource:
     def get(self, name: str) -> np.ndarray:
         """``name`` as float64 in its canonical shape; ``CheckpointError`` if a value is not finite."""
         values = raw_to_float64(self.get_raw(name), self.storage_dtype(name))
-        return self._check_finite(name, values)
+        return self.check_finite(name, values)
 
     def get_rows(self, name: str, rows) -> np.ndarray:
         """Rows ``rows`` (1-D integer indices) of ``name`` along its first axis, float64."""
-        return self._check_finite(name, self.get(name)[np.asarray(rows, dtype=np.int64)])
+        return self.check_finite(name, self.get(name)[np.asarray(rows, dtype=np.int64)])
 
     def get_raw_rows(self, name: str, rows) -> np.ndarray:
         """The storage bits of rows ``rows`` of ``name`` (see ``get_raw``)."""
@@ -130,9 +130,6 @@ class WeightSource:
     def check_finite(self, name: str, values: np.ndarray) -> np.ndarray:
         """``values`` (float64 NumPy, of ``name``) if all finite, else ``CheckpointError`` naming the
         tensor, the count and the first non-finite value's index."""
-        return self._check_finite(name, values)
-
-    def _check_finite(self, name: str, values: np.ndarray) -> np.ndarray:
         # a finite float64 sum means every value is finite (block sums on every core, no
         # temporary). An infinite sum of finite values (float64 storage can overflow it) is told
         # apart by the element check below.
@@ -230,11 +227,11 @@ class SafetensorsSource(WeightSource):
 
     def get(self, name: str) -> np.ndarray:
         # converted straight from the memmap: no intermediate copy of the raw bytes
-        return self._check_finite(name, raw_to_float64(self._view(name), self.storage_dtype(name)))
+        return self.check_finite(name, raw_to_float64(self._view(name), self.storage_dtype(name)))
 
     def get_rows(self, name: str, rows) -> np.ndarray:
         raw = self.get_raw_rows(name, rows)
-        return self._check_finite(name, raw_to_float64(raw, self.storage_dtype(name)))
+        return self.check_finite(name, raw_to_float64(raw, self.storage_dtype(name)))
 
     def get_raw_rows(self, name: str, rows) -> np.ndarray:
         return self._view(name)[np.asarray(rows, dtype=np.int64)]

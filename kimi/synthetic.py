@@ -208,7 +208,7 @@ class SyntheticSource(WeightSource):
     def get_rows(self, name: str, rows) -> np.ndarray:
         dtype = storage_dtype(name)
         values = self._row_values(name, rows, np, None)
-        return self._check_finite(name, raw_to_float64(to_storage(values, dtype), dtype))
+        return self.check_finite(name, raw_to_float64(to_storage(values, dtype), dtype))
 
     def get_raw_rows(self, name: str, rows) -> np.ndarray:
         return to_storage(self._row_values(name, rows, np, None), storage_dtype(name))
