@@ -37,8 +37,8 @@ import optimized  # noqa: E402
 from benchmarks.bench_ops import on_gpu, sync  # noqa: E402
 from benchmarks.harness import (HBM_BYTES_PER_S, Result, add_pdl_option, apply_pdl, kernel_profile,  # noqa: E402
                                 save, show_kernel_profile)
-from reference.config import KimiConfig  # noqa: E402
-from reference.synthetic import SyntheticSource  # noqa: E402
+from kimi.config import KimiConfig  # noqa: E402
+from kimi.synthetic import SyntheticSource  # noqa: E402
 
 GB = 1e9
 
@@ -237,7 +237,7 @@ def main(argv=None):
         cfg = first_layers(cfg, args.layers)
         preset = f"{preset} (first {args.layers} layers)"
 
-    from reference.tensors import num_parameters
+    from kimi.tensors import num_parameters
 
     rss0 = _rss_gb()
     sync()

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optimized  # noqa: E402
 from benchmarks.harness import (Result, add_pdl_option, apply_pdl, bench, graph_timings, save,  # noqa: E402
                                 wall_per_call)
-from reference.config import KimiConfig  # noqa: E402
+from kimi.config import KimiConfig  # noqa: E402
 
 BF16 = torch.bfloat16
 EPS = 1e-5

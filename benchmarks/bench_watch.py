@@ -98,7 +98,7 @@ def per_call(tokens: int, calls: int, max_bytes: int) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     import parity
-    from reference.fixtures import default_checkpoint_path
+    from kimi.fixtures import default_checkpoint_path
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", default=str(default_checkpoint_path()))

@@ -7,7 +7,7 @@
 # counts, certify's summary, and whether the run is green (benchmarks/gpu_check.py).
 #
 #   device run (kind nvidia-h200, carry [".whl"]):   bash benchmarks/check_gpu.sh [pytest selection...]
-#   (each selection, default every tests/*/test_*.py file, runs as its own pytest process, at most
+#   (each selection, default every tests/**/test_*.py file, runs as its own pytest process, at most
 #   CHECK_JOBS at a time, largest files first: a CUDA fault in one file cannot fail the others; the
 #   files in CHECK_SPREAD first, on CHECK_SPREAD_WORKERS (4) xdist workers each; logs merged into
 #   pytest.log; the JUnit XMLs, exit codes and pytest.log packed into parts.tar.gz)
@@ -36,8 +36,8 @@ JOBS=${CHECK_JOBS:-$(nproc)}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # the files whose Triton compiles or float64 references at model sizes dominate run on
 # CHECK_SPREAD_WORKERS pytest-xdist workers (where xdist is installed), and start first
-SPREAD=" ${CHECK_SPREAD-tests/optimized/test_mla_gpu.py tests/optimized/test_kda_gpu.py tests/optimized/test_kda.py tests/optimized/test_mla.py tests/optimized/test_moe.py tests/optimized/test_norm.py tests/optimized/test_conv.py tests/parity/test_optimized.py tests/parity/test_certify_impl.py tests/parity/test_engines.py tests/parity/test_search.py} "
-SEL=${*:-$(for f in $SPREAD; do [ -f "$f" ] && echo "$f"; done; ls -S tests/*/test_*.py | grep -vxF -f <(printf '%s\n' $SPREAD))}
+SPREAD=" ${CHECK_SPREAD-tests/optimized/test_mla_gpu.py tests/optimized/test_kda_gpu.py tests/optimized/test_kda.py tests/optimized/test_mla.py tests/optimized/test_moe.py tests/optimized/test_norm.py tests/optimized/test_conv.py tests/parity/certify/test_optimized.py tests/parity/certify/test_certify_impl.py tests/parity/diff/test_engines.py tests/parity/certify/test_search.py} "
+SEL=${*:-$(for f in $SPREAD; do [ -f "$f" ] && echo "$f"; done; ls -S $(find tests -name 'test_*.py') | grep -vxF -f <(printf '%s\n' $SPREAD))}
 echo "check_gpu.sh: $(echo $SEL | wc -w) pytest selections ($JOBS at a time) and parity certify --device cuda, ${LIMIT}s each"
 rm -f "$OUT"/rc-* "$OUT"/junit-*.xml "$OUT"/pytest-*.log
 CERTIFY=${CHECK_CERTIFY:-1}

@@ -1,6 +1,6 @@
 """The code digest: what a GPU run (docs/runs/gpu-check.json) was run on.
 
-sha256 over every ``*.py`` under optimized/, parity/, reference/ and tests/ (``__pycache__``
+sha256 over every ``*.py`` under kimi/, optimized/, parity/, reference/ and tests/ (``__pycache__``
 skipped), in sorted path order (POSIX paths relative to the repository root), of
 ``path + "\\0" + sha256(file bytes)``. A gpu-check.json whose digest is not this one was not run on
 this code.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import pathlib
 
-PACKAGES = ("optimized", "parity", "reference", "tests")
+PACKAGES = ("kimi", "optimized", "parity", "reference", "tests")
 
 
 def code_digest(root: str | pathlib.Path = ".") -> str:

@@ -11,7 +11,7 @@ The record: ``digest`` (benchmarks/code_digest.py: the code that ran), ``files``
 passed / failed / skipped / error counts, and the seconds its tests took, summed over xdist workers),
 ``selections`` (per pytest process: its exit status; a
 process killed by the time limit wrote no XML and counts as an error), ``certify`` (exit status,
-ops certified of total, mutants killed of total), ``complete`` (every tests/*/test_*.py file
+ops certified of total, mutants killed of total), ``complete`` (every tests/**/test_*.py file
 reported), ``green`` (complete, every selection exited 0 with no failures or errors, and certify
 ran and exited 0), the device, torch and triton versions, wall seconds.
 """
@@ -110,7 +110,7 @@ def environment() -> dict:
 def record(out: pathlib.Path, wall_s: float) -> dict:
     files, selections = collect(out)
     cert = certify_summary(out)
-    every = {p.relative_to(ROOT).as_posix() for p in ROOT.glob("tests/*/test_*.py")}
+    every = {p.relative_to(ROOT).as_posix() for p in ROOT.glob("tests/**/test_*.py")}
     complete = every <= set(files)
     green = complete and all(s["rc"] == 0 and "note" not in s for s in selections.values()) \
         and all(f["failed"] == 0 and f["error"] == 0 for f in files.values()) \

@@ -66,7 +66,7 @@ def device_calls(fn) -> dict:
 
 def main(argv=None) -> int:
     from bench_watch import load, prefill
-    from reference.fixtures import default_checkpoint_path
+    from kimi.fixtures import default_checkpoint_path
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", default=str(default_checkpoint_path()))

@@ -90,8 +90,8 @@ def cmd_decode(args) -> dict:
     import numpy as np
 
     import reference
-    from reference.config import KimiConfig
-    from reference.synthetic import SyntheticSource
+    from kimi.config import KimiConfig
+    from kimi.synthetic import SyntheticSource
 
     cfg = KimiConfig.from_name(args.preset)
     src = SyntheticSource(cfg, 0)
@@ -342,7 +342,7 @@ def _kernels(ex, step, n: int) -> dict:
 def _reduced_config(preset: str, experts: int, layers: int | None = None):
     """``preset`` with ``experts`` routed experts per layer, and its first ``layers`` layers only
     (every layer keeps its kind: KDA or MLA, dense or MoE)."""
-    from reference.config import KimiConfig
+    from kimi.config import KimiConfig
 
     cfg = dataclasses.replace(KimiConfig.from_name(preset), num_experts=experts)
     if layers is None or layers >= cfg.num_hidden_layers:
@@ -355,9 +355,9 @@ def _reduced_config(preset: str, experts: int, layers: int | None = None):
 def _write_checkpoint(cfg, directory: Path) -> float:
     """The synthetic model of ``cfg`` as a sharded bf16 checkpoint (generated on the GPU when there
     is one: the same bits as NumPy's, without the host's hashing). Returns the seconds it took."""
-    from reference.checkpoint import save_checkpoint
-    from reference.synthetic import SyntheticSource
-    from reference.tensors import storage_dtype
+    from kimi.checkpoint import save_checkpoint
+    from kimi.synthetic import SyntheticSource
+    from kimi.tensors import storage_dtype
 
     src = SyntheticSource(cfg, 0)
     raw = _gpu_raw(src) or src.get_raw
@@ -476,9 +476,9 @@ def _stream_sweep(src, cfg) -> dict:
     machine's cores, to choose ``streamed.BLOCK``."""
     import numpy as np
 
+    from kimi.tensors import expert_name
     from reference import streamed
     from reference.executor import cpu_count
-    from reference.tensors import expert_name
 
     names = {"lm_head": "lm_head.weight", "expert_w1": expert_name(cfg.first_k_dense_replace, 0, "w1")}
     x = {k: np.random.default_rng(0).standard_normal(src.shape(n)[1]) for k, n in names.items()}
@@ -491,8 +491,8 @@ def _stream_sweep(src, cfg) -> dict:
                 streamed.BLOCK, streamed.THREADS = block, threads
                 row = {"block": block, "threads": threads}
                 for k, n in names.items():
-                    src.linear(n, x[k])  # warm
-                    best = min(_timed(lambda: src.linear(n, x[k])) for _ in range(repeats[k]))
+                    streamed.source_linear(src, n, x[k])  # warm
+                    best = min(_timed(lambda: streamed.source_linear(src, n, x[k])) for _ in range(repeats[k]))
                     row[f"{k}_ms"] = best * 1e3
                 rows.append(row)
     finally:
@@ -528,7 +528,7 @@ def _layer_breakdown(cfg, marks: list[list[float]]) -> dict:
 
 
 def _config_of(directory: Path):
-    from reference.config import ConfigError, KimiConfig
+    from kimi.config import ConfigError, KimiConfig
 
     try:
         return KimiConfig.from_json(directory / "config.json")
@@ -537,7 +537,7 @@ def _config_of(directory: Path):
 
 
 def _checkpoint_bytes(cfg) -> int:
-    from reference.tensors import num_parameters
+    from kimi.tensors import num_parameters
 
     return 2 * num_parameters(cfg)
 
@@ -572,8 +572,8 @@ def write_corpus(path: Path, n: int, vocab: int, lo: int = 8, hi: int = 64, seed
 def cmd_corpus(args) -> dict:
     """``parity diff --prompts`` over a synthetic corpus of the preset, end to end in this process
     (the model loads included), its corpus report and plot in ``--out``."""
+    from kimi.config import KimiConfig
     from parity.cli import main
-    from reference.config import KimiConfig
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -606,8 +606,8 @@ def cmd_corpus_shards(args) -> dict:
     the whole corpus's report. On a GPU reference a batch's rows differ from other batch sizes' in the
     last bits, so every string, integer and verdict must be equal and every float within 1e-6
     relative (or 1e-9 absolute); the wall times are left out."""
+    from kimi.config import KimiConfig
     from parity.cli import main
-    from reference.config import KimiConfig
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

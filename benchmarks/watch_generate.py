@@ -25,7 +25,7 @@ def main(argv=None) -> int:
 
     import transformers
 
-    from reference.fixtures import default_checkpoint_path
+    from kimi.fixtures import default_checkpoint_path
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", default=str(default_checkpoint_path()))

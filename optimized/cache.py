@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kimi.config import KimiConfig
 from reference.cache import KDACache, MLACache, ModelCache
-from reference.config import KimiConfig
 
 from .mla import PagedLatentCache
 

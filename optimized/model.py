@@ -68,10 +68,10 @@ import os
 
 import torch
 
+from kimi.checkpoint import WeightSource, open_source
+from kimi.config import KimiConfig
 from reference.checks import (check_token_id, check_token_ids, check_variants, kda_gate_bound,
                               resolve_kda_gate)
-from reference.checkpoint import WeightSource, open_source
-from reference.config import KimiConfig
 
 from . import backends as _backends
 from ._interpreter import interpreting, settle

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from reference.checkpoint import CheckpointError
-from reference.config import KimiConfig
-from reference.tensors import expected_tensors
+from kimi.checkpoint import CheckpointError
+from kimi.config import KimiConfig
+from kimi.tensors import expected_tensors
 
 from . import synthetic
 
@@ -219,7 +219,7 @@ def load_weights(source, *, device: torch.device, dtype: torch.dtype) -> ModelWe
                                            post_norm=w(p + "post_attention_layernorm.weight"),
                                            mixer=mixer, ffn=ffn))
     weights.norm = w("model.norm.weight")
-    # tied embeddings: the checkpoint holds no lm_head.weight (reference.tensors.expected_tensors)
+    # tied embeddings: the checkpoint holds no lm_head.weight (kimi.tensors.expected_tensors)
     weights.lm_head = weights.embed if cfg.tie_word_embeddings else w("lm_head.weight")
     return weights
 
@@ -230,7 +230,7 @@ SMALL_SUFFIXES = (".A_log", ".dt_bias", ".e_score_correction_bias", ".block_spar
 
 def resident_bytes(config: KimiConfig, dtype: torch.dtype) -> int:
     """Bytes ``load_weights`` keeps resident for ``config`` at ``dtype``, counted from the tensor
-    table (``reference.tensors.expected_tensors``), before anything is read: every tensor once at
+    table (``kimi.tensors.expected_tensors``), before anything is read: every tensor once at
     ``dtype`` (fusing and stacking copy, they do not duplicate), the gate and router parameters
     (``SMALL_SUFFIXES``) at float32 (float64 in a float64 model), no ``lm_head`` of its own when
     the embeddings are tied. Equals ``ModelWeights.nbytes()`` of the loaded model (a test holds

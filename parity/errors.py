@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from reference.validate import InvalidInput, output_file, write_error
+from kimi.validate import InvalidInput, output_file, write_error
 
 
 class InputError(Exception):
@@ -15,7 +15,7 @@ class InputError(Exception):
 
 def check_outputs(*flags: tuple[str, str | None]) -> None:
     """Each ``(flag, path)`` given on the command line is a usable output file
-    (``reference.validate.output_file``), checked before any work starts."""
+    (``kimi.validate.output_file``), checked before any work starts."""
     for flag, path in flags:
         try:
             output_file(flag, path)

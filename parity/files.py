@@ -19,11 +19,11 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from kimi.safetensors_format import read_header as safetensors_header
+from kimi.validate import InvalidInput, parse_json
 from parity.atomic import atomic_write
 from parity.errors import InputError
 from parity.schema import errors, load
-from reference.safetensors_format import read_header as safetensors_header
-from reference.validate import InvalidInput, parse_json
 
 METADATA_KEY = "kimi-parity"
 
@@ -50,7 +50,7 @@ class Format:
 @dataclass(frozen=True)
 class Header:
     """A file's checked header: ``head`` (the JSON header) and ``tensors`` (name ->
-    ``reference.safetensors_format.TensorInfo``: dtype, shape, offsets)."""
+    ``kimi.safetensors_format.TensorInfo``: dtype, shape, offsets)."""
 
     head: dict
     tensors: dict
@@ -73,8 +73,8 @@ def write(path, fmt: Format, fields: dict, tensors: dict, *, durable: bool = Tru
 
 def read_header(path, fmt: Format, *, schema: bool = True) -> Header:
     """Read and check the header of a file of ``fmt``: its safetensors layout against its size
-    (``reference.safetensors_format``: a truncated file is refused here), the ``"kimi-parity"``
-    entry as strict JSON (``reference.validate.parse_json``), the tag, the version and, with
+    (``kimi.safetensors_format``: a truncated file is refused here), the ``"kimi-parity"``
+    entry as strict JSON (``kimi.validate.parse_json``), the tag, the version and, with
     ``schema``, the format's schema. ``fmt.error`` (one line naming the file) otherwise."""
     path = Path(path)
     fail = fmt.error

@@ -28,11 +28,11 @@ from typing import Callable
 
 import torch
 
+from kimi.config import PRESETS
 from optimized.cache import sequence_bytes
 from optimized.weights import resident_bytes
 from parity.errors import InputError
 from reference.cache import cache_bytes
-from reference.config import PRESETS
 from reference.executor import free_bytes as free
 from reference.memory import call_bytes
 

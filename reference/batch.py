@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from kimi.config import KimiConfig
+
 from .cache import ModelCache, check_cache
 from .checks import check_token_ids
-from .config import KimiConfig
 from .executor import to_numpy
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import KimiConfig
+from kimi.config import KimiConfig
 
 
 def _frozen(a):

@@ -9,6 +9,8 @@ import numbers
 
 import numpy as np
 
+from kimi.config import kda_gate_name
+
 from .executor import to_numpy
 
 MOE_COMBINES = ("unbiased", "biased")
@@ -43,14 +45,6 @@ def kda_gate_bound(kda_gate: str):
         lo, hi = LOWER_BOUND_RANGE
         raise ValueError(f"kda_gate: expected softplus or lower_bound:<b> with b in [{lo:g}, {hi:g}), "
                          f"got {kda_gate!r}") from None
-
-
-def kda_gate_name(lower_bound) -> str:
-    """The ``kda_gate`` variant of a gate's b (None: ``"softplus"``): ``"lower_bound:-5"``."""
-    if lower_bound is None:
-        return "softplus"
-    r = repr(float(lower_bound))
-    return "lower_bound:" + (r[:-2] if r.endswith(".0") else r)
 
 
 def check_variants(*, moe_combine, kv_norm_eps, kda_gate=None) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import array_api_compat
 import numpy as np
 
-from .storage import HOLDS_EXACTLY, bf16_bits_to_float64, cpu_count, raw_to_float64, to_storage
+from kimi.storage import HOLDS_EXACTLY, bf16_bits_to_float64, cpu_count, raw_to_float64, to_storage
 
 EXECUTORS = ("numpy", "torch", "array-api-strict")
 API_VERSION = "2024.12"  # the standard the ops are written against (take_along_axis, scalar operands)

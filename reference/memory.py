@@ -32,11 +32,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from .config import KimiConfig
+from kimi.config import KimiConfig
+from kimi.tensors import layer_tensors
+
 from .kda import block_bytes
 from .mla import attention_bytes
 from .streamed import scratch_bytes
-from .tensors import layer_tensors
 
 F64 = 8
 KDA_BLOCK_ARRAYS = 24  # the chunked form's working set of a block of chunks (``kda.block_bytes``):

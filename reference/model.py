@@ -62,19 +62,20 @@ from functools import partial
 
 import numpy as np
 
+from kimi.checkpoint import WeightSource, open_source
+from kimi.config import KimiConfig
+from kimi.tensors import layer_prefix
+
 from . import conv, embed, kda, mla, moe, norm
 from .batch import Rider, check_batch, check_riders
 from .cache import KDACache, MLACache, ModelCache, check_cache, empty_cache
-from .checkpoint import WeightSource, open_source
 from .checks import (OWN, check_routing, check_token_id, check_token_ids, check_variants, kda_gate_bound,
                      resolve_kda_gate)
-from .config import KimiConfig
 from .elementwise import sigmoid
 from .executor import NUMPY, Executor, device_of, get_executor, to_numpy
 from .graphs import StepGraphs
 from .hooks import LayerProgress, trace_kda_core
 from .memory import SEGMENT, DoesNotFit, call_bytes, check_fits, out_of_memory, step_bytes
-from .tensors import layer_prefix
 from .weights import STREAM_TOKENS, WEIGHT_CACHE_BYTES, Weights
 
 __all__ = ["load", "Model", "ModelCache", "KDACache", "MLACache", "DoesNotFit", "LOGITS", "SEGMENT"]

@@ -31,8 +31,9 @@ from concurrent.futures import wait
 
 import numpy as np
 
+from kimi.storage import cpu_count, pool
+
 from .executor import namespace
-from .storage import cpu_count, pool
 
 BLOCK = 1 << 17  # weights per block: 1 MB of float64 + 0.5 MB of uint32 scratch per core (L2-sized)
 # tasks per product at most (None: one per core). Four: on the H200 machine's 16 cores one streamed
@@ -141,6 +142,28 @@ def linear_from_storage(x: np.ndarray, raw: np.ndarray, storage: str, *, row_by_
 
 
 _LOCAL = threading.local()
+
+
+def source_linear(source, name: str, x: np.ndarray, *, row_by_row: bool = False) -> np.ndarray:
+    """``x @ W.T`` (float64 NumPy, ``x [T, D]`` or ``[D]``) for the weight ``W = source.get(name)``
+    ``[N, D]`` of a ``kimi.checkpoint.WeightSource``, computed from its storage bits in
+    cache-sized row blocks on every core (``linear_from_storage``; ``row_by_row``: each row of ``x``
+    on its own, its bits independent of the other rows): the float64 ``W`` never exists whole. A
+    non-finite weight raises ``CheckpointError`` naming the tensor, as ``get`` does, and no result."""
+    dtype = source.storage_dtype(name)
+    parts = []
+    try:
+        for raw in source.raw_parts(name):
+            parts.append(linear_from_storage(x, raw, dtype, row_by_row=row_by_row))
+    except NonFiniteBlock:
+        raise source.nonfinite_error(name) from None
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+
+
+def source_streamed(source, name: str, *, row_by_row: bool = False) -> StreamedWeight:
+    """``name`` of ``source`` as a ``StreamedWeight`` (applied by ``source_linear``, never upcast
+    whole)."""
+    return StreamedWeight(source.shape(name), lambda x: source_linear(source, name, x, row_by_row=row_by_row), name)
 
 
 def scratch_bytes() -> int:

@@ -19,10 +19,52 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .checkpoint import CheckpointError, WeightSource
+from kimi.checkpoint import CheckpointError, WeightSource
+from kimi.tensors import expert_name
+
 from .executor import Executor, to_numpy
-from .streamed import StreamedWeight, linear, linear_rows
-from .tensors import expert_name
+from .streamed import StreamedWeight, linear, linear_rows, source_linear, source_streamed
+
+def get_on(source: WeightSource, name: str, executor: Executor, *, pending: list | None = None):
+    """``source.get(name)`` as float64 on ``executor``, validated like ``get``. The bits are read on
+    the host and converted on the device (a GPU copies 2 bytes per bf16 weight, not 8), or made
+    there by a source that generates its values (``WeightSource.values_on``). With ``pending`` (a
+    list) the finiteness check is queued there (``Weights.verify``) instead of synchronizing with the
+    device now."""
+    if executor.name == "numpy":
+        return source.get(name)
+    return _on(source, name, None, executor, pending)
+
+
+def get_rows_on(source: WeightSource, name: str, rows, executor: Executor, *, pending: list | None = None):
+    """``source.get_rows(name, rows)`` on ``executor`` (as ``get_on``)."""
+    if executor.name == "numpy":
+        return source.get_rows(name, rows)
+    return _on(source, name, rows, executor, pending)
+
+
+def _on(source: WeightSource, name: str, rows, executor: Executor, pending: list | None):
+    made = source.values_on(name, rows, executor.xp, executor.device)
+    if made is not None:
+        values = executor.round_to_storage(made, source.storage_dtype(name))
+    else:
+        raw = source.get_raw(name) if rows is None else source.get_raw_rows(name, rows)
+        values = executor.from_storage(raw, source.storage_dtype(name))
+    return check_finite_on(source, name, values, executor, pending=pending)
+
+
+def check_finite_on(source: WeightSource, name: str, values, executor: Executor, *, pending: list | None = None):
+    """``values`` (of ``name``, on ``executor``) if all finite (one reduction on the device), else
+    ``CheckpointError``; with ``pending``, the reduction is queued as ``((name,), sum, False)`` and
+    checked by ``Weights.verify``."""
+    total = executor.xp.sum(values)
+    if pending is not None:
+        pending.append(((name,), total, False))
+        return values
+    if math.isfinite(float(total)):
+        return values
+    return source.check_finite(name, to_numpy(values))
+
 
 WEIGHT_CACHE_BYTES = 64 << 20  # default LRU of float64 weights: all of tiny/small, a few tensors of 48b
 EXPERT_CHECK_BYTES = 1 << 29  # a stack of shared experts is checked finite in blocks of this much float64
@@ -80,7 +122,7 @@ class Weights:
 
     def _fetch(self, name: str):
         if name not in self.shared:
-            return self.source.get_on(name, self.ex, pending=self.pending)
+            return get_on(self.source, name, self.ex, pending=self.pending)
         return self._check((name,), self._shared(name), remember=True)
 
     def _shared(self, name: str):
@@ -109,7 +151,7 @@ class Weights:
         """float64 rows (host int64 indices) of ``name`` along its first axis."""
         t = self.shared.get(name)
         if t is None:
-            return self.source.get_rows_on(name, rows, self.ex, pending=self.pending)
+            return get_rows_on(self.source, name, rows, self.ex, pending=self.pending)
         if _contiguous(rows):  # a block of rows (the lm_head's): remembered under its range
             lo, hi = int(rows[0]), int(rows[-1]) + 1
             values = self.ex.from_storage(t[lo:hi], self.source.storage_dtype(name))
@@ -174,14 +216,14 @@ class Weights:
             self._bytes = 0
             for names in bad:
                 for n in names:  # element by element: raises naming the first bad tensor
-                    self.source.check_finite_on(n.split("[")[0], self._recheck(n), self.ex)
+                    check_finite_on(self.source, n.split("[")[0], self._recheck(n), self.ex)
             raise CheckpointError(f"{', '.join(bad[0])}: a non-finite sum of finite weights")
 
     def _recheck(self, name: str):
         """What was fetched as ``name`` (``tensor[lo:hi]`` for a block of rows), fetched again."""
         base, _, span = name.partition("[")
         if base not in self.shared:
-            return self.source.get_on(base, self.ex)
+            return get_on(self.source, base, self.ex)
         if span:
             lo, hi = (int(v) for v in span.rstrip("]").split(":"))
             return self.ex.from_storage(self.shared[base][lo:hi], self.source.storage_dtype(base))
@@ -213,7 +255,7 @@ class Weights:
         not depend on the calls before it (a corpus decoded in batches runs its calls in another
         order than one prompt at a time)."""
         if self.streams and (self.by_row or x.shape[0] <= STREAM_TOKENS):
-            return self.source.linear(name, x, row_by_row=self.by_row)
+            return source_linear(self.source, name, x, row_by_row=self.by_row)
         return self.applied(self(name))(x)
 
     def linears(self, names: list[str], x) -> list:
@@ -254,9 +296,9 @@ class Weights:
         return StreamedWeight(tuple(w.shape), self.applied(w), name) if self.by_row else w
 
     def streamed(self, name: str) -> StreamedWeight:
-        """``name`` applied from its storage bits (``WeightSource.streamed``; row by row inside
+        """``name`` applied from its storage bits (``streamed.source_streamed``; row by row inside
         ``row_by_row``)."""
-        return self.source.streamed(name, row_by_row=self.by_row)
+        return source_streamed(self.source, name, row_by_row=self.by_row)
 
     def experts(self, layer: int, which: str, count: int) -> Experts:
         """Expert matrices ``which`` (w1, w2, w3) of MoE layer ``layer``, loaded on demand."""

@@ -1,5 +1,5 @@
-"""The layering of the three packages: dependencies flow reference <- optimized <- parity, and the
-import graph of all three has no cycle, counting imports inside functions (a function-level import
+"""The layering of the four packages: dependencies flow kimi <- reference <- optimized <- parity,
+and the import graph of all four has no cycle, counting imports inside functions (a function-level import
 that closes a cycle holds the cycle apart; it does not remove it). The same holds a level up, for
 every package's subpackages and modules each taken whole, and parity's rooms are floors: each
 imports only the floors below it (``PARITY_FLOORS``)."""
@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("reference", "optimized", "parity")  # each may import only those before it
+PACKAGES = ("kimi", "reference", "optimized", "parity")  # each may import only those before it
 # parity's floors, lowest first, each importing only those below it: the foundation (the records,
 # the catalogue ops/ and bounds/, metrics, errors, ...: every module not named here), the rooms,
 # and the entry points that users and pytest call
@@ -41,7 +41,7 @@ def imports(tree: ast.AST, me: str, is_package: bool, modules: set) -> set:
 
 
 def graph(root: Path = ROOT) -> dict:
-    """``{module: modules it imports}`` over the three packages."""
+    """``{module: modules it imports}`` over the four packages."""
     files = {module_of(p, root): p for pkg in PACKAGES for p in (root / pkg).rglob("*.py")}
     return {m: imports(ast.parse(p.read_text(), filename=str(p)), m, p.name == "__init__.py", set(files))
             for m, p in files.items()}
@@ -126,17 +126,26 @@ def up_a_floor(g: dict) -> list:
                   for t in ts if t.split(".")[0] == "parity" and floor_of(t) > floor_of(m))
 
 
-def test_the_three_packages_have_no_import_cycle_even_through_function_level_imports():
+def test_the_four_packages_have_no_import_cycle_even_through_function_level_imports():
     g = graph()
-    assert {"reference.model", "optimized.model", "parity.ops.kda"} <= set(g)
+    assert {"kimi.checkpoint", "reference.model", "optimized.model", "parity.ops.kda"} <= set(g)
     assert "parity.ops" in g["parity.testing"] and "parity.registry" in g["parity.ops.kda"]
     assert cycles(g) == []
 
 
-def test_dependencies_flow_from_reference_to_optimized_to_parity():
+def test_dependencies_flow_from_kimi_to_reference_to_optimized_to_parity():
     g = graph()
     assert any(t.startswith("reference.") for t in g["optimized.model"])
+    assert "kimi.checkpoint" in g["reference.model"]
     assert upward(g) == []
+
+
+def test_kimi_imports_nothing_of_the_project_but_itself():
+    g = graph()
+    kimi = {m for m in g if m.split(".")[0] == "kimi"}
+    assert {"kimi.checkpoint", "kimi.config", "kimi.synthetic"} <= kimi
+    assert "kimi.tensors" in g["kimi.checkpoint"]   # its own modules are seen
+    assert sorted(f"{m} -> {t}" for m in kimi for t in g[m] if t.split(".")[0] != "kimi") == []
 
 
 def test_no_package_has_a_cycle_among_its_subpackages_and_modules():
@@ -177,7 +186,15 @@ def test_the_cycle_check_sees_a_cycle_closed_by_an_import_inside_a_function():
 
 def test_the_real_graph_with_one_planted_back_edge_has_a_cycle_and_an_upward_import():
     g = graph()
-    g["reference.executor"] = g["reference.executor"] | {"reference.checkpoint"}
-    assert any({"reference.executor", "reference.checkpoint"} <= set(c) for c in cycles(g))
-    g["reference.config"] = g["reference.config"] | {"optimized.model"}
-    assert "reference.config -> optimized.model" in upward(g)
+    g["reference.executor"] = g["reference.executor"] | {"reference.weights"}
+    assert any({"reference.executor", "reference.weights"} <= set(c) for c in cycles(g))
+    g["reference.cache"] = g["reference.cache"] | {"optimized.model"}
+    assert "reference.cache -> optimized.model" in upward(g)
+
+
+def test_a_function_level_import_of_the_reference_in_kimi_is_an_upward_import():
+    g = graph()
+    source = "def f():\n    from reference.streamed import source_linear\n    return source_linear\n"
+    g["kimi.checkpoint"] = g["kimi.checkpoint"] | imports(ast.parse(source), "kimi.checkpoint", False, set(g))
+    assert upward(g) == ["kimi.checkpoint -> reference.streamed"]
+    assert "kimi" in packages(g) and "kimi.checkpoint" in collapsed(g, "kimi")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "docs" / "spec.md"
-SOURCES = ("reference", "optimized", "parity", "tests", "benchmarks", "docs")
+SOURCES = ("kimi", "reference", "optimized", "parity", "tests", "benchmarks", "docs")
 
 LABEL = r"(?:\([a-f]\)|[a-f]\.\d+)"
 # "spec" then a list of labels joined by , / - – "and"; or a label right after "§"

@@ -32,4 +32,4 @@ echo "import site; site.addsitedir('$base')" >"$site/zz-base.pth"
 echo "peers.sh: transformers $version (tested range: transformers$range) in $env"
 # the tests of these files that run transformers (its name in theirs, or in their file's)
 exec "$env/bin/python" -m pytest -q -p no:cacheprovider -n auto --dist loadfile -k transformers \
-    tests/parity/test_engines.py tests/parity/test_watch.py tests/reference/test_transformers_layout.py
+    tests/parity/diff/test_engines.py tests/parity/record/test_watch.py tests/kimi/test_transformers_layout.py

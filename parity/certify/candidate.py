@@ -240,7 +240,7 @@ def identify(fn: Callable) -> dict:
     return dict(inner, adapter=me, **({"gate": gate} if gate else {}))
 
 
-PROJECT_MODULES = ("optimized", "reference", "parity")  # code of this project: trusted in-process
+PROJECT_MODULES = ("optimized", "kimi", "reference", "parity")  # code of this project: trusted in-process
 
 
 def in_project(cand: Candidate) -> bool:

@@ -34,7 +34,7 @@ import numpy as np
 from .. import metrics
 
 # A mean score at or above this names the mutant. Measured (float32 and bfloat16, three drawn inputs
-# each): a replay of a registered bug scores 1.0 against its mutant (tests/parity/test_certify_impl.py);
+# each): a replay of a registered bug scores 1.0 against its mutant (tests/parity/certify/test_certify_impl.py);
 # failures no mutant fits score at most 0.28 (kda.recurrent: garbage rows 0.04, an uninitialized
 # output 0.13, TF32 products 0.28 against output_before_update); two different mutants of one op at
 # most 0.51 (norm.l2norm), except the pairs that err alike (kda.gate's sign flip and forgotten exp

@@ -23,9 +23,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kimi.validate import one_line
 from parity import memory
 from parity.errors import InputError, is_out_of_memory, memory_line
-from reference.validate import one_line
 
 from . import capture, certify, diff, fixture, golden, judge, search, watch
 
@@ -55,7 +55,7 @@ def nested_parser(command: str, action: str) -> argparse.ArgumentParser:
     return parser
 
 
-PROJECT_PACKAGES = ("parity", "reference", "optimized", "tests")  # a module of these missing is our bug
+PROJECT_PACKAGES = ("parity", "kimi", "reference", "optimized", "tests")  # a module of these missing is our bug
 
 
 def main(argv: list[str] | None = None, *, free_memory=None) -> int:

@@ -1,5 +1,5 @@
 """Argument checks every subcommand shares, run before any work starts: output files
-(``reference.validate.output_file``: not empty, not a directory, a folder that exists and is
+(``kimi.validate.output_file``: not empty, not a directory, a folder that exists and is
 writable, a name the file system takes), bounded counts and seeds, and writes whose OS errors become
 one-line input errors."""
 from __future__ import annotations

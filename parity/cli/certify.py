@@ -37,6 +37,7 @@ import time
 
 from rich.console import Console
 
+from kimi.config import kda_gate_name
 from parity import certify as engine
 from parity import ops, schema, strategies
 from parity.bounds.core import CONTRACTS
@@ -49,7 +50,7 @@ from parity.errors import CandidateError, InputError
 from parity.ops.kda import under_gate
 from parity.peers import SHORTHANDS, implementations, missing
 from parity.record import capture
-from reference.checks import kda_gate_bound, kda_gate_name
+from reference.checks import kda_gate_bound
 
 
 def register(sub):

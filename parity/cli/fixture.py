@@ -1,6 +1,6 @@
 """`parity fixture PRESET OUT_DIR --seed S [--shards N] [--force]`: write a synthetic checkpoint.
 
-The weights are ``reference.synthetic.SyntheticSource(PRESET, S)`` rounded to their storage dtypes
+The weights are ``kimi.synthetic.SyntheticSource(PRESET, S)`` rounded to their storage dtypes
 (bf16; float32 for A_log, dt_bias and the router bias), in the hub layout (``config.json`` +
 ``model.safetensors``, or N shards + ``model.safetensors.index.json``).
 """
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kimi.config import ConfigError, KimiConfig
+from kimi.fixtures import write_fixture
 from parity.cli.args import check_seed
 from parity.errors import InputError
-from reference.config import ConfigError, KimiConfig
-from reference.fixtures import write_fixture
 
 
 def register(sub):

@@ -3,11 +3,12 @@ semantic variants both paths expose, spec §(e)), ``--backend FAMILY=reference``
 ``--reference-device``. Every unusable value raises ``InputError`` naming it."""
 from __future__ import annotations
 
+from kimi.config import kda_gate_name
 from optimized.backends import resolve
 from parity.diff.reference_device import DEVICES
 from parity.diff.setup import one_line
 from parity.errors import InputError
-from reference.checks import kda_gate_bound, kda_gate_name
+from reference.checks import kda_gate_bound
 
 VARIANTS = {  # name -> parser of its value (spec §(e): the semantic variants both paths expose)
     "moe_combine": lambda v: _choice("moe_combine", v, ("unbiased", "biased")),

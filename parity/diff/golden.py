@@ -35,13 +35,13 @@ from typing import Callable
 
 import numpy as np
 
+from kimi.checkpoint import RAW_NUMPY
+from kimi.validate import InvalidInput, read_json_file
 from parity.diff import run_diff
 from parity.diff.golden_schema import GOLDEN_FORMAT, GOLDEN_VERSION, validate
 from parity.diff.numerics import finite_or_none
 from parity.diff.report import atomic_write
 from parity.metrics import to_numpy
-from reference.checkpoint import RAW_NUMPY
-from reference.validate import InvalidInput, read_json_file
 
 TOP_K = 16
 FINGERPRINT_MAX_BYTES = 1 << 30

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import re
 
+from kimi.config import PRESETS, ConfigError, KimiConfig
+from kimi.validate import InvalidInput, as_float, as_int, as_list, as_object, as_path, as_str, field, label
 from parity.bounds.core import precision_for
 from reference.checks import kda_gate_bound
-from reference.config import PRESETS, ConfigError, KimiConfig
-from reference.validate import InvalidInput, as_float, as_int, as_list, as_object, as_path, as_str, field, label
 
 GOLDEN_FORMAT = "kimi-parity/golden"
 GOLDEN_VERSION = 1

@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kimi.tensors import layer_prefix
 from parity.bounds.core import UNIT_ROUNDOFF
 from parity.metrics import HostCopy, dtype_of, to_numpy
 from parity.ops.kda.bounds import read_out_kappa, readout_condition
 from reference import moe, norm
 from reference.batch import Rider
 from reference.executor import namespace
-from reference.tensors import layer_prefix
 
 from .router import RouterFlip, RouterJudgement, judge_router, score_noise
 

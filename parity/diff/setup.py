@@ -11,17 +11,17 @@ import torch
 
 import optimized
 import reference
+from kimi import tokenizer
+from kimi.checkpoint import CheckpointError, open_source
+from kimi.config import ConfigError, KimiConfig
+from kimi.fixtures import default_checkpoint_path
+from kimi.synthetic import SyntheticSource
 from parity import memory
 from parity.diff.engines import BUILTIN, DUMP_PREFIX, CheckedEngine, EngineError, from_factory
 from parity.diff.engines import load_engine as builtin
 from parity.diff.engines import router_bias
 from parity.errors import InputError
 from parity.platform import store_rounding
-from reference import tokenizer
-from reference.checkpoint import CheckpointError, open_source
-from reference.config import ConfigError, KimiConfig
-from reference.fixtures import default_checkpoint_path
-from reference.synthetic import SyntheticSource
 
 from .logits import LmHeadSpan
 

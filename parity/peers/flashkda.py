@@ -27,7 +27,7 @@ exceeds the bf16-storage bound, or that it turned NaN.
 
 The import seam: :func:`fused_chunked` imports ``flash_kda`` and hands it to :func:`run`, which calls
 any module with the documented ``fwd``: an adapter of another build (or the tests' torch stand-in,
-tests/parity/flashkda_standin.py) is the same three lines around :func:`run` with its module, so
+tests/parity/peers/flashkda_standin.py) is the same three lines around :func:`run` with its module, so
 nothing is monkeypatched.
 """
 from __future__ import annotations

@@ -15,8 +15,8 @@ import os
 import shutil
 from pathlib import Path
 
-from reference.checkpoint import open_source
-from reference.fixtures import default_checkpoint_path, write_fixture
+from kimi.checkpoint import open_source
+from kimi.fixtures import default_checkpoint_path, write_fixture
 
 SECRET = b"root:x:0:0:SECRET-MARKER-4d1f:/root:/bin/bash\n" * 4
 SECRET_MARKERS = ("SECRET-MARKER-4d1f", str(int.from_bytes(SECRET[:8], "little")))

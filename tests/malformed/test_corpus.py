@@ -44,8 +44,8 @@ def test_a_hub_snapshot_with_a_list_of_end_tokens_runs(tmp_path, capsys):
 
 
 def test_a_hub_snapshot_reads_the_same_weights_as_the_folder(tmp_path):
-    from reference.checkpoint import open_source
-    from reference.fixtures import default_checkpoint_path
+    from kimi.checkpoint import open_source
+    from kimi.fixtures import default_checkpoint_path
 
     a, b = open_source(default_checkpoint_path()), open_source(legitimate_hub_snapshot(tmp_path))
     for name in a.names():

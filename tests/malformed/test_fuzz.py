@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from kimi.config import LIMITS, ConfigError, KimiConfig
+from kimi.fixtures import default_checkpoint_path, write_fixture
 from parity.cli import main
-from reference.config import LIMITS, ConfigError, KimiConfig
-from reference.fixtures import default_checkpoint_path, write_fixture
 from tests.malformed.corpus import BEYOND, OPENED
 
 safetensors = pytest.importorskip("safetensors", reason="the safetensors library is the oracle of the header fuzzer")

@@ -26,9 +26,9 @@ STOCK = dict(vars(_interp.InterpreterBuilder))
 
 import optimized
 import reference
+from kimi.fixtures import default_checkpoint_path
 from parity.diff.runner import run_diff
 from parity.platform import TOWARD_ZERO, store_rounding
-from reference.fixtures import default_checkpoint_path
 
 PROMPT = [1, 17, 300, 42]
 

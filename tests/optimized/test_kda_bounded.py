@@ -10,14 +10,14 @@ import torch
 
 import optimized
 import reference
+from kimi.config import PRESETS
+from kimi.synthetic import SyntheticSource
 from optimized import kda
 from parity import ops
 from parity.certify.check import tensors
 from parity.ops.kda.args import FUSED
 from parity.ops.kda.inputs import core_case, decode_case, gate_case
 from parity.testing import assert_parity
-from reference.config import PRESETS
-from reference.synthetic import SyntheticSource
 
 
 @pytest.mark.parametrize("has_A", [True, False])

@@ -13,8 +13,8 @@ import torch
 
 import optimized
 from optimized import moe
-from reference.config import KimiConfig
-from reference.synthetic import SyntheticSource
+from kimi.config import KimiConfig
+from kimi.synthetic import SyntheticSource
 from .test_model_parity import (PROMPT, TINY, _float32_parity, check_bf16_run, check_greedy_agrees_with_recompute,
                                 traced_rerun)
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import optimized
+from kimi.config import KimiConfig
+from kimi.synthetic import SyntheticSource
 from optimized import _counters
-from reference.config import KimiConfig
-from reference.synthetic import SyntheticSource
 
 TINY = KimiConfig.from_name("tiny")
 PROMPT = [1, 17, 300, 42, 5, 99, 256, 7]

@@ -17,16 +17,16 @@ import torch
 
 import optimized
 import reference
+from kimi.config import KimiConfig
+from kimi.fixtures import default_checkpoint_path
+from kimi.synthetic import SyntheticSource
 from optimized import _counters
 from optimized.backends import FAMILIES
-from parity.bounds.model import hidden_rel_bound, logit_bound
 from parity.bounds.core import precision_for
+from parity.bounds.model import hidden_rel_bound, logit_bound
 from parity.diff.replay import Replay
-from parity.platform import store_rounding
 from parity.metrics import compare
-from reference.config import KimiConfig
-from reference.fixtures import default_checkpoint_path
-from reference.synthetic import SyntheticSource
+from parity.platform import store_rounding
 
 TINY = KimiConfig.from_name("tiny")
 SMALL = KimiConfig.from_name("small")
@@ -94,7 +94,7 @@ def test_device_generator_equals_the_numpy_synthetic_source_bit_for_bit(preset, 
 def test_bundled_checkpoint_is_resident_bit_for_bit_as_its_synthetic_source(parity_device):
     from optimized.weights import load_weights
 
-    from reference.checkpoint import open_source
+    from kimi.checkpoint import open_source
 
     a = load_weights(open_source(default_checkpoint_path()), device=torch.device(parity_device), dtype=torch.bfloat16)
     b = load_weights(SyntheticSource(TINY, 0), device=torch.device(parity_device), dtype=torch.bfloat16)
@@ -172,7 +172,7 @@ def _float32_parity(source, *, decode_steps: int, forward: bool = True, split: i
 
 
 def test_float32_bundled_checkpoint_matches_the_reference_forward_prefill_and_decode():
-    from reference.checkpoint import open_source
+    from kimi.checkpoint import open_source
 
     # prefill in two parts: the second continues the first's cache (chunked prefill)
     worst = _float32_parity(open_source(default_checkpoint_path()), decode_steps=2, split=5)

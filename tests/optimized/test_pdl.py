@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import optimized
+from kimi.config import KimiConfig
+from kimi.synthetic import SyntheticSource
 from optimized import _pdl
-from reference.config import KimiConfig
-from reference.synthetic import SyntheticSource
 
 
 def test_pdl_is_off_on_cpu_and_when_switched_off(monkeypatch, parity_device):

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
+from kimi.checkpoint import WeightSource, save_checkpoint
 from parity.cli import main
-from reference.checkpoint import WeightSource, save_checkpoint
 
 PROMPT_IDS = "75,107,104,117,35,108,104,111,104,100,117,35,115,100,117,104,35,102,114,106"
 
@@ -56,7 +56,7 @@ class Override(WeightSource):
 
     def get_raw(self, name):
         if name in self.replaced:
-            from reference.checkpoint import to_storage
+            from kimi.checkpoint import to_storage
 
             return to_storage(np.asarray(self.replaced[name], dtype=np.float64), self.storage_dtype(name))
         return self.base.get_raw(name)

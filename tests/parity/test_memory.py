@@ -8,14 +8,14 @@ import torch
 
 import optimized
 import reference
+from kimi.config import KimiConfig
+from kimi.fixtures import default_checkpoint_path
 from optimized.backends import resolve
 from optimized.cache import sequence_bytes
 from optimized.weights import resident_bytes
 from parity import memory
 from parity.errors import InputError
 from reference.cache import cache_bytes
-from reference.config import KimiConfig
-from reference.fixtures import default_checkpoint_path
 
 from .diff_helpers import one_line_error, run_cli
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 import reference
+from kimi.checkpoint import CheckpointError, open_source
+from kimi.config import PRESETS, ConfigError, KimiConfig, kda_gate_name
+from kimi.fixtures import write_fixture
+from kimi.synthetic import SyntheticSource
+from kimi.tensors import expected_tensors
 from reference import kda
-from reference.checkpoint import CheckpointError, open_source
-from reference.checks import kda_gate_bound, kda_gate_name
-from reference.config import PRESETS, ConfigError, KimiConfig
-from reference.fixtures import write_fixture
-from reference.synthetic import SyntheticSource
-from reference.tensors import expected_tensors
+from reference.checks import kda_gate_bound
 
 R = np.random.default_rng(0)
 G_RAW = R.standard_normal((2, 3, 2, 4)) * 3

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 import reference
+from kimi.config import KimiConfig
+from kimi.fixtures import default_checkpoint_path
+from kimi.synthetic import SyntheticSource
 from reference.batch import split_trace
 from reference.cache import KDACache
-from reference.config import KimiConfig
 from reference.executor import to_numpy
-from reference.fixtures import default_checkpoint_path
 from reference.model import ModelCache
 from reference.streamed import linear_rows
-from reference.synthetic import SyntheticSource
 
 # ragged: a prompt shorter than the conv window, one decoded a few steps past its prefill, an
 # empty cache (decode from nothing), longer prompts
@@ -276,7 +276,7 @@ def test_where_rows_need_not_be_bitwise_a_batch_runs_as_one_within_1e_12_of_each
 def test_shared_weights_are_checked_finite_once_and_a_non_finite_expert_is_named(parity_device):
     import torch
 
-    from reference.checkpoint import CheckpointError
+    from kimi.checkpoint import CheckpointError
 
     src, views = _shared_small(parity_device)
     model = reference.load(src, executor="torch", device=parity_device, shared_weights=views)

@@ -3,8 +3,8 @@ check on every core (exact, and equal to the one-pass form on any layout), stora
 import numpy as np
 import pytest
 
+from kimi.storage import all_finite, bf16_bits_to_float64, float_to_bf16_bits
 from reference.executor import get_executor, to_numpy
-from reference.storage import all_finite, bf16_bits_to_float64, float_to_bf16_bits
 
 
 def one_pass(bits):

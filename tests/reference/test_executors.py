@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import reference
+from kimi.config import KimiConfig
+from kimi.synthetic import SyntheticSource
 from parity import ops
-from reference.config import KimiConfig
 from reference.executor import get_executor, to_numpy
-from reference.synthetic import SyntheticSource
 
 TOL = 1e-12
 DEVICES = [pytest.param("cpu", id="torch-cpu"),
@@ -144,7 +144,7 @@ def test_model_logits_agree_on_torch_and_numpy(preset, numpy_run, device):
 
 
 def test_a_non_finite_weight_is_named_on_the_torch_executor_and_never_used_again():
-    from reference.checkpoint import CheckpointError
+    from kimi.checkpoint import CheckpointError
 
     bad_name = "model.layers.1.self_attn.q_proj.weight"
 

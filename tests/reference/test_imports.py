@@ -1,15 +1,18 @@
 """The reference imports no GPU library unless a GPU executor is asked for, and nothing from
 optimized/parity: NumPy (through array-api-compat) by default; torch only inside the functions of
 reference/executor.py that a torch executor calls and of reference/graphs.py that capture a CUDA
-graph; never triton or cupy."""
+graph; never triton or cupy. kimi/ (the model's files, which the reference reads through) imports
+none of them, torch included, nor the reference."""
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
+import kimi
 import reference
 
 REFERENCE_DIR = Path(reference.__file__).parent
+KIMI_DIR = Path(kimi.__file__).parent
 FORBIDDEN = ("torch", "triton", "cupy", "optimized", "parity")
 TORCH_ALLOWED_IN = ("executor.py", "graphs.py")  # the executor's plumbing, inside functions only
 
@@ -33,7 +36,7 @@ def _imports(tree):
 def test_the_numpy_reference_runs_without_loading_any_gpu_library_and_torch_loads_on_request():
     modules = sorted(f"reference.{p.stem}" for p in REFERENCE_DIR.glob("*.py") if p.stem != "__init__")
     code = ("import sys, reference, " + ", ".join(modules) + "\n"
-            "from reference.config import KimiConfig\n"
+            "from kimi.config import KimiConfig\n"
             "src = reference.SyntheticSource(KimiConfig.from_name('tiny'), 0)\n"
             "logits, cache = reference.load(src).prefill([1, 2, 3])\n"
             "reference.load(src).decode(4, cache)\n"
@@ -54,6 +57,14 @@ def test_reference_sources_import_torch_only_inside_the_executor_and_never_the_o
                 allowed = n == "torch" and path.name in TORCH_ALLOWED_IN and in_function
                 if n in FORBIDDEN and not allowed:
                     offenders.append(f"{path.name}:{node.lineno}: {n}")
+    assert not offenders, offenders
+
+
+def test_kimi_sources_import_no_gpu_library_and_nothing_of_the_project_above_them():
+    offenders = []
+    for path in sorted(KIMI_DIR.rglob("*.py")):
+        for node, names, _ in _imports(ast.parse(path.read_text(), filename=str(path))):
+            offenders += [f"{path.name}:{node.lineno}: {n}" for n in names if n in FORBIDDEN + ("reference",)]
     assert not offenders, offenders
 
 

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import reference
+from kimi.config import KimiConfig
+from kimi.synthetic import SyntheticSource
 from reference import mla
-from reference.config import KimiConfig
 from reference.executor import NUMPY
 from reference.memory import call_bytes
 from reference.model import DoesNotFit, Model
-from reference.synthetic import SyntheticSource
 
 TINY = KimiConfig.from_name("tiny")
 BIG = KimiConfig.from_name("kimi-linear-48b")

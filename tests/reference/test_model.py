@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 import reference
-from reference.checkpoint import WeightSource
-from reference.config import KimiConfig
-from reference.fixtures import default_checkpoint_path, write_fixture
+from kimi.checkpoint import WeightSource
+from kimi.config import KimiConfig
+from kimi.fixtures import default_checkpoint_path, write_fixture
+from kimi.synthetic import SyntheticSource
 from reference.model import KDACache, MLACache, ModelCache
-from reference.synthetic import SyntheticSource
 
 TINY = KimiConfig.from_name("tiny")
 SMALL = KimiConfig.from_name("small")

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import reference
+from kimi.checkpoint import CheckpointError, open_source, save_checkpoint
+from kimi.config import KimiConfig
+from kimi.storage import raw_to_float64, to_storage
+from kimi.synthetic import SyntheticSource
 from reference import streamed
-from reference.checkpoint import CheckpointError, open_source, save_checkpoint
-from reference.config import KimiConfig
 from reference.executor import get_executor, to_numpy
-from reference.storage import raw_to_float64, to_storage
 from reference.streamed import NonFiniteBlock, StreamedWeight, linear, linear_from_storage
-from reference.synthetic import SyntheticSource
 
 U = 2.0 ** -53
 STORAGES = ("bfloat16", "float16", "float32", "float64")
@@ -162,20 +162,20 @@ def test_a_streamed_nan_weight_is_an_error_naming_the_tensor(tmp_path):
     src = _nan_checkpoint(tmp_path, bad)
     with pytest.raises(CheckpointError, match=rf"model.safetensors: {bad}: 1 non-finite values "
                                               r"\(first at index \(2, 5\)"):
-        src.linear(bad, np.ones(TINY.hidden_size))
+        streamed.source_linear(src, bad, np.ones(TINY.hidden_size))
     model = reference.load(src, weight_cache_bytes=0)
     assert model._w.streams
     for _ in range(2):  # never cached: the second call reads it again and refuses again
         with pytest.raises(CheckpointError, match=bad):
             model.forward([1, 2])
     ok = "model.layers.1.self_attn.k_proj.weight"
-    assert src.linear(ok, np.ones(TINY.hidden_size)).shape == (TINY.kda_dim,)
+    assert streamed.source_linear(src, ok, np.ones(TINY.hidden_size)).shape == (TINY.kda_dim,)
 
 
 def test_the_streaming_model_agrees_with_the_upcast_model_and_streams(monkeypatch):
     calls = []
     real = streamed.linear_from_storage
-    monkeypatch.setattr("reference.checkpoint.linear_from_storage",
+    monkeypatch.setattr("reference.streamed.linear_from_storage",
                         lambda x, raw, storage, **kw: calls.append(raw.shape) or real(x, raw, storage, **kw))
     src = SyntheticSource(TINY, 0)
     whole, stream = reference.load(src), reference.load(src, weight_cache_bytes=0)

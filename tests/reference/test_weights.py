@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 import reference
-from reference.checkpoint import CheckpointError
-from reference.config import KimiConfig
+from kimi.checkpoint import CheckpointError
+from kimi.config import KimiConfig
+from kimi.synthetic import SyntheticSource
+from kimi.tensors import expert_name
 from reference.executor import get_executor, to_numpy
-from reference.synthetic import SyntheticSource
-from reference.tensors import expert_name
 
 
 def _shared_small(device, poison=None):

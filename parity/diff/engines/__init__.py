@@ -20,8 +20,8 @@ whatever a factory (ours or yours) raises is one ``EngineError`` line naming the
 from __future__ import annotations
 
 import optimized
+from kimi.checkpoint import WeightSource, open_source
 from parity.loading import import_module_or_file, split_spec
-from reference.checkpoint import WeightSource, open_source
 
 from . import hf
 from .checked import CheckedEngine, EngineError, failure

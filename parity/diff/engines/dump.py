@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
+from kimi.config import ConfigError, KimiConfig
+from kimi.validate import label
 from parity import files
-from reference.config import ConfigError, KimiConfig
-from reference.validate import label
 
 from .checked import EngineError
 from .dump_writer import write_dump

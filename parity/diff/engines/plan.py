@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
+from kimi.validate import InvalidInput, read_json_file
 from parity.atomic import atomic_write
 from parity.metrics import to_numpy
 from parity.schema import errors, load
-from reference.validate import InvalidInput, read_json_file
 
 from .checked import EngineError
 
@@ -48,7 +48,7 @@ def write_plan(path, plan: dict) -> Path:
 
 
 def load_plan(path) -> dict:
-    """Read and validate a plan (strict JSON, ``reference.validate``; its schema; ``EngineError``
+    """Read and validate a plan (strict JSON, ``kimi.validate``; its schema; ``EngineError``
     names the problem)."""
     path = Path(path)
     try:

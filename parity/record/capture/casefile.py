@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
+from kimi.validate import label
 from parity import files, ops
 from parity.errors import InputError
-from reference.validate import label
 
 from . import tensors as T
 
