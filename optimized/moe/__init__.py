@@ -39,10 +39,11 @@ __all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 #: the grouped tl.dot form above it. The two forms round differently (within the same bound).
 GEMV_MAX_PAIRS = 16
 #: The decode (``form="decode"``) runs the GEMV form expert-major from this many (token, expert)
-#: pairs, the shared expert's included (B=64 with 8 experts and the shared one: 576). Both give the
-#: same bits; the value is provisional, to be set from ``benchmarks/tune.py moe --kernels by_expert``
-#: and ``benchmarks/bench_ops.py --only moe --moe-batch 1 16 64 256`` on the GPU.
-GEMV_BY_EXPERT_MIN_PAIRS = 64
+#: pairs, the shared expert's included (B=64 with 8 experts and the shared one: 576); None: never.
+#: Both forms give the same bits, so this is a speed choice alone: None on the GPU until the
+#: expert-major form is measured faster there (``benchmarks/bench_ops.py --only moe --moe-batch 1
+#: 16 64 256``, ``benchmarks/tune.py moe --kernels by_expert``; docs/BENCHMARKS.md, "MoE layer").
+GEMV_BY_EXPERT_MIN_PAIRS: int | None = None
 #: Pairs of one expert per program of the expert-major form (its rows read once per tile).
 GEMV_BY_EXPERT_PAIRS = 8
 
@@ -60,7 +61,7 @@ class GemvLaunch:
     gate/up: ``gate_up_rows`` rows of F per program, ``gate_up_lanes`` lanes over D, warps;
     down: ``down_rows`` rows of D per program, ``down_lanes`` lanes over F, warps. Expert-major
     (bit-neutral by construction: each pair runs the same body): ``form="decode"`` takes it from
-    ``by_expert_from`` pairs on, ``by_expert_pairs`` pairs of one expert per program.
+    ``by_expert_from`` pairs on (None: never), ``by_expert_pairs`` pairs of one expert per program.
     """
     gate_up_rows: int = 8
     gate_up_lanes: int = 128
@@ -68,7 +69,7 @@ class GemvLaunch:
     down_rows: int = 32
     down_lanes: int = 128
     down_warps: int = 8
-    by_expert_from: int = GEMV_BY_EXPERT_MIN_PAIRS
+    by_expert_from: int | None = GEMV_BY_EXPERT_MIN_PAIRS
     by_expert_pairs: int = GEMV_BY_EXPERT_PAIRS
 
 
@@ -440,8 +441,11 @@ GEMV_FORMS = ("gemv", "gemv_by_expert", "decode")
 
 def _runs_by_expert(form, pairs: int, launch: GemvLaunch) -> bool:
     """Whether ``_experts`` runs the GEMV bits expert-major: forced (``"gemv_by_expert"``), or
-    ``"decode"`` with at least ``launch.by_expert_from`` pairs (the shared expert's included)."""
-    return form == "gemv_by_expert" or (form == "decode" and pairs >= launch.by_expert_from)
+    ``"decode"`` with at least ``launch.by_expert_from`` pairs (the shared expert's included; None:
+    never)."""
+    if form == "gemv_by_expert":
+        return True
+    return form == "decode" and launch.by_expert_from is not None and pairs >= launch.by_expert_from
 
 
 def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None, shared=None, out=None, launch=None):

@@ -405,6 +405,7 @@ def test_the_decode_form_runs_expert_major_from_the_threshold(parity_device):
     launch = moe.GemvLaunch(by_expert_from=64)
     assert moe.GEMV.by_expert_from == moe.GEMV_BY_EXPERT_MIN_PAIRS
     assert not moe._runs_by_expert("decode", 63, launch) and moe._runs_by_expert("decode", 64, launch)
+    assert not moe._runs_by_expert("decode", 10 ** 6, moe.GemvLaunch(by_expert_from=None))
     assert not moe._runs_by_expert("gemv", 10 ** 6, launch) and moe._runs_by_expert("gemv_by_expert", 1, launch)
     # the CPU default: a batch of the tiny preset (3 pairs a token) expert-major, one token per
     # pair, so test_model_parity's batched-against-alone decode compares the two forms
