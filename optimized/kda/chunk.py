@@ -1,4 +1,7 @@
-"""Chunked KDA (spec b.9) as a pipeline of four Triton kernels (five with ``fused_output=False``).
+"""Chunked KDA (spec b.9) as a pipeline of four Triton kernels (five with ``fused_output=False``;
+two at chunk 16 under the fused bounded gate, where ``_prepare16_kernel`` runs kernels 1-3 as one
+program per chunk and head: a single 16-row block needs no merge, and G, Akk and kb stay in
+registers).
 
 Per sequence and value head, chunks of ``BT = chunk_size`` tokens (16, 32 or 64), ``G`` = the
 inclusive prefix sum of the log-decay g within the chunk (g <= 0, so G is non-increasing in a chunk)::
