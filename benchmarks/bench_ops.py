@@ -9,8 +9,7 @@ Shapes come from the preset (kimi-linear-48b; ``--smoke``: tiny): short conv ove
 rope R, nope P, value Vh) at 4k and 32k context for B=1 and B=64 over a ``PagedLatentCache`` of random
 rows (blocks handed out in random order), the MoE layer (fp32 router GEMM + ``moe.router`` +
 ``moe.experts`` over the stacked experts + the shared expert) at B=1 and B=64 (``--moe-batch 1 16 64
-256``: others), its decode path also timed with the GEMV form per pair and expert-major after
-checking that the two give the same bits (``gemv_ms``, ``gemv_by_expert_ms``, ``*_graph_ms``).
+256``: others).
 
 Comparators: MLA = ``F.scaled_dot_product_attention`` over the per-head keys/values expanded from the
 latent (``latent @ w_kvb^T``, ``k = [k_nope ; k_pe]``), expansion included; MoE = HF's eager MoE
@@ -305,16 +304,15 @@ class MoELayer:
                            topk_groups=c.topk_group, renormalize=c.moe_renormalize and self.k > 1,
                            scaling=c.routed_scaling_factor)
 
-    def ours(self, x, path="decode", form="decode"):
+    def ours(self, x, path="decode"):
         """``"decode"``: the model's decode step (``router_logits``, the router, the routed experts
-        and the shared expert in one set of GEMV launches, ``form``: as the model chooses by the pair
-        count, or ``"gemv"`` / ``"gemv_by_expert"`` forced); ``"prefill"``: the model's prefill
-        (torch's fp32 router GEMM, ``experts`` in the form its pair count picks, ``swiglu``)."""
+        and the shared expert in one set of GEMV launches); ``"prefill"``: the model's prefill (torch's
+        fp32 router GEMM, ``experts`` in the form its pair count picks, ``swiglu``)."""
         import optimized.moe as omoe
 
         if path == "decode" and self.sg.shape[0] == self.F:
             w, ids = self.route(omoe.router_logits(x, self.router))
-            return omoe._experts("moe.experts", x, w, ids, self.w1, self.w2, self.w3, form=form,
+            return omoe._experts("moe.experts", x, w, ids, self.w1, self.w2, self.w3, form="gemv",
                                  shared=(self.sg, self.su, self.sd))
         w, ids = self.route(x.float() @ self.router.T)
         return (omoe.experts(x, w, ids, self.w1, self.w2, self.w3)
@@ -376,34 +374,10 @@ def bench_moe(dev, layer: MoELayer, B, smoke):
         extra["prefill_path_ms"] = measure(lambda: layer.ours(x, path="prefill"))[0]
     except Exception as exc:  # noqa: BLE001
         print(f"  prefill path failed: {type(exc).__name__}: {exc}")
-    if layer.sg.shape[0] == layer.F:
-        extra.update(moe_forms(layer, x, B))
     return Result("moe.layer", {"B": B, "D": layer.D, "F": layer.F, "E": layer.E, "k_e": layer.k,
-                                "path": "decode (GEMV bits, shared expert fused)", "dtype": "bfloat16"},
+                                "path": "decode (GEMV pairs, shared expert fused)", "dtype": "bfloat16"},
                   ms, spread, baseline="torch eager (HF moe_infer loop)", baseline_ms=base_ms,
                   bytes_moved=bytes_moved, flops=flops, extra=extra)
-
-
-def moe_forms(layer: MoELayer, x, B) -> dict:
-    """The decode layer with the GEMV form per pair and expert-major, bits compared first (a
-    difference is a bug: ``AssertionError``); ``{form}_ms`` each, and ``{form}_graph_ms`` (a CUDA
-    graph's replay, as the model's decode runs) on the GPU."""
-    import optimized.moe as omoe
-
-    forms = ("gemv", "gemv_by_expert")
-    a, b = (layer.ours(x, form=f) for f in forms)
-    if not torch.equal(a.view(torch.int16), b.view(torch.int16)):
-        raise AssertionError(f"moe.layer B={B}: the expert-major form's bits differ from the per-pair form's")
-    out = {"decode_form": "gemv_by_expert" if omoe._runs_by_expert(
-        "decode", B * (layer.k + 1), omoe._gemv_default(x.device)) else "gemv", "forms_same_bits": True}
-    for f in forms:
-        run = lambda f=f: layer.ours(x, form=f)  # noqa: E731
-        out[f"{f}_ms"] = measure(run)[0]
-        if on_gpu():
-            out[f"{f}_graph_ms"] = graph_timings(run).get("graph_ms")
-    print(f"  moe.layer B={B}: bits equal; " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()
-                                                       if k.endswith("_ms") and v is not None), flush=True)
-    return out
 
 
 # -- driver -----------------------------------------------------------------------------------------

@@ -7,8 +7,7 @@ bits can become a default without re-certifying (one that changes them is re-cer
     python benchmarks/tune.py kda  [--shapes 1x4096 1x65536] [--kernels gate blocks wy state output fused]
                                    [--best-out best.json]     # then bench_kda.py --launch best.json
     python benchmarks/tune.py mla  [--parts epilogue prefetch ...]
-    python benchmarks/tune.py moe  [--kernels gate_up down router by_expert] [--no-shared]
-                                   [--batch 1 16 64 256]      # by_expert's batch sizes
+    python benchmarks/tune.py moe  [--kernels gate_up down router] [--no-shared]
     python benchmarks/tune.py conv
     (each: [--out rows.json] writes every row)
 
@@ -17,9 +16,7 @@ mla: ``mla.paged_decode`` at B in {1, 64} x S in {4096, 32768} (pages of 64), CU
 against the memory floor, over ``mla.Launch`` settings grouped in parts; moe: the routed experts'
 GEMV form as the model runs it (8 experts and the shared expert as a ninth pair) and
 ``router_logits``, at B=1 and B=64, each call routed to experts not read for 31 calls (so weights
-come from HBM), and the GEMV form per pair against expert-major (``--kernels by_expert``: the
-whole experts call at each ``--batch``, by pairs per tile); conv: the decode step on the 48B decode
-tile (64 rows, one real, C = 12288).
+come from HBM); conv: the decode step on the 48B decode tile (64 rows, one real, C = 12288).
 """
 from __future__ import annotations
 
@@ -205,9 +202,6 @@ MOE = {
              for d, f, w in itertools.product((4, 8, 16, 32, 64), (128, 256, 512, 1024), (2, 4, 8, 16))],
     "router": [dict(tokens=t, experts=e, lanes=d, num_warps=w)
                for t, e, d, w in itertools.product((1, 8), (1, 2), (1024, 2048, 4096), (4, 8))],
-    # the GEMV form per pair (never expert-major) against expert-major at every batch size, by tile
-    "by_expert": [dict(by_expert_from=1 << 30)]
-    + [dict(by_expert_from=0, by_expert_pairs=p) for p in (1, 2, 4, 8, 16, 32)],
 }
 MOE_KERNEL = {"gate_up": "_gemv_gate_up_kernel", "down": "_gemv_down_kernel", "router": "_router_logits_kernel"}
 
@@ -240,9 +234,7 @@ def tune_moe(args, rows: list) -> None:
         c = next(calls) % routers.shape[0] if c is None else c
         return moe.router_logits(x[:B], routers[c], launch=launch)
 
-    if "by_expert" in args.kernels:
-        tune_moe_by_expert(args, rows, w1, w2, w3, shared, g)
-    for kernel in (k for k in args.kernels if k != "by_expert"):
+    for kernel in args.kernels:
         fn, default = (router, moe.ROUTER_LOGITS) if kernel == "router" else (layer, moe.GEMV)
         # bits with fixed routing at both sizes; times with the rotation (weights from HBM)
         checked = [bits_against_defaults(lambda lc, B=B: fn(B, lc, c=0), default, MOE[kernel]) for B in (1, TILE)]
@@ -256,43 +248,6 @@ def tune_moe(args, rows: list) -> None:
             _report(rows, f"{kernel} {s}: B=1 {us[0]:.2f} us, B={TILE} {us[1]:.2f} us, bits "
                     f"{'equal' if same else 'DIFFER'}", kernel=kernel, setting=s, B1_us=us[0], B64_us=us[1],
                     same_bits=same)
-
-
-def tune_moe_by_expert(args, rows: list, w1, w2, w3, shared, g) -> None:
-    """The decode layer's experts (``form="decode"``, 8 experts and the shared one a token, unless
-    ``--no-shared``) at each
-    of ``args.batch``, per pair against expert-major by pairs per tile: device us per call summed
-    over every kernel of the call (the sort's included), each call routed at random with the
-    shared expert rotating (weights from HBM), bits compared with the defaults' first."""
-    from optimized import moe
-
-    n = max(args.batch)
-    x = torch.randn((n, D), generator=g, device="cuda", dtype=torch.bfloat16)
-    gcpu = torch.Generator().manual_seed(2)
-    ids = torch.stack([torch.randperm(E, generator=gcpu)[:KE] for _ in range(4 * n)]).view(4, n, KE).cuda()
-    wts = torch.rand((n, KE), generator=g, device="cuda")
-    calls = itertools.count()
-
-    def layer(B, launch, c=None):
-        c = next(calls) if c is None else c
-        sh = None if args.no_shared else shared[c % len(shared)]
-        return moe._experts("moe.experts", x[:B], wts[:B], ids[c % 4, :B], w1, w2, w3, form="decode",
-                            shared=sh, launch=launch)
-
-    checked = {B: bits_against_defaults(lambda lc, B=B: layer(B, lc, c=0), moe.GEMV, MOE["by_expert"])
-               for B in args.batch}
-    for i, s in enumerate(MOE["by_expert"]):
-        results = [checked[B][i][1] for B in args.batch]
-        failed = [r for r in results if isinstance(r, str)]
-        if failed:
-            print(f"by_expert {s}: failed: {failed[0]}", flush=True)
-            continue
-        same = all(results)
-        lc = replace(moe.GEMV, **s)
-        us = {B: sum(t for _, t in kernel_profile(lambda B=B: layer(B, lc), reps=32).values()) for B in args.batch}
-        _report(rows, f"by_expert {s}: " + ", ".join(f"B={B} {t:.1f} us" for B, t in us.items())
-                + f", bits {'equal' if same else 'DIFFER'}", kernel="by_expert", setting=s,
-                us={str(B): t for B, t in us.items()}, same_bits=same)
 
 
 # -- conv ----------------------------------------------------------------------------------------
@@ -335,8 +290,6 @@ def parser() -> argparse.ArgumentParser:
     moe = sub.add_parser("moe", help="the GEMV experts and router_logits")
     moe.add_argument("--kernels", nargs="+", default=list(MOE), choices=list(MOE))
     moe.add_argument("--no-shared", action="store_true", help="the routed experts alone")
-    moe.add_argument("--batch", nargs="+", type=int, default=[1, 16, 64, 256],
-                     help="batch sizes of --kernels by_expert (the others: 1 and 64)")
     sub.add_parser("conv", help="the conv decode step")
     for p in sub.choices.values():
         p.add_argument("--out", default=None, help="every row as JSON")
@@ -345,8 +298,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
     args = parser().parse_args(argv)
-    if args.family == "moe" and min(args.batch) < 1:
-        parser().error(f"--batch: expected positive batch sizes, got {args.batch}")
     if not torch.cuda.is_available():
         parser().error("needs a CUDA GPU (the sweeps time kernels)")
     optimized.use("cuda")

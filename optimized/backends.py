@@ -256,10 +256,9 @@ class Ops:
 
     def experts(self, x, weights, ids, w1, w2, w3, *, decode: bool = False, add_to=None, shared=None,
                 out=None):
-        """Routed experts. ``decode``: the GEMV bits whatever the number of rows (``optimized.moe``
-        picks GEMV or grouped by the pair count, and the two round differently: a sequence's decode
-        must not depend on its batch), per pair or, from ``moe.GEMV_BY_EXPERT_MIN_PAIRS`` pairs,
-        expert-major (the same bits, each expert's rows read once per tile). Decode only: ``add_to``
+        """Routed experts. ``decode``: the per-(token, expert) GEMV form whatever the number of
+        rows (``optimized.moe`` picks GEMV or grouped by the pair count, and the two forms round
+        differently: a sequence's decode must not depend on its batch). Decode only: ``add_to``
         (``add_to += experts(...)`` in place; the Triton form adds inside its combine kernel);
         ``shared`` ((gate, up, down)): the shared expert's SwiGLU added, in the Triton form inside
         the same launches, into ``out`` ([T, D]) when given."""
@@ -280,9 +279,9 @@ class Ops:
             return add_to
         moe = self._opt["moe"]
         if decode:
-            # no public switch for the form yet: the module's own entry point, the GEMV bits forced
+            # no public switch for the form yet: the module's own entry point with the form forced
             _counters.record("moe.experts")
-            return moe._experts("moe.experts", x, weights, ids, w1, w2, w3, form="decode", add_to=add_to,
+            return moe._experts("moe.experts", x, weights, ids, w1, w2, w3, form="gemv", add_to=add_to,
                                 shared=shared, out=out)
         return moe.experts(x, weights, ids, w1, w2, w3)
 

@@ -475,8 +475,7 @@ class Model:
     # -- MoE (spec b.13 / b.14) --------------------------------------------------------------------
     def _moe(self, i: int, x: torch.Tensor, *, rows: int | None, trace: dict | None) -> torch.Tensor:
         """Router in fp32, routed experts, shared expert. In decode (``rows`` set) only the real rows
-        go through the experts, with the per-(token, expert) GEMV form's bits whatever their number
-        (run expert-major from ``moe.GEMV_BY_EXPERT_MIN_PAIRS`` pairs: the same bits)."""
+        go through the experts, in the per-(token, expert) GEMV form whatever their number."""
         c, ops = self.config, self.ops
         mw = self.weights.layers[i].ffn
         if rows is None:  # prefill: torch's GEMM on x widened to fp32 (fast at thousands of rows)

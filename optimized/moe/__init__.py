@@ -9,14 +9,8 @@ the shared expert as a ninth GEMV pair): at B=1 each kernel's fixed cost is a la
 layer, so the shared expert rides in the routed launches rather than in launches of its own, and
 each kernel launches with programmatic dependent launch. Figures against the layer's byte floor,
 with and without either: docs/BENCHMARKS.md, "MoE layer" (``benchmarks/bench_ops.py --only moe``,
-``--pdl off``). From :data:`GEMV_BY_EXPERT_MIN_PAIRS` pairs (a decode batch) the same GEMV bodies
-run expert-major (``form="gemv_by_expert"``): pairs sorted by expert on the device, each program
-looping over up to ``by_expert_pairs`` pairs of one expert, so an expert's rows are fetched once
-per tile instead of once per pair. Every pair's bits are the per-pair form's by construction (one
-device function per kernel body), so the model chooses between the two by the pair count
-(``form="decode"``) and a sequence's decode still does not depend on its batch.
-``router_logits`` is the fp32 gate GEMM, batch invariant, x read in bf16 (``ROUTER_LOGITS`` tiles,
-``benchmarks/tune.py moe --kernels router``).
+``--pdl off``). ``router_logits`` is the fp32 gate GEMM, batch invariant, x read in bf16
+(``ROUTER_LOGITS`` tiles, ``benchmarks/tune.py moe --kernels router``).
 """
 from __future__ import annotations
 
@@ -28,9 +22,9 @@ import triton
 from .. import _counters, _launch, _pdl
 from .._checks import check_float, check_same_device, check_shape, out_or_new, require_ieee_fp32_matmul
 from ..elementwise._precision import compute_dtype, tl_compute_dtype
-from .kernels import (_combine_kernel, _gemv_by_expert_down_kernel, _gemv_by_expert_gate_up_kernel,
-                      _gemv_down_kernel, _gemv_gate_up_kernel, _grouped_down_kernel,
-                      _grouped_gate_up_kernel, _router_kernel, _router_logits_kernel, _silu_mul_kernel)
+from .kernels import (_combine_kernel, _gemv_down_kernel, _gemv_gate_up_kernel,
+                      _grouped_down_kernel, _grouped_gate_up_kernel, _router_kernel,
+                      _router_logits_kernel, _silu_mul_kernel)
 
 
 __all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
@@ -38,14 +32,6 @@ __all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 #: ``experts`` uses the GEMV form (no sort, two launches) up to this many (token, expert) pairs and
 #: the grouped tl.dot form above it. The two forms round differently (within the same bound).
 GEMV_MAX_PAIRS = 16
-#: The decode (``form="decode"``) runs the GEMV form expert-major from this many (token, expert)
-#: pairs, the shared expert's included (B=64 with 8 experts and the shared one: 576); None: never.
-#: Both forms give the same bits, so this is a speed choice alone: None on the GPU until the
-#: expert-major form is measured faster there (``benchmarks/bench_ops.py --only moe --moe-batch 1
-#: 16 64 256``, ``benchmarks/tune.py moe --kernels by_expert``; docs/BENCHMARKS.md, "MoE layer").
-GEMV_BY_EXPERT_MIN_PAIRS: int | None = None
-#: Pairs of one expert per program of the expert-major form (its rows read once per tile).
-GEMV_BY_EXPERT_PAIRS = 8
 
 @dataclass(frozen=True)
 class GemvLaunch:
@@ -59,9 +45,7 @@ class GemvLaunch:
     be chosen by the batch size.
 
     gate/up: ``gate_up_rows`` rows of F per program, ``gate_up_lanes`` lanes over D, warps;
-    down: ``down_rows`` rows of D per program, ``down_lanes`` lanes over F, warps. Expert-major
-    (bit-neutral by construction: each pair runs the same body): ``form="decode"`` takes it from
-    ``by_expert_from`` pairs on (None: never), ``by_expert_pairs`` pairs of one expert per program.
+    down: ``down_rows`` rows of D per program, ``down_lanes`` lanes over F, warps.
     """
     gate_up_rows: int = 8
     gate_up_lanes: int = 128
@@ -69,8 +53,6 @@ class GemvLaunch:
     down_rows: int = 32
     down_lanes: int = 128
     down_warps: int = 8
-    by_expert_from: int | None = GEMV_BY_EXPERT_MIN_PAIRS
-    by_expert_pairs: int = GEMV_BY_EXPERT_PAIRS
 
 
 #: GEMV-form defaults, chosen from ``benchmarks/tune.py moe``'s sweep at B=1 and B=64 (one layer's
@@ -80,12 +62,8 @@ class GemvLaunch:
 #: pairs alone fill); down 32 rows x 128 lanes on 8 warps.
 GEMV = GemvLaunch()
 #: Under the CPU interpreter a program costs its Python overhead, not its loads: 32 gate/up rows
-#: per program there (a 4x shorter grid; rows per program never change a value), and expert-major
-#: from 4 pairs, where the two forms cost about the same there (the tiny preset's B=4 decode step
-#: 1.14 s against 1.54 s per pair; its MoE layer at B=16 1.02 s against 0.94 s): one token of the
-#: tiny preset (3 pairs) stays per pair, so the CPU suite's batched-against-alone decode tests
-#: compare the two forms.
-GEMV_CPU = GemvLaunch(gate_up_rows=32, by_expert_from=4)
+#: per program there (a 4x shorter grid; rows per program never change a value).
+GEMV_CPU = GemvLaunch(gate_up_rows=32)
 
 
 @dataclass(frozen=True)
@@ -341,13 +319,11 @@ def _gemv_default(device: torch.device) -> GemvLaunch:
     return GEMV_CPU if device.type == "cpu" else GEMV
 
 
-def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False, shared=None, launch=None,
-          by_expert=False):
+def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False, shared=None, launch=None):
     """GEMV form into ``y`` (``add``: added to y's values); ``ids is None``: one dense expert (w* of
     shape [1, ...]), weight 1. ``shared`` ((gate [F, D], up [F, D], down [D, F])): each token's
     shared expert runs as one more pair in the same launches and is added in the combine.
-    ``launch``: a :class:`GemvLaunch` (default :data:`GEMV`, :data:`GEMV_CPU` on CPU).
-    ``by_expert`` (routed only): expert-major, the same bits (see :func:`_by_expert_tiles`)."""
+    ``launch``: a :class:`GemvLaunch` (default :data:`GEMV`, :data:`GEMV_CPU` on CPU)."""
     dense = ids is None
     P = KE + 1 if shared is not None else KE  # pairs per token
     if h is None:
@@ -358,67 +334,24 @@ def _gemv(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, h=None, add=False, sha
     bd = min(cfg.gate_up_lanes, triton.next_power_of_2(D))
     sg, su, sd = shared if shared is not None else (w1[0], w3[0], w2[0])  # unread without SHARED
     pdl = _pdl.enabled(x.device)
-    has_shared = shared is not None
+    _gemv_gate_up_kernel[(T * P, triton.cdiv(F, bf))](
+        x, x if dense else ids, w1, w3, sg, su, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
+        w3.stride(0), w3.stride(1), sg.stride(0), su.stride(0), h.stride(0), CD=cd, DENSE=dense,
+        SHARED=shared is not None, BLOCK_F=bf, BLOCK_D=bd, PDL=pdl, launch_pdl=pdl,
+        num_warps=cfg.gate_up_warps)
     bdo = min(cfg.down_rows, triton.next_power_of_2(D))
     bf2 = min(cfg.down_lanes, triton.next_power_of_2(F))
     out = y if dense else torch.empty((T * P, D), dtype=compute_dtype(x.dtype), device=x.device)
-    if by_expert:
-        NE = w1.shape[0] + has_shared  # the shared expert is expert E
-        tiles, order, cum, offs, counts = _by_expert_tiles(ids, NE, has_shared, cfg.by_expert_pairs)
-        sort = dict(PAIRS=cfg.by_expert_pairs, BLOCK_E=triton.next_power_of_2(NE))
-        _gemv_by_expert_gate_up_kernel[(tiles, triton.cdiv(F, bf))](
-            x, ids, order, cum, offs, counts, w1, w3, sg, su, h, D, F, KE, NE, x.stride(0), w1.stride(0),
-            w1.stride(1), w3.stride(0), w3.stride(1), sg.stride(0), su.stride(0), h.stride(0), CD=cd,
-            SHARED=has_shared, BLOCK_F=bf, BLOCK_D=bd, PDL=pdl, launch_pdl=pdl, num_warps=cfg.gate_up_warps,
-            **sort)
-        _gemv_by_expert_down_kernel[(tiles, triton.cdiv(D, bdo))](
-            h, ids, order, cum, offs, counts, w2, sd, out, D, F, KE, NE, h.stride(0), w2.stride(0),
-            w2.stride(1), sd.stride(0), out.stride(0), CD=cd, SHARED=has_shared, BLOCK_DO=bdo, BLOCK_F=bf2,
-            PDL=pdl, launch_pdl=pdl, num_warps=cfg.down_warps, **sort)
-    else:
-        _gemv_gate_up_kernel[(T * P, triton.cdiv(F, bf))](
-            x, x if dense else ids, w1, w3, sg, su, h, D, F, KE, x.stride(0), w1.stride(0), w1.stride(1),
-            w3.stride(0), w3.stride(1), sg.stride(0), su.stride(0), h.stride(0), CD=cd, DENSE=dense,
-            SHARED=has_shared, BLOCK_F=bf, BLOCK_D=bd, PDL=pdl, launch_pdl=pdl,
-            num_warps=cfg.gate_up_warps)
-        _gemv_down_kernel[(T * P, triton.cdiv(D, bdo))](
-            h, x if dense else ids, w2, sd, out, D, F, KE, h.stride(0), w2.stride(0), w2.stride(1),
-            sd.stride(0), out.stride(0), CD=cd, DENSE=dense, SHARED=has_shared, BLOCK_DO=bdo,
-            BLOCK_F=bf2, PDL=pdl, launch_pdl=pdl, num_warps=cfg.down_warps)
+    _gemv_down_kernel[(T * P, triton.cdiv(D, bdo))](
+        h, x if dense else ids, w2, sd, out, D, F, KE, h.stride(0), w2.stride(0), w2.stride(1),
+        sd.stride(0), out.stride(0), CD=cd, DENSE=dense, SHARED=shared is not None, BLOCK_DO=bdo,
+        BLOCK_F=bf2, PDL=pdl, launch_pdl=pdl, num_warps=cfg.down_warps)
     if not dense:
         bc = min(1024, triton.next_power_of_2(D))
         _combine_kernel[(T, triton.cdiv(D, bc))](
             out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, ADD=add,
-            SHARED=has_shared, PDL=pdl, launch_pdl=pdl, num_warps=4)
+            SHARED=shared is not None, PDL=pdl, launch_pdl=pdl, num_warps=4)
     return y
-
-
-def _sort_by_expert(keys: torch.Tensor, n_experts: int, per_tile: int):
-    """Rows grouped by expert on the device, without a host sync (a fixed-size grid: CUDA graphs
-    capture it). keys: [M] int32/int64, each row's expert in [0, n_experts). Returns
-    ``(tiles, order, cum_tiles, offs, counts)``: ``order`` [M] int64, the rows grouped by expert,
-    ascending inside a group; ``cum_tiles`` [n_experts] int32, tiles of up to ``per_tile`` rows
-    of the experts up to and including each; ``offs``, ``counts`` [n_experts] int32, each
-    expert's first place in ``order`` and its rows; ``tiles``, a host-side bound on the tiles
-    (``_tile_expert`` maps a tile to its expert; a tile past the last one has nothing to do)."""
-    M = keys.numel()
-    order = torch.argsort(keys, stable=True)
-    counts = torch.zeros(n_experts, dtype=torch.int64, device=keys.device).scatter_add_(
-        0, keys.to(torch.int64), torch.ones_like(keys, dtype=torch.int64))  # no host sync (bincount syncs)
-    cum_tiles = torch.cumsum((counts + per_tile - 1) // per_tile, 0).to(torch.int32)
-    offs = (torch.cumsum(counts, 0) - counts).to(torch.int32)
-    # sum over the n <= min(M, n_experts) experts with rows of ceil(c / per_tile)
-    # <= (M + n (per_tile - 1)) / per_tile
-    tiles = (M + min(M, n_experts) * (per_tile - 1)) // per_tile
-    return tiles, order, cum_tiles, offs, counts.to(torch.int32)
-
-
-def _by_expert_tiles(ids: torch.Tensor, NE: int, shared: bool, per_tile: int):
-    """:func:`_sort_by_expert` of the GEMV form's pairs (token-major, ``k_e`` per token, plus the
-    shared expert's as each token's last with ``shared``, its expert NE - 1)."""
-    if shared:
-        ids = torch.cat((ids, ids.new_full((ids.shape[0], 1), NE - 1)), 1)
-    return _sort_by_expert(ids.reshape(-1), NE, per_tile)
 
 
 def _check_shared(op, shared, x, F, D):
@@ -435,55 +368,34 @@ def _check_shared(op, shared, x, F, D):
         check_same_device(op, x=x, **{f"shared_{name}": w})
 
 
-#: ``_experts``'s forms of the GEMV bits: per pair, expert-major, or chosen by the pair count
-GEMV_FORMS = ("gemv", "gemv_by_expert", "decode")
-
-
-def _runs_by_expert(form, pairs: int, launch: GemvLaunch) -> bool:
-    """Whether ``_experts`` runs the GEMV bits expert-major: forced (``"gemv_by_expert"``), or
-    ``"decode"`` with at least ``launch.by_expert_from`` pairs (the shared expert's included; None:
-    never)."""
-    if form == "gemv_by_expert":
-        return True
-    return form == "decode" and launch.by_expert_from is not None and pairs >= launch.by_expert_from
-
-
 def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None, shared=None, out=None, launch=None):
-    """``experts`` with the form forced (``"gemv"``, ``"gemv_by_expert"``, ``"grouped"``) or chosen
-    (None: GEMV up to :data:`GEMV_MAX_PAIRS` pairs, grouped above; ``"decode"``: the GEMV bits at any
-    T, expert-major from ``launch.by_expert_from`` pairs (:data:`GEMV_BY_EXPERT_MIN_PAIRS`), the
-    shared expert's included). ``"gemv_by_expert"`` gives bitwise the ``"gemv"`` result. ``add_to``
-    ([T, D], x's dtype, GEMV forms only): the result is added into it in place (``add_to +=
+    """``experts`` with the form forced (``"gemv"``, ``"grouped"``) or chosen (None). ``add_to``
+    ([T, D], x's dtype, GEMV form only): the result is added into it in place (``add_to +=
     experts(...)``, the same bits, without a separate add) and it is returned. ``shared`` ((gate
-    [F, D], up [F, D], down [D, F]), x's dtype, the routed experts' F; GEMV forms only): the shared
+    [F, D], up [F, D], down [D, F]), x's dtype, the routed experts' F; GEMV form only): the shared
     expert's SwiGLU added, run as one more pair per token in the same three launches: the bits of
     ``experts(add_to=swiglu(x, gate, up, down))`` with ``swiglu``'s GEMV form at any T. ``out``
     ([T, D] contiguous, x's dtype; with ``shared``): where the result goes. ``launch``: the GEMV
-    forms' :class:`GemvLaunch` (benchmarks and tuning; default: the tuned one)."""
+    form's :class:`GemvLaunch` (benchmarks and tuning; default: the tuned one)."""
     T, D, KE, E, F = _check_experts(op, x, weights, ids, w1, w2, w3)
     launch = _launch.resolve(op, launch, _gemv_default(x.device))
-    if form not in (None, "grouped") + GEMV_FORMS:
-        raise ValueError(f"{op}: form: expected one of 'gemv', 'gemv_by_expert', 'decode', 'grouped', "
-                         f"got {form!r}")
     x = x if x.stride(1) == 1 else x.contiguous()
     weights = weights.contiguous()
     ids = ids.contiguous()
-    by_expert = _runs_by_expert(form, T * (KE + (shared is not None)), launch)
     if shared is not None:
-        if form not in GEMV_FORMS or add_to is not None:
-            raise ValueError(f"{op}: shared: only with a GEMV form and without add_to")
+        if form != "gemv" or add_to is not None:
+            raise ValueError(f"{op}: shared: only with the GEMV form and without add_to")
         _check_shared(op, shared, x, F, D)
         y = out_or_new(op, out, (T, D), x)
         if T and D:
-            _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, shared=shared, launch=launch,
-                  by_expert=by_expert)
+            _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, shared=shared, launch=launch)
         return y
     if out is not None:
         raise ValueError(f"{op}: out: only with shared")
     if add_to is not None:
-        if form not in GEMV_FORMS or add_to.shape != (T, D) or add_to.dtype != x.dtype or add_to.stride(1) != 1:
+        if form != "gemv" or add_to.shape != (T, D) or add_to.dtype != x.dtype or add_to.stride(1) != 1:
             raise ValueError(f"{op}: add_to: expected a [T, D] = {(T, D)} {x.dtype} tensor with "
-                             f"contiguous rows and a GEMV form, got {tuple(add_to.shape)} {add_to.dtype}")
+                             f"contiguous rows and the GEMV form, got {tuple(add_to.shape)} {add_to.dtype}")
         y = add_to
     else:
         y = torch.empty((T, D), dtype=x.dtype, device=x.device)
@@ -494,11 +406,20 @@ def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None, shared=None,
     h = torch.empty((M, F), dtype=x.dtype, device=x.device)
     if form is None:
         form = "gemv" if M <= GEMV_MAX_PAIRS else "grouped"
-    if form in GEMV_FORMS:
+    if form == "gemv":
         return _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, h=h, add=add_to is not None,
-                     launch=launch, by_expert=by_expert)
+                     launch=launch)
+    if form != "grouped":
+        raise ValueError(f"{op}: form: expected 'gemv' or 'grouped', got {form!r}")
     BM = 64 if M >= 64 * E else 16
-    max_tiles, order, cum_tiles, offs, counts = _sort_by_expert(ids.reshape(-1), E, BM)
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # pair indices, grouped by expert, token order inside
+    counts = torch.zeros(E, dtype=torch.int64, device=x.device).scatter_add_(
+        0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int64))  # no host sync (bincount syncs)
+    cum_tiles = torch.cumsum((counts + BM - 1) // BM, 0).to(torch.int32)
+    offs = (torch.cumsum(counts, 0) - counts).to(torch.int32)
+    counts = counts.to(torch.int32)
+    max_tiles = triton.cdiv(M, BM) + min(M, E)
     block_e = triton.next_power_of_2(E)
     bf, bd = min(64, max(16, triton.next_power_of_2(F))), min(64, max(16, triton.next_power_of_2(D)))
     _grouped_gate_up_kernel[(max_tiles, triton.cdiv(F, bf))](

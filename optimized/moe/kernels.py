@@ -1,7 +1,7 @@
 """MoE kernels: the router's logits GEMM, the sigmoid router, SiLU-gated product, and the
-routed-expert SwiGLU in three forms.
+routed-expert SwiGLU in two forms.
 
-Expert forms (all accumulate in the compute dtype, round the intermediate ``h`` to x's dtype as the
+Expert forms (both accumulate in the compute dtype, round the intermediate ``h`` to x's dtype as the
 bf16 production paths do, and combine the ``k_e`` expert outputs of a token in the fixed order
 k = 0 .. k_e-1 with fp32/fp64 weights):
 
@@ -9,12 +9,6 @@ k = 0 .. k_e-1 with fp32/fp64 weights):
   routed experts' weight rows (gate/up), then one per (pair, D tile) (down, into an fp32/fp64
   scratch), and the combine kernel sums a token's k_e outputs in order. Three launches in all (two
   for a dense MLP), no sort, no host sync.
-* GEMV form, expert-major (decode batches with many pairs): the pairs sorted by expert on the device
-  (the shared expert as expert E), and one program per (tile of up to PAIRS pairs of one expert, F
-  or D tile) runs the GEMV form's very body (``_gemv_gate_up_rows``, ``_gemv_down_rows``) for each
-  of its pairs in turn, so the expert's rows are fetched once per tile rather than once per pair,
-  and every pair's bits are the per-pair form's. The grid is an upper bound on the tiles, as in the
-  grouped form; the combine kernel is the same.
 * grouped form (prefill): pairs are sorted by expert on the device; each program takes a tile of up
   to BLOCK_M rows of *one* expert (an expert's rows never share a tile with another's) and runs
   ``tl.dot`` GEMMs; per-pair outputs are combined by a third kernel. The tile -> expert map is found
@@ -169,13 +163,17 @@ def _gemv_pair(pair, ids_ptr, KE, DENSE: tl.constexpr, SHARED: tl.constexpr):
 
 
 @jit
-def _gemv_gate_up_rows(pair, tok, e, is_shared, f_tile, x_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr, h_ptr,
-                       D, F, sx, s1e, s1f, s3e, s3f, ss1f, ss3f, sh, CD: tl.constexpr, SHARED: tl.constexpr,
-                       BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr):
-    """h[pair, f] = silu(w1[e] x[tok])[f] * (w3[e] x[tok])[f] for the BLOCK_F rows of F tile
-    ``f_tile``; ``is_shared`` (SHARED): the shared expert's ws1, ws3 instead. The one body of both
-    GEMV forms' gate/up kernels, so that a pair's bits never depend on the form."""
-    f = f_tile * BLOCK_F + tl.arange(0, BLOCK_F)
+def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr, h_ptr, D, F, KE,
+                         sx, s1e, s1f, s3e, s3f, ss1f, ss3f, sh, CD: tl.constexpr, DENSE: tl.constexpr,
+                         SHARED: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    # grid (pairs, cdiv(F, BLOCK_F)); h[pair, f] = silu(w1[e] x)[f] * (w3[e] x)[f]
+    # DENSE: one expert (e = 0) and no ids (the dense MLP / shared expert). SHARED: each token's last
+    # pair runs the shared expert (ws1, ws3) with the very code (and so the bits) of DENSE.
+    pair = tl.program_id(0).to(tl.int64)
+    pdl_wait(PDL)  # the expert ids are the router's output
+    tok, e, is_shared = _gemv_pair(pair, ids_ptr, KE, DENSE, SHARED)
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     fm = f < F
     d0 = tl.arange(0, BLOCK_D)
     acc1 = tl.zeros([BLOCK_F, BLOCK_D], CD)
@@ -201,44 +199,6 @@ def _gemv_gate_up_rows(pair, tok, e, is_shared, f_tile, x_ptr, w1_ptr, w3_ptr, w
 
 
 @jit
-def _gemv_gate_up_kernel(x_ptr, ids_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr, h_ptr, D, F, KE,
-                         sx, s1e, s1f, s3e, s3f, ss1f, ss3f, sh, CD: tl.constexpr, DENSE: tl.constexpr,
-                         SHARED: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr,
-                         PDL: tl.constexpr = False):
-    # grid (pairs, cdiv(F, BLOCK_F)); h[pair, f] = silu(w1[e] x)[f] * (w3[e] x)[f]
-    # DENSE: one expert (e = 0) and no ids (the dense MLP / shared expert). SHARED: each token's last
-    # pair runs the shared expert (ws1, ws3) with the very code (and so the bits) of DENSE.
-    pair = tl.program_id(0).to(tl.int64)
-    pdl_wait(PDL)  # the expert ids are the router's output
-    tok, e, is_shared = _gemv_pair(pair, ids_ptr, KE, DENSE, SHARED)
-    _gemv_gate_up_rows(pair, tok, e, is_shared, tl.program_id(1), x_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr,
-                       h_ptr, D, F, sx, s1e, s1f, s3e, s3f, ss1f, ss3f, sh, CD, SHARED, BLOCK_F, BLOCK_D)
-
-
-@jit
-def _gemv_down_rows(pair, e, is_shared, d_tile, h_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, sh, s2e, s2d, ss2d,
-                    so, CD: tl.constexpr, SHARED: tl.constexpr, BLOCK_DO: tl.constexpr,
-                    BLOCK_F: tl.constexpr):
-    """out[pair, d] = (w2[e] h[pair])[d] for the BLOCK_DO rows of D tile ``d_tile``; ``is_shared``
-    (SHARED): the shared expert's ws2 instead. The one body of both GEMV forms' down kernels."""
-    d = d_tile * BLOCK_DO + tl.arange(0, BLOCK_DO)
-    dm = d < D
-    f0 = tl.arange(0, BLOCK_F)
-    acc = tl.zeros([BLOCK_DO, BLOCK_F], CD)
-    w2e = w2_ptr + e * s2e
-    if SHARED:  # scalar selects (see _gemv_gate_up_rows)
-        w2e = tl.where(is_shared, ws2_ptr, w2e)
-        s2d = tl.where(is_shared, ss2d, s2d)
-    w2row = w2e + d[:, None].to(tl.int64) * s2d
-    for k0 in range(0, F, BLOCK_F):
-        f = k0 + f0
-        fm = f < F
-        hv = tl.load(h_ptr + pair * sh + f, mask=fm, other=0.0).to(CD)
-        acc += tl.load(w2row + f[None, :], mask=dm[:, None] & fm[None, :], other=0.0).to(CD) * hv[None, :]
-    tl.store(out_ptr + pair * so + d, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=dm)
-
-
-@jit
 def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, KE, sh, s2e, s2d, ss2d, so,
                       CD: tl.constexpr, DENSE: tl.constexpr, SHARED: tl.constexpr,
                       BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr, PDL: tl.constexpr = False):
@@ -250,50 +210,21 @@ def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, KE, sh, s2
     pair = tl.program_id(0).to(tl.int64)
     pdl_wait(PDL)
     tok, e, is_shared = _gemv_pair(pair, ids_ptr, KE, DENSE, SHARED)
-    _gemv_down_rows(pair, e, is_shared, tl.program_id(1), h_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, sh, s2e,
-                    s2d, ss2d, so, CD, SHARED, BLOCK_DO, BLOCK_F)
-
-
-# GEMV form, expert-major (decode batches with many pairs): the same rows, read once per tile
-
-
-@jit
-def _gemv_by_expert_gate_up_kernel(x_ptr, ids_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w1_ptr, w3_ptr,
-                                   ws1_ptr, ws3_ptr, h_ptr, D, F, KE, NE, sx, s1e, s1f, s3e, s3f, ss1f,
-                                   ss3f, sh, CD: tl.constexpr, SHARED: tl.constexpr, PAIRS: tl.constexpr,
-                                   BLOCK_E: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr,
-                                   PDL: tl.constexpr = False):
-    # grid (tiles (an upper bound), cdiv(F, BLOCK_F)); a tile is up to PAIRS pairs of one expert
-    # (NE = E, or E + 1 with SHARED: the shared expert is expert E), in token order. Each of its
-    # pairs runs _gemv_gate_up_rows exactly as _gemv_gate_up_kernel's program of that pair and F
-    # tile would (same pair, token, expert, rows), so h is bitwise the per-pair form's; only the
-    # expert's rows, read by the tile's first pair, come from L1/L2 for the others.
-    pdl_wait(PDL)
-    g, _, r0, r_end = _tile_expert(tl.program_id(0), cum_ptr, offs_ptr, cnt_ptr, NE, PAIRS, BLOCK_E)
-    if g < NE:  # a tile past the last one: nothing to do
-        for r in range(r0, tl.minimum(r0 + PAIRS, r_end)):
-            pair = tl.load(order_ptr + r).to(tl.int64)
-            tok, e, is_shared = _gemv_pair(pair, ids_ptr, KE, False, SHARED)
-            _gemv_gate_up_rows(pair, tok, e, is_shared, tl.program_id(1), x_ptr, w1_ptr, w3_ptr, ws1_ptr,
-                               ws3_ptr, h_ptr, D, F, sx, s1e, s1f, s3e, s3f, ss1f, ss3f, sh, CD, SHARED,
-                               BLOCK_F, BLOCK_D)
-
-
-@jit
-def _gemv_by_expert_down_kernel(h_ptr, ids_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w2_ptr, ws2_ptr,
-                                out_ptr, D, F, KE, NE, sh, s2e, s2d, ss2d, so, CD: tl.constexpr,
-                                SHARED: tl.constexpr, PAIRS: tl.constexpr, BLOCK_E: tl.constexpr,
-                                BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr, PDL: tl.constexpr = False):
-    # grid (tiles (an upper bound), cdiv(D, BLOCK_DO)); as the gate/up kernel, each pair through
-    # _gemv_down_rows: out is bitwise _gemv_down_kernel's
-    pdl_wait(PDL)
-    g, _, r0, r_end = _tile_expert(tl.program_id(0), cum_ptr, offs_ptr, cnt_ptr, NE, PAIRS, BLOCK_E)
-    if g < NE:
-        for r in range(r0, tl.minimum(r0 + PAIRS, r_end)):
-            pair = tl.load(order_ptr + r).to(tl.int64)
-            tok, e, is_shared = _gemv_pair(pair, ids_ptr, KE, False, SHARED)
-            _gemv_down_rows(pair, e, is_shared, tl.program_id(1), h_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, sh,
-                            s2e, s2d, ss2d, so, CD, SHARED, BLOCK_DO, BLOCK_F)
+    d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
+    dm = d < D
+    f0 = tl.arange(0, BLOCK_F)
+    acc = tl.zeros([BLOCK_DO, BLOCK_F], CD)
+    w2e = w2_ptr + e * s2e
+    if SHARED:  # scalar selects (see the gate/up kernel)
+        w2e = tl.where(is_shared, ws2_ptr, w2e)
+        s2d = tl.where(is_shared, ss2d, s2d)
+    w2row = w2e + d[:, None].to(tl.int64) * s2d
+    for k0 in range(0, F, BLOCK_F):
+        f = k0 + f0
+        fm = f < F
+        hv = tl.load(h_ptr + pair * sh + f, mask=fm, other=0.0).to(CD)
+        acc += tl.load(w2row + f[None, :], mask=dm[:, None] & fm[None, :], other=0.0).to(CD) * hv[None, :]
+    tl.store(out_ptr + pair * so + d, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=dm)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -302,8 +233,7 @@ def _gemv_by_expert_down_kernel(h_ptr, ids_ptr, order_ptr, cum_ptr, offs_ptr, cn
 
 @jit
 def _tile_expert(tile, cum_ptr, offs_ptr, cnt_ptr, E, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
-    """Expert owning ``tile`` (E when the tile is past the last one) and its row range (of the
-    expert-sorted rows). Also the expert-major GEMV form's, with BLOCK_M its pairs per tile."""
+    """Expert owning ``tile`` (E when the tile is past the last one) and its row range."""
     ev = tl.arange(0, BLOCK_E)
     cum = tl.load(cum_ptr + ev, mask=ev < E, other=2147483647)
     e = tl.sum((cum <= tile).to(tl.int32), axis=0)  # experts whose tiles all precede this tile

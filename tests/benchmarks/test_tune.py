@@ -15,9 +15,8 @@ from optimized.kda import ChunkLaunch
     (mla.Launch(), [s for settings, _ in tune.MLA_PARTS.values() for s in settings]),
     (moe.GEMV, tune.MOE["gate_up"] + tune.MOE["down"]),
     (moe.ROUTER_LOGITS, tune.MOE["router"]),
-    (moe.GEMV, tune.MOE["by_expert"]),
     (conv.StepLaunch(), tune.CONV),
-], ids=["kda", "mla", "moe-gemv", "moe-router", "moe-by-expert", "conv"])
+], ids=["kda", "mla", "moe-gemv", "moe-router", "conv"])
 def test_every_setting_is_a_field_of_its_launch_config(default, settings):
     assert settings
     for s in settings:

@@ -6,7 +6,6 @@ the decode fusions' bits, unrouted-expert reads, counters and argument errors he
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -316,104 +315,6 @@ def test_experts_with_the_shared_expert_fused_is_swiglu_plus_experts_bitwise(dty
         moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", shared=(sg[0], su[0][:-1], sd[0]))
     with pytest.raises(ValueError, match="out"):
         moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", shared=shared, out=tile)
-
-
-# -- the GEMV form expert-major: the per-pair form's bits ------------------------------------------
-
-def shared_routing(T, D, F, E, KE, dtype, seed, device):
-    """ids [T, k_e] int32 with expert 0 in every token (more pairs than a tile holds), experts
-    1 .. E - 2 cycling, expert E - 1 never; weights [T, k_e] fp32; a shared expert (gate, up, down)."""
-    ids = torch.tensor([[0] + [1 + (t + k) % (E - 2) for k in range(KE - 1)] for t in range(T)], dtype=torch.int32)
-    g = torch.Generator().manual_seed(seed)
-    weights = torch.rand(T, KE, generator=g) + 0.5
-    _, sg, sd, su = make_ffn(1, D, F, 1, dtype, seed=seed + 1, device=device)
-    return weights.to(device), ids.to(device), (sg[0], su[0], sd[0])
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_gemv_by_expert_is_the_gemv_form_bitwise(dtype, parity_device):
-    """Expert-major gives the per-pair form's bits, with and without the shared expert (as expert
-    E), with add_to, at the default tile and at 3 pairs per tile (several tiles of one expert, a
-    partial last one); an unrouted expert's NaN weights never reach the output (empty tiles of the
-    grid's bound read nothing)."""
-    T, D, F, E, KE = 10, 40, 24, 6, 3
-    x, w1, w2, w3 = make_ffn(T, D, F, E, dtype, seed=31, device=parity_device)
-    weights, ids, shared = shared_routing(T, D, F, E, KE, dtype, seed=32, device=parity_device)
-    for w in (w1, w2, w3):
-        w[E - 1] = float("nan")
-    small = replace(moe._gemv_default(x.device), by_expert_pairs=3)
-    per_pair = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", shared=shared)
-    assert torch.isfinite(per_pair.float()).all()
-    for launch in (None, small):
-        got = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv_by_expert", shared=shared, launch=launch)
-        assert torch.equal(got, per_pair), launch
-    routed = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv")
-    assert not torch.equal(routed, per_pair)  # teeth: the shared expert is in it
-    assert torch.equal(moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv_by_expert", launch=small), routed)
-    base = x * 2
-    want = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", add_to=base.clone())
-    got = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv_by_expert", add_to=base.clone())
-    assert torch.equal(got, want)
-
-
-def test_by_expert_tiles_group_the_pairs_by_expert_in_token_order(parity_device):
-    """Pairs are token-major with the shared expert's last (expert NE - 1); the tiles bound covers
-    every tile."""
-    ids = torch.tensor([[2, 0], [2, 1], [0, 2]], device=parity_device)
-    tiles, order, cum, offs, counts = moe._by_expert_tiles(ids, 4, True, 2)
-    # pair experts: 2 0 3 | 2 1 3 | 0 2 3
-    assert order.tolist() == [1, 6, 4, 0, 3, 7, 2, 5, 8]
-    assert counts.tolist() == [2, 1, 3, 3] and offs.tolist() == [0, 2, 3, 6] and cum.tolist() == [1, 2, 4, 6]
-    assert tiles >= 6
-    tiles, order, cum, offs, counts = moe._by_expert_tiles(ids, 3, False, 2)
-    assert order.tolist() == [1, 4, 3, 0, 2, 5] and counts.tolist() == [2, 1, 3] and cum.tolist() == [1, 2, 4]
-
-
-@pytest.mark.parity_gpu
-def test_gemv_by_expert_captured_in_a_cuda_graph_replays_new_routings(parity_device):
-    """No host sync and a grid fixed by T alone: captured once, replayed after the ids change (a
-    spread routing, then every token on the same experts: several tiles each), the per-pair bits."""
-    T, D, F, E, KE = 24, 64, 48, 16, 4
-    x, w1, w2, w3 = make_ffn(T, D, F, E, torch.bfloat16, seed=41, device=parity_device)
-    weights, ids = route(T, E, KE, seed=42, device=parity_device)
-    _, sg, sd, su = make_ffn(1, D, F, 1, torch.bfloat16, seed=43, device=parity_device)
-    shared = (sg[0], su[0], sd[0])
-    out = torch.empty(T, D, dtype=torch.bfloat16, device=parity_device)
-
-    def run():
-        moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv_by_expert", shared=shared, out=out)
-
-    side = torch.cuda.Stream(parity_device)
-    side.wait_stream(torch.cuda.current_stream(parity_device))
-    with torch.cuda.stream(side):
-        run()  # compiles outside the capture
-    torch.cuda.current_stream(parity_device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    spread = route(T, E, KE, seed=44, device=parity_device)
-    same = (spread[0], torch.arange(KE, device=parity_device).expand(T, KE).contiguous())
-    for new_weights, new_ids in (spread, same):
-        weights.copy_(new_weights)
-        ids.copy_(new_ids)
-        graph.replay()
-        want = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", shared=shared)
-        assert torch.equal(out, want)
-
-
-def test_the_decode_form_runs_expert_major_from_the_threshold(parity_device):
-    launch = moe.GemvLaunch(by_expert_from=64)
-    assert moe.GEMV.by_expert_from == moe.GEMV_BY_EXPERT_MIN_PAIRS
-    assert not moe._runs_by_expert("decode", 63, launch) and moe._runs_by_expert("decode", 64, launch)
-    assert not moe._runs_by_expert("decode", 10 ** 6, moe.GemvLaunch(by_expert_from=None))
-    assert not moe._runs_by_expert("gemv", 10 ** 6, launch) and moe._runs_by_expert("gemv_by_expert", 1, launch)
-    # the CPU default: a batch of the tiny preset (3 pairs a token) expert-major, one token per
-    # pair, so test_model_parity's batched-against-alone decode compares the two forms
-    assert moe._runs_by_expert("decode", 4 * 3, moe.GEMV_CPU) and not moe._runs_by_expert("decode", 3, moe.GEMV_CPU)
-    x, w1, w2, w3 = make_ffn(2, 16, 8, 3, torch.float32, seed=0, device=parity_device)
-    weights, ids = route(2, 3, 2, seed=0, device=parity_device)
-    with pytest.raises(ValueError, match="form"):
-        moe._experts("test", x, weights, ids, w1, w2, w3, form="by_expert")
 
 
 def test_swiglu_refuses_tf32_in_fp32(parity_device):

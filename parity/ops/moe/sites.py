@@ -8,8 +8,7 @@ SITES = (
     Site("router", "moe.router", lambda a: ({"logits": a["logits"], "bias": a["bias"]}, dict(a["kw"]))),
     Site("experts", "moe.experts", picked("x", "weights", "ids", "w1", "w2", "w3"),
          note="in decode the model runs the per-(token, expert) GEMV form with the shared expert fused "
-              "(moe._experts(form='decode', shared=...), expert-major from GEMV_BY_EXPERT_MIN_PAIRS pairs, "
-              "the same bits); the replay certifies the registered moe.experts "
+              "(moe._experts(form='gemv', shared=...)); the replay certifies the registered moe.experts "
               "(its own form) on the routed inputs, not that fused launch"),
     Site("swiglu", "moe.swiglu", picked("x", "w_gate", "w_up", "w_down")),
 )
