@@ -613,7 +613,11 @@ class ChunkLaunch:
     - ``bounded_diag`` (default): under the fused bounded gate the diagonal blocks are formed
       through their first row (:func:`_diag_block_bounded`: one exp tile and two dots) rather than
       four levels of reference rows (:func:`_diag_block`, the softplus gate's form); its own
-      roundings, within the same bound.
+      roundings, within the same bound;
+    - ``prepare16`` (default): at chunk 16 under the fused bounded gate, kernels 1-3 as one
+      (``_prepare16_kernel``, ``prepare_warps`` warps; the three kernels' bits under the interpreter,
+      not yet timed on a GPU: ``benchmarks/kda_forms.py --launches '{"prepare16": false}' '{}'
+      --chunk-sizes 16``).
     """
     gate_warps: int = 4
     gate_block_k: int = 64
