@@ -228,3 +228,26 @@ def dot(a, b, DT: tl.constexpr, ACC: tl.constexpr):
     """``a @ b`` with both operands cast to ``DT`` (the input dtype) and accumulated in ``ACC``.
     ``ieee``: fp32 operands are never rounded to TF32 (ignored for bf16/fp16/fp64 operands)."""
     return tl.dot(a.to(DT), b.to(DT), input_precision="ieee", out_dtype=ACC)
+
+
+@jit
+def state_tile(i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """A state block's indices: ``(dk, mk, dv, mv, mkv, kv_off)``, its K rows and V block ``i_v``'s
+    columns with their masks, and the elements' offsets in a [K, V] state."""
+    dk = tl.arange(0, BK)
+    mk = dk < K
+    dv = i_v * BV + tl.arange(0, BV)
+    mv = dv < V
+    return dk, mk, dv, mv, mk[:, None] & mv[None, :], dk[:, None] * V + dv[None, :]
+
+
+@jit
+def start_state(h0, i_nh, kv_off, mkv, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr, HAS_H0: tl.constexpr, ACC: tl.constexpr):
+    """``[BK, BV]``, ACC: the state a state pass starts from (row ``i_nh`` of h0's [*, K, V] blocks,
+    or zeros)."""
+    if HAS_H0:
+        S = tl.load(h0 + i_nh.to(tl.int64) * K * V + kv_off, mask=mkv, other=0.0).to(ACC)
+    else:
+        S = tl.zeros([BK, BV], dtype=ACC)
+    return S

@@ -93,7 +93,8 @@ from .._jit import jit
 from .. import _counters, _launch
 from ._common import (SUM, acc_dtype, block_k, cdiv, check_gate_params, check_qkv, check_shape,
                       check_tensor, chunk_span, dot, l2norm_cols, l2norm_rows, next_pow2,
-                      prepare_cu_seqlens, prepare_state, sigmoid_f, varlen_chunk_plan)
+                      prepare_cu_seqlens, prepare_state, sigmoid_f, start_state, state_tile,
+                      varlen_chunk_plan)
 from .gate import gate_chunk_cumsum, gate_tile
 
 @jit
@@ -418,17 +419,6 @@ def _sequence_chunks(cu, co, i_n, T, NT, BT: tl.constexpr, IS_VARLEN: tl.constex
 
 
 @jit
-def _initial_state(h0, i_nh, kv_off, mkv, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                   BV: tl.constexpr, HAS_H0: tl.constexpr, ACC: tl.constexpr):
-    """``[BK, BV]``, ACC: the state a state pass starts from (h0's block, or zeros)."""
-    if HAS_H0:
-        S = tl.load(h0 + i_nh.to(tl.int64) * K * V + kv_off, mask=mkv, other=0.0).to(ACC)
-    else:
-        S = tl.zeros([BK, BV], dtype=ACC)
-    return S
-
-
-@jit
 def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
                   HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -441,13 +431,8 @@ def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
     i_nh = tl.program_id(1)
     i_hv = i_nh % HV
     bos, eos, nt, c0 = _sequence_chunks(cu, co, i_nh // HV, T, NT, BT, IS_VARLEN)
-    dk = tl.arange(0, BK)
-    mk = dk < K
-    dv = i_v * BV + tl.arange(0, BV)
-    mv = dv < V
-    mkv = mk[:, None] & mv[None, :]
-    kv_off = dk[:, None] * V + dv[None, :]
-    S = _initial_state(h0, i_nh, kv_off, mkv, K, V, BK, BV, HAS_H0, ACC)
+    dk, mk, dv, mv, mkv, kv_off = state_tile(i_v, K, V, BK, BV)
+    S = start_state(h0, i_nh, kv_off, mkv, K, V, BK, BV, HAS_H0, ACC)
     rows = tl.arange(0, BT)
     # G_last of each chunk, fetched one chunk ahead: the compiler's pipeline prefetches only the dot
     # operands' tiles, and a load issued in the step that uses it stalls the chain a memory latency
@@ -535,13 +520,8 @@ def _state_output_kernel(kg, w, u, qg, Aq, Gc, o, vnew, h, h0, ht, cu, co, T, NT
     i_nh = tl.program_id(1)
     i_hv = i_nh % HV
     bos, eos, nt, c0 = _sequence_chunks(cu, co, i_nh // HV, T, NT, BT, IS_VARLEN)
-    dk = tl.arange(0, BK)
-    mk = dk < K
-    dv = i_v * BV + tl.arange(0, BV)
-    mv = dv < V
-    mkv = mk[:, None] & mv[None, :]
-    kv_off = dk[:, None] * V + dv[None, :]
-    S = _initial_state(h0, i_nh, kv_off, mkv, K, V, BK, BV, HAS_H0, ACC)
+    dk, mk, dv, mv, mkv, kv_off = state_tile(i_v, K, V, BK, BV)
+    S = start_state(h0, i_nh, kv_off, mkv, K, V, BK, BV, HAS_H0, ACC)
     rows = tl.arange(0, BT)
     lower = (rows // BC)[:, None] >= (rows // BC)[None, :]  # Aq's blocks right of the diagonal: 0
     # G_last fetched one chunk ahead, as in _state_kernel
@@ -615,9 +595,10 @@ class ChunkLaunch:
       four levels of reference rows (:func:`_diag_block`, the softplus gate's form); its own
       roundings, within the same bound;
     - ``prepare16`` (default): at chunk 16 under the fused bounded gate, kernels 1-3 as one
-      (``_prepare16_kernel``, ``prepare_warps`` warps; the three kernels' bits under the interpreter,
-      not yet timed on a GPU: ``benchmarks/kda_forms.py --launches '{"prepare16": false}' '{}'
-      --chunk-sizes 16``).
+      (``_prepare16_kernel``; the three kernels' bits, on the interpreter and an H100), 11-15%
+      faster than the three on ``prepare_warps`` 2 (4 warps are slower than the three, 8 slower
+      still: a 16-row tl.dot is repeated on every warp; ``benchmarks/kda_forms.py --launches
+      '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``).
     """
     gate_warps: int = 4
     gate_block_k: int = 64
@@ -637,7 +618,7 @@ class ChunkLaunch:
     fused_stages: int | None = None
     bounded_diag: bool = True
     prepare16: bool = True
-    prepare_warps: int = 4
+    prepare_warps: int = 2
 
 
 CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)

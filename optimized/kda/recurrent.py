@@ -30,7 +30,8 @@ from .. import _counters, _pdl
 from .._pdl import pdl_wait
 from .._checks import out_or_new
 from ._common import (SUM, acc_dtype, block_k, cdiv, check_bound, check_device, check_gate_params, check_qkv,
-                      check_shape, check_tensor, gate_kind, next_pow2, prepare_cu_seqlens, prepare_state)
+                      check_shape, check_tensor, gate_kind, next_pow2, prepare_cu_seqlens, prepare_state,
+                      state_tile)
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 _BV = 32  # value columns per program: fixed (bitwise batch invariance), small (decode parallelism)
@@ -56,12 +57,7 @@ def _recurrent_kernel(q, k, v, g, beta, A_log, dt_bias, o, h0, ht, cu, slots, sc
     else:
         bos = i_n.to(tl.int64) * T
         eos = bos + T
-    dk = tl.arange(0, BK)
-    mk = dk < K
-    dv = i_v * BV + tl.arange(0, BV)
-    mv = dv < V
-    mkv = mk[:, None] & mv[None, :]
-    kv_off = dk[:, None] * V + dv[None, :]
+    dk, mk, dv, mv, mkv, kv_off = state_tile(i_v, K, V, BK, BV)
     if USE_SLOTS:
         slot = tl.load(slots + i_n).to(tl.int64)
         if slot < 0:  # padding entry: no state is read or written, the output is 0
