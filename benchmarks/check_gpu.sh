@@ -12,6 +12,11 @@
 #   files in CHECK_SPREAD first, on CHECK_SPREAD_WORKERS (4) xdist workers each; logs merged into
 #   pytest.log; the JUnit XMLs, exit codes and pytest.log packed into parts.tar.gz)
 #
+# CHECK_RESUME=DIR completes an earlier run of the same code in a second call: DIR holds that run's
+# gpu-check.json and parts.tar.gz (and certificate-cuda.json); its reports are taken as they are, the
+# selections it left unfinished (default selection) run again, certify too if it did not pass, and
+# the record names the earlier run (benchmarks/gpu_check.py).
+#
 # CHECK_LIMIT_S (default 420) bounds each job, CHECK_DEADLINE_S (default CHECK_LIMIT_S) the tests
 # all together (a file not started by then is an error); CHECK_JOBS (default: the CPU count) how many run at
 # once; CHECK_CERTIFY=0 leaves the certificate out (then the run is not green). The
@@ -30,6 +35,12 @@ fi
 # installed (not just on PYTHONPATH) so pytest finds the parity plugin's entry point
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
     || { echo "pip install -e . failed (see install.log): PYTHONPATH only"; export PYTHONPATH=$PWD; }
+RESUME=${CHECK_RESUME:-}
+if [ -n "$RESUME" ]; then  # refused (one line, exit 2) unless that run was of this code
+    python3 benchmarks/gpu_check.py --can-resume "$RESUME" || exit 2
+    [ $# -gt 0 ] || set -- $(python3 benchmarks/gpu_check.py --unfinished "$RESUME")
+    [ $# -gt 0 ] || { echo "check_gpu.sh: the run in $RESUME left nothing unfinished: its record stands"; exit 0; }
+fi
 LIMIT=${CHECK_LIMIT_S:-420}
 JOBS=${CHECK_JOBS:-$(nproc)}
 # many processes side by side: each gets a share of the cores, not torch's whole pool
@@ -41,6 +52,11 @@ SEL=${*:-$(for f in $SPREAD; do [ -f "$f" ] && echo "$f"; done; ls -S $(find tes
 echo "check_gpu.sh: $(echo $SEL | wc -w) pytest selections ($JOBS at a time) and parity certify --device cuda, ${LIMIT}s each"
 rm -f "$OUT"/rc-* "$OUT"/junit-*.xml "$OUT"/pytest-*.log
 CERTIFY=${CHECK_CERTIFY:-1}
+if [ -n "$RESUME" ]; then  # the earlier run's reports (and its certificate, where certify passed)
+    tar -C "$OUT" -xzf "$RESUME/parts.tar.gz" $(tar -tzf "$RESUME/parts.tar.gz" | grep -E '^(junit-.*\.xml|rc-.*)$')
+    for sel in $SEL; do rm -f "$OUT/rc-$(echo "${sel%.py}" | tr / -)" "$OUT/junit-$(echo "${sel%.py}" | tr / -).xml"; done
+    if [ "$(cat "$OUT/rc-certify" 2>/dev/null)" = 0 ] && cp "$RESUME/certificate-cuda.json" "$OUT/"; then CERTIFY=0; fi
+fi
 if [ "$CERTIFY" != 0 ]; then  # first: the longest job
     ( timeout -k 10 "$LIMIT" python3 -m parity.cli certify --device cuda --json "$OUT/certificate-cuda.json" \
         >"$OUT/certify-cuda.log" 2>&1; rc=$?; echo "certify rc=$rc" >>"$OUT/certify-cuda.log"; echo $rc >"$OUT/rc-certify" ) &
@@ -83,7 +99,8 @@ PY
 fi
 echo "$SUMMARY"
 WALL=$(python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$START" "$(date +%s.%N)")
-python3 benchmarks/gpu_check.py "$OUT" "$WALL" --write docs/runs/gpu-check.json --write "$OUT/gpu-check.json"
+python3 benchmarks/gpu_check.py "$OUT" "$WALL" --write docs/runs/gpu-check.json --write "$OUT/gpu-check.json" \
+    ${RESUME:+--resumed-from "$RESUME"}
 # a device call brings back only a few files: the per-file parts travel as one archive
 tar -C "$OUT" -czf "$OUT/parts.tar.gz" $(cd "$OUT" && ls junit-*.xml rc-* 2>/dev/null) pytest.log \
     && rm -f "$OUT"/junit-*.xml "$OUT"/rc-* "$OUT/pytest.log"

@@ -1,6 +1,7 @@
 """The record of one ``benchmarks/check_gpu.sh`` run: docs/runs/gpu-check.json.
 
-    python3 benchmarks/gpu_check.py OUT_DIR WALL_SECONDS [--write PATH ...]
+    python3 benchmarks/gpu_check.py OUT_DIR WALL_SECONDS [--write PATH ...] [--resumed-from RUN_DIR]
+    python3 benchmarks/gpu_check.py --can-resume RUN_DIR | --unfinished RUN_DIR
 
 Reads what check_gpu.sh left in OUT_DIR: one JUnit XML per pytest selection (``junit-NAME.xml``)
 with the selection's exit status (``rc-NAME``), and certify's certificate and exit status
@@ -14,6 +15,11 @@ process killed by the time limit wrote no XML and counts as an error), ``certify
 ops certified of total, mutants killed of total), ``complete`` (every tests/**/test_*.py file
 reported), ``green`` (complete, every selection exited 0 with no failures or errors, and certify
 ran and exited 0), the device, torch and triton versions, wall seconds.
+
+A run of the same code can be completed by a second call (check_gpu.sh's ``CHECK_RESUME``): the
+first run's reports are unpacked into OUT_DIR, its unfinished selections (a file killed by the time
+limit, say) run again and replace theirs, and the record names the first run (``resumed``: its wall
+seconds, device and the selections run again); ``wall_seconds`` is the two runs' sum.
 """
 from __future__ import annotations
 
@@ -107,7 +113,37 @@ def environment() -> dict:
     return env
 
 
-def record(out: pathlib.Path, wall_s: float) -> dict:
+def selection_file(name: str) -> str | None:
+    """The test file a selection's name stands for (check_gpu.sh names a selection by its path with
+    ``/`` as ``-``)."""
+    return next((p.relative_to(ROOT).as_posix() for p in ROOT.glob("tests/**/test_*.py")
+                 if p.relative_to(ROOT).with_suffix("").as_posix().replace("/", "-") == name), None)
+
+
+def unfinished(prev: dict) -> list[str]:
+    """The selections of a recorded run that did not exit 0 with a report."""
+    return [n for n, s in prev["selections"].items() if s["rc"] != 0 or "note" in s]
+
+
+def resumable(run: pathlib.Path) -> tuple[dict | None, str]:
+    """(the record, "") of a previous run in directory ``run`` (its gpu-check.json and parts.tar.gz)
+    that check_gpu.sh may resume, or (None, why not): it must have run this code."""
+    try:
+        prev = json.loads((run / "gpu-check.json").read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"no readable gpu-check.json in {run} ({type(exc).__name__})"
+    if not (run / "parts.tar.gz").is_file():
+        return None, f"no parts.tar.gz in {run}"
+    if prev.get("digest") != code_digest(ROOT):
+        return None, (f"the run in {run} was of other code (digest {str(prev.get('digest'))[:12]}, "
+                      f"this code {code_digest(ROOT)[:12]})")
+    return prev, ""
+
+
+def record(out: pathlib.Path, wall_s: float, resumed: dict | None = None) -> dict:
+    """The record of the run whose results are in ``out``; ``resumed``: the record of the earlier
+    run of the same code it completes (its reports were unpacked into ``out``, its unfinished
+    selections run again), named in the record with its wall time and device."""
     files, selections = collect(out)
     cert = certify_summary(out)
     every = {p.relative_to(ROOT).as_posix() for p in ROOT.glob("tests/**/test_*.py")}
@@ -115,19 +151,39 @@ def record(out: pathlib.Path, wall_s: float) -> dict:
     green = complete and all(s["rc"] == 0 and "note" not in s for s in selections.values()) \
         and all(f["failed"] == 0 and f["error"] == 0 for f in files.values()) \
         and cert is not None and cert["rc"] == 0
-    return {"format": "kimi-parity/gpu-check", "digest": code_digest(ROOT), "green": green,
-            "complete": complete,
-            **environment(), "wall_seconds": round(wall_s, 1), "certify": cert,
-            "selections": selections, "files": files}
+    doc = {"format": "kimi-parity/gpu-check", "digest": code_digest(ROOT), "green": green,
+           "complete": complete,
+           **environment(), "wall_seconds": round(wall_s, 1), "certify": cert,
+           "selections": selections, "files": files}
+    if resumed is not None:
+        doc["resumed"] = {"wall_seconds": resumed.get("wall_seconds"), "device": resumed.get("device"),
+                          "rerun": unfinished(resumed)}
+        doc["wall_seconds"] = round(wall_s + (resumed.get("wall_seconds") or 0.0), 1)
+    return doc
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] in ("--can-resume", "--unfinished"):
+        prev, why = resumable(pathlib.Path(argv[1]))
+        if prev is None:
+            print(f"gpu_check.py: cannot resume: {why}", file=sys.stderr)
+            return 2
+        if argv[0] == "--unfinished":
+            print("\n".join(f for f in map(selection_file, unfinished(prev)) if f))
+        return 0
     if len(argv) < 2:
-        print("usage: gpu_check.py OUT_DIR WALL_SECONDS [--write PATH ...]", file=sys.stderr)
+        print("usage: gpu_check.py OUT_DIR WALL_SECONDS [--write PATH ...] [--resumed-from RUN_DIR]\n"
+              "       gpu_check.py --can-resume RUN_DIR | --unfinished RUN_DIR", file=sys.stderr)
         return 2
     out, wall = pathlib.Path(argv[0]), float(argv[1])
     paths = [argv[i + 1] for i, a in enumerate(argv) if a == "--write" and i + 1 < len(argv)]
-    doc = record(out, wall)
+    resumed = None
+    if "--resumed-from" in argv:
+        resumed, why = resumable(pathlib.Path(argv[argv.index("--resumed-from") + 1]))
+        if resumed is None:
+            print(f"gpu_check.py: cannot resume: {why}", file=sys.stderr)
+            return 2
+    doc = record(out, wall, resumed)
     text = json.dumps(doc, indent=1) + "\n"
     for p in paths:
         pathlib.Path(p).parent.mkdir(parents=True, exist_ok=True)
