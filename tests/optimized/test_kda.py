@@ -238,6 +238,30 @@ def test_output_in_the_state_pass_keeps_the_bits(dtype):
     assert torch.equal(fused[0], split[0]) and torch.equal(fused[1], split[1])
 
 
+def _state_lost_at(cut):
+    """fused_chunked in two calls whose second starts from zeros, not the first's state: a pass that
+    drops its state at a chunk boundary."""
+    def lost(q, k, v, g_raw, beta_logits, A_log, dt_bias, *, initial_state=None, **kw):
+        head = [x[:, :cut] for x in (q, k, v, g_raw, beta_logits)]
+        tail = [x[:, cut:] for x in (q, k, v, g_raw, beta_logits)]
+        o1, _ = kda.fused_chunked(*head, A_log, dt_bias, initial_state=initial_state, **kw)
+        o2, s2 = kda.fused_chunked(*tail, A_log, dt_bias, **kw)
+        return torch.cat([o1, o2], 1), s2
+    return lost
+
+
+@pytest.mark.parametrize("dtype,T,strength,lower_bound", [
+    ("bfloat16", 32, "slow", None), ("bfloat16", 32, "mixed", -5.0), ("bfloat16", 48, "mixed", None),
+    ("bfloat16", 100, "slow", -5.0), ("float32", 48, "slow", -5.0)])
+def test_a_state_lost_at_a_chunk_boundary_is_caught(dtype, T, strength, lower_bound):
+    """The state dropped after the first 16-token chunk: past the bound in bf16 too (the chunk
+    storage terms are worst-case bounds, not scaled by LAMBDA; docs/error-bounds.md), as in float32."""
+    c = case(1, T, 1, 2, 32, 32, seed=3, op="fused_chunked", chunk=16, strength=strength, lower_bound=lower_bound)
+    name = "kda.fused_chunked" + ("" if lower_bound is None else "+lower_bound")
+    with pytest.raises(AssertionError, match="not within its bound"):
+        assert_parity(name, c, dtype=dtype, candidate=of(_state_lost_at(16), triton=True))
+
+
 def test_split_prefill():
     """Prefill in two calls carrying the state: bitwise equal to one call when the split is at a
     chunk boundary (chunked) or anywhere (recurrent: the state stays fp32 either way); at an

@@ -7,12 +7,14 @@ max(1, |1 - beta |k|^2|)`` (<= 1 for unit keys). So per value column j the state
     E_t^2 = rho_t^2 E_{t-1}^2 + lam_t^2          (independent local errors add in quadrature)
 
 with lam_t the norm bound of what step t rounds (decay, the K-long dot k^T S, the delta, the outer
-product, the add). The chunked kernels round more: intermediates in the run dtype (u, not ua) --
+product, the add), and a linear part D (errors of one sign, worst case) carried by the same rho. The
+chunked kernels round more: intermediates in the run dtype (u, not ua) --
 the key-key matrix A and its inverse M = (I + A)^-1, the WY rows w and u, v_new, the chunk-start
 state h and the query-key matrix Q -- which enter through |M| (|A| + I) (Skeel's bound of the
 triangular solve), |Q| and the decayed keys. Their products take operands rounded to the run dtype,
 so A and Q err relative to the sums of their absolute terms (|k||k|, |q||k|), not to |A|, |Q|,
 and M built from its diagonal blocks' inverses by such products errs relative to its terms' sum.
+These storage terms are worst-case bounds of each chunk's contribution, so they join D.
 Every magnitude is evaluated in float64 from the same inputs the candidate saw. The fused ops add
 the errors of their prologue (l2norm, gate, sigmoid) as perturbations of the core inputs.
 
@@ -158,17 +160,19 @@ def core_bound(q, k, v, g, beta, h0, scale, cu, p, *, chunk=None, stored=False, 
                     ob = ob + scale * extra["dq"][b, t, hmap][:, None] * nS
                 o_b[b, t] = ob
                 rows.append((t, qt, kt, e, bt, Gc.copy()))
-            if chunk and stored:
-                E2 = _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, chunk, ud=p.uop(stored))
+            if chunk and stored:   # worst-case terms: to the linear part, not the quadrature LAMBDA scales
+                D = D + _chunk_extras(rows, S0, scale, us, ua, o_b, b, chunk, ud=p.uop(stored))
         s_b[n] = (LAMBDA * np.sqrt(E2) + D)[:, None, :]
     o_b = o_b + (ua + uo_o) * np.abs(o_ref)
     s_b = s_b + uo_s * np.abs(s_ref)
     return o_b, s_b
 
 
-def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, chunk, ud=None):
+def _chunk_extras(rows, S0, scale, us, ua, o_b, b, chunk, ud=None):
     """Add the chunked algorithm's storage roundings of one chunk to the output bounds (in place)
-    and return the state error with the chunk's contribution added. ``ud``: the unit roundoff of a
+    and return their contribution to the state error at the chunk end, per value column: first-order
+    worst-case bounds (each rounding at its full ``u``), so the caller adds it to the linear part of
+    the state error, which ``LAMBDA`` does not scale. ``ud``: the unit roundoff of a
     stored intermediate as a matrix product reads it (``Precision.uop(True)``; default ``us``, IEEE):
     every ``2 ud`` below is a product's two rounded operands, every ``us`` a storage alone."""
     ud = us if ud is None else ud
@@ -225,7 +229,7 @@ def _chunk_extras(rows, S0, scale, us, ua, o_b, b, E2, chunk, ud=None):
     kg = Kc * np.exp(G[:, -1:, :] - G)
     nkg = _norm(kg, 2)                              # [HV, C]
     st = np.einsum("hi,hiv->hv", nkg, (2 * ud + gC) * np.abs(Ev) + dv) + us * nS0
-    return (np.sqrt(E2) + st) ** 2
+    return st
 
 
 BLOCK = 16  # rows of the diagonal blocks a chunk's inverse is built from (ours and fla's)
