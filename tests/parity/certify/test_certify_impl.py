@@ -251,8 +251,12 @@ def test_fla_cores_triton_kernels_on_a_gpu(parity_device):
         assert "fails ieee at float32" in gate.contract_summary()
 
 
+# one op a test: pytest-xdist spreads the three (together they ran past check_gpu.sh's 420 s per file)
 @pytest.mark.parity_gpu
-def test_fla_cores_bounded_gate_and_safe_gate_path_on_a_gpu(parity_device):
+@pytest.mark.parametrize("op,dtypes", [("kda.gate+lower_bound", ("float32", "bfloat16")),
+                                       ("kda.fused_recurrent+lower_bound", ("float32", "bfloat16")),
+                                       ("kda.fused_chunked+lower_bound", ("bfloat16",))])
+def test_fla_cores_bounded_gate_and_safe_gate_path_on_a_gpu(op, dtypes, parity_device):
     """fla-core's bounded gate kernels under the bounded gate's bound: fused_kda_gate and
     fused_recurrent_kda with lower_bound, and chunk_kda's safe-gate path (bf16: its float32 chunk-32
     fault is the softplus test's)."""
@@ -260,11 +264,8 @@ def test_fla_cores_bounded_gate_and_safe_gate_path_on_a_gpu(parity_device):
 
     fns = implementations("fla", parity_device)
     with cpu_threads(parity_device):
-        for op, dtypes in (("kda.gate+lower_bound", ("float32", "bfloat16")),
-                           ("kda.fused_recurrent+lower_bound", ("float32", "bfloat16")),
-                           ("kda.fused_chunked+lower_bound", ("bfloat16",))):
-            cert = certify_op(ops.get(op), candidate=fns[op], dtypes=dtypes, examples=6, device=parity_device)
-            assert cert.certified, (op, cert.contract_summary(), cert.reasons())
+        cert = certify_op(ops.get(op), candidate=fns[op], dtypes=dtypes, examples=6, device=parity_device)
+        assert cert.certified, (op, cert.contract_summary(), cert.reasons())
 
 
 @pytest.mark.parity_gpu
