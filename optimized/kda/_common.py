@@ -243,7 +243,7 @@ def state_tile(i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.c
 
 @jit
 def start_state(h0, i_nh, kv_off, mkv, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, HAS_H0: tl.constexpr, ACC: tl.constexpr):
+                BV: tl.constexpr, HAS_H0: tl.constexpr, ACC: tl.constexpr):
     """``[BK, BV]``, ACC: the state a state pass starts from (row ``i_nh`` of h0's [*, K, V] blocks,
     or zeros)."""
     if HAS_H0:
