@@ -596,7 +596,7 @@ class ChunkLaunch:
       roundings, within the same bound;
     - ``prepare16`` (default): at chunk 16 under the fused bounded gate, kernels 1-3 as one
       (``_prepare16_kernel``; the three kernels' bits on the interpreter, and in bf16 on an H100),
-      11-15% faster than the three on ``prepare_warps`` 2 (4 warps are slower than the three, 8
+      11-13% faster than the three on ``prepare_warps`` 2 (4 warps are slower than the three, 8
       slower still: a 16-row tl.dot is repeated on every warp; ``benchmarks/kda_forms.py --launches
       '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``).
     """
