@@ -47,6 +47,15 @@ def graph(root: Path = ROOT) -> dict:
             for m, p in files.items()}
 
 
+def users_of(names) -> list[str]:
+    """``"module -> name"`` for every project module that imports one of ``names`` (old module names
+    kept as aliases), after checking each is still a file the import graph sees."""
+    g = graph()
+    old = set(names)
+    assert old <= set(g), sorted(old - set(g))
+    return sorted(f"{m} -> {t}" for m, ts in g.items() for t in ts if t in old)
+
+
 def cycles(g: dict) -> list:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
     index, low, on, stack, comps = {}, {}, set(), [], []

@@ -3,7 +3,7 @@ they moved to (parity/_moved.py), and nothing in the project uses them. In proce
 import importlib
 
 from parity._moved import MOVED
-from tests.test_layering import graph
+from tests.test_layering import users_of
 
 
 def test_every_old_name_is_the_module_it_moved_to_and_so_are_its_submodules():
@@ -17,8 +17,4 @@ def test_every_old_name_is_the_module_it_moved_to_and_so_are_its_submodules():
 
 
 def test_no_module_of_the_project_imports_an_old_name():
-    g = graph()
-    old = set(MOVED)
-    assert old <= set(g)   # each old name is still a file: the check sees them
-    users = sorted(f"{m} -> {t}" for m, ts in g.items() for t in ts if t in old)
-    assert users == []
+    assert users_of(MOVED) == []

@@ -21,6 +21,7 @@ from parity.cli import main
 from parity.errors import CandidateError
 
 from . import planted_kda
+from .cli_errors import assert_certify_refuses
 
 HERE = Path(__file__).parent
 PLANTED = str(HERE / "planted_kda.py")
@@ -187,12 +188,7 @@ def test_the_command_exits_1_on_a_bug_and_names_it(tmp_path, capsys, parity_devi
     (["--impl", "nosuchpeer"], "expected OP=module:function"),
 ])
 def test_bad_implementations_are_one_line_errors_exit_2(args, needle, capsys, parity_device):
-    try:
-        rc = main(["certify", "--device", parity_device, *args])
-    except SystemExit as exc:   # argparse's own refusals
-        rc = exc.code
-    err = capsys.readouterr().err
-    assert rc == 2 and err.startswith("error:") and needle in err and err.count("\n") == 1, err
+    assert_certify_refuses(args, needle, capsys, parity_device)
 
 
 # -- fla-core, the first outside implementation ------------------------------------------------------

@@ -16,6 +16,7 @@ from parity.errors import CandidateError
 from parity.registry import OpRecord
 
 from . import planted_kda
+from .cli_errors import assert_certify_refuses
 
 RECURRENT = ops.get("kda.recurrent")
 
@@ -152,12 +153,7 @@ def test_a_wrong_number_of_outputs_is_refused_and_a_harness_bug_is_a_traceback(p
     (["nosuch.json"], "invalid choice: 'nosuch.json'"),
 ])
 def test_bad_pool_shard_and_merge_arguments_are_one_line_errors_exit_2(args, needle, capsys, parity_device):
-    try:
-        rc = main(["certify", "--device", parity_device, *args])
-    except SystemExit as exc:   # argparse's own refusals
-        rc = exc.code
-    err = capsys.readouterr().err
-    assert rc == 2 and err.startswith("error:") and needle in err and err.count("\n") == 1, err
+    assert_certify_refuses(args, needle, capsys, parity_device)
 
 
 def test_workers_are_pinned_one_visible_gpu_each_within_an_outer_cuda_visible_devices(monkeypatch):
