@@ -5,14 +5,17 @@ without one (Triton's own compiler and ptxas; no driver, no device).
         [--heads 32] [--launches '{}' '{"blocks_warps": 4}'] [--json out.json]
 
 ``kda.fused_chunked`` is called on CPU tensors of the production configuration (bf16, K = V = 128)
-with optimized's kernel launch replaced by a recorder, so every launch a form makes (gate, chunk size,
-``ChunkLaunch``) is seen with its real arguments, constexprs, warps, stages and register cap. Each
-is compiled for ``sm_<arch>a`` (``sm_<arch>`` below 90) with the specializations a launch would get (16-byte aligned pointers,
-integers divisible by 16) and ``ptxas -v`` reports its registers and spill bytes; ``CTAs/SM`` is the
-residency the registers and shared memory allow (64K registers, 228 KiB, at most 64 warps).
+with optimized's kernel launch replaced by a recorder, so every launch a form makes (gate, chunk
+size, ``ChunkLaunch``) is seen with its real arguments, constexprs, warps, stages and register cap.
+Each is compiled for ``sm_<arch>a`` (``sm_<arch>`` below 90) with the specializations a launch
+would get (16-byte aligned pointers, integers divisible by 16), and ``ptxas -v`` reports its
+registers and spill bytes; ``CTAs/SM`` is the residency the registers and shared memory allow on an
+H100/H200 (64K registers, 228 KiB, at most 64 warps).
 
-A register count is a property of the compiler as well as the code: the Triton here may not be the
-GPU machine's, so compare forms within one run of this tool, and time them with ``kda_forms.py``.
+Run it as a script, in its own process: a process that chose the Triton interpreter
+(``optimized.use("cpu")``) has Triton's casts patched for it and cannot compile for a GPU. A
+register count is a property of the compiler as well as of the code, and the Triton here may not be
+the GPU machine's: compare forms within one run, and time them with ``kda_forms.py``.
 """
 from __future__ import annotations
 
