@@ -12,8 +12,8 @@ would get (16-byte aligned pointers, integers divisible by 16), and ``ptxas -v``
 registers and spill bytes; ``CTAs/SM`` is the residency the registers and shared memory allow on an
 H100/H200 (64K registers, 228 KiB, at most 64 warps).
 
-Run it as a script, in its own process: a process that chose the Triton interpreter
-(``optimized.use("cpu")``) has Triton's casts patched for it and cannot compile for a GPU. A
+Run it as a script, in its own process, without ``TRITON_INTERPRET``: a process that chose the
+Triton interpreter (``optimized.use("cpu")``) has Triton patched for it and cannot compile for a GPU. A
 register count is a property of the compiler as well as of the code, and the Triton here may not be
 the GPU machine's: compare forms within one run, and time them with ``kda_forms.py``.
 """
@@ -163,6 +163,8 @@ def main(argv=None):
     ap.add_argument("--launches", nargs="+", default=["{}"], help="JSON of ChunkLaunch fields")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        ap.exit(2, "kernel_resources: TRITON_INTERPRET is set: the Triton interpreter cannot compile for a GPU\n")
     try:
         launches = [replace(okda.ChunkLaunch(), **json.loads(s)) for s in args.launches]
     except (ValueError, TypeError) as e:
