@@ -36,10 +36,9 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optimized.kda as okda  # noqa: E402
+from benchmarks.bench_kda import K, LOWER_BOUND, V  # noqa: E402
 from optimized import _jit, _launch  # noqa: E402
 
-K = V = 128
-LOWER_BOUND = -5.0
 SM_COUNT = 132  # H100 and H200: the grid heuristics size against it
 REGISTERS_PER_SM, SHARED_PER_SM, WARPS_PER_SM = 65536, 228 * 1024, 64
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
