@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optimized.kda as okda  # noqa: E402
 from benchmarks.bench_kda import K, LOWER_BOUND, V  # noqa: E402
 from optimized import _jit, _launch  # noqa: E402
+from optimized._interpreter import interpreting  # noqa: E402
 
 SM_COUNT = 132  # H100 and H200: the grid heuristics size against it
 REGISTERS_PER_SM, SHARED_PER_SM, WARPS_PER_SM = 65536, 228 * 1024, 64
@@ -162,7 +163,7 @@ def main(argv=None):
     ap.add_argument("--launches", nargs="+", default=["{}"], help="JSON of ChunkLaunch fields")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if interpreting():
         ap.exit(2, "kernel_resources: TRITON_INTERPRET is set: the Triton interpreter cannot compile for a GPU\n")
     try:
         launches = [replace(okda.ChunkLaunch(), **json.loads(s)) for s in args.launches]
