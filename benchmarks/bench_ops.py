@@ -304,16 +304,18 @@ class MoELayer:
                            topk_groups=c.topk_group, renormalize=c.moe_renormalize and self.k > 1,
                            scaling=c.routed_scaling_factor)
 
-    def ours(self, x, path="decode"):
+    def ours(self, x, path="decode", form="grouped"):
         """``"decode"``: the model's decode step (``router_logits``, the router, the routed experts
-        and the shared expert in one set of GEMV launches); ``"prefill"``: the model's prefill (torch's
-        fp32 router GEMM, ``experts`` in the form its pair count picks, ``swiglu``)."""
+        and the shared expert in one set of launches: ``form`` "grouped", the model's, or "gemv",
+        one GEMV per (token, expert) pair); ``"prefill"``: the model's prefill (torch's fp32 router
+        GEMM, ``experts`` in the form its pair count picks, ``swiglu``)."""
         import optimized.moe as omoe
 
         if path == "decode" and self.sg.shape[0] == self.F:
             w, ids = self.route(omoe.router_logits(x, self.router))
-            return omoe._experts("moe.experts", x, w, ids, self.w1, self.w2, self.w3, form="gemv",
-                                 shared=(self.sg, self.su, self.sd))
+            launch = omoe.GROUPED_DECODE if form == "grouped" else None
+            return omoe._experts("moe.experts", x, w, ids, self.w1, self.w2, self.w3, form=form,
+                                 shared=(self.sg, self.su, self.sd), launch=launch)
         w, ids = self.route(x.float() @ self.router.T)
         return (omoe.experts(x, w, ids, self.w1, self.w2, self.w3)
                 + omoe.swiglu(x, self.sg, self.su, self.sd))
@@ -350,12 +352,12 @@ class MoELayer:
         return y + F.linear(F.silu(F.linear(x, self.sg)) * F.linear(x, self.su), self.sd)
 
 
-def bench_moe(dev, layer: MoELayer, B, smoke):
-    """One MoE layer for B tokens. Floor: the weights that must be read (the distinct routed experts
+def bench_moe(dev, layer: MoELayer, B, smoke, form="grouped"):
+    """One MoE layer for B tokens, its experts in ``form`` (see ``MoELayer.ours``). Floor: the weights that must be read (the distinct routed experts
     the B tokens touch, counted from the router's ids, + the shared expert + the fp32 router) + x, y."""
 
     x = Rand(dev, 16 + B)(B, layer.D)
-    ours = lambda: layer.ours(x)  # noqa: E731
+    ours = lambda: layer.ours(x, form=form)  # noqa: E731
     ms, spread = measure(ours)
     wall_ms = wall(ours)
     base = lambda: layer.hf_eager(x)  # noqa: E731
@@ -375,7 +377,7 @@ def bench_moe(dev, layer: MoELayer, B, smoke):
     except Exception as exc:  # noqa: BLE001
         print(f"  prefill path failed: {type(exc).__name__}: {exc}")
     return Result("moe.layer", {"B": B, "D": layer.D, "F": layer.F, "E": layer.E, "k_e": layer.k,
-                                "path": "decode (GEMV pairs, shared expert fused)", "dtype": "bfloat16"},
+                                "path": f"decode ({form} experts, shared expert fused)", "dtype": "bfloat16"},
                   ms, spread, baseline="torch eager (HF moe_infer loop)", baseline_ms=base_ms,
                   bytes_moved=bytes_moved, flops=flops, extra=extra)
 
@@ -403,6 +405,8 @@ def main(argv=None):
                     choices=["conv", "norm", "mla", "moe"])
     ap.add_argument("--moe-batch", nargs="+", type=int, default=None, metavar="B",
                     help="MoE layer batch sizes (default: 1 64; --smoke: 1 16)")
+    ap.add_argument("--moe-form", nargs="+", default=["grouped"], choices=["grouped", "gemv"],
+                    help="the decode's expert forms to time: grouped (the model's), gemv (per pair)")
     add_pdl_option(ap)
     args = ap.parse_args(argv)
     if args.moe_batch is not None and min(args.moe_batch) < 1:
@@ -440,8 +444,9 @@ def main(argv=None):
                     done(bench_mla_decode(dev, B, S, N, L, R, P, Vh, p["mla_block"], args.smoke))
         if "moe" in args.only:
             layer = MoELayer(dev, cfg)
-            for B in args.moe_batch or p["moe_B"]:
-                done(bench_moe(dev, layer, B, args.smoke))
+            for form in args.moe_form:
+                for B in args.moe_batch or p["moe_B"]:
+                    done(bench_moe(dev, layer, B, args.smoke, form))
             del layer
     print(f"bench_ops: {len(results)} results in {time.perf_counter() - t_start:.1f} s", flush=True)
 

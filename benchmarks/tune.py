@@ -7,14 +7,15 @@ bits can become a default without re-certifying (one that changes them is re-cer
     python benchmarks/tune.py kda  [--shapes 1x4096 1x65536] [--kernels gate blocks wy state output fused]
                                    [--best-out best.json]     # then bench_kda.py --launch best.json
     python benchmarks/tune.py mla  [--parts epilogue prefetch ...]
-    python benchmarks/tune.py moe  [--kernels gate_up down router] [--no-shared]
+    python benchmarks/tune.py moe  [--kernels gate_up down router grouped_gate_up grouped_down] [--no-shared]
     python benchmarks/tune.py conv
     (each: [--out rows.json] writes every row)
 
 kda: ``fused_chunked`` per kernel (torch profiler, us per call) over ``kda.ChunkLaunch`` settings;
 mla: ``mla.paged_decode`` at B in {1, 64} x S in {4096, 32768} (pages of 64), CUDA-graph replay
 against the memory floor, over ``mla.Launch`` settings grouped in parts; moe: the routed experts'
-GEMV form as the model runs it (8 experts and the shared expert as a ninth pair) and
+grouped form as the model's decode runs it (the shared expert as one more group), their GEMV form
+(8 experts and the shared expert as a ninth pair), and
 ``router_logits``, at B=1 and B=64, each call routed to experts not read for 31 calls (so weights
 come from HBM); conv: the decode step on the 48B decode tile (64 rows, one real, C = 12288).
 """
@@ -202,8 +203,16 @@ MOE = {
              for d, f, w in itertools.product((4, 8, 16, 32, 64), (128, 256, 512, 1024), (2, 4, 8, 16))],
     "router": [dict(tokens=t, experts=e, lanes=d, num_warps=w)
                for t, e, d, w in itertools.product((1, 8), (1, 2), (1024, 2048, 4096), (4, 8))],
+    # the grouped form as the decode runs it (moe.GROUPED_DECODE; 16-row tiles, the shared expert a group)
+    "grouped_gate_up": [dict(gate_up_cols=f, gate_up_depth=d, gate_up_warps=w)
+                        for f, d, w in itertools.product((32, 64, 128), (64, 128, 256), (2, 4, 8))]
+    + [dict(gate_up_stages=s) for s in (2, 4, 5)],
+    "grouped_down": [dict(down_cols=c, down_depth=d, down_warps=w)
+                     for c, d, w in itertools.product((32, 64, 128), (64, 128, 256), (2, 4, 8))]
+    + [dict(down_stages=s) for s in (2, 4, 5)],
 }
-MOE_KERNEL = {"gate_up": "_gemv_gate_up_kernel", "down": "_gemv_down_kernel", "router": "_router_logits_kernel"}
+MOE_KERNEL = {"gate_up": "_gemv_gate_up_kernel", "down": "_gemv_down_kernel", "router": "_router_logits_kernel",
+              "grouped_gate_up": "_grouped_gate_up_kernel", "grouped_down": "_grouped_down_kernel"}
 
 
 def tune_moe(args, rows: list) -> None:
@@ -228,14 +237,16 @@ def tune_moe(args, rows: list) -> None:
         c = next(calls) % groups if c is None else c
         ids = perm[c] if B == 1 else ids64[c % 4]
         sh = None if args.no_shared else shared[c]
-        return moe._experts("moe.experts", x[:B], wts[B], ids, w1, w2, w3, form="gemv", shared=sh, launch=launch)
+        form = "grouped" if isinstance(launch, moe.GroupedLaunch) else "gemv"
+        return moe._experts("moe.experts", x[:B], wts[B], ids, w1, w2, w3, form=form, shared=sh, launch=launch)
 
     def router(B, launch, c=None):
         c = next(calls) % routers.shape[0] if c is None else c
         return moe.router_logits(x[:B], routers[c], launch=launch)
 
     for kernel in args.kernels:
-        fn, default = (router, moe.ROUTER_LOGITS) if kernel == "router" else (layer, moe.GEMV)
+        fn, default = ((router, moe.ROUTER_LOGITS) if kernel == "router" else
+                       (layer, moe.GROUPED_DECODE) if kernel.startswith("grouped") else (layer, moe.GEMV))
         # bits with fixed routing at both sizes; times with the rotation (weights from HBM)
         checked = [bits_against_defaults(lambda lc, B=B: fn(B, lc, c=0), default, MOE[kernel]) for B in (1, TILE)]
         for (s, same1), (_, same64) in zip(*checked):
@@ -287,7 +298,7 @@ def parser() -> argparse.ArgumentParser:
     kda.add_argument("--best-out", default=None, help="the fastest setting per kernel, merged (JSON)")
     mla = sub.add_parser("mla", help="mla.paged_decode's three kernels")
     mla.add_argument("--parts", nargs="+", default=["epilogue", "prefetch"], choices=list(MLA_PARTS))
-    moe = sub.add_parser("moe", help="the GEMV experts and router_logits")
+    moe = sub.add_parser("moe", help="the grouped and GEMV experts and router_logits")
     moe.add_argument("--kernels", nargs="+", default=list(MOE), choices=list(MOE))
     moe.add_argument("--no-shared", action="store_true", help="the routed experts alone")
     sub.add_parser("conv", help="the conv decode step")

@@ -256,12 +256,13 @@ class Ops:
 
     def experts(self, x, weights, ids, w1, w2, w3, *, decode: bool = False, add_to=None, shared=None,
                 out=None):
-        """Routed experts. ``decode``: the per-(token, expert) GEMV form whatever the number of
-        rows (``optimized.moe`` picks GEMV or grouped by the pair count, and the two forms round
-        differently: a sequence's decode must not depend on its batch). Decode only: ``add_to``
-        (``add_to += experts(...)`` in place; the Triton form adds inside its combine kernel);
-        ``shared`` ((gate, up, down)): the shared expert's SwiGLU added, in the Triton form inside
-        the same launches, into ``out`` ([T, D]) when given."""
+        """Routed experts. ``decode``: the grouped form with its fixed decode tiles whatever the
+        number of rows (``optimized.moe`` picks GEMV or grouped by the pair count, and the two
+        forms round differently: a sequence's decode must not depend on its batch; the grouped
+        form's rows do not, and it reads each routed expert once per step). Decode only:
+        ``add_to`` (``add_to += experts(...)`` in place; the Triton form adds inside its combine
+        kernel); ``shared`` ((gate, up, down)): the shared expert's SwiGLU added, in the Triton form
+        inside the same launches, into ``out`` ([T, D]) when given."""
         if (add_to is not None or shared is not None or out is not None) and not decode:
             raise ValueError("experts: add_to, shared and out are decode-only options")
         if self._is_ref("moe"):
@@ -281,8 +282,8 @@ class Ops:
         if decode:
             # no public switch for the form yet: the module's own entry point with the form forced
             _counters.record("moe.experts")
-            return moe._experts("moe.experts", x, weights, ids, w1, w2, w3, form="gemv", add_to=add_to,
-                                shared=shared, out=out)
+            return moe._experts("moe.experts", x, weights, ids, w1, w2, w3, form="grouped", add_to=add_to,
+                                shared=shared, out=out, launch=moe.GROUPED_DECODE)
         return moe.experts(x, weights, ids, w1, w2, w3)
 
     def swiglu(self, x, w_gate, w_up, w_down):

@@ -22,7 +22,7 @@ import triton
 from .. import _counters, _launch, _pdl
 from .._checks import check_float, check_same_device, check_shape, out_or_new, require_ieee_fp32_matmul
 from ..elementwise._precision import compute_dtype, tl_compute_dtype
-from .kernels import (_combine_kernel, _gemv_down_kernel, _gemv_gate_up_kernel,
+from .kernels import (_bucket_kernel, _combine_kernel, _gemv_down_kernel, _gemv_gate_up_kernel,
                       _grouped_down_kernel, _grouped_gate_up_kernel, _router_kernel,
                       _router_logits_kernel, _silu_mul_kernel)
 
@@ -32,6 +32,9 @@ __all__ = ["router_logits", "router", "swiglu", "experts", "GEMV_MAX_PAIRS"]
 #: ``experts`` uses the GEMV form (no sort, two launches) up to this many (token, expert) pairs and
 #: the grouped tl.dot form above it. The two forms round differently (within the same bound).
 GEMV_MAX_PAIRS = 16
+#: Up to this many (token, expert) pairs the grouped form sorts them by expert in one program
+#: (``_bucket_kernel``: one launch, as a decode step needs); above, with torch's argsort.
+BUCKET_MAX_PAIRS = 2048
 
 @dataclass(frozen=True)
 class GemvLaunch:
@@ -64,6 +67,37 @@ GEMV = GemvLaunch()
 #: Under the CPU interpreter a program costs its Python overhead, not its loads: 32 gate/up rows
 #: per program there (a 4x shorter grid; rows per program never change a value).
 GEMV_CPU = GemvLaunch(gate_up_rows=32)
+
+
+@dataclass(frozen=True)
+class GroupedLaunch:
+    """Launch settings of the grouped form's two ``tl.dot`` kernels. ``rows``: rows of one expert a
+    tile (BLOCK_M, at least 16 for the MMA); gate/up: ``gate_up_cols`` columns of F a program,
+    ``gate_up_depth`` of D a step (the reduction's chunk), warps, pipeline stages; down likewise
+    over D and F. A row's bits never depend on its tile's other rows, but a setting can change the
+    MMA instruction (warps, rows) and with it the bits: the decode form's settings are fixed
+    (:data:`GROUPED_DECODE`, never chosen from the batch), and a new default is re-certified."""
+    rows: int = 16
+    gate_up_cols: int = 64
+    gate_up_depth: int = 64
+    gate_up_warps: int = 4
+    gate_up_stages: int = 3
+    down_cols: int = 64
+    down_depth: int = 64
+    down_warps: int = 4
+    down_stages: int = 3
+
+
+#: Prefill's grouped tiles: 16 rows, or 64 where the pairs fill 64-row tiles of every expert.
+GROUPED = GroupedLaunch()
+GROUPED_WIDE = GroupedLaunch(rows=64)
+#: The decode form (the model's decode at any batch: each expert's weights read once per step, the
+#: shared expert one more group): 16 rows, the decode step's few tokens per expert.
+GROUPED_DECODE = GroupedLaunch()
+
+
+def _grouped_default(pairs: int, E: int) -> GroupedLaunch:
+    return GROUPED_WIDE if pairs >= 64 * E else GROUPED
 
 
 @dataclass(frozen=True)
@@ -369,69 +403,105 @@ def _check_shared(op, shared, x, F, D):
 
 
 def _experts(op, x, weights, ids, w1, w2, w3, *, form, add_to=None, shared=None, out=None, launch=None):
-    """``experts`` with the form forced (``"gemv"``, ``"grouped"``) or chosen (None). ``add_to``
-    ([T, D], x's dtype, GEMV form only): the result is added into it in place (``add_to +=
+    """``experts`` with the form forced (``"gemv"``, ``"grouped"``) or chosen by the pair count
+    (None). ``add_to`` ([T, D], x's dtype): the result is added into it in place (``add_to +=
     experts(...)``, the same bits, without a separate add) and it is returned. ``shared`` ((gate
-    [F, D], up [F, D], down [D, F]), x's dtype, the routed experts' F; GEMV form only): the shared
-    expert's SwiGLU added, run as one more pair per token in the same three launches: the bits of
-    ``experts(add_to=swiglu(x, gate, up, down))`` with ``swiglu``'s GEMV form at any T. ``out``
-    ([T, D] contiguous, x's dtype; with ``shared``): where the result goes. ``launch``: the GEMV
-    form's :class:`GemvLaunch` (benchmarks and tuning; default: the tuned one)."""
+    [F, D], up [F, D], down [D, F]), x's dtype, the routed experts' F): the shared expert's SwiGLU
+    added, run as one more pair per token in the same launches (the grouped form: one more group),
+    with the bits of ``experts(add_to=<the shared expert as a dense expert of the same form>)``.
+    ``out`` ([T, D] contiguous, x's dtype; with ``shared``): where the result goes. ``launch``: the
+    form's :class:`GemvLaunch` or :class:`GroupedLaunch` (default: the tuned one; the model's
+    decode passes :data:`GROUPED_DECODE`)."""
     T, D, KE, E, F = _check_experts(op, x, weights, ids, w1, w2, w3)
-    launch = _launch.resolve(op, launch, _gemv_default(x.device))
+    if form is None:
+        form = "gemv" if T * KE <= GEMV_MAX_PAIRS else "grouped"
+    if form not in ("gemv", "grouped"):
+        raise ValueError(f"{op}: form: expected 'gemv' or 'grouped', got {form!r}")
+    default = _gemv_default(x.device) if form == "gemv" else _grouped_default(T * KE, E)
+    launch = _launch.resolve(op, launch, default)
+    run = _gemv if form == "gemv" else _grouped
     x = x if x.stride(1) == 1 else x.contiguous()
     weights = weights.contiguous()
     ids = ids.contiguous()
     if shared is not None:
-        if form != "gemv" or add_to is not None:
-            raise ValueError(f"{op}: shared: only with the GEMV form and without add_to")
+        if add_to is not None:
+            raise ValueError(f"{op}: shared: not with add_to")
         _check_shared(op, shared, x, F, D)
         y = out_or_new(op, out, (T, D), x)
         if T and D:
-            _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, shared=shared, launch=launch)
+            run(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, shared=shared, launch=launch)
         return y
     if out is not None:
         raise ValueError(f"{op}: out: only with shared")
     if add_to is not None:
-        if form != "gemv" or add_to.shape != (T, D) or add_to.dtype != x.dtype or add_to.stride(1) != 1:
+        if add_to.shape != (T, D) or add_to.dtype != x.dtype or add_to.stride(1) != 1:
             raise ValueError(f"{op}: add_to: expected a [T, D] = {(T, D)} {x.dtype} tensor with "
-                             f"contiguous rows and the GEMV form, got {tuple(add_to.shape)} {add_to.dtype}")
+                             f"contiguous rows, got {tuple(add_to.shape)} {add_to.dtype}")
         y = add_to
     else:
         y = torch.empty((T, D), dtype=x.dtype, device=x.device)
-    M = T * KE
-    if M == 0 or D == 0:
+    if T * KE == 0 or D == 0:
         return y if add_to is not None else y.zero_()
-    cd = tl_compute_dtype(x.dtype)
-    h = torch.empty((M, F), dtype=x.dtype, device=x.device)
-    if form is None:
-        form = "gemv" if M <= GEMV_MAX_PAIRS else "grouped"
-    if form == "gemv":
-        return _gemv(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, h=h, add=add_to is not None,
-                     launch=launch)
-    if form != "grouped":
-        raise ValueError(f"{op}: form: expected 'gemv' or 'grouped', got {form!r}")
-    BM = 64 if M >= 64 * E else 16
+    return run(x, weights, ids, w1, w2, w3, y, T=T, D=D, KE=KE, F=F, add=add_to is not None, launch=launch)
+
+
+def _sorted_pairs(ids, T, KE, E, shared: bool, block_m: int, pdl: bool):
+    """The grouped form's tile map: (order [N] pair indices by expert, cum_tiles [G], offs [G],
+    counts [G], int32), G = E (+1 with the shared expert as group E), N = T * (k_e (+1)), sorted on
+    the device with no host sync: one ``_bucket_kernel`` program up to :data:`BUCKET_MAX_PAIRS`."""
+    P, G = (KE + 1, E + 1) if shared else (KE, E)
+    N = T * P
+    dev = ids.device
+    if N <= BUCKET_MAX_PAIRS:
+        order = torch.empty(N, dtype=torch.int32, device=dev)
+        cum, offs, counts = torch.empty((3, G), dtype=torch.int32, device=dev)
+        _bucket_kernel[(1,)](ids, order, cum, offs, counts, N, E, KE, SHARED=shared, BLOCK_M=block_m,
+                             N_PAD=max(16, triton.next_power_of_2(N)), G_PAD=triton.next_power_of_2(G + 1),
+                             PDL=pdl, launch_pdl=pdl, num_warps=4)
+        return order, cum, offs, counts
+    if shared:
+        ids = torch.cat([ids, ids.new_full((T, 1), E)], 1)
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)  # pair indices, grouped by expert, token order inside
-    counts = torch.zeros(E, dtype=torch.int64, device=x.device).scatter_add_(
+    counts = torch.zeros(G, dtype=torch.int64, device=dev).scatter_add_(
         0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int64))  # no host sync (bincount syncs)
-    cum_tiles = torch.cumsum((counts + BM - 1) // BM, 0).to(torch.int32)
+    cum = torch.cumsum((counts + block_m - 1) // block_m, 0).to(torch.int32)
     offs = (torch.cumsum(counts, 0) - counts).to(torch.int32)
-    counts = counts.to(torch.int32)
-    max_tiles = triton.cdiv(M, BM) + min(M, E)
-    block_e = triton.next_power_of_2(E)
-    bf, bd = min(64, max(16, triton.next_power_of_2(F))), min(64, max(16, triton.next_power_of_2(D)))
+    return order, cum, offs, counts.to(torch.int32)
+
+
+def _grouped(x, weights, ids, w1, w2, w3, y, *, T, D, KE, F, add=False, shared=None, launch):
+    """Grouped form into ``y`` (``add``: added to y's values). ``shared`` ((gate [F, D], up [F, D],
+    down [D, F])): the shared expert as one more group, each token's last pair, added in the
+    combine. ``launch``: a :class:`GroupedLaunch`."""
+    E = w1.shape[0]
+    P, G = (KE + 1, E + 1) if shared is not None else (KE, E)
+    N = T * P
+    BM = launch.rows
+    pdl = _pdl.enabled(x.device)
+    order, cum, offs, counts = _sorted_pairs(ids, T, KE, E, shared is not None, BM, pdl)
+    cd = tl_compute_dtype(x.dtype)
+    sg, su, sd = shared if shared is not None else (w1[0], w3[0], w2[0])  # unread without SHARED
+    max_tiles = triton.cdiv(N, BM) + min(N, G)
+    block_e = triton.next_power_of_2(G)
+    bf = min(launch.gate_up_cols, max(16, triton.next_power_of_2(F)))
+    bd = min(launch.gate_up_depth, max(16, triton.next_power_of_2(D)))
+    h = torch.empty((N, F), dtype=x.dtype, device=x.device)
     _grouped_gate_up_kernel[(max_tiles, triton.cdiv(F, bf))](
-        x, order, cum_tiles, offs, counts, w1, w3, h, D, F, E, KE, x.stride(0), w1.stride(0),
-        w1.stride(1), w3.stride(0), w3.stride(1), h.stride(0), CD=cd, BLOCK_M=BM, BLOCK_F=bf,
-        BLOCK_D=bd, BLOCK_E=block_e, num_warps=4)
-    out = torch.empty((M, D), dtype=compute_dtype(x.dtype), device=x.device)
-    bdo, bf2 = min(64, max(16, triton.next_power_of_2(D))), min(64, max(16, triton.next_power_of_2(F)))
+        x, order, cum, offs, counts, w1, w3, sg, su, h, D, F, G, P, x.stride(0), w1.stride(0),
+        w1.stride(1), w3.stride(0), w3.stride(1), sg.stride(0), su.stride(0), h.stride(0), CD=cd,
+        SHARED=shared is not None, BLOCK_M=BM, BLOCK_F=bf, BLOCK_D=bd, BLOCK_E=block_e, PDL=pdl,
+        launch_pdl=pdl, num_warps=launch.gate_up_warps, num_stages=launch.gate_up_stages)
+    out = torch.empty((N, D), dtype=compute_dtype(x.dtype), device=x.device)
+    bdo = min(launch.down_cols, max(16, triton.next_power_of_2(D)))
+    bf2 = min(launch.down_depth, max(16, triton.next_power_of_2(F)))
     _grouped_down_kernel[(max_tiles, triton.cdiv(D, bdo))](
-        h, order, cum_tiles, offs, counts, w2, out, D, F, E, h.stride(0), w2.stride(0), w2.stride(1),
-        out.stride(0), CD=cd, BLOCK_M=BM, BLOCK_DO=bdo, BLOCK_F=bf2, BLOCK_E=block_e, num_warps=4)
+        h, order, cum, offs, counts, w2, sd, out, D, F, G, h.stride(0), w2.stride(0), w2.stride(1),
+        sd.stride(0), out.stride(0), CD=cd, SHARED=shared is not None, BLOCK_M=BM, BLOCK_DO=bdo,
+        BLOCK_F=bf2, BLOCK_E=block_e, PDL=pdl, launch_pdl=pdl, num_warps=launch.down_warps,
+        num_stages=launch.down_stages)
     bc = min(1024, triton.next_power_of_2(D))
     _combine_kernel[(T, triton.cdiv(D, bc))](
-        out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, num_warps=4)
+        out, weights, y, D, KE, out.stride(0), y.stride(0), CD=cd, BLOCK_D=bc, ADD=add,
+        SHARED=shared is not None, PDL=pdl, launch_pdl=pdl, num_warps=4)
     return y

@@ -9,11 +9,15 @@ k = 0 .. k_e-1 with fp32/fp64 weights):
   routed experts' weight rows (gate/up), then one per (pair, D tile) (down, into an fp32/fp64
   scratch), and the combine kernel sums a token's k_e outputs in order. Three launches in all (two
   for a dense MLP), no sort, no host sync.
-* grouped form (prefill): pairs are sorted by expert on the device; each program takes a tile of up
-  to BLOCK_M rows of *one* expert (an expert's rows never share a tile with another's) and runs
-  ``tl.dot`` GEMMs; per-pair outputs are combined by a third kernel. The tile -> expert map is found
-  in-kernel from the cumulative tile counts, so the grid size is a host-side upper bound
-  (``cdiv(M, BLOCK_M) + min(M, E)``) and nothing waits for the device.
+* grouped form (prefill; decode, where the shared expert is one more group): pairs are sorted by
+  expert on the device (torch's argsort, or for a decode step's few hundred pairs one
+  ``_bucket_kernel`` program); each program takes a tile of up to BLOCK_M rows of *one* expert (an
+  expert's rows never share a tile with another's) and runs ``tl.dot`` GEMMs, so each expert's
+  weights are read once per call, not once per (token, expert) pair; per-pair outputs are combined
+  by a third kernel. The tile -> expert map is found in-kernel from the cumulative tile counts, so
+  the grid size is a host-side upper bound (``cdiv(M, BLOCK_M) + min(M, E)``) and nothing waits
+  for the device. A row's bits depend on neither its tile's other rows nor its place in the tile,
+  so they are the same at any batch size: the batch-invariant decode form above a few pairs.
 """
 from __future__ import annotations
 
@@ -228,7 +232,37 @@ def _gemv_down_kernel(h_ptr, ids_ptr, w2_ptr, ws2_ptr, out_ptr, D, F, KE, sh, s2
 
 
 # ----------------------------------------------------------------------------------------------
-# grouped form (prefill)
+# grouped form (prefill, and decode with the shared expert as one more group)
+
+
+@jit
+def _bucket_kernel(ids_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, N, E, KE, SHARED: tl.constexpr,
+                   BLOCK_M: tl.constexpr, N_PAD: tl.constexpr, G_PAD: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    # One program sorts the N (token, expert) pairs by expert: what the host's argsort and counts
+    # give, in one launch (a decode step's few hundred pairs). Pairs are token-major, k_e per token
+    # (SHARED: k_e + 1, the last the shared expert, group E). order: pair indices by group, pair
+    # order inside one; cnt, offs: each group's pairs and first row; cum: tiles of BLOCK_M rows up
+    # to and including each group. G_PAD > the groups, so the padding lanes' group is no group.
+    pdl_wait(PDL)  # the expert ids are the router's output
+    i = tl.arange(0, N_PAD)
+    m = i < N
+    P = KE + 1 if SHARED else KE
+    t = i // P
+    k = i - t * P
+    routed = m & (k < KE)
+    e = tl.load(ids_ptr + t * KE + k, mask=routed, other=0).to(tl.int32)
+    e = tl.where(routed, e, E)
+    e = tl.where(m, e, G_PAD - 1)
+    key = tl.sort(e * N_PAD + i)  # distinct keys: the group, then the pair
+    tl.store(order_ptr + i, key % N_PAD, mask=m)
+    g = tl.arange(0, G_PAD)
+    G = E + 1 if SHARED else E
+    gm = g < G
+    cnt = tl.where(gm, tl.histogram(e, G_PAD), 0)
+    tl.store(cnt_ptr + g, cnt, mask=gm)
+    tl.store(offs_ptr + g, tl.cumsum(cnt, 0) - cnt, mask=gm)
+    tl.store(cum_ptr + g, tl.cumsum((cnt + BLOCK_M - 1) // BLOCK_M, 0), mask=gm)
 
 
 @jit
@@ -246,19 +280,30 @@ def _tile_expert(tile, cum_ptr, offs_ptr, cnt_ptr, E, BLOCK_M: tl.constexpr, BLO
 
 
 @jit
-def _grouped_gate_up_kernel(x_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w1_ptr, w3_ptr, h_ptr,
-                            D, F, E, KE, sx, s1e, s1f, s3e, s3f, sh, CD: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_E: tl.constexpr):
-    # grid (max tiles, cdiv(F, BLOCK_F)); h rows are in expert-sorted order
-    e, ec, row0, row_end = _tile_expert(tl.program_id(0), cum_ptr, offs_ptr, cnt_ptr, E, BLOCK_M, BLOCK_E)
-    if e < E:
+def _grouped_gate_up_kernel(x_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w1_ptr, w3_ptr, ws1_ptr, ws3_ptr,
+                            h_ptr, D, F, G, P, sx, s1e, s1f, s3e, s3f, ss1f, ss3f, sh, CD: tl.constexpr,
+                            SHARED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr,
+                            BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr = False):
+    # grid (max tiles, cdiv(F, BLOCK_F)); h rows are in group-sorted order; G groups (SHARED: the
+    # last is the shared expert, ws1/ws3), P pairs per token. A row's bits do not depend on the
+    # other rows of its tile or on its place there (each MMA row is its own sum).
+    pdl_wait(PDL)  # the tile map is the kernel before's output
+    e, ec, row0, row_end = _tile_expert(tl.program_id(0), cum_ptr, offs_ptr, cnt_ptr, G, BLOCK_M, BLOCK_E)
+    if e < G:
         r = row0 + tl.arange(0, BLOCK_M)
         rm = r < row_end
-        tok = tl.load(order_ptr + r, mask=rm, other=0).to(tl.int64) // KE
+        tok = tl.load(order_ptr + r, mask=rm, other=0).to(tl.int64) // P
         f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
         fm = f < F
         d0 = tl.arange(0, BLOCK_D)
+        w1e = w1_ptr + ec * s1e
+        w3e = w3_ptr + ec * s3e
+        if SHARED:  # scalar selects (a select of pointer tiles would lose their alignment)
+            is_shared = ec == G - 1
+            w1e = tl.where(is_shared, ws1_ptr, w1e)
+            w3e = tl.where(is_shared, ws3_ptr, w3e)
+            s1f = tl.where(is_shared, ss1f, s1f)
+            s3f = tl.where(is_shared, ss3f, s3f)
         acc1 = tl.zeros([BLOCK_M, BLOCK_F], CD)
         acc3 = tl.zeros([BLOCK_M, BLOCK_F], CD)
         for k0 in range(0, D, BLOCK_D):
@@ -266,8 +311,8 @@ def _grouped_gate_up_kernel(x_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w1_ptr
             dm = d < D
             a = tl.load(x_ptr + tok[:, None] * sx + d[None, :], mask=rm[:, None] & dm[None, :], other=0.0)
             bm = dm[:, None] & fm[None, :]
-            b1 = tl.load(w1_ptr + ec * s1e + f[None, :].to(tl.int64) * s1f + d[:, None], mask=bm, other=0.0)
-            b3 = tl.load(w3_ptr + ec * s3e + f[None, :].to(tl.int64) * s3f + d[:, None], mask=bm, other=0.0)
+            b1 = tl.load(w1e + f[None, :].to(tl.int64) * s1f + d[:, None], mask=bm, other=0.0)
+            b3 = tl.load(w3e + f[None, :].to(tl.int64) * s3f + d[:, None], mask=bm, other=0.0)
             acc1 = tl.dot(a, b1, acc1, input_precision="ieee", out_dtype=CD)
             acc3 = tl.dot(a, b3, acc3, input_precision="ieee", out_dtype=CD)
         h = silu_f(acc1) * acc3
@@ -276,27 +321,34 @@ def _grouped_gate_up_kernel(x_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w1_ptr
 
 
 @jit
-def _grouped_down_kernel(h_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w2_ptr, out_ptr,
-                         D, F, E, sh, s2e, s2d, so, CD: tl.constexpr,
+def _grouped_down_kernel(h_ptr, order_ptr, cum_ptr, offs_ptr, cnt_ptr, w2_ptr, ws2_ptr, out_ptr,
+                         D, F, G, sh, s2e, s2d, ss2d, so, CD: tl.constexpr, SHARED: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_DO: tl.constexpr, BLOCK_F: tl.constexpr,
-                         BLOCK_E: tl.constexpr):
-    # grid (max tiles, cdiv(D, BLOCK_DO)); out[pair, d] (unsorted pair order, compute dtype)
-    e, ec, row0, row_end = _tile_expert(tl.program_id(0), cum_ptr, offs_ptr, cnt_ptr, E, BLOCK_M, BLOCK_E)
-    if e < E:
+                         BLOCK_E: tl.constexpr, PDL: tl.constexpr = False):
+    # grid (max tiles, cdiv(D, BLOCK_DO)); out[pair, d] (unsorted pair order, compute dtype). The
+    # tile map is two kernels back (read before the wait); h, the kernel before's output, after it.
+    e, ec, row0, row_end = _tile_expert(tl.program_id(0), cum_ptr, offs_ptr, cnt_ptr, G, BLOCK_M, BLOCK_E)
+    pdl_wait(PDL)
+    if e < G:
         r = row0 + tl.arange(0, BLOCK_M)
         rm = r < row_end
         pair = tl.load(order_ptr + r, mask=rm, other=0).to(tl.int64)
         d = tl.program_id(1) * BLOCK_DO + tl.arange(0, BLOCK_DO)
         dm = d < D
         f0 = tl.arange(0, BLOCK_F)
+        w2e = w2_ptr + ec * s2e
+        if SHARED:  # scalar selects (see the gate/up kernel)
+            is_shared = ec == G - 1
+            w2e = tl.where(is_shared, ws2_ptr, w2e)
+            s2d = tl.where(is_shared, ss2d, s2d)
         acc = tl.zeros([BLOCK_M, BLOCK_DO], CD)
         for k0 in range(0, F, BLOCK_F):
             f = k0 + f0
             fm = f < F
             a = tl.load(h_ptr + r[:, None].to(tl.int64) * sh + f[None, :], mask=rm[:, None] & fm[None, :],
                         other=0.0)
-            b = tl.load(w2_ptr + ec * s2e + d[None, :].to(tl.int64) * s2d + f[:, None],
-                        mask=fm[:, None] & dm[None, :], other=0.0)
+            b = tl.load(w2e + d[None, :].to(tl.int64) * s2d + f[:, None], mask=fm[:, None] & dm[None, :],
+                        other=0.0)
             acc = tl.dot(a, b, acc, input_precision="ieee", out_dtype=CD)
         tl.store(out_ptr + pair[:, None] * so + d[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=rm[:, None] & dm[None, :])

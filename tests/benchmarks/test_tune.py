@@ -15,8 +15,9 @@ from optimized.kda import ChunkLaunch
     (mla.Launch(), [s for settings, _ in tune.MLA_PARTS.values() for s in settings]),
     (moe.GEMV, tune.MOE["gate_up"] + tune.MOE["down"]),
     (moe.ROUTER_LOGITS, tune.MOE["router"]),
+    (moe.GROUPED_DECODE, tune.MOE["grouped_gate_up"] + tune.MOE["grouped_down"]),
     (conv.StepLaunch(), tune.CONV),
-], ids=["kda", "mla", "moe-gemv", "moe-router", "conv"])
+], ids=["kda", "mla", "moe-gemv", "moe-router", "moe-grouped", "conv"])
 def test_every_setting_is_a_field_of_its_launch_config(default, settings):
     assert settings
     for s in settings:

@@ -269,52 +269,87 @@ def test_swiglu_stacked_gate_up_is_one_gemm_within_bound(dtype, parity_device):
                   candidate=kernel(one_block))
 
 
+def dense(x, shared, form):
+    """The shared expert as a dense expert of ``form``: one expert, weight 1 (the bits its fused
+    pair must give)."""
+    T = x.shape[0]
+    gate, up, down = shared
+    ones = torch.ones(T, 1, device=x.device)
+    zeros = torch.zeros(T, 1, dtype=torch.int64, device=x.device)
+    return moe._experts("test", x, ones, zeros, gate[None], down[None], up[None], form=form)
+
+
+@pytest.mark.parametrize("form", ["gemv", "grouped"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_experts_add_to_is_the_add_bitwise(dtype, parity_device):
+def test_experts_add_to_is_the_add_bitwise(dtype, form, parity_device):
     """Decode's ``add_to`` (the routed sum added inside the combine kernel, in place) gives the bits
-    of a torch add of the shared output and the routed result."""
+    of a torch add of the shared output and the routed result, in either form."""
     T, D, F, E, KE = 3, 40, 24, 8, 2
     x, w1, w2, w3 = make_ffn(T, D, F, E, dtype, seed=11, device=parity_device)
     weights, ids = route(T, E, KE, seed=12, device=parity_device)
     shared = make_ffn(T, D, F, 1, dtype, seed=13, device=parity_device)[0] * 3
-    routed = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv")
+    routed = moe._experts("test", x, weights, ids, w1, w2, w3, form=form)
     y = shared.clone()
-    out = moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", add_to=y)
+    out = moe._experts("test", x, weights, ids, w1, w2, w3, form=form, add_to=y)
     assert out is y
     assert torch.equal(y, shared + routed) and not torch.equal(y, routed)
-    with pytest.raises(ValueError, match="add_to"):
-        moe._experts("test", x, weights, ids, w1, w2, w3, form="grouped", add_to=shared.clone())
 
 
+@pytest.mark.parametrize("form", ["gemv", "grouped"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_experts_with_the_shared_expert_fused_is_swiglu_plus_experts_bitwise(dtype, parity_device):
-    """Decode's ``shared`` (the shared expert as one more GEMV pair per token, added in the combine)
-    gives the bits of ``experts(add_to=swiglu(x))`` with swiglu's GEMV form, at T = 3 and, row by
-    row, at T = 20 (where swiglu itself would take the torch GEMMs); into ``out``'s rows only."""
+def test_experts_with_the_shared_expert_fused_is_the_dense_expert_added_bitwise(dtype, form, parity_device):
+    """Decode's ``shared`` (the shared expert as one more pair per token, in the grouped form one
+    more group, added in the combine) gives the bits of ``experts(add_to=<the shared expert as a
+    dense expert of the same form>)`` at T = 3 and, row by row, at T = 20 (each row's bits whatever
+    its batch: the decode's batch invariance); into ``out``'s rows only."""
     D, F, E, KE = 40, 24, 8, 2
     x, w1, w2, w3 = make_ffn(20, D, F, E, dtype, seed=21, device=parity_device)
     weights, ids = route(20, E, KE, seed=22, device=parity_device)
     _, sg, sd, su = make_ffn(1, D, F, 1, dtype, seed=23, device=parity_device)
     shared = (sg[0], su[0], sd[0])
-    y = moe._experts("test", x[:3], weights[:3], ids[:3], w1, w2, w3, form="gemv", shared=shared)
-    want = moe._experts("test", x[:3], weights[:3], ids[:3], w1, w2, w3, form="gemv",
-                        add_to=moe.swiglu(x[:3], *shared))
+    y = moe._experts("test", x[:3], weights[:3], ids[:3], w1, w2, w3, form=form, shared=shared)
+    want = moe._experts("test", x[:3], weights[:3], ids[:3], w1, w2, w3, form=form,
+                        add_to=dense(x[:3], shared, form))
     assert torch.equal(y, want)
+    if form == "gemv":  # swiglu's GEMV form (T <= GEMV_MAX_PAIRS) is that dense expert
+        assert torch.equal(dense(x[:3], shared, form), moe.swiglu(x[:3], *shared))
     tile = torch.zeros(24, D, dtype=dtype, device=parity_device)
-    moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", shared=shared, out=tile[:20])
+    moe._experts("test", x, weights, ids, w1, w2, w3, form=form, shared=shared, out=tile[:20])
     for t in (0, 7, 19):
         alone = moe._experts("test", x[t:t + 1], weights[t:t + 1], ids[t:t + 1], w1, w2, w3,
-                             form="gemv", shared=shared)
+                             form=form, shared=shared)
         assert torch.equal(tile[t], alone[0]), t
     assert not tile[20:].any()
-    routed = moe._experts("test", x[:3], weights[:3], ids[:3], w1, w2, w3, form="gemv")
+    routed = moe._experts("test", x[:3], weights[:3], ids[:3], w1, w2, w3, form=form)
     assert not torch.equal(y, routed)  # teeth: the shared expert is in it
-    with pytest.raises(ValueError, match="shared"):
-        moe._experts("test", x, weights, ids, w1, w2, w3, form="grouped", shared=shared)
     with pytest.raises(ValueError, match="shared up"):
-        moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", shared=(sg[0], su[0][:-1], sd[0]))
+        moe._experts("test", x, weights, ids, w1, w2, w3, form=form, shared=(sg[0], su[0][:-1], sd[0]))
     with pytest.raises(ValueError, match="out"):
-        moe._experts("test", x, weights, ids, w1, w2, w3, form="gemv", shared=shared, out=tile)
+        moe._experts("test", x, weights, ids, w1, w2, w3, form=form, shared=shared, out=tile)
+    with pytest.raises(ValueError, match="add_to"):
+        moe._experts("test", x, weights, ids, w1, w2, w3, form=form, shared=shared, add_to=tile[:20])
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_grouped_form_sorts_on_the_device_as_argsort_does(shared, monkeypatch, parity_device):
+    """The one-program sort of a decode step's pairs (``_bucket_kernel``) gives the tile map of
+    torch's argsort and counts, and so the same bits; a tile of 16 rows with an expert of 17 pairs
+    (two tiles), experts with none, and the shared expert's group of every token."""
+    T, D, F, E, KE = 17, 32, 24, 6, 2
+    x, w1, w2, w3 = make_ffn(T, D, F, E, torch.bfloat16, seed=31, device=parity_device)
+    weights, ids = route(T, E, KE, seed=32, device=parity_device)
+    ids[:, 0] = 4  # expert 4 in every token: 17 pairs
+    ids[:, 1] = 1 + torch.arange(T, device=ids.device) % 3  # experts 0 and 5 in none
+    sh = tuple(w[0] for w in make_ffn(1, D, F, 1, torch.bfloat16, seed=33, device=parity_device)[1:])
+    sh = (sh[0], sh[2], sh[1]) if shared else None
+    got = moe._sorted_pairs(ids, T, KE, E, shared, 16, False)
+    y = moe._experts("test", x, weights, ids, w1, w2, w3, form="grouped", shared=sh)
+    monkeypatch.setattr(moe, "BUCKET_MAX_PAIRS", 0)
+    want = moe._sorted_pairs(ids, T, KE, E, shared, 16, False)
+    for a, b in zip(got, want):
+        assert torch.equal(a.long(), b.long())
+    assert got[3][4].item() == T and got[3][0].item() == 0 and (not shared or got[3][E].item() == T)
+    assert torch.equal(y, moe._experts("test", x, weights, ids, w1, w2, w3, form="grouped", shared=sh))
 
 
 def test_swiglu_refuses_tf32_in_fp32(parity_device):
