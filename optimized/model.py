@@ -42,9 +42,10 @@ GEMMs and kernels whose launch configuration depends on the row count therefore 
 shape; more than ``decode_tile`` sequences run as several steps. The conv step, the KDA recurrence,
 the MLA cache write and attention (per-row kernels; the padding rows get zero rows, as those kernels
 gave them), the router logits (``moe.router_logits``, a batch-invariant kernel), the top-k and the
-routed experts run on the real rows only, the experts in the per-(token, expert) GEMV form whatever
-their number, with the shared expert as one more pair per token in the same launches (added in their
-combine kernel; the padding rows' FFN output is zero), and the MLA decode splits each sequence's key
+routed experts run on the real rows only, the experts in the grouped form with its fixed decode
+tiles whatever their number (``moe.GROUPED_DECODE``: a row's bits depend on no other row), with the
+shared expert as one more group in the same launches (added in their combine kernel; the padding
+rows' FFN output is zero), and the MLA decode splits each sequence's key
 range into slices by its own length (``mla.paged_decode``'s default, never chosen from the batch).
 Each residual add runs fused with the norm after it (``norm.add_rms_norm``, bitwise the add then the
 norm).
@@ -475,7 +476,8 @@ class Model:
     # -- MoE (spec b.13 / b.14) --------------------------------------------------------------------
     def _moe(self, i: int, x: torch.Tensor, *, rows: int | None, trace: dict | None) -> torch.Tensor:
         """Router in fp32, routed experts, shared expert. In decode (``rows`` set) only the real rows
-        go through the experts, in the per-(token, expert) GEMV form whatever their number."""
+        go through the experts, in the grouped form with the decode's fixed tiles whatever their
+        number."""
         c, ops = self.config, self.ops
         mw = self.weights.layers[i].ffn
         if rows is None:  # prefill: torch's GEMM on x widened to fp32 (fast at thousands of rows)
@@ -507,9 +509,9 @@ class Model:
             return y
         shared = (mw.shared.gate, mw.shared.up, mw.shared.down)
         if mw.shared.gate.shape[0] == mw.w1.shape[1]:
-            # the shared expert as one more GEMV pair per token in the routed experts' launches,
-            # added in their combine kernel, straight into the tile's first rows (three launches
-            # for the whole FFN instead of six; the padding rows stay zeros)
+            # the shared expert as one more group in the routed experts' launches, added in their
+            # combine kernel, straight into the tile's first rows (four launches for the whole FFN:
+            # the sort, gate/up, down, the combine; the padding rows stay zeros)
             y = self._tile_out(x.shape[0], rows, (x.shape[1],))
             ops.experts(x[:rows], weights, ids, mw.w1, mw.w2, mw.w3, decode=True, shared=shared,
                         out=y[:rows])

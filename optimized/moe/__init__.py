@@ -4,10 +4,11 @@ Compute dtype float32 (float64 for fp64 inputs); outputs in x's dtype, except th
 weights, which are returned in the compute dtype (float32 for bf16/fp32 logits, as HF and vLLM keep
 them) so that ``experts`` combines with unrounded weights.
 
-The model's decode layer is five launches (``router_logits``, ``router``, the routed experts with
-the shared expert as a ninth GEMV pair): at B=1 each kernel's fixed cost is a large share of the
-layer, so the shared expert rides in the routed launches rather than in launches of its own, and
-each kernel launches with programmatic dependent launch. Figures against the layer's byte floor,
+The model's decode layer is six launches (``router_logits``, ``router``, and the grouped experts'
+sort, gate/up, down and combine, with the shared expert as one more group): each expert's weights
+are read once a step however many of the batch's tokens chose it; at B=1 each kernel's fixed cost
+is a large share of the layer, so the shared expert rides in the routed launches rather than in
+launches of its own, and each kernel launches with programmatic dependent launch. Figures against the layer's byte floor,
 with and without either: docs/BENCHMARKS.md, "MoE layer" (``benchmarks/bench_ops.py --only moe``,
 ``--pdl off``). ``router_logits`` is the fp32 gate GEMM, batch invariant, x read in bf16
 (``ROUTER_LOGITS`` tiles, ``benchmarks/tune.py moe --kernels router``).

@@ -7,8 +7,9 @@ SITES = (
     Site("router_logits", "moe.router_logits", picked("x", "weight")),
     Site("router", "moe.router", lambda a: ({"logits": a["logits"], "bias": a["bias"]}, dict(a["kw"]))),
     Site("experts", "moe.experts", picked("x", "weights", "ids", "w1", "w2", "w3"),
-         note="in decode the model runs the per-(token, expert) GEMV form with the shared expert fused "
-              "(moe._experts(form='gemv', shared=...)); the replay certifies the registered moe.experts "
-              "(its own form) on the routed inputs, not that fused launch"),
+         note="in decode the model runs the grouped form with its fixed decode tiles and the shared expert "
+              "fused as one more group (moe._experts(form='grouped', shared=..., launch=GROUPED_DECODE)); "
+              "the replay certifies the registered moe.experts (the form its pair count picks) on the routed "
+              "inputs, not that fused launch"),
     Site("swiglu", "moe.swiglu", picked("x", "w_gate", "w_up", "w_down")),
 )
