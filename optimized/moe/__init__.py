@@ -93,11 +93,8 @@ class GroupedLaunch:
 GROUPED = GroupedLaunch()
 GROUPED_WIDE = GroupedLaunch(rows=64)
 #: The decode form (the model's decode at any batch: each expert's weights read once per step, the
-#: shared expert one more group): 16 rows, the decode step's few tokens per expert; gate/up 32
-#: columns x 128 deep, down 64 x 128, 4 warps each, from ``benchmarks/tune.py moe --kernels
-#: grouped_gate_up grouped_down`` at B=1 and B=64 (every setting swept kept the defaults' bits; the
-#: figures: docs/BENCHMARKS.md, "MoE layer").
-GROUPED_DECODE = GroupedLaunch(gate_up_cols=32, gate_up_depth=128, down_depth=128)
+#: shared expert one more group): 16 rows, the decode step's few tokens per expert.
+GROUPED_DECODE = GroupedLaunch()
 
 
 def _grouped_default(pairs: int, E: int) -> GroupedLaunch:
