@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from collections import defaultdict
 from pathlib import Path
 
+from benchmarks.code_digest import code_digest
+
 HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy rate on the H200 (KINDS.md), not the datasheet 4.8
 BF16_FLOPS = 7.9e14  # measured dense bf16 GEMM rate on the H200
 
@@ -121,6 +123,8 @@ def environment() -> dict:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "git_revision": rev,
+        # what ran, where a copy of the tree carries a stale or no .git (a device machine's)
+        "code_digest": code_digest(Path(__file__).resolve().parents[1]),
         # programmatic dependent launch of the decode kernels (optimized._pdl; sm_90 and later)
         "pdl": torch.cuda.is_available() and pdl_enabled(torch.device("cuda")),
     }
