@@ -352,9 +352,11 @@ class MoELayer:
         return y + F.linear(F.silu(F.linear(x, self.sg)) * F.linear(x, self.su), self.sd)
 
 
-def bench_moe(dev, layer: MoELayer, B, smoke, form="grouped"):
-    """One MoE layer for B tokens, its experts in ``form`` (see ``MoELayer.ours``). Floor: the weights that must be read (the distinct routed experts
-    the B tokens touch, counted from the router's ids, + the shared expert + the fp32 router) + x, y."""
+def bench_moe(dev, layer: MoELayer, B, smoke, form="grouped", prefill=True):
+    """One MoE layer for B tokens, its experts in ``form`` (see ``MoELayer.ours``); ``prefill``: the
+    prefill path timed too (it does not depend on ``form``). Floor: the weights that must be read
+    (the distinct routed experts the B tokens touch, counted from the router's ids, + the shared
+    expert + the fp32 router) + x, y."""
 
     x = Rand(dev, 16 + B)(B, layer.D)
     ours = lambda: layer.ours(x, form=form)  # noqa: E731
@@ -372,10 +374,11 @@ def bench_moe(dev, layer: MoELayer, B, smoke, form="grouped"):
     flops = 2 * B * (layer.k + 1) * 3 * layer.D * layer.F + 2 * B * layer.E * layer.D
     extra = {"distinct_experts": distinct, "wall_ms_per_call": wall_ms, "max_rel_diff": diff,
              **(graph_timings(ours) if on_gpu() else {})}
-    try:  # what the prefill path (torch router GEMM, the form the pair count picks) costs here
-        extra["prefill_path_ms"] = measure(lambda: layer.ours(x, path="prefill"))[0]
-    except Exception as exc:  # noqa: BLE001
-        print(f"  prefill path failed: {type(exc).__name__}: {exc}")
+    if prefill:
+        try:  # what the prefill path (torch router GEMM, the form the pair count picks) costs here
+            extra["prefill_path_ms"] = measure(lambda: layer.ours(x, path="prefill"))[0]
+        except Exception as exc:  # noqa: BLE001
+            print(f"  prefill path failed: {type(exc).__name__}: {exc}")
     return Result("moe.layer", {"B": B, "D": layer.D, "F": layer.F, "E": layer.E, "k_e": layer.k,
                                 "path": f"decode ({form} experts, shared expert fused)", "dtype": "bfloat16"},
                   ms, spread, baseline="torch eager (HF moe_infer loop)", baseline_ms=base_ms,
@@ -446,7 +449,7 @@ def main(argv=None):
             layer = MoELayer(dev, cfg)
             for form in args.moe_form:
                 for B in args.moe_batch or p["moe_B"]:
-                    done(bench_moe(dev, layer, B, args.smoke, form))
+                    done(bench_moe(dev, layer, B, args.smoke, form, prefill=form == args.moe_form[0]))
             del layer
     print(f"bench_ops: {len(results)} results in {time.perf_counter() - t_start:.1f} s", flush=True)
 
