@@ -8,8 +8,8 @@ The model's decode layer is six launches (``router_logits``, ``router``, and the
 sort, gate/up, down and combine, with the shared expert as one more group): each expert's weights
 are read once a step however many of the batch's tokens chose it; at B=1 each kernel's fixed cost
 is a large share of the layer, so the shared expert rides in the routed launches rather than in
-launches of its own, and each kernel launches with programmatic dependent launch. Figures against the layer's byte floor,
-with and without either: docs/BENCHMARKS.md, "MoE layer" (``benchmarks/bench_ops.py --only moe``,
+launches of its own, and each kernel launches with programmatic dependent launch. Figures against
+the layer's byte floor, with and without either: docs/BENCHMARKS.md, "MoE layer" (``benchmarks/bench_ops.py --only moe``,
 ``--pdl off``). ``router_logits`` is the fp32 gate GEMM, batch invariant, x read in bf16
 (``ROUTER_LOGITS`` tiles, ``benchmarks/tune.py moe --kernels router``).
 """
@@ -40,7 +40,7 @@ BUCKET_MAX_PAIRS = 2048
 @dataclass(frozen=True)
 class GemvLaunch:
     """Launch settings of the GEMV form's two kernels (``experts`` up to :data:`GEMV_MAX_PAIRS`
-    pairs, the model's decode; ``swiglu`` likewise). ``*_lanes`` is the width of each dot
+    pairs; ``swiglu`` likewise). ``*_lanes`` is the width of each dot
     product's lane sums, i.e. its summation order: a new default changes bits and is re-certified.
     Rows per program and warps choose only which program computes a row, though warps can change
     the warp layout of the lane sums (``benchmarks/tune.py moe`` compares each setting bit for bit
@@ -93,8 +93,11 @@ class GroupedLaunch:
 GROUPED = GroupedLaunch()
 GROUPED_WIDE = GroupedLaunch(rows=64)
 #: The decode form (the model's decode at any batch: each expert's weights read once per step, the
-#: shared expert one more group): 16 rows, the decode step's few tokens per expert.
-GROUPED_DECODE = GroupedLaunch()
+#: shared expert one more group): 16 rows, the decode step's few tokens per expert; gate/up 32
+#: columns x 128 deep, down 64 x 128, 4 warps each, from ``benchmarks/tune.py moe --kernels
+#: grouped_gate_up grouped_down`` at B=1 and B=64 (every setting swept kept the defaults' bits; the
+#: figures: docs/BENCHMARKS.md, "MoE layer").
+GROUPED_DECODE = GroupedLaunch(gate_up_cols=32, gate_up_depth=128, down_depth=128)
 
 
 def _grouped_default(pairs: int, E: int) -> GroupedLaunch:
