@@ -88,6 +88,13 @@ def check_bound(op: str, lower_bound):
         raise ValueError(f"{op}: {exc}") from None
 
 
+def bound_exact(lower_bound, acc: torch.dtype) -> bool:
+    """The kernels' ``B_EXACT`` constexpr: the bounded gate's ``lower_bound`` is exact in the compute
+    dtype ``acc`` (-5, -4.5, ...; then ``b * sigmoid(z)`` is formed in ``acc``,
+    :func:`bounded_gate_f`)."""
+    return lower_bound is not None and float(torch.tensor(lower_bound, dtype=acc)) == lower_bound
+
+
 def gate_kind(lower_bound) -> int:
     """The kernels' ``GATE`` constexpr: 0 for the softplus gate (``lower_bound`` None), 1 bounded."""
     return 0 if lower_bound is None else 1
@@ -201,10 +208,14 @@ def kda_gate_f(x, a, bias):
 
 
 @jit
-def bounded_gate_f(z, b, ACC: tl.constexpr):
+def bounded_gate_f(z, b, ACC: tl.constexpr, B_EXACT: tl.constexpr = False):
     """``g = b * sigmoid(z)`` with ``z = exp(A_log) * (g_raw + dt_bias)`` (or without the factor):
     the bounded gate, in (b, 0) for ``b < 0``. ``b`` is the kernel's fp64 scalar argument: the
-    product is rounded once, to ACC."""
+    product is rounded once, to ACC. ``B_EXACT`` (b exact in ACC, :func:`bound_exact`): the product
+    is formed in ACC, the same rounding (a product of two ACC numbers is exact in fp64) without a
+    conversion to fp64 and back per element."""
+    if B_EXACT:
+        return tl.cast(b, ACC) * sigmoid_f(z)
     return (b * sigmoid_f(z)).to(ACC)
 
 

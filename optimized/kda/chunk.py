@@ -91,8 +91,8 @@ import triton.language as tl
 
 from .._jit import jit
 from .. import _counters, _launch
-from ._common import (SUM, acc_dtype, block_k, cdiv, check_gate_params, check_qkv, check_shape,
-                      check_tensor, chunk_span, dot, l2norm_cols, l2norm_rows, next_pow2,
+from ._common import (SUM, acc_dtype, block_k, bound_exact, cdiv, check_gate_params, check_qkv,
+                      check_shape, check_tensor, chunk_span, dot, l2norm_cols, l2norm_rows, next_pow2,
                       prepare_cu_seqlens, prepare_state, sigmoid_f, start_state, state_tile,
                       varlen_chunk_plan)
 from .gate import gate_chunk_cumsum, gate_tile
@@ -281,7 +281,7 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
                       scale: tl.float64, lower_bound: tl.float64, T, H: tl.constexpr, HV: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                       BV: tl.constexpr, NV: tl.constexpr, HAS_A: tl.constexpr, IS_VARLEN: tl.constexpr,
-                      WRITE_G: tl.constexpr):
+                      WRITE_G: tl.constexpr, B_EXACT: tl.constexpr):
     # Kernels 1-3 as one at chunk 16 under the fused bounded gate (one 16-row block per chunk, so
     # M = D, no merge): one program per (chunk, sequence*value head) computes the gate and its
     # prefix sums, beta, the block (through its first row, _diag_block_bounded) and its inverse, and
@@ -308,7 +308,8 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     # the gate and its prefix sums over the chunk: rows past the end add 0 (G stays at the last valid
     # row's, as kernel 1 leaves it)
     x = tl.load(g_raw + row_k, mask=m2, other=0.0).to(ACC)
-    G = tl.cumsum(gate_tile(x, A_log, dt_bias, i_hv, dk, mk, m2, lower_bound, K, 1, HAS_A, ACC), axis=0)
+    g = gate_tile(x, A_log, dt_bias, i_hv, dk, mk, m2, lower_bound, K, 1, HAS_A, ACC, B_EXACT)
+    G = tl.cumsum(g, axis=0)
     Gl = _row_of(G, rows, BT - 1)
     if WRITE_G:
         tl.store(Gc + row_k, G.to(Gc.dtype.element_ty), mask=m2)
@@ -567,10 +568,12 @@ class ChunkLaunch:
     and ``gate_block_k``, whose layout can re-associate the gate's prefix sum, and ``bounded_diag``
     (the defaults are the certified values; another is re-certified, ``parity certify --device
     cuda``).
-    ``blocks_maxnreg``: a register cap for the blocks kernel (a launch option of Triton's CUDA
-    backend; None: the compiler's choice). Why the defaults (bf16, B=1, T=65536; each setting timed
-    per kernel and checked bit for bit against the defaults by ``benchmarks/tune.py kda --shapes
-    1x65536 --kernels <kernel>``; the figures: docs/BENCHMARKS.md, "KDA against fla-core"):
+    ``blocks_maxnreg``, ``prepare_maxnreg``: register caps for the blocks and prepare16 kernels (a
+    launch option of Triton's CUDA backend; None: the compiler's choice; the prepare16 default timed
+    against caps of 128 to 192: docs/BENCHMARKS.md, "Bytes, chunk size and FlashKDA"). Why the
+    defaults (bf16, B=1, T=65536; each setting timed per kernel and checked bit for bit against the
+    defaults by ``benchmarks/tune.py kda --shapes 1x65536 --kernels <kernel>``; the figures:
+    docs/BENCHMARKS.md, "KDA against fla-core"):
 
     - gate: 64-channel programs on 4 warps; 128-channel programs (half the grid) are slower, and
       32 channels on 2 warps only tie while their layout would re-open the certificate;
@@ -619,6 +622,7 @@ class ChunkLaunch:
     bounded_diag: bool = True
     prepare16: bool = True
     prepare_warps: int = 2
+    prepare_maxnreg: int | None = None
 
 
 CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)
@@ -750,10 +754,13 @@ def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, sca
     Aq = torch.empty(B, T, HV, p.BT, dtype=dt, device=dev)
     kg = torch.empty_like(w)
     qg = torch.empty_like(w)
+    cap = launch.prepare_maxnreg
     _prepare16_kernel[(p.n_chunks, B * HV)](
         q, k, v, g_raw, A_log, dt_bias, beta_logits, G, Aq, kg, qg, w, u, p.cu, p.cidx, scale,
         lower_bound, T, H=p.H, HV=HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=p.BV, NV=cdiv(p.V, p.BV),
-        HAS_A=A_log is not None, IS_VARLEN=p.varlen, WRITE_G=write_g, num_warps=launch.prepare_warps)
+        HAS_A=A_log is not None, IS_VARLEN=p.varlen, WRITE_G=write_g,
+        B_EXACT=bound_exact(lower_bound, G.dtype), num_warps=launch.prepare_warps,
+        **({"maxnreg": cap} if cap is not None else {}))
     return G, w, u, Aq, kg, qg
 
 

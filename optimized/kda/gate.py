@@ -19,16 +19,17 @@ import triton.language as tl
 
 from .._jit import jit
 from .. import _counters
-from ._common import (acc_dtype, block_k, bounded_gate_f, cdiv, check_gate_params, check_tensor,
-                      chunk_span, gate_kind, kda_gate_f, next_pow2, sigmoid_f)
+from ._common import (acc_dtype, block_k, bound_exact, bounded_gate_f, cdiv, check_gate_params,
+                      check_tensor, chunk_span, gate_kind, kda_gate_f, next_pow2, sigmoid_f)
 
 
 @jit
 def gate_tile(x, A_log, dt_bias, i_hv, dk, mk, m2, lower_bound, K: tl.constexpr, GATE: tl.constexpr,
-              HAS_A: tl.constexpr, ACC: tl.constexpr):
+              HAS_A: tl.constexpr, ACC: tl.constexpr, B_EXACT: tl.constexpr = False):
     """The gate of a [rows, BK] tile ``x`` of g_raw (ACC) at value head ``i_hv``, channels ``dk``
     (``mk``: inside K); 0 outside ``m2`` (rows past the sequence end, masked channels), so a prefix
-    sum over the rows stays flat past the end. GATE 0: softplus, 1: bounded by ``lower_bound``."""
+    sum over the rows stays flat past the end. GATE 0: softplus, 1: bounded by ``lower_bound``
+    (``B_EXACT``: it is exact in ACC, :func:`bounded_gate_f`)."""
     bias = tl.load(dt_bias + i_hv * K + dk, mask=mk, other=0.0).to(ACC)
     if GATE == 0:
         a = tl.exp(tl.load(A_log + i_hv).to(ACC))
@@ -37,7 +38,7 @@ def gate_tile(x, A_log, dt_bias, i_hv, dk, mk, m2, lower_bound, K: tl.constexpr,
         z = x + bias[None, :]
         if HAS_A:
             z = tl.exp(tl.load(A_log + i_hv).to(ACC)) * z
-        x = tl.where(m2, bounded_gate_f(z, lower_bound, ACC), 0.0)
+        x = tl.where(m2, bounded_gate_f(z, lower_bound, ACC, B_EXACT), 0.0)
     return x
 
 
@@ -45,7 +46,8 @@ def gate_tile(x, A_log, dt_bias, i_hv, dk, mk, m2, lower_bound, K: tl.constexpr,
 def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T, lower_bound: tl.float64,
                         HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                         RAW: tl.constexpr, CUMSUM: tl.constexpr, HAS_BETA: tl.constexpr,
-                        IS_VARLEN: tl.constexpr, GATE: tl.constexpr = 0, HAS_A: tl.constexpr = True):
+                        IS_VARLEN: tl.constexpr, GATE: tl.constexpr = 0, HAS_A: tl.constexpr = True,
+                        B_EXACT: tl.constexpr = False):
     # One program per (chunk, sequence*value head, BK key channels): a [BT, BK] tile of tokens x key
     # channels. RAW: g holds g_raw and the gate is applied (GATE 0 softplus, 1 bounded by
     # lower_bound, an fp64 argument: a plain float would arrive as fp32); CUMSUM: inclusive prefix
@@ -68,7 +70,7 @@ def _gate_cumsum_kernel(g, A_log, dt_bias, beta_in, G_out, beta_out, cu, cidx, T
     off = (tok * HV + i_hv)[:, None] * K + dk[None, :]
     x = tl.load(g + off, mask=m2, other=0.0).to(ACC)
     if RAW:
-        x = gate_tile(x, A_log, dt_bias, i_hv, dk, mk, m2, lower_bound, K, GATE, HAS_A, ACC)
+        x = gate_tile(x, A_log, dt_bias, i_hv, dk, mk, m2, lower_bound, K, GATE, HAS_A, ACC, B_EXACT)
     if CUMSUM:
         x = tl.cumsum(x, axis=0)
     tl.store(G_out + off, x.to(G_out.dtype.element_ty), mask=m2)
@@ -105,7 +107,7 @@ def gate_chunk_cumsum(g, *, A_log=None, dt_bias=None, beta_logits=None, chunk_si
         g, A_log, dt_bias, beta_logits, G, beta, cu, cidx, T, 0.0 if lower_bound is None else lower_bound,
         HV=HV, K=K, BT=BT, BK=BK, RAW=raw, CUMSUM=cumsum, HAS_BETA=has_beta,
         IS_VARLEN=cidx is not None, GATE=gate_kind(lower_bound), HAS_A=A_log is not None,
-        num_warps=num_warps)
+        B_EXACT=bound_exact(lower_bound, acc), num_warps=num_warps)
     return G, beta
 
 

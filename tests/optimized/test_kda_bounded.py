@@ -4,6 +4,8 @@ constexpr ``GATE = 1``; ``HAS_A`` False without A_log); values judged through th
 records (parity.testing.assert_parity) at float64 (the arithmetic exact but for ordering) and bf16;
 the argument errors name the op; the optimized model reads the gate from the config. The softplus
 kernels' bits are tests/optimized/test_kda.py's. About 30 s on 2 cores under the interpreter."""
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -46,6 +48,30 @@ def test_the_one_kernel_prepare_at_chunk_16_computes_the_bounded_gate(has_A, var
     for dtype in ("float64", "bfloat16"):
         j = assert_parity("kda.fused_chunked+lower_bound", c, dtype=dtype)
         assert j.ratio < 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_bound_exact_in_fp32_gives_the_bits_of_the_fp64_product(dtype, monkeypatch, parity_device):
+    # b = -5 is exact in fp32, so b * sigmoid(z) is formed in fp32 (B_EXACT): one rounding, the one
+    # the fp64 product rounded to fp32 gives; checked against B_EXACT forced off, in the gate kernel
+    # and in the chunk-16 prepare kernel (the one that runs at production shapes), on random inputs
+    # spanning the gate's range
+    kgate, kchunk = (importlib.import_module(f"optimized.kda.{m}") for m in ("gate", "chunk"))
+    c = core_case(2, 40, 2, 2, 128, 32, 13, chunk=16, fused=True, lower_bound=-5.0, has_A=True)
+    d = tensors(ops.get("kda.fused_chunked+lower_bound"), c, "float32")
+    q, k, v, g_raw, beta, A_log, dt_bias = (d[n].to(dtype).to(parity_device) if d[n].ndim > 1 else
+                                            d[n].to(parity_device) for n in FUSED)
+    g_raw = g_raw * 8   # raw gates from about -30 to 30: sigmoid from its tail to 1
+    assert kgate.bound_exact(-5.0, torch.float32) and not kgate.bound_exact(-4.1, torch.float32)
+    run = lambda: (kda.gate(g_raw, A_log, dt_bias, lower_bound=-5.0),  # noqa: E731
+                   kda.fused_chunked(q, k, v, g_raw, beta, A_log, dt_bias, lower_bound=-5.0, chunk_size=16))
+    exact = run()
+    for module in (kgate, kchunk):
+        monkeypatch.setattr(module, "bound_exact", lambda lower_bound, acc: False)
+    fp64 = run()
+    assert torch.equal(exact[0], fp64[0])
+    for a, b in zip(exact[1], fp64[1]):
+        assert torch.equal(a, b)
 
 
 def test_the_decode_step_computes_the_bounded_gate_without_A_log_too():
