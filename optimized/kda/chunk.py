@@ -622,7 +622,7 @@ class ChunkLaunch:
     bounded_diag: bool = True
     prepare16: bool = True
     prepare_warps: int = 2
-    prepare_maxnreg: int | None = None
+    prepare_maxnreg: int | None = 168
 
 
 CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)
