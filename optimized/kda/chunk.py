@@ -26,7 +26,9 @@ Kernels (grid in brackets):
      ``exp(G_i - G_j)`` masked before exp, takes BC [BC, K] exp-and-sum steps). Under the fused
      bounded gate (each step's g >= b >= -5) the block's first row serves every pair of it
      (``_diag_block_bounded``: exp(G_r0 - G_j) <= e^75, one exp tile and two dots); then
-     its inverse ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution (BC - 1 rank-1 steps),
+     its inverse ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution (BC - 1 rank-1 steps;
+     the prepare16 kernel substitutes its two 8-row halves side by side and merges them,
+     :func:`_unit_lower_inverse`),
      stored in place of the block (Akk is kept in ACC). In a bf16 run the diagonal block's
      products, like the other blocks', take bf16 operands.
    Small ``[BC, K]`` tiles: four programs per chunk and head rather than one whole-chunk program
@@ -182,15 +184,27 @@ def _diag_block_bounded(kl, ql, kt, qt, Gm, Gr, c16, BC: tl.constexpr, DT: tl.co
 
 
 @jit
-def _unit_lower_inverse(A, c16, BC: tl.constexpr, ACC: tl.constexpr):
-    """``(I + A)^-1`` of a strictly lower triangular [BC, BC] tile by right-looking forward
-    substitution: step s eliminates pivot s, ``X[i, :] -= A[i, s] X[s, :]`` (rows i <= s have
-    A[i, s] = 0), BC - 1 rank-1 steps."""
+def _unit_lower_inverse(A, c16, BC: tl.constexpr, ACC: tl.constexpr, LEVELS: tl.constexpr):
+    """``(I + A)^-1`` of a strictly lower triangular [BC, BC] tile. The diagonal blocks of
+    ``BC >> LEVELS`` rows are inverted side by side by right-looking forward substitution (step s
+    eliminates each block's pivot s, ``X[i, :] -= A[i, s] X[s, :]``; rows i <= s have A[i, s] = 0),
+    then merged pairwise LEVELS times: two inverted blocks X1, X2 and the block A21 between them
+    give ``[[X1, 0], [-X2 A21 X1, X2]]``, that is ``X - X (A_off X)`` with two ACC dots (no operand
+    rounded). LEVELS = 0 is BC - 1 rank-1 steps, each a reduction across the tile's rows."""
+    b0: tl.constexpr = BC >> LEVELS
+    blk = c16 // b0
     X = tl.where(c16[:, None] == c16[None, :], 1.0, 0.0).to(ACC)
-    for s in tl.static_range(0, BC - 1):
-        a_col = tl.reduce(tl.where(c16[None, :] == s, A, 0.0), 1, SUM)  # A[i, s]
-        m_row = tl.reduce(tl.where(c16[:, None] == s, X, 0.0), 0, SUM)  # X[s, c]
-        X = X - a_col[:, None] * m_row[None, :]
+    same = blk[:, None] == blk[None, :]
+    Ad = tl.where(same, A, 0.0)
+    for s in tl.static_range(0, b0 - 1):
+        piv = (c16 % b0) == s
+        a_col = tl.reduce(tl.where(piv[None, :], Ad, 0.0), 1, SUM)  # A[i, its block's pivot s]
+        m_row = tl.reduce(tl.where(piv[:, None], X, 0.0), 0, SUM)  # X[its block's pivot s, c]
+        X = X - tl.where(same, a_col[:, None] * m_row[None, :], 0.0)
+    for m in tl.static_range(0, LEVELS):
+        hi = c16 // (b0 << m)  # the block of b0 << m rows (or columns) each index is in
+        off = (hi[:, None] == hi[None, :] + 1) & (hi[:, None] // 2 == hi[None, :] // 2)
+        X = X - dot(X, dot(tl.where(off, A, 0.0), X, ACC, ACC), ACC, ACC)
     return X
 
 
@@ -198,7 +212,7 @@ def _unit_lower_inverse(A, c16, BC: tl.constexpr, ACC: tl.constexpr):
 def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, kb, cu, cidx, scale: tl.float64, T,
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                    BC: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
-                   IS_VARLEN: tl.constexpr, BOUNDED_DIAG: tl.constexpr):
+                   IS_VARLEN: tl.constexpr, BOUNDED_DIAG: tl.constexpr, INV_LEVELS: tl.constexpr):
     # One program per (chunk, sequence*value head, BC-row sub-block a): rows a*BC .. a*BC+BC-1 of
     # beta*Akk (ACC, for the inverse; its diagonal block replaced by the block's inverse D) and of
     # Aqk (scale included), and their kg, qg rows. Small [BC, BK] tiles: NB times the programs of a
@@ -243,7 +257,7 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, kb, cu, cidx, scale: tl.float
         A, Qm = _diag_block_bounded(kl, ql, kt, qt, Gm, Gr, c16, BC, DT, ACC)
     else:  # through reference rows inside it, no exponent of a positive difference
         A, Qm = _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV, K, dk, mk, BC, DT, ACC)
-    X = _unit_lower_inverse(A * b[:, None], c16, BC, ACC)
+    X = _unit_lower_inverse(A * b[:, None], c16, BC, ACC, INV_LEVELS)
     tl.store(Ak + off + r0, X.to(Ak.dtype.element_ty), mask=valid[:, None])
     tl.store(Aq + off + r0, (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
     # the blocks right of the diagonal (0: both matrices are lower triangular) are never written:
@@ -281,7 +295,7 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
                       scale: tl.float64, lower_bound: tl.float64, T, H: tl.constexpr, HV: tl.constexpr,
                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                       BV: tl.constexpr, NV: tl.constexpr, HAS_A: tl.constexpr, IS_VARLEN: tl.constexpr,
-                      WRITE_G: tl.constexpr, B_EXACT: tl.constexpr):
+                      WRITE_G: tl.constexpr, B_EXACT: tl.constexpr, INV_LEVELS: tl.constexpr):
     # Kernels 1-3 as one at chunk 16 under the fused bounded gate (one 16-row block per chunk, so
     # M = D, no merge): one program per (chunk, sequence*value head) computes the gate and its
     # prefix sums, beta, the block (through its first row, _diag_block_bounded) and its inverse, and
@@ -326,7 +340,7 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     kl = (kt * left).to(DT)
     ql = (qt * left).to(DT)
     A, Qm = _diag_block_bounded(kl, ql, kt, qt, G, Gr, rows, BT, DT, ACC)
-    X = _unit_lower_inverse(A * b[:, None], rows, BT, ACC)   # M = D
+    X = _unit_lower_inverse(A * b[:, None], rows, BT, ACC, INV_LEVELS)   # M = D
     tl.store(Aq + (tok * HV + i_hv)[:, None] * BT + rows[None, :],
              (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
     tl.store(kg + row_k, (kt * tl.exp(Gl[None, :] - G)).to(kg.dtype.element_ty), mask=m2)
@@ -565,12 +579,17 @@ class ChunkLaunch:
     kernel (:func:`_num_stages`, :func:`_output_block_v`, :func:`_fused_block_v`). None of them
     changes a row's arithmetic (the state pass and the output kernel split V columns, which never
     mix; ``fused_output`` only decides whether h and v_new go through memory) except ``gate_warps``
-    and ``gate_block_k``, whose layout can re-associate the gate's prefix sum, and ``bounded_diag``
-    (the defaults are the certified values; another is re-certified, ``parity certify --device
-    cuda``).
-    ``blocks_maxnreg``, ``prepare_maxnreg``: register caps for the blocks and prepare16 kernels (a
-    launch option of Triton's CUDA backend; None: the compiler's choice; the prepare16 default timed
-    against caps of 128 to 192: docs/BENCHMARKS.md, "Bytes, chunk size and FlashKDA"). Why the
+    and ``gate_block_k``, whose layout can re-associate the gate's prefix sum, ``bounded_diag`` and
+    ``inverse_levels`` (the defaults are the certified values; another is re-certified, ``parity
+    certify --device cuda``).
+    ``blocks_maxnreg``, ``prepare_maxnreg``, ``fused_maxnreg``: register caps for the blocks,
+    prepare16 and fused state pass kernels (a launch option of Triton's CUDA backend; None: the
+    compiler's choice; the prepare16 default of 168 timed against no cap and caps of 144, 160, 176
+    and 192, the state pass's 128 and 168 slower than none: docs/BENCHMARKS.md, "Bytes, chunk size
+    and FlashKDA"). ``inverse_levels``: how the 16-row diagonal blocks are inverted
+    (:func:`_unit_lower_inverse`; None: 1 in the prepare16 kernel, 8-row halves merged by two dots,
+    9% faster there than 0, 15 substitution steps; 0 in the blocks kernel); every value is exact
+    algebra, each its own roundings. Why the
     defaults (bf16, B=1, T=65536; each setting timed per kernel and checked bit for bit against the
     defaults by ``benchmarks/tune.py kda --shapes 1x65536 --kernels <kernel>``; the figures:
     docs/BENCHMARKS.md, "KDA against fla-core"):
@@ -598,7 +617,8 @@ class ChunkLaunch:
       four levels of reference rows (:func:`_diag_block`, the softplus gate's form); its own
       roundings, within the same bound;
     - ``prepare16`` (default): at chunk 16 under the fused bounded gate, kernels 1-3 as one
-      (``_prepare16_kernel``; the three kernels' bits on the interpreter, and in bf16 on an H100),
+      (``_prepare16_kernel``; at the same ``inverse_levels`` the three kernels' bits on the
+      interpreter, and in bf16 on an H100),
       11-13% faster than the three on ``prepare_warps`` 2 (4 warps are slower than the three, 8
       slower still: a 16-row tl.dot is repeated on every warp; ``benchmarks/kda_forms.py --launches
       '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``).
@@ -619,10 +639,12 @@ class ChunkLaunch:
     fused_block_v: int | None = None
     fused_warps: int = 4
     fused_stages: int | None = None
+    fused_maxnreg: int | None = None
     bounded_diag: bool = True
     prepare16: bool = True
     prepare_warps: int = 2
     prepare_maxnreg: int | None = 168
+    inverse_levels: int | None = None
 
 
 CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)
@@ -638,6 +660,14 @@ def _num_stages(kernel: str, dtype: torch.dtype) -> int:
     if kernel == "blocks":  # prefetch of the earlier sub-blocks' columns (tune.py kda --kernels blocks)
         return 3 if dtype.itemsize == 2 else 2
     return 3 if dtype != torch.float64 else 2
+
+
+def _inverse_levels(launch: ChunkLaunch, kernel: str) -> int:
+    """Merge levels of the 16-row diagonal blocks' inverse (:func:`_unit_lower_inverse`): the
+    launch's, else 1 in the prepare16 kernel and 0 in the blocks kernel."""
+    if launch.inverse_levels is None:
+        return 1 if kernel == "prepare16" else 0
+    return launch.inverse_levels
 
 
 def _output_block_v(dtype: torch.dtype, BV: int) -> int:
@@ -731,7 +761,8 @@ def _launch_intra(p: _Plan, q, k, v, G, beta, scale, fused, launch: ChunkLaunch,
     _blocks_kernel[(p.n_chunks, B * HV, p.BT // p.BC)](
         q, k, G, beta, Ak, Aq, kg, qg, w, p.cu, p.cidx, scale, T,
         H=p.H, HV=HV, K=p.K, BT=p.BT, BC=p.BC, BK=p.BK, L2NORM=fused, IS_VARLEN=p.varlen,
-        BOUNDED_DIAG=bounded and launch.bounded_diag, num_warps=launch.blocks_warps,
+        BOUNDED_DIAG=bounded and launch.bounded_diag, INV_LEVELS=_inverse_levels(launch, "blocks"),
+        num_warps=launch.blocks_warps,
         num_stages=_num_stages("blocks", dt) if launch.blocks_stages is None else launch.blocks_stages,
         **({"maxnreg": cap} if cap is not None else {}))
     _wy_kernel[(p.n_chunks, B * HV)](
@@ -759,7 +790,8 @@ def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, sca
         q, k, v, g_raw, A_log, dt_bias, beta_logits, G, Aq, kg, qg, w, u, p.cu, p.cidx, scale,
         lower_bound, T, H=p.H, HV=HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=p.BV, NV=cdiv(p.V, p.BV),
         HAS_A=A_log is not None, IS_VARLEN=p.varlen, WRITE_G=write_g,
-        B_EXACT=bound_exact(lower_bound, G.dtype), num_warps=launch.prepare_warps,
+        B_EXACT=bound_exact(lower_bound, G.dtype), INV_LEVELS=_inverse_levels(launch, "prepare16"),
+        num_warps=launch.prepare_warps,
         **({"maxnreg": cap} if cap is not None else {}))
     return G, w, u, Aq, kg, qg
 
@@ -815,7 +847,8 @@ def _launch_state_output(p: _Plan, kg, w, u, qg, Aq, G, h0, launch: ChunkLaunch,
         p.cu, p.co, p.T, p.NT,
         HV=p.HV, K=p.K, V=p.V, BT=p.BT, BC=p.BC, BK=p.BK, BV=BVf, HAS_H0=h0 is not None,
         IS_VARLEN=p.varlen, WRITE_STAGES=write_stages, num_warps=launch.fused_warps,
-        num_stages=_num_stages("fused", dt) if launch.fused_stages is None else launch.fused_stages)
+        num_stages=_num_stages("fused", dt) if launch.fused_stages is None else launch.fused_stages,
+        **({"maxnreg": launch.fused_maxnreg} if launch.fused_maxnreg is not None else {}))
     return o, h, vnew, ht
 
 
@@ -835,6 +868,8 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     kernel with them): G, w, u, Aq, kg, qg, h, v_new. ``launch``: a :class:`ChunkLaunch`;
     ``lower_bound``: the fused gate's (None: softplus)."""
     launch = _launch.resolve(op, launch, CHUNK_LAUNCH)
+    if launch.inverse_levels not in (None, 0, 1, 2, 3, 4):  # 16-row blocks: at most 4 halvings
+        raise ValueError(f"{op}: launch.inverse_levels: expected None or 0 to 4, got {launch.inverse_levels!r}")
     sizes, BT, A_log, dt_bias, lower_bound = _check_inputs(op, q, k, v, g, beta, A_log, dt_bias, chunk_size,
                                                            fused, lower_bound)
     B, T, H, HV, K, V = sizes

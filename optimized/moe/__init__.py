@@ -9,9 +9,10 @@ sort, gate/up, down and combine, with the shared expert as one more group): each
 are read once a step however many of the batch's tokens chose it; at B=1 each kernel's fixed cost
 is a large share of the layer, so the shared expert rides in the routed launches rather than in
 launches of its own, and each kernel launches with programmatic dependent launch. Figures against
-the layer's byte floor, with and without either: docs/BENCHMARKS.md, "MoE layer" (``benchmarks/bench_ops.py --only moe``,
-``--pdl off``). ``router_logits`` is the fp32 gate GEMM, batch invariant, x read in bf16
-(``ROUTER_LOGITS`` tiles, ``benchmarks/tune.py moe --kernels router``).
+the layer's byte floor, with and without either: docs/BENCHMARKS.md, "MoE layer"
+(``benchmarks/bench_ops.py --only moe``, ``--pdl off``). ``router_logits`` is the fp32 gate GEMM,
+batch invariant, x read in bf16 (``ROUTER_LOGITS`` tiles, ``benchmarks/tune.py moe --kernels
+router``).
 """
 from __future__ import annotations
 

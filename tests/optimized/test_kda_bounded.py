@@ -4,6 +4,7 @@ constexpr ``GATE = 1``; ``HAS_A`` False without A_log); values judged through th
 records (parity.testing.assert_parity) at float64 (the arithmetic exact but for ordering) and bf16;
 the argument errors name the op; the optimized model reads the gate from the config. The softplus
 kernels' bits are tests/optimized/test_kda.py's. About 30 s on 2 cores under the interpreter."""
+import functools
 import importlib
 
 import numpy as np
@@ -48,6 +49,20 @@ def test_the_one_kernel_prepare_at_chunk_16_computes_the_bounded_gate(has_A, var
     for dtype in ("float64", "bfloat16"):
         j = assert_parity("kda.fused_chunked+lower_bound", c, dtype=dtype)
         assert j.ratio < 1
+
+
+@pytest.mark.parametrize("levels", [0, 1, 2, 4])
+def test_every_form_of_the_diagonal_blocks_inverse_is_within_the_bound(levels):
+    # the 16-row diagonal blocks' inverse, substituted in blocks of 16 >> levels rows and merged
+    # (ChunkLaunch.inverse_levels): in the prepare16 kernel (chunk 16) on keys that make the inverse
+    # large, and in the blocks kernel (chunk 64) with gates at the bound; float64 has no slack for a
+    # wrong merge
+    run = functools.partial(kda.fused_chunked, launch=kda.ChunkLaunch(inverse_levels=levels))
+    for chunk, hostile in ((16, "neumann"), (64, "bound")):
+        c = core_case(1, 45, 2, 2, 128, 32, 12, chunk=chunk, fused=True, lower_bound=-5.0, hostile=hostile,
+                      run=32)
+        for dtype in ("float64", "bfloat16"):
+            assert assert_parity("kda.fused_chunked+lower_bound", c, dtype=dtype, candidate=run).ratio < 1
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
