@@ -144,21 +144,22 @@ SIDE_BY_SIDE = {"ours softplus": "softplus", "fla softplus": "softplus", "ours":
                 "fla safe gate": "bounded", "FlashKDA": "bounded"}
 
 
-def bounded_kernels(x, chunk_kda, flash_kda):
+def bounded_kernels(x, chunk_kda, flash_kda, chunk_size=64):
     """name -> (contract, gate, callable returning the output [B,T,H,V]) on the inputs ``x``; the
-    names those of :data:`SIDE_BY_SIDE` whose kernels are installed."""
+    names those of :data:`SIDE_BY_SIDE` whose kernels are installed; ours at ``chunk_size`` (fla's
+    chunk is 64, FlashKDA's 16)."""
     import optimized.kda as okda
 
     q, k, v, g_raw, beta, A_log, dt_bias = x
     B, T, Hn = q.shape[:3]
     out = {"ours softplus": ("ieee", "softplus", lambda: okda.fused_chunked(q, k, v, g_raw, beta, A_log,
-                                                                             dt_bias)[0])}
+                                                                             dt_bias, chunk_size=chunk_size)[0])}
     if chunk_kda is not None:
         out["fla softplus"] = ("tf32", "softplus", lambda: chunk_kda(
             q, k, v, g_raw, beta, A_log=A_log, dt_bias=dt_bias, output_final_state=True,
             use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)[0])
     out["ours"] = ("ieee", "bounded", lambda: okda.fused_chunked(q, k, v, g_raw, beta, A_log, dt_bias,
-                                                                  lower_bound=LOWER_BOUND)[0])
+                                                                  lower_bound=LOWER_BOUND, chunk_size=chunk_size)[0])
     if chunk_kda is not None:
         out["fla safe gate"] = ("tf32", "bounded", lambda: chunk_kda(
             q, k, v, g_raw, beta, A_log=A_log, dt_bias=dt_bias, output_final_state=True,
@@ -203,10 +204,10 @@ def slice_ratio(x, o, contract: str, gate: str = "bounded") -> float:
     return float("inf") if not np.all(np.isfinite(got)) else float(ratio.max())
 
 
-def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda) -> Result:
+def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, chunk_size=64) -> Result:
     x = bounded_inputs(B, T, Hn)
     times, ratios = {}, {}
-    for name, (contract, gate, fn) in bounded_kernels(x, chunk_kda, flash_kda).items():
+    for name, (contract, gate, fn) in bounded_kernels(x, chunk_kda, flash_kda, chunk_size).items():
         try:
             ratios[name] = slice_ratio(x, fn(), contract, gate)
             times[name] = bench(fn)[0] if ratios[name] <= 1 else None  # outputs agree first
@@ -216,7 +217,7 @@ def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda) -> Result:
         torch.cuda.synchronize()
     nbytes = B * T * Hn * (3 * K + V) * 2 + B * T * Hn * K * 2 + B * T * Hn * 2 + B * Hn * K * V * 4
     return Result("kda.fused_chunked+lower_bound", {"B": B, "T": T, "H": Hn, "K": K, "V": V, "dtype": "bfloat16",
-                                                     "lower_bound": LOWER_BOUND},
+                                                     "lower_bound": LOWER_BOUND, "chunk_size": chunk_size},
                   times.get("ours"), fla_ms=times.get("fla safe gate"), baseline="FlashKDA",
                   baseline_ms=times.get("FlashKDA"), bytes_moved=nbytes,
                   extra={"slice_ratio": ratios, "ms": times,
@@ -248,7 +249,7 @@ def main_bounded(args):
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes] if args.shapes else BOUNDED_SHAPES
     for Hn in args.heads:
         for B, T in shapes:
-            r = bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda)
+            r = bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, args.chunk_size)
             results.append(r)
             print(r.as_dict(), flush=True)
             save(results, args.out, command=cmd)
@@ -264,6 +265,8 @@ def main(argv=None):
                     "safe-gate path and FlashKDA side by side (module docstring)")
     ap.add_argument("--heads", type=int, nargs="*", default=[32, 96], help="--bounded: the head counts")
     ap.add_argument("--md", default=None, help="--bounded: also write the markdown table here")
+    ap.add_argument("--chunk-size", type=int, default=64, choices=[16, 32, 64],
+                    help="--bounded: our chunk size (fla's is 64, FlashKDA's 16)")
     ap.add_argument("--shapes", nargs="*", default=None, help="--bounded: BxT shapes (default: "
                     "B=1 at T = 4k, 8k, 16k, 64k and B=8 at T = 4k)")
     ap.add_argument("--prefill-T", type=int, nargs="*", default=[1024, 2048, 4096, 16384, 65536])
