@@ -12,7 +12,8 @@ both gates: ours and fla-core's ``chunk_kda`` under the softplus gate, then unde
 (``chunk_kda(..., safe_gate=True, lower_bound=-5)``) and FlashKDA (``flash_kda.fwd``, built by
 benchmarks/build_flashkda.sh; its ``out`` and ``final_state`` buffers allocated once, outside the
 timed call, as its API takes them), at B=1 with T = 4k, 8k, 16k, 64k and B=8 with T = 4k, each at
-H = 32 and 96 (``--heads``, ``--shapes BxT`` narrow it). Before timing a shape, each kernel's output is
+H = 32 and 96 (``--heads``, ``--shapes BxT`` narrow it; ``--chunk-size`` is ours, 64 by default
+as fla's, 16 FlashKDA's and ours where B x H >= 256). Before timing a shape, each kernel's output is
 judged against the float64 reference on a slice (the first 256 tokens of two heads: heads are
 independent and the output is causal, so the slice of the full run is the run of the slice) in units
 of its gate's bound under the contract the kernel claims (ours ieee, fla tf32, FlashKDA
