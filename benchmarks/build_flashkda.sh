@@ -2,9 +2,10 @@
 # Build Moonshot's FlashKDA for the H100/H200 (sm_90a) from the carried sources: FlashKDA at commit
 # 1ce47ea with CUTLASS's headers (include/, tools/util/include, examples/common) at the commit its
 # submodule pins, its setup.py's `git submodule` call removed (.flashkda/flashkda-1ce47ea.tar.gz, an
-# ignored folder: carry it). Builds into FLASHKDA_DIR (default /tmp/flashkda) in about 90-120 s and
-# prints, last, the folder to put on PYTHONPATH (`import flash_kda` then works). Exit 2 without the
-# tarball, 1 when the build or the import fails (the build log's tail printed).
+# ignored folder: carry it; benchmarks/pack_flashkda.sh makes it from git clones of both). Builds
+# into FLASHKDA_DIR (default /tmp/flashkda) in about 90-120 s and prints, last, the folder to put on
+# PYTHONPATH (`import flash_kda` then works). Exit 2 without the tarball, 1 when the build or the
+# import fails (the build log's tail printed).
 #
 #   device run (kind nvidia-h200, carry [".flashkda"]):   bash benchmarks/build_flashkda.sh
 set -u
@@ -13,7 +14,7 @@ TARBALL=${FLASHKDA_TARBALL:-.flashkda/flashkda-1ce47ea.tar.gz}
 DEST=${FLASHKDA_DIR:-/tmp/flashkda}
 LOG=${FLASHKDA_LOG:-${OUT:-/tmp}/flashkda-build.log}
 PY=${PYTHON:-python3}
-[ -f "$TARBALL" ] || { echo "error: $TARBALL not found (carry the .flashkda folder)"; exit 2; }
+[ -f "$TARBALL" ] || { echo "error: $TARBALL not found (carry the .flashkda folder; benchmarks/pack_flashkda.sh makes it)"; exit 2; }
 rm -rf "$DEST" && mkdir -p "$DEST" && tar xzf "$TARBALL" -C "$DEST" || { echo "error: cannot unpack $TARBALL"; exit 2; }
 SRC=$DEST
 [ -f "$SRC/setup.py" ] || SRC=$(dirname "$(ls "$DEST"/*/setup.py 2>/dev/null | head -1)")
