@@ -200,7 +200,10 @@ def _unit_lower_inverse(A, c16, BC: tl.constexpr, ACC: tl.constexpr, LEVELS: tl.
         piv = (c16 % b0) == s
         a_col = tl.reduce(tl.where(piv[None, :], Ad, 0.0), 1, SUM)  # A[i, its block's pivot s]
         m_row = tl.reduce(tl.where(piv[:, None], X, 0.0), 0, SUM)  # X[its block's pivot s, c]
-        X = X - tl.where(same, a_col[:, None] * m_row[None, :], 0.0)
+        if LEVELS > 0:  # m_row holds every block's pivot row: keep each block's own
+            X = X - tl.where(same, a_col[:, None] * m_row[None, :], 0.0)
+        else:
+            X = X - a_col[:, None] * m_row[None, :]
     for m in tl.static_range(0, LEVELS):
         hi = c16 // (b0 << m)  # the block of b0 << m rows (or columns) each index is in
         off = (hi[:, None] == hi[None, :] + 1) & (hi[:, None] // 2 == hi[None, :] // 2)
@@ -869,7 +872,8 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
     ``lower_bound``: the fused gate's (None: softplus)."""
     launch = _launch.resolve(op, launch, CHUNK_LAUNCH)
     if launch.inverse_levels not in (None, 0, 1, 2, 3, 4):  # 16-row blocks: at most 4 halvings
-        raise ValueError(f"{op}: launch.inverse_levels: expected None or 0 to 4, got {launch.inverse_levels!r}")
+        raise ValueError(f"{op}: launch.inverse_levels: expected None or 0 to 4, "
+                         f"got {launch.inverse_levels!r}")
     sizes, BT, A_log, dt_bias, lower_bound = _check_inputs(op, q, k, v, g, beta, A_log, dt_bias, chunk_size,
                                                            fused, lower_bound)
     B, T, H, HV, K, V = sizes

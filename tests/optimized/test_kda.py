@@ -300,7 +300,8 @@ def test_argument_errors():
         kda.chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], initial_state=torch.zeros(1, 2, 16, 8))
     with pytest.raises(ValueError, match="chunk_size"):
         kda.chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], chunk_size=48)
-    with pytest.raises(ValueError, match=r"kda\.chunked: launch\.inverse_levels: expected None or 0 to 4, got 5"):
+    with pytest.raises(ValueError, match=r"kda\.chunked: launch\.inverse_levels: expected None or 0 to 4, "
+                                         r"got 5"):
         kda.chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], launch=kda.ChunkLaunch(inverse_levels=5))
     with pytest.raises(ValueError, match="cu_seqlens"):
         kda.chunked(d["q"], d["k"], d["v"], d["g"], d["beta"], cu_seqlens=[0, 3, 7])

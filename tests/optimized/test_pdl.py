@@ -5,7 +5,8 @@ the eager decode without it, step after step, for the tiny and the medium preset
 sizes). A kernel that read its predecessor's output before its ``pdl_wait`` would race with it and
 fail here: with the wait of the expert gate/up GEMV deleted (it then reads the router's expert ids
 as the router writes them), the tiny case failed with a CUDA error on the H200 (this file run
-there with that wait deleted, when the decode ran the GEMV form). On CPU and under the interpreter PDL is off."""
+there with that wait deleted, when the decode ran the GEMV form). On CPU and under the interpreter PDL
+is off."""
 import numpy as np
 import pytest
 import torch

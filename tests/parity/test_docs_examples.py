@@ -73,7 +73,7 @@ def _inside(folder):
 
 class Reader:
     """The working folder and what ran in it: ``done`` {command: (status, output)}, ``headers``
-    (the header labels each ``parity diff`` printed)."""
+    {command: the header labels its ``parity diff`` printed}."""
 
     def __init__(self, folder):
         self.folder = folder
@@ -81,7 +81,8 @@ class Reader:
         for name, block in db.files().items():
             (folder / name).write_text(block.text)
         self.done: dict[str, tuple[int, str]] = {}
-        self.headers: list[list[str]] = []
+        self.headers: dict[str, list[str]] = {}
+        self._header: list[str] | None = None
         self.namespaces: dict[str, dict] = {}
 
     def command(self, line: str, where: str, *, status: int = 0) -> str:
@@ -91,10 +92,18 @@ class Reader:
         tokens = _tokens(line)
         key = " ".join(tokens)  # the same command, whatever its comment or spacing, runs once
         if key not in self.done:
+            self._header = None
             self.done[key] = self._run(line, tokens)
+            if self._header is not None:
+                self.headers[key] = self._header
         got, output = self.done[key]
         assert got == status, f"{where}: `{line}` exited {got}, not {status}:\n{output}"
         return output
+
+    def diff_header(self, line: str, where: str) -> list[str]:
+        """The header labels the ``parity diff`` command ``line`` prints (run now or found run)."""
+        self.command(line, where)
+        return self.headers[" ".join(_tokens(db.substitute(line)))]
 
     def _run(self, line: str, tokens: list[str]) -> tuple[int, str]:
         if OPERATORS & set(tokens) or SHELL & set(line):
@@ -132,7 +141,7 @@ class Reader:
             finally:
                 sys.argv = argv
         if diff:
-            self.headers.append(db.header(err.getvalue()))
+            self._header = db.header(err.getvalue())
         return int(status or 0), err.getvalue() + out.getvalue()
 
     def _bash(self, line: str) -> tuple[int, str]:
@@ -227,9 +236,8 @@ def test_every_transcript_has_the_shape_of_what_the_tool_prints(reader):
     """Each ``$ parity ...`` output of a transcript: its counts add up and agree with its table, the
     exit status shown follows from them, and a ``parity diff`` header names every line the tool
     prints today (a short run of the bundled checkpoint shows which)."""
-    if not reader.headers:
-        reader.command("parity diff CHECKPOINT --prompt Kimi --steps 1", "test_docs_examples.py")
-    today = reader.headers[0]
+    # the header of this one command, whichever diffs this process ran before
+    today = reader.diff_header("parity diff CHECKPOINT --prompt Kimi --steps 1", "test_docs_examples.py")
     checked = []
     for b in db.all_blocks():
         if b.lang != "console":
