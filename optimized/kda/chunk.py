@@ -1,7 +1,8 @@
 """Chunked KDA (spec b.9) as a pipeline of four Triton kernels (five with ``fused_output=False``;
 two at chunk 16 under the fused bounded gate, where ``_prepare16_kernel`` runs kernels 1-3 as one
-program per chunk and head: a single 16-row block needs no merge, and G, Akk and kb stay in
-registers).
+program per chunk and head: a single 16-row block needs no merge, and G and Akk stay in registers;
+it stores the block's inverse X, kb and beta, and the state pass forms ``w = X kb`` and
+``u = X (beta v)`` itself, so u never goes through memory and v is read once).
 
 Per sequence and value head, chunks of ``BT = chunk_size`` tokens (16, 32 or 64), ``G`` = the
 inclusive prefix sum of the log-decay g within the chunk (g <= 0, so G is non-increasing in a chunk)::
@@ -294,17 +295,20 @@ def _row_of(x, rows, r):
 
 
 @jit
-def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, cu, cidx,
-                      scale: tl.float64, lower_bound: tl.float64, T, H: tl.constexpr, HV: tl.constexpr,
-                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                      BV: tl.constexpr, NV: tl.constexpr, HAS_A: tl.constexpr, IS_VARLEN: tl.constexpr,
-                      WRITE_G: tl.constexpr, B_EXACT: tl.constexpr, INV_LEVELS: tl.constexpr):
+def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs, cu,
+                      cidx, scale: tl.float64, lower_bound: tl.float64, T, H: tl.constexpr,
+                      HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                      BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, HAS_A: tl.constexpr,
+                      IS_VARLEN: tl.constexpr, WRITE_G: tl.constexpr, B_EXACT: tl.constexpr,
+                      INV_LEVELS: tl.constexpr, WY_OUT: tl.constexpr):
     # Kernels 1-3 as one at chunk 16 under the fused bounded gate (one 16-row block per chunk, so
     # M = D, no merge): one program per (chunk, sequence*value head) computes the gate and its
     # prefix sums, beta, the block (through its first row, _diag_block_bounded) and its inverse, and
-    # w, u, kg, qg, Aq with the roundings kernels 1-3 give them; G, Akk and kb stay in registers.
-    # G's last row per chunk is stored for the state pass (every row with WRITE_G, for the stage
-    # tests).
+    # kg, qg, Aq with the roundings kernels 1-3 give them; G and Akk stay in registers. WY_OUT: w
+    # and u too, as the WY kernel forms them; else the operands the state pass forms them from
+    # (wy_in_pass): kb = beta k exp(G) in w's buffer, the inverse X (rounded to DT, as the WY dots
+    # round it) and beta (ACC). G's last row per chunk is stored for the state pass (every row with
+    # WRITE_G, for the stage tests).
     ACC = Gc.dtype.element_ty
     DT = k.dtype.element_ty
     i_c = tl.program_id(0)
@@ -350,16 +354,21 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     eG = tl.exp(G)
     tl.store(qg + row_k, ((qt * eG) * scale).to(qg.dtype.element_ty), mask=m2)
     kb = (kt * eG * b[:, None]).to(w.dtype.element_ty)   # as kernel 2 stores it
-    # kb's rows past the end are 0 (k loads 0 there), as are beta's, so w's and u's are too
-    tl.store(w + row_k, dot(X, kb, DT, ACC).to(w.dtype.element_ty), mask=m2)
-    dv = tl.arange(0, BV)
-    for iv in tl.static_range(0, NV):
-        ov = iv * BV + dv
-        mv = ov < V
-        vt = _load_rows(v, tok, valid, i_hv, HV, V, ov, mv, ACC, False)
-        ut = dot(X, vt * b[:, None], DT, ACC)
-        tl.store(u + (tok * HV + i_hv)[:, None] * V + ov[None, :], ut.to(u.dtype.element_ty),
-                 mask=valid[:, None] & mv[None, :])
+    if WY_OUT:
+        # kb's rows past the end are 0 (k loads 0 there), as are beta's, so w's and u's are too
+        tl.store(w + row_k, dot(X, kb, DT, ACC).to(w.dtype.element_ty), mask=m2)
+        dv = tl.arange(0, BV)
+        for iv in tl.static_range(0, NV):
+            ov = iv * BV + dv
+            mv = ov < V
+            vt = _load_rows(v, tok, valid, i_hv, HV, V, ov, mv, ACC, False)
+            ut = dot(X, vt * b[:, None], DT, ACC)
+            tl.store(u + (tok * HV + i_hv)[:, None] * V + ov[None, :], ut.to(u.dtype.element_ty),
+                     mask=valid[:, None] & mv[None, :])
+    else:
+        tl.store(w + row_k, kb, mask=m2)
+        tl.store(Xs + (tok * HV + i_hv)[:, None] * BT + rows[None, :], X.to(DT), mask=valid[:, None])
+        tl.store(bs + tok * HV + i_hv, b, mask=valid)
 
 
 @jit
@@ -524,14 +533,17 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
 
 
 @jit
-def _state_output_kernel(kg, w, u, qg, Aq, Gc, o, vnew, h, h0, ht, cu, co, T, NT,
+def _state_output_kernel(kg, w, u, qg, Aq, Gc, o, vnew, h, h0, ht, Xs, bs, cu, co, T, NT,
                          HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                          BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                         IS_VARLEN: tl.constexpr, WRITE_STAGES: tl.constexpr):
+                         IS_VARLEN: tl.constexpr, WRITE_STAGES: tl.constexpr, WY_IN: tl.constexpr):
     # Kernels 4 and 5 as one: per (sequence*value head, V block), per chunk, v_new = u - w S,
     # o = qg S + Aq v_new, S <- exp(G_last) S + kg^T v_new, so neither the chunk-start states h nor
     # v_new go through memory (WRITE_STAGES: stored anyway, for the stage tests). The same roundings
     # as the two kernels: S enters both dots as DT (what h holds), v_new is rounded once to DT.
+    # WY_IN (one 16-row block per chunk): w = X kb and u = X (beta v) formed here from the prepare
+    # kernel's inverse rows X (Xs, DT), kb (in w's place), v (in u's) and beta (bs), each rounded to
+    # DT as stored, so u never goes through memory; off the chain over chunks (no S in them).
     ACC = ht.dtype.element_ty
     DT = w.dtype.element_ty
     i_v = tl.program_id(0)
@@ -559,6 +571,12 @@ def _state_output_kernel(kg, w, u, qg, Aq, Gc, o, vnew, h, h0, ht, cu, co, T, NT
         wt = tl.load(w + (tok * HV + i_hv)[:, None] * K + dk[None, :],
                      mask=valid[:, None] & mk[None, :], other=0.0)
         ut = tl.load(u + row_v, mask=m_v, other=0.0).to(ACC)
+        if WY_IN:  # wt holds kb, ut v; rows past the sequence end load X = 0
+            Xt = tl.load(Xs + (tok * HV + i_hv)[:, None] * BT + rows[None, :], mask=valid[:, None],
+                         other=0.0)
+            bt = tl.load(bs + tok * HV + i_hv, mask=valid, other=0.0)
+            wt = dot(Xt, wt, DT, ACC).to(DT)
+            ut = dot(Xt, ut * bt[:, None], DT, ACC).to(DT).to(ACC)
         vn = (ut - dot(wt, S, DT, ACC)).to(DT)  # rounded once: the same v_new feeds o and S
         if WRITE_STAGES:
             tl.store(vnew + row_v, vn, mask=m_v)
@@ -619,6 +637,11 @@ class ChunkLaunch:
       through their first row (:func:`_diag_block_bounded`: one exp tile and two dots) rather than
       four levels of reference rows (:func:`_diag_block`, the softplus gate's form); its own
       roundings, within the same bound;
+    - ``wy_in_pass`` (default, with ``prepare16`` and ``fused_output``): the fused state pass forms
+      w and u from the prepare16 kernel's inverse X, kb and beta (two dots off its chain over
+      chunks) rather than reading them: the prepare kernel no longer reads v nor writes u, and the
+      pass reads v where it read u (bitwise the stored form: X and both products rounded as
+      stored; the stage tests, which read w and u, get the stored form);
     - ``prepare16`` (default): at chunk 16 under the fused bounded gate, kernels 1-3 as one
       (``_prepare16_kernel``; at the same ``inverse_levels`` the three kernels' bits on the
       interpreter, and in bf16 on an H100),
@@ -648,6 +671,7 @@ class ChunkLaunch:
     prepare_warps: int = 2
     prepare_maxnreg: int | None = 168
     inverse_levels: int | None = None
+    wy_in_pass: bool = True
 
 
 CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)
@@ -777,26 +801,32 @@ def _launch_intra(p: _Plan, q, k, v, G, beta, scale, fused, launch: ChunkLaunch,
 
 
 def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, scale, lower_bound,
-                      launch: ChunkLaunch, write_g: bool):
-    """Kernels 1-3 as one at chunk 16 under the fused bounded gate: ``(G, w, u, Aq, kg, qg)``; G
-    holds each chunk's last row only (every row for ``write_g``)."""
+                      launch: ChunkLaunch, write_g: bool, wy_out: bool = True):
+    """Kernels 1-3 as one at chunk 16 under the fused bounded gate: ``(G, w, u, Aq, kg, qg, wy)``;
+    G holds each chunk's last row only (every row for ``write_g``). ``wy_out``: w and u, wy None;
+    else w holds kb, u is v, and wy is ``(X, beta)`` for the state pass (:class:`ChunkLaunch`'s
+    ``wy_in_pass``)."""
     dt, dev = q.dtype, q.device
     B, T, HV = p.B, p.T, p.HV
     G = torch.empty(B, T, HV, p.K, dtype=acc_dtype(dt), device=dev)
     w = torch.empty(B, T, HV, p.K, dtype=dt, device=dev)
-    u = torch.empty(B, T, HV, p.V, dtype=dt, device=dev)
     Aq = torch.empty(B, T, HV, p.BT, dtype=dt, device=dev)
     kg = torch.empty_like(w)
     qg = torch.empty_like(w)
+    if wy_out:
+        u, wy = torch.empty(B, T, HV, p.V, dtype=dt, device=dev), None
+    else:
+        u, wy = v, (torch.empty_like(Aq), torch.empty(B, T, HV, dtype=acc_dtype(dt), device=dev))
+    Xs, bs = wy if wy is not None else (Aq, G)  # unread with WY_OUT
     cap = launch.prepare_maxnreg
     _prepare16_kernel[(p.n_chunks, B * HV)](
-        q, k, v, g_raw, A_log, dt_bias, beta_logits, G, Aq, kg, qg, w, u, p.cu, p.cidx, scale,
+        q, k, v, g_raw, A_log, dt_bias, beta_logits, G, Aq, kg, qg, w, u, Xs, bs, p.cu, p.cidx, scale,
         lower_bound, T, H=p.H, HV=HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=p.BV, NV=cdiv(p.V, p.BV),
         HAS_A=A_log is not None, IS_VARLEN=p.varlen, WRITE_G=write_g,
         B_EXACT=bound_exact(lower_bound, G.dtype), INV_LEVELS=_inverse_levels(launch, "prepare16"),
-        num_warps=launch.prepare_warps,
+        WY_OUT=wy_out, num_warps=launch.prepare_warps,
         **({"maxnreg": cap} if cap is not None else {}))
-    return G, w, u, Aq, kg, qg
+    return G, w, u, Aq, kg, qg, wy
 
 
 def _launch_state(p: _Plan, kg, w, u, G, h0, launch: ChunkLaunch):
@@ -834,9 +864,11 @@ def _fused_block_v(p: _Plan, dev) -> int:
     return 64 if p.N * p.HV * cdiv(p.V, 64) >= _launch.sm_count(dev) else 32
 
 
-def _launch_state_output(p: _Plan, kg, w, u, qg, Aq, G, h0, launch: ChunkLaunch, write_stages: bool):
+def _launch_state_output(p: _Plan, kg, w, u, qg, Aq, G, h0, launch: ChunkLaunch, write_stages: bool,
+                         wy=None):
     """Kernels 4 and 5 fused: ``(o, h, v_new, final state)``; h and v_new are allocated and written
-    only for ``write_stages`` (else None)."""
+    only for ``write_stages`` (else None). ``wy``: the prepare kernel's ``(X, beta)``, w and u then
+    kb and v (:func:`_launch_prepare16`)."""
     dt, dev = w.dtype, w.device
     o = torch.empty(p.B, p.T, p.HV, p.V, dtype=dt, device=dev)
     h = vnew = None
@@ -845,11 +877,12 @@ def _launch_state_output(p: _Plan, kg, w, u, qg, Aq, G, h0, launch: ChunkLaunch,
         vnew = torch.empty_like(u)
     ht = torch.empty(p.N, p.HV, p.K, p.V, dtype=acc_dtype(dt), device=dev)
     BVf = _fused_block_v(p, dev) if launch.fused_block_v is None else launch.fused_block_v
+    Xs, bs = wy if wy is not None else (Aq, G)  # unread without WY_IN
     _state_output_kernel[(cdiv(p.V, BVf), p.N * p.HV)](
-        kg, w, u, qg, Aq, G, o, vnew if write_stages else o, h if write_stages else o, h0, ht,
+        kg, w, u, qg, Aq, G, o, vnew if write_stages else o, h if write_stages else o, h0, ht, Xs, bs,
         p.cu, p.co, p.T, p.NT,
         HV=p.HV, K=p.K, V=p.V, BT=p.BT, BC=p.BC, BK=p.BK, BV=BVf, HAS_H0=h0 is not None,
-        IS_VARLEN=p.varlen, WRITE_STAGES=write_stages, num_warps=launch.fused_warps,
+        IS_VARLEN=p.varlen, WRITE_STAGES=write_stages, WY_IN=wy is not None, num_warps=launch.fused_warps,
         num_stages=_num_stages("fused", dt) if launch.fused_stages is None else launch.fused_stages,
         **({"maxnreg": launch.fused_maxnreg} if launch.fused_maxnreg is not None else {}))
     return o, h, vnew, ht
@@ -887,10 +920,13 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
         o = torch.empty(B, T, HV, V, dtype=dt, device=dev)
         return o, (h0.clone() if h0 is not None else torch.zeros(p.N, HV, K, V, dtype=acc, device=dev))
     bounded = fused and lower_bound is not None
+    wy = None
     if bounded and p.BT == 16 and launch.bounded_diag and launch.prepare16:
-        # 1-3 as one kernel: one 16-row block per chunk needs no merge
-        G, w, u, Aq, kg, qg = _launch_prepare16(p, q, k, v, g, beta, A_log, dt_bias, scale, lower_bound,
-                                                launch, write_g=stages is not None)
+        # 1-3 as one kernel: one 16-row block per chunk needs no merge; w and u formed in the fused
+        # state pass unless the stage tests read them
+        wy_out = not (launch.wy_in_pass and launch.fused_output) or stages is not None
+        G, w, u, Aq, kg, qg, wy = _launch_prepare16(p, q, k, v, g, beta, A_log, dt_bias, scale, lower_bound,
+                                                    launch, write_g=stages is not None, wy_out=wy_out)
     else:
         # 1. gate / prefix sums (fused: the gate and the beta sigmoid too)
         G, beta_f = gate_chunk_cumsum(g, A_log=A_log if fused else None, dt_bias=dt_bias if fused else None,
@@ -904,7 +940,7 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
         w, u, Aq, kg, qg = _launch_intra(p, q, k, v, G, beta, scale, fused, launch, bounded=bounded)
     # 4. sequential state pass; 5. output (fused into 4 by default: h and v_new stay on chip)
     if launch.fused_output:
-        o, h, vnew, ht = _launch_state_output(p, kg, w, u, qg, Aq, G, h0, launch, stages is not None)
+        o, h, vnew, ht = _launch_state_output(p, kg, w, u, qg, Aq, G, h0, launch, stages is not None, wy)
     else:
         h, vnew, ht = _launch_state(p, kg, w, u, G, h0, launch)
         o = _launch_output(p, qg, h, vnew, Aq, launch)

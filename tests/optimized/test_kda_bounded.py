@@ -65,6 +65,32 @@ def test_every_form_of_the_diagonal_blocks_inverse_is_within_the_bound(levels):
             assert assert_parity("kda.fused_chunked+lower_bound", c, dtype=dtype, candidate=run).ratio < 1
 
 
+def _poisoned(alloc, *args, **kw):
+    t = alloc(*args, **kw)
+    return t.fill_(float("nan")) if t.is_floating_point() else t
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_w_and_u_formed_in_the_state_pass_keep_the_bits(dtype, monkeypatch, parity_device):
+    # at chunk 16 the state pass forms w = X kb and u = X (beta v) from the prepare kernel's inverse
+    # rows (ChunkLaunch.wy_in_pass, the default) with the roundings of the stored w and u: bitwise
+    # the stored form, varlen with an empty and a ragged sequence, an initial state, V = 48 (a
+    # partly masked block) at 32 and 16 V columns, every buffer NaN-poisoned (no kernel reads an
+    # element none wrote: the inverse rows past a sequence end)
+    cu = [0, 5, 5, 70, 130]
+    c = core_case(1, 130, 1, 2, 32, 48, 23, chunk=16, fused=True, lower_bound=-5.0, hostile="bound",
+                  cu_seqlens=cu)
+    d = {n: t.to(parity_device) for n, t in tensors(ops.get("kda.fused_chunked+lower_bound"), c, dtype).items()}
+    run = functools.partial(kda.fused_chunked, *(d[n] for n in FUSED), initial_state=d["initial_state"],
+                            cu_seqlens=torch.tensor(cu, device=parity_device), chunk_size=16, lower_bound=-5.0)
+    stored = run(launch=kda.ChunkLaunch(wy_in_pass=False))
+    for name in ("empty", "empty_like"):
+        monkeypatch.setattr(torch, name, functools.partial(_poisoned, getattr(torch, name)))
+    for bv in (None, 32, 16):
+        o, s = run(launch=kda.ChunkLaunch(fused_block_v=bv))
+        assert torch.equal(o, stored[0]) and torch.equal(s, stored[1]), bv
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_a_bound_exact_in_fp32_gives_the_bits_of_the_fp64_product(dtype, monkeypatch, parity_device):
     # b = -5 is exact in fp32, so b * sigmoid(z) is formed in fp32 (B_EXACT): one rounding, the one
