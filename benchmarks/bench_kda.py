@@ -11,9 +11,10 @@ both gates: ours and fla-core's ``chunk_kda`` under the softplus gate, then unde
 ``-5 sigmoid(exp(A_log) (g_raw + dt_bias))`` ours (``lower_bound=-5``), fla-core's safe-gate path
 (``chunk_kda(..., safe_gate=True, lower_bound=-5)``) and FlashKDA (``flash_kda.fwd``, built by
 benchmarks/build_flashkda.sh; its ``out`` and ``final_state`` buffers allocated once, outside the
-timed call, as its API takes them), at B=1 with T = 4k, 8k, 16k, 64k and B=8 with T = 4k, each at
-H = 32 and 96 (``--heads``, ``--shapes BxT`` narrow it; ``--chunk-size`` is ours, 64 by default
-as fla's, 16 FlashKDA's and ours where B x H >= 256). Before timing a shape, each kernel's output is
+timed call, as its API takes them), at B=1 with T = 1k, 4k, 8k, 16k, 64k and B=8 with T = 4k, each
+at H = 32 and 96 (``--heads``, ``--shapes BxT`` narrow it). ``--chunk-size`` is ours: ``auto`` (the
+default) 16 where B x H >= 256 and 64 below, the fastest of 16, 32 and 64 on both sides
+(docs/BENCHMARKS.md, "Bytes, chunk size and FlashKDA"); fla's is 64, FlashKDA's 16. Before timing a shape, each kernel's output is
 judged against the float64 reference on a slice (the first 256 tokens of two heads: heads are
 independent and the output is causal, so the slice of the full run is the run of the slice) in units
 of its gate's bound under the contract the kernel claims (ours ieee, fla tf32, FlashKDA
@@ -111,7 +112,15 @@ def bench_decode(B, fused_recurrent_kda):
                   ms, spread, fla_ms=fla_ms, bytes_moved=nbytes, extra={"wall_ms_per_call": wall, **graph})
 
 
-BOUNDED_SHAPES = [(1, 4096), (1, 8192), (1, 16384), (1, 65536), (8, 4096)]
+BOUNDED_SHAPES = [(1, 1024), (1, 4096), (1, 8192), (1, 16384), (1, 65536), (8, 4096)]
+
+
+def chunk_for(B: int, Hn: int, choice: str) -> int:
+    """Our chunk size at B sequences of Hn heads: ``choice`` (16, 32 or 64), or for ``auto`` 16 where
+    the serial state pass has B x H >= 256 chains (many short ones), else 64."""
+    if choice != "auto":
+        return int(choice)
+    return 16 if B * Hn >= 256 else 64
 LOWER_BOUND = -5.0
 SLICE_T, SLICE_H = 256, 2   # the slice each kernel's output is judged on
 
@@ -231,13 +240,14 @@ def bounded_table(results) -> str:
     and each slice error in its gate's bound units."""
     f = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
     names = list(SIDE_BY_SIDE)
-    lines = ["| B | T | H | " + " | ".join(f"{n} ms" for n in names) + " | byte floor ms | ours / floor "
-             "(softplus, bounded) | slice error in bound units (" + " / ".join(names) + ") |",
-             "|" + "---|" * (len(names) + 6)]
+    lines = ["| B | T | H | our chunk | " + " | ".join(f"{n} ms" for n in names) + " | byte floor ms | "
+             "ours / floor (softplus, bounded) | slice error in bound units (" + " / ".join(names) + ") |",
+             "|" + "---|" * (len(names) + 7)]
     for r in results:
         p, sr, ms = r.params, r.extra["slice_ratio"], r.extra["ms"]
         over = ", ".join(f(ms.get(n) / r.floor_ms) if ms.get(n) else "-" for n in ("ours softplus", "ours"))
-        lines.append(f"| {p['B']} | {p['T']} | {p['H']} | " + " | ".join(f(ms.get(n)) for n in names)
+        lines.append(f"| {p['B']} | {p['T']} | {p['H']} | {p['chunk_size']} | "
+                     + " | ".join(f(ms.get(n)) for n in names)
                      + f" | {f(r.floor_ms)} | {over} | " + " / ".join(f(sr.get(n)) for n in names) + " |")
     return "\n".join(lines) + "\n"
 
@@ -250,7 +260,7 @@ def main_bounded(args):
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes] if args.shapes else BOUNDED_SHAPES
     for Hn in args.heads:
         for B, T in shapes:
-            r = bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, args.chunk_size)
+            r = bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, chunk_for(B, Hn, args.chunk_size))
             results.append(r)
             print(r.as_dict(), flush=True)
             save(results, args.out, command=cmd)
@@ -266,10 +276,11 @@ def main(argv=None):
                     "safe-gate path and FlashKDA side by side (module docstring)")
     ap.add_argument("--heads", type=int, nargs="*", default=[32, 96], help="--bounded: the head counts")
     ap.add_argument("--md", default=None, help="--bounded: also write the markdown table here")
-    ap.add_argument("--chunk-size", type=int, default=64, choices=[16, 32, 64],
-                    help="--bounded: our chunk size (fla's is 64, FlashKDA's 16)")
+    ap.add_argument("--chunk-size", default="auto", choices=["16", "32", "64", "auto"],
+                    help="--bounded: our chunk size (auto: 16 where B x H >= 256, else 64; fla's is 64, "
+                    "FlashKDA's 16)")
     ap.add_argument("--shapes", nargs="*", default=None, help="--bounded: BxT shapes (default: "
-                    "B=1 at T = 4k, 8k, 16k, 64k and B=8 at T = 4k)")
+                    "B=1 at T = 1k, 4k, 8k, 16k, 64k and B=8 at T = 4k)")
     ap.add_argument("--prefill-T", type=int, nargs="*", default=[1024, 2048, 4096, 16384, 65536])
     ap.add_argument("--decode-B", type=int, nargs="*", default=[1, 8, 64, 256])
     ap.add_argument("--launch", default=None, help="JSON of kda.ChunkLaunch fields for the prefill "
