@@ -92,10 +92,11 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
+from .._interpreter import interpreting
 from .._jit import jit
 from .. import _counters, _launch
 from ._common import (SUM, acc_dtype, block_k, bound_exact, cdiv, check_gate_params, check_qkv,
-                      check_shape, check_tensor, chunk_span, dot, l2norm_cols, l2norm_rows, next_pow2,
+                      check_shape, check_tensor, chunk_span, dot, exp_normal, l2norm_cols, l2norm_rows, next_pow2,
                       prepare_cu_seqlens, prepare_state, sigmoid_f, start_state, state_tile,
                       varlen_chunk_plan)
 from .gate import gate_chunk_cumsum, gate_tile
@@ -166,7 +167,7 @@ def _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl
 
 @jit
 def _diag_block_bounded(kl, ql, kt, qt, Gm, Gr, c16, BC: tl.constexpr, DT: tl.constexpr,
-                        ACC: tl.constexpr):
+                        ACC: tl.constexpr, FTZ: tl.constexpr):
     """The diagonal sub-block of (Akk, Aqk) under the bounded gate: every pair through the block's
     first row r0 alone, ``exp(G_i - G_r0) * exp(G_r0 - G_j)``. The left factors (<= 1) are the rows'
     own, already formed for the earlier sub-blocks (``kl``, ``ql``: DT, as a dot rounds them); the
@@ -174,8 +175,9 @@ def _diag_block_bounded(kl, ql, kt, qt, Gm, Gr, c16, BC: tl.constexpr, DT: tl.co
     gate bounded below by b >= -5 (every step decays by more than b), inside the range of bf16 and
     fp32, with k l2-normalized. Each product keeps its two operands' relative roundings, as in
     :func:`_diag_block`; one exp tile and two tl.dots in place of its four levels. The pairs j > i
-    (finite, at most 128 e^75) are discarded."""
-    right = tl.trans(kt * tl.exp(Gr[None, :] - Gm))
+    (finite, at most 128 e^75) are discarded. ``FTZ``: the exp as :func:`exp_normal` (its results
+    are in [1, e^75], normal)."""
+    right = tl.trans(kt * exp_normal(Gr[None, :] - Gm, FTZ))
     lower = c16[:, None] > c16[None, :]
     A = tl.where(lower, dot(kl, right, DT, ACC), 0.0)
     Qm = tl.where(lower, dot(ql, right, DT, ACC), 0.0)
@@ -258,7 +260,7 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, kb, cu, cidx, scale: tl.float
     ql = (qt * left).to(DT)
     # -- the diagonal sub-block, and D = (I + beta*A_aa)^-1
     if BOUNDED_DIAG:
-        A, Qm = _diag_block_bounded(kl, ql, kt, qt, Gm, Gr, c16, BC, DT, ACC)
+        A, Qm = _diag_block_bounded(kl, ql, kt, qt, Gm, Gr, c16, BC, DT, ACC, False)
     else:  # through reference rows inside it, no exponent of a positive difference
         A, Qm = _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV, K, dk, mk, BC, DT, ACC)
     X = _unit_lower_inverse(A * b[:, None], c16, BC, ACC, INV_LEVELS)
@@ -300,7 +302,7 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
                       HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, HAS_A: tl.constexpr,
                       IS_VARLEN: tl.constexpr, WRITE_G: tl.constexpr, B_EXACT: tl.constexpr,
-                      INV_LEVELS: tl.constexpr, WY_OUT: tl.constexpr):
+                      INV_LEVELS: tl.constexpr, WY_OUT: tl.constexpr, EXP_FTZ: tl.constexpr):
     # Kernels 1-3 as one at chunk 16 under the fused bounded gate (one 16-row block per chunk, so
     # M = D, no merge): one program per (chunk, sequence*value head) computes the gate and its
     # prefix sums, beta, the block (through its first row, _diag_block_bounded) and its inverse, and
@@ -308,7 +310,8 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     # and u too, as the WY kernel forms them; else the operands the state pass forms them from
     # (wy_in_pass): kb = beta k exp(G) in w's buffer, the inverse X (rounded to DT, as the WY dots
     # round it) and beta (ACC). G's last row per chunk is stored for the state pass (every row with
-    # WRITE_G, for the stage tests).
+    # WRITE_G, for the stage tests). EXP_FTZ: the four exp tiles as exp_normal: 16 steps of a gate
+    # bounded below by -5 keep every exponent in [-80, 75], where exp is normal in fp32.
     ACC = Gc.dtype.element_ty
     DT = k.dtype.element_ty
     i_c = tl.program_id(0)
@@ -343,15 +346,15 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, True)
     qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, True)
     Gr = _row_of(G, rows, 0)
-    left = tl.exp(G - Gr[None, :])
+    left = exp_normal(G - Gr[None, :], EXP_FTZ)
     kl = (kt * left).to(DT)
     ql = (qt * left).to(DT)
-    A, Qm = _diag_block_bounded(kl, ql, kt, qt, G, Gr, rows, BT, DT, ACC)
+    A, Qm = _diag_block_bounded(kl, ql, kt, qt, G, Gr, rows, BT, DT, ACC, EXP_FTZ)
     X = _unit_lower_inverse(A * b[:, None], rows, BT, ACC, INV_LEVELS)   # M = D
     tl.store(Aq + (tok * HV + i_hv)[:, None] * BT + rows[None, :],
              (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
-    tl.store(kg + row_k, (kt * tl.exp(Gl[None, :] - G)).to(kg.dtype.element_ty), mask=m2)
-    eG = tl.exp(G)
+    tl.store(kg + row_k, (kt * exp_normal(Gl[None, :] - G, EXP_FTZ)).to(kg.dtype.element_ty), mask=m2)
+    eG = exp_normal(G, EXP_FTZ)
     tl.store(qg + row_k, ((qt * eG) * scale).to(qg.dtype.element_ty), mask=m2)
     kb = (kt * eG * b[:, None]).to(w.dtype.element_ty)   # as kernel 2 stores it
     if WY_OUT:
@@ -800,6 +803,12 @@ def _launch_intra(p: _Plan, q, k, v, G, beta, scale, fused, launch: ChunkLaunch,
     return w, u, Aq, kg, qg
 
 
+def _flush_exp(acc: torch.dtype) -> bool:
+    """The prepare16 kernel's ``EXP_FTZ``: its exps as ``exp_normal`` in fp32 on a GPU (the
+    interpreter runs no inline PTX)."""
+    return acc == torch.float32 and not interpreting()
+
+
 def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, scale, lower_bound,
                       launch: ChunkLaunch, write_g: bool, wy_out: bool = True):
     """Kernels 1-3 as one at chunk 16 under the fused bounded gate: ``(G, w, u, Aq, kg, qg, wy)``;
@@ -824,7 +833,7 @@ def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, sca
         lower_bound, T, H=p.H, HV=HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=p.BV, NV=cdiv(p.V, p.BV),
         HAS_A=A_log is not None, IS_VARLEN=p.varlen, WRITE_G=write_g,
         B_EXACT=bound_exact(lower_bound, G.dtype), INV_LEVELS=_inverse_levels(launch, "prepare16"),
-        WY_OUT=wy_out, num_warps=launch.prepare_warps,
+        WY_OUT=wy_out, EXP_FTZ=_flush_exp(G.dtype), num_warps=launch.prepare_warps,
         **({"maxnreg": cap} if cap is not None else {}))
     return G, w, u, Aq, kg, qg, wy
 

@@ -91,6 +91,29 @@ def test_w_and_u_formed_in_the_state_pass_keep_the_bits(dtype, monkeypatch, pari
         assert torch.equal(o, stored[0]) and torch.equal(s, stored[1]), bv
 
 
+@pytest.mark.parity_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_prepare_kernels_flushing_exp_keeps_the_bits_of_tl_exp(dtype, monkeypatch, parity_device):
+    # at chunk 16 the prepare kernel's exps skip tl.exp's subnormal handling (exp_normal): every
+    # exponent is in [-80, 75], so the results are normal and the bits tl.exp's; checked against
+    # tl.exp, with mild raw gates and with raw gates that hold every step at the bound (G reaching
+    # -80 at a chunk's last row), varlen with a ragged sequence. Inline PTX: GPU only.
+    kchunk = importlib.import_module("optimized.kda.chunk")
+    cu = [0, 37, 100, 160]
+    c = core_case(1, 160, 2, 2, 128, 64, 29, chunk=16, fused=True, lower_bound=-5.0, has_A=True,
+                  cu_seqlens=cu)
+    d = {n: t.to(parity_device) for n, t in tensors(ops.get("kda.fused_chunked+lower_bound"), c, dtype).items()}
+    for g_raw in (d["g_raw"], torch.full_like(d["g_raw"], 40.0)):
+        run = lambda: kda.fused_chunked(*(g_raw if n == "g_raw" else d[n] for n in FUSED),  # noqa: E731
+                                        initial_state=d["initial_state"], chunk_size=16, lower_bound=-5.0,
+                                        cu_seqlens=torch.tensor(cu, device=parity_device))
+        flushed = run()
+        with monkeypatch.context() as m:
+            m.setattr(kchunk, "_flush_exp", lambda acc: False)
+            exact = run()
+        assert torch.equal(flushed[0], exact[0]) and torch.equal(flushed[1], exact[1])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_a_bound_exact_in_fp32_gives_the_bits_of_the_fp64_product(dtype, monkeypatch, parity_device):
     # b = -5 is exact in fp32, so b * sigmoid(z) is formed in fp32 (B_EXACT): one rounding, the one
