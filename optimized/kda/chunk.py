@@ -297,6 +297,24 @@ def _row_of(x, rows, r):
 
 
 @jit
+def _store_wy(X, kb, b, v, w, u, tok, valid, i_hv, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+              dk, mk, BV: tl.constexpr, NV: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr):
+    """The WY form of a chunk's rows ``tok`` (``valid``: inside the sequence), stored: ``w = X kb``
+    [BT, K] and ``u = X (beta v)`` [BT, V] in NV blocks of BV columns, from the inverse X [BT, BT],
+    kb [BT, BK] (DT, 0 past the sequence end) and beta ``b`` [BT] (ACC, 0 there)."""
+    tl.store(w + (tok * HV + i_hv)[:, None] * K + dk[None, :], dot(X, kb, DT, ACC).to(w.dtype.element_ty),
+             mask=valid[:, None] & mk[None, :])
+    dv = tl.arange(0, BV)
+    for iv in tl.static_range(0, NV):
+        ov = iv * BV + dv
+        mv = ov < V
+        vt = _load_rows(v, tok, valid, i_hv, HV, V, ov, mv, ACC, False)
+        ut = dot(X, vt * b[:, None], DT, ACC)
+        tl.store(u + (tok * HV + i_hv)[:, None] * V + ov[None, :], ut.to(u.dtype.element_ty),
+                 mask=valid[:, None] & mv[None, :])
+
+
+@jit
 def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs, cu,
                       cidx, scale: tl.float64, lower_bound: tl.float64, T, H: tl.constexpr,
                       HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
@@ -357,17 +375,8 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     eG = exp_normal(G, EXP_FTZ)
     tl.store(qg + row_k, ((qt * eG) * scale).to(qg.dtype.element_ty), mask=m2)
     kb = (kt * eG * b[:, None]).to(w.dtype.element_ty)   # as kernel 2 stores it
-    if WY_OUT:
-        # kb's rows past the end are 0 (k loads 0 there), as are beta's, so w's and u's are too
-        tl.store(w + row_k, dot(X, kb, DT, ACC).to(w.dtype.element_ty), mask=m2)
-        dv = tl.arange(0, BV)
-        for iv in tl.static_range(0, NV):
-            ov = iv * BV + dv
-            mv = ov < V
-            vt = _load_rows(v, tok, valid, i_hv, HV, V, ov, mv, ACC, False)
-            ut = dot(X, vt * b[:, None], DT, ACC)
-            tl.store(u + (tok * HV + i_hv)[:, None] * V + ov[None, :], ut.to(u.dtype.element_ty),
-                     mask=valid[:, None] & mv[None, :])
+    if WY_OUT:  # kb's rows past the end are 0 (k loads 0 there), as are beta's
+        _store_wy(X, kb, b, v, w, u, tok, valid, i_hv, HV, K, V, dk, mk, BV, NV, DT, ACC)
     else:
         tl.store(w + row_k, kb, mask=m2)
         tl.store(Xs + (tok * HV + i_hv)[:, None] * BT + rows[None, :], X.to(DT), mask=valid[:, None])
@@ -416,19 +425,10 @@ def _wy_kernel(kb, v, beta, w, u, Ak, cu, cidx, T,
                 P = dot(P, P, DT, ACC)
 
     # -- WY form: w = M kb, u = M (beta v); rows past the sequence end load 0
-    m2 = valid[:, None] & mk[None, :]
-    kbt = tl.load(kb + (tok * HV + i_hv)[:, None] * K + dk[None, :], mask=m2, other=0.0)
-    wt = dot(X, kbt, DT, ACC)
-    tl.store(w + (tok * HV + i_hv)[:, None] * K + dk[None, :], wt.to(w.dtype.element_ty), mask=m2)
+    kbt = tl.load(kb + (tok * HV + i_hv)[:, None] * K + dk[None, :], mask=valid[:, None] & mk[None, :],
+                  other=0.0)
     b = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0).to(ACC)
-    dv = tl.arange(0, BV)
-    for iv in tl.static_range(0, NV):
-        ov = iv * BV + dv
-        mv = ov < V
-        vt = _load_rows(v, tok, valid, i_hv, HV, V, ov, mv, ACC, False)
-        ut = dot(X, vt * b[:, None], DT, ACC)
-        tl.store(u + (tok * HV + i_hv)[:, None] * V + ov[None, :], ut.to(u.dtype.element_ty),
-                 mask=valid[:, None] & mv[None, :])
+    _store_wy(X, kbt, b, v, w, u, tok, valid, i_hv, HV, K, V, dk, mk, BV, NV, DT, ACC)
 
 
 @jit
