@@ -13,9 +13,9 @@ both gates: ours and fla-core's ``chunk_kda`` under the softplus gate, then unde
 benchmarks/build_flashkda.sh; its ``out`` and ``final_state`` buffers allocated once, outside the
 timed call, as its API takes them), at B=1 with T = 1k, 4k, 8k, 16k, 64k and B=8 with T = 4k, each
 at H = 32 and 96 (``--heads``, ``--shapes BxT`` narrow it). ``--chunk-size`` is ours: ``auto`` (the
-default) 16 where B x H >= 256 and 64 below, the fastest of 16, 32 and 64 on both sides
-(docs/BENCHMARKS.md, "Bytes, chunk size and FlashKDA"); fla's is 64, FlashKDA's 16. Before timing a shape, each kernel's output is
-judged against the float64 reference on a slice (the first 256 tokens of two heads: heads are
+default) 16 under the bounded gate, the fastest of 16, 32 and 64 at every point (docs/BENCHMARKS.md,
+"Bytes, chunk size and FlashKDA"), and 64 under softplus; fla's is 64, FlashKDA's 16. Before timing
+a shape, each kernel's output is judged against the float64 reference on a slice (the first 256 tokens of two heads: heads are
 independent and the output is causal, so the slice of the full run is the run of the slice) in units
 of its gate's bound under the contract the kernel claims (ours ieee, fla tf32, FlashKDA
 bf16-storage); a kernel whose slice is not within its bound is not timed. The markdown table gives
@@ -115,12 +115,13 @@ def bench_decode(B, fused_recurrent_kda):
 BOUNDED_SHAPES = [(1, 1024), (1, 4096), (1, 8192), (1, 16384), (1, 65536), (8, 4096)]
 
 
-def chunk_for(B: int, Hn: int, choice: str) -> int:
-    """Our chunk size at B sequences of Hn heads: ``choice`` (16, 32 or 64), or for ``auto`` 16 where
-    the serial state pass has B x H >= 256 chains (many short ones), else 64."""
+def chunk_for(gate: str, choice: str) -> int:
+    """Our chunk size under ``gate``: ``choice`` (16, 32 or 64), or for ``auto`` 16 under the bounded
+    gate (the one-kernel prepare; the fastest at every point of the side by side, H100:
+    docs/BENCHMARKS.md, "Bytes, chunk size and FlashKDA") and 64 under softplus (its default)."""
     if choice != "auto":
         return int(choice)
-    return 16 if B * Hn >= 256 else 64
+    return 16 if gate == "bounded" else 64
 LOWER_BOUND = -5.0
 SLICE_T, SLICE_H = 256, 2   # the slice each kernel's output is judged on
 
@@ -154,22 +155,23 @@ SIDE_BY_SIDE = {"ours softplus": "softplus", "fla softplus": "softplus", "ours":
                 "fla safe gate": "bounded", "FlashKDA": "bounded"}
 
 
-def bounded_kernels(x, chunk_kda, flash_kda, chunk_size=64):
+def bounded_kernels(x, chunk_kda, flash_kda, chunk_size="auto"):
     """name -> (contract, gate, callable returning the output [B,T,H,V]) on the inputs ``x``; the
-    names those of :data:`SIDE_BY_SIDE` whose kernels are installed; ours at ``chunk_size`` (fla's
-    chunk is 64, FlashKDA's 16)."""
+    names those of :data:`SIDE_BY_SIDE` whose kernels are installed; ours at ``chunk_size``
+    (:func:`chunk_for`; fla's chunk is 64, FlashKDA's 16)."""
+    soft, bnd = chunk_for("softplus", chunk_size), chunk_for("bounded", chunk_size)
     import optimized.kda as okda
 
     q, k, v, g_raw, beta, A_log, dt_bias = x
     B, T, Hn = q.shape[:3]
     out = {"ours softplus": ("ieee", "softplus", lambda: okda.fused_chunked(q, k, v, g_raw, beta, A_log,
-                                                                             dt_bias, chunk_size=chunk_size)[0])}
+                                                                             dt_bias, chunk_size=soft)[0])}
     if chunk_kda is not None:
         out["fla softplus"] = ("tf32", "softplus", lambda: chunk_kda(
             q, k, v, g_raw, beta, A_log=A_log, dt_bias=dt_bias, output_final_state=True,
             use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)[0])
     out["ours"] = ("ieee", "bounded", lambda: okda.fused_chunked(q, k, v, g_raw, beta, A_log, dt_bias,
-                                                                  lower_bound=LOWER_BOUND, chunk_size=chunk_size)[0])
+                                                                  lower_bound=LOWER_BOUND, chunk_size=bnd)[0])
     if chunk_kda is not None:
         out["fla safe gate"] = ("tf32", "bounded", lambda: chunk_kda(
             q, k, v, g_raw, beta, A_log=A_log, dt_bias=dt_bias, output_final_state=True,
@@ -214,7 +216,7 @@ def slice_ratio(x, o, contract: str, gate: str = "bounded") -> float:
     return float("inf") if not np.all(np.isfinite(got)) else float(ratio.max())
 
 
-def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, chunk_size=64) -> Result:
+def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, chunk_size="auto") -> Result:
     x = bounded_inputs(B, T, Hn)
     times, ratios = {}, {}
     for name, (contract, gate, fn) in bounded_kernels(x, chunk_kda, flash_kda, chunk_size).items():
@@ -227,7 +229,8 @@ def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, chunk_size=64) -> Resu
         torch.cuda.synchronize()
     nbytes = B * T * Hn * (3 * K + V) * 2 + B * T * Hn * K * 2 + B * T * Hn * 2 + B * Hn * K * V * 4
     return Result("kda.fused_chunked+lower_bound", {"B": B, "T": T, "H": Hn, "K": K, "V": V, "dtype": "bfloat16",
-                                                     "lower_bound": LOWER_BOUND, "chunk_size": chunk_size},
+                                                     "lower_bound": LOWER_BOUND, "chunk_size": chunk_for("bounded", chunk_size),
+                                                     "softplus_chunk_size": chunk_for("softplus", chunk_size)},
                   times.get("ours"), fla_ms=times.get("fla safe gate"), baseline="FlashKDA",
                   baseline_ms=times.get("FlashKDA"), bytes_moved=nbytes,
                   extra={"slice_ratio": ratios, "ms": times,
@@ -240,13 +243,13 @@ def bounded_table(results) -> str:
     and each slice error in its gate's bound units."""
     f = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
     names = list(SIDE_BY_SIDE)
-    lines = ["| B | T | H | our chunk | " + " | ".join(f"{n} ms" for n in names) + " | byte floor ms | "
+    lines = ["| B | T | H | our chunk (softplus, bounded) | " + " | ".join(f"{n} ms" for n in names) + " | byte floor ms | "
              "ours / floor (softplus, bounded) | slice error in bound units (" + " / ".join(names) + ") |",
              "|" + "---|" * (len(names) + 7)]
     for r in results:
         p, sr, ms = r.params, r.extra["slice_ratio"], r.extra["ms"]
         over = ", ".join(f(ms.get(n) / r.floor_ms) if ms.get(n) else "-" for n in ("ours softplus", "ours"))
-        lines.append(f"| {p['B']} | {p['T']} | {p['H']} | {p['chunk_size']} | "
+        lines.append(f"| {p['B']} | {p['T']} | {p['H']} | {p.get('softplus_chunk_size', '-')}, {p['chunk_size']} | "
                      + " | ".join(f(ms.get(n)) for n in names)
                      + f" | {f(r.floor_ms)} | {over} | " + " / ".join(f(sr.get(n)) for n in names) + " |")
     return "\n".join(lines) + "\n"
@@ -260,7 +263,7 @@ def main_bounded(args):
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes] if args.shapes else BOUNDED_SHAPES
     for Hn in args.heads:
         for B, T in shapes:
-            r = bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, chunk_for(B, Hn, args.chunk_size))
+            r = bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, args.chunk_size)
             results.append(r)
             print(r.as_dict(), flush=True)
             save(results, args.out, command=cmd)
@@ -277,8 +280,8 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, nargs="*", default=[32, 96], help="--bounded: the head counts")
     ap.add_argument("--md", default=None, help="--bounded: also write the markdown table here")
     ap.add_argument("--chunk-size", default="auto", choices=["16", "32", "64", "auto"],
-                    help="--bounded: our chunk size (auto: 16 where B x H >= 256, else 64; fla's is 64, "
-                    "FlashKDA's 16)")
+                    help="--bounded: our chunk size (auto: 16 under the bounded gate, 64 under softplus; "
+                    "fla's is 64, FlashKDA's 16)")
     ap.add_argument("--shapes", nargs="*", default=None, help="--bounded: BxT shapes (default: "
                     "B=1 at T = 1k, 4k, 8k, 16k, 64k and B=8 at T = 4k)")
     ap.add_argument("--prefill-T", type=int, nargs="*", default=[1024, 2048, 4096, 16384, 65536])
