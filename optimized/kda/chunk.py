@@ -597,6 +597,61 @@ def _state_output_kernel(kg, w, u, qg, Aq, Gc, o, vnew, h, h0, ht, Xs, bs, cu, c
     tl.store(ht + i_nh.to(tl.int64) * K * V + kv_off, S.to(ht.dtype.element_ty), mask=mkv)
 
 
+@jit
+def _state_output_t_kernel(kg, w, u, qg, Aq, Gc, o, h0, ht, Xs, bs, cu, co, T, NT,
+                           HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                           BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                           IS_VARLEN: tl.constexpr):
+    # _state_output_kernel with WY_IN (no stages), transposed: the state held as S^T [BV, BK], so
+    # that it, v_new^T and every other operand on the chain over chunks is a dot's left operand
+    # (a register operand of the MMA) or its accumulator: v_new^T = u^T - S^T w^T,
+    # o^T = S^T qg^T + v_new^T Aq^T, S^T <- S^T diag(exp(G_last)) + v_new^T kg; w^T = kb^T X^T and
+    # u^T = (beta v)^T X^T. The same products, each operand rounded as there; the order of the
+    # sums inside a dot is the MMA's.
+    ACC = ht.dtype.element_ty
+    DT = w.dtype.element_ty
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_hv = i_nh % HV
+    bos, eos, nt, c0 = _sequence_chunks(cu, co, i_nh // HV, T, NT, BT, IS_VARLEN)
+    dk, mk, dv, mv, mkv, kv_off = state_tile(i_v, K, V, BK, BV)
+    vk_off = dk[None, :] * V + dv[:, None]   # [BV, BK]: S^T's elements in a [K, V] state
+    mvk = mv[:, None] & mk[None, :]
+    if HAS_H0:
+        St = tl.load(h0 + i_nh.to(tl.int64) * K * V + vk_off, mask=mvk, other=0.0).to(ACC)
+    else:
+        St = tl.zeros([BV, BK], dtype=ACC)
+    rows = tl.arange(0, BT)
+    lowerT = (rows // BC)[None, :] >= (rows // BC)[:, None]  # Aq^T's blocks below the diagonal: 0
+    Gl_next = tl.load(Gc + ((tl.minimum(bos + BT, eos) - 1) * HV + i_hv) * K + dk,
+                      mask=mk & (dk * 0 < nt), other=0.0)
+    for c in range(0, nt):
+        t0 = bos + c * BT
+        tok = t0 + rows
+        valid = tok < eos
+        Gl = Gl_next.to(ACC)
+        Gl_next = tl.load(Gc + ((tl.minimum(t0 + 2 * BT, eos) - 1) * HV + i_hv) * K + dk,
+                          mask=mk & (dk * 0 + c + 1 < nt), other=0.0)
+        tk = (tok * HV + i_hv)[None, :]
+        m_kt = mk[:, None] & valid[None, :]
+        # X^T [BT(j), BT(i)]: the columns of rows past the sequence end load 0, as X's rows there
+        XT = tl.load(Xs + tk * BT + rows[:, None], mask=valid[None, :], other=0.0)
+        wT = dot(tl.load(w + tk * K + dk[:, None], mask=m_kt, other=0.0), XT, DT, ACC).to(DT)
+        bt = tl.load(bs + tok * HV + i_hv, mask=valid, other=0.0)
+        vT = tl.load(u + tk * V + dv[:, None], mask=mv[:, None] & valid[None, :], other=0.0).to(ACC)
+        uT = dot(vT * bt[None, :], XT, DT, ACC).to(DT).to(ACC)
+        vnT = (uT - dot(St, wT, DT, ACC)).to(DT)  # rounded once: the same v_new feeds o and S
+        qgT = tl.load(qg + tk * K + dk[:, None], mask=m_kt, other=0.0)
+        AT = tl.load(Aq + tk * BT + rows[:, None], mask=valid[None, :] & lowerT, other=0.0)
+        accT = dot(St, qgT, DT, ACC)
+        accT += dot(vnT, AT, DT, ACC)
+        tl.store(o + tk * V + dv[:, None], accT.to(o.dtype.element_ty), mask=mv[:, None] & valid[None, :])
+        kgt = tl.load(kg + (tok * HV + i_hv)[:, None] * K + dk[None, :], mask=valid[:, None] & mk[None, :],
+                      other=0.0)
+        St = St * tl.exp(Gl)[None, :] + dot(vnT, kgt, DT, ACC)
+    tl.store(ht + i_nh.to(tl.int64) * K * V + vk_off, St.to(ht.dtype.element_ty), mask=mvk)
+
+
 @dataclass(frozen=True)
 class ChunkLaunch:
     """Launch settings of the chunked-KDA kernels; a None is chosen per dtype or V beside the
@@ -645,6 +700,13 @@ class ChunkLaunch:
       chunks) rather than reading them: the prepare kernel no longer reads v nor writes u, and the
       pass reads v where it read u (bitwise the stored form: X and both products rounded as
       stored; the stage tests, which read w and u, get the stored form);
+    - ``state_transposed`` (off; with ``wy_in_pass``, stages not written): that state pass on S^T
+      (``_state_output_t_kernel``), so every operand on its chain over chunks is a register
+      operand or the accumulator of an MMA (warpgroup MMAs at 64 V columns) rather than a tile
+      through shared memory; the same products and operand roundings, its own order of sums
+      inside each dot (the default's bits on the interpreter), within the bound (its test). Timed
+      against the default in docs/BENCHMARKS.md, "Bytes, chunk size and FlashKDA"; as a default
+      it would be re-certified;
     - ``prepare16`` (default): at chunk 16 under the fused bounded gate, kernels 1-3 as one
       (``_prepare16_kernel``; at the same ``inverse_levels`` the three kernels' bits on the
       interpreter, and in bf16 on an H100),
@@ -675,6 +737,7 @@ class ChunkLaunch:
     prepare_maxnreg: int | None = 168
     inverse_levels: int | None = None
     wy_in_pass: bool = True
+    state_transposed: bool = False
 
 
 CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)
@@ -887,13 +950,20 @@ def _launch_state_output(p: _Plan, kg, w, u, qg, Aq, G, h0, launch: ChunkLaunch,
     ht = torch.empty(p.N, p.HV, p.K, p.V, dtype=acc_dtype(dt), device=dev)
     BVf = _fused_block_v(p, dev) if launch.fused_block_v is None else launch.fused_block_v
     Xs, bs = wy if wy is not None else (Aq, G)  # unread without WY_IN
+    stages = _num_stages("fused", dt) if launch.fused_stages is None else launch.fused_stages
+    cap = {"maxnreg": launch.fused_maxnreg} if launch.fused_maxnreg is not None else {}
+    if launch.state_transposed and wy is not None and not write_stages:
+        _state_output_t_kernel[(cdiv(p.V, BVf), p.N * p.HV)](
+            kg, w, u, qg, Aq, G, o, h0, ht, Xs, bs, p.cu, p.co, p.T, p.NT, HV=p.HV, K=p.K, V=p.V, BT=p.BT,
+            BC=p.BC, BK=p.BK, BV=BVf, HAS_H0=h0 is not None, IS_VARLEN=p.varlen, num_warps=launch.fused_warps,
+            num_stages=stages, **cap)
+        return o, None, None, ht
     _state_output_kernel[(cdiv(p.V, BVf), p.N * p.HV)](
         kg, w, u, qg, Aq, G, o, vnew if write_stages else o, h if write_stages else o, h0, ht, Xs, bs,
         p.cu, p.co, p.T, p.NT,
         HV=p.HV, K=p.K, V=p.V, BT=p.BT, BC=p.BC, BK=p.BK, BV=BVf, HAS_H0=h0 is not None,
         IS_VARLEN=p.varlen, WRITE_STAGES=write_stages, WY_IN=wy is not None, num_warps=launch.fused_warps,
-        num_stages=_num_stages("fused", dt) if launch.fused_stages is None else launch.fused_stages,
-        **({"maxnreg": launch.fused_maxnreg} if launch.fused_maxnreg is not None else {}))
+        num_stages=stages, **cap)
     return o, h, vnew, ht
 
 

@@ -91,6 +91,22 @@ def test_w_and_u_formed_in_the_state_pass_keep_the_bits(dtype, monkeypatch, pari
         assert torch.equal(o, stored[0]) and torch.equal(s, stored[1]), bv
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_transposed_state_pass_is_within_the_bound(dtype, monkeypatch, parity_device):
+    # ChunkLaunch.state_transposed: the chunk-16 state pass on S^T (its own order of sums inside
+    # each dot): within the bound, varlen with an empty and a ragged sequence, an initial state,
+    # V = 48 at 64, 32 and 16 V columns, every buffer NaN-poisoned
+    cu = [0, 5, 5, 70, 130]
+    c = core_case(1, 130, 1, 2, 32, 48, 23, chunk=16, fused=True, lower_bound=-5.0, hostile="bound",
+                  cu_seqlens=cu)
+    for name in ("empty", "empty_like"):
+        monkeypatch.setattr(torch, name, functools.partial(_poisoned, getattr(torch, name)))
+    for bv in (None, 32, 16):
+        run = functools.partial(kda.fused_chunked, launch=kda.ChunkLaunch(state_transposed=True, fused_block_v=bv))
+        assert assert_parity("kda.fused_chunked+lower_bound", c, dtype=dtype, device=parity_device,
+                             candidate=run).ratio < 1
+
+
 @pytest.mark.parity_gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_prepare_kernels_flushing_exp_keeps_the_bits_of_tl_exp(dtype, monkeypatch, parity_device):
