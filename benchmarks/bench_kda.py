@@ -2,6 +2,7 @@
 
     python benchmarks/bench_kda.py --out kda.json
     python benchmarks/bench_kda.py --bounded --out kda-bounded.json [--md kda-bounded.md]
+        [--launch '{"state_transposed": true}']
 
 fla-core is a dev-only comparator: imported if installed, otherwise its figures are left empty and
 its figures measured on the H200 are quoted from docs/BENCHMARKS.md instead.
@@ -155,23 +156,26 @@ SIDE_BY_SIDE = {"ours softplus": "softplus", "fla softplus": "softplus", "ours":
                 "fla safe gate": "bounded", "FlashKDA": "bounded"}
 
 
-def bounded_kernels(x, chunk_kda, flash_kda, chunk_size="auto"):
+def bounded_kernels(x, chunk_kda, flash_kda, chunk_size="auto", launch=None):
     """name -> (contract, gate, callable returning the output [B,T,H,V]) on the inputs ``x``; the
     names those of :data:`SIDE_BY_SIDE` whose kernels are installed; ours at ``chunk_size``
-    (:func:`chunk_for`; fla's chunk is 64, FlashKDA's 16)."""
+    (:func:`chunk_for`; fla's chunk is 64, FlashKDA's 16) with ``launch`` (a ChunkLaunch, None:
+    the defaults)."""
     soft, bnd = chunk_for("softplus", chunk_size), chunk_for("bounded", chunk_size)
     import optimized.kda as okda
 
     q, k, v, g_raw, beta, A_log, dt_bias = x
     B, T, Hn = q.shape[:3]
     out = {"ours softplus": ("ieee", "softplus", lambda: okda.fused_chunked(q, k, v, g_raw, beta, A_log,
-                                                                             dt_bias, chunk_size=soft)[0])}
+                                                                             dt_bias, chunk_size=soft,
+                                                                             launch=launch)[0])}
     if chunk_kda is not None:
         out["fla softplus"] = ("tf32", "softplus", lambda: chunk_kda(
             q, k, v, g_raw, beta, A_log=A_log, dt_bias=dt_bias, output_final_state=True,
             use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)[0])
     out["ours"] = ("ieee", "bounded", lambda: okda.fused_chunked(q, k, v, g_raw, beta, A_log, dt_bias,
-                                                                  lower_bound=LOWER_BOUND, chunk_size=bnd)[0])
+                                                                  lower_bound=LOWER_BOUND, chunk_size=bnd,
+                                                                  launch=launch)[0])
     if chunk_kda is not None:
         out["fla safe gate"] = ("tf32", "bounded", lambda: chunk_kda(
             q, k, v, g_raw, beta, A_log=A_log, dt_bias=dt_bias, output_final_state=True,
@@ -216,10 +220,10 @@ def slice_ratio(x, o, contract: str, gate: str = "bounded") -> float:
     return float("inf") if not np.all(np.isfinite(got)) else float(ratio.max())
 
 
-def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, chunk_size="auto") -> Result:
+def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, chunk_size="auto", launch=None) -> Result:
     x = bounded_inputs(B, T, Hn)
     times, ratios = {}, {}
-    for name, (contract, gate, fn) in bounded_kernels(x, chunk_kda, flash_kda, chunk_size).items():
+    for name, (contract, gate, fn) in bounded_kernels(x, chunk_kda, flash_kda, chunk_size, launch).items():
         try:
             ratios[name] = slice_ratio(x, fn(), contract, gate)
             times[name] = bench(fn)[0] if ratios[name] <= 1 else None  # outputs agree first
@@ -255,7 +259,19 @@ def bounded_table(results) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main_bounded(args):
+def launch_arg(text: str):
+    """``--launch``: a ChunkLaunch from inline JSON (``{...}``) or a JSON file; a one-line message
+    (a str) when it is neither or names no ChunkLaunch field."""
+    from optimized.kda import ChunkLaunch
+
+    try:
+        fields = json.loads(text if text.lstrip().startswith("{") else Path(text).read_text())
+        return ChunkLaunch(**fields)
+    except (OSError, ValueError, TypeError) as exc:
+        return f"--launch {text!r}: {type(exc).__name__}: {exc}"
+
+
+def main_bounded(args, launch=None):
     chunk_kda, _ = _fla()
     flash_kda = _flash_kda()
     results = []
@@ -263,7 +279,7 @@ def main_bounded(args):
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes] if args.shapes else BOUNDED_SHAPES
     for Hn in args.heads:
         for B, T in shapes:
-            r = bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, args.chunk_size)
+            r = bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, args.chunk_size, launch)
             results.append(r)
             print(r.as_dict(), flush=True)
             save(results, args.out, command=cmd)
@@ -286,18 +302,19 @@ def main(argv=None):
                     "B=1 at T = 1k, 4k, 8k, 16k, 64k and B=8 at T = 4k)")
     ap.add_argument("--prefill-T", type=int, nargs="*", default=[1024, 2048, 4096, 16384, 65536])
     ap.add_argument("--decode-B", type=int, nargs="*", default=[1, 8, 64, 256])
-    ap.add_argument("--launch", default=None, help="JSON of kda.ChunkLaunch fields for the prefill "
-                    "(e.g. from tune.py kda --best-out; default: the tuned defaults)")
+    ap.add_argument("--launch", default=None, help="kda.ChunkLaunch fields for our prefill, as JSON or "
+                    "a JSON file (e.g. from tune.py kda --best-out; default: the tuned defaults); with "
+                    "--bounded, ours under both gates")
     args = ap.parse_args(argv)
-    optimized.use("cuda")
-    if args.bounded:
-        return main_bounded(args)
     launch = None
     if args.launch:
-        from optimized.kda import ChunkLaunch
-
-        launch = ChunkLaunch(**json.loads(Path(args.launch).read_text()))
+        launch = launch_arg(args.launch)
+        if isinstance(launch, str):
+            ap.error(launch)
         print(f"prefill launch settings: {launch}")
+    optimized.use("cuda")
+    if args.bounded:
+        return main_bounded(args, launch)
     chunk_kda, fused_recurrent_kda = _fla()
     results = []
     cmd = "python benchmarks/bench_kda.py --out kda.json" + (f" --launch {args.launch}" if args.launch else "")
