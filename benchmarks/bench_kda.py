@@ -260,15 +260,15 @@ def bounded_table(results) -> str:
 
 
 def launch_arg(text: str):
-    """``--launch``: a ChunkLaunch from inline JSON (``{...}``) or a JSON file; a one-line message
-    (a str) when it is neither or names no ChunkLaunch field."""
+    """``--launch``: a ChunkLaunch from inline JSON (``{...}``) or a JSON file; ValueError with a
+    one-line message when it is neither or names no ChunkLaunch field."""
     from optimized.kda import ChunkLaunch
 
     try:
         fields = json.loads(text if text.lstrip().startswith("{") else Path(text).read_text())
         return ChunkLaunch(**fields)
     except (OSError, ValueError, TypeError) as exc:
-        return f"--launch {text!r}: {type(exc).__name__}: {exc}"
+        raise ValueError(f"--launch {text!r}: {type(exc).__name__}: {exc}") from None
 
 
 def main_bounded(args, launch=None):
@@ -308,9 +308,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     launch = None
     if args.launch:
-        launch = launch_arg(args.launch)
-        if isinstance(launch, str):
-            ap.error(launch)
+        try:
+            launch = launch_arg(args.launch)
+        except ValueError as exc:
+            ap.error(str(exc))
         print(f"prefill launch settings: {launch}")
     optimized.use("cuda")
     if args.bounded:
