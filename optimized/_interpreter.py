@@ -12,7 +12,14 @@ rounds to nearest even. The same function makes fp32/fp64 -> bf16 casts round to
 NaN kept quiet (fp64 goes through fp32 first: a double rounding the GPU does not do, which can
 differ only on exact fp32 ties, far below any bound used here).
 
-A third, of older interpreters only (Triton 3.6): a tensor used as a Python int goes through
+A third: NumPy's ``matmul`` (the interpreter's ``tl.dot``) hands a float dot to BLAS, whose order
+of sums may change with the tile's width on some CPUs (OpenBLAS on an AMD EPYC: the columns of a
+32-column tile differ in their last bits from the same columns of a 64-column tile). Launch
+settings a GPU keeps bit for bit (V-column blocks, the fused output, w and u formed in the state
+pass) would then differ on the CPU alone. The same function computes float dots with ``einsum``'s
+own loop, which sums each element over k in one order whatever the tile.
+
+A fourth, of older interpreters only (Triton 3.6): a tensor used as a Python int goes through
 ``int(array)``, which NumPy 2.4 refuses; it is converted through its single element
 (``_index_through_item``).
 
@@ -142,8 +149,9 @@ def _interpret_jit_functions() -> None:
 
 
 def install_faithful_bf16_dot() -> None:
-    """Patch the interpreter so bf16 ``tl.dot`` operands are widened to float32 first and float ->
-    bf16 casts round to nearest even, as compiled Triton does on a GPU."""
+    """Patch the interpreter so bf16 ``tl.dot`` operands are widened to float32 first, float dots
+    sum in an order that does not depend on the tile's shape, and float -> bf16 casts round to
+    nearest even, as compiled Triton does on a GPU."""
     global _INSTALLED
     if _INSTALLED:
         return
@@ -158,7 +166,13 @@ def install_faithful_bf16_dot() -> None:
         return handle
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return original(self, _widen(a), _widen(b), d, input_precision, max_num_imprecise_acc)
+        a, b = _widen(a), _widen(b)
+        if a.data.dtype.kind != "f" or b.data.dtype.kind != "f":  # fp8 bit patterns, integers
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        # einsum's own loop, not matmul's BLAS: each element summed over k in one order whatever
+        # the tile's other sizes (see the module docstring)
+        ab = np.einsum("...mk,...kn->...mn", a.data, b.data, dtype=d.data.dtype, optimize=False)
+        return _interp.TensorHandle(ab + d.data, d.dtype.scalar)
 
     builder_cls.create_dot = create_dot
 

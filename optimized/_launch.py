@@ -6,6 +6,8 @@ others are part of a reduction order, and a new default for them is re-certified
 (``parity certify --device cuda``)."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -25,4 +27,10 @@ def sm_count(device: torch.device) -> int:
     at a time), for heuristics that size a grid against the GPU."""
     if device.type != "cuda":
         return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    # cached: a launch asks on every call, and torch's query costs microseconds of host time
+    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -41,12 +41,25 @@ def git_revision(root=None, file=None) -> dict:
     return {"revision": rev, "dirty": dirty}
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else ``platform.processor()``, else "cpu": the CPU picks
+    the BLAS kernels, whose order of sums decides the reference's last bits."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
 def environment(device: str) -> dict:
     env = {
         "python": sys.version.split()[0], "platform": platform.platform(),
         "numpy": numpy.__version__, "torch": torch.__version__, "hypothesis": hypothesis.__version__,
         "device": device,
-        "device_name": torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu",
+        "device_name": torch.cuda.get_device_name(0) if device == "cuda" else cpu_name(),
         "torch_threads": torch.get_num_threads(),
         "git": git_revision(),
         "hypothesis_profile": os.environ.get("PARITY_HYPOTHESIS_PROFILE", "ci") or "ci",

@@ -92,7 +92,7 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
-from .._interpreter import interpreting
+from .._interpreter import interpreting, settle
 from .._jit import jit
 from .. import _counters, _launch
 from ._common import (SUM, acc_dtype, block_k, bound_exact, cdiv, check_gate_params, check_qkv,
@@ -432,6 +432,16 @@ def _wy_kernel(kb, v, beta, w, u, Ak, cu, cidx, T,
 
 
 @jit
+def _gate_last(Gc, t0, eos, c, nt, i_hv, dk, mk, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr):
+    """``[BK]``: G at the last row of chunk ``c`` (of ``nt``; 0 past them), which starts at row
+    ``t0``. The state passes fetch it one chunk ahead: the compiler's pipeline prefetches only the
+    dot operands' tiles, and a load issued in the step that uses it stalls the chain a memory
+    latency."""
+    return tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk, mask=mk & (dk * 0 + c < nt),
+                   other=0.0)
+
+
+@jit
 def _sequence_chunks(cu, co, i_n, T, NT, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
     """Sequence ``i_n`` of a state pass: ``(bos, eos, nt, c0)``, its first and end rows, its chunk
     count, and the row of its first chunk in the chunk-state tensor h."""
@@ -464,17 +474,13 @@ def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
     dk, mk, dv, mv, mkv, kv_off = state_tile(i_v, K, V, BK, BV)
     S = start_state(h0, i_nh, kv_off, mkv, K, V, BK, BV, HAS_H0, ACC)
     rows = tl.arange(0, BT)
-    # G_last of each chunk, fetched one chunk ahead: the compiler's pipeline prefetches only the dot
-    # operands' tiles, and a load issued in the step that uses it stalls the chain a memory latency
-    Gl_next = tl.load(Gc + ((tl.minimum(bos + BT, eos) - 1) * HV + i_hv) * K + dk,
-                      mask=mk & (dk * 0 < nt), other=0.0)
+    Gl_next = _gate_last(Gc, bos, eos, 0, nt, i_hv, dk, mk, HV, K, BT)
     for c in range(0, nt):
         t0 = bos + c * BT
         tok = t0 + rows
         valid = tok < eos
         Gl = Gl_next.to(ACC)
-        Gl_next = tl.load(Gc + ((tl.minimum(t0 + 2 * BT, eos) - 1) * HV + i_hv) * K + dk,
-                          mask=mk & (dk * 0 + c + 1 < nt), other=0.0)
+        Gl_next = _gate_last(Gc, t0 + BT, eos, c + 1, nt, i_hv, dk, mk, HV, K, BT)
         tl.store(h + ((c0 + c) * HV + i_hv) * K * V + kv_off, S.to(h.dtype.element_ty), mask=mkv)
         wt = tl.load(w + (tok * HV + i_hv)[:, None] * K + dk[None, :],
                      mask=valid[:, None] & mk[None, :], other=0.0)
@@ -557,16 +563,13 @@ def _state_output_kernel(kg, w, u, qg, Aq, Gc, o, vnew, h, h0, ht, Xs, bs, cu, c
     S = start_state(h0, i_nh, kv_off, mkv, K, V, BK, BV, HAS_H0, ACC)
     rows = tl.arange(0, BT)
     lower = (rows // BC)[:, None] >= (rows // BC)[None, :]  # Aq's blocks right of the diagonal: 0
-    # G_last fetched one chunk ahead, as in _state_kernel
-    Gl_next = tl.load(Gc + ((tl.minimum(bos + BT, eos) - 1) * HV + i_hv) * K + dk,
-                      mask=mk & (dk * 0 < nt), other=0.0)
+    Gl_next = _gate_last(Gc, bos, eos, 0, nt, i_hv, dk, mk, HV, K, BT)
     for c in range(0, nt):
         t0 = bos + c * BT
         tok = t0 + rows
         valid = tok < eos
         Gl = Gl_next.to(ACC)
-        Gl_next = tl.load(Gc + ((tl.minimum(t0 + 2 * BT, eos) - 1) * HV + i_hv) * K + dk,
-                          mask=mk & (dk * 0 + c + 1 < nt), other=0.0)
+        Gl_next = _gate_last(Gc, t0 + BT, eos, c + 1, nt, i_hv, dk, mk, HV, K, BT)
         if WRITE_STAGES:
             tl.store(h + ((c0 + c) * HV + i_hv) * K * V + kv_off, S.to(h.dtype.element_ty), mask=mkv)
         row_v = (tok * HV + i_hv)[:, None] * V + dv[None, :]
@@ -623,15 +626,13 @@ def _state_output_t_kernel(kg, w, u, qg, Aq, Gc, o, h0, ht, Xs, bs, cu, co, T, N
         St = tl.zeros([BV, BK], dtype=ACC)
     rows = tl.arange(0, BT)
     lowerT = (rows // BC)[None, :] >= (rows // BC)[:, None]  # Aq^T's blocks below the diagonal: 0
-    Gl_next = tl.load(Gc + ((tl.minimum(bos + BT, eos) - 1) * HV + i_hv) * K + dk,
-                      mask=mk & (dk * 0 < nt), other=0.0)
+    Gl_next = _gate_last(Gc, bos, eos, 0, nt, i_hv, dk, mk, HV, K, BT)
     for c in range(0, nt):
         t0 = bos + c * BT
         tok = t0 + rows
         valid = tok < eos
         Gl = Gl_next.to(ACC)
-        Gl_next = tl.load(Gc + ((tl.minimum(t0 + 2 * BT, eos) - 1) * HV + i_hv) * K + dk,
-                          mask=mk & (dk * 0 + c + 1 < nt), other=0.0)
+        Gl_next = _gate_last(Gc, t0 + BT, eos, c + 1, nt, i_hv, dk, mk, HV, K, BT)
         tk = (tok * HV + i_hv)[None, :]
         m_kt = mk[:, None] & valid[None, :]
         # X^T [BT(j), BT(i)]: the columns of rows past the sequence end load 0, as X's rows there
@@ -700,13 +701,13 @@ class ChunkLaunch:
       chunks) rather than reading them: the prepare kernel no longer reads v nor writes u, and the
       pass reads v where it read u (bitwise the stored form: X and both products rounded as
       stored; the stage tests, which read w and u, get the stored form);
-    - ``state_transposed`` (off; with ``wy_in_pass``, stages not written): that state pass on S^T
-      (``_state_output_t_kernel``), so every operand on its chain over chunks is a register
-      operand or the accumulator of an MMA (warpgroup MMAs at 64 V columns) rather than a tile
-      through shared memory; the same products and operand roundings, its own order of sums
-      inside each dot (the default's bits on the interpreter), within the bound (its test). Timed
-      against the default in docs/BENCHMARKS.md, "Bytes, chunk size and FlashKDA"; as a default
-      it would be re-certified;
+    - ``state_transposed`` (None: chosen per grid, :func:`_state_transposed`; with
+      ``wy_in_pass``, stages not written): that state pass on S^T (``_state_output_t_kernel``), so
+      every operand on its chain over chunks is a register operand or the accumulator of an MMA
+      (warpgroup MMAs at 64 V columns) rather than a tile through shared memory; the same products
+      and operand roundings, its own order of sums inside each dot, yet the default's bits in
+      bf16 on an H100 (every shape timed) and on the interpreter (a test on both); within the bound
+      on its own (its test);
     - ``prepare16`` (default): at chunk 16 under the fused bounded gate, kernels 1-3 as one
       (``_prepare16_kernel``; at the same ``inverse_levels`` the three kernels' bits on the
       interpreter, and in bf16 on an H100),
@@ -737,7 +738,7 @@ class ChunkLaunch:
     prepare_maxnreg: int | None = 168
     inverse_levels: int | None = None
     wy_in_pass: bool = True
-    state_transposed: bool = False
+    state_transposed: bool | None = None
 
 
 CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)
@@ -868,7 +869,9 @@ def _launch_intra(p: _Plan, q, k, v, G, beta, scale, fused, launch: ChunkLaunch,
 
 def _flush_exp(acc: torch.dtype) -> bool:
     """The prepare16 kernel's ``EXP_FTZ``: its exps as ``exp_normal`` in fp32 on a GPU (the
-    interpreter runs no inline PTX)."""
+    interpreter runs no inline PTX). The backend is settled first, as a launch would: a first call
+    that chose none asks before any kernel has launched."""
+    settle()
     return acc == torch.float32 and not interpreting()
 
 
@@ -936,6 +939,21 @@ def _fused_block_v(p: _Plan, dev) -> int:
     return 64 if p.N * p.HV * cdiv(p.V, 64) >= _launch.sm_count(dev) else 32
 
 
+def _state_transposed(p: _Plan, BV: int, dtype: torch.dtype, sms: int | None) -> bool:
+    """``ChunkLaunch.state_transposed`` None, for a GPU of ``sms`` SMs (None: not a GPU, the
+    default pass): the transposed pass in 16-bit runs where its V blocks are 64 columns wide (at 32
+    its MMAs are not warpgroup MMAs, and it is slower), except on grids of 3 to 4 programs per SM.
+    On an H100 (Triton 3.6) it holds 3 programs per SM, the default 4, and a full round of it takes
+    0.61 of the default's: the grids that one round of the default's holds but two of its are needed
+    for are the only ones where it lost (512 programs: 770 against 728 us at B=8 T=4k H=32, 792
+    against 730 at B=4 H=64); 2-39% faster at the 14 other grids timed (docs/BENCHMARKS.md, "Bytes,
+    chunk size and FlashKDA"). There it gives the default's bits (a GPU test), so the default's
+    certificate covers it."""
+    if sms is None or dtype.itemsize != 2 or BV != 64:
+        return False
+    return not 3 * sms < p.N * p.HV * cdiv(p.V, BV) <= 4 * sms
+
+
 def _launch_state_output(p: _Plan, kg, w, u, qg, Aq, G, h0, launch: ChunkLaunch, write_stages: bool,
                          wy=None):
     """Kernels 4 and 5 fused: ``(o, h, v_new, final state)``; h and v_new are allocated and written
@@ -952,7 +970,10 @@ def _launch_state_output(p: _Plan, kg, w, u, qg, Aq, G, h0, launch: ChunkLaunch,
     Xs, bs = wy if wy is not None else (Aq, G)  # unread without WY_IN
     stages = _num_stages("fused", dt) if launch.fused_stages is None else launch.fused_stages
     cap = {"maxnreg": launch.fused_maxnreg} if launch.fused_maxnreg is not None else {}
-    if launch.state_transposed and wy is not None and not write_stages:
+    transposed = launch.state_transposed
+    if transposed is None:
+        transposed = _state_transposed(p, BVf, dt, _launch.sm_count(dev) if dev.type == "cuda" else None)
+    if transposed and wy is not None and not write_stages:
         _state_output_t_kernel[(cdiv(p.V, BVf), p.N * p.HV)](
             kg, w, u, qg, Aq, G, o, h0, ht, Xs, bs, p.cu, p.co, p.T, p.NT, HV=p.HV, K=p.K, V=p.V, BT=p.BT,
             BC=p.BC, BK=p.BK, BV=BVf, HAS_H0=h0 is not None, IS_VARLEN=p.varlen, num_warps=launch.fused_warps,

@@ -90,3 +90,23 @@ def test_an_interpreter_that_cannot_be_made_faithful_is_refused():
     assert done.returncode != 0 and last.startswith("RuntimeError: optimized: the Triton kernels run under the "
                                                     "interpreter"), done.stderr[-2000:]
     assert "refusing to run them" in last
+
+
+def test_a_first_call_before_any_choice_runs_under_the_interpreter():
+    # no use(), no load(): the chunk-16 prepare kernel's flushing exp (inline PTX, GPU only) is
+    # decided before its launch settles the backend, so the decision settles it first
+    script = ("import torch\n"
+              "from optimized import kda\n"
+              "from parity import ops\n"
+              "from parity.certify.check import tensors\n"
+              "from parity.ops.kda.args import FUSED\n"
+              "from parity.ops.kda.inputs import core_case\n"
+              "c = core_case(1, 40, 1, 2, 128, 32, 5, chunk=16, fused=True, lower_bound=-5.0)\n"
+              "d = tensors(ops.get('kda.fused_chunked+lower_bound'), c, 'bfloat16')\n"
+              "run = lambda: kda.fused_chunked(*(d[n] for n in FUSED), chunk_size=16, lower_bound=-5.0)[0]\n"
+              "first = run()\n"
+              "print(bool(torch.isfinite(first).all()) and torch.equal(first, run()))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["True"], done.stderr[-2000:]

@@ -87,7 +87,7 @@ def test_w_and_u_formed_in_the_state_pass_keep_the_bits(dtype, monkeypatch, pari
     for name in ("empty", "empty_like"):
         monkeypatch.setattr(torch, name, functools.partial(_poisoned, getattr(torch, name)))
     for bv in (None, 32, 16):
-        o, s = run(launch=kda.ChunkLaunch(fused_block_v=bv))
+        o, s = run(launch=kda.ChunkLaunch(fused_block_v=bv, state_transposed=False))
         assert torch.equal(o, stored[0]) and torch.equal(s, stored[1]), bv
 
 
@@ -105,6 +105,37 @@ def test_the_transposed_state_pass_is_within_the_bound(dtype, monkeypatch, parit
         run = functools.partial(kda.fused_chunked, launch=kda.ChunkLaunch(state_transposed=True, fused_block_v=bv))
         assert assert_parity("kda.fused_chunked+lower_bound", c, dtype=dtype, device=parity_device,
                              candidate=run).ratio < 1
+
+
+@pytest.mark.parametrize("B, T, cu", [(1, 300, [0, 37, 37, 200, 300]), (2, 160, None)])
+def test_the_transposed_state_pass_gives_the_default_bits_in_bf16(B, T, cu, parity_device):
+    # where the pass is chosen per grid (ChunkLaunch.state_transposed None: 16-bit runs on a GPU),
+    # the transposed form runs in place of the certified one, so it must give its bits, o and the
+    # fp32 state, at the production tiles (K = V = 128, 64 V columns), with an initial state, varlen
+    # with an empty and a ragged sequence, on hostile inputs and with every step held at the bound
+    c = core_case(B, T, 2, 4, 128, 128, 37, chunk=16, fused=True, lower_bound=-5.0, has_A=True,
+                  hostile="bound", cu_seqlens=cu)
+    d = {n: None if t is None else t.to(parity_device)
+         for n, t in tensors(ops.get("kda.fused_chunked+lower_bound"), c, "bfloat16").items()}
+    cu_t = None if cu is None else torch.tensor(cu, device=parity_device)
+    for g_raw in (d["g_raw"], torch.full_like(d["g_raw"], 40.0)):
+        run = functools.partial(kda.fused_chunked, *(g_raw if n == "g_raw" else d[n] for n in FUSED),
+                                initial_state=d["initial_state"], chunk_size=16, lower_bound=-5.0, cu_seqlens=cu_t)
+        default = run(launch=kda.ChunkLaunch(fused_block_v=64, state_transposed=False))
+        transposed = run(launch=kda.ChunkLaunch(fused_block_v=64, state_transposed=True))
+        assert torch.isfinite(default[0]).all()
+        assert torch.equal(transposed[0], default[0]) and torch.equal(transposed[1], default[1])
+
+
+def test_the_transposed_pass_is_chosen_for_16_bit_runs_at_64_columns_outside_its_one_losing_window():
+    kchunk = importlib.import_module("optimized.kda.chunk")
+    plan = lambda B, H, V=128: kchunk._plan("kda", (B, 4096, H, H, 128, V), 16, torch.bfloat16, None, "cpu")  # noqa: E731
+    pick = lambda p, bv=64, dtype=torch.bfloat16, sms=132: kchunk._state_transposed(p, bv, dtype, sms)  # noqa: E731
+    assert [pick(plan(B, 32)) for B in (3, 4, 6, 7, 8, 9, 12, 16)] == [True, True, True, False, False, True, True,
+                                                                          True]   # 512 programs: 3-4 per SM
+    assert pick(plan(1, 96)) and not pick(plan(4, 64))
+    assert not pick(plan(1, 32), bv=32) and not pick(plan(3, 32), dtype=torch.float32)
+    assert not pick(plan(3, 32), sms=None)   # not a GPU: the default pass
 
 
 @pytest.mark.parity_gpu

@@ -196,8 +196,9 @@ def test_bad_implementations_are_one_line_errors_exit_2(args, needle, capsys, pa
 def test_fla_cores_torch_recurrences_are_certified_on_the_cpu(parity_device):
     """``--impl fla`` on the CPU: fla-core's own torch recurrences (its Triton kernels need a GPU),
     named with their package and version and the adapter that fits them. Its bounded gate
-    (naive_kda_lowerbound_gate) is within its bound but not batch invariant: torch's CPU sigmoid
-    takes another code path for the tail of a vectorized loop, which moves with the batch (1 ulp)."""
+    (naive_kda_lowerbound_gate) is within its bound, and on some CPUs not batch invariant: torch's
+    CPU sigmoid takes another code path for the tail of a vectorized loop, which moves with the
+    batch (1 ulp where it happens; an AMD EPYC gives batch-invariant bits)."""
     pytest.importorskip("fla", reason="fla-core is not installed (pip install 'kimi-parity[peers]')")
     from parity.peers import implementations
 
@@ -207,7 +208,7 @@ def test_fla_cores_torch_recurrences_are_certified_on_the_cpu(parity_device):
         cert = _certify(fn, dtypes=("float32", "bfloat16"), examples=1, record=ops.get(op), device=parity_device)
         if op == "kda.gate+lower_bound":
             assert all(r.contract_verdict()["holds"] for r in cert.runs.values()), cert.contract_summary()
-            assert cert.reasons() and all("bytes: batch of 1 of 2 differs in ['g']" in w for w in cert.reasons())
+            assert all("bytes: batch of 1 of 2 differs in ['g']" in w for w in cert.reasons()), cert.reasons()
         else:
             assert cert.certified, (op, cert.reasons())
         impl = cert.implementation

@@ -41,12 +41,13 @@ def test_a_recorded_golden_has_the_format_header_and_per_step_digests(recorded):
 
 def test_recording_reproduces_the_committed_golden(recorded):
     """The committed golden's first steps: same tokens and top ids; the same reference logits bit for
-    bit where the float64 arithmetic is the same (NumPy build and platform: its BLAS kernels and
-    summation order), else within twice the float64 counterpart of the step's bound (the recorded
-    bound scaled by u_float64 / u_dtype: each recording is within it of the exact logits)."""
+    bit where the float64 arithmetic is the same (NumPy build, platform and CPU: the CPU picks its
+    BLAS kernels and their order of sums), else within twice the float64 counterpart of the step's
+    bound (the recorded bound scaled by u_float64 / u_dtype: each recording is within it of the
+    exact logits)."""
     mine, committed = golden.load(recorded), golden.load(COMMITTED)
     assert committed["prompt"] == mine["prompt"] and committed["weights_sha256"] == mine["weights_sha256"]
-    same_arithmetic = all(mine["environment"][k] == committed["environment"][k] for k in ("numpy", "platform"))
+    same_arithmetic = all(mine["environment"][k] == committed["environment"][k] for k in ("numpy", "platform", "device_name"))
     scale = unit_roundoff("float64") / unit_roundoff(committed["dtype"])
     for a, b in zip(mine["steps"], committed["steps"]):
         assert (a["token"], a["top_ids"]) == (b["token"], b["top_ids"])
