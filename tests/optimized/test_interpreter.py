@@ -56,11 +56,17 @@ print(json.dumps(out))
 '''
 
 
+def _in_a_fresh_process(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``script`` run by a new Python in the repository, TRITON_INTERPRET unset (the script sets it
+    or leaves the choice to optimized)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def fresh_process() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the script sets it
-    done = subprocess.run([sys.executable, "-c", SCRIPT, "--stock"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = _in_a_fresh_process(SCRIPT, "--stock", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -83,9 +89,7 @@ def test_an_interpreter_that_cannot_be_made_faithful_is_refused():
               "del interpreter.InterpreterBuilder.create_dot   # a Triton without the hook\n"
               "import optimized\n"
               "optimized.use('cpu')\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = _in_a_fresh_process(script)
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode != 0 and last.startswith("RuntimeError: optimized: the Triton kernels run under the "
                                                     "interpreter"), done.stderr[-2000:]
@@ -106,7 +110,5 @@ def test_a_first_call_before_any_choice_runs_under_the_interpreter():
               "run = lambda: kda.fused_chunked(*(d[n] for n in FUSED), chunk_size=16, lower_bound=-5.0)[0]\n"
               "first = run()\n"
               "print(bool(torch.isfinite(first).all()) and torch.equal(first, run()))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = _in_a_fresh_process(script)
     assert done.returncode == 0 and done.stdout.split() == ["True"], done.stderr[-2000:]
