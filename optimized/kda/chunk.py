@@ -947,8 +947,8 @@ def _state_transposed(p: _Plan, BV: int, dtype: torch.dtype, sms: int | None) ->
     0.61 of the default's: the grids that one round of the default's holds but two of its are needed
     for are the only ones where it lost (512 programs: 770 against 728 us at B=8 T=4k H=32, 792
     against 730 at B=4 H=64); 2-39% faster at the 14 other grids timed (docs/BENCHMARKS.md, "Bytes,
-    chunk size and FlashKDA"). There it gives the default's bits (a GPU test), so the default's
-    certificate covers it."""
+    chunk size and FlashKDA"). It gives the default's bits (a test, on the GPU and the
+    interpreter), so the default's certificate covers it."""
     if sms is None or dtype.itemsize != 2 or BV != 64:
         return False
     return not 3 * sms < p.N * p.HV * cdiv(p.V, BV) <= 4 * sms
