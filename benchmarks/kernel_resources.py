@@ -12,6 +12,9 @@ would get (16-byte aligned pointers, integers divisible by 16), and ``ptxas -v``
 registers and spill bytes; ``CTAs/SM`` is the residency the registers and shared memory allow on an
 H100/H200 (64K registers, 228 KiB, at most 64 warps).
 
+The state pass's per-grid form is a GPU's choice, not made for CPU tensors: name it
+(``'{"state_transposed": true}'``) to see the transposed pass.
+
 Run it as a script, in its own process, without ``TRITON_INTERPRET``: a process that chose the
 Triton interpreter (``optimized.use("cpu")``) has Triton patched for it and cannot compile for a GPU. A
 register count is a property of the compiler as well as of the code, and the Triton here may not be
@@ -37,6 +40,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optimized.kda as okda  # noqa: E402
 from benchmarks.bench_kda import K, LOWER_BOUND, V  # noqa: E402
+import optimized  # noqa: E402
 from optimized import _jit, _launch  # noqa: E402
 from optimized._interpreter import interpreting  # noqa: E402
 
@@ -134,7 +138,8 @@ def ctas_per_sm(registers: int, warps: int, shared: int) -> int:
 
 
 def compile_launch(kernel, args, kwargs, arch: int) -> Resources:
-    opts = {n: kwargs[n] for n in ("num_warps", "num_stages", "maxnreg") if kwargs.get(n) is not None}
+    opts = {n: kwargs[n] for n in ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion") if kwargs.get(n) is not None}
+    opts.setdefault("enable_fp_fusion", _jit.FP_FUSION)  # what optimized's launches ask for
     compiled = triton.compile(source(kernel, args, kwargs), target=GPUTarget("cuda", arch, 32), options=opts)
     regs, st, ld = _ptxas_usage(compiled.asm["ptx"], arch)
     warps = opts.get("num_warps", 4)
@@ -165,6 +170,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if interpreting():
         ap.exit(2, "kernel_resources: TRITON_INTERPRET is set: the Triton interpreter cannot compile for a GPU\n")
+    optimized.use("cuda")  # the launches are a GPU's (the prepare kernel's exp form asks), never interpreted
     try:
         launches = [replace(okda.ChunkLaunch(), **json.loads(s)) for s in args.launches]
     except (ValueError, TypeError) as e:
