@@ -320,7 +320,8 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
                       HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, HAS_A: tl.constexpr,
                       IS_VARLEN: tl.constexpr, WRITE_G: tl.constexpr, B_EXACT: tl.constexpr,
-                      INV_LEVELS: tl.constexpr, WY_OUT: tl.constexpr, EXP_FTZ: tl.constexpr):
+                      INV_LEVELS: tl.constexpr, WY_OUT: tl.constexpr, EXP_FTZ: tl.constexpr,
+                      HEADS_FIRST: tl.constexpr):
     # Kernels 1-3 as one at chunk 16 under the fused bounded gate (one 16-row block per chunk, so
     # M = D, no merge): one program per (chunk, sequence*value head) computes the gate and its
     # prefix sums, beta, the block (through its first row, _diag_block_bounded) and its inverse, and
@@ -330,12 +331,18 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     # round it) and beta (ACC). G's last row per chunk is stored for the state pass (every row with
     # WRITE_G, for the stage tests). EXP_FTZ: the four exp tiles as exp_normal: 16 steps of a gate
     # bounded below by -5 keep every exponent in [-80, 75], where exp is normal in fp32.
+    # HEADS_FIRST: the grid is (chunk x value head, batch row), so consecutive programs are one
+    # chunk's heads, whose rows lie side by side in memory.
     ACC = Gc.dtype.element_ty
     DT = k.dtype.element_ty
-    i_c = tl.program_id(0)
-    i_bh = tl.program_id(1)
-    i_b = i_bh // HV
-    i_hv = i_bh % HV
+    if HEADS_FIRST:
+        i_c = tl.program_id(0) // HV
+        i_hv = tl.program_id(0) % HV
+        i_b = tl.program_id(1)
+    else:
+        i_c = tl.program_id(0)
+        i_b = tl.program_id(1) // HV
+        i_hv = tl.program_id(1) % HV
     i_h = i_hv // (HV // H)
     t0, eos, i_n = chunk_span(cu, cidx, i_c, i_b, T, BT, IS_VARLEN)
     if i_n < 0:
@@ -713,7 +720,10 @@ class ChunkLaunch:
       interpreter, and in bf16 on an H100),
       11-13% faster than the three on ``prepare_warps`` 2 (4 warps are slower than the three, 8
       slower still: a 16-row tl.dot is repeated on every warp; ``benchmarks/kda_forms.py --launches
-      '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``).
+      '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``);
+    - ``prepare_heads_first``: the prepare16 kernel's programs ordered with one chunk's heads
+      adjacent rather than one head's chunks; the same programs, so the same bits (a test). It
+      moves the kernel's time both ways with the head count (docs/BENCHMARKS.md, "Open").
     """
     gate_warps: int = 4
     gate_block_k: int = 64
@@ -739,6 +749,7 @@ class ChunkLaunch:
     inverse_levels: int | None = None
     wy_in_pass: bool = True
     state_transposed: bool | None = None
+    prepare_heads_first: bool = False
 
 
 CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)
@@ -894,12 +905,14 @@ def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, sca
         u, wy = v, (torch.empty_like(Aq), torch.empty(B, T, HV, dtype=acc_dtype(dt), device=dev))
     Xs, bs = wy if wy is not None else (Aq, G)  # unread with WY_OUT
     cap = launch.prepare_maxnreg
-    _prepare16_kernel[(p.n_chunks, B * HV)](
+    heads_first = launch.prepare_heads_first
+    grid = (p.n_chunks * HV, B) if heads_first else (p.n_chunks, B * HV)
+    _prepare16_kernel[grid](
         q, k, v, g_raw, A_log, dt_bias, beta_logits, G, Aq, kg, qg, w, u, Xs, bs, p.cu, p.cidx, scale,
         lower_bound, T, H=p.H, HV=HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=p.BV, NV=cdiv(p.V, p.BV),
         HAS_A=A_log is not None, IS_VARLEN=p.varlen, WRITE_G=write_g,
         B_EXACT=bound_exact(lower_bound, G.dtype), INV_LEVELS=_inverse_levels(launch, "prepare16"),
-        WY_OUT=wy_out, EXP_FTZ=_flush_exp(G.dtype), num_warps=launch.prepare_warps,
+        WY_OUT=wy_out, EXP_FTZ=_flush_exp(G.dtype), HEADS_FIRST=heads_first, num_warps=launch.prepare_warps,
         **({"maxnreg": cap} if cap is not None else {}))
     return G, w, u, Aq, kg, qg, wy
 

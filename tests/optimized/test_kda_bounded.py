@@ -127,6 +127,24 @@ def test_the_transposed_state_pass_gives_the_default_bits_in_bf16(B, T, cu, pari
         assert torch.equal(transposed[0], default[0]) and torch.equal(transposed[1], default[1])
 
 
+@pytest.mark.parametrize("B, T, cu", [(1, 300, [0, 37, 37, 200, 300]), (3, 50, None)])
+def test_the_prepare_kernel_in_heads_first_order_gives_the_default_bits(B, T, cu, parity_device):
+    # ChunkLaunch.prepare_heads_first only reorders the prepare kernel's programs (one chunk's
+    # heads adjacent): every program, and so every bit, is the default's; B = 3 checks that each
+    # batch row gets its own programs, varlen that padding entries of the chunk plan still return
+    c = core_case(B, T, 2, 4, 128, 128, 37, chunk=16, fused=True, lower_bound=-5.0, has_A=True,
+                  hostile="bound", cu_seqlens=cu)
+    d = {n: None if t is None else t.to(parity_device)
+         for n, t in tensors(ops.get("kda.fused_chunked+lower_bound"), c, "bfloat16").items()}
+    run = functools.partial(kda.fused_chunked, *(d[n] for n in FUSED), initial_state=d["initial_state"],
+                            chunk_size=16, lower_bound=-5.0,
+                            cu_seqlens=None if cu is None else torch.tensor(cu, device=parity_device))
+    default = run(launch=kda.ChunkLaunch(prepare_heads_first=False))
+    heads_first = run(launch=kda.ChunkLaunch(prepare_heads_first=True))
+    assert torch.isfinite(default[0]).all()
+    assert torch.equal(heads_first[0], default[0]) and torch.equal(heads_first[1], default[1])
+
+
 def test_the_transposed_pass_is_chosen_for_16_bit_runs_at_64_columns_outside_its_one_losing_window():
     kchunk = importlib.import_module("optimized.kda.chunk")
     plan = lambda B, H, V=128: kchunk._plan("kda", (B, 4096, H, H, 128, V), 16, torch.bfloat16, None, "cpu")  # noqa: E731
