@@ -328,8 +328,8 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     # kg, qg, Aq with the roundings kernels 1-3 give them; G and Akk stay in registers. WY_OUT: w
     # and u too, as the WY kernel forms them; else the operands the state pass forms them from
     # (wy_in_pass): kb = beta k exp(G) in w's buffer, the inverse X (rounded to DT, as the WY dots
-    # round it) and beta (ACC). G's last row per chunk is stored for the state pass (every row with
-    # WRITE_G, for the stage tests). EXP_FTZ: the four exp tiles as exp_normal: 16 steps of a gate
+    # round it) and beta (ACC). G's last row per chunk is stored for the state pass, one row per
+    # chunk in h's chunk order (every token's row with WRITE_G, for the stage tests). EXP_FTZ: the four exp tiles as exp_normal: 16 steps of a gate
     # bounded below by -5 keep every exponent in [-80, 75], where exp is normal in fp32.
     # HEADS_FIRST: the grid is (chunk x value head, batch row), so consecutive programs are one
     # chunk's heads, whose rows lie side by side in memory.
@@ -362,9 +362,9 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     Gl = _row_of(G, rows, BT - 1)
     if WRITE_G:
         tl.store(Gc + row_k, G.to(Gc.dtype.element_ty), mask=m2)
-    else:
-        last = tl.minimum(t0 + BT, eos) - 1
-        tl.store(Gc + (last * HV + i_hv) * K + dk, Gl.to(Gc.dtype.element_ty), mask=mk)
+    else:  # the chunk's row of the chunk-state order: the program's index when varlen
+        crow = i_c if IS_VARLEN else i_b.to(tl.int64) * tl.cdiv(T, BT) + i_c
+        tl.store(Gc + (crow * HV + i_hv) * K + dk, Gl.to(Gc.dtype.element_ty), mask=mk)
     b = sigmoid_f(tl.load(beta_logits + tok * HV + i_hv, mask=valid, other=0.0).to(ACC))
     b = tl.where(valid, b, 0.0)
 
@@ -439,13 +439,15 @@ def _wy_kernel(kb, v, beta, w, u, Ak, cu, cidx, T,
 
 
 @jit
-def _gate_last(Gc, t0, eos, c, nt, i_hv, dk, mk, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr):
+def _gate_last(Gc, t0, eos, crow, c, nt, i_hv, dk, mk, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+               CHUNK_ROWS: tl.constexpr):
     """``[BK]``: G at the last row of chunk ``c`` (of ``nt``; 0 past them), which starts at row
-    ``t0``. The state passes fetch it one chunk ahead: the compiler's pipeline prefetches only the
-    dot operands' tiles, and a load issued in the step that uses it stalls the chain a memory
-    latency."""
-    return tl.load(Gc + ((tl.minimum(t0 + BT, eos) - 1) * HV + i_hv) * K + dk, mask=mk & (dk * 0 + c < nt),
-                   other=0.0)
+    ``t0``: Gc's row ``crow`` where it holds one row per chunk (``CHUNK_ROWS``, in the chunk-state
+    order of h), else the chunk's last token row. The state passes fetch it one chunk ahead: the
+    compiler's pipeline prefetches only the dot operands' tiles, and a load issued in the step that
+    uses it stalls the chain a memory latency."""
+    row = crow if CHUNK_ROWS else tl.minimum(t0 + BT, eos) - 1
+    return tl.load(Gc + (row * HV + i_hv) * K + dk, mask=mk & (dk * 0 + c < nt), other=0.0)
 
 
 @jit
@@ -469,7 +471,7 @@ def _sequence_chunks(cu, co, i_n, T, NT, BT: tl.constexpr, IS_VARLEN: tl.constex
 def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
                   HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
+                  HAS_H0: tl.constexpr, IS_VARLEN: tl.constexpr, G_CHUNK_ROWS: tl.constexpr):
     # One program per (sequence*value head, V block): the only sequential part. Per chunk: two
     # dependent dots on operands prepared by kernels 2 and 3; S stays in ACC registers.
     ACC = ht.dtype.element_ty
@@ -481,13 +483,13 @@ def _state_kernel(kg, w, u, Gc, vnew, h, h0, ht, cu, co, T, NT,
     dk, mk, dv, mv, mkv, kv_off = state_tile(i_v, K, V, BK, BV)
     S = start_state(h0, i_nh, kv_off, mkv, K, V, BK, BV, HAS_H0, ACC)
     rows = tl.arange(0, BT)
-    Gl_next = _gate_last(Gc, bos, eos, 0, nt, i_hv, dk, mk, HV, K, BT)
+    Gl_next = _gate_last(Gc, bos, eos, c0, 0, nt, i_hv, dk, mk, HV, K, BT, G_CHUNK_ROWS)
     for c in range(0, nt):
         t0 = bos + c * BT
         tok = t0 + rows
         valid = tok < eos
         Gl = Gl_next.to(ACC)
-        Gl_next = _gate_last(Gc, t0 + BT, eos, c + 1, nt, i_hv, dk, mk, HV, K, BT)
+        Gl_next = _gate_last(Gc, t0 + BT, eos, c0 + c + 1, c + 1, nt, i_hv, dk, mk, HV, K, BT, G_CHUNK_ROWS)
         tl.store(h + ((c0 + c) * HV + i_hv) * K * V + kv_off, S.to(h.dtype.element_ty), mask=mkv)
         wt = tl.load(w + (tok * HV + i_hv)[:, None] * K + dk[None, :],
                      mask=valid[:, None] & mk[None, :], other=0.0)
@@ -552,7 +554,8 @@ def _output_kernel(qg, h, vnew, Aq, o, cu, cidx, T, NT,
 def _state_output_kernel(kg, w, u, qg, Aq, Gc, o, vnew, h, h0, ht, Xs, bs, cu, co, T, NT,
                          HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                          BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                         IS_VARLEN: tl.constexpr, WRITE_STAGES: tl.constexpr, WY_IN: tl.constexpr):
+                         IS_VARLEN: tl.constexpr, WRITE_STAGES: tl.constexpr, WY_IN: tl.constexpr,
+                         G_CHUNK_ROWS: tl.constexpr):
     # Kernels 4 and 5 as one: per (sequence*value head, V block), per chunk, v_new = u - w S,
     # o = qg S + Aq v_new, S <- exp(G_last) S + kg^T v_new, so neither the chunk-start states h nor
     # v_new go through memory (WRITE_STAGES: stored anyway, for the stage tests). The same roundings
@@ -570,13 +573,13 @@ def _state_output_kernel(kg, w, u, qg, Aq, Gc, o, vnew, h, h0, ht, Xs, bs, cu, c
     S = start_state(h0, i_nh, kv_off, mkv, K, V, BK, BV, HAS_H0, ACC)
     rows = tl.arange(0, BT)
     lower = (rows // BC)[:, None] >= (rows // BC)[None, :]  # Aq's blocks right of the diagonal: 0
-    Gl_next = _gate_last(Gc, bos, eos, 0, nt, i_hv, dk, mk, HV, K, BT)
+    Gl_next = _gate_last(Gc, bos, eos, c0, 0, nt, i_hv, dk, mk, HV, K, BT, G_CHUNK_ROWS)
     for c in range(0, nt):
         t0 = bos + c * BT
         tok = t0 + rows
         valid = tok < eos
         Gl = Gl_next.to(ACC)
-        Gl_next = _gate_last(Gc, t0 + BT, eos, c + 1, nt, i_hv, dk, mk, HV, K, BT)
+        Gl_next = _gate_last(Gc, t0 + BT, eos, c0 + c + 1, c + 1, nt, i_hv, dk, mk, HV, K, BT, G_CHUNK_ROWS)
         if WRITE_STAGES:
             tl.store(h + ((c0 + c) * HV + i_hv) * K * V + kv_off, S.to(h.dtype.element_ty), mask=mkv)
         row_v = (tok * HV + i_hv)[:, None] * V + dv[None, :]
@@ -611,7 +614,7 @@ def _state_output_kernel(kg, w, u, qg, Aq, Gc, o, vnew, h, h0, ht, Xs, bs, cu, c
 def _state_output_t_kernel(kg, w, u, qg, Aq, Gc, o, h0, ht, Xs, bs, cu, co, T, NT,
                            HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                            BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                           IS_VARLEN: tl.constexpr):
+                           IS_VARLEN: tl.constexpr, G_CHUNK_ROWS: tl.constexpr):
     # _state_output_kernel with WY_IN (no stages), transposed: the state held as S^T [BV, BK], so
     # that it, v_new^T and every other operand on the chain over chunks is a dot's left operand
     # (a register operand of the MMA) or its accumulator: v_new^T = u^T - S^T w^T,
@@ -633,13 +636,13 @@ def _state_output_t_kernel(kg, w, u, qg, Aq, Gc, o, h0, ht, Xs, bs, cu, co, T, N
         St = tl.zeros([BV, BK], dtype=ACC)
     rows = tl.arange(0, BT)
     lowerT = (rows // BC)[None, :] >= (rows // BC)[:, None]  # Aq^T's blocks below the diagonal: 0
-    Gl_next = _gate_last(Gc, bos, eos, 0, nt, i_hv, dk, mk, HV, K, BT)
+    Gl_next = _gate_last(Gc, bos, eos, c0, 0, nt, i_hv, dk, mk, HV, K, BT, G_CHUNK_ROWS)
     for c in range(0, nt):
         t0 = bos + c * BT
         tok = t0 + rows
         valid = tok < eos
         Gl = Gl_next.to(ACC)
-        Gl_next = _gate_last(Gc, t0 + BT, eos, c + 1, nt, i_hv, dk, mk, HV, K, BT)
+        Gl_next = _gate_last(Gc, t0 + BT, eos, c0 + c + 1, c + 1, nt, i_hv, dk, mk, HV, K, BT, G_CHUNK_ROWS)
         tk = (tok * HV + i_hv)[None, :]
         m_kt = mk[:, None] & valid[None, :]
         # X^T [BT(j), BT(i)]: the columns of rows past the sequence end load 0, as X's rows there
@@ -889,12 +892,14 @@ def _flush_exp(acc: torch.dtype) -> bool:
 def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, scale, lower_bound,
                       launch: ChunkLaunch, write_g: bool, wy_out: bool = True):
     """Kernels 1-3 as one at chunk 16 under the fused bounded gate: ``(G, w, u, Aq, kg, qg, wy)``;
-    G holds each chunk's last row only (every row for ``write_g``). ``wy_out``: w and u, wy None;
+    G holds each chunk's last row, ``[chunks, HV, K]`` in h's chunk order (``[B, T, HV, K]``, every
+    row, for ``write_g``): 1/16 of the token rows' bytes, 3 GB less at T = 64k, H = 96. ``wy_out``: w and u, wy None;
     else w holds kb, u is v, and wy is ``(X, beta)`` for the state pass (:class:`ChunkLaunch`'s
     ``wy_in_pass``)."""
     dt, dev = q.dtype, q.device
     B, T, HV = p.B, p.T, p.HV
-    G = torch.empty(B, T, HV, p.K, dtype=acc_dtype(dt), device=dev)
+    G = torch.empty(*((B, T) if write_g else (p.B * p.NT if not p.varlen else p.n_chunks,)), HV, p.K,
+                    dtype=acc_dtype(dt), device=dev)
     w = torch.empty(B, T, HV, p.K, dtype=dt, device=dev)
     Aq = torch.empty(B, T, HV, p.BT, dtype=dt, device=dev)
     kg = torch.empty_like(w)
@@ -928,7 +933,7 @@ def _launch_state(p: _Plan, kg, w, u, G, h0, launch: ChunkLaunch):
     _state_kernel[(cdiv(p.V, BVs), p.N * p.HV)](
         kg, w, u, G, vnew, h, h0, ht, p.cu, p.co, p.T, p.NT,
         HV=p.HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=BVs, HAS_H0=h0 is not None,
-        IS_VARLEN=p.varlen, num_warps=launch.state_warps,
+        IS_VARLEN=p.varlen, G_CHUNK_ROWS=G.dim() == 3, num_warps=launch.state_warps,
         num_stages=_num_stages("state", dt) if launch.state_stages is None else launch.state_stages)
     return h, vnew, ht
 
@@ -989,15 +994,15 @@ def _launch_state_output(p: _Plan, kg, w, u, qg, Aq, G, h0, launch: ChunkLaunch,
     if transposed and wy is not None and not write_stages:
         _state_output_t_kernel[(cdiv(p.V, BVf), p.N * p.HV)](
             kg, w, u, qg, Aq, G, o, h0, ht, Xs, bs, p.cu, p.co, p.T, p.NT, HV=p.HV, K=p.K, V=p.V, BT=p.BT,
-            BC=p.BC, BK=p.BK, BV=BVf, HAS_H0=h0 is not None, IS_VARLEN=p.varlen, num_warps=launch.fused_warps,
-            num_stages=stages, **cap)
+            BC=p.BC, BK=p.BK, BV=BVf, HAS_H0=h0 is not None, IS_VARLEN=p.varlen, G_CHUNK_ROWS=G.dim() == 3,
+            num_warps=launch.fused_warps, num_stages=stages, **cap)
         return o, None, None, ht
     _state_output_kernel[(cdiv(p.V, BVf), p.N * p.HV)](
         kg, w, u, qg, Aq, G, o, vnew if write_stages else o, h if write_stages else o, h0, ht, Xs, bs,
         p.cu, p.co, p.T, p.NT,
         HV=p.HV, K=p.K, V=p.V, BT=p.BT, BC=p.BC, BK=p.BK, BV=BVf, HAS_H0=h0 is not None,
-        IS_VARLEN=p.varlen, WRITE_STAGES=write_stages, WY_IN=wy is not None, num_warps=launch.fused_warps,
-        num_stages=stages, **cap)
+        IS_VARLEN=p.varlen, WRITE_STAGES=write_stages, WY_IN=wy is not None, G_CHUNK_ROWS=G.dim() == 3,
+        num_warps=launch.fused_warps, num_stages=stages, **cap)
     return o, h, vnew, ht
 
 

@@ -75,7 +75,8 @@ def test_w_and_u_formed_in_the_state_pass_keep_the_bits(dtype, monkeypatch, pari
     # at chunk 16 the state pass forms w = X kb and u = X (beta v) from the prepare kernel's inverse
     # rows (ChunkLaunch.wy_in_pass, the default) with the roundings of the stored w and u: bitwise
     # the stored form, varlen with an empty and a ragged sequence, an initial state, V = 48 (a
-    # partly masked block) at 32 and 16 V columns, every buffer NaN-poisoned (no kernel reads an
+    # partly masked block) at 32 and 16 V columns and in the state and output kernels apart (the
+    # gate's chunk rows read by each state pass), every buffer NaN-poisoned (no kernel reads an
     # element none wrote: the inverse rows past a sequence end)
     cu = [0, 5, 5, 70, 130]
     c = core_case(1, 130, 1, 2, 32, 48, 23, chunk=16, fused=True, lower_bound=-5.0, hostile="bound",
@@ -89,6 +90,8 @@ def test_w_and_u_formed_in_the_state_pass_keep_the_bits(dtype, monkeypatch, pari
     for bv in (None, 32, 16):
         o, s = run(launch=kda.ChunkLaunch(fused_block_v=bv, state_transposed=False))
         assert torch.equal(o, stored[0]) and torch.equal(s, stored[1]), bv
+    o, s = run(launch=kda.ChunkLaunch(fused_output=False))   # the state and output kernels apart
+    assert torch.equal(o, stored[0]) and torch.equal(s, stored[1])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
