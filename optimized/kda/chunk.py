@@ -329,8 +329,9 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     # and u too, as the WY kernel forms them; else the operands the state pass forms them from
     # (wy_in_pass): kb = beta k exp(G) in w's buffer, the inverse X (rounded to DT, as the WY dots
     # round it) and beta (ACC). G's last row per chunk is stored for the state pass, one row per
-    # chunk in h's chunk order (every token's row with WRITE_G, for the stage tests). EXP_FTZ: the four exp tiles as exp_normal: 16 steps of a gate
-    # bounded below by -5 keep every exponent in [-80, 75], where exp is normal in fp32.
+    # chunk in h's chunk order (every token's row with WRITE_G, for the stage tests). EXP_FTZ: the
+    # four exp tiles as exp_normal: 16 steps of a gate bounded below by -5 keep every exponent in
+    # [-80, 75], where exp is normal in fp32.
     # HEADS_FIRST: the grid is (chunk x value head, batch row), so consecutive programs are one
     # chunk's heads, whose rows lie side by side in memory.
     ACC = Gc.dtype.element_ty
@@ -724,9 +725,9 @@ class ChunkLaunch:
       11-13% faster than the three on ``prepare_warps`` 2 (4 warps are slower than the three, 8
       slower still: a 16-row tl.dot is repeated on every warp; ``benchmarks/kda_forms.py --launches
       '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``);
-    - ``prepare_heads_first``: the prepare16 kernel's programs ordered with one chunk's heads
-      adjacent rather than one head's chunks; the same programs, so the same bits (a test). It
-      moves the kernel's time both ways with the head count (docs/BENCHMARKS.md, "Open").
+    - ``prepare_heads_first`` (None: from ``HEADS_FIRST_MIN_HV`` value heads on,
+      :func:`_prepare_heads_first`): the prepare16 kernel's programs ordered with one chunk's heads
+      adjacent rather than one head's chunks; the same programs, so the same bits (a test).
     """
     gate_warps: int = 4
     gate_block_k: int = 64
@@ -752,7 +753,7 @@ class ChunkLaunch:
     inverse_levels: int | None = None
     wy_in_pass: bool = True
     state_transposed: bool | None = None
-    prepare_heads_first: bool = False
+    prepare_heads_first: bool | None = None
 
 
 CHUNK_LAUNCH = ChunkLaunch()  # the defaults (frozen, so one instance serves every call)
@@ -889,13 +890,25 @@ def _flush_exp(acc: torch.dtype) -> bool:
     return acc == torch.float32 and not interpreting()
 
 
+HEADS_FIRST_MIN_HV = 96  # value heads from which the prepare16 kernel runs one chunk's heads side by side
+
+
+def _prepare_heads_first(p: _Plan) -> bool:
+    """``ChunkLaunch.prepare_heads_first`` None: heads first from ``HEADS_FIRST_MIN_HV`` value heads
+    on. The order changes no program, only which programs run side by side; on an H100 it was
+    faster at every shape timed with 96 heads (the prepare kernel 0.85 of the default's time at
+    T = 64k, 0.98 at 1k) and slower at every one with 32 and 64 (1.16-1.27); why is not known, nor
+    is it the registers (docs/BENCHMARKS.md, "Bytes, chunk size and FlashKDA")."""
+    return p.HV >= HEADS_FIRST_MIN_HV
+
+
 def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, scale, lower_bound,
                       launch: ChunkLaunch, write_g: bool, wy_out: bool = True):
     """Kernels 1-3 as one at chunk 16 under the fused bounded gate: ``(G, w, u, Aq, kg, qg, wy)``;
     G holds each chunk's last row, ``[chunks, HV, K]`` in h's chunk order (``[B, T, HV, K]``, every
-    row, for ``write_g``): 1/16 of the token rows' bytes, 3 GB less at T = 64k, H = 96. ``wy_out``: w and u, wy None;
-    else w holds kb, u is v, and wy is ``(X, beta)`` for the state pass (:class:`ChunkLaunch`'s
-    ``wy_in_pass``)."""
+    row, for ``write_g``): 1/16 of the token rows' bytes, 3 GB less at T = 64k, H = 96. ``wy_out``:
+    w and u, wy None; else w holds kb, u is v, and wy is ``(X, beta)`` for the state pass
+    (:class:`ChunkLaunch`'s ``wy_in_pass``)."""
     dt, dev = q.dtype, q.device
     B, T, HV = p.B, p.T, p.HV
     G = torch.empty(*((B, T) if write_g else (p.B * p.NT if not p.varlen else p.n_chunks,)), HV, p.K,
@@ -910,14 +923,15 @@ def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, sca
         u, wy = v, (torch.empty_like(Aq), torch.empty(B, T, HV, dtype=acc_dtype(dt), device=dev))
     Xs, bs = wy if wy is not None else (Aq, G)  # unread with WY_OUT
     cap = launch.prepare_maxnreg
-    heads_first = launch.prepare_heads_first
+    heads_first = _prepare_heads_first(p) if launch.prepare_heads_first is None else launch.prepare_heads_first
     grid = (p.n_chunks * HV, B) if heads_first else (p.n_chunks, B * HV)
     _prepare16_kernel[grid](
         q, k, v, g_raw, A_log, dt_bias, beta_logits, G, Aq, kg, qg, w, u, Xs, bs, p.cu, p.cidx, scale,
         lower_bound, T, H=p.H, HV=HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=p.BV, NV=cdiv(p.V, p.BV),
         HAS_A=A_log is not None, IS_VARLEN=p.varlen, WRITE_G=write_g,
         B_EXACT=bound_exact(lower_bound, G.dtype), INV_LEVELS=_inverse_levels(launch, "prepare16"),
-        WY_OUT=wy_out, EXP_FTZ=_flush_exp(G.dtype), HEADS_FIRST=heads_first, num_warps=launch.prepare_warps,
+        WY_OUT=wy_out, EXP_FTZ=_flush_exp(G.dtype), HEADS_FIRST=heads_first,
+        num_warps=launch.prepare_warps,
         **({"maxnreg": cap} if cap is not None else {}))
     return G, w, u, Aq, kg, qg, wy
 

@@ -110,20 +110,30 @@ def test_the_transposed_state_pass_is_within_the_bound(dtype, monkeypatch, parit
                              candidate=run).ratio < 1
 
 
+def _production_call(B, T, cu, device, g_raw=None):
+    """``fused_chunked`` at chunk 16 on bf16 inputs at the production tiles (K = V = 128), with an
+    initial state, hostile inputs held at the bound, varlen where ``cu`` is given; ``g_raw`` in
+    place of the case's, a function of it (None: the case's). Returns ``run(launch=...)``."""
+    c = core_case(B, T, 2, 4, 128, 128, 37, chunk=16, fused=True, lower_bound=-5.0, has_A=True,
+                  hostile="bound", cu_seqlens=cu)
+    d = {n: None if t is None else t.to(device)
+         for n, t in tensors(ops.get("kda.fused_chunked+lower_bound"), c, "bfloat16").items()}
+    if g_raw is not None:
+        d["g_raw"] = g_raw(d["g_raw"])
+    run = functools.partial(kda.fused_chunked, *(d[n] for n in FUSED), initial_state=d["initial_state"],
+                            chunk_size=16, lower_bound=-5.0,
+                            cu_seqlens=None if cu is None else torch.tensor(cu, device=device))
+    return run
+
+
 @pytest.mark.parametrize("B, T, cu", [(1, 300, [0, 37, 37, 200, 300]), (2, 160, None)])
 def test_the_transposed_state_pass_gives_the_default_bits_in_bf16(B, T, cu, parity_device):
     # where the pass is chosen per grid (ChunkLaunch.state_transposed None: 16-bit runs on a GPU),
     # the transposed form runs in place of the certified one, so it must give its bits, o and the
     # fp32 state, at the production tiles (K = V = 128, 64 V columns), with an initial state, varlen
     # with an empty and a ragged sequence, on hostile inputs and with every step held at the bound
-    c = core_case(B, T, 2, 4, 128, 128, 37, chunk=16, fused=True, lower_bound=-5.0, has_A=True,
-                  hostile="bound", cu_seqlens=cu)
-    d = {n: None if t is None else t.to(parity_device)
-         for n, t in tensors(ops.get("kda.fused_chunked+lower_bound"), c, "bfloat16").items()}
-    cu_t = None if cu is None else torch.tensor(cu, device=parity_device)
-    for g_raw in (d["g_raw"], torch.full_like(d["g_raw"], 40.0)):
-        run = functools.partial(kda.fused_chunked, *(g_raw if n == "g_raw" else d[n] for n in FUSED),
-                                initial_state=d["initial_state"], chunk_size=16, lower_bound=-5.0, cu_seqlens=cu_t)
+    for g_raw in (None, lambda g: torch.full_like(g, 40.0)):
+        run = _production_call(B, T, cu, parity_device, g_raw)
         default = run(launch=kda.ChunkLaunch(fused_block_v=64, state_transposed=False))
         transposed = run(launch=kda.ChunkLaunch(fused_block_v=64, state_transposed=True))
         assert torch.isfinite(default[0]).all()
@@ -135,17 +145,20 @@ def test_the_prepare_kernel_in_heads_first_order_gives_the_default_bits(B, T, cu
     # ChunkLaunch.prepare_heads_first only reorders the prepare kernel's programs (one chunk's
     # heads adjacent): every program, and so every bit, is the default's; B = 3 checks that each
     # batch row gets its own programs, varlen that padding entries of the chunk plan still return
-    c = core_case(B, T, 2, 4, 128, 128, 37, chunk=16, fused=True, lower_bound=-5.0, has_A=True,
-                  hostile="bound", cu_seqlens=cu)
-    d = {n: None if t is None else t.to(parity_device)
-         for n, t in tensors(ops.get("kda.fused_chunked+lower_bound"), c, "bfloat16").items()}
-    run = functools.partial(kda.fused_chunked, *(d[n] for n in FUSED), initial_state=d["initial_state"],
-                            chunk_size=16, lower_bound=-5.0,
-                            cu_seqlens=None if cu is None else torch.tensor(cu, device=parity_device))
+    run = _production_call(B, T, cu, parity_device)
     default = run(launch=kda.ChunkLaunch(prepare_heads_first=False))
     heads_first = run(launch=kda.ChunkLaunch(prepare_heads_first=True))
     assert torch.isfinite(default[0]).all()
     assert torch.equal(heads_first[0], default[0]) and torch.equal(heads_first[1], default[1])
+
+
+def test_the_prepare_kernel_runs_heads_first_from_96_value_heads():
+    from optimized.kda import chunk as kchunk
+
+    plan = lambda hv: kchunk._plan("kda", (1, 4096, hv, hv, 128, 128), 16, torch.bfloat16, None, "cpu")  # noqa: E731
+    assert kchunk.HEADS_FIRST_MIN_HV == 96
+    assert kchunk._prepare_heads_first(plan(96)) and kchunk._prepare_heads_first(plan(128))
+    assert not kchunk._prepare_heads_first(plan(64)) and not kchunk._prepare_heads_first(plan(32))
 
 
 def test_the_transposed_pass_is_chosen_for_16_bit_runs_at_64_columns_outside_its_one_losing_window():

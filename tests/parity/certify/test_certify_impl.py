@@ -34,6 +34,67 @@ def _certify(fn, dtypes=("float32",), examples=2, record=RECURRENT, *, device, *
         return certify_op(record, candidate=fn, dtypes=dtypes, examples=examples, device=device, **kw)
 
 
+# -- fla-core's kernels on a GPU (the longest tests, first) ----------------------------------------------
+# one op a test, so pytest-xdist spreads them (together they ran past check_gpu.sh's 420 s per file).
+# chunk_kda's comes first in the file, and a test of no time next: it is the longest test (fla
+# autotunes its chunked kernels for each shape), xdist hands each worker its first two tests at once,
+# and the second waits for the first.
+def _certify_fla_bounded(op, dtypes, device):
+    """fla-core's bounded gate kernels under the bounded gate's bound."""
+    from parity.peers import implementations
+
+    fns = implementations("fla", device)
+    with cpu_threads(device):
+        cert = certify_op(ops.get(op), candidate=fns[op], dtypes=dtypes, examples=6, device=device)
+        assert cert.certified, (op, cert.contract_summary(), cert.reasons())
+
+
+@pytest.mark.parity_gpu
+def test_fla_cores_chunked_safe_gate_path_on_a_gpu(parity_device):
+    """chunk_kda's safe-gate path (bf16: its float32 chunk-32 fault is the softplus test's)."""
+    _certify_fla_bounded("kda.fused_chunked+lower_bound", ("bfloat16",), parity_device)
+
+
+def test_fla_adapters_declare_what_fla_cores_source_does():
+    from parity.peers import fla
+
+    cuda = fla.implementations("cuda")
+    assert {op: fn.parity_contract for op, fn in cuda.items()} == {
+        "kda.gate": "ieee", "kda.recurrent": "ieee", "kda.chunked": "tf32", "kda.fused_recurrent": "ieee",
+        "kda.fused_chunked": "tf32", "norm.l2norm": "ieee", "norm.gated_rms_norm": "ieee",
+        "kda.gate+lower_bound": "ieee", "kda.fused_recurrent+lower_bound": "ieee",
+        "kda.fused_chunked+lower_bound": "tf32"}
+    assert all(fn.parity_wraps.startswith("fla.") for fn in cuda.values())
+    # fla's kernels compute either gate: none declares one (the safe-gate path is chunk_kda's)
+    assert all(getattr(fn, "parity_gate", None) is None for fn in cuda.values())
+
+
+@pytest.mark.parity_gpu
+@pytest.mark.parametrize("op,dtypes", [("kda.gate+lower_bound", ("float32", "bfloat16")),
+                                       ("kda.fused_recurrent+lower_bound", ("float32", "bfloat16"))])
+def test_fla_cores_bounded_gate_kernels_on_a_gpu(op, dtypes, parity_device):
+    """fused_kda_gate and fused_recurrent_kda with lower_bound."""
+    _certify_fla_bounded(op, dtypes, parity_device)
+
+
+@pytest.mark.parity_gpu
+def test_fla_cores_triton_kernels_on_a_gpu(parity_device):
+    """fla-core's kernels on the GPU under their declared contracts. Its fused_kda_gate is not within
+    ieee: its softplus is lg2.approx(1 + ex2.approx(x)) (fla/ops/utils/softplus.py), whose error is
+    absolute, so a small gate -exp(A_log) softplus(x) (x << 0) errs by percents of itself."""
+    from parity.peers import implementations
+
+    fns = implementations("fla", parity_device)
+    with cpu_threads(parity_device):
+        for op in ("kda.recurrent", "norm.l2norm", "norm.gated_rms_norm"):
+            cert = certify_op(ops.get(op), candidate=fns[op], dtypes=("float32", "bfloat16"), examples=4, device=parity_device)
+            assert cert.certified, (op, cert.contract_summary(), cert.reasons())
+        gate = certify_op(ops.get("kda.gate"), candidate=fns["kda.gate"], dtypes=("float32",), examples=4,
+                          device=parity_device)
+        assert not gate.certified and gate.runs["float32"].worst_ratio > 100, gate.reasons()
+        assert "fails ieee at float32" in gate.contract_summary()
+
+
 # -- the mechanism -------------------------------------------------------------------------------------
 def test_a_correct_outside_implementation_is_certified_and_named(parity_device):
     cert = _certify(planted_kda.recurrent, dtypes=("float32", "bfloat16"), device=parity_device)
@@ -214,55 +275,6 @@ def test_fla_cores_torch_recurrences_are_certified_on_the_cpu(parity_device):
         impl = cert.implementation
         assert (impl["package"], impl["version"]) == ("fla-core", "0.6.0") and impl["git"]["revision"] is None
         assert impl["adapter"]["module"] == "parity.peers.fla"
-
-
-def test_fla_adapters_declare_what_fla_cores_source_does():
-    from parity.peers import fla
-
-    cuda = fla.implementations("cuda")
-    assert {op: fn.parity_contract for op, fn in cuda.items()} == {
-        "kda.gate": "ieee", "kda.recurrent": "ieee", "kda.chunked": "tf32", "kda.fused_recurrent": "ieee",
-        "kda.fused_chunked": "tf32", "norm.l2norm": "ieee", "norm.gated_rms_norm": "ieee",
-        "kda.gate+lower_bound": "ieee", "kda.fused_recurrent+lower_bound": "ieee",
-        "kda.fused_chunked+lower_bound": "tf32"}
-    assert all(fn.parity_wraps.startswith("fla.") for fn in cuda.values())
-    # fla's kernels compute either gate: none declares one (the safe-gate path is chunk_kda's)
-    assert all(getattr(fn, "parity_gate", None) is None for fn in cuda.values())
-
-
-@pytest.mark.parity_gpu
-def test_fla_cores_triton_kernels_on_a_gpu(parity_device):
-    """fla-core's kernels on the GPU under their declared contracts. Its fused_kda_gate is not within
-    ieee: its softplus is lg2.approx(1 + ex2.approx(x)) (fla/ops/utils/softplus.py), whose error is
-    absolute, so a small gate -exp(A_log) softplus(x) (x << 0) errs by percents of itself."""
-    from parity.peers import implementations
-
-    fns = implementations("fla", parity_device)
-    with cpu_threads(parity_device):
-        for op in ("kda.recurrent", "norm.l2norm", "norm.gated_rms_norm"):
-            cert = certify_op(ops.get(op), candidate=fns[op], dtypes=("float32", "bfloat16"), examples=4, device=parity_device)
-            assert cert.certified, (op, cert.contract_summary(), cert.reasons())
-        gate = certify_op(ops.get("kda.gate"), candidate=fns["kda.gate"], dtypes=("float32",), examples=4,
-                          device=parity_device)
-        assert not gate.certified and gate.runs["float32"].worst_ratio > 100, gate.reasons()
-        assert "fails ieee at float32" in gate.contract_summary()
-
-
-# one op a test: pytest-xdist spreads the three (together they ran past check_gpu.sh's 420 s per file)
-@pytest.mark.parity_gpu
-@pytest.mark.parametrize("op,dtypes", [("kda.gate+lower_bound", ("float32", "bfloat16")),
-                                       ("kda.fused_recurrent+lower_bound", ("float32", "bfloat16")),
-                                       ("kda.fused_chunked+lower_bound", ("bfloat16",))])
-def test_fla_cores_bounded_gate_and_safe_gate_path_on_a_gpu(op, dtypes, parity_device):
-    """fla-core's bounded gate kernels under the bounded gate's bound: fused_kda_gate and
-    fused_recurrent_kda with lower_bound, and chunk_kda's safe-gate path (bf16: its float32 chunk-32
-    fault is the softplus test's)."""
-    from parity.peers import implementations
-
-    fns = implementations("fla", parity_device)
-    with cpu_threads(parity_device):
-        cert = certify_op(ops.get(op), candidate=fns[op], dtypes=dtypes, examples=6, device=parity_device)
-        assert cert.certified, (op, cert.contract_summary(), cert.reasons())
 
 
 @pytest.mark.parity_gpu
