@@ -220,10 +220,14 @@ def slice_ratio(x, o, contract: str, gate: str = "bounded") -> float:
     return float("inf") if not np.all(np.isfinite(got)) else float(ratio.max())
 
 
-def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, chunk_size="auto", launch=None) -> Result:
+def bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, chunk_size="auto", launch=None,
+                          kernels=None) -> Result:
+    """One side-by-side row; ``kernels``: the names of :data:`SIDE_BY_SIDE` to run (None: all)."""
     x = bounded_inputs(B, T, Hn)
     times, ratios = {}, {}
     for name, (contract, gate, fn) in bounded_kernels(x, chunk_kda, flash_kda, chunk_size, launch).items():
+        if kernels is not None and name not in kernels:
+            continue
         try:
             ratios[name] = slice_ratio(x, fn(), contract, gate)
             times[name] = bench(fn)[0] if ratios[name] <= 1 else None  # outputs agree first
@@ -279,7 +283,7 @@ def main_bounded(args, launch=None):
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes] if args.shapes else BOUNDED_SHAPES
     for Hn in args.heads:
         for B, T in shapes:
-            r = bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, args.chunk_size, launch)
+            r = bench_prefill_bounded(B, T, Hn, chunk_kda, flash_kda, args.chunk_size, launch, args.kernels)
             results.append(r)
             print(r.as_dict(), flush=True)
             save(results, args.out, command=cmd)
@@ -300,6 +304,8 @@ def main(argv=None):
                     "fla's is 64, FlashKDA's 16)")
     ap.add_argument("--shapes", nargs="*", default=None, help="--bounded: BxT shapes (default: "
                     "B=1 at T = 1k, 4k, 8k, 16k, 64k and B=8 at T = 4k)")
+    ap.add_argument("--kernels", nargs="*", default=None, choices=list(SIDE_BY_SIDE), metavar="NAME",
+                    help=f"--bounded: only these of {', '.join(map(repr, SIDE_BY_SIDE))} (default: all installed)")
     ap.add_argument("--prefill-T", type=int, nargs="*", default=[1024, 2048, 4096, 16384, 65536])
     ap.add_argument("--decode-B", type=int, nargs="*", default=[1, 8, 64, 256])
     ap.add_argument("--launch", default=None, help="kda.ChunkLaunch fields for our prefill, as JSON or "
