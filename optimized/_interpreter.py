@@ -402,8 +402,9 @@ def _same_attributes(cls, original, fast, core) -> bool:
 def _block_types_memoized(core) -> None:
     """``block_type(element_ty, shape)`` (about 2.6 x 10^5 a CPU ``parity diff``) unwraps, checks
     and names its shape each time; a shape of plain ints met before takes the checked shape, element
-    count and name it had then (an element type and a shape give one answer). Any other shape, and
-    any shape the checks refuse, goes through the original, errors included."""
+    count and name it had then (every attribute but the element type, which is the caller's; an
+    element type and a shape give one answer). Any other shape, and any shape the checks refuse, goes
+    through the original, errors included."""
     cls = getattr(core, "block_type", None)
     original = getattr(cls, "__init__", None)
     if original is None or getattr(original, "parity_fast", False):
@@ -417,11 +418,11 @@ def _block_types_memoized(core) -> None:
             found = seen.get(key) if key is not None else None
             if found is None:
                 original(self, element_ty, shape)
-                if key is not None:
-                    seen[key] = (self.shape, self.numel, self.name)
+                if key is not None:  # whatever this Triton's type holds, all of it from the key
+                    seen[key] = {n: v for n, v in vars(self).items() if n != "element_ty"}
                 return
+            self.__dict__.update(found)
             self.element_ty = element_ty
-            self.shape, self.numel, self.name = found
             return
         original(self, element_ty, shape)
 
