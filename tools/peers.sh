@@ -28,7 +28,7 @@ base=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 site=$("$env/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 # the current environment's packages after the layer's own (a .pth line that imports runs at start-up)
 echo "import site; site.addsitedir('$base')" >"$site/zz-base.pth"
-"$env/bin/python" -m pip install -q --disable-pip-version-check "transformers==$version"
+"$env/bin/python" -m pip install -q --no-compile --disable-pip-version-check "transformers==$version"
 echo "peers.sh: transformers $version (tested range: transformers$range) in $env"
 # the tests of these files that run transformers (its name in theirs, or in their file's)
 exec "$env/bin/python" -m pytest -q -p no:cacheprovider -n auto --dist loadfile -k transformers \
