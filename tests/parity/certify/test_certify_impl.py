@@ -35,10 +35,8 @@ def _certify(fn, dtypes=("float32",), examples=2, record=RECURRENT, *, device, *
 
 
 # -- fla-core's kernels on a GPU (the longest tests, first) ----------------------------------------------
-# one op a test, so pytest-xdist spreads them (together they ran past check_gpu.sh's 420 s per file).
-# chunk_kda's comes first in the file, and a test of no time next: it is the longest test (fla
-# autotunes its chunked kernels for each shape), xdist hands each worker its first two tests at once,
-# and the second waits for the first.
+# one op a test, so pytest-xdist spreads them (together they ran past check_gpu.sh's per-file limit);
+# chunk_kda's safe-gate path, the longest, has a file of its own (test_certify_fla_chunked.py).
 def _certify_fla_bounded(op, dtypes, device):
     """fla-core's bounded gate kernels under the bounded gate's bound."""
     from parity.peers import implementations
@@ -47,12 +45,6 @@ def _certify_fla_bounded(op, dtypes, device):
     with cpu_threads(device):
         cert = certify_op(ops.get(op), candidate=fns[op], dtypes=dtypes, examples=6, device=device)
         assert cert.certified, (op, cert.contract_summary(), cert.reasons())
-
-
-@pytest.mark.parity_gpu
-def test_fla_cores_chunked_safe_gate_path_on_a_gpu(parity_device):
-    """chunk_kda's safe-gate path (bf16: its float32 chunk-32 fault is the softplus test's)."""
-    _certify_fla_bounded("kda.fused_chunked+lower_bound", ("bfloat16",), parity_device)
 
 
 def test_fla_adapters_declare_what_fla_cores_source_does():
