@@ -47,7 +47,7 @@ JOBS=${CHECK_JOBS:-$(nproc)}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # the files whose Triton compiles or float64 references at model sizes dominate run on
 # CHECK_SPREAD_WORKERS pytest-xdist workers (where xdist is installed), and start first
-SPREAD=" ${CHECK_SPREAD-tests/optimized/test_mla_gpu.py tests/optimized/test_kda_gpu.py tests/optimized/test_kda.py tests/optimized/test_mla.py tests/optimized/test_moe.py tests/optimized/test_norm.py tests/optimized/test_conv.py tests/parity/certify/test_optimized.py tests/parity/certify/test_certify_fla_chunked.py tests/parity/certify/test_certify_impl.py tests/parity/diff/test_engines.py tests/parity/certify/test_search.py} "
+SPREAD=" ${CHECK_SPREAD-tests/parity/certify/test_certify_fla_chunked.py tests/optimized/test_mla_gpu.py tests/optimized/test_kda_gpu.py tests/optimized/test_kda.py tests/optimized/test_mla.py tests/optimized/test_moe.py tests/optimized/test_norm.py tests/optimized/test_conv.py tests/parity/certify/test_optimized.py tests/parity/certify/test_certify_impl.py tests/parity/diff/test_engines.py tests/parity/certify/test_search.py} "
 SEL=${*:-$(for f in $SPREAD; do [ -f "$f" ] && echo "$f"; done; ls -S $(find tests -name 'test_*.py') | grep -vxF -f <(printf '%s\n' $SPREAD))}
 echo "check_gpu.sh: $(echo $SEL | wc -w) pytest selections ($JOBS at a time) and parity certify --device cuda, ${LIMIT}s each"
 rm -f "$OUT"/rc-* "$OUT"/junit-*.xml "$OUT"/pytest-*.log

@@ -41,7 +41,6 @@ from typing import Callable
 
 import torch
 from hypothesis import HealthCheck, Phase, example, given, reject, settings, target
-from hypothesis import seed as seeded
 from hypothesis.errors import Unsatisfiable
 
 from .. import strategies
@@ -113,7 +112,7 @@ def _new_cert(record: OpRecord, candidate, contract):
 def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str | None = None,
                candidate="optimized", examples: int | None = None, bytes_cases: int = 1,
                on_case=None, contract: str | None = None, cases=(), runner=None,
-               repro: str | None = None, seed: int | None = None) -> OpCertificate:
+               repro: str | None = None) -> OpCertificate:
     """Certify one op (module docstring). ``candidate``: ``"optimized"``, ``"reference-f32"``, a
     :class:`parity.certify.candidate.Candidate` or a callable with the record's signature (probed first:
     a wrong signature or wrong output shapes or dtypes raise ``parity.errors.CandidateError``).
@@ -125,8 +124,7 @@ def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str 
     examples, e.g. ``parity capture``'s): judged and run against the mutants like a draw, their
     ``source`` kept in the case's entry; the bytes checks and controls run on the drawn inputs.
     ``runner``: where user code runs (parity.certify.pool: default in this process). ``repro``: a folder
-    for a repro of each failing input (parity.certify.repro). ``seed``: draw another derandomized
-    sequence (None: the profile's), so that parts of one certification draw different inputs."""
+    for a repro of each failing input (parity.certify.repro)."""
     cert, cand = _new_cert(record, candidate, contract)
     if cand is None:
         return cert
@@ -136,12 +134,12 @@ def certify_op(record: OpRecord, *, dtypes=("float32", "bfloat16"), device: str 
         probe(record, cand, dtypes[0], device, runner)
     for dtype in dtypes:
         _certify_dtype(cert, cand, dtype, runner, examples=examples, bytes_cases=bytes_cases,
-                       on_case=on_case, cases=cases, repro=repro, seed=seed)
+                       on_case=on_case, cases=cases, repro=repro)
     return cert
 
 
 def _certify_dtype(cert: OpCertificate, cand: Candidate, dtype: str, runner, *, examples=None,
-                   bytes_cases=1, on_case=None, cases=(), repro=None, base=None, seed=None) -> None:
+                   bytes_cases=1, on_case=None, cases=(), repro=None, base=None) -> None:
     """One (op, dtype) run: hypothesis draws the inputs here, ``runner`` calls the candidate."""
     record = cert.record
     run = DtypeRun(dtype, strength_of(dtype), contract=cand.contract)
@@ -159,8 +157,6 @@ def _certify_dtype(cert: OpCertificate, cand: Candidate, dtype: str, runner, *, 
                          phases=[Phase.explicit, Phase.generate, Phase.target],
                          suppress_health_check=[*settings.default.suppress_health_check,
                                                 HealthCheck.filter_too_much])(runner_fn)
-    if seed is not None:  # hypothesis takes an explicit seed before derandomize's
-        runner_fn = seeded(seed)(runner_fn)
     try:
         runner_fn()
     except Unsatisfiable:
