@@ -17,10 +17,11 @@
 # selections it left unfinished (default selection) run again, certify too if it did not pass, and
 # the record names the earlier run (benchmarks/gpu_check.py).
 #
-# CHECK_LIMIT_S (default 480: the whole run stays inside a 600 s device call) bounds each job, CHECK_DEADLINE_S (default CHECK_LIMIT_S) the tests
-# all together (a file not started by then is an error); CHECK_JOBS (default: the CPU count) how many run at
-# once; CHECK_CERTIFY=0 leaves the certificate out (then the run is not green). The
-# summaries print last (a device call returns the tail of its output).
+# CHECK_LIMIT_S (default 540: the whole run, install and summary included, stays inside a 600 s
+# device call) bounds each job, CHECK_DEADLINE_S (default CHECK_LIMIT_S) the tests all together (a
+# file not started by then is an error); CHECK_JOBS (default: the CPU count) how many run at once;
+# CHECK_CERTIFY=0 leaves the certificate out (then the run is not green). The summaries print last
+# (a device call returns the tail of its output).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -41,7 +42,7 @@ if [ -n "$RESUME" ]; then  # refused (one line, exit 2) unless that run was of t
     [ $# -gt 0 ] || set -- $(python3 benchmarks/gpu_check.py --unfinished "$RESUME")
     [ $# -gt 0 ] || { echo "check_gpu.sh: the run in $RESUME left nothing unfinished: its record stands"; exit 0; }
 fi
-LIMIT=${CHECK_LIMIT_S:-480}
+LIMIT=${CHECK_LIMIT_S:-540}
 JOBS=${CHECK_JOBS:-$(nproc)}
 # many processes side by side: each gets a share of the cores, not torch's whole pool
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
