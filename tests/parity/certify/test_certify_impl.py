@@ -37,16 +37,6 @@ def _certify(fn, dtypes=("float32",), examples=2, record=RECURRENT, *, device, *
 # -- fla-core's kernels on a GPU (the longest tests, first) ----------------------------------------------
 # one op a test, so pytest-xdist spreads them (together they ran past check_gpu.sh's per-file limit);
 # chunk_kda's safe-gate path, the longest, has a file of its own (test_certify_fla_chunked.py).
-def _certify_fla_bounded(op, dtypes, device):
-    """fla-core's bounded gate kernels under the bounded gate's bound."""
-    from parity.peers import implementations
-
-    fns = implementations("fla", device)
-    with cpu_threads(device):
-        cert = certify_op(ops.get(op), candidate=fns[op], dtypes=dtypes, examples=6, device=device)
-        assert cert.certified, (op, cert.contract_summary(), cert.reasons())
-
-
 def test_fla_adapters_declare_what_fla_cores_source_does():
     from parity.peers import fla
 
@@ -65,8 +55,13 @@ def test_fla_adapters_declare_what_fla_cores_source_does():
 @pytest.mark.parametrize("op,dtypes", [("kda.gate+lower_bound", ("float32", "bfloat16")),
                                        ("kda.fused_recurrent+lower_bound", ("float32", "bfloat16"))])
 def test_fla_cores_bounded_gate_kernels_on_a_gpu(op, dtypes, parity_device):
-    """fused_kda_gate and fused_recurrent_kda with lower_bound."""
-    _certify_fla_bounded(op, dtypes, parity_device)
+    """fused_kda_gate and fused_recurrent_kda with lower_bound, under the bounded gate's bound."""
+    from parity.peers import implementations
+
+    fn = implementations("fla", parity_device)[op]
+    with cpu_threads(parity_device):
+        cert = certify_op(ops.get(op), candidate=fn, dtypes=dtypes, examples=6, device=parity_device)
+    assert cert.certified, (op, cert.contract_summary(), cert.reasons())
 
 
 @pytest.mark.parity_gpu

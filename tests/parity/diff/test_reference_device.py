@@ -20,6 +20,7 @@ from parity.environment import environment
 from parity.errors import InputError
 
 from ..diff_helpers import run_cli
+from ...subprocesses import sigint_default
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = KimiConfig.from_name("tiny")
@@ -133,7 +134,7 @@ def test_ctrl_c_during_a_run_leaves_no_json_and_one_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "parity", "diff", "--steps", "500", "--no-progress",
                              "--json", str(out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     seen = []
     for line in proc.stderr:  # the header's last line is printed as the decode starts
         seen.append(line)
@@ -144,11 +145,6 @@ def test_ctrl_c_during_a_run_leaves_no_json_and_one_line(tmp_path):
     assert proc.returncode == 130, "".join(seen) + rest
     assert rest.strip().splitlines()[-1] == "error: interrupted" and "Traceback" not in rest
     assert list(tmp_path.iterdir()) == []  # no report, no temporary file
-
-
-def _sigint_default() -> None:
-    # a suite started in the background (`pytest ... &`) ignores SIGINT, and a child inherits that
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_the_diffs_replay_runs_on_the_torch_executor_and_agrees_with_numpy(parity_device):

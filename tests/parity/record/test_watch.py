@@ -21,6 +21,7 @@ from parity.record.watch.adapters import Mismatch
 
 from . import watch_programs as wp
 from ..diff_helpers import one_line_error, run_cli
+from ...subprocesses import sigint_default
 
 PROMPT = [[5, 17, 99, 3, 8, 41]]
 
@@ -189,12 +190,7 @@ def _watch(tmp_path, mode, *args, ops=(), **popen):
            *(a for op in ops for a in ("--op", op)),
            "--out", str(tmp_path / "calls.safetensors"), "--", sys.executable, "prog.py", *args]
     return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_sigint_default, **popen)
-
-
-def _sigint_default() -> None:
-    # a suite started in the background (`pytest ... &`) ignores SIGINT, and a child inherits that
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+                            preexec_fn=sigint_default, **popen)
 
 
 def test_a_crashing_program_and_its_subprocess_leave_a_valid_file(tmp_path):
