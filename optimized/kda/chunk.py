@@ -87,6 +87,7 @@ an fp32 run rounds nothing below fp32 (ieee dots, no TF32); an fp64 run is fp64 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -834,24 +835,32 @@ def _check_inputs(op, q, k, v, g, beta, A_log, dt_bias, chunk_size, fused, lower
 
 
 def _plan(op, sizes, BT, dtype, cu_seqlens, dev) -> _Plan:
+    if cu_seqlens is None:
+        return _dense_plan(sizes, BT, dtype.itemsize)
     B, T, H, HV, K, V = sizes
-    if cu_seqlens is not None:
-        cu, N = prepare_cu_seqlens(op, cu_seqlens, B, T, dev)
-        cidx, co, n_chunks = varlen_chunk_plan(cu, N, T, BT)
-        NT = 0
-    else:
-        cu = cidx = co = None
-        N, NT = B, cdiv(T, BT)
-        n_chunks = NT
-    BK = block_k(K)
-    BV = min(64, max(16, next_pow2(V)))
-    if dtype.itemsize == 2:
-        # 16-bit runs compile one tile configuration, the real model's (128 keys, 64 values), smaller
-        # K and V zero-padded by the masks (exact): a small-K bf16 test then runs the production
-        # tiles (32-key bf16 tiles have hit an illegal memory access on the GPU where fp32 ran clean;
-        # ``bash benchmarks/check_gpu.sh`` runs the small-K bf16 tests on CUDA).
-        BK, BV = max(BK, 128), 64
-    return _Plan(B, T, H, HV, K, V, BT, min(16, BT), BK, BV, N, NT, n_chunks, cu, cidx, co)
+    cu, N = prepare_cu_seqlens(op, cu_seqlens, B, T, dev)
+    cidx, co, n_chunks = varlen_chunk_plan(cu, N, T, BT)
+    BK, BV = _tiles(K, V, dtype.itemsize)
+    return _Plan(B, T, H, HV, K, V, BT, min(16, BT), BK, BV, N, 0, n_chunks, cu, cidx, co)
+
+
+@functools.lru_cache(maxsize=256)
+def _dense_plan(sizes, BT, itemsize) -> _Plan:
+    """The plan of B equal sequences: a function of the sizes alone, so made once per shape (a call's
+    host time is what a short eager call waits on)."""
+    B, T, H, HV, K, V = sizes
+    NT = cdiv(T, BT)
+    BK, BV = _tiles(K, V, itemsize)
+    return _Plan(B, T, H, HV, K, V, BT, min(16, BT), BK, BV, B, NT, NT, None, None, None)
+
+
+def _tiles(K, V, itemsize) -> tuple[int, int]:
+    """``(BK, BV)``. 16-bit runs compile one tile configuration, the real model's (128 keys, 64
+    values), smaller K and V zero-padded by the masks (exact): a small-K bf16 test then runs the
+    production tiles (32-key bf16 tiles have hit an illegal memory access on the GPU where fp32 ran
+    clean; ``bash benchmarks/check_gpu.sh`` runs the small-K bf16 tests on CUDA)."""
+    BK, BV = block_k(K), min(64, max(16, next_pow2(V)))
+    return (max(BK, 128), 64) if itemsize == 2 else (BK, BV)
 
 
 def _launch_intra(p: _Plan, q, k, v, G, beta, scale, fused, launch: ChunkLaunch, bounded: bool):
@@ -911,8 +920,9 @@ def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, sca
     (:class:`ChunkLaunch`'s ``wy_in_pass``)."""
     dt, dev = q.dtype, q.device
     B, T, HV = p.B, p.T, p.HV
+    acc = acc_dtype(dt)
     G = torch.empty(*((B, T) if write_g else (p.B * p.NT if not p.varlen else p.n_chunks,)), HV, p.K,
-                    dtype=acc_dtype(dt), device=dev)
+                    dtype=acc, device=dev)
     w = torch.empty(B, T, HV, p.K, dtype=dt, device=dev)
     Aq = torch.empty(B, T, HV, p.BT, dtype=dt, device=dev)
     kg = torch.empty_like(w)
@@ -920,20 +930,35 @@ def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, sca
     if wy_out:
         u, wy = torch.empty(B, T, HV, p.V, dtype=dt, device=dev), None
     else:
-        u, wy = v, (torch.empty_like(Aq), torch.empty(B, T, HV, dtype=acc_dtype(dt), device=dev))
+        u, wy = v, (torch.empty_like(Aq), torch.empty(B, T, HV, dtype=acc, device=dev))
     Xs, bs = wy if wy is not None else (Aq, G)  # unread with WY_OUT
-    cap = launch.prepare_maxnreg
-    heads_first = _prepare_heads_first(p) if launch.prepare_heads_first is None else launch.prepare_heads_first
-    grid = (p.n_chunks * HV, B) if heads_first else (p.n_chunks, B * HV)
+    grid, settings = _cached(_prepare16_settings, p, launch, A_log is not None, bound_exact(lower_bound, acc),
+                             _flush_exp(acc), write_g, wy_out)
     _prepare16_kernel[grid](
         q, k, v, g_raw, A_log, dt_bias, beta_logits, G, Aq, kg, qg, w, u, Xs, bs, p.cu, p.cidx, scale,
-        lower_bound, T, H=p.H, HV=HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=p.BV, NV=cdiv(p.V, p.BV),
-        HAS_A=A_log is not None, IS_VARLEN=p.varlen, WRITE_G=write_g,
-        B_EXACT=bound_exact(lower_bound, G.dtype), INV_LEVELS=_inverse_levels(launch, "prepare16"),
-        WY_OUT=wy_out, EXP_FTZ=_flush_exp(G.dtype), HEADS_FIRST=heads_first,
-        num_warps=launch.prepare_warps,
-        **({"maxnreg": cap} if cap is not None else {}))
+        lower_bound, T, **settings)
     return G, w, u, Aq, kg, qg, wy
+
+
+def _cached(settings, p: _Plan, *key):
+    """``settings(p, *key)``, made once per plan and key where the plan is of equal sequences (a
+    varlen plan holds its tables, made for one call)."""
+    return settings.__wrapped__(p, *key) if p.varlen else settings(p, *key)
+
+
+@functools.lru_cache(maxsize=256)
+def _prepare16_settings(p: _Plan, launch: ChunkLaunch, has_a: bool, b_exact: bool, ftz: bool,
+                        write_g: bool, wy_out: bool) -> tuple[tuple, dict]:
+    """The prepare16 launch's grid and constexprs (a function of the plan and the launch: made once
+    per shape, :func:`_cached`)."""
+    heads_first = _prepare_heads_first(p) if launch.prepare_heads_first is None else launch.prepare_heads_first
+    grid = (p.n_chunks * p.HV, p.B) if heads_first else (p.n_chunks, p.B * p.HV)
+    cap = launch.prepare_maxnreg
+    return grid, dict(
+        H=p.H, HV=p.HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=p.BV, NV=cdiv(p.V, p.BV), HAS_A=has_a,
+        IS_VARLEN=p.varlen, WRITE_G=write_g, B_EXACT=b_exact, INV_LEVELS=_inverse_levels(launch, "prepare16"),
+        WY_OUT=wy_out, EXP_FTZ=ftz, HEADS_FIRST=heads_first, num_warps=launch.prepare_warps,
+        **({"maxnreg": cap} if cap is not None else {}))
 
 
 def _launch_state(p: _Plan, kg, w, u, G, h0, launch: ChunkLaunch):
@@ -964,11 +989,12 @@ def _launch_output(p: _Plan, qg, h, vnew, Aq, launch: ChunkLaunch):
     return o
 
 
-def _fused_block_v(p: _Plan, dev) -> int:
-    """V columns per program of the fused state pass: 64 where the 64-column grid (sequences x value
-    heads x V/64) still covers every SM, else 32 (more programs for the serial chain over chunks);
-    each program re-reads its chunks' qg and Aq, so wider blocks read them fewer times."""
-    return 64 if p.N * p.HV * cdiv(p.V, 64) >= _launch.sm_count(dev) else 32
+def _fused_block_v(p: _Plan, sms: int) -> int:
+    """V columns per program of the fused state pass on ``sms`` SMs: 64 where the 64-column grid
+    (sequences x value heads x V/64) still covers every SM, else 32 (more programs for the serial
+    chain over chunks); each program re-reads its chunks' qg and Aq, so wider blocks read them fewer
+    times."""
+    return 64 if p.N * p.HV * cdiv(p.V, 64) >= sms else 32
 
 
 def _state_transposed(p: _Plan, BV: int, dtype: torch.dtype, sms: int | None) -> bool:
@@ -998,26 +1024,36 @@ def _launch_state_output(p: _Plan, kg, w, u, qg, Aq, G, h0, launch: ChunkLaunch,
         h = torch.empty((p.B * p.NT if not p.varlen else p.n_chunks), p.HV, p.K, p.V, dtype=dt, device=dev)
         vnew = torch.empty_like(u)
     ht = torch.empty(p.N, p.HV, p.K, p.V, dtype=acc_dtype(dt), device=dev)
-    BVf = _fused_block_v(p, dev) if launch.fused_block_v is None else launch.fused_block_v
     Xs, bs = wy if wy is not None else (Aq, G)  # unread without WY_IN
-    stages = _num_stages("fused", dt) if launch.fused_stages is None else launch.fused_stages
-    cap = {"maxnreg": launch.fused_maxnreg} if launch.fused_maxnreg is not None else {}
+    transposed, grid, settings = _cached(_state_output_settings, p, launch, dt, _launch.sm_count(dev),
+                                         dev.type == "cuda", write_stages, wy is not None, G.dim() == 3,
+                                         h0 is not None)
+    if transposed:
+        _state_output_t_kernel[grid](kg, w, u, qg, Aq, G, o, h0, ht, Xs, bs, p.cu, p.co, p.T, p.NT, **settings)
+        return o, None, None, ht
+    _state_output_kernel[grid](
+        kg, w, u, qg, Aq, G, o, vnew if write_stages else o, h if write_stages else o, h0, ht, Xs, bs,
+        p.cu, p.co, p.T, p.NT, **settings)
+    return o, h, vnew, ht
+
+
+@functools.lru_cache(maxsize=256)
+def _state_output_settings(p: _Plan, launch: ChunkLaunch, dt: torch.dtype, sms: int, gpu: bool,
+                           write_stages: bool, wy_in: bool, g_rows: bool, has_h0: bool) -> tuple[bool, tuple, dict]:
+    """The fused state pass's form (transposed or not), grid and constexprs on ``sms`` SMs (``gpu``:
+    of a CUDA device), made once per shape (:func:`_cached`)."""
+    BVf = _fused_block_v(p, sms) if launch.fused_block_v is None else launch.fused_block_v
     transposed = launch.state_transposed
     if transposed is None:
-        transposed = _state_transposed(p, BVf, dt, _launch.sm_count(dev) if dev.type == "cuda" else None)
-    if transposed and wy is not None and not write_stages:
-        _state_output_t_kernel[(cdiv(p.V, BVf), p.N * p.HV)](
-            kg, w, u, qg, Aq, G, o, h0, ht, Xs, bs, p.cu, p.co, p.T, p.NT, HV=p.HV, K=p.K, V=p.V, BT=p.BT,
-            BC=p.BC, BK=p.BK, BV=BVf, HAS_H0=h0 is not None, IS_VARLEN=p.varlen, G_CHUNK_ROWS=G.dim() == 3,
-            num_warps=launch.fused_warps, num_stages=stages, **cap)
-        return o, None, None, ht
-    _state_output_kernel[(cdiv(p.V, BVf), p.N * p.HV)](
-        kg, w, u, qg, Aq, G, o, vnew if write_stages else o, h if write_stages else o, h0, ht, Xs, bs,
-        p.cu, p.co, p.T, p.NT,
-        HV=p.HV, K=p.K, V=p.V, BT=p.BT, BC=p.BC, BK=p.BK, BV=BVf, HAS_H0=h0 is not None,
-        IS_VARLEN=p.varlen, WRITE_STAGES=write_stages, WY_IN=wy is not None, G_CHUNK_ROWS=G.dim() == 3,
-        num_warps=launch.fused_warps, num_stages=stages, **cap)
-    return o, h, vnew, ht
+        transposed = _state_transposed(p, BVf, dt, sms if gpu else None)
+    transposed = bool(transposed and wy_in and not write_stages)
+    common = dict(HV=p.HV, K=p.K, V=p.V, BT=p.BT, BC=p.BC, BK=p.BK, BV=BVf, HAS_H0=has_h0, IS_VARLEN=p.varlen,
+                  G_CHUNK_ROWS=g_rows, num_warps=launch.fused_warps,
+                  num_stages=_num_stages("fused", dt) if launch.fused_stages is None else launch.fused_stages,
+                  **({"maxnreg": launch.fused_maxnreg} if launch.fused_maxnreg is not None else {}))
+    if not transposed:
+        common.update(WRITE_STAGES=write_stages, WY_IN=wy_in)
+    return transposed, (cdiv(p.V, BVf), p.N * p.HV), common
 
 
 def _aq_as_read(p: _Plan, Aq, dev):
