@@ -6,10 +6,10 @@ allocations), not Triton's launcher nor any kernel.
     python benchmarks/host_kda.py [--shape 1x1024x32] [--calls 3000] [--repeats 5] [--out host.json]
 
 Prints microseconds a call, each the fastest of ``--repeats`` timings (a shared machine's speed
-varies by up to 2x from one second to the next): the whole call, the call with its allocations taken from a cache (what
-the rest costs), the input checks and the plan alone, and the functions with the most time of
-their own (cProfile, allocations cached). A machine's figures depend on its CPU: compare rows of
-one machine only.
+varies by up to 2x from one second to the next): the whole call, the call with its allocations
+taken from a cache (what the rest costs), the input checks and the plan alone, and the functions
+with the most time of their own (cProfile, allocations cached). A machine's figures depend on its
+CPU: compare rows of one machine only.
 """
 from __future__ import annotations
 
