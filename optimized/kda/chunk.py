@@ -1,5 +1,5 @@
 """Chunked KDA (spec b.9) as a pipeline of four Triton kernels (five with ``fused_output=False``;
-two at chunk 16 under the fused bounded gate, where ``_prepare16_kernel`` runs kernels 1-3 as one
+two at chunk 16 under a fused gate, where ``_prepare16_kernel`` runs kernels 1-3 as one
 program per chunk and head: a single 16-row block needs no merge, and G and Akk stay in registers;
 it stores the block's inverse X, kb and beta, and the state pass forms ``w = X kb`` and
 ``u = X (beta v)`` itself, so u never goes through memory and v is read once).
@@ -26,7 +26,8 @@ Kernels (grid in brackets):
      one exp tile each (``_diag_block``: log2(BC) exp tiles, where forming each pair directly,
      ``exp(G_i - G_j)`` masked before exp, takes BC [BC, K] exp-and-sum steps). Under the fused
      bounded gate (each step's g >= b >= -5) the block's first row serves every pair of it
-     (``_diag_block_bounded``: exp(G_r0 - G_j) <= e^75, one exp tile and two dots); then
+     (``_diag_block_bounded``: exp(G_r0 - G_j) <= e^75, one exp tile and two dots), and in the
+     prepare16 kernel under softplus where the chunk decays by at most e^-75; then
      its inverse ``D_a = (I + beta*Akk_aa)^-1`` by forward substitution (BC - 1 rank-1 steps;
      the prepare16 kernel substitutes its two 8-row halves side by side and merges them,
      :func:`_unit_lower_inverse`),
@@ -97,9 +98,9 @@ from .._interpreter import interpreting, settle
 from .._jit import jit
 from .. import _counters, _launch
 from ._common import (SUM, acc_dtype, block_k, bound_exact, cdiv, check_gate_params, check_qkv,
-                      check_shape, check_tensor, chunk_span, dot, exp_normal, l2norm_cols, l2norm_rows, next_pow2,
-                      prepare_cu_seqlens, prepare_state, sigmoid_f, start_state, state_tile,
-                      varlen_chunk_plan)
+                      check_shape, check_tensor, chunk_span, dot, exp_normal, gate_kind, l2norm_cols,
+                      l2norm_rows, next_pow2, prepare_cu_seqlens, prepare_state, sigmoid_f, start_state,
+                      state_tile, varlen_chunk_plan)
 from .gate import gate_chunk_cumsum, gate_tile
 
 @jit
@@ -129,8 +130,28 @@ def _cols_through_ref(k, Gc, tokT, okT, i_h, i_hv, H: tl.constexpr, HV: tl.const
 
 
 @jit
+def _row_of(x, rows, r):
+    """Row ``r`` of a [R, BK] tile, as [BK] (exact: the other rows add zeros)."""
+    return tl.reduce(tl.where(rows[:, None] == r, x, 0.0), 0, SUM)
+
+
+@jit
+def _square_refs(G, c16, lvl: tl.constexpr, BC: tl.constexpr):
+    """``[BC, K]``: for each row of the block's prefix sums G, the row its square of level ``lvl``
+    refers to (:func:`_diag_block`: squares of ``2s = BC >> lvl`` rows, the first row of the
+    square's later half, ``(c16 // 2s) 2s + s``), gathered exactly: each a sum of that row's value
+    and zeros."""
+    ref = tl.zeros_like(G)
+    for m in tl.static_range(0, 1 << lvl):
+        first = m * (BC >> lvl)
+        ref = tl.where((c16 // (BC >> lvl) == m)[:, None], _row_of(G, c16, first + (BC >> (lvl + 1)))[None, :],
+                       ref)
+    return ref
+
+
+@jit
 def _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl.constexpr, dk, mk,
-                BC: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr):
+                BC: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr, G_ROWS: tl.constexpr = False):
     """The diagonal sub-block of (Akk, Aqk) without an exponent of a positive difference: each pair
     i > j is formed through the reference row r with i >= r > j at the highest bit where i and j
     differ (``r = i`` with that bit's lower bits cleared), ``exp(G_i - G_r) * exp(G_r - G_j)``, both
@@ -143,16 +164,21 @@ def _diag_block(Gc, kt, qt, Gm, t0, r0, c16, last, i_hv, HV: tl.constexpr, K: tl
     one on the upper halves (the products in the masked-off halves are discarded). log2(BC) exp
     tiles in all, against 2 log2(BC) - 1 with separate left and right tiles (the same bits) and BC
     [BC, K] exps with 2 BC cross-lane sums when each pair is formed directly; their times:
-    docs/BENCHMARKS.md, "KDA against fla-core"."""
+    docs/BENCHMARKS.md, "KDA against fla-core". ``G_ROWS``: Gm holds the whole block's rows (the
+    prepare16 kernel's chunk, r0 = 0, rows past the sequence end at the last row's G, as the loads
+    clamp them), the reference rows taken from it (:func:`_square_refs`) rather than from Gc."""
     tl.static_assert(BC == 16)
     A = tl.zeros([BC, BC], dtype=ACC)
     Qm = tl.zeros([BC, BC], dtype=ACC)
     for lvl in tl.static_range(0, 4):
         s = BC >> (lvl + 1)
         row_in = (c16 & s) != 0  # the lower half of its square: takes the left factor
-        ref = tl.where(row_in, (c16 // s) * s, (c16 // s + 1) * s)  # both halves: the same r
-        Gref = tl.load(Gc + (tl.minimum(t0 + r0 + ref, last) * HV + i_hv)[:, None] * K + dk[None, :],
-                       mask=mk[None, :], other=0.0).to(ACC)
+        if G_ROWS:
+            Gref = _square_refs(Gm, c16, lvl, BC)
+        else:
+            ref = tl.where(row_in, (c16 // s) * s, (c16 // s + 1) * s)  # both halves: the same r
+            Gref = tl.load(Gc + (tl.minimum(t0 + r0 + ref, last) * HV + i_hv)[:, None] * K + dk[None, :],
+                           mask=mk[None, :], other=0.0).to(ACC)
         # level 1's left factor is exp(G_i - G_i) = exp(0) = 1 exactly
         E = tl.exp(tl.where(row_in[:, None], Gm - Gref, Gref - Gm))  # <= 1 on every row
         kE = kt * E
@@ -292,12 +318,6 @@ def _blocks_kernel(q, k, Gc, beta, Ak, Aq, kg, qg, kb, cu, cidx, scale: tl.float
 
 
 @jit
-def _row_of(x, rows, r):
-    """Row ``r`` of a [R, BK] tile, as [BK] (exact: the other rows add zeros)."""
-    return tl.reduce(tl.where(rows[:, None] == r, x, 0.0), 0, SUM)
-
-
-@jit
 def _store_wy(X, kb, b, v, w, u, tok, valid, i_hv, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
               dk, mk, BV: tl.constexpr, NV: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr):
     """The WY form of a chunk's rows ``tok`` (``valid``: inside the sequence), stored: ``w = X kb``
@@ -315,6 +335,36 @@ def _store_wy(X, kb, b, v, w, u, tok, valid, i_hv, HV: tl.constexpr, K: tl.const
                  mask=valid[:, None] & mv[None, :])
 
 
+# the decay of a chunk (-G_last) up to which the softplus gate's block is formed through its first row
+FIRST_ROW_SPAN = tl.constexpr(75.0)
+
+
+@jit
+def _block_first_row(kt, qt, G, Gl, rows, BT: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr,
+                     FTZ: tl.constexpr):
+    """A 16-row chunk's block (Akk, Aqk) through its first row (:func:`_diag_block_bounded`) and its
+    decays ``exp(G_last - G)``, ``exp(G)`` ([BT, BK] each), the four exp tiles as
+    :func:`exp_normal`: for a chunk whose exponents are all in [-80, 75], ``exp(G_r0 - G_j) <=
+    e^75`` and ``G >= -80`` (the bounded gate's 16 steps of at most 5; a softplus chunk that decays
+    by at most e^-75), where exp is normal in fp32."""
+    Gr = _row_of(G, rows, 0)
+    left = exp_normal(G - Gr[None, :], FTZ)
+    kl = (kt * left).to(DT)
+    ql = (qt * left).to(DT)
+    A, Qm = _diag_block_bounded(kl, ql, kt, qt, G, Gr, rows, BT, DT, ACC, FTZ)
+    return A, Qm, exp_normal(Gl[None, :] - G, FTZ), exp_normal(G, FTZ)
+
+
+@jit
+def _block_levels(kt, qt, G, Gl, rows, HV: tl.constexpr, K: tl.constexpr, dk, mk, BT: tl.constexpr,
+                  DT: tl.constexpr, ACC: tl.constexpr):
+    """:func:`_block_first_row` through the four levels of reference rows (:func:`_diag_block`,
+    the reference rows from G's registers), with tl.exp: any decay (no exponent of a positive
+    difference, subnormal decays kept); the blocks kernel's bits at chunk 16."""
+    A, Qm = _diag_block(G, kt, qt, G, 0, 0, rows, 0, 0, HV, K, dk, mk, BT, DT, ACC, True)
+    return A, Qm, tl.exp(Gl[None, :] - G), tl.exp(G)
+
+
 @jit
 def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs, cu,
                       cidx, scale: tl.float64, lower_bound: tl.float64, T, H: tl.constexpr,
@@ -322,17 +372,18 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
                       BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, HAS_A: tl.constexpr,
                       IS_VARLEN: tl.constexpr, WRITE_G: tl.constexpr, B_EXACT: tl.constexpr,
                       INV_LEVELS: tl.constexpr, WY_OUT: tl.constexpr, EXP_FTZ: tl.constexpr,
-                      HEADS_FIRST: tl.constexpr):
-    # Kernels 1-3 as one at chunk 16 under the fused bounded gate (one 16-row block per chunk, so
-    # M = D, no merge): one program per (chunk, sequence*value head) computes the gate and its
-    # prefix sums, beta, the block (through its first row, _diag_block_bounded) and its inverse, and
-    # kg, qg, Aq with the roundings kernels 1-3 give them; G and Akk stay in registers. WY_OUT: w
+                      HEADS_FIRST: tl.constexpr, GATE: tl.constexpr, DIAG: tl.constexpr):
+    # Kernels 1-3 as one at chunk 16 under a fused gate (GATE, gate_tile's; one 16-row block per
+    # chunk, so M = D, no merge): one program per (chunk, sequence*value head) computes the gate
+    # and its prefix sums, beta, the block and its inverse, and kg, qg, Aq with the roundings
+    # kernels 1-3 give them; G and Akk stay in registers. The block (DIAG): 1 through its first
+    # row (_block_first_row), 0 through the four levels of reference rows (_block_levels), 2 the
+    # first where the chunk's exponents allow it, else the levels (the softplus gate). WY_OUT: w
     # and u too, as the WY kernel forms them; else the operands the state pass forms them from
     # (wy_in_pass): kb = beta k exp(G) in w's buffer, the inverse X (rounded to DT, as the WY dots
     # round it) and beta (ACC). G's last row per chunk is stored for the state pass, one row per
     # chunk in h's chunk order (every token's row with WRITE_G, for the stage tests). EXP_FTZ: the
-    # four exp tiles as exp_normal: 16 steps of a gate bounded below by -5 keep every exponent in
-    # [-80, 75], where exp is normal in fp32.
+    # first-row form's four exp tiles as exp_normal (_block_first_row).
     # HEADS_FIRST: the grid is (chunk x value head, batch row), so consecutive programs are one
     # chunk's heads, whose rows lie side by side in memory.
     ACC = Gc.dtype.element_ty
@@ -359,7 +410,7 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     # the gate and its prefix sums over the chunk: rows past the end add 0 (G stays at the last valid
     # row's, as kernel 1 leaves it)
     x = tl.load(g_raw + row_k, mask=m2, other=0.0).to(ACC)
-    g = gate_tile(x, A_log, dt_bias, i_hv, dk, mk, m2, lower_bound, K, 1, HAS_A, ACC, B_EXACT)
+    g = gate_tile(x, A_log, dt_bias, i_hv, dk, mk, m2, lower_bound, K, GATE, HAS_A, ACC, B_EXACT)
     G = tl.cumsum(g, axis=0)
     Gl = _row_of(G, rows, BT - 1)
     if WRITE_G:
@@ -372,16 +423,20 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
 
     kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, True)
     qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, True)
-    Gr = _row_of(G, rows, 0)
-    left = exp_normal(G - Gr[None, :], EXP_FTZ)
-    kl = (kt * left).to(DT)
-    ql = (qt * left).to(DT)
-    A, Qm = _diag_block_bounded(kl, ql, kt, qt, G, Gr, rows, BT, DT, ACC, EXP_FTZ)
+    if DIAG == 1:
+        A, Qm, eGl, eG = _block_first_row(kt, qt, G, Gl, rows, BT, DT, ACC, EXP_FTZ)
+    elif DIAG == 2:
+        # G is non-increasing down the chunk and at most 0: its last row bounds every exponent
+        if tl.min(Gl, axis=0) >= -FIRST_ROW_SPAN:
+            A, Qm, eGl, eG = _block_first_row(kt, qt, G, Gl, rows, BT, DT, ACC, EXP_FTZ)
+        else:
+            A, Qm, eGl, eG = _block_levels(kt, qt, G, Gl, rows, HV, K, dk, mk, BT, DT, ACC)
+    else:
+        A, Qm, eGl, eG = _block_levels(kt, qt, G, Gl, rows, HV, K, dk, mk, BT, DT, ACC)
     X = _unit_lower_inverse(A * b[:, None], rows, BT, ACC, INV_LEVELS)   # M = D
     tl.store(Aq + (tok * HV + i_hv)[:, None] * BT + rows[None, :],
              (Qm * scale).to(ACC).to(Aq.dtype.element_ty), mask=valid[:, None])
-    tl.store(kg + row_k, (kt * exp_normal(Gl[None, :] - G, EXP_FTZ)).to(kg.dtype.element_ty), mask=m2)
-    eG = exp_normal(G, EXP_FTZ)
+    tl.store(kg + row_k, (kt * eGl).to(kg.dtype.element_ty), mask=m2)
     tl.store(qg + row_k, ((qt * eG) * scale).to(qg.dtype.element_ty), mask=m2)
     kb = (kt * eG * b[:, None]).to(w.dtype.element_ty)   # as kernel 2 stores it
     if WY_OUT:  # kb's rows past the end are 0 (k loads 0 there), as are beta's
@@ -707,7 +762,9 @@ class ChunkLaunch:
     - ``bounded_diag`` (default): under the fused bounded gate the diagonal blocks are formed
       through their first row (:func:`_diag_block_bounded`: one exp tile and two dots) rather than
       four levels of reference rows (:func:`_diag_block`, the softplus gate's form); its own
-      roundings, within the same bound;
+      roundings, within the same bound; under softplus, in the prepare16 kernel, the blocks of the
+      chunks that decay by at most e^-75 (``FIRST_ROW_SPAN``) are formed so too (the others, and
+      every block with ``bounded_diag`` False, through the four levels: the three kernels' bits);
     - ``wy_in_pass`` (default, with ``prepare16`` and ``fused_output``): the fused state pass forms
       w and u from the prepare16 kernel's inverse X, kb and beta (two dots off its chain over
       chunks) rather than reading them: the prepare kernel no longer reads v nor writes u, and the
@@ -720,9 +777,9 @@ class ChunkLaunch:
       and operand roundings, its own order of sums inside each dot, yet the default's bits in
       bf16 on an H100 (every shape timed) and on the interpreter (a test on both); within the bound
       on its own (its test);
-    - ``prepare16`` (default): at chunk 16 under the fused bounded gate, kernels 1-3 as one
-      (``_prepare16_kernel``; at the same ``inverse_levels`` the three kernels' bits on the
-      interpreter, and in bf16 on an H100),
+    - ``prepare16`` (default): at chunk 16 under a fused gate, kernels 1-3 as one
+      (``_prepare16_kernel``; at the same ``inverse_levels`` and block form the three kernels'
+      bits on the interpreter, and under the bounded gate in bf16 on an H100),
       11-13% faster than the three on ``prepare_warps`` 2 (4 warps are slower than the three, 8
       slower still: a 16-row tl.dot is repeated on every warp; ``benchmarks/kda_forms.py --launches
       '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``);
@@ -913,7 +970,8 @@ def _prepare_heads_first(p: _Plan) -> bool:
 
 def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, scale, lower_bound,
                       launch: ChunkLaunch, write_g: bool, wy_out: bool = True):
-    """Kernels 1-3 as one at chunk 16 under the fused bounded gate: ``(G, w, u, Aq, kg, qg, wy)``;
+    """Kernels 1-3 as one at chunk 16 under a fused gate (``lower_bound`` None: softplus):
+    ``(G, w, u, Aq, kg, qg, wy)``;
     G holds each chunk's last row, ``[chunks, HV, K]`` in h's chunk order (``[B, T, HV, K]``, every
     row, for ``write_g``): 1/16 of the token rows' bytes, 3 GB less at T = 64k, H = 96. ``wy_out``:
     w and u, wy None; else w holds kb, u is v, and wy is ``(X, beta)`` for the state pass
@@ -933,10 +991,10 @@ def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, sca
         u, wy = v, (torch.empty_like(Aq), torch.empty(B, T, HV, dtype=acc, device=dev))
     Xs, bs = wy if wy is not None else (Aq, G)  # unread with WY_OUT
     grid, settings = _cached(_prepare16_settings, p, launch, A_log is not None, bound_exact(lower_bound, acc),
-                             _flush_exp(acc), write_g, wy_out)
+                             _flush_exp(acc), write_g, wy_out, gate_kind(lower_bound))
     _prepare16_kernel[grid](
         q, k, v, g_raw, A_log, dt_bias, beta_logits, G, Aq, kg, qg, w, u, Xs, bs, p.cu, p.cidx, scale,
-        lower_bound, T, **settings)
+        0.0 if lower_bound is None else lower_bound, T, **settings)
     return G, w, u, Aq, kg, qg, wy
 
 
@@ -948,16 +1006,19 @@ def _cached(settings, p: _Plan, *key):
 
 @functools.lru_cache(maxsize=256)
 def _prepare16_settings(p: _Plan, launch: ChunkLaunch, has_a: bool, b_exact: bool, ftz: bool,
-                        write_g: bool, wy_out: bool) -> tuple[tuple, dict]:
+                        write_g: bool, wy_out: bool, gate: int) -> tuple[tuple, dict]:
     """The prepare16 launch's grid and constexprs (a function of the plan and the launch: made once
-    per shape, :func:`_cached`)."""
+    per shape, :func:`_cached`). The block's form (``DIAG``): through its first row under the
+    bounded gate, and under softplus in each chunk that decays by at most ``FIRST_ROW_SPAN``
+    (``bounded_diag``), else through the four levels."""
     heads_first = _prepare_heads_first(p) if launch.prepare_heads_first is None else launch.prepare_heads_first
     grid = (p.n_chunks * p.HV, p.B) if heads_first else (p.n_chunks, p.B * p.HV)
     cap = launch.prepare_maxnreg
     return grid, dict(
         H=p.H, HV=p.HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=p.BV, NV=cdiv(p.V, p.BV), HAS_A=has_a,
         IS_VARLEN=p.varlen, WRITE_G=write_g, B_EXACT=b_exact, INV_LEVELS=_inverse_levels(launch, "prepare16"),
-        WY_OUT=wy_out, EXP_FTZ=ftz, HEADS_FIRST=heads_first, num_warps=launch.prepare_warps,
+        WY_OUT=wy_out, EXP_FTZ=ftz, HEADS_FIRST=heads_first, GATE=gate,
+        DIAG=(1 if gate == 1 else 2) if launch.bounded_diag else 0, num_warps=launch.prepare_warps,
         **({"maxnreg": cap} if cap is not None else {}))
 
 
@@ -1089,7 +1150,7 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
         return o, (h0.clone() if h0 is not None else torch.zeros(p.N, HV, K, V, dtype=acc, device=dev))
     bounded = fused and lower_bound is not None
     wy = None
-    if bounded and p.BT == 16 and launch.bounded_diag and launch.prepare16:
+    if fused and p.BT == 16 and launch.prepare16:
         # 1-3 as one kernel: one 16-row block per chunk needs no merge; w and u formed in the fused
         # state pass unless the stage tests read them
         wy_out = not (launch.wy_in_pass and launch.fused_output) or stages is not None

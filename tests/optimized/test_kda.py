@@ -145,6 +145,49 @@ def test_strong_decay(op, dtype):
     assert_parity(f"kda.{op}", case(1, 80, 1, 2, 32, 32, seed=8, op=op, strength="strong"), dtype=dtype)
 
 
+def _chunks_of_both_forms(T, **kw):
+    """A fused softplus case at chunk 16 (K = 128, the production tiles) whose chunks decay mildly
+    (e^-0.05 to e^-1 a token: their blocks are formed through their first row), but for head 0's
+    tokens 16-19, whose gate (raw 400 on 8 channels) decays past e^-75 (the four levels)."""
+    c = case(1, T, 2, 2, 128, 32, 12, op="fused_chunked", chunk=16, strength="moderate", **kw)
+    c.arrays["g_raw"][0, 16:20, 0, :8] = 400.0
+    return c
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+def test_the_one_kernel_prepare_at_chunk_16_takes_the_softplus_gate(dtype):
+    """Chunk 16 under the fused softplus gate runs kernels 1-3 as one (``_prepare16_kernel``), each
+    chunk's block in the form its decay allows: within the bound, varlen, an initial state."""
+    assert assert_parity("kda.fused_chunked", _chunks_of_both_forms(45, varlen=True), dtype=dtype).ratio < 1
+
+
+def test_the_softplus_prepare_forms_each_block_as_its_chunks_decay_allows(parity_device):
+    """With ``bounded_diag=False`` the prepare16 kernel forms every block through the four levels
+    of reference rows and gives the three kernels' bits (``prepare16=False``, at the same
+    ``inverse_levels``); by default a chunk whose G_last falls below -75 in some channel keeps
+    those bits, and the others, formed through their first row, differ (float32, where the two
+    forms' roundings show)."""
+    from optimized.kda import chunk as chunk_mod
+    d = {n: None if t is None else t.to(parity_device)
+         for n, t in inputs("fused_chunked", _chunks_of_both_forms(64), "float32").items()}
+
+    def run16(**launch):
+        st = {}
+        o, s = chunk_mod._pipeline("kda.fused_chunked", *(d[n] for n in FUSED), None, d["initial_state"], 16,
+                                   None, fused=True, stages=st, launch=kda.ChunkLaunch(**launch))
+        return (o, s), st
+
+    (three, _), (levels, lv), (default, df) = (run16(prepare16=False, inverse_levels=1),
+                                              run16(bounded_diag=False), run16())
+    assert all(torch.equal(a, b) for a, b in zip(three, levels))
+    G_last = lv["G"][0, 15::16].amin(-1)                      # [chunks, HV]: each chunk's lowest G_last
+    Aq = [x["Aq"][0].unflatten(0, (-1, 16)) for x in (lv, df)]  # [chunks, 16, HV, 16]
+    same = (Aq[0] == Aq[1]).all(-1).all(1)                    # [chunks, HV]
+    slow = G_last < -chunk_mod.FIRST_ROW_SPAN.value
+    assert slow.sum() == 1 and bool(slow[1, 0])
+    assert bool(same[slow].all()) and not bool(same[~slow].any())
+
+
 def test_bf16_gate_and_beta_inputs():
     """g and beta given in bf16 (the kernels widen any float dtype on load)."""
     c = case(1, 40, 1, 1, 16, 16, seed=9, has_state=False)
