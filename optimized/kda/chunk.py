@@ -777,13 +777,15 @@ class ChunkLaunch:
       and operand roundings, its own order of sums inside each dot, yet the default's bits in
       bf16 on an H100 (every shape timed) and on the interpreter (a test on both); within the bound
       on its own (its test);
-    - ``prepare16`` (None: under the bounded gate; True: under softplus too, not yet timed
-      there): at chunk 16 under a fused gate, kernels 1-3 as one (``_prepare16_kernel``; at the
-      same ``inverse_levels`` and block form the three kernels' bits on the interpreter, and
-      under the bounded gate in bf16 on an H100),
-      11-13% faster than the three on ``prepare_warps`` 2 (4 warps are slower than the three, 8
-      slower still: a 16-row tl.dot is repeated on every warp; ``benchmarks/kda_forms.py --launches
-      '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``);
+    - ``prepare16`` (default): at chunk 16 under a fused gate, kernels 1-3 as one
+      (``_prepare16_kernel``; at the same ``inverse_levels`` and block form the three kernels'
+      bits on the interpreter, and under the bounded gate in bf16 on an H100), under the bounded
+      gate 11-13% faster than the three on ``prepare_warps`` 2 (4 warps are slower than the
+      three, 8 slower still: a 16-row tl.dot is repeated on every warp; ``benchmarks/kda_forms.py
+      --launches '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``), under
+      softplus 14-19% (H100: 8x4k H=32 2.47 against 3.05 ms, 64k 7.27 against 8.48, H=96 8k 1.96
+      against 2.43, 4k 0.459 against 0.551; ``--gates softplus --launches '{"prepare16": false}'
+      '{}'``);
     - ``prepare_heads_first`` (None: from ``HEADS_FIRST_MIN_HV`` value heads on,
       :func:`_prepare_heads_first`): the prepare16 kernel's programs ordered with one chunk's heads
       adjacent rather than one head's chunks; the same programs, so the same bits (a test).
@@ -806,7 +808,7 @@ class ChunkLaunch:
     fused_stages: int | None = None
     fused_maxnreg: int | None = None
     bounded_diag: bool = True
-    prepare16: bool | None = None
+    prepare16: bool = True
     prepare_warps: int = 2
     prepare_maxnreg: int | None = 168
     inverse_levels: int | None = None
@@ -1151,7 +1153,7 @@ def _pipeline(op, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, chunk_
         return o, (h0.clone() if h0 is not None else torch.zeros(p.N, HV, K, V, dtype=acc, device=dev))
     bounded = fused and lower_bound is not None
     wy = None
-    if fused and p.BT == 16 and (bounded if launch.prepare16 is None else launch.prepare16):
+    if fused and p.BT == 16 and launch.prepare16:
         # 1-3 as one kernel: one 16-row block per chunk needs no merge; w and u formed in the fused
         # state pass unless the stage tests read them
         wy_out = not (launch.wy_in_pass and launch.fused_output) or stages is not None
