@@ -374,20 +374,13 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
                       INV_LEVELS: tl.constexpr, WY_OUT: tl.constexpr, EXP_FTZ: tl.constexpr,
                       HEADS_FIRST: tl.constexpr, GATE: tl.constexpr, DIAG: tl.constexpr):
     # Kernels 1-3 as one at chunk 16 under a fused gate (GATE, gate_tile's; one 16-row block per
-    # chunk, so M = D, no merge): one program per (chunk, sequence*value head) computes the gate
-    # and its prefix sums, beta, the block and its inverse, and kg, qg, Aq with the roundings
-    # kernels 1-3 give them; G and Akk stay in registers. The block (DIAG): 1 through its first
-    # row (_block_first_row), 0 through the four levels of reference rows (_block_levels), 2 the
-    # first where the chunk's exponents allow it, else the levels (the softplus gate). WY_OUT: w
-    # and u too, as the WY kernel forms them; else the operands the state pass forms them from
-    # (wy_in_pass): kb = beta k exp(G) in w's buffer, the inverse X (rounded to DT, as the WY dots
-    # round it) and beta (ACC). G's last row per chunk is stored for the state pass, one row per
-    # chunk in h's chunk order (every token's row with WRITE_G, for the stage tests). EXP_FTZ: the
-    # first-row form's four exp tiles as exp_normal (_block_first_row).
+    # chunk, so M = D, no merge): one program per (chunk, sequence*value head), _prepare16_chunk.
+    # The block (DIAG): 1 through its first row, 0 through the four levels of reference rows, 2
+    # (the softplus gate) through its first row, and where the chunk's exponents leave that form's
+    # range the whole chunk again through the levels, from memory: nothing of the first pass is
+    # live in the second, so the rare second pass costs the first no registers.
     # HEADS_FIRST: the grid is (chunk x value head, batch row), so consecutive programs are one
     # chunk's heads, whose rows lie side by side in memory.
-    ACC = Gc.dtype.element_ty
-    DT = k.dtype.element_ty
     if HEADS_FIRST:
         i_c = tl.program_id(0) // HV
         i_hv = tl.program_id(0) % HV
@@ -396,10 +389,43 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
         i_c = tl.program_id(0)
         i_b = tl.program_id(1) // HV
         i_hv = tl.program_id(1) % HV
-    i_h = i_hv // (HV // H)
     t0, eos, i_n = chunk_span(cu, cidx, i_c, i_b, T, BT, IS_VARLEN)
     if i_n < 0:
         return
+    if DIAG == 2:
+        low = _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs,
+                               scale, lower_bound, T, i_c, i_b, i_hv, t0, eos, H, HV, K, V, BT, BK, BV, NV,
+                               HAS_A, IS_VARLEN, WRITE_G, B_EXACT, INV_LEVELS, WY_OUT, EXP_FTZ, GATE, 1)
+        # G is non-increasing down the chunk and at most 0: its last row bounds every exponent
+        if low < -FIRST_ROW_SPAN:
+            tl.debug_barrier()  # the first pass's stores land before the second's
+            _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs,
+                             scale, lower_bound, T, i_c, i_b, i_hv, t0, eos, H, HV, K, V, BT, BK, BV, NV,
+                             HAS_A, IS_VARLEN, WRITE_G, B_EXACT, INV_LEVELS, WY_OUT, EXP_FTZ, GATE, 0)
+    else:
+        _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs,
+                         scale, lower_bound, T, i_c, i_b, i_hv, t0, eos, H, HV, K, V, BT, BK, BV, NV,
+                         HAS_A, IS_VARLEN, WRITE_G, B_EXACT, INV_LEVELS, WY_OUT, EXP_FTZ, GATE, DIAG)
+
+
+@jit
+def _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs, scale,
+                     lower_bound, T, i_c, i_b, i_hv, t0, eos, H: tl.constexpr, HV: tl.constexpr,
+                     K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                     NV: tl.constexpr, HAS_A: tl.constexpr, IS_VARLEN: tl.constexpr, WRITE_G: tl.constexpr,
+                     B_EXACT: tl.constexpr, INV_LEVELS: tl.constexpr, WY_OUT: tl.constexpr,
+                     EXP_FTZ: tl.constexpr, GATE: tl.constexpr, FORM: tl.constexpr):
+    """Chunk ``i_c`` (tokens ``t0`` to ``eos``) of sequence row ``i_b`` at value head ``i_hv``: the
+    gate and its prefix sums, beta, the block (FORM 1: :func:`_block_first_row`, 0:
+    :func:`_block_levels`) and its inverse, and kg, qg, Aq with the roundings kernels 1-3 give
+    them; G and Akk stay in registers. WY_OUT: w and u too, as the WY kernel forms them; else the
+    operands the state pass forms them from (wy_in_pass): kb = beta k exp(G) in w's buffer, the
+    inverse X (rounded to DT, as the WY dots round it) and beta (ACC). G's last row per chunk is
+    stored for the state pass, one row per chunk in h's chunk order (every token's row with
+    WRITE_G, for the stage tests). Returns the lowest channel of G's last row."""
+    ACC = Gc.dtype.element_ty
+    DT = k.dtype.element_ty
+    i_h = i_hv // (HV // H)
     rows = tl.arange(0, BT)
     tok = t0 + rows
     valid = tok < eos
@@ -423,14 +449,8 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
 
     kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, True)
     qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, True)
-    if DIAG == 1:
+    if FORM == 1:
         A, Qm, eGl, eG = _block_first_row(kt, qt, G, Gl, rows, BT, DT, ACC, EXP_FTZ)
-    elif DIAG == 2:
-        # G is non-increasing down the chunk and at most 0: its last row bounds every exponent
-        if tl.min(Gl, axis=0) >= -FIRST_ROW_SPAN:
-            A, Qm, eGl, eG = _block_first_row(kt, qt, G, Gl, rows, BT, DT, ACC, EXP_FTZ)
-        else:
-            A, Qm, eGl, eG = _block_levels(kt, qt, G, Gl, rows, HV, K, dk, mk, BT, DT, ACC)
     else:
         A, Qm, eGl, eG = _block_levels(kt, qt, G, Gl, rows, HV, K, dk, mk, BT, DT, ACC)
     X = _unit_lower_inverse(A * b[:, None], rows, BT, ACC, INV_LEVELS)   # M = D
@@ -445,6 +465,7 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
         tl.store(w + row_k, kb, mask=m2)
         tl.store(Xs + (tok * HV + i_hv)[:, None] * BT + rows[None, :], X.to(DT), mask=valid[:, None])
         tl.store(bs + tok * HV + i_hv, b, mask=valid)
+    return tl.min(Gl, axis=0)
 
 
 @jit
@@ -763,8 +784,9 @@ class ChunkLaunch:
       through their first row (:func:`_diag_block_bounded`: one exp tile and two dots) rather than
       four levels of reference rows (:func:`_diag_block`, the softplus gate's form); its own
       roundings, within the same bound; under softplus, in the prepare16 kernel, the blocks of the
-      chunks that decay by at most e^-75 (``FIRST_ROW_SPAN``) are formed so too (the others, and
-      every block with ``bounded_diag`` False, through the four levels: the three kernels' bits);
+      chunks that decay by at most e^-75 (``FIRST_ROW_SPAN``) are formed so too (the others are
+      formed again after the chunk's first pass, and every block with ``bounded_diag`` False,
+      through the four levels: the three kernels' bits);
     - ``wy_in_pass`` (default, with ``prepare16`` and ``fused_output``): the fused state pass forms
       w and u from the prepare16 kernel's inverse X, kb and beta (two dots off its chain over
       chunks) rather than reading them: the prepare kernel no longer reads v nor writes u, and the
