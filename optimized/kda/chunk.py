@@ -392,20 +392,16 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     t0, eos, i_n = chunk_span(cu, cidx, i_c, i_b, T, BT, IS_VARLEN)
     if i_n < 0:
         return
+    low = _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs, scale,
+                           lower_bound, T, i_c, i_b, i_hv, t0, eos, H, HV, K, V, BT, BK, BV, NV, HAS_A,
+                           IS_VARLEN, WRITE_G, B_EXACT, INV_LEVELS, WY_OUT, EXP_FTZ, GATE, DIAG != 0)
     if DIAG == 2:
-        low = _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs,
-                               scale, lower_bound, T, i_c, i_b, i_hv, t0, eos, H, HV, K, V, BT, BK, BV, NV,
-                               HAS_A, IS_VARLEN, WRITE_G, B_EXACT, INV_LEVELS, WY_OUT, EXP_FTZ, GATE, 1)
         # G is non-increasing down the chunk and at most 0: its last row bounds every exponent
         if low < -FIRST_ROW_SPAN:
             tl.debug_barrier()  # the first pass's stores land before the second's
-            _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs,
-                             scale, lower_bound, T, i_c, i_b, i_hv, t0, eos, H, HV, K, V, BT, BK, BV, NV,
-                             HAS_A, IS_VARLEN, WRITE_G, B_EXACT, INV_LEVELS, WY_OUT, EXP_FTZ, GATE, 0)
-    else:
-        _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs,
-                         scale, lower_bound, T, i_c, i_b, i_hv, t0, eos, H, HV, K, V, BT, BK, BV, NV,
-                         HAS_A, IS_VARLEN, WRITE_G, B_EXACT, INV_LEVELS, WY_OUT, EXP_FTZ, GATE, DIAG)
+            _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs, scale,
+                             lower_bound, T, i_c, i_b, i_hv, t0, eos, H, HV, K, V, BT, BK, BV, NV, HAS_A,
+                             IS_VARLEN, WRITE_G, B_EXACT, INV_LEVELS, WY_OUT, EXP_FTZ, GATE, False)
 
 
 @jit
@@ -414,9 +410,9 @@ def _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg
                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      NV: tl.constexpr, HAS_A: tl.constexpr, IS_VARLEN: tl.constexpr, WRITE_G: tl.constexpr,
                      B_EXACT: tl.constexpr, INV_LEVELS: tl.constexpr, WY_OUT: tl.constexpr,
-                     EXP_FTZ: tl.constexpr, GATE: tl.constexpr, FORM: tl.constexpr):
+                     EXP_FTZ: tl.constexpr, GATE: tl.constexpr, FIRST_ROW: tl.constexpr):
     """Chunk ``i_c`` (tokens ``t0`` to ``eos``) of sequence row ``i_b`` at value head ``i_hv``: the
-    gate and its prefix sums, beta, the block (FORM 1: :func:`_block_first_row`, 0:
+    gate and its prefix sums, beta, the block (:func:`_block_first_row` if FIRST_ROW, else
     :func:`_block_levels`) and its inverse, and kg, qg, Aq with the roundings kernels 1-3 give
     them; G and Akk stay in registers. WY_OUT: w and u too, as the WY kernel forms them; else the
     operands the state pass forms them from (wy_in_pass): kb = beta k exp(G) in w's buffer, the
@@ -449,7 +445,7 @@ def _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg
 
     kt = _load_rows(k, tok, valid, i_h, H, K, dk, mk, ACC, True)
     qt = _load_rows(q, tok, valid, i_h, H, K, dk, mk, ACC, True)
-    if FORM == 1:
+    if FIRST_ROW:
         A, Qm, eGl, eG = _block_first_row(kt, qt, G, Gl, rows, BT, DT, ACC, EXP_FTZ)
     else:
         A, Qm, eGl, eG = _block_levels(kt, qt, G, Gl, rows, HV, K, dk, mk, BT, DT, ACC)
