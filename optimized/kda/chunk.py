@@ -746,11 +746,13 @@ class ChunkLaunch:
     and ``gate_block_k``, whose layout can re-associate the gate's prefix sum, ``bounded_diag`` and
     ``inverse_levels`` (the defaults are the certified values; another is re-certified, ``parity
     certify --device cuda``).
-    ``blocks_maxnreg``, ``prepare_maxnreg``, ``fused_maxnreg``: register caps for the blocks,
-    prepare16 and fused state pass kernels (a launch option of Triton's CUDA backend; None: the
-    compiler's choice; the prepare16 default of 168 timed against no cap and caps of 144, 160, 176
-    and 192, the state pass's 128 and 168 slower than none: docs/BENCHMARKS.md, "Bytes, chunk size
-    and FlashKDA"). ``inverse_levels``: how the 16-row diagonal blocks are inverted
+    ``blocks_maxnreg``, ``prepare_maxnreg``, ``softplus_prepare_maxnreg``, ``fused_maxnreg``:
+    register caps for the blocks, prepare16 (under the bounded gate, under softplus) and fused state
+    pass kernels (a launch option of Triton's CUDA backend; None: the compiler's choice; the
+    bounded prepare16 default of 168 timed against no cap and caps of 144, 160, 176 and 192, the
+    state pass's 128 and 168 slower than none: docs/BENCHMARKS.md, "Bytes, chunk size and
+    FlashKDA"; under softplus a cap of 168 spills, and the call is 13-19% slower than with none,
+    H100). ``inverse_levels``: how the 16-row diagonal blocks are inverted
     (:func:`_unit_lower_inverse`; None: 1 in the prepare16 kernel, 8-row halves merged by two dots,
     9% faster there than 0, 15 substitution steps; 0 in the blocks kernel); every value is exact
     algebra, each its own roundings. Why the
@@ -801,9 +803,9 @@ class ChunkLaunch:
       gate 11-13% faster than the three on ``prepare_warps`` 2 (4 warps are slower than the
       three, 8 slower still: a 16-row tl.dot is repeated on every warp; ``benchmarks/kda_forms.py
       --launches '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``), under
-      softplus 14-19% (H100: 8x4k H=32 2.47 against 3.05 ms, 64k 7.27 against 8.48, H=96 8k 1.96
-      against 2.43, 4k 0.459 against 0.551; ``--gates softplus --launches '{"prepare16": false}'
-      '{}'``);
+      softplus 14-20% with no register cap (H100: 8x4k H=32 2.43 against 3.05 ms, 64k 7.17
+      against 8.47, 16k 1.80 against 2.11, H=96 8k 2.00 against 2.43, 4k 0.461 against 0.548;
+      ``--gates softplus --launches '{"prepare16": false}' '{}'``);
     - ``prepare_heads_first`` (None: from ``HEADS_FIRST_MIN_HV`` value heads on,
       :func:`_prepare_heads_first`): the prepare16 kernel's programs ordered with one chunk's heads
       adjacent rather than one head's chunks; the same programs, so the same bits (a test).
@@ -829,6 +831,7 @@ class ChunkLaunch:
     prepare16: bool = True
     prepare_warps: int = 2
     prepare_maxnreg: int | None = 168
+    softplus_prepare_maxnreg: int | None = None
     inverse_levels: int | None = None
     wy_in_pass: bool = True
     state_transposed: bool | None = None
@@ -1034,7 +1037,7 @@ def _prepare16_settings(p: _Plan, launch: ChunkLaunch, has_a: bool, b_exact: boo
     (``bounded_diag``), else through the four levels."""
     heads_first = _prepare_heads_first(p) if launch.prepare_heads_first is None else launch.prepare_heads_first
     grid = (p.n_chunks * p.HV, p.B) if heads_first else (p.n_chunks, p.B * p.HV)
-    cap = launch.prepare_maxnreg
+    cap = launch.prepare_maxnreg if gate == 1 else launch.softplus_prepare_maxnreg
     return grid, dict(
         H=p.H, HV=p.HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=p.BV, NV=cdiv(p.V, p.BV), HAS_A=has_a,
         IS_VARLEN=p.varlen, WRITE_G=write_g, B_EXACT=b_exact, INV_LEVELS=_inverse_levels(launch, "prepare16"),
