@@ -784,7 +784,7 @@ class ChunkLaunch:
       roundings, within the same bound; under softplus, in the prepare16 kernel, the blocks of the
       chunks that decay by at most e^-75 (``FIRST_ROW_SPAN``) are formed so too (the others are
       formed again after the chunk's first pass, and every block with ``bounded_diag`` False,
-      through the four levels: the three kernels' bits);
+      through the four levels: the three kernels' bits on the interpreter, not on an H100);
     - ``wy_in_pass`` (default, with ``prepare16`` and ``fused_output``): the fused state pass forms
       w and u from the prepare16 kernel's inverse X, kb and beta (two dots off its chain over
       chunks) rather than reading them: the prepare kernel no longer reads v nor writes u, and the
@@ -799,10 +799,11 @@ class ChunkLaunch:
       on its own (its test);
     - ``prepare16`` (default): at chunk 16 under a fused gate, kernels 1-3 as one
       (``_prepare16_kernel``; at the same ``inverse_levels`` and block form the three kernels'
-      bits on the interpreter, and under the bounded gate in bf16 on an H100), under the bounded
-      gate 11-13% faster than the three on ``prepare_warps`` 2 (4 warps are slower than the
-      three, 8 slower still: a 16-row tl.dot is repeated on every warp; ``benchmarks/kda_forms.py
-      --launches '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``), under
+      bits on the interpreter, and under the bounded gate in bf16 on an H100, where the softplus
+      gate's levels differ from them in the last bits), under the bounded gate 11-13% faster
+      than the three on ``prepare_warps`` 2 (4 warps are slower than the three, 8 slower still: a
+      16-row tl.dot is repeated on every warp; ``benchmarks/kda_forms.py --launches
+      '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``), under
       softplus 14-20% with no register cap (H100: 8x4k H=32 2.43 against 3.05 ms, 64k 7.17
       against 8.47, 16k 1.80 against 2.11, H=96 8k 2.00 against 2.43, 4k 0.461 against 0.548;
       ``--gates softplus --launches '{"prepare16": false}' '{}'``);
