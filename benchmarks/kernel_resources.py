@@ -47,7 +47,7 @@ from optimized._interpreter import interpreting  # noqa: E402
 SM_COUNT = 132  # H100 and H200: the grid heuristics size against it
 REGISTERS_PER_SM, SHARED_PER_SM, WARPS_PER_SM = 65536, 228 * 1024, 64
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
-          torch.int32: "i32", torch.int64: "i64"}
+          torch.int8: "i8", torch.int32: "i32", torch.int64: "i64"}
 _DIVISIBLE = [["tt.divisibility", 16]]
 
 

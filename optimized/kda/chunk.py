@@ -367,7 +367,7 @@ def _block_levels(kt, qt, G, Gl, rows, HV: tl.constexpr, K: tl.constexpr, dk, mk
 
 @jit
 def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs, cu,
-                      cidx, scale: tl.float64, lower_bound: tl.float64, T, H: tl.constexpr,
+                      cidx, slow, scale: tl.float64, lower_bound: tl.float64, T, H: tl.constexpr,
                       HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, HAS_A: tl.constexpr,
                       IS_VARLEN: tl.constexpr, WRITE_G: tl.constexpr, B_EXACT: tl.constexpr,
@@ -378,7 +378,10 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     # The block (DIAG): 1 through its first row, 0 through the four levels of reference rows, 2
     # (the softplus gate) through its first row, and where the chunk's exponents leave that form's
     # range the whole chunk again through the levels, from memory: nothing of the first pass is
-    # live in the second, so the rare second pass costs the first no registers.
+    # live in the second, so the rare second pass costs the first no registers; 3 as 2 but such a
+    # chunk only flagged in ``slow`` (int8, one a program), 4 (a second launch) the flagged
+    # chunks through the levels, the others untouched: the first launch holds the first-row
+    # form's registers only.
     # HEADS_FIRST: the grid is (chunk x value head, batch row), so consecutive programs are one
     # chunk's heads, whose rows lie side by side in memory.
     if HEADS_FIRST:
@@ -392,9 +395,16 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     t0, eos, i_n = chunk_span(cu, cidx, i_c, i_b, T, BT, IS_VARLEN)
     if i_n < 0:
         return
+    flag = slow + tl.program_id(1).to(tl.int64) * tl.num_programs(0) + tl.program_id(0)
+    if DIAG == 4:
+        if tl.load(flag) == 0:
+            return
     low = _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs, scale,
                            lower_bound, T, i_c, i_b, i_hv, t0, eos, H, HV, K, V, BT, BK, BV, NV, HAS_A,
-                           IS_VARLEN, WRITE_G, B_EXACT, INV_LEVELS, WY_OUT, EXP_FTZ, GATE, DIAG != 0)
+                           IS_VARLEN, WRITE_G, B_EXACT, INV_LEVELS, WY_OUT, EXP_FTZ, GATE,
+                           DIAG != 0 and DIAG != 4)
+    if DIAG == 3:
+        tl.store(flag, (low < -FIRST_ROW_SPAN).to(tl.int8))
     if DIAG == 2:
         # G is non-increasing down the chunk and at most 0: its last row bounds every exponent
         if low < -FIRST_ROW_SPAN:
@@ -807,6 +817,12 @@ class ChunkLaunch:
       softplus 14-20% with no register cap (H100: 8x4k H=32 2.43 against 3.05 ms, 64k 7.17
       against 8.47, 16k 1.80 against 2.11, H=96 8k 2.00 against 2.43, 4k 0.461 against 0.548;
       ``--gates softplus --launches '{"prepare16": false}' '{}'``);
+    - ``softplus_relaunch``: under softplus the chunks past the first-row form's range are formed
+      again by a second launch of the prepare16 kernel (each program of the first flags its
+      chunk; the second's programs of unflagged chunks return at once) rather than by the same
+      program, so the first holds the first-row form's registers only (sm_90a, Triton 3.9: 241
+      registers and no spills uncapped, 0 bytes at a cap of 192, against 255 and 340 bytes); the
+      same bits (a test); untimed;
     - ``prepare_heads_first`` (None: from ``HEADS_FIRST_MIN_HV`` value heads on,
       :func:`_prepare_heads_first`): the prepare16 kernel's programs ordered with one chunk's heads
       adjacent rather than one head's chunks; the same programs, so the same bits (a test).
@@ -833,6 +849,7 @@ class ChunkLaunch:
     prepare_warps: int = 2
     prepare_maxnreg: int | None = 168
     softplus_prepare_maxnreg: int | None = None
+    softplus_relaunch: bool = False
     inverse_levels: int | None = None
     wy_in_pass: bool = True
     state_transposed: bool | None = None
@@ -1015,11 +1032,14 @@ def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, sca
     else:
         u, wy = v, (torch.empty_like(Aq), torch.empty(B, T, HV, dtype=acc, device=dev))
     Xs, bs = wy if wy is not None else (Aq, G)  # unread with WY_OUT
-    grid, settings = _cached(_prepare16_settings, p, launch, A_log is not None, bound_exact(lower_bound, acc),
-                             _flush_exp(acc), write_g, wy_out, gate_kind(lower_bound))
-    _prepare16_kernel[grid](
-        q, k, v, g_raw, A_log, dt_bias, beta_logits, G, Aq, kg, qg, w, u, Xs, bs, p.cu, p.cidx, scale,
-        0.0 if lower_bound is None else lower_bound, T, **settings)
+    grid, settings, again = _cached(_prepare16_settings, p, launch, A_log is not None,
+                                    bound_exact(lower_bound, acc), _flush_exp(acc), write_g, wy_out,
+                                    gate_kind(lower_bound))
+    slow = torch.empty(grid[0] * grid[1], dtype=torch.int8, device=dev) if again is not None else G
+    for each in (settings, again) if again is not None else (settings,):
+        _prepare16_kernel[grid](
+            q, k, v, g_raw, A_log, dt_bias, beta_logits, G, Aq, kg, qg, w, u, Xs, bs, p.cu, p.cidx, slow,
+            scale, 0.0 if lower_bound is None else lower_bound, T, **each)
     return G, w, u, Aq, kg, qg, wy
 
 
@@ -1031,20 +1051,24 @@ def _cached(settings, p: _Plan, *key):
 
 @functools.lru_cache(maxsize=256)
 def _prepare16_settings(p: _Plan, launch: ChunkLaunch, has_a: bool, b_exact: bool, ftz: bool,
-                        write_g: bool, wy_out: bool, gate: int) -> tuple[tuple, dict]:
-    """The prepare16 launch's grid and constexprs (a function of the plan and the launch: made once
-    per shape, :func:`_cached`). The block's form (``DIAG``): through its first row under the
-    bounded gate, and under softplus in each chunk that decays by at most ``FIRST_ROW_SPAN``
-    (``bounded_diag``), else through the four levels."""
+                        write_g: bool, wy_out: bool, gate: int) -> tuple[tuple, dict, dict | None]:
+    """The prepare16 launch's grid and constexprs, and the second launch's (``softplus_relaunch``)
+    or None (a function of the plan and the launch: made once per shape, :func:`_cached`). The
+    block's form (``DIAG``): through its first row under the bounded gate, and under softplus in
+    each chunk that decays by at most ``FIRST_ROW_SPAN`` (``bounded_diag``), else through the four
+    levels (in the same program, or in the second launch, uncapped)."""
     heads_first = _prepare_heads_first(p) if launch.prepare_heads_first is None else launch.prepare_heads_first
     grid = (p.n_chunks * p.HV, p.B) if heads_first else (p.n_chunks, p.B * p.HV)
     cap = launch.prepare_maxnreg if gate == 1 else launch.softplus_prepare_maxnreg
-    return grid, dict(
+    relaunch = gate == 0 and launch.bounded_diag and launch.softplus_relaunch
+    diag = (1 if gate == 1 else 3 if relaunch else 2) if launch.bounded_diag else 0
+    settings = dict(
         H=p.H, HV=p.HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=p.BV, NV=cdiv(p.V, p.BV), HAS_A=has_a,
         IS_VARLEN=p.varlen, WRITE_G=write_g, B_EXACT=b_exact, INV_LEVELS=_inverse_levels(launch, "prepare16"),
-        WY_OUT=wy_out, EXP_FTZ=ftz, HEADS_FIRST=heads_first, GATE=gate,
-        DIAG=(1 if gate == 1 else 2) if launch.bounded_diag else 0, num_warps=launch.prepare_warps,
-        **({"maxnreg": cap} if cap is not None else {}))
+        WY_OUT=wy_out, EXP_FTZ=ftz, HEADS_FIRST=heads_first, GATE=gate, DIAG=diag,
+        num_warps=launch.prepare_warps)
+    again = dict(settings, DIAG=4) if relaunch else None
+    return grid, settings | ({"maxnreg": cap} if cap is not None else {}), again
 
 
 def _launch_state(p: _Plan, kg, w, u, G, h0, launch: ChunkLaunch):

@@ -166,8 +166,8 @@ def test_the_softplus_prepare_forms_each_block_as_its_chunks_decay_allows(parity
     the four levels of reference rows, on the interpreter the three kernels' bits
     (``prepare16=False``, at the same ``inverse_levels``; on an H100 their last bits differ); with
     ``bounded_diag`` a chunk whose G_last falls below -75 in some channel keeps the levels' bits,
-    and the others, formed through their first row, differ. In bf16, where the MMA fixes each
-    dot's order of sums."""
+    and the others, formed through their first row, differ; ``softplus_relaunch`` gives the
+    default's bits. In bf16, where the MMA fixes each dot's order of sums."""
     from optimized.kda import chunk as chunk_mod
     d = {n: None if t is None else t.to(parity_device)
          for n, t in inputs("fused_chunked", _chunks_of_both_forms(64), "bfloat16").items()}
@@ -180,6 +180,8 @@ def test_the_softplus_prepare_forms_each_block_as_its_chunks_decay_allows(parity
 
     (three, _), (levels, lv), (default, df) = (run16(prepare16=False, inverse_levels=1),
                                               run16(bounded_diag=False), run16())
+    relaunched, _ = run16(softplus_relaunch=True)   # the second pass as a second launch
+    assert all(torch.equal(a, b) for a, b in zip(default, relaunched))
     if parity_device == "cpu":
         assert all(torch.equal(a, b) for a, b in zip(three, levels))
     G_last = lv["G"][0, 15::16].amin(-1)                      # [chunks, HV]: each chunk's lowest G_last
