@@ -154,11 +154,16 @@ def _chunks_of_both_forms(T, **kw):
     return c
 
 
+@pytest.mark.parametrize("relaunch", [False, True])
 @pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
-def test_the_one_kernel_prepare_at_chunk_16_takes_the_softplus_gate(dtype):
+def test_the_one_kernel_prepare_at_chunk_16_takes_the_softplus_gate(dtype, relaunch):
     """Chunk 16 under the fused softplus gate runs kernels 1-3 as one (``_prepare16_kernel``), each
-    chunk's block in the form its decay allows: within the bound, varlen, an initial state."""
-    assert assert_parity("kda.fused_chunked", _chunks_of_both_forms(45, varlen=True), dtype=dtype).ratio < 1
+    chunk's block in the form its decay allows (the slow chunks' second pass in the program or, with
+    ``softplus_relaunch``, a second launch): within the bound, varlen, an initial state."""
+    run = of(lambda *a, **kw: kda.fused_chunked(*a, **kw, launch=kda.ChunkLaunch(softplus_relaunch=relaunch)),
+             triton=True)
+    assert assert_parity("kda.fused_chunked", _chunks_of_both_forms(45, varlen=True), dtype=dtype,
+                         candidate=run).ratio < 1
 
 
 def test_the_softplus_prepare_forms_each_block_as_its_chunks_decay_allows(parity_device):
