@@ -1036,10 +1036,11 @@ def _launch_prepare16(p: _Plan, q, k, v, g_raw, beta_logits, A_log, dt_bias, sca
                                     bound_exact(lower_bound, acc), _flush_exp(acc), write_g, wy_out,
                                     gate_kind(lower_bound))
     slow = torch.empty(grid[0] * grid[1], dtype=torch.int8, device=dev) if again is not None else G
-    for each in (settings, again) if again is not None else (settings,):
-        _prepare16_kernel[grid](
-            q, k, v, g_raw, A_log, dt_bias, beta_logits, G, Aq, kg, qg, w, u, Xs, bs, p.cu, p.cidx, slow,
-            scale, 0.0 if lower_bound is None else lower_bound, T, **each)
+    args = (q, k, v, g_raw, A_log, dt_bias, beta_logits, G, Aq, kg, qg, w, u, Xs, bs, p.cu, p.cidx, slow,
+            scale, 0.0 if lower_bound is None else lower_bound, T)
+    _prepare16_kernel[grid](*args, **settings)
+    if again is not None:  # the chunks the first launch flagged, through the levels
+        _prepare16_kernel[grid](*args, **again)
     return G, w, u, Aq, kg, qg, wy
 
 
