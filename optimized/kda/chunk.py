@@ -375,13 +375,11 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
                       HEADS_FIRST: tl.constexpr, GATE: tl.constexpr, DIAG: tl.constexpr):
     # Kernels 1-3 as one at chunk 16 under a fused gate (GATE, gate_tile's; one 16-row block per
     # chunk, so M = D, no merge): one program per (chunk, sequence*value head), _prepare16_chunk.
-    # The block (DIAG): 1 through its first row, 0 through the four levels of reference rows, 2
-    # (the softplus gate) through its first row, and where the chunk's exponents leave that form's
-    # range the whole chunk again through the levels, from memory: nothing of the first pass is
-    # live in the second, so the rare second pass costs the first no registers; 3 as 2 but such a
-    # chunk only flagged in ``slow`` (int8, one a program), 4 (a second launch) the flagged
-    # chunks through the levels, the others untouched: the first launch holds the first-row
-    # form's registers only.
+    # The block (DIAG): 0 through the four levels of reference rows, 1 through its first row, 2 (the
+    # softplus gate) through its first row, a chunk whose exponents leave that form's range only
+    # flagged in ``slow`` (int8, one a program), 3 (a second launch) the flagged chunks again
+    # through the levels, from memory, the others untouched: the first launch holds the first-row
+    # form's registers only, and the rare levels form costs it none.
     # HEADS_FIRST: the grid is (chunk x value head, batch row), so consecutive programs are one
     # chunk's heads, whose rows lie side by side in memory.
     if HEADS_FIRST:
@@ -396,22 +394,16 @@ def _prepare16_kernel(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, q
     if i_n < 0:
         return
     flag = slow + tl.program_id(1).to(tl.int64) * tl.num_programs(0) + tl.program_id(0)
-    if DIAG == 4:
+    if DIAG == 3:
         if tl.load(flag) == 0:
             return
     low = _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs, scale,
                            lower_bound, T, i_c, i_b, i_hv, t0, eos, H, HV, K, V, BT, BK, BV, NV, HAS_A,
                            IS_VARLEN, WRITE_G, B_EXACT, INV_LEVELS, WY_OUT, EXP_FTZ, GATE,
-                           DIAG != 0 and DIAG != 4)
-    if DIAG == 3:
-        tl.store(flag, (low < -FIRST_ROW_SPAN).to(tl.int8))
+                           DIAG == 1 or DIAG == 2)
     if DIAG == 2:
         # G is non-increasing down the chunk and at most 0: its last row bounds every exponent
-        if low < -FIRST_ROW_SPAN:
-            tl.debug_barrier()  # the first pass's stores land before the second's
-            _prepare16_chunk(q, k, v, g_raw, A_log, dt_bias, beta_logits, Gc, Aq, kg, qg, w, u, Xs, bs, scale,
-                             lower_bound, T, i_c, i_b, i_hv, t0, eos, H, HV, K, V, BT, BK, BV, NV, HAS_A,
-                             IS_VARLEN, WRITE_G, B_EXACT, INV_LEVELS, WY_OUT, EXP_FTZ, GATE, False)
+        tl.store(flag, (low < -FIRST_ROW_SPAN).to(tl.int8))
 
 
 @jit
@@ -756,13 +748,12 @@ class ChunkLaunch:
     and ``gate_block_k``, whose layout can re-associate the gate's prefix sum, ``bounded_diag`` and
     ``inverse_levels`` (the defaults are the certified values; another is re-certified, ``parity
     certify --device cuda``).
-    ``blocks_maxnreg``, ``prepare_maxnreg``, ``softplus_prepare_maxnreg``, ``fused_maxnreg``:
-    register caps for the blocks, prepare16 (under the bounded gate, under softplus) and fused state
-    pass kernels (a launch option of Triton's CUDA backend; None: the compiler's choice; the
-    bounded prepare16 default of 168 timed against no cap and caps of 144, 160, 176 and 192, the
-    state pass's 128 and 168 slower than none: docs/BENCHMARKS.md, "Bytes, chunk size and
-    FlashKDA"; under softplus a cap of 168 spills, and the call is 13-19% slower than with none,
-    H100). ``inverse_levels``: how the 16-row diagonal blocks are inverted
+    ``blocks_maxnreg``, ``prepare_maxnreg``, ``fused_maxnreg``: register caps for the blocks,
+    prepare16 (its first launch, under either gate) and fused state pass kernels (a launch option
+    of Triton's CUDA backend; None: the compiler's choice; the prepare16 default of 168 timed under
+    the bounded gate against no cap and caps of 144, 160, 176 and 192, under softplus against no
+    cap and 192, the state pass's 128 and 168 slower than none: docs/BENCHMARKS.md, "Bytes, chunk
+    size and FlashKDA"). ``inverse_levels``: how the 16-row diagonal blocks are inverted
     (:func:`_unit_lower_inverse`; None: 1 in the prepare16 kernel, 8-row halves merged by two dots,
     9% faster there than 0, 15 substitution steps; 0 in the blocks kernel); every value is exact
     algebra, each its own roundings. Why the
@@ -793,8 +784,9 @@ class ChunkLaunch:
       four levels of reference rows (:func:`_diag_block`, the softplus gate's form); its own
       roundings, within the same bound; under softplus, in the prepare16 kernel, the blocks of the
       chunks that decay by at most e^-75 (``FIRST_ROW_SPAN``) are formed so too (the others are
-      formed again after the chunk's first pass, and every block with ``bounded_diag`` False,
-      through the four levels: the three kernels' bits on the interpreter, not on an H100);
+      formed again by a second launch, and every block with ``bounded_diag`` False, through the
+      four levels: the three kernels' bits on the interpreter; on an H100 the kernel's G, the
+      gate's prefix sum, differs from the gate kernel's in the last bits, and so what follows);
     - ``wy_in_pass`` (default, with ``prepare16`` and ``fused_output``): the fused state pass forms
       w and u from the prepare16 kernel's inverse X, kb and beta (two dots off its chain over
       chunks) rather than reading them: the prepare kernel no longer reads v nor writes u, and the
@@ -809,20 +801,18 @@ class ChunkLaunch:
       on its own (its test);
     - ``prepare16`` (default): at chunk 16 under a fused gate, kernels 1-3 as one
       (``_prepare16_kernel``; at the same ``inverse_levels`` and block form the three kernels'
-      bits on the interpreter, and under the bounded gate in bf16 on an H100, where the softplus
-      gate's levels differ from them in the last bits), under the bounded gate 11-13% faster
+      bits on the interpreter, and under the bounded gate in bf16 on an H100, where under softplus
+      the kernel's G differs from the gate kernel's in the last bits, ``bounded_diag``), under the bounded gate 11-13% faster
       than the three on ``prepare_warps`` 2 (4 warps are slower than the three, 8 slower still: a
       16-row tl.dot is repeated on every warp; ``benchmarks/kda_forms.py --launches
       '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``), under
-      softplus 14-20% with no register cap (H100: 8x4k H=32 2.43 against 3.05 ms, 64k 7.17
-      against 8.47, 16k 1.80 against 2.11, H=96 8k 2.00 against 2.43, 4k 0.461 against 0.548;
-      ``--gates softplus --launches '{"prepare16": false}' '{}'``);
-    - ``softplus_relaunch``: under softplus the chunks past the first-row form's range are formed
-      again by a second launch of the prepare16 kernel (each program of the first flags its
-      chunk; the second's programs of unflagged chunks return at once) rather than by the same
-      program, so the first holds the first-row form's registers only (sm_90a, Triton 3.9: 241
-      registers and no spills uncapped, 0 bytes at a cap of 192, against 255 and 340 bytes); the
-      same bits (a test); untimed;
+      softplus faster at every shape timed (docs/BENCHMARKS.md, ``--gates softplus --launches
+      '{"prepare16": false}' '{}'``); under softplus each program of the first launch
+      flags its chunk when it leaves the first-row form's range, and a second launch, whose
+      programs of unflagged chunks return at once, forms those again, so the first holds the
+      first-row form's registers only: 8-22% faster than the same second pass in the first
+      launch's program after a barrier, which held the levels form's registers (255 and spills
+      uncapped, the call 13-19% slower at a cap of 168; H100);
     - ``prepare_heads_first`` (None: from ``HEADS_FIRST_MIN_HV`` value heads on,
       :func:`_prepare_heads_first`): the prepare16 kernel's programs ordered with one chunk's heads
       adjacent rather than one head's chunks; the same programs, so the same bits (a test).
@@ -848,8 +838,6 @@ class ChunkLaunch:
     prepare16: bool = True
     prepare_warps: int = 2
     prepare_maxnreg: int | None = 168
-    softplus_prepare_maxnreg: int | None = None
-    softplus_relaunch: bool = False
     inverse_levels: int | None = None
     wy_in_pass: bool = True
     state_transposed: bool | None = None
@@ -1053,23 +1041,22 @@ def _cached(settings, p: _Plan, *key):
 @functools.lru_cache(maxsize=256)
 def _prepare16_settings(p: _Plan, launch: ChunkLaunch, has_a: bool, b_exact: bool, ftz: bool,
                         write_g: bool, wy_out: bool, gate: int) -> tuple[tuple, dict, dict | None]:
-    """The prepare16 launch's grid and constexprs, and the second launch's (``softplus_relaunch``)
-    or None (a function of the plan and the launch: made once per shape, :func:`_cached`). The
-    block's form (``DIAG``): through its first row under the bounded gate, and under softplus in
-    each chunk that decays by at most ``FIRST_ROW_SPAN`` (``bounded_diag``), else through the four
-    levels (in the same program, or in the second launch, uncapped)."""
+    """The prepare16 launch's grid and constexprs, and the second launch's or None (a function of
+    the plan and the launch: made once per shape, :func:`_cached`). The block's form (``DIAG``):
+    through its first row under the bounded gate, and under softplus in each chunk that decays by
+    at most ``FIRST_ROW_SPAN`` (``bounded_diag``), the others through the four levels in a second
+    launch (uncapped: it runs few programs, and the levels form spills at the first's cap)."""
     heads_first = _prepare_heads_first(p) if launch.prepare_heads_first is None else launch.prepare_heads_first
     grid = (p.n_chunks * p.HV, p.B) if heads_first else (p.n_chunks, p.B * p.HV)
-    cap = launch.prepare_maxnreg if gate == 1 else launch.softplus_prepare_maxnreg
-    relaunch = gate == 0 and launch.bounded_diag and launch.softplus_relaunch
-    diag = (1 if gate == 1 else 3 if relaunch else 2) if launch.bounded_diag else 0
+    diag = (1 if gate == 1 else 2) if launch.bounded_diag else 0
     settings = dict(
         H=p.H, HV=p.HV, K=p.K, V=p.V, BT=p.BT, BK=p.BK, BV=p.BV, NV=cdiv(p.V, p.BV), HAS_A=has_a,
         IS_VARLEN=p.varlen, WRITE_G=write_g, B_EXACT=b_exact, INV_LEVELS=_inverse_levels(launch, "prepare16"),
         WY_OUT=wy_out, EXP_FTZ=ftz, HEADS_FIRST=heads_first, GATE=gate, DIAG=diag,
         num_warps=launch.prepare_warps)
-    again = dict(settings, DIAG=4) if relaunch else None
-    return grid, settings | ({"maxnreg": cap} if cap is not None else {}), again
+    again = dict(settings, DIAG=3) if diag == 2 else None
+    cap = {"maxnreg": launch.prepare_maxnreg} if launch.prepare_maxnreg is not None else {}
+    return grid, settings | cap, again
 
 
 def _launch_state(p: _Plan, kg, w, u, G, h0, launch: ChunkLaunch):
