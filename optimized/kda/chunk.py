@@ -801,18 +801,18 @@ class ChunkLaunch:
       on its own (its test);
     - ``prepare16`` (default): at chunk 16 under a fused gate, kernels 1-3 as one
       (``_prepare16_kernel``; at the same ``inverse_levels`` and block form the three kernels'
-      bits on the interpreter, and under the bounded gate in bf16 on an H100, where under softplus
-      the kernel's G differs from the gate kernel's in the last bits, ``bounded_diag``), under the bounded gate 11-13% faster
-      than the three on ``prepare_warps`` 2 (4 warps are slower than the three, 8 slower still: a
-      16-row tl.dot is repeated on every warp; ``benchmarks/kda_forms.py --launches
-      '{"prepare16": false}' '{}' '{"prepare_warps": 4}' --chunk-sizes 16``), under
-      softplus faster at every shape timed (docs/BENCHMARKS.md, ``--gates softplus --launches
-      '{"prepare16": false}' '{}'``); under softplus each program of the first launch
-      flags its chunk when it leaves the first-row form's range, and a second launch, whose
-      programs of unflagged chunks return at once, forms those again, so the first holds the
-      first-row form's registers only: 8-22% faster than the same second pass in the first
-      launch's program after a barrier, which held the levels form's registers (255 and spills
-      uncapped, the call 13-19% slower at a cap of 168; H100);
+      bits on the interpreter, and under the bounded gate in bf16 on an H100; under softplus
+      there the kernel's G differs from the gate kernel's in the last bits, ``bounded_diag``);
+      under the bounded gate 11-13% faster than the three on ``prepare_warps`` 2 (4 warps are
+      slower than the three, 8 slower still: a 16-row tl.dot is repeated on every warp;
+      ``benchmarks/kda_forms.py --launches '{"prepare16": false}' '{}' '{"prepare_warps": 4}'
+      --chunk-sizes 16``), under softplus faster at every shape timed (docs/BENCHMARKS.md,
+      ``--gates softplus``). Under softplus each program of the first launch flags its chunk when
+      it leaves the first-row form's range, and a second launch, whose programs of unflagged
+      chunks return at once, forms those again, so the first holds the first-row form's
+      registers only: 8-22% faster than the same second pass in the first launch's program after
+      a barrier, which held the levels form's registers (255 and spills uncapped, the call 13-19%
+      slower at a cap of 168; H100);
     - ``prepare_heads_first`` (None: from ``HEADS_FIRST_MIN_HV`` value heads on,
       :func:`_prepare_heads_first`): the prepare16 kernel's programs ordered with one chunk's heads
       adjacent rather than one head's chunks; the same programs, so the same bits (a test).
@@ -1045,7 +1045,7 @@ def _prepare16_settings(p: _Plan, launch: ChunkLaunch, has_a: bool, b_exact: boo
     the plan and the launch: made once per shape, :func:`_cached`). The block's form (``DIAG``):
     through its first row under the bounded gate, and under softplus in each chunk that decays by
     at most ``FIRST_ROW_SPAN`` (``bounded_diag``), the others through the four levels in a second
-    launch (uncapped: it runs few programs, and the levels form spills at the first's cap)."""
+    launch (uncapped: the levels form holds 255 registers, and few programs get past the flag)."""
     heads_first = _prepare_heads_first(p) if launch.prepare_heads_first is None else launch.prepare_heads_first
     grid = (p.n_chunks * p.HV, p.B) if heads_first else (p.n_chunks, p.B * p.HV)
     diag = (1 if gate == 1 else 2) if launch.bounded_diag else 0
