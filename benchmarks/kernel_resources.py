@@ -2,7 +2,7 @@
 without one (Triton's own compiler and ptxas; no driver, no device).
 
     python3 benchmarks/kernel_resources.py [--arch 90] [--gates softplus bounded] [--chunk-sizes 64 16]
-        [--heads 32] [--launches '{}' '{"blocks_warps": 4}'] [--json out.json]
+        [--heads 32] [--launches '{}' '{"blocks_warps": 4}'] [--opcodes 8] [--json out.json]
 
 ``kda.fused_chunked`` is called on CPU tensors of the production configuration (bf16, K = V = 128)
 with optimized's kernel launch replaced by a recorder, so every launch a form makes (gate, chunk
@@ -10,7 +10,9 @@ size, ``ChunkLaunch``) is seen with its real arguments, constexprs, warps, stage
 Each is compiled for ``sm_<arch>a`` (``sm_<arch>`` below 90) with the specializations a launch
 would get (16-byte aligned pointers, integers divisible by 16), and ``ptxas -v`` reports its
 registers and spill bytes; ``CTAs/SM`` is the residency the registers and shared memory allow on an
-H100/H200 (64K registers, 228 KiB, at most 64 warps).
+H100/H200 (64K registers, 228 KiB, at most 64 warps); ``instr`` counts the SASS instructions of the
+cubin (static, Triton's ``nvdisasm``: loops count once), and ``--opcodes N`` prints each launch's N
+most frequent opcodes beside it.
 
 The state pass's per-grid form is a GPU's choice, not made for CPU tensors: name it
 (``'{"state_transposed": true}'``) to see the transposed pass.
@@ -29,6 +31,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -63,6 +66,8 @@ class Resources:
     spill_loads: int
     shared: int
     ctas_per_sm: int
+    instructions: int
+    opcodes: dict
 
 
 def record_launches(call) -> list[tuple]:
@@ -128,6 +133,23 @@ def _ptxas_usage(ptx: str, arch: int) -> tuple[int, int, int]:
     raise RuntimeError(f"ptxas gave no register count: {err.strip()[-300:]}")
 
 
+def sass_opcodes(cubin: bytes) -> Counter:
+    """Opcode (without modifiers) -> how many instructions of the cubin's SASS carry it."""
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"nvdisasm: {out.stderr.strip()[-300:]}")
+    ops = Counter()
+    for line in out.stdout.splitlines():  # "/*0040*/  @!P0 FFMA.FTZ R1, R2, R3, R4 ;"
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if m:
+            ops[m.group(1)] += 1
+    return ops
+
+
 def ctas_per_sm(registers: int, warps: int, shared: int) -> int:
     """CTAs one SM holds: registers are allocated per warp in 256s (8 a thread)."""
     per_cta = warps * 32 * (-(-registers // 8) * 8)
@@ -144,8 +166,9 @@ def compile_launch(kernel, args, kwargs, arch: int) -> Resources:
     regs, st, ld = _ptxas_usage(compiled.asm["ptx"], arch)
     warps = opts.get("num_warps", 4)
     shared = compiled.metadata.shared
+    ops = sass_opcodes(compiled.asm["cubin"])
     return Resources(kernel.fn.__name__.strip("_"), warps, opts.get("num_stages"), opts.get("maxnreg"),
-                     regs, st, ld, shared, ctas_per_sm(regs, warps, shared))
+                     regs, st, ld, shared, ctas_per_sm(regs, warps, shared), sum(ops.values()), dict(ops))
 
 
 def prefill_inputs(heads: int, T: int = 256):
@@ -166,6 +189,8 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=32, help="value heads (the fused state pass sizes its "
                     f"V block against {SM_COUNT} SMs)")
     ap.add_argument("--launches", nargs="+", default=["{}"], help="JSON of ChunkLaunch fields")
+    ap.add_argument("--opcodes", type=int, default=0, metavar="N", help="print each launch's N most "
+                    "frequent SASS opcodes")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
     if interpreting():
@@ -189,7 +214,7 @@ def _report(args, launches, x) -> list[dict]:
     """Compile every launch of every form, printing a line each; the rows."""
     rows = []
     print(f"{'gate':8s} {'chunk':>5s} {'launch':24s} {'kernel':20s} {'warps':>5s} {'regs':>4s} "
-          f"{'spill st/ld':>11s} {'shared':>6s} {'CTAs/SM':>7s}")
+          f"{'spill st/ld':>11s} {'shared':>6s} {'CTAs/SM':>7s} {'instr':>6s}")
     for gate in args.gates:
         lb = LOWER_BOUND if gate == "bounded" else None
         for chunk in args.chunk_sizes:
@@ -200,7 +225,11 @@ def _report(args, launches, x) -> list[dict]:
                     r = compile_launch(kernel, kargs, kwargs, args.arch)
                     rows.append(dict(gate=gate, chunk_size=chunk, launch=json.loads(spec), **asdict(r)))
                     print(f"{gate:8s} {chunk:5d} {spec:24s} {r.kernel:20s} {r.warps:5d} {r.registers:4d} "
-                          f"{r.spill_stores:5d}/{r.spill_loads:<5d} {r.shared:6d} {r.ctas_per_sm:7d}", flush=True)
+                          f"{r.spill_stores:5d}/{r.spill_loads:<5d} {r.shared:6d} {r.ctas_per_sm:7d} "
+                          f"{r.instructions:6d}", flush=True)
+                    if args.opcodes:
+                        top = Counter(r.opcodes).most_common(args.opcodes)
+                        print("    " + ", ".join(f"{op} {n}" for op, n in top), flush=True)
     return rows
 
 
