@@ -52,6 +52,7 @@ REGISTERS_PER_SM, SHARED_PER_SM, WARPS_PER_SM = 65536, 228 * 1024, 64
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
           torch.int8: "i8", torch.int32: "i32", torch.int64: "i64"}
 _DIVISIBLE = [["tt.divisibility", 16]]
+NVIDIA_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"  # Triton's ptxas and nvdisasm
 
 
 @dataclass(frozen=True)
@@ -113,13 +114,12 @@ def source(kernel, args, kwargs) -> ASTSource:
 def _ptxas_usage(ptx: str, arch: int) -> tuple[int, int, int]:
     """``(registers, spill store bytes, spill load bytes)`` from ``ptxas -v`` (the first of Triton's
     ptxas binaries that accepts the PTX's version)."""
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.ptx"
         path.write_text(ptx)
         err = ""
         for name in ("ptxas", "ptxas-blackwell"):
-            exe = bin_dir / name
+            exe = NVIDIA_BIN / name
             if not exe.exists():
                 continue
             gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"  # the arch-specific features, as Triton
@@ -135,7 +135,7 @@ def _ptxas_usage(ptx: str, arch: int) -> tuple[int, int, int]:
 
 def sass_opcodes(cubin: bytes) -> Counter:
     """Opcode (without modifiers) -> how many instructions of the cubin's SASS carry it."""
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    nvdisasm = NVIDIA_BIN / "nvdisasm"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
